@@ -11,3 +11,18 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+"""Shims that let paddle_muon_ext run on the stock paddlepaddle 3.3.x wheel.
+
+Everything paddle 3.3.1 lacks (the comm_group_call_opt / use_muon_sharding
+sharding_configs fields, a CPU entry in the tensor-fusion device table, a
+HybridParallelOptimizer that accepts a Muon sharding optimizer) lives in
+this package and nowhere else, so tools/export_upstream_patch.py drops it
+whole when the code is exported into Paddle itself.
+"""
+
+from .strategy_options import (  # noqa: F401
+    MuonShardingOptions,
+    get_muon_sharding_options,
+    set_muon_sharding_options,
+)
+from .cpu_tensor_fusion import register_cpu_tensor_fusion  # noqa: F401

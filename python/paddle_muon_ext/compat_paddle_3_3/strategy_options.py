@@ -1,0 +1,142 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Sharding options that paddle 3.3.1's DygraphShardingConfig proto lacks.
+
+Upstream Paddle carries comm_group_call_opt and use_muon_sharding as
+fields of strategy.hybrid_configs['sharding_configs']. The 3.3.1 proto
+has neither and DistributedStrategy rejects unknown attributes, so the
+values are kept beside the strategy object. Where a Paddle build does have
+the proto field, the field is read (and written) instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+__all__ = [
+    "MuonShardingOptions",
+    "get_muon_sharding_options",
+    "set_muon_sharding_options",
+]
+
+PARTITION_STRATEGIES = ("balanced", "upstream_greedy")
+
+# Strategy objects are weak-referenceable; keying by the object (not id())
+# keeps options from leaking onto a later strategy that reuses the address.
+_OPTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass
+class MuonShardingOptions:
+    """Muon-sharding switches that paddle 3.3.1's strategy cannot hold.
+
+    Attributes:
+        use_muon_sharding (bool): build MuonShardingOptimizer instead of
+            Paddle's DygraphShardingOptimizer in distributed_optimizer.
+        comm_group_call_opt (bool): route Muon-parameter reduces/broadcasts
+            hierarchically (intra-node, then across nodes among same-card ranks).
+        partition_strategy (str): owner partition rule, "balanced"
+            (largest-first onto the least loaded rank) or "upstream_greedy"
+            (upstream's fill-the-first-ranks rule, kept for comparison).
+    """
+
+    use_muon_sharding: bool = False
+    comm_group_call_opt: bool = False
+    partition_strategy: str = "balanced"
+
+    def __post_init__(self) -> None:
+        if self.partition_strategy not in PARTITION_STRATEGIES:
+            raise ValueError(
+                f"partition_strategy={self.partition_strategy!r} is not supported; "
+                f"use one of {PARTITION_STRATEGIES}."
+            )
+        for name in ("use_muon_sharding", "comm_group_call_opt"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"{name} must be a bool, got {getattr(self, name)!r}."
+                )
+
+
+def _sharding_configs(strategy: Any) -> Any:
+    if strategy is None:
+        return None
+    try:
+        return strategy.hybrid_configs["sharding_configs"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _proto_has(configs: Any, field: str) -> bool:
+    descriptor = getattr(configs, "DESCRIPTOR", None)
+    return descriptor is not None and field in descriptor.fields_by_name
+
+
+def set_muon_sharding_options(strategy: Any, **options: Any) -> MuonShardingOptions:
+    """Set Muon-sharding options on a fleet.DistributedStrategy.
+
+    Call it after assigning strategy.hybrid_configs and before
+    fleet.init / distributed_optimizer.
+
+    Args:
+        strategy (fleet.DistributedStrategy): the strategy handed to fleet.
+        **options: any field of ``MuonShardingOptions``.
+
+    Returns:
+        MuonShardingOptions: the options now in effect for strategy.
+
+    Examples:
+        .. code-block:: python
+
+            >>> strategy = fleet.DistributedStrategy()
+            >>> set_muon_sharding_options(
+            ...     strategy, use_muon_sharding=True, comm_group_call_opt=True)
+    """
+    known = {f.name for f in dataclasses.fields(MuonShardingOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(
+            f"unknown Muon sharding option(s) {unknown}; valid: {sorted(known)}."
+        )
+    current = dataclasses.asdict(get_muon_sharding_options(strategy))
+    current.update(options)
+    opts = MuonShardingOptions(**current)
+    _OPTIONS[strategy] = opts
+    configs = _sharding_configs(strategy)
+    for name in ("use_muon_sharding", "comm_group_call_opt"):
+        if configs is not None and _proto_has(configs, name):
+            setattr(configs, name, getattr(opts, name))
+    return opts
+
+
+def get_muon_sharding_options(strategy: Any) -> MuonShardingOptions:
+    """Read the Muon-sharding options of strategy.
+
+    A proto field, where the installed Paddle has one, wins over the value kept
+    by ``set_muon_sharding_options``.
+
+    Args:
+        strategy (fleet.DistributedStrategy|None): the user strategy.
+
+    Returns:
+        MuonShardingOptions: defaults when nothing was set.
+    """
+    opts = _OPTIONS.get(strategy) if strategy is not None else None
+    opts = dataclasses.replace(opts) if opts else MuonShardingOptions()
+    configs = _sharding_configs(strategy)
+    for name in ("use_muon_sharding", "comm_group_call_opt"):
+        if configs is not None and _proto_has(configs, name):
+            setattr(opts, name, bool(getattr(configs, name)))
+    return opts
