@@ -11,3 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
+from .muon import Muon, MuonParamInfo  # noqa: F401
+
+__all__ = ["Muon", "MuonParamInfo"]

@@ -1,0 +1,121 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``fleet.distributed_optimizer`` for Muon sharding on paddle 3.3.1.
+
+Upstream Paddle's ``HybridParallelOptimizer`` builds a Muon sharding optimizer
+when ``sharding_configs.use_muon_sharding`` is on. Paddle 3.3.1 only knows its
+DygraphShardingOptimizer V1/V2 and asserts that type in ``_hybrid_sync_grad``.
+:class:`MuonHybridParallelOptimizer` subclasses it: the sharding optimizer is
+built first, the parent constructor runs with its sharding-class names
+pointing at a pass-through for the duration of the call only (restored in a
+``finally``), and ``_hybrid_sync_grad`` accepts the Muon sharding optimizer.
+The installed paddle is never edited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    hybrid_parallel_optimizer as _hpo,
+)
+from paddle.distributed.fleet.utils.hybrid_parallel_util import (
+    fused_allreduce_gradients,
+)
+
+from ..distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
+from .strategy_options import get_muon_sharding_options
+
+__all__ = ["MuonHybridParallelOptimizer", "distributed_optimizer"]
+
+
+class _AlreadyShardedMeta(type):
+    # isinstance() checks in the parent constructor (unwrap_optimizer) must see
+    # through the Muon sharding optimizer to reach the inner Muon.
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, MuonShardingOptimizer)
+
+
+class _AlreadySharded(metaclass=_AlreadyShardedMeta):
+    """Stands in for Paddle's sharding classes: returns the optimizer it is given."""
+
+    def __new__(cls, optimizer, hcg=None):
+        return optimizer
+
+
+@contextlib.contextmanager
+def _sharding_classes_pass_through() -> Iterator[None]:
+    saved = (_hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2)
+    _hpo.DygraphShardingOptimizer = _AlreadySharded
+    _hpo.DygraphShardingOptimizerV2 = _AlreadySharded
+    try:
+        yield
+    finally:
+        _hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2 = saved
+
+
+class MuonHybridParallelOptimizer(_hpo.HybridParallelOptimizer):
+    """``HybridParallelOptimizer`` whose sharding optimizer is Muon sharding.
+
+    Global-norm clipping, AMP (``fleet.distributed_scaler``) and the step /
+    minimize flow are Paddle's own; only the sharding optimizer differs.
+
+    Args:
+        optimizer (Muon): the inner Muon optimizer.
+        hcg: the hybrid communicate group.
+        strategy (DistributedStrategy): the fleet strategy.
+    """
+
+    def __init__(self, optimizer, hcg, strategy) -> None:
+        if hcg.get_sharding_parallel_world_size() > 1:
+            optimizer = MuonShardingOptimizer(optimizer, hcg, strategy)
+        with _sharding_classes_pass_through():
+            super().__init__(optimizer, hcg, strategy)
+
+    def _hybrid_sync_grad(self, parameter_list) -> None:
+        dp_parameter_list = parameter_list
+        if self._sharding_enable:
+            self._inner_opt.reduce_gradients(parameter_list, self._hcg)
+            dp_parameter_list = self._inner_opt.filter_parameters(
+                parameter_list, self._hcg
+            )
+        if self._dp_enable or self._sep_enable:
+            fused_allreduce_gradients(dp_parameter_list, self._hcg)
+
+
+def distributed_optimizer(optimizer, strategy=None):
+    """Drop-in for ``fleet.distributed_optimizer`` that honours ``use_muon_sharding``.
+
+    Args:
+        optimizer (Optimizer): the user optimizer (a Muon for Muon sharding).
+        strategy (DistributedStrategy|None): defaults to the one given to
+            ``fleet.init``.
+
+    Returns:
+        The wrapped optimizer: :class:`MuonHybridParallelOptimizer` when
+        ``use_muon_sharding`` is set (see ``set_muon_sharding_options``) and
+        more than one worker runs, else what ``fleet.distributed_optimizer``
+        returns.
+    """
+    fleet_env = fleet.fleet
+    strategy = strategy if strategy is not None else fleet_env._user_defined_strategy
+    options = get_muon_sharding_options(strategy)
+    if not options.use_muon_sharding or fleet_env.worker_num() <= 1:
+        return fleet.distributed_optimizer(optimizer, strategy)
+    fleet_env.user_defined_optimizer = optimizer
+    return MuonHybridParallelOptimizer(optimizer, fleet_env._hcg, strategy)

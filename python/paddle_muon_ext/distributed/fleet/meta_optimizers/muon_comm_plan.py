@@ -1,0 +1,861 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Hierarchical routing plan for ``comm_group_call_opt`` of the sharded Muon optimizer.
+
+The plan says *what* to communicate: which node groups and same-card groups
+exist, in which order every rank must create them, and where each dense Muon
+buffer goes on its way to its owner. It is computed once from the MoE hybrid
+topology (``hcg._moe_topo``) and holds plain data, so it can be printed and
+unit-tested without any process group. The optimizer only walks it.
+
+Physical placement (set by the launcher): for a global rank ``r`` and
+``gpus_per_node`` (gpn) cards per node, ``node(r) = r // gpn`` and
+``card(r) = r % gpn``.
+
+Routing of a dense buffer owned by ``owner``, seen from ``rank``:
+
+1. intra-node reduce in ``rank``'s node group onto
+   :meth:`HierarchicalCommPlan.intra_node_root` (the rank of ``rank``'s node
+   whose card equals ``card(owner)``);
+2. cross-node reduce in the same-card group
+   :meth:`HierarchicalCommPlan.cross_node_key` onto ``owner``; only ranks for
+   which :meth:`HierarchicalCommPlan.in_cross_node_step` is true take part.
+
+Parameter sync walks the same route backwards (cross-node broadcast from the
+owner, then intra-node broadcast from the card-``card(owner)`` rank).
+
+Nothing here touches CUDA, the environment or ``paddle.distributed`` at import
+or construction time; :func:`resolve_gpus_per_node` and
+:meth:`HierarchicalCommPlan.create_groups` do so only when called.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "LOCAL_SIZE_ENV",
+    "GroupSpec",
+    "HierarchicalCommPlan",
+    "HierarchicalGroups",
+    "resolve_gpus_per_node",
+]
+
+#: Environment variable set by ``paddle.distributed.launch`` (cards per node).
+LOCAL_SIZE_ENV = "PADDLE_LOCAL_SIZE"
+
+_PIPE = "pipe"
+_MOE_SHARDING = "moe_sharding"
+_EXPERT = "expert"
+_KNOWN_AXES = (_PIPE, _MOE_SHARDING, _EXPERT)
+_TOPOLOGY_METHODS = (
+    "get_hybrid_group_names",
+    "get_dim",
+    "world_size",
+    "get_coord",
+    "get_comm_list",
+)
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+_NODE = "node"
+_SAME_CARD = "same_card"
+
+
+# --------------------------------------------------------------------------
+# GPUs per node
+# --------------------------------------------------------------------------
+def _default_device_count() -> int:
+    """Count visible CUDA devices; 0 when paddle has no CUDA support.
+
+    Returns:
+        int: ``paddle.device.cuda.device_count()``, or 0 if it is unavailable.
+    """
+    try:
+        import paddle  # lazy: importing this module must not touch CUDA
+
+        return int(paddle.device.cuda.device_count())
+    except Exception:  # CPU/XPU builds without a usable CUDA runtime
+        return 0
+
+
+def resolve_gpus_per_node(
+    environ: Mapping[str, str] | None = None,
+    device_count: Callable[[], int] | None = None,
+) -> int:
+    """Resolve how many accelerator cards each node has.
+
+    Call this only when ``comm_group_call_opt`` is on: with the option off
+    nothing needs the value (upstream resolved it unconditionally and crashed
+    on CPU/XPU machines without a launcher).
+
+    Args:
+        environ: the environment to read; ``os.environ`` (read at call time)
+            when None.
+        device_count: a callable returning the number of visible accelerators,
+            used when ``PADDLE_LOCAL_SIZE`` is unset; defaults to
+            ``paddle.device.cuda.device_count`` (imported lazily).
+
+    Returns:
+        int: the number of cards per node (> 0). Whether the value is usable
+        for the hierarchical path (>= 2) is checked by
+        :class:`HierarchicalCommPlan`.
+
+    Raises:
+        ValueError: ``PADDLE_LOCAL_SIZE`` is set but not a positive integer, or
+            it is unset and no accelerator is visible.
+        TypeError: ``device_count`` returned something that is not an integer.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(LOCAL_SIZE_ENV)
+    if raw is not None:
+        text = str(raw).strip()
+        if _INT_TEXT.fullmatch(text) is None:
+            raise ValueError(
+                f"{LOCAL_SIZE_ENV}={raw!r} is not an integer; it must be the "
+                "number of GPUs per node as a positive integer (e.g. "
+                f"{LOCAL_SIZE_ENV}=8; paddle.distributed.launch sets it to "
+                "--nproc_per_node)."
+            )
+        value = int(text)
+        if value <= 0:
+            raise ValueError(
+                f"{LOCAL_SIZE_ENV}={raw!r} must be a positive integer number of "
+                f"GPUs per node (got {value}); set e.g. {LOCAL_SIZE_ENV}=8 or "
+                "unset it to use the visible device count."
+            )
+        return value
+
+    counter = _default_device_count if device_count is None else device_count
+    count = counter()
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+        raise TypeError(
+            "device_count() must return an int number of visible accelerators, "
+            f"got {count!r} ({type(count).__name__})."
+        )
+    if count <= 0:
+        raise ValueError(
+            f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
+            f"no accelerator is visible (device_count() = {int(count)}). Launch "
+            f"with paddle.distributed.launch, set {LOCAL_SIZE_ENV} to the number "
+            "of cards per node, or turn comm_group_call_opt off."
+        )
+    return int(count)
+
+
+# --------------------------------------------------------------------------
+# Plan data
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupSpec:
+    """One communication group of the hierarchical path.
+
+    Attributes:
+        kind: ``"node"`` (the ranks of one node) or ``"same_card"`` (the ranks
+            of one pipeline stage's sharding group sitting on the same card
+            index, one per node).
+        key: ``(node,)`` for a node group, ``(stage, card)`` for a same-card
+            group.
+        ranks: the group's global ranks, ascending.
+    """
+
+    kind: str
+    key: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+@dataclass
+class HierarchicalGroups:
+    """The process groups one rank created from a plan.
+
+    Attributes:
+        rank: the global rank that created them.
+        stage: that rank's pipeline stage.
+        node_group: the group of the rank's node.
+        same_card_groups: ``(stage, card) -> group`` for every card of the
+            rank's own stage. The rank is a member only of the entry for its
+            own card; use :meth:`cross_node_group` to get the group of an
+            owner's cross-node step safely.
+        all_groups: ``(kind, key) -> group`` for every spec, in creation order.
+        plan: the plan the groups were built from.
+    """
+
+    rank: int
+    stage: int
+    node_group: Any
+    same_card_groups: dict[tuple[int, int], Any]
+    all_groups: dict[tuple[str, tuple[int, ...]], Any] = field(repr=False)
+    plan: HierarchicalCommPlan = field(repr=False)
+
+    def cross_node_group(self, owner: int) -> Any:
+        """Group for the cross-node step of a buffer owned by ``owner``.
+
+        Args:
+            owner: global rank owning the buffer (same stage as this rank).
+
+        Returns:
+            The same-card group ``(stage(owner), card(owner))``.
+
+        Raises:
+            ValueError: this rank does not take part in that step (its card
+                differs from the owner's), or the owner is in another stage.
+        """
+        if not self.plan.in_cross_node_step(owner, self.rank):
+            raise ValueError(
+                f"rank {self.rank} (card {self.plan.card_of(self.rank)}) takes no "
+                f"part in the cross-node step of owner {owner} (card "
+                f"{self.plan.card_of(owner)}); only ranks with the owner's card "
+                "join it. Check in_cross_node_step(owner, rank) first."
+            )
+        return self.same_card_groups[self.plan.cross_node_key(owner)]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _fmt_ranks(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return "[" + ", ".join(str(r) for r in ranks) + "]"
+
+
+class HierarchicalCommPlan:
+    """Node groups, same-card groups and routes for ``comm_group_call_opt``.
+
+    Build it with :meth:`from_topology` or :meth:`from_hcg`; every query is a
+    table look-up. Precondition checked at construction: each node's ranks
+    lie inside one sharding group (one pipeline stage) and each sharding group
+    spans at least two nodes, so node groups and same-card groups split every
+    sharding group evenly and the mean of per-node means is the global mean.
+
+    Attributes:
+        gpus_per_node: cards per node (>= 2).
+        world_size: number of ranks in the MoE topology.
+        num_nodes: ``world_size // gpus_per_node``.
+        axis_names: the topology's axis names, in hybrid order.
+        pp_degree, moe_sharding_degree, ep_degree: the topology's degrees.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus_per_node: int,
+        axis_names: tuple[str, ...],
+        degrees: dict[str, int],
+        stage_of_rank: tuple[int, ...],
+        sharding_groups: tuple[tuple[int, ...], ...],
+        moe_sharding_lists: tuple[tuple[int, ...], ...],
+        expert_lists: tuple[tuple[int, ...], ...],
+    ) -> None:
+        """Store validated tables; use :meth:`from_topology` instead.
+
+        Args:
+            gpus_per_node: cards per node, already validated.
+            axis_names: topology axis names in hybrid order.
+            degrees: axis name -> degree.
+            stage_of_rank: pipeline stage of each global rank.
+            sharding_groups: the sorted sharding group of each stage.
+            moe_sharding_lists: the topology's moe_sharding comm lists.
+            expert_lists: the topology's expert comm lists.
+        """
+        gpn = gpus_per_node
+        self.gpus_per_node: int = gpn
+        self.axis_names: tuple[str, ...] = axis_names
+        self.pp_degree: int = degrees.get(_PIPE, 1)
+        self.moe_sharding_degree: int = degrees[_MOE_SHARDING]
+        self.ep_degree: int = degrees[_EXPERT]
+        self.world_size: int = len(stage_of_rank)
+        self.num_nodes: int = self.world_size // gpn
+        self._stage_of_rank = stage_of_rank
+        self._sharding_groups = sharding_groups
+        self._group_of_rank: dict[int, tuple[int, ...]] = {}
+        for ranks in moe_sharding_lists:
+            for r in ranks:
+                self._group_of_rank[(_MOE_SHARDING, r)] = ranks
+        for ranks in expert_lists:
+            for r in ranks:
+                self._group_of_rank[(_EXPERT, r)] = ranks
+        self._nodes_of_stage: tuple[tuple[int, ...], ...] = tuple(
+            tuple(sorted({r // gpn for r in ranks})) for ranks in sharding_groups
+        )
+        self._same_card: dict[tuple[int, int], tuple[int, ...]] = {
+            (stage, card): tuple(r for r in ranks if r % gpn == card)
+            for stage, ranks in enumerate(sharding_groups)
+            for card in range(gpn)
+        }
+
+    # ---------------------------------------------------------------- build
+    @classmethod
+    def from_topology(
+        cls, moe_topo: Any, gpus_per_node: int, mp_degree: int = 1
+    ) -> HierarchicalCommPlan:
+        """Build and validate the plan from the MoE topology.
+
+        Args:
+            moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"``
+                (optional), ``"moe_sharding"`` and ``"expert"`` in the user's
+                hybrid order (``hcg._moe_topo`` in Paddle).
+            gpus_per_node: cards per node (see :func:`resolve_gpus_per_node`).
+            mp_degree: tensor-parallel degree; must be 1.
+
+        Returns:
+            HierarchicalCommPlan: the validated plan.
+
+        Raises:
+            TypeError: a degree is not an int, or ``moe_topo`` is not a topology.
+            ValueError: a precondition of the hierarchical path fails; the
+                message names the condition, the values and what would work.
+        """
+        gpn = cls._check_gpus_per_node(gpus_per_node)
+        cls._check_mp_degree(mp_degree)
+        names, degrees = cls._read_axes(moe_topo)
+        world = int(moe_topo.world_size())
+        layout = _layout_text(names, degrees, gpn)
+        if world % gpn != 0:
+            raise ValueError(
+                f"comm_group_call_opt: world size {world} ({layout}) is not a "
+                f"multiple of gpus_per_node={gpn}, so ranks cannot be placed on "
+                "whole nodes. Use a world size (pp x moe_sharding x ep) that is a "
+                f"multiple of {gpn}, fix {LOCAL_SIZE_ENV}, or turn "
+                "comm_group_call_opt off."
+            )
+
+        # Stage of every rank, from the topology's coordinates.
+        has_pipe = _PIPE in names
+        stage_of_rank = tuple(
+            int(getattr(moe_topo.get_coord(r), _PIPE)) if has_pipe else 0
+            for r in range(world)
+        )
+        # Sharding group of stage p: entry p of every "pipe" comm list.
+        if has_pipe:
+            pipe_lists = [list(x) for x in moe_topo.get_comm_list(_PIPE)]
+            sharding_groups = tuple(
+                tuple(sorted(lst[p] for lst in pipe_lists))
+                for p in range(degrees[_PIPE])
+            )
+        else:
+            sharding_groups = (tuple(range(world)),)
+        moe_lists = tuple(
+            tuple(int(r) for r in x) for x in moe_topo.get_comm_list(_MOE_SHARDING)
+        )
+        expert_lists = tuple(
+            tuple(int(r) for r in x) for x in moe_topo.get_comm_list(_EXPERT)
+        )
+        cls._check_consistent(
+            world, stage_of_rank, sharding_groups, moe_lists + expert_lists, layout
+        )
+        cls._check_nodes(gpn, stage_of_rank, sharding_groups, degrees, layout)
+        return cls(
+            gpus_per_node=gpn,
+            axis_names=names,
+            degrees=degrees,
+            stage_of_rank=stage_of_rank,
+            sharding_groups=sharding_groups,
+            moe_sharding_lists=moe_lists,
+            expert_lists=expert_lists,
+        )
+
+    @classmethod
+    def from_hcg(cls, hcg: Any, gpus_per_node: int) -> HierarchicalCommPlan:
+        """Build the plan from a hybrid communicate group.
+
+        Args:
+            hcg: an ``EPHybridCommunicateGroup`` (needs ``_moe_topo`` and
+                ``get_model_parallel_world_size()``; ``nranks`` is checked
+                against the topology when present).
+            gpus_per_node: cards per node.
+
+        Returns:
+            HierarchicalCommPlan: the validated plan.
+
+        Raises:
+            ValueError: no MoE topology (ep_degree must be > 1), a world size
+                mismatch, or any condition of :meth:`from_topology`.
+        """
+        moe_topo = getattr(hcg, "_moe_topo", None)
+        if moe_topo is None:
+            raise ValueError(
+                "comm_group_call_opt needs the MoE topology (hcg._moe_topo), but "
+                f"{type(hcg).__name__} has none: it is built by "
+                "EPHybridCommunicateGroup when ep_degree > 1. Set ep_degree > 1 "
+                "and moe_sharding_degree in hybrid_configs, or turn "
+                "comm_group_call_opt off."
+            )
+        mp_degree = hcg.get_model_parallel_world_size()
+        plan = cls.from_topology(moe_topo, gpus_per_node, mp_degree=mp_degree)
+        nranks = getattr(hcg, "nranks", None)
+        if nranks is not None and int(nranks) != plan.world_size:
+            raise ValueError(
+                f"comm_group_call_opt: the MoE topology covers {plan.world_size} "
+                f"ranks but the job has {nranks} (data parallel or another axis "
+                "outside pipe x moe_sharding x expert?); MoE global ranks would not "
+                "match topology ranks. Use dp_degree=1 with "
+                "sharding_degree = moe_sharding_degree x ep_degree, or turn "
+                "comm_group_call_opt off."
+            )
+        return plan
+
+    @staticmethod
+    def _check_gpus_per_node(gpus_per_node: Any) -> int:
+        if not _is_int(gpus_per_node):
+            raise TypeError(
+                f"gpus_per_node must be an int, got {gpus_per_node!r} "
+                f"({type(gpus_per_node).__name__}); pass resolve_gpus_per_node()."
+            )
+        gpn = int(gpus_per_node)
+        if gpn == 1:
+            raise ValueError(
+                "comm_group_call_opt with gpus_per_node=1: every node group and "
+                "same-card step would be a single-rank group, so the hierarchical "
+                "path gains nothing; turn comm_group_call_opt off (or fix "
+                f"{LOCAL_SIZE_ENV} if the nodes have more cards)."
+            )
+        if gpn < 1:
+            raise ValueError(
+                f"gpus_per_node must be >= 2 for comm_group_call_opt, got {gpn}; "
+                f"set {LOCAL_SIZE_ENV} to the number of cards per node."
+            )
+        return gpn
+
+    @staticmethod
+    def _check_mp_degree(mp_degree: Any) -> None:
+        if not _is_int(mp_degree):
+            raise TypeError(
+                f"mp_degree must be an int, got {mp_degree!r} "
+                f"({type(mp_degree).__name__})."
+            )
+        if int(mp_degree) != 1:
+            raise ValueError(
+                f"comm_group_call_opt does not support tensor parallel: "
+                f"mp_degree={int(mp_degree)}, it must be 1. Set mp_degree=1 or "
+                "turn comm_group_call_opt off."
+            )
+
+    @staticmethod
+    def _read_axes(moe_topo: Any) -> tuple[tuple[str, ...], dict[str, int]]:
+        missing = [m for m in _TOPOLOGY_METHODS if not hasattr(moe_topo, m)]
+        if missing:
+            raise TypeError(
+                "moe_topo must be a CommunicateTopology (hcg._moe_topo); "
+                f"{type(moe_topo).__name__} lacks {missing}."
+            )
+        names = tuple(moe_topo.get_hybrid_group_names())
+        unknown = [n for n in names if n not in _KNOWN_AXES]
+        if unknown:
+            raise ValueError(
+                f"comm_group_call_opt: unknown axis names {unknown} in the MoE "
+                f"topology {list(names)}; expected only {list(_KNOWN_AXES)} "
+                "(pass hcg._moe_topo, not the dense topology)."
+            )
+        absent = [n for n in (_MOE_SHARDING, _EXPERT) if n not in names]
+        if absent:
+            raise ValueError(
+                f"comm_group_call_opt: the MoE topology {list(names)} has no "
+                f"{absent} axis; it needs 'moe_sharding' and 'expert' "
+                "(set ep_degree > 1 and moe_sharding_degree in hybrid_configs)."
+            )
+        degrees = {n: int(moe_topo.get_dim(n)) for n in names}
+        return names, degrees
+
+    @staticmethod
+    def _check_consistent(
+        world: int,
+        stage_of_rank: tuple[int, ...],
+        sharding_groups: tuple[tuple[int, ...], ...],
+        sub_lists: tuple[tuple[int, ...], ...],
+        layout: str,
+    ) -> None:
+        """The comm lists must agree with the coordinates (no silent bad group)."""
+        covered = sorted(r for ranks in sharding_groups for r in ranks)
+        bad = covered != list(range(world)) or any(
+            stage_of_rank[r] != p
+            for p, ranks in enumerate(sharding_groups)
+            for r in ranks
+        )
+        bad = bad or any(
+            len({stage_of_rank[r] for r in ranks}) != 1 for ranks in sub_lists
+        )
+        if bad:
+            raise ValueError(
+                "comm_group_call_opt: the MoE topology is inconsistent: its pipe / "
+                "moe_sharding / expert comm lists do not agree with get_coord() "
+                f"({layout}). Pass the CommunicateTopology built by Paddle "
+                "(hcg._moe_topo)."
+            )
+
+    @staticmethod
+    def _check_nodes(
+        gpn: int,
+        stage_of_rank: tuple[int, ...],
+        sharding_groups: tuple[tuple[int, ...], ...],
+        degrees: dict[str, int],
+        layout: str,
+    ) -> None:
+        world = len(stage_of_rank)
+        mixed = []
+        for node in range(world // gpn):
+            ranks = range(node * gpn, (node + 1) * gpn)
+            stages = [stage_of_rank[r] for r in ranks]
+            if len(set(stages)) > 1:
+                mixed.append((node, list(ranks), stages))
+        if mixed:
+            node, ranks, stages = mixed[0]
+            others = f" (and {len(mixed) - 1} more nodes)" if len(mixed) > 1 else ""
+            raise ValueError(
+                f"comm_group_call_opt needs every node's ranks inside one sharding "
+                f"group (one pipeline stage), but node {node} (ranks "
+                f"{_fmt_ranks(ranks)}) mixes pipeline stages {stages}{others} "
+                f"({layout}). What works: pp_degree=1; or an expert degree that is "
+                f"a multiple of gpus_per_node={gpn} with order "
+                "moe_sharding->pipe->expert; or order pipe->moe_sharding->expert "
+                f"with moe_sharding x ep a multiple of {gpn}; or turn "
+                "comm_group_call_opt off."
+            )
+        for stage, ranks in enumerate(sharding_groups):
+            nodes = sorted({r // gpn for r in ranks})
+            if len(nodes) < 2:
+                raise ValueError(
+                    f"comm_group_call_opt: the sharding group of pipeline stage "
+                    f"{stage} (ranks {_fmt_ranks(ranks)}, moe_sharding x ep = "
+                    f"{degrees[_MOE_SHARDING]} x {degrees[_EXPERT]}) lies on a "
+                    f"single node (node {nodes[0]}, gpus_per_node={gpn}): the "
+                    "cross-node step would use single-rank groups and there is "
+                    "nothing to gain; turn comm_group_call_opt off."
+                )
+
+    # -------------------------------------------------------------- queries
+    def _check_rank(self, rank: Any, what: str = "rank") -> int:
+        if not _is_int(rank):
+            raise TypeError(
+                f"{what} must be an int global rank, got {rank!r} "
+                f"({type(rank).__name__})."
+            )
+        if not 0 <= rank < self.world_size:
+            raise ValueError(
+                f"{what} {rank} is out of range: the MoE topology has world size "
+                f"{self.world_size} (valid ranks 0..{self.world_size - 1})."
+            )
+        return int(rank)
+
+    def _check_index(self, value: Any, what: str, limit: int) -> int:
+        if not _is_int(value):
+            raise TypeError(
+                f"{what} must be an int, got {value!r} ({type(value).__name__})."
+            )
+        if not 0 <= value < limit:
+            raise ValueError(
+                f"{what} {value!r} is out of range: valid {what}s are "
+                f"0..{limit - 1}."
+            )
+        return int(value)
+
+    def _check_same_stage(self, owner: Any, rank: Any) -> tuple[int, int]:
+        owner = self._check_rank(owner, "owner")
+        rank = self._check_rank(rank, "rank")
+        if self._stage_of_rank[owner] != self._stage_of_rank[rank]:
+            raise ValueError(
+                f"owner {owner} (pipeline stage {self._stage_of_rank[owner]}) and "
+                f"rank {rank} (stage {self._stage_of_rank[rank]}) are not in the "
+                "same sharding group; a dense buffer is only routed inside its "
+                "owner's sharding group."
+            )
+        return owner, rank
+
+    def node_of(self, rank: int) -> int:
+        """Node of a global rank.
+
+        Args:
+            rank: global rank.
+
+        Returns:
+            int: ``rank // gpus_per_node``.
+        """
+        return self._check_rank(rank) // self.gpus_per_node
+
+    def card_of(self, rank: int) -> int:
+        """Card index of a global rank on its node.
+
+        Args:
+            rank: global rank.
+
+        Returns:
+            int: ``rank % gpus_per_node``.
+        """
+        return self._check_rank(rank) % self.gpus_per_node
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage (sharding group index) of a global rank.
+
+        Args:
+            rank: global rank.
+
+        Returns:
+            int: the rank's ``pipe`` coordinate in the topology (0 without pp).
+        """
+        return self._stage_of_rank[self._check_rank(rank)]
+
+    def node_ranks(self, node: int) -> tuple[int, ...]:
+        """Global ranks of one node (its node group).
+
+        Args:
+            node: node index, ``0 <= node < num_nodes``.
+
+        Returns:
+            tuple[int, ...]: the node's ranks, ascending.
+        """
+        node = self._check_index(node, "node", self.num_nodes)
+        gpn = self.gpus_per_node
+        return tuple(range(node * gpn, (node + 1) * gpn))
+
+    def sharding_group_ranks(self, stage: int) -> tuple[int, ...]:
+        """Global ranks of one pipeline stage's sharding group.
+
+        Args:
+            stage: pipeline stage, ``0 <= stage < pp_degree``.
+
+        Returns:
+            tuple[int, ...]: the ranks, ascending.
+        """
+        stage = self._check_index(stage, "stage", self.pp_degree)
+        return self._sharding_groups[stage]
+
+    def nodes_of_stage(self, stage: int) -> tuple[int, ...]:
+        """Nodes holding one stage's sharding group.
+
+        Args:
+            stage: pipeline stage.
+
+        Returns:
+            tuple[int, ...]: node indices, ascending.
+        """
+        stage = self._check_index(stage, "stage", self.pp_degree)
+        return self._nodes_of_stage[stage]
+
+    def same_card_ranks(self, stage: int, card: int) -> tuple[int, ...]:
+        """Global ranks of the same-card group ``(stage, card)``.
+
+        Args:
+            stage: pipeline stage.
+            card: card index, ``0 <= card < gpus_per_node``.
+
+        Returns:
+            tuple[int, ...]: one rank per node of the stage, ascending.
+        """
+        stage = self._check_index(stage, "stage", self.pp_degree)
+        card = self._check_index(card, "card", self.gpus_per_node)
+        return self._same_card[(stage, card)]
+
+    def moe_sharding_ranks(self, rank: int) -> tuple[int, ...]:
+        """The moe_sharding group containing ``rank`` (from the topology).
+
+        Args:
+            rank: global rank.
+
+        Returns:
+            tuple[int, ...]: the group's ranks in topology order.
+        """
+        return self._group_of_rank[(_MOE_SHARDING, self._check_rank(rank))]
+
+    def expert_ranks(self, rank: int) -> tuple[int, ...]:
+        """The expert-parallel group containing ``rank`` (from the topology).
+
+        Args:
+            rank: global rank.
+
+        Returns:
+            tuple[int, ...]: the group's ranks in topology order.
+        """
+        return self._group_of_rank[(_EXPERT, self._check_rank(rank))]
+
+    def intra_node_root(self, owner: int, rank: int) -> int:
+        """Destination of ``rank``'s intra-node reduce for a buffer of ``owner``.
+
+        Args:
+            owner: global rank owning the buffer.
+            rank: global rank in the owner's sharding group.
+
+        Returns:
+            int: the rank on ``rank``'s node whose card equals ``card(owner)``.
+        """
+        owner, rank = self._check_same_stage(owner, rank)
+        gpn = self.gpus_per_node
+        return (rank // gpn) * gpn + owner % gpn
+
+    def in_cross_node_step(self, owner: int, rank: int) -> bool:
+        """Whether ``rank`` joins the cross-node step of ``owner``'s buffer.
+
+        Args:
+            owner: global rank owning the buffer.
+            rank: global rank in the owner's sharding group.
+
+        Returns:
+            bool: True iff ``card(rank) == card(owner)``.
+        """
+        owner, rank = self._check_same_stage(owner, rank)
+        return rank % self.gpus_per_node == owner % self.gpus_per_node
+
+    def cross_node_key(self, owner: int) -> tuple[int, int]:
+        """Key of the same-card group used for ``owner``'s cross-node step.
+
+        Args:
+            owner: global rank owning the buffer.
+
+        Returns:
+            tuple[int, int]: ``(stage(owner), card(owner))``.
+        """
+        owner = self._check_rank(owner, "owner")
+        return (self._stage_of_rank[owner], owner % self.gpus_per_node)
+
+    # --------------------------------------------------------------- groups
+    def group_specs(self) -> list[GroupSpec]:
+        """All groups, in the one creation order every rank must follow.
+
+        Node groups by node index, then same-card groups by (stage, card).
+        Paddle numbers groups by creation order, so every rank creates all of
+        them (including groups it is not in) in this order.
+
+        Returns:
+            list[GroupSpec]: the specs.
+        """
+        specs = [
+            GroupSpec(_NODE, (node,), self.node_ranks(node))
+            for node in range(self.num_nodes)
+        ]
+        specs.extend(
+            GroupSpec(_SAME_CARD, key, self._same_card[key])
+            for key in sorted(self._same_card)
+        )
+        return specs
+
+    def create_groups(
+        self, rank: int, new_group: Callable[[list[int]], Any] | None = None
+    ) -> HierarchicalGroups:
+        """Create every group of :meth:`group_specs`, in order, on ``rank``.
+
+        Args:
+            rank: this process's global rank.
+            new_group: group factory called as ``new_group(ranks_list)``;
+                ``paddle.distributed.new_group`` (looked up now) when None.
+
+        Returns:
+            HierarchicalGroups: this rank's node group, the same-card groups of
+            its stage and every created group.
+        """
+        rank = self._check_rank(rank)
+        if new_group is None:
+            import paddle.distributed  # lazy: only when groups are needed
+
+            new_group = paddle.distributed.new_group
+        created: dict[tuple[str, tuple[int, ...]], Any] = {}
+        for spec in self.group_specs():
+            created[(spec.kind, spec.key)] = new_group(list(spec.ranks))
+        stage = self._stage_of_rank[rank]
+        return HierarchicalGroups(
+            rank=rank,
+            stage=stage,
+            node_group=created[(_NODE, (rank // self.gpus_per_node,))],
+            same_card_groups={
+                (stage, card): created[(_SAME_CARD, (stage, card))]
+                for card in range(self.gpus_per_node)
+            },
+            all_groups=created,
+            plan=self,
+        )
+
+    def spread_rank_order(self, stage: int) -> list[int]:
+        """A stage's sharding-group ranks ordered to spread owners over rails.
+
+        Entry ``k`` takes card ``k mod gpn`` and the stage's node
+        ``k mod n_nodes`` (round-robin over cards, then nodes). When ``gpn``
+        and ``n_nodes`` share a factor, the pairs repeat after
+        ``lcm(gpn, n_nodes)`` entries, so each following block shifts the card
+        (or, with 2 cards per node, the node) by one. Result: every rank
+        appears once; each aligned run of ``gpn`` entries holds every card
+        once; every prefix is balanced over cards and over nodes (counts differ
+        by at most one); consecutive entries differ in card and node (except
+        for 2 nodes x 2 cards, where that is impossible).
+
+        Args:
+            stage: pipeline stage.
+
+        Returns:
+            list[int]: the ranks of the stage's sharding group, reordered.
+        """
+        nodes = self.nodes_of_stage(stage)
+        gpn = self.gpus_per_node
+        n = len(nodes)
+        block = gpn * n // math.gcd(gpn, n)
+        order = []
+        for k in range(gpn * n):
+            shift = k // block
+            if gpn > 2:
+                card, node = (k + shift) % gpn, k % n
+            else:
+                card, node = k % gpn, (k + shift) % n
+            order.append(nodes[node] * gpn + card)
+        return order
+
+    def describe(self) -> str:
+        """A readable multi-line summary for logs and tools.
+
+        Returns:
+            str: nodes x cards, the stage of each node, the sharding groups and
+            the same-card groups.
+        """
+        gpn = self.gpus_per_node
+        degrees = {_PIPE: self.pp_degree, _MOE_SHARDING: self.moe_sharding_degree,
+                   _EXPERT: self.ep_degree}
+        lines = [
+            "HierarchicalCommPlan (comm_group_call_opt): world "
+            f"{self.world_size} = {self.num_nodes} nodes x {gpn} cards; "
+            + _layout_text(self.axis_names, degrees, gpn)
+        ]
+        for node in range(self.num_nodes):
+            ranks = self.node_ranks(node)
+            lines.append(
+                f"  node {node}: ranks {_fmt_ranks(ranks)}, stage "
+                f"{self._stage_of_rank[ranks[0]]}"
+            )
+        for stage in range(self.pp_degree):
+            lines.append(
+                f"  stage {stage}: sharding group {_fmt_ranks(self._sharding_groups[stage])} "
+                f"on nodes {list(self._nodes_of_stage[stage])}"
+            )
+            for card in range(gpn):
+                lines.append(
+                    f"    same-card group (stage {stage}, card {card}): "
+                    f"{list(self._same_card[(stage, card)])}"
+                )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"HierarchicalCommPlan(world_size={self.world_size}, "
+            f"gpus_per_node={self.gpus_per_node}, axes={list(self.axis_names)}, "
+            f"pp={self.pp_degree}, moe_sharding={self.moe_sharding_degree}, "
+            f"ep={self.ep_degree})"
+        )
+
+
+def _layout_text(names: Sequence[str], degrees: Mapping[str, int], gpn: int) -> str:
+    axes = ", ".join(f"{n}={degrees[n]}" for n in names)
+    return f"order [{axes}], gpus_per_node={gpn}"

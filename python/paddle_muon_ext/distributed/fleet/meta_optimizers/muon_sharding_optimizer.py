@@ -1,0 +1,772 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Sharding optimizer for Muon: whole-matrix owners, element-wise 1-D shards.
+
+Every Muon parameter (2-D, or 3-D ``[experts, H, I]``) is owned whole by one
+rank of its colour's group: gradients are reduced onto the owner, the owner
+runs Newton-Schulz, and the updated weights are broadcast back. Every other
+parameter is split element-wise (reduce-scatter, AdamW on the local slice,
+all-gather). With ``comm_group_call_opt`` the dense Muon traffic is routed
+hierarchically (inside each node, then across nodes among same-card ranks),
+following a :class:`HierarchicalCommPlan` built once at construction.
+
+Structure: *what* is communicated is data built in ``__init__`` (owner map,
+buckets, routing plan); *how* lives in ``muon_sharding_collectives``;
+``reduce_gradients`` / ``step`` / ``_sharding_sync_parameters`` only walk the
+buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import paddle
+import paddle.distributed as dist
+from paddle import framework
+from paddle.base.framework import EagerParamBase
+from paddle.distributed import fleet
+from paddle.distributed.communication import reduce as reduce_module
+from paddle.distributed.fleet.utils import tensor_fusion_helper
+from paddle.distributed.fleet.utils.log_util import logger
+
+from . import muon_sharding_collectives as comm
+from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
+from .muon_sharding_partition import (
+    MatrixSpec,
+    balanced_partition,
+    upstream_partition,
+)
+
+# paddle_muon_ext: compat-begin
+from paddle_muon_ext.compat_paddle_3_3 import (
+    get_muon_sharding_options,
+    register_cpu_tensor_fusion,
+)
+
+# paddle_muon_ext: compat-end
+
+__all__ = ["MuonShardingOptimizer"]
+
+_DEFAULT_COLOUR = "__default__"
+
+
+@dataclasses.dataclass
+class ShardingSettings:
+    """The sharding options the optimizer reads, resolved once.
+
+    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields of
+    the same name, plus ``comm_group_call_opt`` and ``partition_strategy``.
+    """
+
+    accumulate_steps: int = 1
+    comm_overlap: bool = False
+    comm_buffer_size_MB: float = 256
+    use_reduce_avg: bool = True
+    release_gradients: bool = False
+    tensor_fusion: bool = False
+    comm_group_call_opt: bool = False
+    partition_strategy: str = "balanced"
+
+    @classmethod
+    def from_strategy(cls, strategy: Any) -> ShardingSettings:
+        """Read settings from a ``fleet.DistributedStrategy`` (None: defaults)."""
+        settings = cls()
+        if strategy is None:
+            return settings
+        configs = strategy.hybrid_configs["sharding_configs"]
+        for field in (
+            "accumulate_steps",
+            "comm_overlap",
+            "comm_buffer_size_MB",
+            "use_reduce_avg",
+            "release_gradients",
+            "tensor_fusion",
+        ):
+            if hasattr(configs, field):
+                setattr(settings, field, getattr(configs, field))
+        # paddle_muon_ext: compat-begin
+        options = get_muon_sharding_options(strategy)
+        settings.comm_group_call_opt = options.comm_group_call_opt
+        settings.partition_strategy = options.partition_strategy
+        # paddle_muon_ext: compat-end
+        return settings
+
+
+@dataclasses.dataclass
+class MuonBucket:
+    """The Muon parameters of one (colour group, owner, dtype).
+
+    Attributes:
+        colour (str): colour key (``"__default__"`` for the sharding group).
+        group (Group): the colour's communication group.
+        owner (int): global rank that owns and updates these parameters.
+        dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
+        params (list): parameters, in model order.
+        hierarchical (bool): routed through the node / same-card groups.
+        buffers (list): fused gradient buffers (empty: per-parameter reduces).
+    """
+
+    colour: str
+    group: Any
+    owner: int
+    dtype: Any
+    params: list
+    hierarchical: bool
+    buffers: list = dataclasses.field(default_factory=list)
+
+
+def _is_trainable(param) -> bool:
+    return not param.stop_gradient
+
+
+class MuonShardingOptimizer:
+    """Shard a :class:`~paddle_muon_ext.optimizer.Muon` optimizer across ranks.
+
+    Args:
+        optimizer (Muon): the inner optimizer; it must expose
+            ``_muon_param_info_map`` (name -> MuonParamInfo).
+        hcg (HybridCommunicateGroup|None): hybrid communicate group; defaults
+            to ``fleet.get_hybrid_communicate_group()``.
+        strategy (DistributedStrategy|None): defaults to the strategy given to
+            ``fleet.init``.
+
+    Examples:
+        .. code-block:: python
+
+            >>> # after fleet.init(is_collective=True, strategy=strategy)
+            >>> opt = Muon(learning_rate=0.02, parameters=model.parameters())
+            >>> opt = MuonShardingOptimizer(opt)
+            >>> loss.backward()
+            >>> opt.reduce_gradients(list(model.parameters()), hcg)
+            >>> opt.step()
+            >>> opt.clear_grad()
+    """
+
+    def __init__(self, optimizer, hcg=None, strategy=None) -> None:
+        self._inner_opt = optimizer
+        self._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
+        if strategy is None:
+            strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
+        self._settings = ShardingSettings.from_strategy(strategy)
+        self._rank = dist.get_rank()
+        self._check_supported_config(optimizer)
+
+        # paddle_muon_ext: compat-begin
+        register_cpu_tensor_fusion()
+        # paddle_muon_ext: compat-end
+
+        self._parameter_list = list(optimizer._parameter_list)
+        self._muon_info = optimizer._muon_param_info_map
+        self._default_group = self._hcg.get_sharding_parallel_group()
+        self._use_avg = self._settings.use_reduce_avg and (
+            reduce_module.is_avg_reduce_op_supported()
+        )
+
+        self._colour_groups: dict[str, Any] = OrderedDict()
+        muon_by_colour: dict[str, list] = OrderedDict()
+        other_by_colour: dict[str, list] = OrderedDict()
+        for param in self._parameter_list:
+            if not _is_trainable(param):
+                continue
+            colour = self._colour_of(param)
+            target = muon_by_colour if self._uses_muon(param) else other_by_colour
+            target.setdefault(colour, []).append(param)
+
+        # Resolved only with the option on: upstream resolved the node size
+        # unconditionally and crashed on hosts without a launcher or CUDA.
+        self._plan = None
+        self._plan_groups = None
+        if self._settings.comm_group_call_opt:
+            self._plan = HierarchicalCommPlan.from_hcg(
+                self._hcg, resolve_gpus_per_node()
+            )
+            self._plan_groups = self._plan.create_groups(self._rank)
+            logger.info(
+                "MuonShardingOptimizer: comm_group_call_opt on\n%s",
+                self._plan.describe(),
+            )
+
+        self._owner_of: dict[str, int] = {}
+        self._partitions: dict[str, Any] = {}
+        self._muon_buckets: list[MuonBucket] = []
+        for colour, params in muon_by_colour.items():
+            self._muon_buckets.extend(self._build_muon_buckets(colour, params))
+
+        self._rs_buffers: list = []
+        self._slice_params: dict[str, EagerParamBase] = {}
+        self._build_reduce_scatter_buffers(other_by_colour)
+
+        if self._settings.comm_overlap:
+            self._register_overlap_hooks()
+        self._set_inner_parameter_list()
+        logger.info(
+            "MuonShardingOptimizer rank %d owns %d of %d Muon params; "
+            "%d Muon buckets, %d reduce-scatter buffers",
+            self._rank,
+            sum(1 for o in self._owner_of.values() if o == self._rank),
+            len(self._owner_of),
+            len(self._muon_buckets),
+            len(self._rs_buffers),
+        )
+
+    # ------------------------------------------------------------------
+    # construction
+    # ------------------------------------------------------------------
+    def _check_supported_config(self, optimizer) -> None:
+        params = getattr(optimizer, "_parameter_list", None)
+        if not params:
+            raise ValueError(
+                "MuonShardingOptimizer needs an optimizer built with "
+                "parameters=model.parameters(); got none."
+            )
+        if isinstance(params[0], dict):
+            raise TypeError(
+                "MuonShardingOptimizer does not support parameter groups; pass a "
+                "flat list (parameters=model.parameters())."
+            )
+        if not hasattr(optimizer, "_muon_param_info_map"):
+            raise TypeError(
+                f"MuonShardingOptimizer wraps a Muon optimizer; got "
+                f"{type(optimizer).__name__}, which has no _muon_param_info_map."
+            )
+        mp = self._hcg.get_model_parallel_world_size()
+        if mp > 1:
+            raise ValueError(
+                f"MuonShardingOptimizer does not support tensor parallel "
+                f"(mp_degree={mp}): Newton-Schulz needs whole matrices. Set "
+                f"mp_degree=1."
+            )
+        s = self._settings
+        if s.comm_overlap and self._hcg.get_pipe_parallel_world_size() > 1:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True cannot be combined with "
+                f"pipeline parallel (pp_degree="
+                f"{self._hcg.get_pipe_parallel_world_size()}); set comm_overlap=False."
+            )
+        if s.comm_overlap and s.comm_buffer_size_MB <= 0:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
+                f"comm_buffer_size_MB={s.comm_buffer_size_MB} turns them off. Set "
+                "comm_buffer_size_MB > 0 or comm_overlap=False."
+            )
+        if s.partition_strategy not in ("balanced", "upstream_greedy"):
+            raise ValueError(
+                f"partition_strategy={s.partition_strategy!r}; use 'balanced' or "
+                "'upstream_greedy'."
+            )
+
+    def _colour_of(self, param) -> str:
+        color = getattr(param, "color", None)
+        if color is None or (isinstance(color, int) and color == -1):
+            self._colour_groups.setdefault(_DEFAULT_COLOUR, self._default_group)
+            return _DEFAULT_COLOUR
+        if not isinstance(color, dict) or "color" not in color or "group" not in color:
+            raise ValueError(
+                f"parameter {param.name} has color={color!r}; expected None, -1 or "
+                "a dict {'color': key, 'group': paddle.distributed.Group}."
+            )
+        group = color["group"]
+        if not hasattr(group, "ranks") or not hasattr(group, "nranks"):
+            raise TypeError(
+                f"parameter {param.name}: color group {group!r} is not a "
+                "paddle.distributed Group (it needs .ranks and .nranks)."
+            )
+        if self._rank not in group.ranks:
+            raise ValueError(
+                f"parameter {param.name}: rank {self._rank} is not in its colour "
+                f"group {list(group.ranks)}; every rank must hold the parameters "
+                "of the colour groups it belongs to."
+            )
+        key = str(color["color"])
+        known = self._colour_groups.get(key)
+        if known is not None and list(known.ranks) != list(group.ranks):
+            raise ValueError(
+                f"colour {key!r} is used with two different groups "
+                f"({list(known.ranks)} and {list(group.ranks)})."
+            )
+        self._colour_groups.setdefault(key, group)
+        return key
+
+    def _uses_muon(self, param) -> bool:
+        info = self._muon_info.get(param.name)
+        if info is None:
+            raise ValueError(
+                f"parameter {param.name} (shape {list(param.shape)}) has no entry "
+                "in the Muon optimizer's muon_param_info_map; build Muon with "
+                "these parameters, or add MuonParamInfo(use_muon=...) for it."
+            )
+        return bool(info.use_muon)
+
+    def _rank_order(self, colour: str, group) -> list[int] | None:
+        if self._plan is None or colour != _DEFAULT_COLOUR:
+            return None
+        stage = self._plan.stage_of(self._rank)
+        ranks = list(group.ranks)
+        return [ranks.index(r) for r in self._plan.spread_rank_order(stage)]
+
+    def _build_muon_buckets(self, colour: str, params: list) -> list[MuonBucket]:
+        group = self._colour_groups[colour]
+        specs = [
+            MatrixSpec(p.name, tuple(p.shape), str(p.dtype).split(".")[-1])
+            for p in params
+        ]
+        if self._settings.partition_strategy == "balanced":
+            partition = balanced_partition(
+                specs, group.nranks, rank_order=self._rank_order(colour, group)
+            )
+        else:
+            partition = upstream_partition(
+                specs, group.nranks, self._settings.comm_buffer_size_MB
+            )
+        self._partitions[colour] = partition
+        ranks = list(group.ranks)
+        hierarchical = self._plan is not None and colour == _DEFAULT_COLOUR
+
+        grouped: dict[tuple, list] = OrderedDict()
+        for p in params:
+            owner = ranks[partition.owners[p.name]]
+            self._owner_of[p.name] = owner
+            grouped.setdefault((owner, str(p.dtype)), []).append(p)
+
+        buckets = []
+        for (owner, _), bucket_params in sorted(grouped.items()):
+            bucket = MuonBucket(
+                colour=colour,
+                group=group,
+                owner=owner,
+                dtype=bucket_params[0].dtype,
+                params=bucket_params,
+                hierarchical=hierarchical,
+            )
+            if self._settings.comm_buffer_size_MB > 0:
+                bucket.buffers = [
+                    tensor_fusion_helper.FusedCommBuffer(
+                        f"muon_{colour}_{owner}_{i}",
+                        chunk,
+                        group,
+                        acc_steps=self._buffer_acc_steps(),
+                        act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
+                        dst=owner,
+                        release_grads=False,
+                        use_reduce_avg=self._use_avg,
+                    )
+                    for i, chunk in enumerate(self._chunk_by_size(bucket_params))
+                ]
+            buckets.append(bucket)
+        return buckets
+
+    def _buffer_acc_steps(self) -> int:
+        # Without overlap the buffers never count check-ins: grads accumulate
+        # in place and reduce_gradients runs once per optimizer step.
+        return self._settings.accumulate_steps if self._settings.comm_overlap else 1
+
+    def _chunk_by_size(self, params: Sequence) -> list[list]:
+        limit = self._settings.comm_buffer_size_MB * 1024 * 1024
+        chunks: list[list] = [[]]
+        size = 0
+        for p in params:
+            nbytes = int(p.numel()) * paddle.core.size_of_dtype(p.dtype)
+            if chunks[-1] and size + nbytes > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(p)
+            size += nbytes
+        return chunks
+
+    def _build_reduce_scatter_buffers(self, other_by_colour: dict) -> None:
+        for colour, params in other_by_colour.items():
+            group = self._colour_groups[colour]
+            by_dtype: dict[str, list] = OrderedDict()
+            for p in params:
+                by_dtype.setdefault(str(p.dtype), []).append(p)
+            for dtype_key, dtype_params in by_dtype.items():
+                chunks = (
+                    self._chunk_by_size(dtype_params)
+                    if self._settings.comm_buffer_size_MB > 0
+                    else [dtype_params]
+                )
+                for i, chunk in enumerate(chunks):
+                    buffer = tensor_fusion_helper.FusedCommBuffer(
+                        f"slice_{colour}_{dtype_key}_{i}",
+                        chunk,
+                        group,
+                        acc_steps=self._buffer_acc_steps(),
+                        act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
+                        release_grads=self._settings.release_gradients,
+                        use_reduce_avg=self._use_avg,
+                    )
+                    # FusedCommBuffer leaves a weakref for Paddle's own sharding
+                    # optimizer to collect; this optimizer keeps its buffers.
+                    if hasattr(chunk[0], "comm_buffer_ref"):
+                        del chunk[0].comm_buffer_ref
+                    self._rs_buffers.append(buffer)
+                    for p in chunk:
+                        self._slice_params[p.name] = self._create_slice_param(p)
+
+    @staticmethod
+    def _create_slice_param(param) -> EagerParamBase:
+        # Carries the parameter's name so optimizer state, the Muon info map and
+        # checkpoints key the slice exactly like the whole parameter.
+        slice_param = EagerParamBase(shape=[1], dtype=param.dtype)
+        slice_param.name = param.name
+        for attr in ("is_distributed", "optimize_attr", "need_clip", "no_sync"):
+            if hasattr(param, attr):
+                setattr(slice_param, attr, getattr(param, attr))
+        return slice_param
+
+    def _register_overlap_hooks(self) -> None:
+        for buffer in self._all_buffers():
+            for param in buffer.params:
+                param._register_backward_hook(self._make_overlap_hook(buffer, param))
+
+    @staticmethod
+    def _make_overlap_hook(buffer, param):
+        @paddle.autograd.no_grad()
+        def hook(*_):
+            buffer.add_grad(param, use_comm=True)
+
+        return hook
+
+    def _all_buffers(self) -> list:
+        return [b for bucket in self._muon_buckets for b in bucket.buffers] + list(
+            self._rs_buffers
+        )
+
+    def _owned_muon_params(self) -> list:
+        return [
+            p
+            for bucket in self._muon_buckets
+            if bucket.owner == self._rank
+            for p in bucket.params
+        ]
+
+    def _local_slice_params(self) -> list:
+        result = []
+        for buffer in self._rs_buffers:
+            for p in buffer.params:
+                if buffer._sharding_param_grad_view[p.name].has_effective_slice_param:
+                    result.append(self._slice_params[p.name])
+        return result
+
+    def _set_inner_parameter_list(self) -> None:
+        # The inner optimizer only ever sees what this rank updates: whole
+        # matrices it owns and its 1-D slices (filled at the first step).
+        self._inner_opt._parameter_list = self._owned_muon_params() + [
+            self._slice_params[p.name]
+            for buffer in self._rs_buffers
+            for p in buffer.params
+            if buffer._sharding_param_grad_view[p.name].has_effective_slice_param
+        ]
+
+    # ------------------------------------------------------------------
+    # public surface
+    # ------------------------------------------------------------------
+    @property
+    def owner_map(self) -> dict[str, int]:
+        """Parameter name -> owning global rank, for every Muon parameter."""
+        return dict(self._owner_of)
+
+    @property
+    def comm_plan(self) -> HierarchicalCommPlan | None:
+        """The hierarchical routing plan (None with comm_group_call_opt off)."""
+        return self._plan
+
+    @property
+    def partitions(self) -> dict[str, Any]:
+        """Colour key -> OwnerPartition (per-rank load figures for tools)."""
+        return dict(self._partitions)
+
+    @property
+    def muon_buckets(self) -> list[MuonBucket]:
+        """The (colour, owner, dtype) buckets of Muon parameters."""
+        return list(self._muon_buckets)
+
+    def filter_parameters(self, parameter_list, hcg) -> list:
+        """Return the parameters whose gradients this rank holds after reduction.
+
+        A global-norm clip sums these locally, then across the sharding group,
+        so every parameter is counted exactly once.
+
+        Args:
+            parameter_list (list): the model parameters.
+            hcg: hybrid communicate group (unused; kept for Paddle's interface).
+
+        Returns:
+            list: owned Muon parameters and this rank's initialized 1-D slices.
+        """
+        result = []
+        for p in parameter_list:
+            if self._owner_of.get(p.name) == self._rank:
+                result.append(p)
+            elif p.name in self._slice_params:
+                sp = self._slice_params[p.name]
+                if sp._is_initialized():
+                    result.append(sp)
+        return result
+
+    @framework.no_grad()
+    def reduce_gradients(self, parameter_list, hcg) -> None:
+        """Reduce Muon gradients onto their owners and reduce-scatter the rest.
+
+        Args:
+            parameter_list (list): the model parameters (Paddle's interface).
+            hcg: hybrid communicate group (Paddle's interface).
+        """
+        overlap = self._settings.comm_overlap
+        self._copy_released_grads_in()
+        for buffer in self._rs_buffers:
+            if not overlap:
+                buffer._comm_grads()
+            buffer.scale_grads()
+        if overlap:
+            for bucket in self._muon_buckets:
+                for buffer in bucket.buffers:
+                    buffer.scale_grads()
+            return
+
+        op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
+        flat_by_group: dict[int, tuple] = OrderedDict()
+        hierarchical = []
+        for bucket in self._muon_buckets:
+            for tensor in self._grad_tensors(bucket):
+                if bucket.hierarchical:
+                    hierarchical.append((tensor, bucket.owner))
+                else:
+                    key = id(bucket.group)
+                    flat_by_group.setdefault(key, (bucket.group, []))[1].append(
+                        (tensor, bucket.owner)
+                    )
+        if hierarchical:
+            comm.hierarchical_reduce(
+                hierarchical, self._plan, self._plan_groups, self._rank, op
+            )
+        for group, routes in flat_by_group.values():
+            with comm.comm_phase(f"reduce_to_owner[{list(group.ranks)}]"):
+                comm.reduce_onto(routes, group, op)
+        if not self._use_avg:
+            for bucket in self._muon_buckets:
+                if bucket.owner == self._rank:
+                    for tensor in self._grad_tensors(bucket):
+                        tensor.scale_(1.0 / bucket.group.nranks)
+
+    def _copy_released_grads_in(self) -> None:
+        if not self._settings.release_gradients:
+            return
+        for buffer in self._rs_buffers:
+            if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
+                for param in buffer.params:
+                    buffer._copy_grad_to_buffer(param)
+
+    @staticmethod
+    def _grad_tensors(bucket: MuonBucket) -> list:
+        if bucket.buffers:
+            return [b.grad_storage for b in bucket.buffers]
+        grads = []
+        for p in bucket.params:
+            if p.grad is None:
+                # Unused on this rank this step: still take part in the
+                # collective (others may have a gradient), with zeros.
+                p._copy_gradient_from(paddle.zeros_like(p))
+            grads.append(p.grad)
+        return grads
+
+    @framework.no_grad()
+    def step(self) -> list:
+        """Update owned matrices (Muon) and local slices (AdamW), then sync.
+
+        Returns:
+            list: the (param, grad) pairs this rank updated.
+        """
+        self._assign_slice_grads()
+        params_grads = []
+        for p in self._inner_opt._parameter_list:
+            grad = getattr(p, "main_grad", None)
+            if grad is None:
+                grad = p._grad_ivar()
+            if grad is not None:
+                params_grads.append((p, grad))
+        # AMP: HybridParallelGradScaler reaches minimize even after an
+        # overflow; found_inf is identical on all ranks (all-reduced MAX).
+        found_inf = self._inner_opt._get_auxiliary_var("found_inf")
+        if found_inf is not None and bool(found_inf):
+            logger.warning("MuonShardingOptimizer: found inf/nan, step skipped")
+            return params_grads
+        self._inner_opt._apply_optimize(
+            loss=None, startup_program=None, params_grads=params_grads
+        )
+        self._sharding_sync_parameters()
+        return params_grads
+
+    def _assign_slice_grads(self) -> None:
+        for buffer in self._rs_buffers:
+            for p in buffer.params:
+                buffer.assign_slice_grad(p, self._slice_params[p.name])
+
+    def minimize(
+        self, loss, startup_program=None, parameters=None, no_grad_set=None
+    ):
+        """Step after :meth:`reduce_gradients`, like Paddle's sharding optimizers.
+
+        ``HybridParallelOptimizer.minimize`` reduces gradients first, then
+        calls this.
+
+        Returns:
+            tuple: ``(None, params_grads)`` as ``Optimizer.minimize`` does.
+        """
+        params_grads = self.step()
+        return None, params_grads
+
+    @framework.no_grad()
+    def _sharding_sync_parameters(self) -> None:
+        """Broadcast updated matrices from their owners; all-gather 1-D shards."""
+        flat_by_group: dict[int, tuple] = OrderedDict()
+        hierarchical = []
+        unpack = []
+        for bucket in self._muon_buckets:
+            numel = sum(int(p.numel()) for p in bucket.params)
+            flat = paddle.empty([numel], dtype=bucket.dtype)
+            if bucket.owner == self._rank:
+                comm.flatten_into(bucket.params, flat)
+            else:
+                unpack.append((flat, bucket.params))
+            if bucket.hierarchical:
+                hierarchical.append((flat, bucket.owner))
+            else:
+                flat_by_group.setdefault(id(bucket.group), (bucket.group, []))[
+                    1
+                ].append((flat, bucket.owner))
+        if hierarchical:
+            comm.hierarchical_broadcast(
+                hierarchical, self._plan, self._plan_groups, self._rank
+            )
+        for group, routes in flat_by_group.values():
+            with comm.comm_phase(f"broadcast_from_owner[{list(group.ranks)}]"):
+                comm.broadcast_from(routes, group)
+        for flat, params in unpack:
+            comm.unflatten_from(flat, params)
+        with comm.comm_phase("all_gather_slices"):
+            for buffer in self._rs_buffers:
+                buffer.sync_params()
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Zero every gradient (fused buffers stay linked to the parameters).
+
+        Args:
+            set_to_zero (bool): kept for Paddle's interface. Fused buffers are
+                always zeroed in place (freeing them would unlink the
+                parameters' gradients); with ``release_gradients`` the 1-D
+                buffers are released.
+        """
+        for buffer in self._all_buffers():
+            if buffer.grad_storage is not None:
+                buffer.grad_storage.zero_()
+        for bucket in self._muon_buckets:
+            if not bucket.buffers:
+                for p in bucket.params:
+                    p.clear_gradient(True)
+        for sp in self._slice_params.values():
+            if sp._is_initialized() and sp.grad is not None:
+                sp.clear_gradient(True)
+        if self._settings.release_gradients:
+            # Released buffers are rebuilt from the parameters' own grads at
+            # the next reduce_gradients, so unlink those grads first.
+            for buffer in self._rs_buffers:
+                if buffer.grad_storage is not None:
+                    for p in buffer.params:
+                        p.clear_gradient(False)
+                    buffer._clear_grad_storage()
+
+    def state_dict(self) -> dict:
+        """This rank's optimizer state (owned matrices and local slices)."""
+        return self._inner_opt.state_dict()
+
+    def set_state_dict(self, state_dict: dict) -> None:
+        """Load what :meth:`state_dict` saved on the same rank of the same layout."""
+        self._inner_opt.set_state_dict(state_dict)
+
+    def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
+        """Describe this rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
+
+        Owned matrices' states are whole tensors; slice states are flattened
+        ranges of the parameter (``is_flattened=True``).
+
+        Args:
+            model_sharded_state_dict (dict): the model's sharded state dict
+                (key -> ShardedWeight), used for the parameters' global shapes.
+
+        Returns:
+            dict: ``"<param key>.<state name>"`` -> ShardedWeight.
+        """
+        from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
+            ShardedWeight,
+        )
+
+        name_to_key = {
+            sw.local_tensor.name: key
+            for key, sw in model_sharded_state_dict.items()
+            if hasattr(sw, "local_tensor")
+        }
+        slice_ranges = {}
+        for buffer in self._rs_buffers:
+            for p in buffer.params:
+                view = buffer._sharding_param_grad_view[p.name]
+                if not view.has_effective_slice_param:
+                    continue
+                begin = view._param_begin - view._index
+                end = min(view._param_end - view._index, int(p.numel()))
+                slice_ranges[p.name] = (slice(begin, max(begin, end)), p)
+
+        result = {}
+        for state_key, tensor in self._inner_opt.state_dict().items():
+            if not isinstance(tensor, paddle.Tensor):
+                continue
+            owner_param = self._state_owner(state_key)
+            if owner_param is None:
+                continue
+            pname, suffix = owner_param
+            key = f"{name_to_key.get(pname, pname)}.{suffix}"
+            if int(tensor.numel()) == 1:
+                result[key] = ShardedWeight(key, tensor, tuple(tensor.shape),
+                                            tuple(tensor.shape), (0,) * len(tensor.shape))
+            elif pname in slice_ranges:
+                rng, p = slice_ranges[pname]
+                local = tensor[: rng.stop - rng.start]
+                result[key] = ShardedWeight(
+                    key, local, tuple(p.shape), tuple(p.shape),
+                    (0,) * len(p.shape), is_flattened=True, flattened_range=rng,
+                )
+            else:
+                result[key] = ShardedWeight(
+                    key, tensor, tuple(tensor.shape), tuple(tensor.shape),
+                    (0,) * len(tensor.shape),
+                )
+        return result
+
+    def _state_owner(self, state_key: str) -> tuple[str, str] | None:
+        names = sorted(
+            set(self._owner_of) | set(self._slice_params), key=len, reverse=True
+        )
+        for name in names:
+            if state_key.startswith(name + "_"):
+                return name, state_key[len(name) + 1 :]
+        return None
+
+    def __getattr__(self, item: str) -> Any:
+        # Only reached for attributes this wrapper does not define.
+        if item == "_inner_opt":
+            raise AttributeError(item)
+        return getattr(self._inner_opt, item)

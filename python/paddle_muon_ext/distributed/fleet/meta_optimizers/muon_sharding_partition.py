@@ -1,0 +1,543 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Owner partition of Muon matrices over the ranks of one sharding group.
+
+Muon parameters (2-D ``[m, n]`` or 3-D ``[experts, m, n]``) are owned *whole*
+by one rank of their group; the owner keeps the optimizer state and runs
+Newton-Schulz (NS) on them. This module decides the owner of every matrix.
+It is pure Python (no paddle import) so a plan tool can use it offline.
+
+Cost model
+----------
+* optimizer-state bytes of a matrix: fp32 momentum (``numel * 4``) plus an
+  fp32 master weight (``numel * 4``) when the parameter is stored in a
+  sub-32-bit float (bf16/fp16/fp8) and ``multi_precision`` is on.
+* NS cost of a matrix: ``max(m, n) * min(m, n) ** 2`` over the last two dims,
+  summed over the leading (expert) dims, i.e. multiplied by their product.
+
+Balanced rule (:func:`balanced_partition`)
+------------------------------------------
+Every rank ``r`` carries two loads, state bytes ``S_r`` and NS cost ``C_r``.
+Both are normalised by their per-rank mean (``S/nranks``, ``C/nranks``) and a
+rank's *score* is ``max(S_r / mean_S, C_r / mean_C)`` -- the max of the two
+normalised loads, so driving the score down balances memory and compute at
+the same time. All arithmetic is done on exact Python integers (the ratios
+are compared by cross-multiplication), so every rank of a job derives the
+identical map on any machine.
+
+1. Matrices are grouped into dtype classes (each ``(owner, dtype)`` pair
+   becomes one fused buffer and one collective, see below).
+2. Classes are placed smallest first (ties by dtype name), carrying the rank
+   loads from class to class. A class may use at most
+   ``k = ceil(class_load / one_rank_share)`` owners (``class_load`` = the
+   larger of its normalised byte / NS totals, a rank's share being 1.0);
+   it is placed onto the ``k`` currently least-loaded ranks. The dominant
+   class normally gets ``k = nranks`` and, placed last, fills around the
+   minority classes.
+3. Inside a class: largest first (size = normalised bytes + normalised NS,
+   ties by name -- the input order never matters) onto the allowed rank whose
+   score after the placement is lowest; ties by the sum of the two normalised
+   loads, then by the position of the rank in ``rank_order``.
+4. Refinement: while it lowers the score of the most-loaded rank, move one of
+   its matrices to another rank, or swap one of its matrices with a smaller
+   one elsewhere (the best such move/swap, ties by name and ``rank_order``).
+   Moves never take a matrix of a capped class outside that class's owners,
+   so the per-dtype owner cap holds after refinement.
+
+Minority-dtype rule: a dtype class whose total is smaller than one rank's
+mean share is owned by a single rank; in general a class is spread over no
+more owners than ``ceil(class_load)`` -- so a handful of fp32 router weights
+in a bf16 model gives one or two extra fused buffers, not ``nranks`` tiny
+reduces/broadcasts.
+
+``rank_order`` gives the preference among equally loaded ranks (callers pass
+an order interleaving nodes and card indices so the owners spread across
+nodes and NIC rails); it defaults to ``0..nranks-1``.
+
+Upstream rule (:func:`upstream_partition`)
+------------------------------------------
+The baseline, kept only for side-by-side figures: walk the matrices in model
+order and fill rank 0 until its parameter bytes reach ``buffer_size_MB``, then
+rank 1, and so on (the last rank takes whatever is left). Only the first
+``ceil(total_MB / buffer_MB)`` ranks can own anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "MatrixSpec",
+    "OwnerPartition",
+    "balanced_partition",
+    "upstream_partition",
+    "newton_schulz_cost",
+    "optimizer_state_bytes",
+    "param_bytes",
+    "dtype_itemsize",
+    "balance_floor",
+]
+
+# itemsize in bytes of the dtype names we accept ("paddle." prefix allowed).
+_DTYPE_SIZES: Dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+_DTYPE_ALIASES: Dict[str, str] = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+def _canonical_dtype(dtype) -> str:
+    text = str(dtype).strip().lower()
+    for prefix in ("paddle.", "vartype.", "datatype."):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    text = _DTYPE_ALIASES.get(text, text)
+    if text not in _DTYPE_SIZES:
+        raise ValueError(
+            f"unsupported dtype {dtype!r} for a Muon matrix; "
+            f"expected one of {sorted(_DTYPE_SIZES)}"
+        )
+    return text
+
+
+def dtype_itemsize(dtype) -> int:
+    """Bytes per element of ``dtype`` (a name such as ``"bfloat16"``)."""
+    return _DTYPE_SIZES[_canonical_dtype(dtype)]
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """A Muon matrix as the partitioner sees it."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(int(d) for d in self.shape)
+
+
+def _check_shape(shape) -> Tuple[int, ...]:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape has a negative dim: {shape!r}")
+    if len(dims) < 2:
+        raise ValueError(
+            f"a Muon matrix needs at least 2 dims (got shape {shape!r}); "
+            "1-D parameters are handled by AdamW, not by the owner partition"
+        )
+    return dims
+
+
+def _ns_cost_int(shape) -> int:
+    dims = _check_shape(shape)
+    m, n = dims[-2], dims[-1]
+    lead = math.prod(dims[:-2])
+    lo, hi = min(m, n), max(m, n)
+    return lead * hi * lo * lo
+
+
+def newton_schulz_cost(shape) -> float:
+    """Relative Newton-Schulz cost of one matrix: ``max(m,n)*min(m,n)**2``
+    over the last two dims, times the product of the leading (expert) dims."""
+    return float(_ns_cost_int(shape))
+
+
+def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int:
+    """fp32 momentum (``numel*4``), plus an fp32 master weight (``numel*4``)
+    for sub-32-bit dtypes when ``multi_precision``."""
+    numel = math.prod(_check_shape(spec.shape))
+    nbytes = numel * 4
+    if multi_precision and dtype_itemsize(spec.dtype) < 4:
+        nbytes += numel * 4
+    return nbytes
+
+
+def param_bytes(spec: MatrixSpec) -> int:
+    """Bytes of the parameter itself (what upstream's buffer size counts)."""
+    return math.prod(_check_shape(spec.shape)) * dtype_itemsize(spec.dtype)
+
+
+def _ratio_max_over_mean(values: Sequence[float]) -> float:
+    if not values:
+        return 1.0
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    return max(values) * len(values) / total
+
+
+@dataclass
+class OwnerPartition:
+    """Owner map of one group plus the per-rank loads it implies."""
+
+    nranks: int
+    owners: Dict[str, int]
+    state_bytes: List[int]
+    ns_cost: List[float]
+    dtypes: Dict[str, str] = field(default_factory=dict)
+    method: str = "balanced"
+    notes: List[str] = field(default_factory=list)
+
+    def params_of(self, rank: int) -> List[str]:
+        """Names owned by ``rank``, in the order the specs were given."""
+        if not 0 <= rank < self.nranks:
+            raise ValueError(f"rank {rank} out of range for nranks={self.nranks}")
+        return [name for name, owner in self.owners.items() if owner == rank]
+
+    def owner_of(self, name: str) -> int:
+        return self.owners[name]
+
+    def empty_ranks(self) -> List[int]:
+        used = set(self.owners.values())
+        return [r for r in range(self.nranks) if r not in used]
+
+    def owners_by_dtype(self) -> Dict[str, List[int]]:
+        """dtype -> sorted list of ranks owning at least one matrix of it."""
+        out: Dict[str, set] = {}
+        for name, owner in self.owners.items():
+            out.setdefault(self.dtypes.get(name, "float32"), set()).add(owner)
+        return {k: sorted(out[k]) for k in sorted(out)}
+
+    def num_buffers(self) -> int:
+        """Number of (owner, dtype) fused buffers the map implies."""
+        return sum(len(v) for v in self.owners_by_dtype().values())
+
+    def state_bytes_max_over_mean(self) -> float:
+        return _ratio_max_over_mean(self.state_bytes)
+
+    def ns_cost_max_over_mean(self) -> float:
+        return _ratio_max_over_mean(self.ns_cost)
+
+    def summary(self) -> dict:
+        total_b = sum(self.state_bytes)
+        return {
+            "method": self.method,
+            "nranks": self.nranks,
+            "num_params": len(self.owners),
+            "total_state_MB": total_b / 2**20,
+            "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
+            "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
+            "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
+            "empty_ranks": len(self.empty_ranks()),
+            "num_buffers": self.num_buffers(),
+            "owners_by_dtype": {k: len(v) for k, v in self.owners_by_dtype().items()},
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------
+def _check_nranks(nranks) -> int:
+    if isinstance(nranks, bool) or not isinstance(nranks, int):
+        raise TypeError(f"nranks must be an int, got {type(nranks).__name__}")
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    return nranks
+
+
+def _check_specs(specs) -> List[MatrixSpec]:
+    if specs is None:
+        raise TypeError("specs must be a sequence of MatrixSpec, got None")
+    out: List[MatrixSpec] = []
+    seen = set()
+    for s in specs:
+        for attr in ("name", "shape", "dtype"):
+            if not hasattr(s, attr):
+                raise TypeError(
+                    f"specs must hold MatrixSpec-like objects (name, shape, dtype); "
+                    f"got {s!r}"
+                )
+        if not isinstance(s.name, str) or not s.name:
+            raise TypeError(f"spec name must be a non-empty str, got {s.name!r}")
+        if s.name in seen:
+            raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
+        seen.add(s.name)
+        dims = _check_shape(s.shape)
+        out.append(MatrixSpec(s.name, dims, _canonical_dtype(s.dtype)))
+    return out
+
+
+def _check_rank_order(rank_order, nranks: int) -> List[int]:
+    if rank_order is None:
+        return list(range(nranks))
+    order = [int(r) for r in rank_order]
+    if sorted(order) != list(range(nranks)):
+        raise ValueError(
+            f"rank_order must be a permutation of 0..{nranks - 1}, got {list(rank_order)!r}"
+        )
+    return order
+
+
+# --------------------------------------------------------------------------
+# balanced rule
+# --------------------------------------------------------------------------
+class _Loads:
+    """Exact-integer rank loads. A rank's normalised byte load is
+    ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
+    ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``."""
+
+    def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
+        self.n = nranks
+        self.tb = max(total_b, 1)
+        self.tc = max(total_c, 1)
+        self.b = [0] * nranks
+        self.c = [0] * nranks
+        self.pref = pref  # pref[r] = position of rank r in rank_order
+
+    def key(self, r: int, db: int = 0, dc: int = 0) -> Tuple[int, int, int]:
+        xb = (self.b[r] + db) * self.tc
+        xc = (self.c[r] + dc) * self.tb
+        return (max(xb, xc), xb + xc, self.pref[r])
+
+    def score(self, r: int, db: int = 0, dc: int = 0) -> int:
+        return max((self.b[r] + db) * self.tc, (self.c[r] + dc) * self.tb)
+
+    def add(self, r: int, db: int, dc: int) -> None:
+        self.b[r] += db
+        self.c[r] += dc
+
+
+def _floor_ratio(values: List[int], nranks: int) -> float:
+    """Lower bound of max/mean over any assignment of whole items: for every
+    m, some rank receives at least ceil(m/nranks) of the m largest items, so
+    its load is at least the sum of the ceil(m/nranks) smallest of them."""
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    vals = sorted(values, reverse=True)
+    prefix = [0]
+    for v in vals:
+        prefix.append(prefix[-1] + v)
+    best = 0
+    for m in range(1, len(vals) + 1):
+        q = -(-m // nranks)
+        best = max(best, prefix[m] - prefix[m - q])
+    return max(1.0, best * nranks / total)
+
+
+def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: bool = True):
+    """Lower bounds on (state max/mean, NS max/mean) that *any* whole-matrix
+    partition must reach (largest matrices against the mean share, including
+    the granularity of many equal matrices); the figures a target can be
+    checked against before calling it missed."""
+    items = _check_specs(specs)
+    nranks = _check_nranks(nranks)
+    if not items:
+        return 1.0, 1.0
+    bs = [optimizer_state_bytes(s, multi_precision) for s in items]
+    cs = [_ns_cost_int(s.shape) for s in items]
+    return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
+
+
+def balanced_partition(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    rank_order: Optional[Sequence[int]] = None,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """Assign every matrix to one owner, balancing optimizer-state bytes and
+    Newton-Schulz cost (see the module docstring for the exact rule)."""
+    nranks = _check_nranks(nranks)
+    items = _check_specs(specs)
+    order = _check_rank_order(rank_order, nranks)
+    pref = [0] * nranks
+    for pos, r in enumerate(order):
+        pref[r] = pos
+
+    if not items:
+        return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {}, "balanced")
+
+    bts = {s.name: optimizer_state_bytes(s, multi_precision) for s in items}
+    nss = {s.name: _ns_cost_int(s.shape) for s in items}
+    # totals summed in name order: identical on every rank whatever the input order
+    names_sorted = sorted(bts)
+    total_b = sum(bts[k] for k in names_sorted)
+    total_c = sum(nss[k] for k in names_sorted)
+    loads = _Loads(nranks, total_b, total_c, pref)
+    tb, tc = loads.tb, loads.tc
+
+    def size(name: str) -> int:  # normalised bytes + normalised NS, scaled by tb*tc
+        return bts[name] * tc + nss[name] * tb
+
+    classes: Dict[str, List[str]] = {}
+    for s in items:
+        classes.setdefault(s.dtype, []).append(s.name)
+
+    # class load in units of one rank's share (exact ceil on integers)
+    def class_cap(names: List[str]) -> int:
+        cb = sum(bts[k] for k in names)
+        cc = sum(nss[k] for k in names)
+        kb = -(-cb * nranks // tb)
+        kc = -(-cc * nranks // tc)
+        return max(1, min(nranks, max(kb, kc)))
+
+    cls_order = sorted(
+        classes,
+        key=lambda d: (
+            max(
+                sum(bts[k] for k in classes[d]) * tc,
+                sum(nss[k] for k in classes[d]) * tb,
+            ),
+            d,
+        ),
+    )
+
+    owner: Dict[str, int] = {}
+    allowed_of: Dict[str, Optional[frozenset]] = {}
+    for d in cls_order:
+        names = sorted(classes[d], key=lambda k: (-size(k), k))
+        cap = class_cap(names)
+        if cap >= nranks:
+            allowed = list(range(nranks))
+            allowed_of[d] = None
+        else:
+            allowed = sorted(range(nranks), key=lambda r: loads.key(r))[:cap]
+            allowed_of[d] = frozenset(allowed)
+        for k in names:
+            r = min(allowed, key=lambda r: loads.key(r, bts[k], nss[k]))
+            owner[k] = r
+            loads.add(r, bts[k], nss[k])
+
+    _refine(owner, loads, bts, nss, classes, allowed_of, size, order)
+
+    dtype_of = {s.name: s.dtype for s in items}
+    return OwnerPartition(
+        nranks=nranks,
+        owners={s.name: owner[s.name] for s in items},
+        state_bytes=list(loads.b),
+        ns_cost=[float(c) for c in loads.c],
+        dtypes=dtype_of,
+        method="balanced",
+    )
+
+
+def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=10000):
+    """Deterministic local search: lower the score of the most loaded rank by
+    moving one of its matrices, or swapping one with a matrix elsewhere."""
+    n = loads.n
+    if n == 1:
+        return
+    dtype_of = {k: d for d, names in classes.items() for k in names}
+
+    def can_host(k: str, r: int) -> bool:
+        allowed = allowed_of[dtype_of[k]]
+        return allowed is None or r in allowed
+
+    for _ in range(max_iters):
+        worst = max(range(n), key=lambda r: (loads.score(r), -loads.pref[r]))
+        worst_score = loads.score(worst)
+        mine = sorted((k for k, r in owner.items() if r == worst), key=lambda k: (-size(k), k))
+        by_rank: Dict[int, List[str]] = {r: [] for r in range(n)}
+        for k, r in owner.items():
+            by_rank[r].append(k)
+        best = None  # (new pair max, tiebreak..., action)
+        for k in mine:
+            bk, ck = bts[k], nss[k]
+            for r in order:
+                if r == worst or not can_host(k, r):
+                    continue
+                # move k: worst -> r
+                new = max(loads.score(worst, -bk, -ck), loads.score(r, bk, ck))
+                if new < worst_score:
+                    cand = (new, 0, k, loads.pref[r], "")
+                    if best is None or cand < best:
+                        best = cand
+                # swap k <-> j (j on r, smaller than k)
+                for j in by_rank[r]:
+                    if not can_host(j, worst):
+                        continue
+                    bj, cj = bts[j], nss[j]
+                    if bj * loads.tc + cj * loads.tb >= bk * loads.tc + ck * loads.tb:
+                        continue
+                    new = max(
+                        loads.score(worst, bj - bk, cj - ck),
+                        loads.score(r, bk - bj, ck - cj),
+                    )
+                    if new < worst_score:
+                        cand = (new, 1, k, loads.pref[r], j)
+                        if best is None or cand < best:
+                            best = cand
+        if best is None:
+            return
+        _, kind, k, rpos, j = best
+        r = order[rpos]
+        loads.add(worst, -bts[k], -nss[k])
+        loads.add(r, bts[k], nss[k])
+        owner[k] = r
+        if kind == 1:
+            loads.add(r, -bts[j], -nss[j])
+            loads.add(worst, bts[j], nss[j])
+            owner[j] = worst
+
+
+# --------------------------------------------------------------------------
+# upstream rule (baseline)
+# --------------------------------------------------------------------------
+def upstream_partition(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    buffer_size_MB: float = 256,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """Upstream's greedy fill, for comparison: in the given (model) order,
+    fill rank 0 until its parameter bytes reach ``buffer_size_MB``, then the
+    next rank; the last rank takes the remainder."""
+    nranks = _check_nranks(nranks)
+    items = _check_specs(specs)
+    if not buffer_size_MB > 0:
+        raise ValueError(f"buffer_size_MB must be > 0, got {buffer_size_MB}")
+    limit = buffer_size_MB * 2**20
+    owners: Dict[str, int] = {}
+    state = [0] * nranks
+    ns = [0] * nranks
+    cur, filled = 0, 0
+    for s in items:
+        owners[s.name] = cur
+        state[cur] += optimizer_state_bytes(s, multi_precision)
+        ns[cur] += _ns_cost_int(s.shape)
+        filled += param_bytes(s)
+        if filled >= limit and cur < nranks - 1:
+            cur, filled = cur + 1, 0
+    return OwnerPartition(
+        nranks=nranks,
+        owners=owners,
+        state_bytes=state,
+        ns_cost=[float(c) for c in ns],
+        dtypes={s.name: s.dtype for s in items},
+        method=f"upstream(buffer={buffer_size_MB:g}MB)",
+    )
