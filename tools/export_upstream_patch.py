@@ -250,10 +250,8 @@ class PaddleTree:
                 return None
             return os.path.exists(
                 os.path.join(self.pkg_dir, rel[len("python/paddle"):].lstrip("/")))
-        if rel.startswith("test/") or rel == "test":
-            if os.path.basename(rel) == "__init__.py":
-                return os.path.dirname(rel) in KNOWN_PADDLE_TEST_DIRS
-            return None
+        if rel in KNOWN_PADDLE_TEST_DIRS:
+            return True
         return None
 
     def describe(self):
@@ -328,10 +326,11 @@ def build_export(repo_root, files=None, include=(), exclude=(), extra_map=(),
                                        % (dst, no, line.strip()))
         exists = paddle_tree.exists(dst)
         if os.path.basename(dst) == "__init__.py":
-            dir_exists = (exists if dst.startswith("test/")
-                          else paddle_tree.exists(os.path.dirname(dst)))
-            if dir_exists is None and not dst.startswith("test/"):
-                dir_exists = True  # unknown Paddle: never overwrite
+            dir_exists = paddle_tree.exists(os.path.dirname(dst))
+            if dir_exists is None:
+                # unknown: never overwrite a python/paddle package __init__;
+                # test dirs outside KNOWN_PADDLE_TEST_DIRS are taken as new
+                dir_exists = not dst.startswith("test/")
             if dir_exists:
                 imports, names = init_exports(text)
                 if imports or names:

@@ -422,7 +422,10 @@ class Muon(Optimizer):
     # ------------------------------------------------------------- accumulators
     def _create_accumulators(self, block, parameters):
         if isinstance(parameters, dict):
-            raise TypeError("Muon does not support parameter groups.")
+            raise TypeError(
+                "Muon does not support parameter groups; pass params_grads as "
+                "a flat list of (param, grad) pairs."
+            )
         for p in parameters:
             if p.name in self._already_create_accumulator:
                 continue
@@ -466,8 +469,6 @@ class Muon(Optimizer):
         )
 
     def _append_optimize_op(self, block, param_and_grad):
-        if isinstance(param_and_grad, dict):
-            raise TypeError("Muon does not support parameter groups.")
         param, grad = param_and_grad
         lr = self._create_param_lr(param_and_grad)
         info = self._param_info(param)
@@ -548,6 +549,12 @@ class Muon(Optimizer):
             False,  # amsgrad
         )
 
+    @staticmethod
+    def _has_low_precision_adamw_kernel(param: Tensor) -> bool:
+        # Only the GPU/XPU adamw kernels are registered for fp16/bf16 params.
+        place = param.place
+        return place.is_gpu_place() or place.is_xpu_place()
+
     def _adamw_update(self, param: Tensor, grad: Tensor, lr: Tensor) -> None:
         find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
         accs = [
@@ -564,7 +571,7 @@ class Muon(Optimizer):
             self._adamw_kernel(param, grad, lr, accs, None, False, with_decay)
             return
         master = self._master_weights[param.name]
-        if param.place.is_gpu_place() or param.place.is_xpu_place():
+        if self._has_low_precision_adamw_kernel(param):
             # The fused kernel updates master and param in one launch.
             self._adamw_kernel(param, grad, lr, accs, master, True, with_decay)
             return

@@ -392,11 +392,12 @@ INVALID = [
     ("gpn-float", lambda: plan_for(gpn=8.0), TypeError, "gpus_per_node must be an int"),
     ("gpn-bool", lambda: plan_for(gpn=True), TypeError, "gpus_per_node must be an int"),
     ("mp-2", lambda: plan_for(mp=2), ValueError, "does not support tensor parallel: mp_degree=2"),
-    ("mp-0", lambda: plan_for(mp=0), ValueError, "mp_degree=0, it must be 1"),
+    ("mp-0", lambda: plan_for(mp=0), ValueError, "mp_degree must be >= 1, got 0"),
     ("mp-str", lambda: plan_for(mp="1"), TypeError, "mp_degree must be an int"),
     ("world-not-multiple", lambda: plan_for(ms=1, ep=6, gpn=4), ValueError, "world size 6 .* not a multiple of gpus_per_node=4"),
     ("world-not-multiple-pp", lambda: plan_for(PIPE_FIRST, ms=3, pp=1, ep=4, gpn=8), ValueError, "not a multiple"),
-    ("node-spans-stages-ep12", lambda: plan_for(MS_FIRST, ms=2, pp=2, ep=12, gpn=8), ValueError, r"node 1 \(ranks 8-15\) mixes pipeline stages \[0, 0, 0, 0, 1, 1, 1, 1\]"),
+    ("node-spans-stages-ep12", lambda: plan_for(MS_FIRST, ms=2, pp=2, ep=12, gpn=8), ValueError, r"node 1 \(ranks 8-15\) mixes pipeline stages \[0, 0, 0, 0, 1, 1, 1, 1\] \(and 1 more node\) "),
+    ("node-spans-stages-many", lambda: plan_for(MS_FIRST, ms=4, pp=2, ep=12, gpn=8), ValueError, r"\(and 3 more nodes\)"),
     ("node-spans-stages-ep4", lambda: plan_for(MS_FIRST, ms=2, pp=2, ep=4, gpn=8), ValueError, "expert degree that is a multiple of gpus_per_node=8"),
     ("node-spans-stages-pipefirst", lambda: plan_for(PIPE_FIRST, ms=1, pp=2, ep=12, gpn=8), ValueError, "order pipe->moe_sharding->expert"),
     ("single-node-group", lambda: plan_for(ms=2, ep=4, gpn=8), ValueError, "lies on a single node .* turn comm_group_call_opt off"),
@@ -478,6 +479,8 @@ def test_create_groups_calls_new_group_for_every_spec_in_order():
         assert groups.stage == stage
         assert sorted(groups.same_card_groups) == [(stage, c) for c in range(4)]
         assert len(groups.all_groups) == len(specs)
+        assert groups.same_card_group == ("group", plan.same_card_ranks(stage, rank % 4))
+        assert rank in groups.same_card_group[1], f"rank {rank} not in its same-card group"
         for owner in plan.sharding_group_ranks(stage):
             if plan.in_cross_node_step(owner, rank):
                 group = groups.cross_node_group(owner)

@@ -189,6 +189,7 @@ class HierarchicalGroups:
         rank: the global rank that created them.
         stage: that rank's pipeline stage.
         node_group: the group of the rank's node.
+        same_card_group: (property) the one same-card group the rank is in.
         same_card_groups: ``(stage, card) -> group`` for every card of the
             rank's own stage. The rank is a member only of the entry for its
             own card; use :meth:`cross_node_group` to get the group of an
@@ -203,6 +204,18 @@ class HierarchicalGroups:
     same_card_groups: dict[tuple[int, int], Any]
     all_groups: dict[tuple[str, tuple[int, ...]], Any] = field(repr=False)
     plan: HierarchicalCommPlan = field(repr=False)
+
+    @property
+    def same_card_group(self) -> Any:
+        """The same-card group this rank belongs to: ``(stage, card(rank))``.
+
+        Every cross-node step this rank takes part in uses this group (it only
+        joins owners with its own card).
+
+        Returns:
+            The group created for ``(stage, card(rank))``.
+        """
+        return self.same_card_groups[(self.stage, self.plan.card_of(self.rank))]
 
     def cross_node_group(self, owner: int) -> Any:
         """Group for the cross-node step of a buffer owned by ``owner``.
@@ -443,6 +456,8 @@ class HierarchicalCommPlan:
                 f"mp_degree must be an int, got {mp_degree!r} "
                 f"({type(mp_degree).__name__})."
             )
+        if int(mp_degree) < 1:
+            raise ValueError(f"mp_degree must be >= 1, got {int(mp_degree)}.")
         if int(mp_degree) != 1:
             raise ValueError(
                 f"comm_group_call_opt does not support tensor parallel: "
@@ -519,7 +534,8 @@ class HierarchicalCommPlan:
                 mixed.append((node, list(ranks), stages))
         if mixed:
             node, ranks, stages = mixed[0]
-            others = f" (and {len(mixed) - 1} more nodes)" if len(mixed) > 1 else ""
+            more = len(mixed) - 1
+            others = f" (and {more} more node{'s' if more > 1 else ''})" if more else ""
             raise ValueError(
                 f"comm_group_call_opt needs every node's ranks inside one sharding "
                 f"group (one pipeline stage), but node {node} (ranks "
