@@ -28,7 +28,6 @@ import paddle
 from paddle import _C_ops
 from paddle.base import framework
 from paddle.base.dygraph import base as imperative_base
-from paddle.distributed.fleet.utils.log_util import logger
 from paddle.optimizer.lr import LRScheduler
 from paddle.optimizer.optimizer import Optimizer
 
@@ -402,6 +401,10 @@ class Muon(Optimizer):
         if info is None:
             info = MuonParamInfo(use_muon=self._default_use_muon(param))
             if param.name not in self._warned_fallback:
+                # Imported here: paddle.optimizer is imported while paddle
+                # itself initialises, before paddle.distributed can be.
+                from paddle.distributed.fleet.utils.log_util import logger
+
                 self._warned_fallback.add(param.name)
                 logger.info(
                     f"Muon: parameter {param.name} (shape {list(param.shape)}) is "
