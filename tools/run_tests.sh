@@ -3,7 +3,6 @@
 # This is the README's test command; .ci/run calls it after installing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"
 rm -f .coverage .coverage.*
 python -m coverage run --branch --source=python/paddle_muon_ext -m pytest -q "$@"
 python -m coverage report --skip-empty

@@ -20,6 +20,24 @@ except ImportError as e:  # pragma: no cover - exercised only without paddle
     raise ImportError(
         "paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
         "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel."
-    ) from e
+    ) from None
+
+from .compat_paddle_3_3 import (  # noqa: E402
+    get_muon_sharding_options,
+    set_muon_sharding_options,
+)
+from .compat_paddle_3_3.fleet_integration import distributed_optimizer  # noqa: E402
+from .distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
+    MuonShardingOptimizer,
+)
+from .optimizer import Muon, MuonParamInfo  # noqa: E402
 
 __version__ = "0.1.0"
+__all__ = [
+    "Muon",
+    "MuonParamInfo",
+    "MuonShardingOptimizer",
+    "distributed_optimizer",
+    "get_muon_sharding_options",
+    "set_muon_sharding_options",
+]

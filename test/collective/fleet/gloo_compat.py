@@ -32,13 +32,15 @@ What it changes (only for gloo process groups; NCCL/other groups pass through):
    a free port (bind to port 0), starts its TCPStore there (the store then
    holds the port), and publishes ``host:port`` on the launcher-provided
    *default* store under the deterministic key :func:`rendezvous_key`
-   (unique per group id and name). The other members block on that key.
-   Consequences: ports never collide with each other, with the launcher's
-   master / store ports (bound, so the OS never hands them out) or with a
-   concurrently running launch; and it also works across hosts because the
-   master publishes its own host (from ``PADDLE_CURRENT_ENDPOINT``). The only
-   window left is the microseconds between probing a port and the store
-   binding it; a failed bind is retried with a new port.
+   (unique per group id and name), then binds its store there; the other
+   members block on that key. (The master's TCPStore constructor waits for
+   all members, hence publish-then-bind.) Consequences: ports never collide
+   with each other, with the launcher's master / store ports (bound, so the
+   OS never hands them out) or with a concurrently running launch; and it
+   also works across hosts because the master publishes its own host (from
+   ``PADDLE_CURRENT_ENDPOINT``). The only window left is the millisecond
+   between probing a port and the store binding it (a loss raises a clear
+   error instead of hanging).
 
 2. ``use_calc_stream=True`` on ``paddle.distributed.stream.*`` ops -> the
    plain synchronous op (gloo has no ``*_on_calc_stream``).
@@ -198,7 +200,7 @@ def _my_host() -> str:
 
 
 def _store_timeout() -> int:
-    return int(os.environ.get(STORE_TIMEOUT_ENV, "900"))
+    return int(os.environ.get(STORE_TIMEOUT_ENV, "300"))
 
 
 def create_subgroup_store(
@@ -212,18 +214,19 @@ def create_subgroup_store(
     key = rendezvous_key(group_id, group_name)
     timeout = _store_timeout()
     if rank == 0:
+        # The master's TCPStore constructor blocks until all `world_size`
+        # members connected, so the endpoint must be published *before* it
+        # is built. Members retry connecting until the server listens.
         host = _my_host()
-        last_err: Exception | None = None
-        for _ in range(8):  # retry only covers the probe->bind race
-            port = pick_free_port()
-            try:
-                store = core.TCPStore(host, port, True, world_size, timeout)
-            except Exception as e:  # port grabbed in between: try another
-                last_err = e
-                continue
-            default_store.set(key, f"{host}:{port}")
-            return store
-        raise RuntimeError(f"gloo_compat: cannot start store for gid {group_id}: {last_err}")
+        port = pick_free_port()
+        default_store.set(key, f"{host}:{port}")
+        try:
+            return core.TCPStore(host, port, True, world_size, timeout)
+        except Exception as e:
+            raise RuntimeError(
+                f"gloo_compat: sub-group {group_name} (gid {group_id}) store could not "
+                f"bind {host}:{port} (taken between probe and bind?): {e}"
+            ) from e
     raw = default_store.get(key)  # blocks until the master published
     endpoint = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
     host, port = endpoint.rsplit(":", 1)
