@@ -59,7 +59,7 @@ from paddle_muon_ext.compat_paddle_3_3 import (
 
 # paddle_muon_ext: compat-end
 
-__all__ = ["MuonShardingOptimizer"]
+__all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
 _DEFAULT_COLOUR = "__default__"
 
@@ -127,6 +127,46 @@ class MuonBucket:
     params: list
     hierarchical: bool
     buffers: list = dataclasses.field(default_factory=list)
+
+
+def assign_muon_owners(
+    specs: Sequence[MatrixSpec],
+    group_ranks: Sequence[int],
+    plan: HierarchicalCommPlan | None = None,
+    partition_strategy: str = "balanced",
+    buffer_size_MB: float = 256,
+):
+    """Choose the owning global rank of every Muon matrix of one colour group.
+
+    The optimizer and ``tools/muon_comm.py plan`` both call this, so the plan
+    tool reports exactly the owners training will use.
+
+    Args:
+        specs (Sequence[MatrixSpec]): the group's Muon matrices.
+        group_ranks (Sequence[int]): the colour group's global ranks, in group order.
+        plan (HierarchicalCommPlan|None): with the hierarchical path on, equally
+            loaded ranks are preferred in an order that alternates cards and
+            nodes, so owners (and cross-node traffic) spread over all rails.
+        partition_strategy (str): ``"balanced"`` or ``"upstream_greedy"``.
+        buffer_size_MB (float): buffer size of the upstream rule.
+
+    Returns:
+        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
+        the partition with per-rank load figures (group-local indices).
+    """
+    ranks = list(group_ranks)
+    if partition_strategy == "upstream_greedy":
+        partition = upstream_partition(
+            specs, len(ranks), buffer_size_MB if buffer_size_MB > 0 else 256
+        )
+    else:
+        rank_order = None
+        if plan is not None:
+            stage = plan.stage_of(ranks[0])
+            rank_order = [ranks.index(r) for r in plan.spread_rank_order(stage)]
+        partition = balanced_partition(specs, len(ranks), rank_order=rank_order)
+    owners = {name: ranks[idx] for name, idx in partition.owners.items()}
+    return owners, partition
 
 
 def _is_trainable(param) -> bool:
@@ -311,34 +351,24 @@ class MuonShardingOptimizer:
             )
         return bool(info.use_muon)
 
-    def _rank_order(self, colour: str, group) -> list[int] | None:
-        if self._plan is None or colour != _DEFAULT_COLOUR:
-            return None
-        stage = self._plan.stage_of(self._rank)
-        ranks = list(group.ranks)
-        return [ranks.index(r) for r in self._plan.spread_rank_order(stage)]
-
     def _build_muon_buckets(self, colour: str, params: list) -> list[MuonBucket]:
         group = self._colour_groups[colour]
         specs = [
             MatrixSpec(p.name, tuple(p.shape), str(p.dtype).split(".")[-1])
             for p in params
         ]
-        if self._settings.partition_strategy == "balanced":
-            partition = balanced_partition(
-                specs, group.nranks, rank_order=self._rank_order(colour, group)
-            )
-        else:
-            partition = upstream_partition(
-                specs, group.nranks, self._settings.comm_buffer_size_MB
-            )
-        self._partitions[colour] = partition
-        ranks = list(group.ranks)
         hierarchical = self._plan is not None and colour == _DEFAULT_COLOUR
-
+        owners, partition = assign_muon_owners(
+            specs,
+            list(group.ranks),
+            plan=self._plan if hierarchical else None,
+            partition_strategy=self._settings.partition_strategy,
+            buffer_size_MB=self._settings.comm_buffer_size_MB,
+        )
+        self._partitions[colour] = partition
         grouped: dict[tuple, list] = OrderedDict()
         for p in params:
-            owner = ranks[partition.owners[p.name]]
+            owner = owners[p.name]
             self._owner_of[p.name] = owner
             grouped.setdefault((owner, str(p.dtype)), []).append(p)
 
