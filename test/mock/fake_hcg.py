@@ -14,13 +14,21 @@
 """Fake hybrid communicate group: Paddle's real EPHybridCommunicateGroup, built
 for one simulated rank on top of the fake collective layer.
 
-Nothing about the layout is re-derived here: the object IS a
+The layout is not re-derived here: the object is a (thin subclass of)
 ``paddle.distributed.fleet.base.topology.EPHybridCommunicateGroup``, built
-with ``get_rank``/``get_world_size``/``new_group``/``all_reduce`` patched
-(about 15 ms per rank at 512 ranks). So ``_moe_topo``, ``_topo``, the
-sharding / moe_sharding / expert / pipe groups, ``get_stage_id()`` and every
-other getter are Paddle's own, and all groups are created through the fake
-``new_group`` in Paddle's order on every rank.
+by Paddle's own constructor with ``get_rank``/``get_world_size``/
+``new_group``/``all_reduce`` patched (~10 ms per rank at 512 ranks). So
+``_moe_topo``, ``_topo``, the sharding / moe_sharding / expert / pipe
+groups, ``get_stage_id()`` and every other getter are Paddle's, and all
+groups are created through the fake ``new_group`` in Paddle's order.
+
+One override: Paddle 3.3.1's ``merge_inner_comm_list`` (which forms the
+sharding group = moe_sharding x dense_sharding ranks of a stage) assumes the
+pipe axis comes after moe_sharding. With MoE order (pipe, moe_sharding,
+expert) and pp > 1 it mixes stages and the constructor fails with a bare
+AssertionError on some ranks. ``_MergeFixedEPHCG`` computes the same
+merge from coordinates; ``test_mock_hcg`` proves it returns exactly Paddle's
+lists wherever Paddle's own version works, and pins the upstream failure.
 """
 
 from __future__ import annotations
@@ -87,6 +95,47 @@ def world_size_of(ep: int, moe_sharding: int, pp: int = 1) -> int:
     return ep * moe_sharding * pp
 
 
+_MERGE_CACHE: dict[tuple, list[list[int]]] = {}
+
+
+def merge_inner_comm_list_by_coords(topo: Any, outer_name: str, inner_name: str) -> list[list[int]]:
+    """Order-independent version of Paddle's ``merge_inner_comm_list``.
+
+    One merged group per combination of the other axes (in topology order);
+    inside it, ranks ordered by (outer coord, inner coord), i.e. the inner
+    comm lists concatenated for outer = 0, 1, ... as Paddle does.
+
+    Args:
+        topo: a ``CommunicateTopology``.
+        outer_name: e.g. "moe_sharding".
+        inner_name: e.g. "dense_sharding".
+
+    Returns:
+        Fresh lists of global ranks.
+    """
+    names = tuple(topo._parallel_names)
+    key = (names, tuple(topo._dims), outer_name, inner_name)
+    merged = _MERGE_CACHE.get(key)
+    if merged is None:
+        others = [i for i, n in enumerate(names) if n not in (outer_name, inner_name)]
+        outer, inner = names.index(outer_name), names.index(inner_name)
+        groups: dict[tuple, list[tuple[int, int, int]]] = {}
+        for rank in range(topo.world_size()):
+            coord = topo.get_coord(rank)
+            groups.setdefault(tuple(coord[i] for i in others), []).append(
+                (coord[outer], coord[inner], rank))
+        merged = [[r for _, _, r in sorted(members)] for _, members in sorted(groups.items())]
+        _MERGE_CACHE[key] = merged
+    return [list(g) for g in merged]
+
+
+class _MergeFixedEPHCG(fleet_topology.EPHybridCommunicateGroup):
+    """Paddle's EPHybridCommunicateGroup with an order-independent sharding merge."""
+
+    def merge_inner_comm_list(self, topo: Any, outer_name: str, inner_name: str) -> list[list[int]]:
+        return merge_inner_comm_list_by_coords(topo, outer_name, inner_name)
+
+
 def build_fake_hcg(ep: int, moe_sharding: int, pp: int = 1, mp: int = 1,
                    order: Sequence[str] = DEFAULT_MOE_ORDER) -> Any:
     """Build the calling rank's real ``EPHybridCommunicateGroup``.
@@ -116,7 +165,7 @@ def build_fake_hcg(ep: int, moe_sharding: int, pp: int = 1, mp: int = 1,
             f"world_size {comm.world_size} does not match ep={ep} x moe_sharding={moe_sharding} "
             f"x pp={pp} = {expected}"
         )
-    return fleet_topology.EPHybridCommunicateGroup(names, dims)
+    return _MergeFixedEPHCG(names, dims)
 
 
 def make_hcg_factory(ep: int, moe_sharding: int, pp: int = 1, mp: int = 1,

@@ -33,7 +33,6 @@ import logging
 from typing import Any, Callable, Iterator, Optional
 from unittest import mock
 
-import paddle
 import paddle.distributed as dist
 import paddle.distributed.collective as dist_collective
 import paddle.distributed.communication.batch_isend_irecv as dist_batch

@@ -77,6 +77,7 @@ class Divergence:
     order_key: int = 0
 
     def sort_key(self) -> tuple:
+        """Returns: ordering key, earliest divergence (then kind priority) first."""
         return (self.order_key, _KIND_RANK[self.kind], self.group_id or 0)
 
 

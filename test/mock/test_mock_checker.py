@@ -20,7 +20,6 @@ from typing import Callable
 import paddle
 import paddle.distributed as dist
 import pytest
-from paddle.distributed.communication.batch_isend_irecv import _coalescing_manager  # noqa: F401
 
 from mock.comm_record import CommRecord
 from mock.schedule_checker import (

@@ -251,3 +251,23 @@ def test_mismatched_numel_inside_a_collective_fails_every_member() -> None:
         SimulatedWorld(WORLD).run(body)
     text = str(info.value)
     assert "per-group seq 0" in text and "numel=5" in text and "numel=4" in text, text
+
+
+def test_records_carry_sequence_numbers_blocks_and_roots(fake_dist) -> None:
+    comm = fake_dist(4, rank=2, phase_provider=lambda: "sync")
+    group = dist.new_group([0, 2])
+    tasks: list = []
+    with dist.communication.batch_isend_irecv._coalescing_manager(group, tasks):
+        tasks.append(dist.broadcast(paddle.ones([3], dtype="float16"), src=0, group=group, sync_op=False))
+        tasks.append(dist.reduce(paddle.ones([5]), dst=2, op=dist.ReduceOp.AVG, group=group, sync_op=False))
+    dist.all_reduce(paddle.ones([7]))
+    rows = [(r.rank_seq, r.group_seq, r.op, r.group_id, r.root, r.reduce_op, r.dtype, r.numel, r.block,
+             r.phase) for r in comm.current().trace]
+    assert rows == [
+        (0, None, "new_group", 10, None, None, None, 2, None, None),
+        (1, None, "coalescing_begin", 10, None, None, None, 0, (10, 0), "sync"),
+        (2, 0, "broadcast", 10, 0, None, "float16", 3, (10, 0), "sync"),
+        (3, 1, "reduce", 10, 2, "AVG", "float32", 5, (10, 0), "sync"),
+        (4, None, "coalescing_end", 10, None, None, None, 0, (10, 0), "sync"),
+        (5, 0, "all_reduce", 0, None, "SUM", "float32", 7, None, "sync"),
+    ], rows
