@@ -1014,7 +1014,7 @@ def draw_png(res: Dict[str, Any], path: str) -> None:
     mb = [b / 2**20 for b in detail["dense_param_bytes"]]
     grid = [[mb[n * gpn + c] for c in range(gpn)] for n in range(nodes)]
     top = max(max(mb), 1e-9)
-    fig, ax = plt.subplots(figsize=(1.5 + 0.95 * gpn, 1.6 + 0.55 * nodes))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.5 + 0.95 * gpn), max(3.5, 1.6 + 0.55 * nodes)))
     img = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=0, vmax=top)
     for n in range(nodes):
         for c in range(gpn):

@@ -50,145 +50,19 @@ from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa:
 from paddle_muon_ext.compat_paddle_3_3.fleet_integration import (  # noqa: E402
     distributed_optimizer,
 )
-from paddle_muon_ext.optimizer import Muon  # noqa: E402
+from muon_tiny_moe import Reference, TinyMoE, batch, make_muon  # noqa: E402
 
-H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
-LR, CLIP_NORM = 0.02, 1.0
 # fp32 end to end; the distributed run differs from the reference only in the
 # order of summation inside reductions (~1e-7 relative per op). Newton-Schulz
 # is a fixed polynomial of a Frobenius-normalised matrix, so those rounding
 # differences stay within a few ulps of O(1) updates: 1e-5 absolute over 5
-# steps leaves a 10x margin over what we measured while catching any real
+# steps leaves a wide margin over what we measured while catching any real
 # routing error (which shows up as O(lr) = 1e-2 differences).
 ATOL = 1e-5
 
 
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
-
-
-# ---------------------------------------------------------------------------
-# model as pure functions so the reference can replay every rank's shard
-# ---------------------------------------------------------------------------
-def init_dense(seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "w_in": rng.normal(0, 0.3, (H, H)).astype("float32"),
-        "b_in": rng.normal(0, 0.1, (H,)).astype("float32"),
-        "norm_w": (1 + rng.normal(0, 0.1, (H,))).astype("float32"),
-        "w_out": rng.normal(0, 0.3, (H, H)).astype("float32"),
-    }
-
-
-def init_experts(expert_coord: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(100 + expert_coord)
-    out = {}
-    for e in range(LOCAL_EXPERTS):
-        out[f"up{e}"] = rng.normal(0, 0.3, (H, INNER)).astype("float32")
-        out[f"down{e}"] = rng.normal(0, 0.3, (INNER, H)).astype("float32")
-    out["fused"] = rng.normal(0, 0.3, (LOCAL_EXPERTS, H, INNER)).astype("float32")
-    out["bias"] = rng.normal(0, 0.1, (H,)).astype("float32")
-    return out
-
-
-def forward(dense: dict, experts: dict | None, x):
-    h = paddle.matmul(x, dense["w_in"]) + dense["b_in"]
-    h = h * dense["norm_w"]
-    if experts is not None:
-        y = 0
-        for e in range(LOCAL_EXPERTS):
-            y = y + paddle.matmul(
-                paddle.tanh(paddle.matmul(h, experts[f"up{e}"])),
-                experts[f"down{e}"],
-            )
-        fused = paddle.tanh(paddle.matmul(h.unsqueeze(0), experts["fused"]))
-        y = y + paddle.matmul(fused.mean(0), experts[f"down{0}"]) + experts["bias"]
-        h = h + y / LOCAL_EXPERTS
-    out = paddle.matmul(paddle.tanh(h), dense["w_out"])
-    return (out**2).mean()
-
-
-def batch(step: int, rank: int) -> np.ndarray:
-    rng = np.random.default_rng(1000 * step + rank)
-    return rng.normal(0, 1, (BATCH_PER_RANK, H)).astype("float32")
-
-
-def make_muon(params):
-    return Muon(
-        learning_rate=LR,
-        parameters=params,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP_NORM),
-    )
-
-
-class Reference:
-    """Single-process Muon on the full batch: every rank's shard, all experts."""
-
-    def __init__(self, world: int, ep: int, expert_of_rank: list[int]) -> None:
-        self.world, self.ep, self.expert_of_rank = world, ep, expert_of_rank
-        self.dense = {
-            k: paddle.create_parameter(v.shape, "float32", name=f"ref_{k}",
-                                       default_initializer=paddle.nn.initializer.Assign(v))
-            for k, v in init_dense().items()
-        }
-        self.experts = []
-        if ep > 1:
-            for c in range(ep):
-                self.experts.append({
-                    k: paddle.create_parameter(
-                        v.shape, "float32", name=f"ref_e{c}_{k}",
-                        default_initializer=paddle.nn.initializer.Assign(v))
-                    for k, v in init_experts(c).items()
-                })
-        params = list(self.dense.values()) + [p for d in self.experts for p in d.values()]
-        self.opt = make_muon(params)
-
-    def step(self, step: int) -> None:
-        grads: dict[str, np.ndarray] = {}
-        members = Counter(self.expert_of_rank)
-        for r in range(self.world):
-            c = self.expert_of_rank[r]
-            experts = self.experts[c] if self.ep > 1 else None
-            loss = forward(self.dense, experts, paddle.to_tensor(batch(step, r)))
-            loss.backward()
-            # dense grads average over the whole sharding group; an expert's
-            # over the moe_sharding group (the ranks holding that expert).
-            for p in self.dense.values():
-                grads[p.name] = grads.get(p.name, 0) + p.grad.numpy() / self.world
-                p.clear_gradient()
-            if experts is not None:
-                for p in experts.values():
-                    grads[p.name] = grads.get(p.name, 0) + p.grad.numpy() / members[c]
-                    p.clear_gradient()
-        for p in self.opt._parameter_list:
-            p._copy_gradient_from(paddle.to_tensor(grads[p.name]))
-        self.opt.step()
-        self.opt.clear_grad()
-
-
-# ---------------------------------------------------------------------------
-# distributed side
-# ---------------------------------------------------------------------------
-class TinyMoE(paddle.nn.Layer):
-    def __init__(self, expert_coord: int | None, moe_group) -> None:
-        super().__init__()
-        self.dense = {k: self._param(v) for k, v in init_dense().items()}
-        self.experts = None
-        if expert_coord is not None:
-            self.experts = {k: self._param(v) for k, v in init_experts(expert_coord).items()}
-            for p in self.experts.values():
-                p.color = {"color": "moe_expert", "group": moe_group}
-                p.no_sync = True  # experts differ across EP ranks: never broadcast at init
-
-    def _param(self, value: np.ndarray):
-        p = self.create_parameter(
-            list(value.shape), default_initializer=paddle.nn.initializer.Assign(value)
-        )
-        self.add_parameter(f"p{len(self._parameters)}", p)
-        return p
-
-    def forward(self, x):
-        return forward(self.dense, self.experts, x)
 
 
 class CollectiveCounter:
@@ -268,25 +142,21 @@ def train(group_call: bool, ep: int, steps: int, fused: bool, overlap: bool,
         if demo and rank == 0:
             print(f"[demo] group_call={int(group_call)} step {step + 1}/{steps} "
                   f"loss={float(loss):.6f} step_time={time.time() - t0:.3f}s", flush=True)
-    final = {k: p.numpy() for k, p in net.dense.items()}
-    if net.experts is not None:
-        final.update({f"e_{k}": p.numpy() for k, p in net.experts.items()})
+    final = net.named_values()
     per_step = {f"{k}/{op}": v / steps for (k, op), v in sorted(counter_total.items())}
     return final, max_diff, per_step
 
 
-def compare(model, reference: Reference, expert_coord, rank: int, step: int) -> float:
+def compare(net, reference: Reference, expert_coord, rank: int, step: int) -> float:
+    expected = reference.values(expert_coord)
     worst = 0.0
-    pairs = [(f"dense.{k}", p, reference.dense[k]) for k, p in model.dense.items()]
-    if model.experts is not None:
-        pairs += [(f"expert[{expert_coord}].{k}", p, reference.experts[expert_coord][k])
-                  for k, p in model.experts.items()]
-    for name, p, ref in pairs:
-        diff = float(np.abs(p.numpy() - ref.numpy()).max())
+    for name, value in net.named_values().items():
+        diff = float(np.abs(value - expected[name]).max())
         worst = max(worst, diff)
         if not diff <= ATOL:
-            fail(f"rank {rank} step {step + 1}: parameter {name} differs from the "
-                 f"single-process Muon reference by max |d|={diff:.3e} > {ATOL}")
+            fail(f"rank {rank} step {step + 1}: parameter {name} (expert coord "
+                 f"{expert_coord}) differs from the single-process Muon reference "
+                 f"by max |d|={diff:.3e} > {ATOL}")
     return worst
 
 
@@ -311,14 +181,14 @@ def main() -> None:
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     rank = dist.get_rank()
-    expert_of_rank = [0] * world
+    expert_of_rank = {r: None for r in range(world)}
     if ep > 1:
         topo = hcg._moe_topo
-        expert_of_rank = [topo.get_coord(r).expert for r in range(world)]
+        expert_of_rank = {r: topo.get_coord(r).expert for r in range(world)}
 
     results = []
     for group_call in passes:
-        reference = Reference(world, ep, expert_of_rank)
+        reference = Reference(expert_of_rank)
         t0 = time.time()
         final, max_diff, per_step = train(group_call, ep, steps, fused, overlap,
                                           demo, reference)
