@@ -23,7 +23,6 @@ the proto field, the field is read (and written) instead.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 __all__ = [
@@ -34,9 +33,10 @@ __all__ = [
 
 PARTITION_STRATEGIES = ("balanced", "upstream_greedy")
 
-# Strategy objects are weak-referenceable; keying by the object (not id())
-# keeps options from leaking onto a later strategy that reuses the address.
-_OPTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Kept as an instance attribute (bypassing DistributedStrategy.__setattr__,
+# which rejects unknown names) so the options survive the deepcopy that
+# fleet.init / fleet.distributed_optimizer make of the user's strategy.
+_ATTR = "_paddle_muon_ext_sharding_options"
 
 
 @dataclasses.dataclass
@@ -113,7 +113,7 @@ def set_muon_sharding_options(strategy: Any, **options: Any) -> MuonShardingOpti
     current = dataclasses.asdict(get_muon_sharding_options(strategy))
     current.update(options)
     opts = MuonShardingOptions(**current)
-    _OPTIONS[strategy] = opts
+    object.__setattr__(strategy, _ATTR, opts)
     configs = _sharding_configs(strategy)
     for name in ("use_muon_sharding", "comm_group_call_opt"):
         if configs is not None and _proto_has(configs, name):
@@ -133,7 +133,7 @@ def get_muon_sharding_options(strategy: Any) -> MuonShardingOptions:
     Returns:
         MuonShardingOptions: defaults when nothing was set.
     """
-    opts = _OPTIONS.get(strategy) if strategy is not None else None
+    opts = getattr(strategy, _ATTR, None) if strategy is not None else None
     opts = dataclasses.replace(opts) if opts else MuonShardingOptions()
     configs = _sharding_configs(strategy)
     for name in ("use_muon_sharding", "comm_group_call_opt"):

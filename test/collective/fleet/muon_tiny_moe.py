@@ -94,12 +94,16 @@ def make_muon(params, clip: bool = True, **kwargs) -> Muon:
 
 
 def _param(name: str, value: np.ndarray, dtype: str = "float32"):
-    return paddle.create_parameter(
+    p = paddle.create_parameter(
         list(value.shape),
         dtype,
-        attr=paddle.ParamAttr(name=name),
         default_initializer=paddle.nn.initializer.Assign(value.astype("float32")),
     )
+    # Renamed after creation: dygraph refuses a ParamAttr name twice per
+    # process, but every simulated rank (and every training pass) needs the
+    # same names, exactly as separate processes would have.
+    p.name = name
+    return p
 
 
 class TinyMoE(paddle.nn.Layer):

@@ -23,13 +23,18 @@ time so a test harness can substitute the process-group layer.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from typing import TYPE_CHECKING, Iterator, Sequence, Tuple
 
 import paddle
 import paddle.distributed as dist
-from paddle.distributed.communication import batch_isend_irecv
 
+# The package re-exports the batch_isend_irecv *function* under the module's
+# name; _coalescing_manager lives in the module.
+_batch_isend_irecv = importlib.import_module(
+    "paddle.distributed.communication.batch_isend_irecv"
+)
 if TYPE_CHECKING:
     from paddle import Tensor
 
@@ -74,7 +79,7 @@ def _run_coalesced(group, issue, routes: Sequence[Route]) -> None:
     if not routes:
         return
     tasks: list = []
-    with batch_isend_irecv._coalescing_manager(group, tasks):
+    with _batch_isend_irecv._coalescing_manager(group, tasks):
         for tensor, peer in routes:
             task = issue(tensor, peer)
             if task is not None:

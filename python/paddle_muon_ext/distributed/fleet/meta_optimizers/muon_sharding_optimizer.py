@@ -30,7 +30,7 @@ buckets.
 from __future__ import annotations
 
 import dataclasses
-import os
+import importlib
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -39,7 +39,6 @@ import paddle.distributed as dist
 from paddle import framework
 from paddle.base.framework import EagerParamBase
 from paddle.distributed import fleet
-from paddle.distributed.communication import reduce as reduce_module
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
@@ -60,6 +59,10 @@ from paddle_muon_ext.compat_paddle_3_3 import (
 # paddle_muon_ext: compat-end
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
+
+# The package re-exports the reduce *function* under the module's name; the
+# module itself holds is_avg_reduce_op_supported.
+_reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 _DEFAULT_COLOUR = "__default__"
 
@@ -213,7 +216,7 @@ class MuonShardingOptimizer:
         self._muon_info = optimizer._muon_param_info_map
         self._default_group = self._hcg.get_sharding_parallel_group()
         self._use_avg = self._settings.use_reduce_avg and (
-            reduce_module.is_avg_reduce_op_supported()
+            _reduce_module.is_avg_reduce_op_supported()
         )
 
         self._colour_groups: dict[str, Any] = OrderedDict()
