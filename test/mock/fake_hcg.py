@@ -212,9 +212,11 @@ def make_hybrid_strategy(ep: int, moe_sharding: int, pp: int = 1, mp: int = 1,
         "moe_sharding_degree": moe_sharding,
         "order": short_order,
     }
-    if sharding_configs:
-        configs["sharding_configs"] = dict(sharding_configs)
     strategy.hybrid_configs = configs
+    # The proto refuses a nested dict assignment; set the fields one by one.
+    sharding = strategy.hybrid_configs["sharding_configs"]
+    for key, value in sharding_configs.items():
+        setattr(sharding, key, value)
     return strategy
 
 

@@ -34,7 +34,7 @@ import paddle
 from paddle_muon_ext.optimizer import Muon
 
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
-LR, CLIP_NORM = 0.02, 1.0
+LR, CLIP_NORM = 0.02, 0.5  # the global grad norm is ~1: clipping is active
 EXPERT_COLOUR = "moe_expert"
 
 
@@ -160,8 +160,9 @@ class Reference:
     """
 
     def __init__(self, expert_of_rank: dict, matrix_dtype: str = "float32",
-                 clip: bool = True, **muon_kwargs) -> None:
+                 clip: bool = True, micro: int = 1, **muon_kwargs) -> None:
         self.expert_of_rank = dict(expert_of_rank)
+        self.micro = micro
         self.world = len(self.expert_of_rank)
         self.dense = {}
         for k, v in init_dense().items():
@@ -178,13 +179,18 @@ class Reference:
         self.opt = make_muon(params, clip=clip, **muon_kwargs)
 
     def rank_grads(self, step: int, rank: int) -> dict[str, np.ndarray]:
-        """Gradients of ``rank``'s own shard (fp32 numpy), keyed like :meth:`values`."""
+        """Gradients of ``rank``'s own shard (fp32 numpy), keyed like :meth:`values`.
+
+        With ``micro`` > 1 they are summed over the step's micro-batches, as
+        gradient accumulation does.
+        """
         c = self.expert_of_rank[rank]
         experts = self.experts.get(c)
         dense = {k: (p.astype("float32") if p.dtype != paddle.float32 else p)
                  for k, p in self.dense.items()}
-        loss = forward(dense, experts, paddle.to_tensor(batch(step, rank)))
-        loss.backward()
+        for m in range(self.micro):
+            loss = forward(dense, experts, paddle.to_tensor(batch(step * self.micro + m, rank)))
+            loss.backward()
         grads = {}
         for k, p in self.dense.items():
             grads[f"dense.{k}"] = p.grad.astype("float32").numpy()

@@ -238,10 +238,9 @@ class MuonShardingOptimizer:
                 self._hcg, resolve_gpus_per_node()
             )
             self._plan_groups = self._plan.create_groups(self._rank)
-            logger.info(
-                "MuonShardingOptimizer: comm_group_call_opt on\n%s",
-                self._plan.describe(),
-            )
+            # Once per job is enough to see the layout; other ranks log at debug.
+            log = logger.info if self._rank == 0 else logger.debug
+            log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
 
         self._owner_of: dict[str, int] = {}
         self._partitions: dict[str, Any] = {}
@@ -256,7 +255,7 @@ class MuonShardingOptimizer:
         if self._settings.comm_overlap:
             self._register_overlap_hooks()
         self._set_inner_parameter_list()
-        logger.info(
+        logger.debug(
             "MuonShardingOptimizer rank %d owns %d of %d Muon params; "
             "%d Muon buckets, %d reduce-scatter buffers",
             self._rank,

@@ -1,0 +1,244 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Run the tiny MoE model with MuonShardingOptimizer in the simulated world.
+
+One configuration object describes a layout (ep, moe_sharding, pp, order,
+GPUs per node for comm_group_call_opt) and the optimizer options; the runner
+trains every rank of it in one process (threads, real data) or records the
+schedule only, and compares against the single-process reference. Used by
+the optimizer and group-call suites and by ``tools/muon_comm.py verify``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+import paddle
+from paddle.distributed import fleet
+from paddle.distributed.fleet.base.topology import CommunicateTopology
+
+from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy
+from mock.simulated_world import SimulatedWorld
+from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
+
+from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options
+from paddle_muon_ext.compat_paddle_3_3.fleet_integration import (
+    MuonHybridParallelOptimizer,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
+
+DEFAULT_ORDER = ("moe_sharding", "pipe", "expert")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """A layout plus optimizer options.
+
+    Attributes:
+        ep, ms, pp: expert, moe_sharding and pipeline degrees (ep == 1: no
+            experts; the sharding group is then the ms ranks of a stage).
+        order: the MoE axes in topology order.
+        gpn: GPUs per node; set -> comm_group_call_opt on (PADDLE_LOCAL_SIZE).
+        fused: fused gradient buffers (comm_buffer_size_MB > 0).
+        overlap: sharding comm_overlap (backward hooks launch the reduces).
+        acc_steps: micro-batches accumulated per optimizer step.
+        matrix_dtype: dtype of the dense ``w_in`` matrix (bf16: mixed dtypes).
+        steps: optimizer steps.
+        clip: global-norm clip (only with pp == 1: the reference is per stage).
+        via_fleet: through MuonHybridParallelOptimizer (else the bare optimizer).
+        use_reduce_avg: make AVG available (the CPU build reports it missing,
+            which exercises SUM + scale).
+    """
+
+    ep: int = 4
+    ms: int = 2
+    pp: int = 1
+    order: tuple = DEFAULT_ORDER
+    gpn: int | None = None
+    fused: bool = True
+    overlap: bool = False
+    acc_steps: int = 1
+    matrix_dtype: str = "float32"
+    steps: int = 3
+    clip: bool = True
+    via_fleet: bool = True
+    use_reduce_avg: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.ep * self.ms * self.pp
+
+    def topology(self) -> CommunicateTopology:
+        dims = {"moe_sharding": self.ms, "pipe": self.pp, "expert": self.ep}
+        return CommunicateTopology(list(self.order), [dims[n] for n in self.order])
+
+    def expert_of_rank(self) -> dict[int, int | None]:
+        topo = self.topology()
+        return {
+            r: (topo.get_coord(r).expert if self.ep > 1 else None)
+            for r in range(self.world)
+        }
+
+    def stage_ranks(self) -> list[list[int]]:
+        topo = self.topology()
+        stages: dict[int, list[int]] = {}
+        for r in range(self.world):
+            stages.setdefault(topo.get_coord(r).pipe, []).append(r)
+        return [stages[p] for p in sorted(stages)]
+
+    def strategy(self):
+        strategy = make_hybrid_strategy(
+            self.ep, self.ms, self.pp, order=self.order,
+            comm_buffer_size_MB=1 if self.fused else -1,
+            comm_overlap=self.overlap,
+            accumulate_steps=self.acc_steps,
+        )
+        set_muon_sharding_options(
+            strategy, use_muon_sharding=True, comm_group_call_opt=self.gpn is not None
+        )
+        return strategy
+
+
+@contextmanager
+def _local_size(gpn: int | None) -> Iterator[None]:
+    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
+    if gpn is not None:
+        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
+    try:
+        yield
+    finally:
+        os.environ.pop("PADDLE_LOCAL_SIZE", None)
+        if saved is not None:
+            os.environ["PADDLE_LOCAL_SIZE"] = saved
+
+
+@contextmanager
+def _avg_supported(flag: bool) -> Iterator[None]:
+    import importlib
+
+    module = importlib.import_module("paddle.distributed.communication.reduce")
+    saved = module.is_avg_reduce_op_supported
+    module.is_avg_reduce_op_supported = lambda: flag
+    try:
+        yield
+    finally:
+        module.is_avg_reduce_op_supported = saved
+
+
+@dataclasses.dataclass
+class RankState:
+    """What one simulated rank hands back for assertions."""
+
+    rank: int
+    expert_coord: int | None
+    values: dict[str, np.ndarray]
+    optimizer: Any
+    net: Any
+    extra: Any = None
+
+
+def build_rank(cfg: SimConfig, strategy) -> tuple[Any, Any, Any, int | None]:
+    """Construct this thread's model and sharded optimizer."""
+    hcg = fleet.get_hybrid_communicate_group()
+    coord = hcg.get_expert_parallel_rank() if cfg.ep > 1 else None
+    moe_group = hcg.get_moe_sharding_parallel_group() if cfg.ep > 1 else None
+    net = TinyMoE(coord, moe_group, cfg.matrix_dtype)
+    muon = make_muon(
+        list(net.parameters()), clip=cfg.clip,
+        multi_precision=cfg.matrix_dtype != "float32",
+    )
+    if cfg.via_fleet:
+        opt = MuonHybridParallelOptimizer(muon, hcg, strategy)
+    else:
+        opt = MuonShardingOptimizer(muon, hcg, strategy)
+    return hcg, net, opt, coord
+
+
+def sharded_core(opt) -> MuonShardingOptimizer:
+    """The MuonShardingOptimizer inside a fleet wrapper (or itself)."""
+    return opt._inner_opt if isinstance(opt, MuonHybridParallelOptimizer) else opt
+
+
+def train_steps(cfg: SimConfig, hcg, net, opt, first_step: int = 0,
+                steps: int | None = None) -> None:
+    """Run optimizer steps ``first_step ..`` on this rank's batch shards."""
+    rank = paddle.distributed.get_rank()
+    for step in range(first_step, first_step + (cfg.steps if steps is None else steps)):
+        for micro in range(cfg.acc_steps):
+            loss = net(paddle.to_tensor(batch(step * cfg.acc_steps + micro, rank)))
+            loss.backward()
+        if cfg.via_fleet:
+            opt.step()
+        else:
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            opt.step()
+        opt.clear_grad()
+
+
+def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
+              deadlock_timeout: float = 30.0, reraise_original: bool = False,
+              ) -> tuple[list, SimulatedWorld]:
+    """Run ``body(cfg, strategy)`` (default: build + train) on every rank.
+
+    Returns:
+        (per-rank results, the world with its traces).
+    """
+    strategy = cfg.strategy()
+
+    def default_body(cfg: SimConfig, strategy) -> RankState:
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        train_steps(cfg, hcg, net, opt)
+        return RankState(paddle.distributed.get_rank(), coord, net.named_values(),
+                         opt, net)
+
+    fn = body or default_body
+    world = SimulatedWorld(
+        cfg.world,
+        hcg_factory=make_hcg_factory(cfg.ep, cfg.ms, cfg.pp, order=cfg.order),
+        strategy=strategy,
+        mode=mode,
+        deadlock_timeout=deadlock_timeout,
+        reraise_original=reraise_original,
+    )
+    with _local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
+        results = world.run(lambda rank: fn(cfg, strategy))
+    return results, world
+
+
+def reference_values(cfg: SimConfig, steps: int | None = None) -> dict[int, dict]:
+    """Per-rank expected values from single-process runs (one per stage)."""
+    expert_of_rank = cfg.expert_of_rank()
+    expected: dict[int, dict] = {}
+    for ranks in cfg.stage_ranks():
+        ref = Reference({r: expert_of_rank[r] for r in ranks}, cfg.matrix_dtype,
+                        clip=cfg.clip, micro=cfg.acc_steps,
+                        multi_precision=cfg.matrix_dtype != "float32")
+        for step in range(cfg.steps if steps is None else steps):
+            ref.step(step)
+        for r in ranks:
+            expected[r] = ref.values(expert_of_rank[r])
+    return expected
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest |a - b| over the parameters both dicts hold (same keys required)."""
+    assert a.keys() == b.keys(), f"parameter sets differ: {sorted(a)} vs {sorted(b)}"
+    return max(float(np.abs(a[k].astype("float64") - b[k]).max()) for k in a)
