@@ -40,6 +40,7 @@ import paddle.distributed.communication.group as dist_group
 import paddle.distributed.communication.stream as dist_stream
 import pytest
 from paddle.distributed import fleet
+from paddle.base import unique_name
 from paddle.distributed.fleet.base import topology as fleet_topology
 
 from .comm_record import format_ranks
@@ -90,8 +91,46 @@ def patch_points() -> list[tuple[Any, str]]:
         (fleet_topology, "logger"),
         (fleet_topology, "check_nccl_version_for_p2p"),
         (fleet_topology.CommunicateTopology, "get_comm_list"),
+        (unique_name, "generator"),
+        (unique_name, "dygraph_parameter_name_checker"),
     ]
     return points
+
+
+class _PerRank:
+    """Dispatch to one instance of ``factory()`` per simulated rank."""
+
+    def __init__(self, comm: FakeComm, fallback: Any, factory: Callable[[], Any]) -> None:
+        self._comm, self._fallback, self._factory = comm, fallback, factory
+        self._per_rank: dict[int, Any] = {}
+
+    def _target(self) -> Any:
+        ctx = getattr(self._comm._tls, "ctx", None) or self._comm._default_ctx
+        if ctx is None:
+            return self._fallback
+        target = self._per_rank.get(ctx.rank)
+        if target is None:
+            target = self._per_rank.setdefault(ctx.rank, self._factory())
+        return target
+
+    def __call__(self, *args: Any) -> Any:
+        return self._target()(*args)
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._target(), item)
+
+
+# In separate processes every rank numbers its names (parameters,
+# optimizer accumulators such as ``w_moment1_0``) from zero and checks
+# parameter-name clashes on its own; threads sharing the process-global
+# counter would get different, racy names and break checkpoints keyed by them.
+def _per_rank_name_generator(comm: FakeComm) -> _PerRank:
+    return _PerRank(comm, unique_name.generator, unique_name.UniqueNameGenerator)
+
+
+def _per_rank_name_checker(comm: FakeComm) -> _PerRank:
+    return _PerRank(comm, unique_name.dygraph_parameter_name_checker,
+                    unique_name.DygraphParameterNameChecker)
 
 
 def _replacements(comm: FakeComm, strategy: Any) -> dict[tuple[int, str], Any]:
@@ -193,6 +232,8 @@ def _replacements(comm: FakeComm, strategy: Any) -> dict[tuple[int, str], Any]:
         (fleet_topology, "logger"): _QUIET_LOGGER,
         (fleet_topology, "check_nccl_version_for_p2p"): lambda *a, **k: None,
         (fleet_topology.CommunicateTopology, "get_comm_list"): _cached_get_comm_list(),
+        (unique_name, "generator"): _per_rank_name_generator(comm),
+        (unique_name, "dygraph_parameter_name_checker"): _per_rank_name_checker(comm),
     }
     return {(id(owner), attr): fake for (owner, attr), fake in fakes.items()}
 

@@ -26,6 +26,7 @@ The installed paddle is never edited.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator
 
 from paddle.distributed import fleet
@@ -58,15 +59,22 @@ class _AlreadySharded(metaclass=_AlreadyShardedMeta):
         return optimizer
 
 
+# Serialises the scoped patch: two constructions interleaving (e.g. ranks
+# simulated as threads) would otherwise save each other's patched names as
+# "originals" and leave Paddle's module patched.
+_PATCH_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _sharding_classes_pass_through() -> Iterator[None]:
-    saved = (_hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2)
-    _hpo.DygraphShardingOptimizer = _AlreadySharded
-    _hpo.DygraphShardingOptimizerV2 = _AlreadySharded
-    try:
-        yield
-    finally:
-        _hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2 = saved
+    with _PATCH_LOCK:
+        saved = (_hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2)
+        _hpo.DygraphShardingOptimizer = _AlreadySharded
+        _hpo.DygraphShardingOptimizerV2 = _AlreadySharded
+        try:
+            yield
+        finally:
+            _hpo.DygraphShardingOptimizer, _hpo.DygraphShardingOptimizerV2 = saved
 
 
 class MuonHybridParallelOptimizer(_hpo.HybridParallelOptimizer):

@@ -219,7 +219,11 @@ def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
         reraise_original=reraise_original,
     )
     with _local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
-        results = world.run(lambda rank: fn(cfg, strategy))
+        try:
+            results = world.run(lambda rank: fn(cfg, strategy))
+        except Exception as error:
+            error.world = world  # traces for whoever debugs the failure
+            raise
     return results, world
 
 

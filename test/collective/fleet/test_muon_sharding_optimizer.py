@@ -59,7 +59,8 @@ EQUIVALENCE = {
     "ep4_ms2_overlap": SimConfig(overlap=True),
     "ep4_ms2_acc2": SimConfig(acc_steps=2),
     "ep4_ms2_acc2_overlap": SimConfig(acc_steps=2, overlap=True),
-    "ep4_ms2_bf16_matrix": SimConfig(matrix_dtype="bfloat16"),
+    # clip off: paddle 3.3.1 has no CPU bf16 squared_l2_norm kernel.
+    "ep4_ms2_bf16_matrix": SimConfig(matrix_dtype="bfloat16", clip=False),
     "ep4_ms2_bare_optimizer": SimConfig(via_fleet=False),
     "ep4_ms2_reduce_avg": SimConfig(use_reduce_avg=True),
     "ep2_ms2_pp2": SimConfig(ep=2, ms=2, pp=2, clip=False),
@@ -146,11 +147,14 @@ def test_global_norm_clip_counts_every_parameter_once():
         core.reduce_gradients(list(net.parameters()), hcg)
         core._assign_slice_grads()
         local = core.filter_parameters(list(net.parameters()), hcg)
+        core._ensure_global_clip()
         clip = core._inner_opt._grad_clip
+        before = [float(np.abs(p.grad.numpy()).sum()) for p in local]
+        # Paddle's clip scales the gradients in place.
         clipped = clip([(p, p.grad) for p in local])
-        scale = [float(np.abs(g.numpy()).sum()) / max(float(np.abs(p.grad.numpy()).sum()), 1e-30)
-                 for p, g in clipped]
-        return scale
+        # A slice holding only alignment padding has an all-zero gradient.
+        return [float(np.abs(g.numpy()).sum()) / b
+                for (p, g), b in zip(clipped, before) if b > 0]
 
     results, _ = run_world(cfg, body=body)
     ref = Reference(cfg.expert_of_rank())
@@ -174,14 +178,16 @@ def test_filter_parameters_partition_each_group_exactly_once():
         hcg, net, opt, coord = build_rank(cfg, strategy)
         core = sharded_core(opt)
         core._assign_slice_grads()
-        params = list(net.parameters())
-        kept = core.filter_parameters(params, hcg)
-        return coord, [(p.name, int(p.numel())) for p in kept]
+        kept = core.filter_parameters(list(net.parameters()), hcg)
+        out = []
+        for p in kept:
+            begin, end = core.local_range(p.name)
+            out.append((p.name, end - begin))
+        return coord, out
 
     results, _ = run_world(cfg, body=body)
-    full = {p_name: n for p_name, n in [
-        (f"dense.{k}", int(np.prod(v.shape))) for k, v in __import__(
-            "muon_tiny_moe").init_dense().items()]}
+    full = {f"dense.{k}": int(v.size)
+            for k, v in __import__("muon_tiny_moe").init_dense().items()}
     dense_count: dict[str, int] = {}
     for coord, kept in results:
         for name, numel in kept:

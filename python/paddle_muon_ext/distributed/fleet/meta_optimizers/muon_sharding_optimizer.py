@@ -39,6 +39,9 @@ import paddle.distributed as dist
 from paddle import framework
 from paddle.base.framework import EagerParamBase
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelClipGrad,
+)
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
@@ -527,6 +530,34 @@ class MuonShardingOptimizer:
         """The (colour, owner, dtype) buckets of Muon parameters."""
         return list(self._muon_buckets)
 
+    def local_range(self, name: str) -> tuple[int, int]:
+        """Flattened element range of parameter ``name`` that this rank updates.
+
+        Args:
+            name (str): parameter name.
+
+        Returns:
+            tuple[int, int]: ``(begin, end)`` within the flattened parameter,
+            alignment padding excluded; the whole parameter for owned Muon
+            matrices, ``(0, 0)`` when this rank holds none of it.
+        """
+        if name in self._owner_of:
+            if self._owner_of[name] != self._rank:
+                return 0, 0
+            param = next(p for b in self._muon_buckets for p in b.params if p.name == name)
+            return 0, int(param.numel())
+        for buffer in self._rs_buffers:
+            view = buffer._sharding_param_grad_view.get(name)
+            if view is None:
+                continue
+            if not view.has_effective_slice_param:
+                return 0, 0
+            numel = int(view._param.numel())
+            begin = min(view._param_begin - view._index, numel)
+            end = min(view._param_end - view._index, numel)
+            return begin, max(begin, end)
+        raise KeyError(f"{name} is not a trainable parameter of this optimizer")
+
     def filter_parameters(self, parameter_list, hcg) -> list:
         """Return the parameters whose gradients this rank holds after reduction.
 
@@ -631,6 +662,7 @@ class MuonShardingOptimizer:
                 grad = p._grad_ivar()
             if grad is not None:
                 params_grads.append((p, grad))
+        self._ensure_global_clip()
         # AMP: HybridParallelGradScaler reaches minimize even after an
         # overflow; found_inf is identical on all ranks (all-reduced MAX).
         found_inf = self._inner_opt._get_auxiliary_var("found_inf")
@@ -642,6 +674,14 @@ class MuonShardingOptimizer:
         )
         self._sharding_sync_parameters()
         return params_grads
+
+    def _ensure_global_clip(self) -> None:
+        # Each rank holds only its owned matrices and slices: a plain global
+        # norm clip would clip by a per-rank norm. HybridParallelOptimizer
+        # swaps in its sharding-aware clip; used bare, swap it in here.
+        clip = self._inner_opt._grad_clip
+        if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
+            self._inner_opt._grad_clip = HybridParallelClipGrad(clip, self._hcg)
 
     def _assign_slice_grads(self) -> None:
         for buffer in self._rs_buffers:
@@ -755,12 +795,9 @@ class MuonShardingOptimizer:
         slice_ranges = {}
         for buffer in self._rs_buffers:
             for p in buffer.params:
-                view = buffer._sharding_param_grad_view[p.name]
-                if not view.has_effective_slice_param:
-                    continue
-                begin = view._param_begin - view._index
-                end = min(view._param_end - view._index, int(p.numel()))
-                slice_ranges[p.name] = (slice(begin, max(begin, end)), p)
+                begin, end = self.local_range(p.name)
+                if end > begin:
+                    slice_ranges[p.name] = (slice(begin, end), p)
 
         result = {}
         for state_key, tensor in self._inner_opt.state_dict().items():
@@ -774,7 +811,9 @@ class MuonShardingOptimizer:
             if int(tensor.numel()) == 1:
                 result[key] = ShardedWeight(key, tensor, tuple(tensor.shape),
                                             tuple(tensor.shape), (0,) * len(tensor.shape))
-            elif pname in slice_ranges:
+            elif pname in self._slice_params:
+                if pname not in slice_ranges:
+                    continue  # this rank's slice is alignment padding only
                 rng, p = slice_ranges[pname]
                 local = tensor[: rng.stop - rng.start]
                 result[key] = ShardedWeight(

@@ -1,0 +1,252 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Newton-Schulz time against the time of its matmuls alone.
+
+    PYTHONPATH=python:test python3 tools/bench/bench_newton_schulz.py
+        [--shapes 1024x1024 1024x4096 16x512x1408] [--steps 5] [--reps 5]
+        [--warmup 1] [--coeffs simple|quintic] [--no-profile]
+
+For every shape, in the same run and alternating repetitions:
+
+* ``ns``: ``newton_schulz(x, coeffs, steps)`` from ``paddle_muon_ext``.
+* ``mm``: the ``3 * steps`` matmuls it must do and nothing else: with X in
+  the wide orientation (``[.., m, n]``, m <= n) and precomputed inputs
+  X, A = X X^T and B, the loop runs ``matmul(X, X, transpose_y=True)``
+  ([m, n] x [n, m]), ``matmul(A, A)`` ([m, m]^2) and ``matmul(B, X)``
+  ([m, m] x [m, n]) ``steps`` times, the same calls newton_schulz makes.
+
+``ratio = median(ns) / median(mm)`` per shape; ``overall`` is
+``sum(median ns) / sum(median mm)``. Target: <= 1.10.
+
+The profile (on by default) times each non-matmul piece of newton_schulz in
+isolation on the same shapes (cast check / transposes, Frobenius norm and
+scaling, the per-step ``b*A + c*AA`` and ``a*X + BX`` element-wise ops) and
+one alternative formulation (the element-wise ops folded into
+``paddle.addmm`` / ``paddle.baddbmm``, i.e. GEMM with beta/alpha), checked
+numerically against newton_schulz, so the report says where the non-matmul
+time goes and what a change would buy.
+
+Importable: ``bench(...)`` returns a dict with ``overall_ratio`` and per
+shape ``ratio``; ``main(argv)`` prints and returns it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+_PY = os.path.join(_REPO, "python")
+if _PY not in sys.path:
+    sys.path.insert(0, _PY)
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+from paddle_muon_ext.optimizer.muon import newton_schulz, resolve_ns_coeffs  # noqa: E402
+
+TARGET = 1.10
+DEFAULT_SHAPES = ("1024x1024", "1024x4096", "16x512x1408")
+
+
+def parse_shape(text: str) -> List[int]:
+    shape = [int(v) for v in text.lower().split("x")]
+    if len(shape) not in (2, 3) or min(shape) < 1:
+        raise ValueError(f"shape must be MxN or ExMxN, got {text!r}")
+    return shape
+
+
+def _time(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    out = fn()
+    # Touch the result so lazily scheduled work (none on CPU today) is done.
+    if isinstance(out, paddle.Tensor):
+        out._is_initialized()
+    return time.perf_counter() - t0
+
+
+def _swap(x: paddle.Tensor) -> paddle.Tensor:
+    perm = list(range(x.ndim))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return paddle.transpose(x, perm)
+
+
+def _wide(x: paddle.Tensor) -> paddle.Tensor:
+    return _swap(x) if x.shape[-2] > x.shape[-1] else x
+
+
+def ns_addmm(x: paddle.Tensor, coeffs, steps: int) -> paddle.Tensor:
+    """Candidate: newton_schulz with element-wise ops folded into GEMM beta/alpha."""
+    X = x if x.dtype == paddle.float32 else paddle.cast(x, "float32")
+    transposed = X.shape[-2] > X.shape[-1]
+    X = _wide(X)
+    norm = paddle.linalg.norm(X, p="fro", axis=[-2, -1], keepdim=True)
+    X = X / (norm + 1e-7)
+    gemm = paddle.addmm if X.ndim == 2 else paddle.baddbmm
+    for i in range(steps):
+        a, b, c = coeffs[i % len(coeffs)]
+        A = paddle.matmul(X, X, transpose_y=True)
+        B = gemm(A, A, A, beta=b, alpha=c)
+        X = gemm(X, B, X, beta=a, alpha=1.0)
+    return _swap(X) if transposed else X
+
+
+def _profile(x: paddle.Tensor, coeffs, steps: int, reps: int) -> Dict[str, float]:
+    """Median ms of each non-matmul piece of newton_schulz (per call totals)."""
+    a, b, c = coeffs[0]
+    X = _wide(x)
+    A = paddle.matmul(X, X, transpose_y=True)
+    AA = paddle.matmul(A, A)
+    B = b * A + c * AA
+    BX = paddle.matmul(B, X)
+    tall = x.shape[-2] > x.shape[-1]
+
+    pieces = {
+        "transpose_in_out": (lambda: (_swap(x), _swap(X)) if tall else None, 1),
+        "norm_and_scale": (
+            lambda: X / (paddle.sqrt(paddle.sum(X * X, axis=[-2, -1], keepdim=True)) + 1e-7), 1),
+        "alt: linalg.norm fro": (
+            lambda: X / (paddle.linalg.norm(X, p="fro", axis=[-2, -1], keepdim=True) + 1e-7), 1),
+        "b*A+c*AA (per step)": (lambda: b * A + c * AA, steps),
+        "a*X+BX (per step)": (lambda: a * X + BX, steps),
+    }
+    out = {}
+    for name, (fn, times) in pieces.items():
+        samples = [_time(fn) for _ in range(reps + 1)][1:]
+        out[name] = 1000.0 * statistics.median(samples) * times
+    return out
+
+
+def bench_shape(shape: Sequence[int], steps: int = 5, coeffs=None, reps: int = 5,
+                warmup: int = 1, profile: bool = True) -> Dict:
+    """ns vs matmul-only time for one shape (median of ``reps``)."""
+    coeffs = coeffs or resolve_ns_coeffs("simple")
+    rng = np.random.default_rng(0)
+    x = paddle.to_tensor(rng.normal(0, 1, list(shape)).astype("float32"))
+    b, c = coeffs[0][1], coeffs[0][2]
+    X = _wide(x)
+    X = X / paddle.sqrt(paddle.sum(X * X, axis=[-2, -1], keepdim=True))
+    A = paddle.matmul(X, X, transpose_y=True)
+    B = b * A + c * paddle.matmul(A, A)
+
+    def run_ns():
+        return newton_schulz(x, coeffs, steps)
+
+    def run_mm():
+        out = None
+        for _ in range(steps):
+            paddle.matmul(X, X, transpose_y=True)
+            paddle.matmul(A, A)
+            out = paddle.matmul(B, X)
+        return out
+
+    def run_addmm():
+        return ns_addmm(x, coeffs, steps)
+
+    ns_t, mm_t, alt_t = [], [], []
+    for i in range(warmup + reps):
+        t_ns, t_mm = _time(run_ns), _time(run_mm)
+        t_alt = _time(run_addmm) if profile else 0.0
+        if i >= warmup:
+            ns_t.append(t_ns)
+            mm_t.append(t_mm)
+            alt_t.append(t_alt)
+    res = {
+        "shape": list(shape),
+        "wide_shape": list(X.shape),
+        "steps": steps,
+        "ns_ms": 1000.0 * statistics.median(ns_t),
+        "mm_ms": 1000.0 * statistics.median(mm_t),
+    }
+    res["ratio"] = res["ns_ms"] / res["mm_ms"]
+    if profile:
+        ref = newton_schulz(x, coeffs, steps).numpy()
+        alt = run_addmm().numpy()
+        res["addmm_ms"] = 1000.0 * statistics.median(alt_t)
+        res["addmm_ratio"] = res["addmm_ms"] / res["mm_ms"]
+        res["addmm_max_abs_diff"] = float(np.max(np.abs(ref - alt)))
+        res["profile_ms"] = _profile(x, coeffs, steps, max(3, reps))
+    return res
+
+
+def bench(shapes: Sequence[str] = DEFAULT_SHAPES, steps: int = 5, coeff_type: str = "simple",
+          reps: int = 5, warmup: int = 1, profile: bool = True) -> Dict:
+    """Every shape; ``overall_ratio = sum(ns) / sum(mm)``."""
+    coeffs = resolve_ns_coeffs(coeff_type)
+    results = [bench_shape(parse_shape(s), steps, coeffs, reps, warmup, profile) for s in shapes]
+    out = {
+        "coeff_type": coeff_type,
+        "coeffs": coeffs,
+        "steps": steps,
+        "shapes": results,
+        "overall_ratio": sum(r["ns_ms"] for r in results) / sum(r["mm_ms"] for r in results),
+        "target": TARGET,
+    }
+    if profile:
+        out["overall_addmm_ratio"] = (sum(r["addmm_ms"] for r in results)
+                                      / sum(r["mm_ms"] for r in results))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--coeffs", default="simple", choices=["simple", "quintic"])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args(argv)
+
+    coeffs = resolve_ns_coeffs(args.coeffs)
+    print("# bench_newton_schulz: newton_schulz(x, coeffs, steps) vs its 3*steps matmuls alone")
+    print(f"# command: python3 tools/bench/bench_newton_schulz.py "
+          f"{' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}".rstrip())
+    print(f"# paddle {paddle.__version__}, device {paddle.device.get_device()}, "
+          f"coeffs={args.coeffs} (a, b, c)={coeffs}, steps={args.steps}, "
+          f"reps={args.reps} (median), warmup={args.warmup}")
+    res = bench(args.shapes, args.steps, args.coeffs, args.reps, args.warmup,
+                not args.no_profile)
+    print(f"{'shape':<14} {'wide':<14} {'ns ms':>9} {'mm ms':>9} {'ratio':>6}"
+          + ("" if args.no_profile else f" {'addmm ms':>9} {'ratio':>6} {'maxdiff':>8}"))
+    for r in res["shapes"]:
+        line = (f"{'x'.join(map(str, r['shape'])):<14} {'x'.join(map(str, r['wide_shape'])):<14} "
+                f"{r['ns_ms']:>9.2f} {r['mm_ms']:>9.2f} {r['ratio']:>6.3f}")
+        if not args.no_profile:
+            line += f" {r['addmm_ms']:>9.2f} {r['addmm_ratio']:>6.3f} {r['addmm_max_abs_diff']:>8.1e}"
+        print(line)
+    if not args.no_profile:
+        print("# profile: non-matmul pieces of newton_schulz, ms per call (isolated), "
+              "% of the matmul-only time")
+        for r in res["shapes"]:
+            parts = ", ".join(f"{k} {v:.2f} ({100 * v / r['mm_ms']:.1f}%)"
+                              for k, v in r["profile_ms"].items())
+            print(f"  {'x'.join(map(str, r['shape']))}: {parts}")
+        print(f"# candidate (addmm/baddbmm fused element-wise ops) overall ratio "
+              f"{res['overall_addmm_ratio']:.3f}")
+    for r in res["shapes"]:
+        print(f"RESULT ns_ratio[{'x'.join(map(str, r['shape']))}]={r['ratio']:.3f}")
+    ok = res["overall_ratio"] <= TARGET
+    print(f"RESULT ns_overall_ratio={res['overall_ratio']:.3f} target<={TARGET} "
+          f"{'OK' if ok else 'MISS'}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""README demo: 8-process CPU training with MuonShardingOptimizer.
+
+Launches ``test/collective/fleet/hybrid_parallel_sharding_muon_model.py``
+with ``paddle.distributed.launch`` on 8 CPU processes (gloo), emulating 4
+nodes x 2 cards, ep=4, moe_sharding=2, and trains a tiny MoE model twice:
+with ``comm_group_call_opt`` off and on. Every step each rank checks its
+parameters against a single-process Muon reference. Rank 0's ``[demo]``
+lines (loss and step time per step, then a summary) are streamed here; the
+last line is the verdict. Exit status 0 when every rank passed.
+
+    python tools/demo.py [--steps 5] [--timeout 170]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLEET_TESTS = os.path.join(REPO, "test", "collective", "fleet")
+sys.path.insert(0, FLEET_TESTS)
+
+from launch_utils import run_paddle_launch  # noqa: E402
+
+WORKER = os.path.join(FLEET_TESTS, "hybrid_parallel_sharding_muon_model.py")
+NPROC, EP, MS, CARDS_PER_NODE = 8, 4, 2, 2
+
+
+def follow(path: str, done: threading.Event, prefix: str = "[demo]") -> None:
+    """Print lines of ``path`` starting with ``prefix`` as they appear."""
+    pos, pending = 0, ""
+    while True:
+        finished = done.is_set()  # read before the file so the last lines are not lost
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                f.seek(pos)
+                pending += f.read()
+                pos = f.tell()
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                if line.startswith(prefix):
+                    print(line, flush=True)
+        if finished:
+            if pending.startswith(prefix):
+                print(pending, flush=True)
+            return
+        time.sleep(0.2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="training steps per pass")
+    parser.add_argument("--timeout", type=float, default=170.0, help="launch timeout in seconds")
+    args = parser.parse_args()
+
+    print(f"Running {NPROC} CPU processes (gloo) as {NPROC // CARDS_PER_NODE} emulated nodes x "
+          f"{CARDS_PER_NODE} cards, ep={EP}, moe_sharding={MS}: {args.steps} Muon steps with "
+          "comm_group_call_opt off, then on, each checked against a single-process reference.",
+          flush=True)
+    env = {
+        "MUON_DEMO": "1", "MUON_GROUP_CALL": "both", "MUON_EP": str(EP), "MUON_MS": str(MS),
+        "MUON_STEPS": str(args.steps), "PADDLE_LOCAL_SIZE": str(CARDS_PER_NODE),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (os.path.join(REPO, "python"), FLEET_TESTS, os.environ.get("PYTHONPATH"))
+            if p),
+    }
+    log_dir = tempfile.mkdtemp(prefix="muon_demo_")
+    done = threading.Event()
+    tail = threading.Thread(target=follow, args=(os.path.join(log_dir, "workerlog.0"), done))
+    tail.start()
+    try:
+        result = run_paddle_launch(WORKER, NPROC, env, timeout_s=args.timeout, log_dir=log_dir)
+    finally:
+        done.set()
+        tail.join()
+
+    ok_ranks = result.workers_printing("MUON_OK")
+    if result.ok and ok_ranks == list(range(NPROC)):
+        print(f"VERDICT: PASS - all {NPROC} ranks matched the reference with "
+              f"comm_group_call_opt off and on ({result.wall_s:.1f}s)")
+        shutil.rmtree(log_dir, ignore_errors=True)
+        return 0
+    print(result.failure_message(), file=sys.stderr)
+    why = "timed out" if result.timed_out else f"returncode {result.returncode}"
+    print(f"VERDICT: FAIL - {why}; ranks with MUON_OK: {ok_ranks} "
+          f"({result.wall_s:.1f}s, logs in {log_dir})")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
