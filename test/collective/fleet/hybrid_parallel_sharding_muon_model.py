@@ -44,7 +44,7 @@ from paddle.distributed import fleet
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gloo_compat import install_gloo_compat  # noqa: E402
+from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
 
 from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
 from paddle_muon_ext.compat_paddle_3_3.fleet_integration import (  # noqa: E402
@@ -166,6 +166,9 @@ def fail(message: str) -> None:
 
 
 def main() -> None:
+    # Emulated nodes apply to NCCL runs too (e.g. 2 x 4 cards on one 8-GPU
+    # node); the launcher overwrites PADDLE_LOCAL_SIZE with nproc_per_node.
+    apply_emulated_local_size()
     install_gloo_compat()
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", dist.get_world_size()))
     ep, ms = env_int("MUON_EP", 1), env_int("MUON_MS", 1)

@@ -28,16 +28,15 @@ CPU (gloo, with the test-side ``gloo_compat`` layer):
 
 GPU (NCCL; skipped unless >= 8 GPUs are visible):
     (c)  ``test_gpu_nccl``  8 GPUs: ep=4, moe_sharding=2, PADDLE_LOCAL_SIZE=4;
-         16+ GPUs: 16 procs, ep=8, moe_sharding=2.
+         16+ GPUs: 16 procs, ep=8, moe_sharding=2, PADDLE_LOCAL_SIZE=8.
     Run on an 8-GPU node with::
 
         python -m pytest -s test/collective/fleet/test_parallel_dygraph_muon.py -k gpu
 
     The gloo compat layer is not installed there (``gloo_expected()`` is
-    False with CUDA devices; the test also sets ``GLOO_COMPAT=0``). Note that
-    the node emulation (``GLOO_COMPAT_LOCAL_SIZE`` -> ``PADDLE_LOCAL_SIZE``)
-    is applied by ``install_gloo_compat`` only, so under NCCL every worker sees
-    the launcher's ``PADDLE_LOCAL_SIZE`` (= nproc, a single node).
+    False with CUDA devices; the test also sets ``GLOO_COMPAT=0``). The node
+    emulation (``GLOO_COMPAT_LOCAL_SIZE`` -> ``PADDLE_LOCAL_SIZE``) is applied
+    by the worker itself, so NCCL runs see 2 emulated nodes as well.
 
 Run with ``-s`` to see the per-launch wall time and max |d| report lines.
 """
@@ -157,7 +156,7 @@ def test_gpu_nccl(monkeypatch):
     monkeypatch.delenv("PADDLE_DISTRI_BACKEND", raising=False)
     assert not gloo_compat.gloo_expected(), "gloo compat would be installed on a CUDA host"
     if n >= 16:
-        nproc, env = 16, {"MUON_EP": "8", "MUON_MS": "2"}
+        nproc, env = 16, {"MUON_EP": "8", "MUON_MS": "2", "PADDLE_LOCAL_SIZE": "8"}
     else:
         nproc, env = 8, {"MUON_EP": "4", "MUON_MS": "2", "PADDLE_LOCAL_SIZE": "4"}
     env.update({"MUON_GROUP_CALL": "both", gloo_compat.FORCE_ENV: "0"})
