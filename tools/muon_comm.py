@@ -1099,6 +1099,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "0 = one reduce per parameter; default 256)")
     p.add_argument("--json", action="store_true", help="print a JSON dict instead of the table")
     p.add_argument("--png", metavar="FILE", help="draw nodes x cards with owners and rails")
+    add_verify_parser(sub)
     return parser
 
 
@@ -1117,12 +1118,136 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------
+# verify: the schedule checker and the simulated world on one layout
+# ---------------------------------------------------------------------------
+VERIFY_MODEL = "tiny-moe"
+#: Largest world the data-moving simulated world runs by default; larger
+#: worlds are verified schedule-only (every rank, every collective).
+DATA_MAX_RANKS = 64
+
+
+def add_verify_parser(sub) -> None:
+    v = sub.add_parser(
+        "verify",
+        help="run the schedule checker and the simulated world on one layout",
+        description="Build the layout, check every rank's collective schedule with "
+        "comm_group_call_opt on and off, train the tiny MoE test model in the simulated "
+        "world (real data, one thread per rank) with the option on and off, and compare "
+        "against a single-process Muon reference. Exit 0 PASS, 1 FAIL, 2 invalid layout.",
+    )
+    add_config_args(v)
+    v.set_defaults(model=VERIFY_MODEL)
+    v.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    v.add_argument("--data-max-ranks", type=int, default=DATA_MAX_RANKS,
+                   help=f"largest world that moves data (default {DATA_MAX_RANKS}); "
+                   "larger ones run schedule-only")
+    v.add_argument("--json", action="store_true", help="also print a JSON summary")
+
+
+def _test_paths() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for sub in ("test", os.path.join("test", "collective", "fleet")):
+        path = os.path.join(root, sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_MAX_RANKS,
+               progress=print) -> Dict:
+    """Verify one layout; returns the summary dict (``status`` PASS/FAIL).
+
+    Raises:
+        ValueError: the layout is invalid for comm_group_call_opt.
+    """
+    if cfg.model != VERIFY_MODEL:
+        raise ValueError(
+            f"verify trains the built-in {VERIFY_MODEL!r} test model; --model {cfg.model!r} "
+            "is for the plan command"
+        )
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    cfg.build_plan()  # the optimizer would raise the same message at construction
+    _test_paths()
+    import time
+
+    from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world
+
+    base = SimConfig(ep=cfg.ep, ms=cfg.moe_sharding, pp=cfg.pp, order=cfg.order,
+                     gpn=cfg.gpus_per_node, steps=steps, clip=cfg.pp == 1)
+    off = SimConfig(**{**base.__dict__, "gpn": None})
+    summary: Dict = {"ranks": base.world, "steps": steps, "mode": "data"}
+    problems: List[str] = []
+    for label, sim in (("hierarchical", base), ("flat", off)):
+        t0 = time.perf_counter()
+        _, world = run_world(sim, mode="record")
+        report = world.check_schedule()
+        summary[f"schedule_{label}_ok"] = bool(report.ok)
+        progress(f"[verify] schedule {label}: {base.world} ranks, "
+                 f"{sum(len(t) for t in world.traces)} events, "
+                 f"{'consistent' if report.ok else 'MISMATCH'} ({time.perf_counter() - t0:.1f}s)")
+        if not report.ok:
+            problems.append(f"{label} schedule: {report.summary()}")
+    if base.world > data_max_ranks:
+        summary["mode"] = "schedule-only"
+        progress(f"[verify] {base.world} ranks > --data-max-ranks {data_max_ranks}: "
+                 "schedule-only, no data moved")
+        summary["max_abs_diff_hier_vs_flat"] = None
+        summary["max_abs_diff_vs_reference"] = None
+    else:
+        t0 = time.perf_counter()
+        hier, _ = run_world(base)
+        flat, _ = run_world(off)
+        expected = reference_values(base)
+        d_hf = max(max_abs_diff(a.values, b.values) for a, b in zip(hier, flat))
+        d_ref = max(max(max_abs_diff(a.values, expected[a.rank]) for a in res)
+                    for res in (hier, flat))
+        summary["max_abs_diff_hier_vs_flat"] = d_hf
+        summary["max_abs_diff_vs_reference"] = d_ref
+        progress(f"[verify] simulated world: {base.world} ranks x {steps} steps, option on "
+                 f"and off ({time.perf_counter() - t0:.1f}s)")
+        # fp32, differing only in reduction order: see test_muon_group_call.py.
+        if not (d_hf <= 1e-5 and d_ref <= 1e-5):
+            problems.append(f"parameters differ: hier vs flat {d_hf:.3e}, vs reference "
+                            f"{d_ref:.3e} (tolerance 1e-5)")
+    summary["status"] = "FAIL" if problems else "PASS"
+    summary["problems"] = problems
+    return summary
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3e}"
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    import logging
+
+    from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
+
+    # Every simulated rank would log its construction; keep the output to
+    # verify's own progress lines.
+    fleet_logger.setLevel(logging.ERROR)
+    summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    for problem in summary["problems"]:
+        print(f"  {problem}")
+    mode = "" if summary["mode"] == "data" else " mode=schedule-only"
+    print(f"{summary['status']} ranks={summary['ranks']}{mode} "
+          f"max_abs_diff_hier_vs_flat={_fmt(summary['max_abs_diff_hier_vs_flat'])} "
+          f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])}")
+    return 0 if summary["status"] == "PASS" else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
             return _cmd_plan(args)
+        if args.command == "verify":
+            return _cmd_verify(args)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,6 @@
 """Tests for ``tools/muon_comm.py plan`` against hand-computed byte counts."""
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -22,14 +21,12 @@ import subprocess
 import sys
 
 import pytest
+from tool_loader import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "muon_comm.py")
 
-_spec = importlib.util.spec_from_file_location("_muon_comm_tool", TOOL)
-mc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = mc  # dataclasses look their module up while decorating
-_spec.loader.exec_module(mc)
+mc = load_tool("muon_comm.py", "_muon_comm_tool")
 
 # Hand model: 3 dense Muon matrices, 1 expert matrix, 1 non-Muon vector.
 #   a [4, 8]  fp32 = 128 B, b [8, 8] fp32 = 256 B, c [8, 16] bf16 = 256 B

@@ -1,0 +1,109 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``tools/muon_comm.py verify`` and the ``paddle-muon-ext`` alias."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tool_loader import load_tool
+
+tool = load_tool("muon_comm.py", "_muon_comm_tool")
+PASS_LINE = re.compile(
+    r"^PASS ranks=(\d+)( mode=schedule-only)? max_abs_diff_hier_vs_flat=(\S+) "
+    r"max_abs_diff_vs_reference=(\S+)$"
+)
+
+
+def _last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_verify_passes_ep8_gpn4_ms2(capsys):
+    rc = tool.main(["verify", "--ep", "8", "--moe-sharding", "2", "--pp", "1",
+                    "--gpus-per-node", "4"])
+    line = _last_line(capsys)
+    match = PASS_LINE.match(line)
+    assert rc == 0 and match, line
+    assert match.group(1) == "16" and match.group(2) is None
+    assert float(match.group(3)) <= 1e-5 and float(match.group(4)) <= 1e-5
+
+
+def test_verify_32_ranks_moves_data():
+    summary = tool.run_verify(
+        tool.MuonCommConfig(ep=16, moe_sharding=2, pp=1, gpus_per_node=8,
+                            model=tool.VERIFY_MODEL),
+        steps=2, progress=lambda *_: None,
+    )
+    assert summary["status"] == "PASS", summary["problems"]
+    assert summary["ranks"] == 32 and summary["mode"] == "data"
+    assert summary["max_abs_diff_vs_reference"] <= 1e-5
+
+
+def test_verify_large_world_is_schedule_only(capsys):
+    rc = tool.main(["verify", "--ep", "8", "--moe-sharding", "2", "--gpus-per-node", "4",
+                    "--data-max-ranks", "8"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "schedule-only" in out and out.strip().endswith("max_abs_diff_vs_reference=n/a")
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--ep", "12", "--moe-sharding", "2", "--pp", "2", "--gpus-per-node", "8"],
+         "mixes pipeline stages"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "1"], "gpus_per_node=1"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "4", "--model",
+          "ernie-moe-small"], "for the plan command"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--steps", "0"],
+         "--steps must be >= 1"),
+    ],
+    ids=["node_mixes_stages", "gpn1", "model_for_plan", "steps0"],
+)
+def test_verify_invalid_configuration_exits_2(capsys, argv, fragment):
+    rc = tool.main(["verify", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and fragment in err, err
+
+
+def test_verify_reports_failure(monkeypatch, capsys):
+    import muon_sim_runner
+
+    real = muon_sim_runner.reference_values
+
+    def skewed(cfg, steps=None):
+        out = real(cfg, steps)
+        for values in out.values():
+            for key in values:
+                values[key] = values[key] + 1e-3
+        return out
+
+    monkeypatch.setattr(muon_sim_runner, "reference_values", skewed)
+    rc = tool.main(["verify", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                    "--steps", "1"])
+    line = _last_line(capsys)
+    assert rc == 1 and line.startswith("FAIL ranks=8"), line
+
+
+def test_console_alias_dispatches(capsys):
+    from paddle_muon_ext import cli
+
+    assert cli.main([]) == 2
+    assert "usage: paddle-muon-ext" in capsys.readouterr().err
+    rc = cli.main(["plan", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                   "--model", "tiny", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0 and '"hierarchical"' in out
