@@ -81,12 +81,18 @@ Usage::
     # prove it: copy installed paddle into DIR, apply, import the modules
     python tools/export_upstream_patch.py -o muon.patch \\
         --verify-against-installed-paddle /tmp/paddle_verify
+    # ... and run test suites there, without paddle_muon_ext importable
+    python tools/export_upstream_patch.py -o muon.patch --include-untracked \\
+        --verify-against-installed-paddle /tmp/paddle_verify \\
+        --verify-pytest "-q test/mock test/legacy_test/test_muon_optimizer.py"
 
 Options: ``--include GLOB``/``--exclude GLOB`` (fnmatch on source paths,
 repeatable) filter the file list; ``--strict`` turns warnings (leftover
 ``paddle_muon_ext`` / compat references) into exit 1; ``--verify-module
 NAME`` picks the modules imported by the verification (default: every
-exported non-test module).  Exit: 0 ok, 1 conflicts/verification failure
+exported non-test module); ``--verify-pytest ARGS`` then runs pytest in
+the copy (``run_pytest_in_tree``: PYTHONPATH ``IN_TREE_PYTHONPATH``, the
+out-of-tree package hidden, module origins checked).  Exit: 0 ok, 1 conflicts/verification failure
 (or warnings with --strict), 2 usage errors.
 """
 
@@ -96,13 +102,16 @@ import datetime
 import fnmatch
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
 import shutil
+import shlex
 import subprocess
 import sys
 import time
+import tokenize
 
 # source prefix -> Paddle prefix (first match wins)
 PATH_MAP = (
@@ -145,6 +154,7 @@ _IMPORT_RULES = (
     (re.compile(r"(?<![\w.])paddle_muon_ext(?=\.[A-Za-z_])"), "paddle"),
 )
 _LEFTOVER_RE = re.compile(r"(?<![\w/])paddle_muon_ext(?![\w/:])")
+_MODULE_NAME_RE = re.compile(r"^paddle_muon_ext(\.[A-Za-z_]\w*)*$")
 
 
 class ExportError(Exception):
@@ -180,6 +190,39 @@ def strip_compat_blocks(text, path="<text>"):
     if begin_line is not None:
         raise ExportError("%s:%d: unterminated %r" % (path, begin_line, COMPAT_BEGIN))
     return "".join(out)
+
+
+def leftover_reference_lines(text):
+    """Line numbers where exported Python code still names paddle_muon_ext.
+
+    Code only: the bare name (``import os, paddle_muon_ext``,
+    ``sys.modules[...]`` aside) and string literals that are exactly a
+    ``paddle_muon_ext[.x]`` module name (``import_module("paddle_muon_ext")``).
+    Comments and prose in docstrings ("paddle_muon_ext's harness") are not
+    references.  Falls back to a line scan when the text does not tokenize.
+    """
+    lines = set()
+    try:
+        prev = None
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.NAME and tok.string == "paddle_muon_ext":
+                if not (prev is not None and prev.type == tokenize.OP
+                        and prev.string == "."):
+                    lines.add(tok.start[0])
+            elif tok.type == tokenize.STRING and "paddle_muon_ext" in tok.string:
+                try:
+                    value = ast.literal_eval(tok.string)
+                except (ValueError, SyntaxError):
+                    value = None
+                if isinstance(value, str) and _MODULE_NAME_RE.match(value.strip()):
+                    lines.add(tok.start[0])
+            if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+                prev = tok
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        for no, line in enumerate(text.splitlines(), 1):
+            if _LEFTOVER_RE.search(line) and not line.lstrip().startswith("#"):
+                lines.add(no)
+    return lines
 
 
 def is_compat_only(text):
@@ -317,11 +360,12 @@ def build_export(repo_root, files=None, include=(), exclude=(), extra_map=(),
             except SyntaxError as exc:
                 raise ExportError("%s: exported text does not compile "
                                   "(compat block removal?): %s" % (src, exc))
+            leftover = leftover_reference_lines(text)
             for no, line in enumerate(text.splitlines(), 1):
                 if "compat_paddle_3_3" in line:
                     ex.warnings.append("%s:%d: still references the dropped "
                                        "compat package: %s" % (dst, no, line.strip()))
-                elif _LEFTOVER_RE.search(line) and not line.lstrip().startswith("#"):
+                elif no in leftover:
                     ex.warnings.append("%s:%d: leftover 'paddle_muon_ext': %s"
                                        % (dst, no, line.strip()))
         exists = paddle_tree.exists(dst)
@@ -513,6 +557,114 @@ def verify_against_installed_paddle(patch_path, work_dir, modules):
     return info
 
 
+# PYTHONPATH of an in-tree test run (relative to the patched copy); the
+# fleet test dir is there because its tests import sibling helpers by name.
+IN_TREE_PYTHONPATH = ("python", "test", "test/collective/fleet")
+# modules whose __file__ the in-tree run reports (and must lie in the copy)
+IN_TREE_PROBE_MODULES = (
+    "paddle",
+    "paddle.optimizer.muon",
+    "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer",
+)
+IN_TREE_MARK = "MUON_IN_TREE_RESULT "
+# Runs inside the pytest subprocess: hide the out-of-tree package (editable
+# installs add a sys.path entry via .pth, or a meta path finder), prove it is
+# gone, run pytest, report which files the Muon modules came from.
+_IN_TREE_BOOTSTRAP = r"""
+import importlib.util, json, os, sys
+hidden = set(json.loads(os.environ["MUON_EXPORT_HIDDEN_PATHS"]))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) not in hidden]
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if "paddle_muon_ext" not in repr(f)
+                    and "__editable__" not in getattr(type(f), "__module__", "")]
+importable = importlib.util.find_spec("paddle_muon_ext") is not None
+if importable:
+    rc = 99
+else:
+    import pytest
+    rc = int(pytest.main(sys.argv[1:]))
+probe = json.loads(os.environ["MUON_EXPORT_PROBE_MODULES"])
+print("\n%s%s" % (os.environ["MUON_EXPORT_MARK"], json.dumps({
+    "rc": rc,
+    "paddle_muon_ext_importable": importable,
+    "paddle_muon_ext_loaded": sorted(m for m in sys.modules
+                                     if m.split(".")[0] == "paddle_muon_ext"),
+    "modules": {m: getattr(sys.modules.get(m), "__file__", None) for m in probe},
+})))
+sys.exit(rc)
+"""
+
+
+def _out_of_tree_paths(repo_root=None):
+    """Directories the in-tree run must not see (the package's source root)."""
+    paths = set()
+    spec = importlib.util.find_spec("paddle_muon_ext")
+    if spec is not None and spec.origin:
+        paths.add(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
+    if repo_root:
+        paths.add(os.path.realpath(os.path.join(repo_root, "python")))
+    return sorted(paths)
+
+
+def run_pytest_in_tree(work_dir, pytest_args, repo_root=None, timeout=None):
+    """Run pytest on the patched copy with only the copy on the path.
+
+    ``PYTHONPATH`` is ``IN_TREE_PYTHONPATH`` under work_dir; the out-of-tree
+    package's source root is removed from ``sys.path`` (and editable-install
+    finders from ``sys.meta_path``) before pytest starts, and the run fails
+    (rc 99) if ``paddle_muon_ext`` is still importable.  Returns a dict: rc,
+    the probe report (which file each of ``IN_TREE_PROBE_MODULES`` came
+    from), pytest's summary line, wall seconds and the output tail.
+    """
+    work_dir = os.path.realpath(work_dir)
+    env = dict(os.environ)
+    env.update({
+        "PYTHONPATH": os.pathsep.join(os.path.join(work_dir, p)
+                                      for p in IN_TREE_PYTHONPATH),
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",  # never write through mirrored links
+        "MUON_EXPORT_HIDDEN_PATHS": json.dumps(_out_of_tree_paths(repo_root)),
+        "MUON_EXPORT_PROBE_MODULES": json.dumps(IN_TREE_PROBE_MODULES),
+        "MUON_EXPORT_MARK": IN_TREE_MARK,
+    })
+    args = ["-p", "no:cacheprovider", "--rootdir", work_dir,
+            "--confcutdir", work_dir, *pytest_args]
+    t0 = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-c", _IN_TREE_BOOTSTRAP, *args],
+                              cwd=work_dir, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        out, rc = proc.stdout, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or ""
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        rc = 124
+    info = {"rc": rc, "wall_s": round(time.time() - t0, 2), "args": args,
+            "report": None, "summary": None}
+    for line in out.splitlines():
+        if line.startswith(IN_TREE_MARK):
+            info["report"] = json.loads(line[len(IN_TREE_MARK):])
+        elif re.match(r"^=*\s*\d+ (passed|failed|skipped|error|deselected)", line) \
+                or re.match(r"^=+ .*(passed|failed|error).* in [\d.]+s", line):
+            info["summary"] = line.strip("= ").strip()
+    info["output_tail"] = out[-6000:]
+    problems = []
+    report = info["report"]
+    if report is None:
+        problems.append("no probe report (pytest subprocess crashed?)")
+    else:
+        if report["paddle_muon_ext_importable"] or report["paddle_muon_ext_loaded"]:
+            problems.append("paddle_muon_ext was importable/loaded in the in-tree run")
+        for name, path in report["modules"].items():
+            if path is not None and not os.path.realpath(path).startswith(
+                    work_dir + os.sep):
+                problems.append("%s came from %s, not the copy" % (name, path))
+    if rc != 0:
+        problems.append("pytest exited %d" % rc)
+    info["problems"] = problems
+    return info
+
+
 def exported_modules(files):
     mods = []
     for path in sorted(files):
@@ -539,7 +691,13 @@ def main(argv=None):
     p.add_argument("--strict", action="store_true")
     p.add_argument("--verify-against-installed-paddle", metavar="DIR")
     p.add_argument("--verify-module", action="append", default=[])
+    p.add_argument("--verify-pytest", metavar="ARGS", default=None,
+                   help="after --verify-against-installed-paddle, run pytest "
+                        "with these (shell-quoted) arguments in the patched "
+                        "copy, without the out-of-tree package on the path")
     args = p.parse_args(argv)
+    if args.verify_pytest is not None and not args.verify_against_installed_paddle:
+        p.error("--verify-pytest needs --verify-against-installed-paddle DIR")
     extra_map = []
     for item in args.map:
         if "=" not in item:
@@ -579,6 +737,19 @@ def main(argv=None):
             print("VERIFY FAILED: %s" % exc, file=sys.stderr)
             return 1
         print("VERIFY OK: " + json.dumps(info, indent=2, sort_keys=True))
+        if args.verify_pytest is not None:
+            res = run_pytest_in_tree(args.verify_against_installed_paddle,
+                                     shlex.split(args.verify_pytest),
+                                     repo_root=args.repo_root)
+            print(res["output_tail"])
+            print("IN-TREE PYTEST %s (%.1fs): %s"
+                  % ("FAILED" if res["problems"] else "OK", res["wall_s"],
+                     res["summary"]))
+            print("IN-TREE PROBE: " + json.dumps(res["report"], sort_keys=True))
+            if res["problems"]:
+                for problem in res["problems"]:
+                    print("IN-TREE PYTEST FAILED: " + problem, file=sys.stderr)
+                return 1
     return 0
 
 

@@ -21,8 +21,9 @@ import paddle
 import pytest
 from paddle.utils import unique_name
 
-from paddle_muon_ext.optimizer import Muon, MuonParamInfo
 from paddle_muon_ext.optimizer.muon import (
+    Muon,
+    MuonParamInfo,
     NS_COEFFS_PRESETS,
     muon_update_scale,
     newton_schulz,

@@ -11,10 +11,14 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Tests for tools/export_upstream_patch.py on a fake package tree."""
+"""Tests for tools/export_upstream_patch.py: a fake package tree, then the real
+repository exported, applied to a copy of the installed paddle and its test
+suites run there against the in-tree modules."""
 
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -297,3 +301,73 @@ def test_verify_against_installed_paddle(fake_repo, tmp_path, capsys):
     with capsys.disabled():
         print("\n[verify-against-installed-paddle] %.1fs" % elapsed)
     assert elapsed < 60
+
+
+# ------------------------------------------------ the real repo, in tree
+IN_TREE_SUITES = (
+    "test/mock",
+    "test/collective/fleet/test_muon_comm_plan.py",
+    "test/collective/fleet/test_muon_sharding_partition.py",
+    "test/legacy_test/test_muon_optimizer.py",
+    "test/collective/fleet/test_muon_sharding_optimizer.py",
+    # 6 of ~180 group-call tests: the option-off one must pass, the option-on
+    # ones skip where comm_group_call_opt cannot be set (3.3.1 wheel copy)
+    "test/collective/fleet/test_muon_group_call.py",
+)
+IN_TREE_K = (
+    # the partition suite's preset/benchmark tests load tools/bench/, which
+    # the export does not carry (tools/ is not mapped by default)
+    "not (test_muon_sharding_partition and (preset or benchmark))"
+    " and not (test_muon_group_call and not (option_off_never_resolves"
+    " or owner_gradient_is_group_mean or tensor_parallel_with_group_call))"
+)
+GROUP_CALL_SKIP = "comm_group_call_opt: this Paddle build's sharding_configs has no such field"
+IN_TREE_BUDGET_S = 60
+SHARDING_OPT = "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer"
+
+
+def test_real_repo_suites_run_in_tree(tmp_path, capsys):
+    """Export this repo, apply it to a copy of installed paddle, run the suites.
+
+    The pytest subprocess sees only the copy (PYTHONPATH ``<copy>/python:
+    <copy>/test:<copy>/test/collective/fleet``); the editable install's path
+    entry and finders are removed and ``paddle_muon_ext`` must not be
+    importable, so every Muon module comes from ``<copy>/python/paddle/``.
+    """
+    pytest.importorskip("paddle", reason="needs an installed paddle to copy")
+    work = str(tmp_path / "paddle_tree")
+    pytest_args = "-q -rs -p no:warnings %s -k %s" % (
+        " ".join(IN_TREE_SUITES), json.dumps(IN_TREE_K))
+    t0 = time.time()
+    rc, _, out, err = _export(
+        REPO, str(tmp_path / "muon.patch"), capsys, "--repo-root", REPO,
+        "--include-untracked", "--strict",
+        "--verify-against-installed-paddle", work, "--verify-pytest", pytest_args)
+    elapsed = time.time() - t0
+    assert rc == 0, "in-tree run failed:\n%s\n%s" % (out[-8000:], err[-4000:])
+    assert "WARNING" not in err, err  # --strict: no leftover references
+    probe = json.loads(out.split("IN-TREE PROBE: ", 1)[1].splitlines()[0])
+    root = os.path.realpath(work) + os.sep
+    assert probe["paddle_muon_ext_importable"] is False
+    assert probe["paddle_muon_ext_loaded"] == []
+    for name in ("paddle", "paddle.optimizer.muon", SHARDING_OPT):
+        assert os.path.realpath(probe["modules"][name]).startswith(root), (
+            name, probe["modules"][name])
+    summary = re.search(r"IN-TREE PYTEST OK \(([\d.]+)s\): (.*)", out)
+    assert summary, out[-4000:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|skipped|failed|error)",
+                                                summary.group(2))}
+    assert counts.get("failed", 0) == counts.get("error", 0) == 0
+    assert counts["passed"] >= 390, summary.group(2)
+    # the only skips: option-on group-call configs (3.3.1 lacks the proto field)
+    skip_lines = [l for l in out.splitlines() if l.startswith("SKIPPED")]
+    for line in skip_lines:
+        assert GROUP_CALL_SKIP in line, line
+    assert sum(int(re.match(r"SKIPPED \[(\d+)\]", l).group(1))
+               for l in skip_lines) == counts.get("skipped", 0)
+    with capsys.disabled():
+        print("\n[in-tree suites] pytest %.1fs (export+copy+apply+run %.1fs): %s"
+              % (float(summary.group(1)), elapsed, summary.group(2)))
+        for line in skip_lines:
+            print("  " + line)
+    assert float(summary.group(1)) < IN_TREE_BUDGET_S

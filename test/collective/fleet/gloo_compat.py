@@ -344,8 +344,13 @@ def _stream_avg_prescale(original: Callable[..., Any]) -> Callable[..., Any]:
     return compat
 
 
-def _stream_reduce_scatter(original: Callable[..., Any], get_all_reduce: Callable[[], Any]):
-    """stream.reduce_scatter (tensor or list input) for gloo groups."""
+def _reduce_scatter_compat(original: Callable[..., Any], get_all_reduce: Callable[[], Any],
+                           out_arg: str, in_arg: str):
+    """A reduce_scatter entry point whose gloo groups use the emulation.
+
+    The three entry points (``stream.reduce_scatter``, ``_reduce_scatter_base``
+    and ``dist.reduce_scatter``) differ only in their argument names.
+    """
     sig = inspect.signature(original)
 
     def compat(*args: Any, **kwargs: Any) -> Any:
@@ -353,22 +358,7 @@ def _stream_reduce_scatter(original: Callable[..., Any], get_all_reduce: Callabl
         if not is_gloo_group(a.get("group")):
             return original(**a)
         return _emulated_reduce_scatter(
-            a["tensor"], a["tensor_or_tensor_list"], a.get("op"), a.get("group"), get_all_reduce()
-        )
-
-    compat.__wrapped__ = original  # type: ignore[attr-defined]
-    return compat
-
-
-def _stream_reduce_scatter_base(original: Callable[..., Any], get_all_reduce: Callable[[], Any]):
-    sig = inspect.signature(original)
-
-    def compat(*args: Any, **kwargs: Any) -> Any:
-        a = _bind(sig, args, kwargs)
-        if not is_gloo_group(a.get("group")):
-            return original(**a)
-        return _emulated_reduce_scatter(
-            a["out_tensor"], a["in_tensor"], a.get("op"), a.get("group"), get_all_reduce()
+            a[out_arg], a[in_arg], a.get("op"), a.get("group"), get_all_reduce()
         )
 
     compat.__wrapped__ = original  # type: ignore[attr-defined]
@@ -385,21 +375,6 @@ def _top_all_reduce(original: Callable[..., Any], get_stream_all_reduce: Callabl
             return original(**a)
         return get_stream_all_reduce()(
             a["tensor"], op=a["op"], group=a.get("group"), sync_op=a["sync_op"], use_calc_stream=False
-        )
-
-    compat.__wrapped__ = original  # type: ignore[attr-defined]
-    return compat
-
-
-def _top_reduce_scatter(original: Callable[..., Any], get_stream_all_reduce: Callable[[], Any]):
-    sig = inspect.signature(original)
-
-    def compat(*args: Any, **kwargs: Any) -> Any:
-        a = _bind(sig, args, kwargs)
-        if not is_gloo_group(a.get("group")):
-            return original(**a)
-        return _emulated_reduce_scatter(
-            a["tensor"], a["tensor_list"], a["op"], a.get("group"), get_stream_all_reduce()
         )
 
     compat.__wrapped__ = original  # type: ignore[attr-defined]
@@ -452,15 +427,18 @@ def install_gloo_compat(force: bool | None = None) -> bool:
                 _patch(stream, name, _stream_generic(fn))
         _patch(stream, "all_reduce", _stream_avg_prescale(stream.all_reduce))
         _patch(stream, "reduce", _stream_avg_prescale(stream.reduce))
-        compat_rs = _stream_reduce_scatter(stream.reduce_scatter, get_orig_stream_all_reduce)
+        compat_rs = _reduce_scatter_compat(stream.reduce_scatter, get_orig_stream_all_reduce,
+                                           "tensor", "tensor_or_tensor_list")
         _patch(stream, "reduce_scatter", compat_rs)
-        compat_rs_base = _stream_reduce_scatter_base(stream_rs_mod._reduce_scatter_base, get_orig_stream_all_reduce)
+        compat_rs_base = _reduce_scatter_compat(stream_rs_mod._reduce_scatter_base,
+                                                get_orig_stream_all_reduce, "out_tensor", "in_tensor")
         _patch(stream_rs_mod, "_reduce_scatter_base", compat_rs_base)
         if hasattr(rs_mod, "_reduce_scatter_base_stream"):
             _patch(rs_mod, "_reduce_scatter_base_stream", compat_rs_base)
 
         top_ar = _top_all_reduce(dist.all_reduce, get_compat_stream_all_reduce)
-        top_rs = _top_reduce_scatter(dist.reduce_scatter, get_orig_stream_all_reduce)
+        top_rs = _reduce_scatter_compat(dist.reduce_scatter, get_orig_stream_all_reduce,
+                                        "tensor", "tensor_list")
         for owner in (dist, comm):
             _patch(owner, "all_reduce", top_ar)
             _patch(owner, "reduce_scatter", top_rs)

@@ -46,10 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
 
-from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
-from paddle_muon_ext.compat_paddle_3_3.fleet_integration import (  # noqa: E402
-    distributed_optimizer,
-)
+from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon  # noqa: E402
 
 # fp32 end to end; the distributed run differs from the reference only in the

@@ -35,15 +35,22 @@ from paddle.distributed.fleet.base.topology import CommunicateTopology
 
 from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy
 from mock.simulated_world import SimulatedWorld
+from muon_test_compat import (
+    fleet_optimizer,
+    is_fleet_wrapper,
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+    sharded_core,
+)
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
-from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options
-from paddle_muon_ext.compat_paddle_3_3.fleet_integration import (
-    MuonHybridParallelOptimizer,
-)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
+
+# In tree MuonShardingOptimizer no longer registers CPU with Paddle's tensor
+# fusion itself (that is 3.3.1 compat); the simulated world runs on CPU.
+register_cpu_tensor_fusion()
 
 DEFAULT_ORDER = ("moe_sharding", "pipe", "expert")
 
@@ -63,7 +70,10 @@ class SimConfig:
         matrix_dtype: dtype of the dense ``w_in`` matrix (bf16: mixed dtypes).
         steps: optimizer steps.
         clip: global-norm clip (only with pp == 1: the reference is per stage).
-        via_fleet: through MuonHybridParallelOptimizer (else the bare optimizer).
+        via_fleet: through the fleet optimizer (``muon_test_compat.fleet_optimizer``:
+            the 3.3.1 compat subclass out of tree; in tree on a build whose
+            HybridParallelOptimizer cannot build Muon sharding, the bare
+            optimizer, see ``FLEET_WRAPPER_NOTE``), else the bare optimizer.
         use_reduce_avg: make AVG available (the CPU build reports it missing,
             which exercises SUM + scale).
     """
@@ -166,15 +176,10 @@ def build_rank(cfg: SimConfig, strategy) -> tuple[Any, Any, Any, int | None]:
         multi_precision=cfg.matrix_dtype != "float32",
     )
     if cfg.via_fleet:
-        opt = MuonHybridParallelOptimizer(muon, hcg, strategy)
+        opt = fleet_optimizer(muon, hcg, strategy)
     else:
         opt = MuonShardingOptimizer(muon, hcg, strategy)
     return hcg, net, opt, coord
-
-
-def sharded_core(opt) -> MuonShardingOptimizer:
-    """The MuonShardingOptimizer inside a fleet wrapper (or itself)."""
-    return opt._inner_opt if isinstance(opt, MuonHybridParallelOptimizer) else opt
 
 
 def train_steps(cfg: SimConfig, hcg, net, opt, first_step: int = 0,
@@ -185,7 +190,7 @@ def train_steps(cfg: SimConfig, hcg, net, opt, first_step: int = 0,
         for micro in range(cfg.acc_steps):
             loss = net(paddle.to_tensor(batch(step * cfg.acc_steps + micro, rank)))
             loss.backward()
-        if cfg.via_fleet:
+        if is_fleet_wrapper(opt):
             opt.step()
         else:
             opt.reduce_gradients(list(net.parameters()), hcg)

@@ -31,7 +31,7 @@ import numpy as np
 
 import paddle
 
-from paddle_muon_ext.optimizer import Muon
+from paddle_muon_ext.optimizer.muon import Muon
 
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
 LR, CLIP_NORM = 0.02, 0.5  # the global grad norm is ~1: clipping is active

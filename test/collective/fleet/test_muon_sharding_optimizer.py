@@ -47,7 +47,7 @@ from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, make_muon
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.optimizer import MuonParamInfo
+from paddle_muon_ext.optimizer.muon import MuonParamInfo
 
 FP32_TOL = 1e-5
 BF16_TOL = 1e-2

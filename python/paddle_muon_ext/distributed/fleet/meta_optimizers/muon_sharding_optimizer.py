@@ -101,6 +101,8 @@ class ShardingSettings:
             "use_reduce_avg",
             "release_gradients",
             "tensor_fusion",
+            # a sharding_configs proto field upstream; absent on 3.3.1
+            "comm_group_call_opt",
         ):
             if hasattr(configs, field):
                 setattr(settings, field, getattr(configs, field))

@@ -1,0 +1,178 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""What the Muon tests need from Paddle, out of tree (3.3.1 wheel) and in tree.
+
+Out of tree, paddle 3.3.1 lacks the ``use_muon_sharding`` /
+``comm_group_call_opt`` fields of ``sharding_configs``, a fleet optimizer that
+builds MuonShardingOptimizer and a CPU entry in the tensor-fusion device
+table; the package's 3.3.1 compat layer supplies them and this module hands
+them on. tools/export_upstream_patch.py strips the compat block below, so in
+tree (the module under ``paddle.distributed.fleet.meta_optimizers``) the same
+names fall back to what the Paddle build offers:
+
+* ``set_muon_sharding_options``: the proto fields when the build has them; a
+  True option it cannot hold skips the calling test (``pytest.skip``), or
+  raises ``MuonCapabilityMissing`` outside pytest (the launched workers).
+* ``fleet_optimizer``: Paddle's ``HybridParallelOptimizer`` when the build
+  knows ``use_muon_sharding``; else the bare ``MuonShardingOptimizer`` (see
+  ``FLEET_WRAPPER_NOTE``: the caller then runs ``reduce_gradients`` itself).
+* ``register_cpu_tensor_fusion``: the compat helper, else the in-tree
+  fallback copy below.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import paddle
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelOptimizer,
+)
+from paddle.distributed.fleet.utils import tensor_fusion_helper
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
+
+_compat: Any = None
+_compat_fleet: Any = None
+# paddle_muon_ext: compat-begin
+from paddle_muon_ext import compat_paddle_3_3 as _compat  # noqa: E402
+from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as _compat_fleet  # noqa: E402
+
+# paddle_muon_ext: compat-end
+
+__all__ = [
+    "FLEET_WRAPPER_NOTE",
+    "HAS_COMPAT_LAYER",
+    "HAS_FLEET_WRAPPER",
+    "HAS_GROUP_CALL_OPTION",
+    "MuonCapabilityMissing",
+    "distributed_optimizer",
+    "fleet_optimizer",
+    "is_fleet_wrapper",
+    "register_cpu_tensor_fusion",
+    "set_muon_sharding_options",
+    "sharded_core",
+]
+
+
+class MuonCapabilityMissing(RuntimeError):
+    """The Paddle build lacks what a Muon test needs (outside pytest)."""
+
+
+def _proto_fields() -> frozenset:
+    try:
+        from paddle.base.framework import distributed_strategy_pb2
+
+        descriptor = distributed_strategy_pb2.DygraphShardingConfig.DESCRIPTOR
+    except (ImportError, AttributeError):  # pragma: no cover - other builds
+        return frozenset()
+    return frozenset(descriptor.fields_by_name)
+
+
+_SHARDING_FIELDS = _proto_fields()
+
+#: True out of tree (the 3.3.1 compat layer is importable).
+HAS_COMPAT_LAYER = _compat is not None
+#: comm_group_call_opt can be switched on.
+HAS_GROUP_CALL_OPTION = HAS_COMPAT_LAYER or "comm_group_call_opt" in _SHARDING_FIELDS
+#: A fleet optimizer (HybridParallelOptimizer or the compat subclass) builds
+#: MuonShardingOptimizer.
+HAS_FLEET_WRAPPER = HAS_COMPAT_LAYER or "use_muon_sharding" in _SHARDING_FIELDS
+
+FLEET_WRAPPER_NOTE = (
+    "this Paddle build's HybridParallelOptimizer cannot build MuonShardingOptimizer "
+    "(sharding_configs has no use_muon_sharding field) and the 3.3.1 compat layer is "
+    "absent (in-tree run): fleet_optimizer() returns the bare MuonShardingOptimizer"
+)
+
+
+def _missing(reason: str) -> None:
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.skip(reason)
+    raise MuonCapabilityMissing(reason)
+
+
+def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None = None,
+                              comm_group_call_opt: bool | None = None) -> None:
+    """Set the Muon sharding switches on ``strategy`` (after its hybrid_configs).
+
+    A switch left as None keeps its current value. Turning
+    ``comm_group_call_opt`` on where the build cannot hold it skips the test.
+    """
+    options = {k: v for k, v in (("use_muon_sharding", use_muon_sharding),
+                                 ("comm_group_call_opt", comm_group_call_opt))
+               if v is not None}
+    if _compat is not None:
+        _compat.set_muon_sharding_options(strategy, **options)
+        return
+    configs = strategy.hybrid_configs["sharding_configs"]
+    for name, value in options.items():
+        if name in _SHARDING_FIELDS:
+            setattr(configs, name, value)
+        elif name == "comm_group_call_opt" and value:
+            _missing("comm_group_call_opt: this Paddle build's sharding_configs has no "
+                     "such field and the 3.3.1 compat layer is absent (in-tree run)")
+        # use_muon_sharding without the field: fleet_optimizer() picks the
+        # bare optimizer instead (FLEET_WRAPPER_NOTE).
+
+
+def fleet_optimizer(optimizer: Any, hcg: Any, strategy: Any) -> Any:
+    """The fleet-integrated Muon sharding optimizer (see FLEET_WRAPPER_NOTE)."""
+    if _compat_fleet is not None:
+        return _compat_fleet.MuonHybridParallelOptimizer(optimizer, hcg, strategy)
+    if HAS_FLEET_WRAPPER:
+        return HybridParallelOptimizer(optimizer, hcg, strategy)
+    return MuonShardingOptimizer(optimizer, hcg, strategy)
+
+
+def is_fleet_wrapper(opt: Any) -> bool:
+    """False for a bare MuonShardingOptimizer (the caller reduces gradients)."""
+    return not isinstance(opt, MuonShardingOptimizer)
+
+
+def sharded_core(opt: Any) -> MuonShardingOptimizer:
+    """The MuonShardingOptimizer inside a fleet wrapper (or itself)."""
+    return opt if isinstance(opt, MuonShardingOptimizer) else opt._inner_opt
+
+
+def distributed_optimizer(optimizer: Any, strategy: Any = None) -> Any:
+    """``fleet.distributed_optimizer`` that honours use_muon_sharding."""
+    if _compat_fleet is not None:
+        return _compat_fleet.distributed_optimizer(optimizer, strategy)
+    if not HAS_FLEET_WRAPPER:
+        _missing("fleet.distributed_optimizer: " + FLEET_WRAPPER_NOTE)
+    return fleet.distributed_optimizer(optimizer, strategy)
+
+
+def register_cpu_tensor_fusion() -> bool:
+    """Let Paddle's tensor-fusion buffers live on CPU (no-op on GPU/XPU builds).
+
+    Out of tree MuonShardingOptimizer does this itself (compat block); in
+    tree that call is gone, so the simulated-world tests call this first.
+    """
+    if _compat is not None:
+        return _compat.register_cpu_tensor_fusion()
+    # In-tree fallback: same two lines as the 3.3.1 compat helper, which the
+    # export drops. Tests only; not needed where Paddle registers CPU itself.
+    if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu():
+        return False
+    tensor_fusion_helper.alignment.setdefault("cpu", 256)
+    tensor_fusion_helper.__current_device_type__ = "cpu"
+    return True
