@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+# paddle_muon_ext: compat-only  (tests of compat_paddle_3_3; not exported)
 """The paddle 3.3.1 shims: strategy options, CPU tensor fusion, fleet integration.
 
 The fleet path is what users call (``distributed_optimizer``): it must give a

@@ -14,7 +14,6 @@
 """Owner partition of Muon matrices: determinism, accounting, balance,
 upstream baseline, minority-dtype rule, rank_order, validation, benchmark."""
 
-import importlib.util
 import json
 import math
 import os
@@ -32,15 +31,13 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition i
     upstream_partition,
 )
 
-_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-
-
 def _load_bench():
-    path = os.path.join(_REPO, "tools", "bench", "bench_partition.py")
-    spec = importlib.util.spec_from_file_location("_bench_partition_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tool_loader import REPO_ROOT, load_tool
+
+    if not os.path.isfile(os.path.join(REPO_ROOT, "tools", "bench", "bench_partition.py")):
+        # Exported into Paddle, tools/bench/ does not travel with the tests.
+        pytest.skip("tools/bench/bench_partition.py is not in this tree")
+    return load_tool(os.path.join("bench", "bench_partition.py"), "_bench_partition_under_test")
 
 
 @pytest.fixture(scope="module")

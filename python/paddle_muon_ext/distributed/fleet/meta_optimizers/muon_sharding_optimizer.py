@@ -310,11 +310,6 @@ class MuonShardingOptimizer:
                 f"comm_buffer_size_MB={s.comm_buffer_size_MB} turns them off. Set "
                 "comm_buffer_size_MB > 0 or comm_overlap=False."
             )
-        if s.partition_strategy not in ("balanced", "upstream_greedy"):
-            raise ValueError(
-                f"partition_strategy={s.partition_strategy!r}; use 'balanced' or "
-                "'upstream_greedy'."
-            )
 
     def _colour_of(self, param) -> str:
         color = getattr(param, "color", None)
@@ -502,12 +497,9 @@ class MuonShardingOptimizer:
     def _set_inner_parameter_list(self) -> None:
         # The inner optimizer only ever sees what this rank updates: whole
         # matrices it owns and its 1-D slices (filled at the first step).
-        self._inner_opt._parameter_list = self._owned_muon_params() + [
-            self._slice_params[p.name]
-            for buffer in self._rs_buffers
-            for p in buffer.params
-            if buffer._sharding_param_grad_view[p.name].has_effective_slice_param
-        ]
+        self._inner_opt._parameter_list = (
+            self._owned_muon_params() + self._local_slice_params()
+        )
 
     # ------------------------------------------------------------------
     # public surface
