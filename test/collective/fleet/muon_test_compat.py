@@ -110,14 +110,16 @@ def _missing(reason: str) -> None:
 
 
 def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None = None,
-                              comm_group_call_opt: bool | None = None) -> None:
+                              comm_group_call_opt: bool | None = None,
+                              partition_strategy: str | None = None) -> None:
     """Set the Muon sharding switches on ``strategy`` (after its hybrid_configs).
 
     A switch left as None keeps its current value. Turning
     ``comm_group_call_opt`` on where the build cannot hold it skips the test.
     """
     options = {k: v for k, v in (("use_muon_sharding", use_muon_sharding),
-                                 ("comm_group_call_opt", comm_group_call_opt))
+                                 ("comm_group_call_opt", comm_group_call_opt),
+                                 ("partition_strategy", partition_strategy))
                if v is not None}
     if _compat is not None:
         _compat.set_muon_sharding_options(strategy, **options)
@@ -129,6 +131,9 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
         elif name == "comm_group_call_opt" and value:
             _missing("comm_group_call_opt: this Paddle build's sharding_configs has no "
                      "such field and the 3.3.1 compat layer is absent (in-tree run)")
+        elif name == "partition_strategy":
+            _missing("partition_strategy: no such sharding_configs field in this Paddle "
+                     "build and the 3.3.1 compat layer is absent (in-tree run)")
         # use_muon_sharding without the field: fleet_optimizer() picks the
         # bare optimizer instead (FLEET_WRAPPER_NOTE).
 

@@ -42,7 +42,7 @@ from muon_sim_runner import (
     sharded_core,
     train_steps,
 )
-from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, make_muon
+from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
@@ -87,8 +87,6 @@ def _reduced_grads_body(cfg: SimConfig, strategy):
     hcg, net, opt, coord = build_rank(cfg, strategy)
     core = sharded_core(opt)
     rank = paddle.distributed.get_rank()
-    from muon_tiny_moe import batch
-
     net(paddle.to_tensor(batch(0, rank))).backward()
     core.reduce_gradients(list(net.parameters()), hcg)
     names = {p.name: key for key, p in _keyed_params(net).items()}
@@ -141,8 +139,6 @@ def test_global_norm_clip_counts_every_parameter_once():
         hcg, net, opt, coord = build_rank(cfg, strategy)
         core = sharded_core(opt)
         rank = paddle.distributed.get_rank()
-        from muon_tiny_moe import batch
-
         net(paddle.to_tensor(batch(0, rank))).backward()
         core.reduce_gradients(list(net.parameters()), hcg)
         core._assign_slice_grads()
@@ -392,3 +388,194 @@ def test_muon_param_info_map_overrides_shape_rule():
     assert all(r == (False, True) for r in results), (
         "a matrix mapped to use_muon=False must be element-wise sharded, not owned"
     )
+
+
+# ---------------------------------------------------------------------------
+# options and less common paths
+# ---------------------------------------------------------------------------
+def _with_sharding_configs(**fields):
+    """A body that sets sharding_configs fields, then trains like the default."""
+
+    def body(cfg, strategy):
+        configs = strategy.hybrid_configs["sharding_configs"]
+        for key, value in fields.items():
+            setattr(configs, key, value)
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        train_steps(cfg, hcg, net, opt)
+        return RankState(paddle.distributed.get_rank(), coord, net.named_values(), opt, net)
+
+    return body
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"release_gradients": True}, {"release_gradients": True, "comm_buffer_size_MB": -1}],
+    ids=["release_gradients", "release_gradients_per_param"],
+)
+def test_release_gradients_trains_like_the_reference(fields):
+    cfg = SimConfig(ep=2, ms=2, steps=3)
+    results, _ = run_world(cfg, body=_with_sharding_configs(**fields))
+    expected = reference_values(cfg)
+    for state in results:
+        assert max_abs_diff(state.values, expected[state.rank]) <= FP32_TOL, state.rank
+
+
+def test_upstream_greedy_partition_trains_and_concentrates_owners():
+    from muon_test_compat import set_muon_sharding_options
+
+    cfg = SimConfig(ep=1, ms=4, steps=2)
+
+    def body(cfg, strategy):
+        set_muon_sharding_options(strategy, partition_strategy="upstream_greedy")
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        train_steps(cfg, hcg, net, opt)
+        return RankState(paddle.distributed.get_rank(), coord, net.named_values(), opt, net)
+
+    results, _ = run_world(cfg, body=body)
+    expected = reference_values(cfg)
+    for state in results:
+        assert max_abs_diff(state.values, expected[state.rank]) <= FP32_TOL
+    owners = set(sharded_core(results[0].optimizer).owner_map.values())
+    assert owners == {0}, f"upstream's rule fills the first rank first, got owners {owners}"
+
+
+def test_inspection_surface_and_minimize():
+    cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False, clip=False)
+
+    def body(cfg, strategy):
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        rank = paddle.distributed.get_rank()
+        out = {"plan": opt.comm_plan, "colours": sorted(opt.partitions)}
+        owned_by_buckets = {p.name: b.owner for b in opt.muon_buckets for p in b.params}
+        out["buckets_match_owner_map"] = owned_by_buckets == opt.owner_map
+        foreign = next(n for n, o in opt.owner_map.items() if o != rank)
+        out["foreign_range"] = opt.local_range(foreign)
+        with pytest.raises(KeyError, match="not a trainable parameter"):
+            opt.local_range("no.such.param")
+        out["foreign_state_key"] = opt._state_owner("unrelated_state")
+        before = net.named_values()
+        net(paddle.to_tensor(batch(0, rank))).backward()
+        opt.reduce_gradients(list(net.parameters()), hcg)
+        _, params_grads = opt.minimize(None)
+        out["updated"] = len(params_grads) > 0 and any(
+            not np.array_equal(before[k], v) for k, v in net.named_values().items())
+        # __getattr__ reaches the inner Muon, but never recurses on _inner_opt
+        out["delegates"] = opt.get_lr() == pytest.approx(0.02)
+        bare = MuonShardingOptimizer.__new__(MuonShardingOptimizer)
+        with pytest.raises(AttributeError):
+            bare._inner_opt
+        return out
+
+    results, _ = run_world(cfg, body=body)
+    for rank, out in enumerate(results):
+        assert out["plan"] is None, "no routing plan with comm_group_call_opt off"
+        assert out["colours"] == ["__default__", "moe_expert"]
+        assert out["buckets_match_owner_map"], f"rank {rank}: buckets disagree with owner_map"
+        assert out["foreign_range"] == (0, 0)
+        assert out["foreign_state_key"] is None
+        assert out["updated"] and out["delegates"]
+
+
+def test_settings_default_strategy_and_fallback():
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+        ShardingSettings,
+    )
+
+    assert ShardingSettings.from_strategy(None) == ShardingSettings()
+    cfg = SimConfig(ep=2, ms=2, steps=1, fused=False, overlap=False)
+
+    def body(cfg, strategy):
+        hcg, net = _net(cfg)
+        # strategy omitted: read from fleet's user strategy (the harness sets it)
+        core = MuonShardingOptimizer(_muon_for(net), hcg)
+        return core._settings.comm_buffer_size_MB
+
+    results, _ = run_world(cfg, body=body, mode="record")
+    assert results == [-1] * cfg.world
+
+
+def test_frozen_parameter_is_neither_owned_nor_sliced():
+    cfg = SimConfig(ep=2, ms=2, steps=2, via_fleet=False, clip=False)
+
+    def body(cfg, strategy):
+        hcg, net = _net(cfg)
+        frozen = net.dense["w_out"]
+        frozen.stop_gradient = True
+        before = frozen.numpy()
+        core = MuonShardingOptimizer(_muon_for(net, clip=False), hcg, strategy)
+        rank = paddle.distributed.get_rank()
+        for step in range(2):
+            net(paddle.to_tensor(batch(step, rank))).backward()
+            core.reduce_gradients(list(net.parameters()), hcg)
+            core.step()
+            core.clear_grad()
+        return (frozen.name in core.owner_map, frozen.name in core._slice_params,
+                np.array_equal(before, frozen.numpy()))
+
+    results, _ = run_world(cfg, body=body)
+    assert all(r == (False, False, True) for r in results), results
+
+
+def test_missing_gradient_takes_part_as_zeros():
+    cfg = SimConfig(ep=2, ms=2, fused=False, via_fleet=False, clip=False)
+
+    def body(cfg, strategy):
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        rank = paddle.distributed.get_rank()
+        net(paddle.to_tensor(batch(0, rank))).backward()
+        w = net.dense["w_out"]
+        w.clear_gradient(False)  # e.g. an unused branch this step
+        opt.reduce_gradients(list(net.parameters()), hcg)
+        if opt.owner_map[w.name] == rank:
+            return float(np.abs(w.grad.numpy()).max())
+        return None
+
+    results, _ = run_world(cfg, body=body)
+    owners = [r for r in results if r is not None]
+    assert owners == [0.0], f"the owner must receive the zero mean, got {owners}"
+
+
+def test_small_buffer_limit_splits_buckets():
+    cfg = SimConfig(ep=2, ms=2)
+
+    def body(cfg, strategy):
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        core = sharded_core(opt)
+        params = list(net.parameters())
+        core._settings.comm_buffer_size_MB = 1024 / (1024 * 1024)  # 1 KiB
+        chunks = core._chunk_by_size(params)
+        limit = 1024
+        sizes = [sum(int(p.numel()) * 4 for p in c) for c in chunks]
+        return len(chunks), sizes, [len(c) for c in chunks], len(params)
+
+    results, _ = run_world(cfg, body=body, mode="record")
+    n_chunks, sizes, lens, n_params = results[0]
+    assert n_chunks > 1 and sum(lens) == n_params
+    assert all(s <= 1024 or n == 1 for s, n in zip(sizes, lens)), (
+        f"a chunk of several params exceeds the limit: {list(zip(sizes, lens))}"
+    )
+
+
+def test_colour_group_membership_and_consistency_errors():
+    def not_member(cfg, strategy):
+        hcg, net = _net(cfg)
+        rank = paddle.distributed.get_rank()
+        other = [r for r in range(cfg.world) if r != rank][:1]
+        group = paddle.distributed.new_group(sorted(set(other)))
+        net.dense["w_in"].color = {"color": "x", "group": group}
+        MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+
+    def two_groups(cfg, strategy):
+        hcg, net = _net(cfg)
+        net.dense["w_in"].color = {"color": "moe_expert", "group": hcg.get_sharding_parallel_group()}
+        MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+
+    def no_params(cfg, strategy):
+        hcg, net = _net(cfg)
+        muon = _muon_for(net)
+        muon._parameter_list = []
+        MuonShardingOptimizer(muon, hcg, strategy)
+
+    _expect_error(SimConfig(ep=2, ms=2), not_member, ValueError, "is not in its colour group")
+    _expect_error(SimConfig(ep=2, ms=2), two_groups, ValueError, "used with two different groups")
+    _expect_error(SimConfig(ep=2, ms=2), no_params, ValueError, "needs an optimizer built with")

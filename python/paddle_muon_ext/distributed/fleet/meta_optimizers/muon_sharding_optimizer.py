@@ -744,9 +744,11 @@ class MuonShardingOptimizer:
             if not bucket.buffers:
                 for p in bucket.params:
                     p.clear_gradient(True)
+        release = self._settings.release_gradients
         for sp in self._slice_params.values():
             if sp._is_initialized() and sp.grad is not None:
-                sp.clear_gradient(True)
+                # A released buffer is rebuilt: the slice must re-link to it.
+                sp.clear_gradient(not release)
         if self._settings.release_gradients:
             # Released buffers are rebuilt from the parameters' own grads at
             # the next reduce_gradients, so unlink those grads first.
