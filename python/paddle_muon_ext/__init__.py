@@ -16,7 +16,7 @@ hierarchical (comm_group_call_opt) communication path for EP across nodes."""
 
 try:
     import paddle  # noqa: F401
-except ImportError as e:  # pragma: no cover - exercised only without paddle
+except ImportError:  # pragma: no cover - exercised only without paddle
     raise ImportError(
         "paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
         "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel."

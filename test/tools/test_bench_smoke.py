@@ -18,21 +18,17 @@ result is checked (ratio keys present, finite, positive). Timings are never
 asserted: they belong to the benchmark's printed report.
 """
 
-import importlib.util
 import math
 import os
-import sys
+
+from tool_loader import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "tools", "bench")
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(BENCH, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(os.path.join("bench", f"{name}.py"), f"_bench_{name}")
 
 
 def _finite_positive(value):

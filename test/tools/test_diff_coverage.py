@@ -19,26 +19,20 @@ runs under ``coverage run --branch`` to produce real data; the expected
 numbers below are computed by hand from the sources in this file.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
+from tool_loader import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(REPO, "tools", "coverage")
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(
-        "_muon_tools_" + name, os.path.join(TOOLS, name + ".py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool(os.path.join("coverage", name + ".py"), "_muon_tools_" + name)
 
 
 dc = _load("diff_coverage")

@@ -251,3 +251,16 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """Largest |a - b| over the parameters both dicts hold (same keys required)."""
     assert a.keys() == b.keys(), f"parameter sets differ: {sorted(a)} vs {sorted(b)}"
     return max(float(np.abs(a[k].astype("float64") - b[k]).max()) for k in a)
+
+
+class TensorParallelHcg:
+    """An hcg that reports tensor parallel degree 2 (everything else delegated)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def get_model_parallel_world_size(self) -> int:
+        return 2
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)

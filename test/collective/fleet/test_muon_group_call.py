@@ -33,6 +33,7 @@ import paddle
 import pytest
 
 from muon_sim_runner import (
+    TensorParallelHcg,
     SimConfig,
     build_rank,
     max_abs_diff,
@@ -279,21 +280,12 @@ def test_bad_layout_raises_with_actionable_message(cfg, exc, fragment):
 
 
 def test_tensor_parallel_with_group_call_raises():
-    class _TpHcg:
-        def __init__(self, inner):
-            self._inner = inner
-
-        def get_model_parallel_world_size(self):
-            return 2
-
-        def __getattr__(self, item):
-            return getattr(self._inner, item)
-
     def body(cfg, strategy):
         from muon_tiny_moe import TinyMoE, make_muon
         hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
         net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
-        mso.MuonShardingOptimizer(make_muon(list(net.parameters())), _TpHcg(hcg), strategy)
+        mso.MuonShardingOptimizer(make_muon(list(net.parameters())), TensorParallelHcg(hcg),
+                                  strategy)
 
     with pytest.raises(ValueError, match="mp_degree=2"):
         run_world(SimConfig(ep=4, ms=2, gpn=2), mode="record", body=body,
