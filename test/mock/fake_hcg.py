@@ -42,6 +42,8 @@ from .patching import active_comm
 
 MOE_AXES = ("pipe", "moe_sharding", "expert")
 DEFAULT_MOE_ORDER = ("moe_sharding", "pipe", "expert")
+#: The other order the MoE suites exercise (stages are contiguous rank blocks).
+PIPE_FIRST_MOE_ORDER = ("pipe", "moe_sharding", "expert")
 # Paddle's short names in strategy.hybrid_configs["order"].
 _SHORT = {"pipe": "pp", "moe_sharding": "moe_sharding", "expert": "ep"}
 _LONG = {"dp": "data", "pp": "pipe", "sharding": "sharding", "mp": "model", "sep": "sep",

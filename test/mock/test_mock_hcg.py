@@ -25,6 +25,8 @@ from paddle.distributed.communication.group import Group
 from paddle.distributed.fleet.base import topology as fleet_topology
 
 from mock.fake_hcg import (
+    DEFAULT_MOE_ORDER,
+    PIPE_FIRST_MOE_ORDER,
     hcg_layout,
     hybrid_names_and_dims,
     make_hcg_factory,
@@ -35,8 +37,7 @@ from mock.patching import fake_dist  # noqa: F401  (fixture)
 from mock.schedule_checker import check_schedule
 from mock.simulated_world import SimulatedWorld
 
-DEFAULT = ("moe_sharding", "pipe", "expert")
-PIPE_FIRST = ("pipe", "moe_sharding", "expert")
+DEFAULT, PIPE_FIRST = DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 CONFIGS = [
     # (ep, moe_sharding, pp, order)

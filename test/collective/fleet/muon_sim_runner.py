@@ -33,7 +33,7 @@ import paddle
 from paddle.distributed import fleet
 from paddle.distributed.fleet.base.topology import CommunicateTopology
 
-from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy
+from mock.fake_hcg import DEFAULT_MOE_ORDER, make_hcg_factory, make_hybrid_strategy
 from mock.simulated_world import SimulatedWorld
 from muon_test_compat import (
     fleet_optimizer,
@@ -52,7 +52,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
 # fusion itself (that is 3.3.1 compat); the simulated world runs on CPU.
 register_cpu_tensor_fusion()
 
-DEFAULT_ORDER = ("moe_sharding", "pipe", "expert")
+DEFAULT_ORDER = DEFAULT_MOE_ORDER
 
 
 @dataclasses.dataclass(frozen=True)

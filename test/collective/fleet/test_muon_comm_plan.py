@@ -27,6 +27,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 import paddle
 from paddle.distributed.fleet.base.topology import CommunicateTopology
@@ -39,8 +40,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     resolve_gpus_per_node,
 )
 
-MS_FIRST = ("moe_sharding", "pipe", "expert")
-PIPE_FIRST = ("pipe", "moe_sharding", "expert")
+MS_FIRST, PIPE_FIRST = DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,6 +31,7 @@ import itertools
 import numpy as np
 import paddle
 import pytest
+from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 from muon_sim_runner import (
     TensorParallelHcg,
@@ -51,10 +52,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
 )
 
 TOL = 1e-5
-ORDERS = {
-    "ms_pp_ep": ("moe_sharding", "pipe", "expert"),
-    "pp_ms_ep": ("pipe", "moe_sharding", "expert"),
-}
+ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
 
 
 def _grid():
