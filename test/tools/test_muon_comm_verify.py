@@ -107,3 +107,23 @@ def test_console_alias_dispatches(capsys):
                    "--model", "tiny", "--json"])
     out = capsys.readouterr().out
     assert rc == 0 and '"hierarchical"' in out
+
+
+def test_console_alias_routes_demo_and_reports_missing_checkout(monkeypatch, tmp_path, capsys):
+    from paddle_muon_ext import cli
+
+    seen = {}
+
+    def fake_run_path(path, run_name):
+        import sys
+
+        seen["path"], seen["argv"] = path, list(sys.argv)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(cli.runpy, "run_path", fake_run_path)
+    assert cli.main(["demo", "--steps", "2"]) == 3
+    assert seen["path"].endswith("demo.py") and seen["argv"][1:] == ["--steps", "2"]
+
+    monkeypatch.setattr(cli, "_checkout_root", lambda: str(tmp_path))
+    assert cli.main(["verify", "--ep", "4"]) == 2
+    assert "needs a source checkout" in capsys.readouterr().err
