@@ -596,22 +596,16 @@ class MuonShardingOptimizer:
             return
 
         op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
-        flat_by_group: dict[int, tuple] = OrderedDict()
-        hierarchical = []
-        for bucket in self._muon_buckets:
-            for tensor in self._grad_tensors(bucket):
-                if bucket.hierarchical:
-                    hierarchical.append((tensor, bucket.owner))
-                else:
-                    key = id(bucket.group)
-                    flat_by_group.setdefault(key, (bucket.group, []))[1].append(
-                        (tensor, bucket.owner)
-                    )
+        hierarchical, flat = self._split_routes(
+            (bucket, tensor)
+            for bucket in self._muon_buckets
+            for tensor in self._grad_tensors(bucket)
+        )
         if hierarchical:
             comm.hierarchical_reduce(
                 hierarchical, self._plan, self._plan_groups, self._rank, op
             )
-        for group, routes in flat_by_group.values():
+        for group, routes in flat:
             with comm.comm_phase(f"reduce_to_owner[{list(group.ranks)}]"):
                 comm.reduce_onto(routes, group, op)
         if not self._use_avg:
@@ -619,6 +613,25 @@ class MuonShardingOptimizer:
                 if bucket.owner == self._rank:
                     for tensor in self._grad_tensors(bucket):
                         tensor.scale_(1.0 / bucket.group.nranks)
+
+    @staticmethod
+    def _split_routes(pairs) -> tuple[list, list]:
+        """Route (bucket, tensor) pairs: hierarchical ones, and flat ones per group.
+
+        Returns:
+            tuple: ``[(tensor, owner)]`` for the hierarchical path and
+            ``[(group, [(tensor, owner)])]`` for flat collectives, one entry
+            per colour group in first-seen order (identical on every rank).
+        """
+        hierarchical, flat = [], OrderedDict()
+        for bucket, tensor in pairs:
+            if bucket.hierarchical:
+                hierarchical.append((tensor, bucket.owner))
+            else:
+                flat.setdefault(id(bucket.group), (bucket.group, []))[1].append(
+                    (tensor, bucket.owner)
+                )
+        return hierarchical, list(flat.values())
 
     def _copy_released_grads_in(self) -> None:
         if not self._settings.release_gradients:
@@ -699,31 +712,25 @@ class MuonShardingOptimizer:
     @framework.no_grad()
     def _sharding_sync_parameters(self) -> None:
         """Broadcast updated matrices from their owners; all-gather 1-D shards."""
-        flat_by_group: dict[int, tuple] = OrderedDict()
-        hierarchical = []
-        unpack = []
+        pairs, unpack = [], []
         for bucket in self._muon_buckets:
             numel = sum(int(p.numel()) for p in bucket.params)
-            flat = paddle.empty([numel], dtype=bucket.dtype)
+            buffer = paddle.empty([numel], dtype=bucket.dtype)
             if bucket.owner == self._rank:
-                comm.flatten_into(bucket.params, flat)
+                comm.flatten_into(bucket.params, buffer)
             else:
-                unpack.append((flat, bucket.params))
-            if bucket.hierarchical:
-                hierarchical.append((flat, bucket.owner))
-            else:
-                flat_by_group.setdefault(id(bucket.group), (bucket.group, []))[
-                    1
-                ].append((flat, bucket.owner))
+                unpack.append((buffer, bucket.params))
+            pairs.append((bucket, buffer))
+        hierarchical, flat = self._split_routes(pairs)
         if hierarchical:
             comm.hierarchical_broadcast(
                 hierarchical, self._plan, self._plan_groups, self._rank
             )
-        for group, routes in flat_by_group.values():
+        for group, routes in flat:
             with comm.comm_phase(f"broadcast_from_owner[{list(group.ranks)}]"):
                 comm.broadcast_from(routes, group)
-        for flat, params in unpack:
-            comm.unflatten_from(flat, params)
+        for buffer, params in unpack:
+            comm.unflatten_from(buffer, params)
         with comm.comm_phase("all_gather_slices"):
             for buffer in self._rs_buffers:
                 buffer.sync_params()
