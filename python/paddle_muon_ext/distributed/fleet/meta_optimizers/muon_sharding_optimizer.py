@@ -76,6 +76,8 @@ class ShardingSettings:
 
     Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields of
     the same name, plus ``comm_group_call_opt`` and ``partition_strategy``.
+    ``tensor_fusion`` is read for Paddle's interface only: gradient buffers are
+    fused whenever ``comm_buffer_size_MB > 0``.
     """
 
     accumulate_steps: int = 1
