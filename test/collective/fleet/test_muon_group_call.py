@@ -198,8 +198,9 @@ def test_owner_gradient_is_group_mean_after_hierarchical_reduce(cfg):
         SimConfig(ep=4, ms=2, gpn=2, matrix_dtype="bfloat16", clip=False),
         SimConfig(ep=4, ms=2, gpn=2, fused=False),
         SimConfig(ep=2, ms=2, pp=2, gpn=2, order=ORDERS["pp_ms_ep"], clip=False),
+        SimConfig(ep=4, ms=1, gpn=2),
     ],
-    ids=["overlap", "bf16_and_fp32", "per_param", "pp2_pipe_first"],
+    ids=["overlap", "bf16_and_fp32", "per_param", "pp2_pipe_first", "ms1"],
 )
 def test_option_on_equals_off_across_modes(base):
     tol = 1e-2 if base.matrix_dtype == "bfloat16" else TOL

@@ -65,6 +65,8 @@ EQUIVALENCE = {
     "ep4_ms2_bare_optimizer": SimConfig(via_fleet=False),
     "ep4_ms2_reduce_avg": SimConfig(use_reduce_avg=True),
     "ep2_ms2_pp2": SimConfig(ep=2, ms=2, pp=2, clip=False),
+    # one-rank expert colour groups: nothing to communicate for experts
+    "ep4_ms1": SimConfig(ep=4, ms=1),
 }
 
 

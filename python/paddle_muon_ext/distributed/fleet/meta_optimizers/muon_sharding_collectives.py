@@ -76,7 +76,9 @@ def current_comm_phase() -> str | None:
 
 
 def _run_coalesced(group, issue, routes: Sequence[Route]) -> None:
-    if not routes:
+    # A one-rank group (e.g. moe_sharding_degree=1) already holds the result;
+    # Paddle gives it no process group to coalesce on.
+    if not routes or group.nranks <= 1:
         return
     tasks: list = []
     with _batch_isend_irecv._coalescing_manager(group, tasks):
