@@ -257,6 +257,7 @@ class MuonShardingOptimizer:
 
         self._rs_buffers: list = []
         self._slice_params: dict[str, EagerParamBase] = {}
+        self._names_longest_first: list[str] | None = None
         self._build_reduce_scatter_buffers(other_by_colour)
 
         if self._settings.comm_overlap:
@@ -833,10 +834,13 @@ class MuonShardingOptimizer:
         return result
 
     def _state_owner(self, state_key: str) -> tuple[str, str] | None:
-        names = sorted(
-            set(self._owner_of) | set(self._slice_params), key=len, reverse=True
-        )
-        for name in names:
+        # Longest first, so "w_1" is not taken for the prefix of "w_1_b"'s
+        # states; the parameter set is fixed after construction.
+        if self._names_longest_first is None:
+            self._names_longest_first = sorted(
+                set(self._owner_of) | set(self._slice_params), key=len, reverse=True
+            )
+        for name in self._names_longest_first:
             if state_key.startswith(name + "_"):
                 return name, state_key[len(name) + 1 :]
         return None
