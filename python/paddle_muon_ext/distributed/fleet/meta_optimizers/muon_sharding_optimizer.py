@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
+import re
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -68,6 +70,10 @@ __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 _DEFAULT_COLOUR = "__default__"
+# Checkpoint naming shared with Paddle develop's optimizers.
+_SCALAR_STATES = frozenset({"beta1_pow_acc_0", "beta2_pow_acc_0"})
+_MASTER_WEIGHT_STATE = "w_0"
+_MASTER_PREFIX = re.compile(r"^fp32_master_\d+_")
 
 
 @dataclasses.dataclass
@@ -258,6 +264,7 @@ class MuonShardingOptimizer:
         self._rs_buffers: list = []
         self._slice_params: dict[str, EagerParamBase] = {}
         self._names_longest_first: list[str] | None = None
+        self._numel_of: dict[str, int] | None = None
         self._build_reduce_scatter_buffers(other_by_colour)
 
         if self._settings.comm_overlap:
@@ -779,70 +786,134 @@ class MuonShardingOptimizer:
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
         """Describe this rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
 
-        Owned matrices' states are whole tensors; slice states are flattened
-        ranges of the parameter (``is_flattened=True``).
+        Keys follow Paddle develop: ``<structured name>.<state>`` (e.g.
+        ``mlp.weight.moment1_0``), master weights ``<structured name>.w_0``.
+        Shapes and offsets come from the model's sharded weight, so a
+        checkpoint saved on one layout loads on another: owned matrices are
+        whole local tensors (reshaped to the sharded weight's local shape when
+        only the shape differs, e.g. 3-D expert weights stored 2-D), element-wise
+        slices are flattened ranges of it (``is_flattened=True``); only the
+        beta-pow accumulators are scalars of shape ``(1,)``. States not created
+        yet (before the first step) are created here, so that a fresh optimizer
+        can be the target of ``load_state_dict``.
 
         Args:
             model_sharded_state_dict (dict): the model's sharded state dict
-                (key -> ShardedWeight), used for the parameters' global shapes.
+                (structured key -> ShardedWeight), e.g. ``model.sharded_state_dict()``.
 
         Returns:
-            dict: ``"<param key>.<state name>"`` -> ShardedWeight.
+            dict: structured key -> ShardedWeight, for the states this rank holds.
         """
         from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
             ShardedWeight,
         )
 
-        name_to_key = {
-            sw.local_tensor.name: key
-            for key, sw in model_sharded_state_dict.items()
-            if hasattr(sw, "local_tensor")
-        }
-        slice_ranges = {}
-        for buffer in self._rs_buffers:
-            for p in buffer.params:
-                begin, end = self.local_range(p.name)
-                if end > begin:
-                    slice_ranges[p.name] = (slice(begin, end), p)
+        self._create_local_states()
+        # Shared weights appear under several keys; like develop, the first
+        # key in sorted order carries the optimizer state.
+        model_key_of: dict[str, str] = {}
+        for key in sorted(model_sharded_state_dict):
+            name = model_sharded_state_dict[key].local_tensor.name
+            model_key_of.setdefault(name, key)
+
+        states = self._inner_opt.state_dict()
+        master_weights = states.pop("master_weights", None) or {}
+        entries = []
+        for state_key, tensor in states.items():
+            if not isinstance(tensor, paddle.Tensor):
+                continue  # LR_Scheduler and other plain values
+            owner = self._state_owner(state_key)
+            if owner is None:
+                raise ValueError(
+                    f"optimizer state {state_key!r} belongs to no trainable "
+                    "parameter of this optimizer; cannot place it in a checkpoint."
+                )
+            entries.append((*owner, tensor))
+        entries.extend(
+            (name, _MASTER_WEIGHT_STATE, tensor) for name, tensor in master_weights.items()
+        )
 
         result = {}
-        for state_key, tensor in self._inner_opt.state_dict().items():
-            if not isinstance(tensor, paddle.Tensor):
+        for name, state, tensor in entries:
+            model_key = model_key_of.get(name)
+            if model_key is None:
+                raise KeyError(
+                    f"parameter {name} has optimizer state {state!r} but no entry "
+                    "in model_sharded_state_dict (matched by local_tensor.name); "
+                    "pass the sharded state dict of the model this optimizer trains."
+                )
+            weight = model_sharded_state_dict[model_key]
+            key = f"{model_key}.{state}"
+            if state in _SCALAR_STATES:
+                result[key] = ShardedWeight(key, tensor, (1,), (1,), (0,))
                 continue
-            owner_param = self._state_owner(state_key)
-            if owner_param is None:
-                continue
-            pname, suffix = owner_param
-            key = f"{name_to_key.get(pname, pname)}.{suffix}"
-            if int(tensor.numel()) == 1:
-                result[key] = ShardedWeight(key, tensor, tuple(tensor.shape),
-                                            tuple(tensor.shape), (0,) * len(tensor.shape))
-            elif pname in self._slice_params:
-                if pname not in slice_ranges:
-                    continue  # this rank's slice is alignment padding only
-                rng, p = slice_ranges[pname]
-                local = tensor[: rng.stop - rng.start]
+            local_shape = tuple(weight.local_shape)
+            if math.prod(local_shape) != int(self._param_numel(name)):
+                raise ValueError(
+                    f"model sharded weight {model_key!r} has local shape "
+                    f"{list(local_shape)} but parameter {name} has "
+                    f"{self._param_numel(name)} elements; the model's sharded "
+                    "state dict must describe the parameter this rank holds."
+                )
+            if name in self._slice_params:
+                begin, end = self.local_range(name)
+                if end <= begin:
+                    continue  # this rank's share is alignment padding only
                 result[key] = ShardedWeight(
-                    key, local, tuple(p.shape), tuple(p.shape),
-                    (0,) * len(p.shape), is_flattened=True, flattened_range=rng,
+                    key,
+                    tensor[: end - begin],  # a view: loading writes the state
+                    local_shape,
+                    tuple(weight.global_shape),
+                    tuple(weight.global_offset),
+                    is_flattened=True,
+                    flattened_range=slice(begin, end),
                 )
             else:
+                local = tensor if tuple(tensor.shape) == local_shape else tensor.reshape(local_shape)
                 result[key] = ShardedWeight(
-                    key, tensor, tuple(tensor.shape), tuple(tensor.shape),
-                    (0,) * len(tensor.shape),
+                    key, local, local_shape, tuple(weight.global_shape),
+                    tuple(weight.global_offset),
                 )
         return result
 
+    def _param_numel(self, name: str) -> int:
+        if self._numel_of is None:
+            self._numel_of = {
+                p.name: int(p.numel()) for p in self._parameter_list if _is_trainable(p)
+            }
+        return self._numel_of[name]
+
+    @framework.no_grad()
+    def _create_local_states(self) -> None:
+        # Slice parameters get their storage at the first step; accumulators
+        # and master weights are created lazily by the inner optimizer.
+        for buffer in self._rs_buffers:
+            for p in buffer.params:
+                view = buffer._sharding_param_grad_view[p.name]
+                if view.has_effective_slice_param:
+                    view.fill_slice_param(self._slice_params[p.name])
+        block = paddle.static.default_main_program().global_block()
+        self._inner_opt._create_accumulators(block, self._inner_opt._parameter_list)
+
     def _state_owner(self, state_key: str) -> tuple[str, str] | None:
-        # Longest first, so "w_1" is not taken for the prefix of "w_1_b"'s
-        # states; the parameter set is fixed after construction.
+        """Split a state key into (parameter name, develop's state name).
+
+        ``mlp.weight_scale_moment1_0`` -> ``("mlp.weight_scale", "moment1_0")``
+        even when ``mlp.weight`` is also a parameter: names are tried longest
+        first. States kept on a master weight (``<name>_fp32_master_0_moment1_0``)
+        belong to ``<name>``.
+
+        Returns:
+            tuple|None: None when no trainable parameter's name prefixes the key.
+        """
         if self._names_longest_first is None:
             self._names_longest_first = sorted(
                 set(self._owner_of) | set(self._slice_params), key=len, reverse=True
             )
         for name in self._names_longest_first:
             if state_key.startswith(name + "_"):
-                return name, state_key[len(name) + 1 :]
+                state = state_key[len(name) + 1 :]
+                return name, _MASTER_PREFIX.sub("", state, count=1)
         return None
 
     def __getattr__(self, item: str) -> Any:
