@@ -374,8 +374,12 @@ class TestCheckpointMismatch(unittest.TestCase):
 
     def test_no_checkpoint(self):
         with tempfile.TemporaryDirectory() as tmp:
-            with self.assertRaises(FileNotFoundError):
-                load_sharded_checkpoint(CheckpointNet(None, 1).sharded_state_dict(), tmp)
+            target = CheckpointNet(None, 1).sharded_state_dict()
+            with self.assertRaisesRegex(FileNotFoundError, "no flex_checkpoint metadata"):
+                load_sharded_checkpoint(target, tmp)
+            self.save(tmp, CheckpointNet(None, 1))
+            with self.assertRaisesRegex(FileNotFoundError, r"checkpoint id 7 not in .*\[0\]"):
+                load_sharded_checkpoint(target, tmp, unique_id=7)
 
     def test_matching_checkpoint_loads(self):
         with tempfile.TemporaryDirectory() as tmp:
