@@ -152,6 +152,8 @@ TARGET_RAIL_IMBALANCE = 1.05
 DEFAULT_MODEL = "ernie-moe-small"
 DEFAULT_ORDER = ("moe_sharding", "pipe", "expert")
 DEFAULT_BUFFER_MB = 256.0
+#: Collective algorithms the bytes model knows (``--backend``).
+BACKENDS = ("nccl", "gloo")
 
 _AXIS_ALIASES = {
     "moe_sharding": "moe_sharding",
@@ -357,8 +359,10 @@ class _Phase:
 class _Path:
     """Accumulates one path's collectives and bytes."""
 
-    def __init__(self, name: str, world: int, gpn: int, ab: AlphaBeta) -> None:
+    def __init__(self, name: str, world: int, gpn: int, ab: AlphaBeta,
+                 backend: str = "nccl") -> None:
         self.name = name
+        self.backend = backend
         self.world = world
         self.gpn = gpn
         self.ab = ab
@@ -440,6 +444,9 @@ class _Path:
         self.detail[kind][what] += 1
         if len(group) < 2:
             return
+        if self.backend == "gloo":
+            self._gloo(ph, what, group, nbytes, colour, root, coalesced)
+            return
         rings = self.rings(group)
         share = nbytes / len(rings)
         latency = 0.0
@@ -462,6 +469,9 @@ class _Path:
         p = len(group)
         if p < 2:
             return
+        if self.backend == "gloo":
+            self._gloo(ph, what, group, nbytes, None, None, False)
+            return
         rings = self.rings(group)
         share = nbytes * (p - 1) / p / len(rings)
         latency = 0.0
@@ -471,6 +481,18 @@ class _Path:
                 if ch == 0 and b != ring[0]:
                     latency += self._alpha(inter)
         ph.latency[group] = ph.latency.get(group, 0.0) + latency
+
+    def _gloo(self, ph: _Phase, what: str, group, nbytes: int, colour: Optional[str],
+              root: Optional[int], coalesced: bool) -> None:
+        """One collective as gloo runs it (``paddle_muon_ext.tools.gloo_model``)."""
+        from paddle_muon_ext.tools import gloo_model
+
+        inter = False
+        for a, b, size in gloo_model.collective_edges(what, group, nbytes, root):
+            inter = self._send(ph, a, b, size, colour) or inter
+        if not coalesced:
+            ph.latency[group] = ph.latency.get(group, 0.0) + (
+                gloo_model.rounds(what, len(group)) * self._alpha(inter))
 
     # results -------------------------------------------------------------
     def summary(self) -> Dict[str, Any]:
@@ -606,8 +628,14 @@ def compute_plan(
     ab: AlphaBeta = AlphaBeta(),
     buffer_size_MB: float = DEFAULT_BUFFER_MB,
     params: Optional[Sequence[moe_presets.ParamSpec]] = None,
+    backend: str = "nccl",
 ) -> Dict[str, Any]:
     """Build the plan of ``cfg`` and count one step of both paths.
+
+    ``backend`` picks the collective algorithms: ``"nccl"`` (rings, the GPU
+    model of the module docstring) or ``"gloo"`` (CPU clusters, as measured:
+    :mod:`paddle_muon_ext.tools.gloo_model`, with the test compat layer's
+    reduce_scatter = all_reduce).
 
     Returns:
         dict: JSON-ready; keys ``flat``, ``hierarchical`` (see :meth:`_Path.summary`),
@@ -623,6 +651,8 @@ def compute_plan(
         balance_floor,
     )
 
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     plan = cfg.build_plan()
     if params is None:
         params = cfg.load_params()
@@ -706,7 +736,7 @@ def compute_plan(
                 [p for p in sparams if not p.is_expert and not p.use_muon], buffer_size_MB,
             ) + other_b
 
-        path = _Path(path_name, world, gpn, ab)
+        path = _Path(path_name, world, gpn, ab, backend)
         _walk(path, plan, hierarchical, dense_b, moe_b, other_b, buffer_size_MB)
         result_paths[path_name] = path.summary()
         result_paths[path_name]["optimizer_state_max_over_mean"] = _max_over_mean(state)
@@ -733,7 +763,7 @@ def compute_plan(
         "config": {
             "ep": cfg.ep, "moe_sharding": cfg.moe_sharding, "pp": cfg.pp,
             "gpus_per_node": gpn, "order": list(cfg.order), "model": cfg.model,
-            "buffer_size_MB": buffer_size_MB,
+            "buffer_size_MB": buffer_size_MB, "backend": backend,
         },
         "world_size": world,
         "num_nodes": plan.num_nodes,
@@ -1097,16 +1127,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-size-MB", type=_nonneg_float, default=DEFAULT_BUFFER_MB,
                    help="fused gradient buffer size (sharding_configs.comm_buffer_size_MB; "
                    "0 = one reduce per parameter; default 256)")
+    p.add_argument("--backend", choices=BACKENDS, default="nccl",
+                   help="collective algorithms: nccl rings (GPU, default) or gloo as "
+                   "measured on the namespace cluster (CPU)")
     p.add_argument("--json", action="store_true", help="print a JSON dict instead of the table")
     p.add_argument("--png", metavar="FILE", help="draw nodes x cards with owners and rails")
     add_verify_parser(sub)
+    _cluster_tool().add_parser(sub)
     return parser
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     ab = AlphaBeta(args.alpha_nvlink, args.beta_nvlink, args.alpha_net, args.beta_net)
-    res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB)
+    res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB, backend=args.backend)
     if args.png:
         draw_png(res, args.png)
     if args.json:
@@ -1240,6 +1274,38 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if summary["status"] == "PASS" else 1
 
 
+# ---------------------------------------------------------------------------
+# cluster: a real multi-node run in network namespaces, measured vs predicted
+# ---------------------------------------------------------------------------
+def _cluster_tool():
+    from paddle_muon_ext.tools import cluster
+
+    return cluster
+
+
+def predict_cluster(ccfg) -> Dict[str, Any]:
+    """The plan tool's gloo prediction for a cluster run's layout and model.
+
+    Returns:
+        dict: ``{"off": {...}, "on": {...}}`` with ``inter_node_bytes`` (every
+        collective of a step) and ``dense_muon_bytes`` per path.
+    """
+    cfg = MuonCommConfig(ep=ccfg.ep, moe_sharding=ccfg.moe_sharding, pp=1,
+                         gpus_per_node=ccfg.procs_per_node, model="cluster tiny MoE")
+    params = [moe_presets.ParamSpec(p["name"], tuple(p["shape"]), "float32", p["is_expert"],
+                                    p["use_muon"])
+              for p in _cluster_tool().tiny_moe_params(ccfg.hidden, ccfg.inner)]
+    res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=_cluster_tool().WORKER_BUFFER_MB,
+                       params=params, backend="gloo")
+    return {
+        tag: {"inter_node_bytes": res[path]["inter_node_bytes_all"],
+              "muon_bytes": res[path]["inter_node_bytes"],
+              "dense_muon_bytes": res[path]["by_colour"]["dense"]["inter_node_bytes"],
+              "moe_muon_bytes": res[path]["by_colour"]["moe"]["inter_node_bytes"]}
+        for tag, path in (("off", "flat"), ("on", "hierarchical"))
+    }
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1248,6 +1314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _cmd_plan(args)
         if args.command == "verify":
             return _cmd_verify(args)
+        if args.command == "cluster":
+            return _cluster_tool().main(args, predict=predict_cluster)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

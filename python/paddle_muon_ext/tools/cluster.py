@@ -1,0 +1,757 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""A real multi-node cluster on one box: one network namespace per node.
+
+``muon_comm.py cluster --nodes N --procs-per-node G --ep E --moe-sharding M``
+
+Topology: a bridge in its own namespace; each node is a namespace with one
+veth into that bridge, an address from 198.18.0.0/15 (the benchmarking range)
+and a ``tbf`` rate limit on both ends of its link. Ranks of one node talk over
+loopback (gloo connects to the node's own address), so a node link's byte
+counters are exactly the node's inter-node traffic.
+
+Every node runs its own ``python -m paddle.distributed.launch --master
+<node 0>:<port> --nnodes N --nproc_per_node G --rank k --host <own ip>`` with
+``GLOO_SOCKET_IFNAME`` set to its veth; the launcher, not this tool, numbers the
+ranks and sets ``PADDLE_LOCAL_SIZE``. The workers
+(``test/collective/fleet/cluster_muon_worker.py``) train the tiny MoE with
+``comm_group_call_opt`` off, then on, check every step against the
+single-process reference, and report per step the node-link bytes and the step
+time; this tool checks that each rank's namespace is the node the optimizer's
+plan puts it on, and sets the measured bytes beside the plan tool's gloo
+prediction.
+
+Cleanup: every name carries a per-run prefix (``pmc-<pid>-``); namespaces,
+links and every process inside them are removed on success, failure, timeout,
+SIGINT / SIGTERM / SIGHUP. Namespaces of an earlier run whose pid is gone
+(SIGKILL) are swept at the next start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+#: Exit status when the box cannot build a cluster (not root, no netns / tbf).
+EXIT_UNAVAILABLE = 2
+#: The bytes of a step are mostly Muon messages of the resized tiny model;
+#: 100 Mbit/s makes the link, not the 2-core CPU, the bottleneck of a step.
+DEFAULT_LINK_MBIT = 100.0
+DEFAULT_HIDDEN = 256
+DEFAULT_INNER = 64
+#: comm_buffer_size_MB of the worker's strategy (fused gradient buffers).
+WORKER_BUFFER_MB = 1.0
+MASTER_PORT = 36170
+_SUBNET_PREFIX = "198.18.0."
+_FIRST_HOST = 10
+_NS_RE = re.compile(r"^pmc-([0-9a-f]+)p?-(br|n\d+)$")
+
+_THIS = os.path.abspath(__file__)
+
+
+def checkout_root() -> str:
+    """The source checkout this module runs from (editable install)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_THIS))))
+
+
+def worker_script() -> str:
+    return os.path.join(checkout_root(), "test", "collective", "fleet", "cluster_muon_worker.py")
+
+
+def tiny_moe_params(hidden: int, inner: int, local_experts: int = 2) -> List[Dict[str, Any]]:
+    """The worker model's parameters in model order (``muon_tiny_moe.TinyMoE``
+    resized): name, shape, is_expert; matrices are Muon parameters."""
+    h, i = hidden, inner
+    out = [("dense.w_in", (h, h), False), ("dense.b_in", (h,), False),
+           ("dense.norm_w", (h,), False), ("dense.w_out", (h, 2 * h), False)]
+    for e in range(local_experts):
+        out += [(f"expert.up{e}", (h, i), True), (f"expert.down{e}", (i, h), True)]
+    out += [("expert.fused", (local_experts, h, i), True), ("expert.bias", (h,), True)]
+    return [{"name": n, "shape": s, "is_expert": x, "use_muon": len(s) >= 2}
+            for n, s, x in out]
+
+
+class ClusterUnavailable(RuntimeError):
+    """This box cannot build namespaces / veths / tbf (the reason is the message)."""
+
+
+class ClusterInterrupted(RuntimeError):
+    """A signal arrived; the run is cleaned up and abandoned."""
+
+
+def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, stdin=subprocess.DEVNULL)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"'{' '.join(argv)}' failed: {done.stderr.strip() or done.returncode}")
+    return done
+
+
+# --------------------------------------------------------------------------
+# names and the network
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterNames:
+    """Every name and address one run creates; ``run_id`` is its pid in hex."""
+
+    run_id: str
+    nodes: int
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"pmc-{self.run_id}-br"
+
+    @property
+    def bridge(self) -> str:
+        return f"pmc{self.run_id}br"
+
+    def node_ns(self, k: int) -> str:
+        return f"pmc-{self.run_id}-n{k}"
+
+    def node_if(self, k: int) -> str:
+        return f"pmc{self.run_id}n{k}"
+
+    def bridge_if(self, k: int) -> str:
+        return f"pmc{self.run_id}b{k}"
+
+    def ip(self, k: int) -> str:
+        return f"{_SUBNET_PREFIX}{_FIRST_HOST + k}"
+
+    def namespaces(self) -> List[str]:
+        return [self.bridge_ns] + [self.node_ns(k) for k in range(self.nodes)]
+
+    @classmethod
+    def for_this_process(cls, nodes: int) -> ClusterNames:
+        if not 1 <= nodes <= 200:
+            raise ValueError(f"--nodes must be in 1..200 (one /24 of 198.18.0.0/15), got {nodes}")
+        return cls(f"{os.getpid():x}", nodes)
+
+
+def _tbf(link_mbit: float) -> List[str]:
+    # burst holds a 64 KiB GSO packet whole, so counters see what TCP sent
+    burst = max(96 * 1024, int(link_mbit * 1e6 / 8 / 100))
+    return ["tbf", "rate", f"{link_mbit}mbit", "burst", str(burst), "latency", "400ms"]
+
+
+def probe_capability() -> Optional[str]:
+    """None when this box can build a cluster, else the one-line reason."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root (run as root or skip the cluster)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' not found: install iproute2"
+    names = ClusterNames(f"{os.getpid():x}p", 1)
+    ns = names.node_ns(0)
+    try:
+        _run(["ip", "netns", "add", ns])
+    except RuntimeError as exc:
+        return f"cannot create a network namespace: {exc}"
+    try:
+        _run(["ip", "-n", ns, "link", "add", names.node_if(0), "type", "veth",
+              "peer", "name", names.bridge_if(0)])
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", names.node_if(0), "root", *_tbf(100)])
+    except RuntimeError as exc:
+        return f"veth / tbf unavailable: {exc}"
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_namespaces() -> List[str]:
+    done = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def _ns_pids(ns: str) -> List[int]:
+    done = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in done.stdout.split() if x.isdigit()]
+
+
+def remove_namespaces(namespaces: Sequence[str], grace_s: float = 3.0) -> None:
+    """Kill every process inside ``namespaces``, then delete them (and their links)."""
+    present = set(list_namespaces())
+    namespaces = [ns for ns in namespaces if ns in present]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = [p for ns in namespaces for p in _ns_pids(ns)]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            pids = [p for ns in namespaces for p in _ns_pids(ns)]
+            time.sleep(0.1)
+    for ns in namespaces:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+def sweep_stale() -> List[str]:
+    """Remove namespaces of earlier runs whose process is gone; returns their names."""
+    stale = []
+    for ns in list_namespaces():
+        m = _NS_RE.match(ns)
+        if m and not _pid_alive(int(m.group(1), 16)):
+            stale.append(ns)
+    remove_namespaces(stale, grace_s=1.0)
+    return stale
+
+
+class NetnsCluster:
+    """The namespaces, bridge and rate-limited veths of one run.
+
+    ``up()`` records each object right after creating it, so ``down()`` (always
+    called, also after a failed ``up``) removes exactly what exists.
+    """
+
+    def __init__(self, names: ClusterNames, link_mbit: float) -> None:
+        if not link_mbit > 0:
+            raise ValueError(f"--link-mbit must be > 0, got {link_mbit}")
+        self.names = names
+        self.link_mbit = link_mbit
+        self.created: List[str] = []
+
+    def _add_ns(self, ns: str) -> None:
+        _run(["ip", "netns", "add", ns])
+        self.created.append(ns)
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    def up(self) -> None:
+        n = self.names
+        self._add_ns(n.bridge_ns)
+        _run(["ip", "-n", n.bridge_ns, "link", "add", n.bridge, "type", "bridge"])
+        _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge, "up"])
+        for k in range(n.nodes):
+            ns = n.node_ns(k)
+            self._add_ns(ns)
+            _run(["ip", "-n", ns, "link", "add", n.node_if(k), "type", "veth",
+                  "peer", "name", n.bridge_if(k), "netns", n.bridge_ns])
+            _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge_if(k), "master", n.bridge])
+            _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge_if(k), "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{n.ip(k)}/24", "dev", n.node_if(k)])
+            _run(["ip", "-n", ns, "link", "set", n.node_if(k), "up"])
+            for where, dev in ((ns, n.node_if(k)), (n.bridge_ns, n.bridge_if(k))):
+                _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root",
+                      *_tbf(self.link_mbit)])
+
+    def down(self) -> None:
+        remove_namespaces(list(reversed(self.created)))
+        self.created = []
+
+    def netns_inode(self, k: int) -> int:
+        return os.stat(os.path.join("/run/netns", self.names.node_ns(k))).st_ino
+
+    def link_bytes(self, k: int) -> Tuple[int, int]:
+        """(tx, rx) of node ``k``'s veth, read through netlink."""
+        done = _run(["ip", "-j", "-s", "-n", self.names.node_ns(k), "link", "show", "dev",
+                     self.names.node_if(k)])
+        stats = json.loads(done.stdout)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+    def leftovers(self) -> List[str]:
+        """Namespaces of this run that still exist (empty after ``down``)."""
+        present = set(list_namespaces())
+        return [ns for ns in self.names.namespaces() if ns in present]
+
+
+# --------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterConfig:
+    """One cluster run, as given on the command line."""
+
+    nodes: int
+    procs_per_node: int
+    ep: int
+    moe_sharding: int
+    steps: int = 3
+    link_mbit: float = DEFAULT_LINK_MBIT
+    hidden: int = DEFAULT_HIDDEN
+    inner: int = DEFAULT_INNER
+    group_call: str = "both"
+    timeout_s: float = 900.0
+    mode: str = "train"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def validate(self) -> None:
+        for flag, value in (("--nodes", self.nodes), ("--procs-per-node", self.procs_per_node),
+                            ("--ep", self.ep), ("--moe-sharding", self.moe_sharding),
+                            ("--steps", self.steps), ("--hidden", self.hidden),
+                            ("--inner", self.inner)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if self.ep * self.moe_sharding != self.world_size:
+            raise ValueError(
+                f"--ep {self.ep} x --moe-sharding {self.moe_sharding} = "
+                f"{self.ep * self.moe_sharding} ranks, but --nodes {self.nodes} x "
+                f"--procs-per-node {self.procs_per_node} = {self.world_size}")
+        if self.group_call not in ("0", "1", "both"):
+            raise ValueError(f"--group-call must be 0, 1 or both, got {self.group_call!r}")
+
+    def passes(self) -> List[int]:
+        return {"0": [0], "1": [1], "both": [0, 1]}[self.group_call]
+
+
+@dataclass
+class ClusterResult:
+    """What a run observed; ``status`` is PASS / FAIL."""
+
+    config: ClusterConfig
+    status: str = "FAIL"
+    problems: List[str] = field(default_factory=list)
+    ranks: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+    steps: Dict[Tuple[int, int], Dict[str, float]] = field(default_factory=dict)
+    probes: List[Dict[str, Any]] = field(default_factory=list)
+    node_of_rank: Dict[int, int] = field(default_factory=dict)
+    prediction: Optional[Dict[str, Any]] = None
+    wall_s: float = 0.0
+    log_dir: str = ""
+    leftovers: List[str] = field(default_factory=list)
+
+    def per_pass(self) -> Dict[int, Dict[str, float]]:
+        """group_call -> measured bytes / step time, averaged over the timed steps.
+
+        Step 1 is left out when there are more (it builds fused buffers and the
+        first messages open connections); its bytes are reported separately.
+        """
+        out: Dict[int, Dict[str, float]] = {}
+        for g in self.config.passes():
+            rows = [(s, v) for (gc, s), v in sorted(self.steps.items()) if gc == g]
+            if not rows:
+                continue
+            timed = [v for s, v in rows if s > 1] or [v for _, v in rows]
+            n = len(timed)
+            out[g] = {
+                "timed_steps": n,
+                "inter_node_bytes_per_step": sum(v["tx"] for v in timed) / n,
+                "inter_node_rx_bytes_per_step": sum(v["rx"] for v in timed) / n,
+                "step_time_s": sum(v["seconds"] for v in timed) / n,
+                "first_step_bytes": rows[0][1]["tx"],
+            }
+        return out
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "status": self.status,
+            "problems": self.problems,
+            "config": self.config.__dict__,
+            "node_of_rank": {str(r): n for r, n in sorted(self.node_of_rank.items())},
+            "measured": {("on" if g else "off"): v for g, v in self.per_pass().items()},
+            "steps": [{"group_call": g, "step": s, **v} for (g, s), v in sorted(self.steps.items())],
+            "probes": self.probes,
+            "prediction": self.prediction,
+            "wall_s": self.wall_s,
+            "log_dir": self.log_dir,
+            "leftovers": self.leftovers,
+        }
+
+
+_RECORD_RE = re.compile(r"CLUSTER_(RANK|STEP|PROBE) (\{.*\})\s*$")
+
+
+class _LogFollower:
+    """Reads new complete lines of the workers' logs as they grow."""
+
+    def __init__(self, log_root: str) -> None:
+        self.log_root = log_root
+        self.offsets: Dict[str, int] = {}
+
+    def files(self) -> List[str]:
+        out = []
+        for dirpath, _, names in os.walk(self.log_root):
+            out += [os.path.join(dirpath, n) for n in sorted(names) if n.startswith("workerlog.")]
+        return sorted(out)
+
+    def new_lines(self) -> Iterator[str]:
+        for path in self.files():
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            for line in data[:end].decode(errors="replace").splitlines():
+                yield line
+
+
+def _worker_env(cfg: ClusterConfig, names: ClusterNames, k: int) -> Dict[str, str]:
+    env = {k_: v for k_, v in os.environ.items()
+           if not k_.startswith(("PADDLE_", "GLOO_", "FLAGS_selected"))}
+    # paddle 3.3.1's launcher dies on a set-but-empty CUDA_VISIBLE_DEVICES
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    root = checkout_root()
+    paths = [os.path.join(root, "python"), os.path.join(root, "test", "collective", "fleet"),
+             os.path.join(root, "test")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env.update({
+        "PYTHONPATH": os.pathsep.join(paths),
+        "PYTHONUNBUFFERED": "1",
+        "GLOO_SOCKET_IFNAME": names.node_if(k),
+        "MUON_EP": str(cfg.ep), "MUON_MS": str(cfg.moe_sharding),
+        "MUON_STEPS": str(cfg.steps), "MUON_GROUP_CALL": cfg.group_call,
+        "MUON_HIDDEN": str(cfg.hidden), "MUON_INNER": str(cfg.inner),
+        "MUON_CLUSTER_MODE": cfg.mode,
+    })
+    return env
+
+
+def _launch_argv(cfg: ClusterConfig, names: ClusterNames, k: int, log_dir: str) -> List[str]:
+    return ["ip", "netns", "exec", names.node_ns(k), sys.executable, "-m",
+            "paddle.distributed.launch",
+            "--master", f"{names.ip(0)}:{MASTER_PORT}", "--nnodes", str(cfg.nodes),
+            "--rank", str(k), "--nproc_per_node", str(cfg.procs_per_node),
+            "--host", names.ip(k), "--log_dir", log_dir, "--log_overwrite", "true",
+            worker_script()]
+
+
+class _Progress:
+    """Collects the workers' records; prints one line per finished step."""
+
+    def __init__(self, cfg: ClusterConfig, result: ClusterResult,
+                 emit: Callable[[str], None]) -> None:
+        self.cfg, self.result, self.emit = cfg, result, emit
+        self.pending: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
+
+    def feed(self, line: str) -> None:
+        m = _RECORD_RE.search(line)
+        if not m:
+            return
+        kind, rec = m.group(1), json.loads(m.group(2))
+        if kind == "RANK":
+            self.result.ranks[int(rec["rank"])] = rec
+        elif kind == "PROBE":
+            self.result.probes.append(rec)
+        else:
+            key = (int(rec["group_call"]), int(rec["step"]))
+            self.pending[key].append(rec)
+            if len(self.pending[key]) == self.cfg.world_size:
+                recs = self.pending.pop(key)
+                row = {"seconds": max(r["seconds"] for r in recs),
+                       "tx": sum(r["tx"] for r in recs if r["leader"]),
+                       "rx": sum(r["rx"] for r in recs if r["leader"]),
+                       "loss": recs[0]["loss"]}
+                self.result.steps[key] = row
+                self.emit(f"[cluster] option {'on ' if key[0] else 'off'} step "
+                          f"{key[1]}/{rec['steps']}: step time {row['seconds']:.3f} s, "
+                          f"inter-node {_fmt_bytes(row['tx'])} sent "
+                          f"({_fmt_bytes(row['rx'])} received)")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _check_ranks(cfg: ClusterConfig, result: ClusterResult, inode_to_node: Dict[int, int]) -> None:
+    """Each rank's namespace must be the node the optimizer's plan puts it on."""
+    problems = result.problems
+    missing = sorted(set(range(cfg.world_size)) - set(result.ranks))
+    if missing:
+        problems.append(f"ranks {missing} reported no CLUSTER_RANK record")
+    for r, rec in sorted(result.ranks.items()):
+        node = inode_to_node.get(int(rec["netns_inode"]))
+        if node is None:
+            problems.append(f"rank {r} runs in no namespace of this cluster")
+            continue
+        result.node_of_rank[r] = node
+        if rec.get("paddle_local_size") != str(cfg.procs_per_node):
+            problems.append(f"rank {r}: PADDLE_LOCAL_SIZE={rec.get('paddle_local_size')} from "
+                            f"the launcher, expected {cfg.procs_per_node}")
+        if cfg.mode != "train" or 1 not in cfg.passes():
+            continue
+        if rec.get("plan_node") != node or rec.get("plan_gpus_per_node") != cfg.procs_per_node:
+            problems.append(f"rank {r} runs on node {node} but the optimizer's plan says node "
+                            f"{rec.get('plan_node')} (gpus_per_node "
+                            f"{rec.get('plan_gpus_per_node')})")
+        for g, diff in rec.get("max_abs_diff", {}).items():
+            if not diff <= 1e-5:
+                problems.append(f"rank {r} group_call={g}: max |param - reference| {diff:.3e}")
+
+
+def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
+                keep_logs: bool = False) -> ClusterResult:
+    """Build the cluster, run the workers, tear everything down; never raises
+    for a failed run (see ``result.problems``).
+
+    Raises:
+        ClusterUnavailable: the box cannot build namespaces (nothing was created).
+        ClusterInterrupted: a signal arrived (everything was cleaned up first).
+        ValueError: an invalid configuration.
+    """
+    cfg.validate()
+    reason = probe_capability()
+    if reason:
+        raise ClusterUnavailable(reason)
+    if not os.path.isfile(worker_script()):
+        raise ClusterUnavailable(f"worker {worker_script()} not found: the cluster runs from a "
+                                 "source checkout (pip install -e .)")
+    sweep_stale()
+    names = ClusterNames.for_this_process(cfg.nodes)
+    net = NetnsCluster(names, cfg.link_mbit)
+    result = ClusterResult(cfg)
+    log_root = tempfile.mkdtemp(prefix="muon_cluster_")
+    result.log_dir = log_root
+    procs: List[subprocess.Popen] = []
+    start = time.monotonic()
+    try:
+        net.up()
+        emit(f"[cluster] {cfg.nodes} nodes x {cfg.procs_per_node} procs: namespaces "
+             f"{names.node_ns(0)}..{cfg.nodes - 1}, bridge {names.bridge_ns}, links "
+             f"{cfg.link_mbit:g} Mbit/s (tbf), node 0 at {names.ip(0)}")
+        inode_to_node = {net.netns_inode(k): k for k in range(cfg.nodes)}
+        for k in range(cfg.nodes):
+            node_dir = os.path.join(log_root, f"node{k}")
+            os.makedirs(node_dir)
+            out = open(os.path.join(node_dir, "launcher.log"), "w")
+            try:
+                procs.append(subprocess.Popen(
+                    _launch_argv(cfg, names, k, node_dir), env=_worker_env(cfg, names, k),
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=node_dir, start_new_session=True))
+            finally:
+                out.close()
+        follower = _LogFollower(log_root)
+        progress = _Progress(cfg, result, emit)
+        deadline = start + cfg.timeout_s
+        while True:
+            for line in follower.new_lines():
+                progress.feed(line)
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                result.problems.append(
+                    "launcher exit codes " + ", ".join(f"node {k}: {c}" for k, c in
+                                                       enumerate(codes)))
+                break
+            if time.monotonic() > deadline:
+                result.problems.append(f"timed out after {cfg.timeout_s:.0f} s")
+                break
+            time.sleep(0.2)
+        for line in follower.new_lines():
+            progress.feed(line)
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes) is False and not result.problems:
+            result.problems.append(f"launcher exit codes {codes}")
+        for path in follower.files():
+            with open(path, errors="replace") as f:
+                for line in f:
+                    if "MUON_CHECK_FAILED" in line:
+                        result.problems.append(line.strip())
+        _check_ranks(cfg, result, inode_to_node)
+        if cfg.mode == "train":
+            missing = [(g, s) for g in cfg.passes() for s in range(1, cfg.steps + 1)
+                       if (g, s) not in result.steps]
+            if missing and not result.problems:
+                result.problems.append(f"steps without records from every rank: {missing}")
+    finally:
+        net.down()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - killed with its namespace
+                pass
+        result.leftovers = net.leftovers()
+        result.wall_s = time.monotonic() - start
+    if result.leftovers:
+        result.problems.append(f"namespaces left behind: {result.leftovers}")
+    result.status = "FAIL" if result.problems else "PASS"
+    if result.status == "FAIL":
+        _report_logs(log_root, emit)
+    elif not keep_logs:
+        shutil.rmtree(log_root, ignore_errors=True)
+    return result
+
+
+def _report_logs(log_root: str, emit: Callable[[str], None], tail: int = 15) -> None:
+    emit(f"[cluster] logs kept in {log_root}")
+    for path in _LogFollower(log_root).files() + sorted(
+            os.path.join(log_root, d, "launcher.log") for d in os.listdir(log_root)):
+        if not os.path.isfile(path):
+            continue
+        with open(path, errors="replace") as f:
+            lines = [ln for ln in f.read().splitlines() if "CLUSTER_" not in ln]
+        emit(f"----- {os.path.relpath(path, log_root)} (last {tail} lines) -----")
+        for ln in lines[-tail:]:
+            emit(ln)
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register the ``cluster`` subcommand on an argparse subparsers object."""
+    c = sub.add_parser(
+        "cluster", help="run a real multi-node gloo cluster in network namespaces",
+        description="Build one network namespace per node (veth into a bridge, tbf rate "
+        "limit), start one paddle.distributed.launch per node, train the tiny MoE with "
+        "comm_group_call_opt off and on, check every step against the single-process "
+        "reference and report measured inter-node bytes and step time beside the gloo "
+        "prediction of the plan tool. Exit 0 PASS, 1 FAIL, 2 unavailable / invalid.")
+    c.add_argument("--nodes", type=int, required=True, help="nodes (namespaces)")
+    c.add_argument("--procs-per-node", type=int, required=True, help="processes per node")
+    c.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
+    c.add_argument("--moe-sharding", type=int, required=True, help="moe_sharding degree")
+    c.add_argument("--steps", type=int, default=3, help="training steps per pass (default 3)")
+    c.add_argument("--link-mbit", type=float, default=DEFAULT_LINK_MBIT,
+                   help=f"rate limit of each node link, Mbit/s (default {DEFAULT_LINK_MBIT:g})")
+    c.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN,
+                   help=f"hidden size of the tiny MoE (default {DEFAULT_HIDDEN})")
+    c.add_argument("--inner", type=int, default=DEFAULT_INNER,
+                   help=f"expert inner size of the tiny MoE (default {DEFAULT_INNER})")
+    c.add_argument("--group-call", default="both", choices=("0", "1", "both"),
+                   help="comm_group_call_opt passes (default both: off, then on)")
+    c.add_argument("--timeout", type=float, default=900.0, help="seconds (default 900)")
+    c.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
+    c.add_argument("--json", action="store_true", help="also print a JSON summary")
+    return c
+
+
+def config_from_args(args: argparse.Namespace) -> ClusterConfig:
+    cfg = ClusterConfig(nodes=args.nodes, procs_per_node=args.procs_per_node, ep=args.ep,
+                        moe_sharding=args.moe_sharding, steps=args.steps,
+                        link_mbit=args.link_mbit, hidden=args.hidden, inner=args.inner,
+                        group_call=args.group_call, timeout_s=args.timeout)
+    cfg.validate()
+    return cfg
+
+
+class _SignalsToException:
+    """SIGINT / SIGTERM / SIGHUP raise ClusterInterrupted (once) so ``finally``
+    blocks clean up; further signals during the cleanup are ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> _SignalsToException:
+        self.saved = {s: signal.getsignal(s) for s in self.SIGNALS}
+        self.fired = False
+
+        def handler(signum, _frame):
+            if self.fired:
+                return
+            self.fired = True
+            raise ClusterInterrupted(f"interrupted by signal {signal.Signals(signum).name}")
+
+        for s in self.SIGNALS:
+            signal.signal(s, handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.saved.items():
+            signal.signal(s, h)
+
+
+def summary_line(result: ClusterResult) -> str:
+    """The last line of a run: ``PASS nodes=4 ranks=8 ...``."""
+    cfg = result.config
+    parts = [result.status, f"nodes={cfg.nodes}", f"ranks={cfg.world_size}",
+             f"ep={cfg.ep}", f"moe_sharding={cfg.moe_sharding}"]
+    for g, v in result.per_pass().items():
+        tag = "on" if g else "off"
+        parts.append(f"{tag}: inter_node_bytes/step={v['inter_node_bytes_per_step']:.0f} "
+                     f"step_time={v['step_time_s']:.3f}s")
+    if result.prediction:
+        for g in cfg.passes():
+            tag = "on" if g else "off"
+            pred = result.prediction.get(tag)
+            if pred is not None:
+                parts.append(f"{tag}_predicted={pred['inter_node_bytes']:.0f}")
+    return " ".join(parts)
+
+
+def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], Dict]] = None,
+         ) -> int:
+    """Run the ``cluster`` subcommand; returns the exit status."""
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with _SignalsToException():
+        try:
+            result = run_cluster(cfg, keep_logs=args.keep_logs)
+        except ClusterUnavailable as exc:
+            print(f"cluster unavailable: {exc}")
+            return EXIT_UNAVAILABLE
+        except ClusterInterrupted as exc:
+            print(f"[cluster] {exc}; namespaces, links and processes removed", file=sys.stderr)
+            return 130
+    if predict is not None and result.status == "PASS":
+        result.prediction = predict(cfg)
+        for line in comparison_lines(result):
+            print(line)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    for problem in result.problems:
+        print(f"  {problem}")
+    print(summary_line(result))
+    return 0 if result.status == "PASS" else 1
+
+
+def comparison_lines(result: ClusterResult) -> List[str]:
+    """Measured vs predicted, option off and on side by side."""
+    measured = result.per_pass()
+    pred = result.prediction or {}
+    rows = [("", "off", "on")]
+
+    def cell(g: int, fn) -> str:
+        return fn(g) if g in measured else "-"
+
+    rows.append(("measured inter-node bytes/step",
+                 *(cell(g, lambda g: _fmt_bytes(measured[g]["inter_node_bytes_per_step"]))
+                   for g in (0, 1))))
+    rows.append(("predicted (plan tool, gloo)",
+                 *(_fmt_bytes(pred[t]["inter_node_bytes"]) if t in pred else "-"
+                   for t in ("off", "on"))))
+    rows.append(("measured / predicted",
+                 *(f"{measured[g]['inter_node_bytes_per_step'] / pred[t]['inter_node_bytes']:.3f}"
+                   if g in measured and t in pred and pred[t]["inter_node_bytes"] else "-"
+                   for g, t in ((0, "off"), (1, "on")))))
+    rows.append(("  of which dense Muon (predicted)",
+                 *(_fmt_bytes(pred[t]["dense_muon_bytes"]) if t in pred else "-"
+                   for t in ("off", "on"))))
+    rows.append(("measured step time",
+                 *(cell(g, lambda g: f"{measured[g]['step_time_s']:.3f} s") for g in (0, 1))))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    return [f"{a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
