@@ -15,6 +15,7 @@
 
     paddle-muon-ext plan   ...   ->  python tools/muon_comm.py plan ...
     paddle-muon-ext verify ...   ->  python tools/muon_comm.py verify ...
+    paddle-muon-ext cluster ...  ->  python tools/muon_comm.py cluster ...
     paddle-muon-ext demo   ...   ->  python tools/demo.py ...
 
 The tools and the test harness they drive live in the source checkout (an
@@ -28,7 +29,8 @@ import runpy
 import sys
 from typing import Sequence
 
-_TOOLS = {"plan": "muon_comm.py", "verify": "muon_comm.py", "demo": "demo.py"}
+_TOOLS = {"plan": "muon_comm.py", "verify": "muon_comm.py", "cluster": "muon_comm.py",
+          "demo": "demo.py"}
 
 
 def _checkout_root() -> str:

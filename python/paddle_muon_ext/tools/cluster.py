@@ -584,6 +584,10 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
                        if (g, s) not in result.steps]
             if missing and not result.problems:
                 result.problems.append(f"steps without records from every rank: {missing}")
+    except ClusterInterrupted:
+        if not keep_logs:
+            shutil.rmtree(log_root, ignore_errors=True)
+        raise
     finally:
         net.down()
         for p in procs:

@@ -1,0 +1,285 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Multi-node runs on one box: one network namespace and one launcher per node.
+
+Spec:
+
+=====================  =====================================================
+layout                 property
+=====================  =====================================================
+4 nodes x 2, ep=4,     every rank of every step of comm_group_call_opt off and
+moe_sharding=2         on matches the single-process Muon reference (1e-5);
+                       ``PADDLE_LOCAL_SIZE`` comes from each node's launcher;
+                       each rank runs in namespace ``rank // 2``, which is the
+                       node the optimizer's plan puts it on; node links carried
+                       traffic; nothing is left behind
+3 nodes x 2, ep=3,     same, on a layout only the generalised plan accepts
+moe_sharding=2         (ep not a multiple of the cards per node)
+SIGTERM mid-run        the launcher exits 130 and removes every namespace,
+                       link and process of the run
+=====================  =====================================================
+
+The real runs need root, ``ip netns`` and ``tbf``; without them they skip
+with the reason. The byte measurement is a benchmark
+(``tools/bench/bench_cluster.py``), not a test. The parsing / reporting
+helpers are tested without any of that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+from unittest import mock
+
+from paddle_muon_ext.tools import cluster
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
+_UNAVAILABLE = cluster.probe_capability()
+
+
+def _ours(pid: int) -> list[str]:
+    prefix = f"pmc-{pid:x}-"
+    return [ns for ns in cluster.list_namespaces() if ns.startswith(prefix)]
+
+
+def _processes_on(ifname_prefix: str) -> list[int]:
+    """Pids whose environment names a link of the run (its workers, launchers)."""
+    needle = f"GLOO_SOCKET_IFNAME={ifname_prefix}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@unittest.skipIf(_UNAVAILABLE is not None, f"cluster unavailable: {_UNAVAILABLE}")
+class TestMuonClusterRuns(unittest.TestCase):
+    """Real launchers in real namespaces (tiny model, unthrottled-ish links)."""
+
+    def _run(self, nodes: int, gpn: int, ep: int, ms: int) -> cluster.ClusterResult:
+        cfg = cluster.ClusterConfig(nodes=nodes, procs_per_node=gpn, ep=ep, moe_sharding=ms,
+                                    steps=2, link_mbit=1000, hidden=16, inner=24,
+                                    timeout_s=400)
+        lines: list[str] = []
+        result = cluster.run_cluster(cfg, emit=lines.append)
+        log = "\n".join(lines)
+        self.assertEqual(result.status, "PASS", f"{result.problems}\n{log}")
+        self.assertEqual(result.leftovers, [])
+        self.assertEqual(_ours(os.getpid()), [], "namespaces of this run survived it")
+        # where each rank ran, observed through its namespace, vs rank // gpn
+        self.assertEqual(result.node_of_rank, {r: r // gpn for r in range(nodes * gpn)})
+        for r, rec in result.ranks.items():
+            self.assertEqual(rec["plan_node"], result.node_of_rank[r],
+                             f"rank {r}: plan node vs namespace")
+            self.assertEqual(rec["paddle_local_size"], str(gpn), f"rank {r}")
+            self.assertEqual(set(rec["max_abs_diff"]), {"0", "1"}, f"rank {r}: both passes")
+        # a progress line per step and pass; every step moved bytes across nodes
+        for g in (0, 1):
+            for s in (1, 2):
+                self.assertGreater(result.steps[(g, s)]["tx"], 0, f"group_call={g} step {s}")
+        self.assertEqual(sum("step" in ln for ln in lines), 4, log)
+        return result
+
+    def test_4_nodes_x_2_ep4_ms2(self) -> None:
+        self._run(4, 2, 4, 2)
+
+    def test_3_nodes_x_2_ep3_ms2_generalised_plan(self) -> None:
+        self._run(3, 2, 3, 2)
+
+    def test_sigterm_mid_run_leaves_nothing(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.join(_REPO, "python"), os.environ.get("PYTHONPATH", "")]))
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(_REPO, "tools", "muon_comm.py"), "cluster",
+             "--nodes", "2", "--procs-per-node", "2", "--ep", "2", "--moe-sharding", "2",
+             "--steps", "50", "--hidden", "16", "--inner", "24"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            first = proc.stdout.readline()
+            self.assertIn("namespaces", first)
+            deadline = time.monotonic() + 60
+            while not _processes_on(f"pmc{proc.pid:x}n") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(3)  # the workers are importing paddle / rendezvousing
+            self.assertTrue(_ours(proc.pid), "the run's namespaces should exist mid-run")
+            self.assertTrue(_processes_on(f"pmc{proc.pid:x}n"), "workers should be running")
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 130, out)
+        self.assertIn("SIGTERM", out)
+        self.assertEqual(_ours(proc.pid), [], "namespaces left behind")
+        self.assertEqual(_processes_on(f"pmc{proc.pid:x}n"), [], "processes left behind")
+
+
+class TestClusterHelpers(unittest.TestCase):
+    """The launcher's bookkeeping, without namespaces."""
+
+    def test_names_stay_in_limits(self) -> None:
+        names = cluster.ClusterNames("3fffff", 200)
+        for k in (0, 199):
+            self.assertLessEqual(len(names.node_if(k)), 15)  # IFNAMSIZ - 1
+            self.assertLessEqual(len(names.bridge_if(k)), 15)
+        self.assertEqual(names.ip(0), "198.18.0.10")
+        self.assertEqual(names.ip(199), "198.18.0.209")
+        self.assertEqual(len(set(names.namespaces())), 201)
+        with self.assertRaisesRegex(ValueError, "--nodes"):
+            cluster.ClusterNames.for_this_process(201)
+
+    def test_params_match_the_worker_model(self) -> None:
+        import muon_tiny_moe
+
+        saved = muon_tiny_moe.H, muon_tiny_moe.INNER
+        muon_tiny_moe.H, muon_tiny_moe.INNER = 32, 8
+        try:
+            net = muon_tiny_moe.TinyMoE(0, None)
+        finally:
+            muon_tiny_moe.H, muon_tiny_moe.INNER = saved
+        got = [(p["name"], tuple(p["shape"]), p["is_expert"])
+               for p in cluster.tiny_moe_params(32, 8)]
+        want = [(p.name, tuple(p.shape), p.name.startswith("expert."))
+                for p in net.parameters()]
+        self.assertEqual(got, want)
+
+    def test_config_errors_name_the_flag(self) -> None:
+        bad = [({"ep": 3}, "--ep 3 x --moe-sharding 2"), ({"steps": 0}, "--steps"),
+               ({"group_call": "2"}, "--group-call")]
+        for change, message in bad:
+            kwargs = {**dict(nodes=4, procs_per_node=2, ep=4, moe_sharding=2), **change}
+            with self.assertRaisesRegex(ValueError, message):
+                cluster.ClusterConfig(**kwargs).validate()
+        with self.assertRaisesRegex(ValueError, "--link-mbit"):
+            cluster.NetnsCluster(cluster.ClusterNames("1", 1), 0)
+
+    def _records(self, cfg, node_of):
+        """Worker records of a clean 2 x 2 run (2 steps, both passes)."""
+        lines = []
+        for g in (0, 1):
+            for s in (1, 2):
+                for r in range(cfg.world_size):
+                    leader = r % cfg.procs_per_node == 0
+                    rec = dict(rank=r, group_call=g, step=s, steps=2, seconds=0.1 * (r + 1),
+                               tx=(1000 * (g + 1) + s) if leader else 0,
+                               rx=(900 if leader else 0), leader=leader, loss=1.0)
+                    lines.append("noise CLUSTER_STEP " + json.dumps(rec))
+        for r in range(cfg.world_size):
+            rec = dict(rank=r, netns_inode=100 + node_of[r], paddle_local_size="2",
+                       plan_node=r // 2, plan_gpus_per_node=2,
+                       max_abs_diff={"0": 1e-7, "1": 2e-7})
+            lines.append("CLUSTER_RANK " + json.dumps(rec))
+        return lines
+
+    def test_progress_and_rank_checks(self) -> None:
+        cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, steps=2)
+        result = cluster.ClusterResult(cfg)
+        emitted: list[str] = []
+        progress = cluster._Progress(cfg, result, emitted.append)
+        for line in self._records(cfg, {0: 0, 1: 0, 2: 1, 3: 1}):
+            progress.feed(line)
+        progress.feed("a line without a record")
+        self.assertEqual(len(emitted), 4)
+        self.assertIn("option on  step 2/2", emitted[-1])
+        self.assertEqual(result.steps[(1, 2)], {"seconds": 0.4, "tx": 2 * 2002, "rx": 1800,
+                                                "loss": 1.0})
+        per = result.per_pass()
+        self.assertEqual(per[0]["inter_node_bytes_per_step"], 2 * 1002)  # step 1 left out
+        self.assertEqual(per[1]["first_step_bytes"], 2 * 2001)
+        cluster._check_ranks(cfg, result, {100: 0, 101: 1})
+        self.assertEqual(result.problems, [])
+        self.assertEqual(result.node_of_rank, {0: 0, 1: 0, 2: 1, 3: 1})
+        result.status = "PASS"
+        result.prediction = {"off": {"inter_node_bytes": 2000.0, "dense_muon_bytes": 10.0},
+                             "on": {"inter_node_bytes": 4000.0, "dense_muon_bytes": 5.0}}
+        line = cluster.summary_line(result)
+        self.assertTrue(line.startswith("PASS nodes=2 ranks=4 "), line)
+        self.assertIn("off: inter_node_bytes/step=2004", line)
+        self.assertIn("on_predicted=4000", line)
+        table = "\n".join(cluster.comparison_lines(result))
+        self.assertIn("1.002", table)  # 2004 / 2000
+        self.assertEqual(json.loads(json.dumps(result.to_json()))["measured"]["on"]["timed_steps"], 1)
+
+    def test_rank_on_the_wrong_node_is_reported(self) -> None:
+        cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, steps=2)
+        result = cluster.ClusterResult(cfg)
+        progress = cluster._Progress(cfg, result, lambda _: None)
+        for line in self._records(cfg, {0: 0, 1: 1, 2: 0, 3: 1}):
+            progress.feed(line)
+        del result.ranks[3]
+        result.ranks[2]["netns_inode"] = 999
+        result.ranks[0]["paddle_local_size"] = "1"
+        result.ranks[0]["max_abs_diff"]["1"] = 0.5
+        cluster._check_ranks(cfg, result, {100: 0, 101: 1})
+        text = "\n".join(result.problems)
+        self.assertIn("ranks [3] reported no CLUSTER_RANK", text)
+        self.assertIn("rank 1 runs on node 1 but the optimizer's plan says node 0", text)
+        self.assertIn("rank 2 runs in no namespace", text)
+        self.assertIn("rank 0: PADDLE_LOCAL_SIZE=1", text)
+        self.assertIn("rank 0 group_call=1: max |param - reference| 5.000e-01", text)
+
+    def test_unavailable_says_why_and_exits_2(self) -> None:
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        cluster.add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["cluster", "--nodes", "2", "--procs-per-node", "2",
+                                  "--ep", "2", "--moe-sharding", "2"])
+        with mock.patch.object(cluster, "probe_capability", return_value="needs root"), \
+                mock.patch("builtins.print") as printed:
+            self.assertEqual(cluster.main(args), cluster.EXIT_UNAVAILABLE)
+        printed.assert_called_once_with("cluster unavailable: needs root")
+        bad = parser.parse_args(["cluster", "--nodes", "2", "--procs-per-node", "2",
+                                 "--ep", "3", "--moe-sharding", "2"])
+        with mock.patch("builtins.print"):
+            self.assertEqual(cluster.main(bad), 2)
+
+    def test_not_root_is_a_reason(self) -> None:
+        with mock.patch.object(os, "geteuid", return_value=1000):
+            self.assertIn("root", cluster.probe_capability())
+        with mock.patch.object(os, "geteuid", return_value=0), \
+                mock.patch.object(cluster.shutil, "which", return_value=None):
+            self.assertIn("iproute2", cluster.probe_capability())
+
+    def test_log_follower_reads_complete_lines_once(self) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as root:
+            os.makedirs(os.path.join(root, "node0"))
+            path = os.path.join(root, "node0", "workerlog.0")
+            with open(path, "w") as f:
+                f.write("one\ntw")
+            follow = cluster._LogFollower(root)
+            self.assertEqual(list(follow.new_lines()), ["one"])
+            with open(path, "a") as f:
+                f.write("o\n")
+            self.assertEqual(list(follow.new_lines()), ["two"])
+            self.assertEqual(list(follow.new_lines()), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
