@@ -11,85 +11,134 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Tests for paddle_muon_ext.optimizer.Muon against an independent float64
-NumPy reference (Newton-Schulz, update scale, Muon step, AdamW step)."""
+"""paddle_muon_ext.optimizer.Muon against Paddle develop's Muon as specified
+(constructor, numbers, names), checked with an independent float64 NumPy
+reference written from the specification, not from the implementation."""
 
+import inspect
+import logging
 import math
+import os
+import tempfile
+import unittest
+from unittest import mock
 
 import numpy as np
 import paddle
-import pytest
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+from paddle.distributed.fleet.utils.log_util import logger
 from paddle.utils import unique_name
 
 from paddle_muon_ext.optimizer.muon import (
     Muon,
     MuonParamInfo,
     NS_COEFFS_PRESETS,
+    _default_should_use_muon,
     muon_update_scale,
     newton_schulz,
 )
 
+# --------------------------------------------------------------------------
+# The specification (Paddle develop), typed in again for the reference
+# --------------------------------------------------------------------------
 SIMPLE = [(3.4445, -4.7750, 2.0315)]
-LR = 0.02
+REF_PRESETS = {
+    "simple": SIMPLE,
+    "quintic": [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
+                (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
+                (2.8366, -3.0525, 1.2012)],
+    "polar_express": [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184),
+                      (3.9096, -2.8234, 0.5250), (3.2856, -2.4153, 0.4853),
+                      (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+                      (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)],
+    "aol": [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959),
+            (2.7573, -3.2939, 1.4254), (2.7215, -3.0494, 1.3169)],
+    "deepseekv4": [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2,
+}
+DEVELOP_SIGNATURE = [
+    ("learning_rate", 0.02), ("parameters", None), ("momentum", 0.95),
+    ("adam_beta1", 0.9), ("adam_beta2", 0.95), ("weight_decay", 0.01),
+    ("ns_steps", 5), ("ns_coeff_type", "simple"), ("ns_coeffs", None),
+    ("nesterov", True), ("adam_epsilon", 1e-9), ("grad_clip", None),
+    ("lr_ratio", None), ("apply_decay_param_fun", None), ("muon_version", 1),
+    ("muon_exclude_patterns", None), ("muon_extra_scale_factor", 0.2),
+    ("muon_param_info_map", None), ("ns_matmul_dtype", None),
+    ("multi_precision", False), ("name", None),
+]
+LR = 0.1
+
+# Tolerance of every fp32-vs-float64 comparison, relative to the largest
+# entry of the reference. Newton-Schulz runs <= 10 steps of products of
+# normalised matrices (entries <= 1, dot products of <= 40 terms), each
+# adding ~1e-7 relative error; measured errors are 1e-7..2e-6 (printed by
+# the tests), so 1e-5 bounds them with margin while a wrong coefficient,
+# scale or formula moves results by >= 1e-3.
+RTOL = 1e-5
+MEASURED = {}
 
 
-# --------------------------------------------------------------------------
-# NumPy float64 reference
-# --------------------------------------------------------------------------
-def ns_ref(x, coeffs, steps):
-    """Newton-Schulz on one matrix, or a Python loop over the experts of a
-    3-D stack (deliberately not batched, unlike the implementation)."""
+def ns_ref(x, coeffs, steps, eps=1e-9):
+    """Newton-Schulz, one matrix at a time (3-D: a loop over experts)."""
     x = np.asarray(x, np.float64)
     if x.ndim == 3:
-        return np.stack([ns_ref(e, coeffs, steps) for e in x])
-    transposed = x.shape[0] > x.shape[1]
-    if transposed:
+        return np.stack([ns_ref(e, coeffs, steps, eps) for e in x])
+    swap = x.shape[0] > x.shape[1]
+    if swap:
         x = x.T
-    x = x / (np.sqrt(np.sum(x * x)) + 1e-7)
+    x = x / max(np.sqrt(np.sum(x * x)), eps)
     for i in range(steps):
         a, b, c = coeffs[i % len(coeffs)]
         A = x @ x.T
         x = a * x + (b * A + c * A @ A) @ x
-    return x.T if transposed else x
+    return x.T if swap else x
 
 
 def scale_ref(shape, version, extra=0.2):
     din, dout = shape[-2], shape[-1]
     if version == 1:
-        return math.sqrt(max(1.0, dout / din))
-    if version == 2:
-        return math.sqrt(dout / din)
-    return extra * math.sqrt(max(din, dout))
+        s = math.sqrt(max(1.0, dout / din))
+    elif version == 2:
+        s = math.sqrt(dout / din)
+    else:
+        s = math.sqrt(max(dout, din))
+    return s * extra
 
 
-class RefOptimizer:
-    """Float64 Muon/AdamW reference keeping its own state per param name."""
+class RefMuon:
+    """Float64 Muon + AdamW as specified, state kept per parameter name."""
 
-    def __init__(self, lr=LR, momentum=0.95, nesterov=True, coeffs=SIMPLE,
-                 ns_steps=5, version=1, extra=0.2, beta1=0.9, beta2=0.95,
-                 eps=1e-8, wd=0.01, decay=lambda n: True):
+    def __init__(self, lr=LR, momentum=0.95, nesterov=True, coeffs=SIMPLE, ns_steps=5,
+                 version=1, extra=0.2, beta1=0.9, beta2=0.95, eps=1e-9, wd=0.01,
+                 decay=lambda n: True, lr_ratio=None, split=None, original_shape=None):
         self.__dict__.update(locals())
+        self.split = split or {}
+        self.original_shape = original_shape or {}
         self.state = {}
+
+    def ortho(self, u):
+        return ns_ref(u, self.coeffs, self.ns_steps, self.eps) * scale_ref(
+            u.shape, self.version, self.extra)
 
     def step(self, name, w, g, use_muon, lr=None):
         lr = self.lr if lr is None else lr
-        w = np.asarray(w, np.float64)
-        g = np.asarray(g, np.float64)
+        w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)
         st = self.state.setdefault(name, {"m": np.zeros_like(w), "v": np.zeros_like(w), "t": 0})
-        if self.decay(name):
-            w = w * (1.0 - lr * self.wd)
+        wd = self.wd if self.decay(name) else 0.0
         if use_muon:
-            st["m"] = self.momentum * st["m"] + (1 - self.momentum) * g
-            u = (1 - self.momentum) * g + self.momentum * st["m"] if self.nesterov else st["m"]
-            o = ns_ref(u, self.coeffs, self.ns_steps)
-            return w - lr * scale_ref(w.shape, self.version, self.extra) * o
+            st["m"] = st["m"] + (1 - self.momentum) * (g - st["m"])
+            u = g + self.momentum * (st["m"] - g) if self.nesterov else st["m"]
+            u = u.reshape(self.original_shape.get(name, u.shape))
+            o = self.split[name](u, self.ortho) if name in self.split else self.ortho(u)
+            return w * (1 - lr * wd) - lr * o.reshape(w.shape)
+        if self.lr_ratio is not None:
+            lr = lr * self.lr_ratio(name)
         st["t"] += 1
         t = st["t"]
         st["m"] = self.beta1 * st["m"] + (1 - self.beta1) * g
         st["v"] = self.beta2 * st["v"] + (1 - self.beta2) * g * g
         mhat = st["m"] / (1 - self.beta1**t)
         vhat = st["v"] / (1 - self.beta2**t)
-        return w - lr * mhat / (np.sqrt(vhat) + self.eps)
+        return w * (1 - lr * wd) - lr * mhat / (np.sqrt(vhat) + self.eps)
 
 
 def bf16_round(x):
@@ -118,8 +167,8 @@ def to_np(t):
 
 
 def quad_loss(params, consts):
-    """sum(C*W) + 0.5*sum(W*W): its gradient C + W is easy to mirror in NumPy
-    and changes with W, so multi-step trajectories are meaningful."""
+    """sum(C*W) + 0.5*sum(W*W): gradient C + W, which changes with W, so
+    multi-step trajectories are meaningful."""
     loss = 0.0
     for p, c in zip(params, consts):
         w = p.astype("float32") if p.dtype != paddle.float32 else p
@@ -140,16 +189,13 @@ def ref_train(ref, names, values, consts, use_muon, steps, lrs=None):
     values = [np.asarray(v, np.float64) for v in values]
     for s in range(steps):
         lr = None if lrs is None else lrs[s]
-        values = [
-            ref.step(n, w, c + w, um, lr=lr)
-            for n, w, c, um in zip(names, values, consts, use_muon)
-        ]
+        values = [ref.step(n, w, c + w, um, lr=lr)
+                  for n, w, c, um in zip(names, values, consts, use_muon)]
     return values
 
 
 def max_rel(a, b):
-    """max |a - b| / max |b|: relative to the tensor's scale, so that entries
-    near zero do not blow the ratio up."""
+    """max |a - b| / max |b|: relative to the tensor's scale."""
     b = np.asarray(b, np.float64)
     return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
 
@@ -159,550 +205,654 @@ def rng_arrays(seed, *shapes, scale=1.0):
     return [(rng.standard_normal(s) * scale).astype(np.float32) for s in shapes]
 
 
+SHAPES = {"tall": (40, 24), "wide": (24, 40), "3d": (3, 20, 12)}
+
+
+def split3_paddle(update, ortho_fn):
+    return paddle.concat([ortho_fn(b) for b in paddle.split(update, 3, axis=-1)], axis=-1)
+
+
+def split3_ref(u, ortho):
+    return np.concatenate([ortho(b) for b in np.split(u, 3, axis=-1)], axis=-1)
+
+
+class _Case(unittest.TestCase):
+    def run_case(self, label, shapes, opt_kwargs, ref_kwargs, use_muon, steps=3, seed=0,
+                 names=None, prepare=None):
+        """Train Muon and the reference ``steps`` steps from the same start;
+        assert parameters and accumulated updates agree within RTOL."""
+        names = names or [f"p{i}" for i in range(len(shapes))]
+        values = rng_arrays(seed, *shapes, scale=0.05)
+        consts = rng_arrays(seed + 100, *shapes)
+        with unique_name.guard():
+            params = [make_param(n, v) for n, v in zip(names, values)]
+            if prepare is not None:
+                prepare(params)
+            opt = Muon(LR, params, **opt_kwargs)
+            train(opt, params, consts, steps)
+        ref = ref_train(RefMuon(**ref_kwargs), names, values, consts, use_muon, steps)
+        errs = [max_rel(to_np(p), r) for p, r in zip(params, ref)]
+        upd = [max_rel(to_np(p) - v, r - v) for p, r, v in zip(params, ref, values)]
+        MEASURED[label] = (max(errs), max(upd))
+        self.assertLessEqual(max(errs), RTOL, f"{label}: params differ from the reference")
+        self.assertLessEqual(max(upd), RTOL, f"{label}: updates differ from the reference")
+        return opt, params
+
+
 # --------------------------------------------------------------------------
 # Newton-Schulz and scale
 # --------------------------------------------------------------------------
-# fp32 NS vs float64: 5 iterations of products of normalised matrices with
-# <= 64-term dot products; measured ~1e-6, 1e-5 leaves a margin.
-NS_RTOL = 1e-5
+class TestNewtonSchulz(unittest.TestCase):
+    def test_presets_are_develops_tables(self):
+        self.assertEqual(set(NS_COEFFS_PRESETS), set(REF_PRESETS))
+        for kind, table in REF_PRESETS.items():
+            self.assertEqual([tuple(c) for c in NS_COEFFS_PRESETS[kind]], table, kind)
 
+    def test_every_preset_and_orientation_matches_reference(self):
+        for kind, table in REF_PRESETS.items():
+            steps = 10 if kind == "deepseekv4" else 5
+            for label, shape in SHAPES.items():
+                with self.subTest(kind=kind, shape=label):
+                    (x,) = rng_arrays(1, shape)
+                    out = Muon._zeropower_via_newtonschulz5(
+                        paddle.to_tensor(x), steps, 1e-9, table, paddle.float32)
+                    self.assertEqual(out.dtype, paddle.float32)
+                    self.assertEqual(list(out.shape), list(shape))
+                    err = max_rel(out.numpy(), ns_ref(x, table, steps))
+                    MEASURED[f"ns {kind} {label}"] = (err, err)
+                    self.assertLessEqual(err, RTOL)
 
-@pytest.mark.parametrize("shape", [(16, 40), (40, 16), (3, 24, 10), (3, 10, 24)])
-def test_newton_schulz_matches_reference(shape):
-    (x,) = rng_arrays(1, shape)
-    out = newton_schulz(paddle.to_tensor(x), SIMPLE, 5)
-    assert out.dtype == paddle.float32 and list(out.shape) == list(shape)
-    assert max_rel(out.numpy(), ns_ref(x, SIMPLE, 5)) < NS_RTOL
+    def test_3d_normalises_each_expert(self):
+        (x,) = rng_arrays(2, (4, 12, 20))
+        x[1] *= 100.0  # a big expert must not shrink the others
+        batched = newton_schulz(paddle.to_tensor(x), SIMPLE, 5).numpy()
+        self.assertLessEqual(max_rel(batched, ns_ref(x, SIMPLE, 5)), RTOL)
+        for e in range(4):
+            self.assertLessEqual(max_rel(batched[e], ns_ref(x[e], SIMPLE, 5)), RTOL)
 
+    def test_norm_floor_is_eps(self):
+        # norm 1e-6 < eps 1e-3: divided by eps, not by the norm
+        x = np.full((4, 6), 1e-6 / math.sqrt(24), np.float32)
+        out = newton_schulz(paddle.to_tensor(x), SIMPLE, 1, eps=1e-3).numpy()
+        self.assertLessEqual(max_rel(out, ns_ref(x, SIMPLE, 1, eps=1e-3)), RTOL)
+        zero = newton_schulz(paddle.zeros([4, 6]), SIMPLE, 5).numpy()
+        self.assertTrue(np.array_equal(zero, np.zeros((4, 6), np.float32)))
 
-def test_newton_schulz_3d_is_per_expert_and_casts_bf16():
-    (x,) = rng_arrays(2, (4, 12, 20))
-    x[1] *= 100.0  # per-expert normalisation: a big expert must not shrink the others
-    batched = newton_schulz(paddle.to_tensor(x), SIMPLE, 5).numpy()
-    for e in range(4):
-        single = newton_schulz(paddle.to_tensor(x[e]), SIMPLE, 5).numpy()
-        # same fp32 arithmetic per matrix; only BLAS blocking may differ
-        np.testing.assert_allclose(batched[e], single, rtol=0, atol=1e-6)
-    xb = paddle.to_tensor(x[0]).astype("bfloat16")
-    out = newton_schulz(xb, SIMPLE, 5)
-    assert out.dtype == paddle.float32
-    ref = ns_ref(bf16_round(x[0]), SIMPLE, 5)
-    assert max_rel(out.numpy(), ref) < NS_RTOL
+    def test_custom_table_cycles_in_order(self):
+        coeffs = [SIMPLE[0], (1.0, 0.5, 0.0), (0.5, 0.0, 0.0)]
+        (x,) = rng_arrays(3, (20, 12))
+        out = newton_schulz(paddle.to_tensor(x), coeffs, 7).numpy()
+        self.assertLessEqual(max_rel(out, ns_ref(x, coeffs, 7)), RTOL)
+        self.assertGreater(max_rel(out, ns_ref(x, coeffs[:1], 7)), 1e-2)
+        self.assertGreater(max_rel(out, ns_ref(x, coeffs[::-1], 7)), 1e-2)
 
+    @unittest.skipUnless(paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0,
+                         "bf16 matmul kernels exist only on accelerators")
+    def test_bf16_matmuls_stay_close(self):
+        # bf16 matmuls (ns_matmul_dtype="bfloat16"): 8-bit mantissa, ~1e-2.
+        (x,) = rng_arrays(4, (16, 24))
+        out = newton_schulz(paddle.to_tensor(x), SIMPLE, 5, matmul_dtype=paddle.bfloat16)
+        self.assertEqual(out.dtype, paddle.float32)
+        self.assertLess(max_rel(out.numpy(), ns_ref(x, SIMPLE, 5)), 5e-2)
 
-def test_newton_schulz_custom_coeffs_cycle():
-    # deliberately non-convergent mixes, so the order of use shows in the output
-    coeffs = [SIMPLE[0], (1.0, 0.5, 0.0), (0.5, 0.0, 0.0)]
-    (x,) = rng_arrays(3, (20, 12))
-    out = newton_schulz(paddle.to_tensor(x), coeffs, 7).numpy()
-    assert max_rel(out, ns_ref(x, coeffs, 7)) < NS_RTOL
-    # first-coefficient-only, or a different order, is measurably different
-    assert max_rel(out, ns_ref(x, coeffs[:1], 7)) > 1e-2
-    assert max_rel(out, ns_ref(x, coeffs[::-1], 7)) > 1e-2
+    def test_scale_every_version_includes_extra_factor(self):
+        for shape in [(64, 32), (32, 64), (4, 48, 16), (4, 16, 48)]:
+            for version in (1, 2, 3, 7):
+                with self.subTest(shape=shape, version=version):
+                    self.assertAlmostEqual(muon_update_scale(shape, version, 0.3),
+                                           scale_ref(shape, version, 0.3), places=12)
+                    u = paddle.ones(list(shape))
+                    out = Muon._scaling_fn(u, version, 0.3).numpy()
+                    np.testing.assert_allclose(out, scale_ref(shape, version, 0.3), rtol=1e-6)
+        # default: version 1 times 0.2 for a square matrix
+        self.assertAlmostEqual(muon_update_scale((8, 8)), 0.2, places=12)
 
-
-def test_quintic_preset_orthogonalises():
-    (x,) = rng_arrays(4, (16, 48))  # Gaussian 16x48: well conditioned
-    out = newton_schulz(paddle.to_tensor(x), NS_COEFFS_PRESETS["quintic"], 25).numpy()
-    # the classical iteration converges to the polar factor: O O^T = I up to fp32
-    np.testing.assert_allclose(out @ out.T, np.eye(16), atol=1e-4)
-    u, _, vt = np.linalg.svd(x.astype(np.float64), full_matrices=False)
-    np.testing.assert_allclose(out, u @ vt, atol=1e-4)
-
-
-@pytest.mark.parametrize("shape", [(64, 32), (32, 64), (4, 48, 16), (4, 16, 48)])
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_update_scale(shape, version):
-    assert muon_update_scale(shape, version, 0.3) == pytest.approx(
-        scale_ref(shape, version, 0.3), rel=1e-12
-    )
+    def test_bad_inputs(self):
+        x = paddle.ones([4, 4])
+        with self.assertRaisesRegex(ValueError, "2-D or 3-D"):
+            newton_schulz(paddle.ones([4]), SIMPLE, 5)
+        with self.assertRaisesRegex(ValueError, "at least one"):
+            newton_schulz(x, [], 5)
+        with self.assertRaisesRegex(ValueError, "steps"):
+            newton_schulz(x, SIMPLE, -1)
+        with self.assertRaisesRegex(ValueError, "matrix shape"):
+            muon_update_scale((4,), 1)
 
 
 # --------------------------------------------------------------------------
-# One step of every branch
+# The optimizer against the reference
 # --------------------------------------------------------------------------
-# One fp32 step against float64: NS error (~1e-6 of |O|) times lr*scale is
-# far below fp32 rounding of |W| ~ 1, so 1e-5 of the tensor scale is ample.
-STEP_RTOL = 1e-5
+class TestMuonMatchesReference(_Case):
+    @classmethod
+    def tearDownClass(cls):
+        for label, (p, u) in sorted(MEASURED.items()):
+            print(f"[muon vs float64 numpy] {label:38s} params {p:.2e}  updates {u:.2e}")
 
+    def test_every_preset_on_tall_wide_and_3d(self):
+        shapes = list(SHAPES.values())
+        custom = [(2.0, -1.5, 0.5), SIMPLE[0]]
+        for kind in [*REF_PRESETS, "custom"]:
+            steps = 10 if kind == "deepseekv4" else 5
+            table = custom if kind == "custom" else REF_PRESETS[kind]
+            kw = dict(ns_coeff_type=kind, ns_steps=steps)
+            if kind == "custom":
+                kw["ns_coeffs"] = custom
+            with self.subTest(kind=kind):
+                self.run_case(f"{kind} tall/wide/3d", shapes, kw,
+                              dict(coeffs=table, ns_steps=steps), [True] * 3)
 
-def run_one_config(shapes, names, opt_kwargs, ref_kwargs, use_muon, steps=1, seed=0):
-    values = rng_arrays(seed, *shapes, scale=0.5)
-    consts = rng_arrays(seed + 100, *shapes)
-    with unique_name.guard():
-        params = [make_param(n, v) for n, v in zip(names, values)]
-        opt = Muon(learning_rate=LR, parameters=params, **opt_kwargs)
-        train(opt, params, consts, steps)
-    ref = ref_train(RefOptimizer(**ref_kwargs), names, values, consts, use_muon, steps)
-    for p, r in zip(params, ref):
-        assert max_rel(to_np(p), r) < STEP_RTOL, p.name
-    return opt, params
+    def test_versions(self):
+        shapes = list(SHAPES.values())
+        for version in (1, 2, 3):
+            with self.subTest(version=version):
+                self.run_case(f"version {version} extra 0.3", shapes,
+                              dict(muon_version=version, muon_extra_scale_factor=0.3),
+                              dict(version=version, extra=0.3), [True] * 3)
 
+    def test_nesterov_on_off(self):
+        for nesterov in (True, False):
+            with self.subTest(nesterov=nesterov):
+                self.run_case(f"nesterov {nesterov}", list(SHAPES.values()),
+                              dict(nesterov=nesterov, momentum=0.9),
+                              dict(nesterov=nesterov, momentum=0.9), [True] * 3)
 
-@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (3, 20, 12)])
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_muon_step_orientation_and_nesterov(shape, nesterov):
-    run_one_config([shape], ["w"], dict(nesterov=nesterov),
-                   dict(nesterov=nesterov), [True], steps=2)
+    def test_decay_on_off_both_paths(self):
+        decay = lambda n: n.startswith("decay")  # noqa: E731
+        names = ["decay_w", "nodecay_w", "decay_b", "nodecay_b"]
+        shapes = [(16, 24), (16, 24), (24,), (24,)]
+        # wd=0.5 makes the decay term far larger than the tolerance
+        self.run_case("decay per apply_decay_param_fun", shapes,
+                      dict(weight_decay=0.5, apply_decay_param_fun=decay),
+                      dict(wd=0.5, decay=decay), [True, True, False, False], names=names)
+        self.run_case("weight_decay 0", shapes, dict(weight_decay=0.0), dict(wd=0.0),
+                      [True, True, False, False], names=names)
 
+    def test_lr_ratio_scales_adamw_params(self):
+        ratio = lambda name: 0.25 if name.endswith("b") else 1.0  # noqa: E731
+        self.run_case("lr_ratio", [(16, 24), (24,), (10,)],
+                      dict(lr_ratio=lambda p: ratio(p.name)),
+                      dict(lr_ratio=ratio), [True, False, False], names=["w", "b", "c"])
 
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_muon_step_scale_versions(version):
-    shapes = [(20, 40), (40, 20), (2, 12, 30)]
-    run_one_config(shapes, ["a", "b", "c"],
-                   dict(muon_version=version, muon_extra_scale_factor=0.3),
-                   dict(version=version, extra=0.3), [True] * 3)
+    def test_split_concat_func(self):
+        info = {"qkv": MuonParamInfo(True, split3_paddle)}
+        self.run_case("split_concat_func", [(16, 48), (2, 12, 30)],
+                      dict(muon_param_info_map=info, momentum=0.9),
+                      dict(momentum=0.9, split={"qkv": split3_ref}), [True, True],
+                      names=["qkv", "experts"])
 
+    def test_original_shape(self):
+        def prepare(params):
+            params[0].original_shape = [2, 12, 20]  # experts stored 2-D
 
-def test_decay_selection_both_branches():
-    decay = lambda n: n.startswith("decay")  # noqa: E731
-    names = ["decay_w", "nodecay_w", "decay_b", "nodecay_b"]
-    shapes = [(16, 24), (16, 24), (24,), (24,)]
-    # wd=0.5 makes the decay term visible above the tolerance
-    run_one_config(shapes, names, dict(weight_decay=0.5, apply_decay_param_fun=decay),
-                   dict(wd=0.5, decay=decay), [True, True, False, False], steps=2)
+        self.run_case("original_shape [2,12,20] as [24,20]", [(24, 20)], {},
+                      dict(original_shape={"experts": (2, 12, 20)}), [True],
+                      names=["experts"], prepare=prepare)
 
+    def test_exclude_patterns_case_insensitive(self):
+        names = ["Embedding_table", "LM_Head.w", "proj.w", "proj.b"]
+        opt, _ = self.run_case("exclude patterns", [(30, 16), (16, 30), (16, 16), (16,)],
+                               dict(muon_exclude_patterns=["embedding", "lm_HEAD"]), {},
+                               [False, False, True, False], names=names)
+        self.assertEqual({k: v.use_muon for k, v in opt._muon_param_info_map.items()},
+                         {"Embedding_table": False, "LM_Head.w": False,
+                          "proj.w": True, "proj.b": False})
 
-def test_exclude_patterns_route_to_adamw_case_insensitive():
-    names = ["Embedding_table", "LM_Head.w", "proj.w", "proj.b"]
-    shapes = [(30, 16), (16, 30), (16, 16), (16,)]
-    opt, _ = run_one_config(shapes, names,
-                            dict(muon_exclude_patterns=["embedding", "lm_HEAD"]),
-                            {}, [False, False, True, False], steps=2)
-    assert {k: v.use_muon for k, v in opt._muon_param_info_map.items()} == {
-        "Embedding_table": False, "LM_Head.w": False, "proj.w": True, "proj.b": False}
-    sd = opt.state_dict()
-    assert "proj.w_muon_momentum_0" in sd and "Embedding_table_moment1_0" in sd
-    assert "Embedding_table_muon_momentum_0" not in sd
+    def test_param_info_map_overrides_rule_and_fills_missing(self):
+        info = {"w_adam": MuonParamInfo(use_muon=False), "emb_muon": MuonParamInfo(use_muon=True)}
+        opt, _ = self.run_case("muon_param_info_map", [(16, 24), (24, 16), (16, 16)],
+                               dict(muon_exclude_patterns=["emb"], muon_param_info_map=info),
+                               {}, [False, True, True], names=["w_adam", "emb_muon", "w"])
+        self.assertTrue(opt._muon_param_info_map["w"].use_muon)
 
-
-def test_explicit_param_info_map_overrides_rule():
-    info = {"w_adam": MuonParamInfo(use_muon=False),
-            "emb_muon": MuonParamInfo(use_muon=True)}
-    opt, _ = run_one_config([(16, 24), (24, 16), (16, 16)], ["w_adam", "emb_muon", "w"],
-                            dict(muon_exclude_patterns=["emb"], muon_param_info_map=info),
-                            {}, [False, True, True], steps=2)
-    assert opt._muon_param_info_map["w"].use_muon is True
-
-
-def test_per_param_lr_and_replaced_grad_clip():
-    values = rng_arrays(5, (16, 24), (24,), scale=0.5)
-    consts = rng_arrays(6, (16, 24), (24,))
-    seen = []
-
-    class NegateClip(paddle.nn.ClipGradByGlobalNorm):
-        # A wrapper (e.g. HybridParallelClipGrad) swaps _grad_clip after
-        # construction; negating grads makes its use visible in the result.
-        def __call__(self, params_grads):
-            seen.append([p.name for p, _ in params_grads])
-            return [(p, -g) for p, g in params_grads]
-
-    with unique_name.guard():
-        params = [make_param("w", values[0]), make_param("b", values[1])]
-        params[0].optimize_attr["learning_rate"] = 0.5
-        opt = Muon(learning_rate=LR, parameters=params)
-        opt._grad_clip = NegateClip(1.0)
-        quad_loss(params, consts).backward()
-        opt.step()
-    ref = RefOptimizer()
-    r_w = ref.step("w", values[0], -(consts[0] + values[0]), True, lr=LR * 0.5)
-    r_b = ref.step("b", values[1], -(consts[1] + values[1]), False)
-    assert sorted(seen[0]) == ["b", "w"]
-    assert max_rel(params[0].numpy(), r_w) < STEP_RTOL
-    assert max_rel(params[1].numpy(), r_b) < STEP_RTOL
-
-
-def test_minimize_matches_step():
-    values = rng_arrays(7, (16, 24), (24,), scale=0.5)
-    consts = rng_arrays(8, (16, 24), (24,))
-    results = []
-    for use_minimize in (False, True):
+    def test_lr_scheduler_and_per_param_lr(self):
+        shapes = [(16, 24), (24,)]
+        values = rng_arrays(15, *shapes, scale=0.05)
+        consts = rng_arrays(16, *shapes)
         with unique_name.guard():
             params = [make_param("w", values[0]), make_param("b", values[1])]
-            opt = Muon(learning_rate=LR, parameters=params)
-            loss = quad_loss(params, consts)
-            loss.backward()
-            if use_minimize:
-                opt.minimize(loss)
-            else:
-                opt.step()
-            opt.clear_grad()
-            assert all(p.grad is None or not np.any(p.grad.numpy()) for p in params)
-            results.append([p.numpy() for p in params])
-    for a, b in zip(*results):
-        assert np.array_equal(a, b)
+            params[0].optimize_attr["learning_rate"] = 0.5
+            sched = paddle.optimizer.lr.StepDecay(learning_rate=0.2, step_size=1, gamma=0.5)
+            opt = Muon(sched, params)
+            train(opt, params, consts, 3, sched=sched)
+        self.assertAlmostEqual(opt.get_lr(), 0.2 * 0.5**3)
+        ref = RefMuon()
+        w, b = (np.asarray(v, np.float64) for v in values)
+        for lr in (0.2, 0.1, 0.05):
+            w, b = (ref.step("w", w, consts[0] + w, True, lr=lr * 0.5),
+                    ref.step("b", b, consts[1] + b, False, lr=lr))
+        self.assertLessEqual(max_rel(params[0].numpy(), w), RTOL)
+        self.assertLessEqual(max_rel(params[1].numpy(), b), RTOL)
+
+    def test_adamw_path_matches_paddle_adamw(self):
+        shapes = [(32,), (20, 12)]
+        names = ["layer.bias", "token_EMB.w"]
+        values = rng_arrays(13, *shapes, scale=0.5)
+        consts = rng_arrays(14, *shapes)
+        decay = lambda n: "bias" not in n  # noqa: E731
+        kw = dict(weight_decay=0.1, apply_decay_param_fun=decay)
+        with unique_name.guard():
+            ours = [make_param(n, v) for n, v in zip(names, values)]
+            opt = Muon(LR, ours, adam_beta1=0.85, adam_beta2=0.97, adam_epsilon=1e-6,
+                       muon_exclude_patterns=["emb"], **kw)
+            train(opt, ours, consts, 3)
+        with unique_name.guard():
+            theirs = [make_param(n, v) for n, v in zip(names, values)]
+            adamw = paddle.optimizer.AdamW(learning_rate=LR, parameters=theirs, beta1=0.85,
+                                           beta2=0.97, epsilon=1e-6, **kw)
+            train(adamw, theirs, consts, 3)
+        for a, b in zip(ours, theirs):  # same kernel, same inputs
+            self.assertTrue(np.array_equal(a.numpy(), b.numpy()), a.name)
+        ref = ref_train(RefMuon(beta1=0.85, beta2=0.97, eps=1e-6, wd=0.1, decay=decay),
+                        names, values, consts, [False, False], 3)
+        for p, r in zip(ours, ref):
+            self.assertLessEqual(max_rel(p.numpy(), r), RTOL)
+
+    def test_master_weights_bf16(self):
+        shapes = [(24, 16), (2, 12, 20), (16,)]
+        names = ["w", "experts", "b"]
+        values = [bf16_round(v) for v in rng_arrays(17, *shapes, scale=0.5)]
+        consts = rng_arrays(18, *shapes)
+        with unique_name.guard():
+            params = [make_param(n, v, "bfloat16") for n, v in zip(names, values)]
+            opt = Muon(LR, params, multi_precision=True)
+            train(opt, params, consts, 3)
+        self.assertEqual(set(opt._master_weights), set(names))
+        # The reference trains the fp32 master and is fed the gradient the
+        # bf16 model really produces: C + W from the bf16 weights, rounded
+        # to bf16. The remaining gap is fp32 vs float64 arithmetic.
+        ref = RefMuon()
+        masters = [np.asarray(v, np.float64) for v in values]
+        for _ in range(3):
+            grads = [bf16_round((c + bf16_round(w)).astype(np.float32))
+                     for c, w in zip(consts, masters)]
+            masters = [ref.step(n, w, g, um) for n, w, g, um in
+                       zip(names, masters, grads, [True, True, False])]
+        for p, r, v in zip(params, masters, values):
+            master = opt._master_weights[p.name]
+            self.assertEqual(master.dtype, paddle.float32)
+            self.assertEqual(p.dtype, paddle.bfloat16)
+            err = max_rel(master.numpy(), r)
+            MEASURED[f"master weight bf16 {p.name}"] = (err, max_rel(master.numpy() - v, r - v))
+            self.assertLessEqual(err, RTOL)
+            # the bf16 param is exactly the cast of its master weight
+            self.assertTrue(np.array_equal(to_np(p), bf16_round(master.numpy())))
+        # a plain bf16 trajectory would have lost the sub-bf16 part of the updates
+        self.assertTrue(any(not np.array_equal(m.numpy(), bf16_round(m.numpy()))
+                            for m in opt._master_weights.values()))
 
 
 # --------------------------------------------------------------------------
-# Done criterion: 3-step runs
+# Constructor and names
 # --------------------------------------------------------------------------
-def test_three_step_muon_matches_numpy(capsys):
-    shapes = [(64, 32), (4, 48, 16)]
-    values = rng_arrays(11, *shapes, scale=0.2)
-    consts = rng_arrays(12, *shapes)
-    with unique_name.guard():
-        params = [make_param("dense.w", values[0]), make_param("experts.w", values[1])]
-        opt = Muon(learning_rate=LR, parameters=params)
-        train(opt, params, consts, 3)
-    ref = ref_train(RefOptimizer(), ["dense.w", "experts.w"], values, consts, [True, True], 3)
-    errs = [max_rel(to_np(p), r) for p, r in zip(params, ref)]
-    # the same error measured on the accumulated update alone (stricter: the
-    # update is ~10x smaller than the weights)
-    upd_errs = [max_rel(to_np(p) - v, r - v) for p, r, v in zip(params, ref, values)]
-    with capsys.disabled():
-        print(f"\n[muon 3-step] max rel err vs numpy: params {max(errs):.3e}, "
-              f"updates {max(upd_errs):.3e}")
-    assert max(errs) <= 1e-5
-    # fp32 rounding of W (|W|~0.5, eps 6e-8) is ~3e-8 absolute per step vs an
-    # update of ~lr*scale*|O|~4e-3: ~1e-5 relative, plus NS error.
-    assert max(upd_errs) <= 5e-5
-
-
-def test_three_step_adamw_branch_matches_paddle_adamw(capsys):
-    shapes = [(32,), (20, 12)]
-    names = ["layer.bias", "token_EMB.w"]
-    values = rng_arrays(13, *shapes, scale=0.5)
-    consts = rng_arrays(14, *shapes)
-    decay = lambda n: "bias" not in n  # noqa: E731
-    kw = dict(weight_decay=0.1, apply_decay_param_fun=decay)
-    with unique_name.guard():
-        ours = [make_param(n, v) for n, v in zip(names, values)]
-        opt = Muon(learning_rate=LR, parameters=ours, adam_beta1=0.85, adam_beta2=0.97,
-                   adam_epsilon=1e-6, muon_exclude_patterns=["emb"], **kw)
-        train(opt, ours, consts, 3)
-    with unique_name.guard():
-        theirs = [make_param(n, v) for n, v in zip(names, values)]
-        adamw = paddle.optimizer.AdamW(learning_rate=LR, parameters=theirs, beta1=0.85,
-                                       beta2=0.97, epsilon=1e-6, **kw)
-        train(adamw, theirs, consts, 3)
-    err = max(float(np.max(np.abs(a.numpy() - b.numpy()))) for a, b in zip(ours, theirs))
-    ref = ref_train(RefOptimizer(beta1=0.85, beta2=0.97, eps=1e-6, wd=0.1, decay=decay),
-                    names, values, consts, [False, False], 3)
-    ref_err = max(max_rel(p.numpy(), r) for p, r in zip(ours, ref))
-    with capsys.disabled():
-        print(f"\n[adamw 3-step] max abs err vs paddle AdamW: {err:.3e}; "
-              f"max rel err vs numpy: {ref_err:.3e}")
-    assert err <= 1e-6  # same kernel, same inputs: expected exactly 0
-    assert ref_err < STEP_RTOL
-
-
-def test_lr_scheduler():
-    shapes = [(16, 24), (24,)]
-    values = rng_arrays(15, *shapes, scale=0.5)
-    consts = rng_arrays(16, *shapes)
-    with unique_name.guard():
-        params = [make_param("w", values[0]), make_param("b", values[1])]
-        sched = paddle.optimizer.lr.StepDecay(learning_rate=0.05, step_size=1, gamma=0.5)
-        opt = Muon(learning_rate=sched, parameters=params)
-        train(opt, params, consts, 3, sched=sched)
-    assert opt.get_lr() == pytest.approx(0.05 * 0.5**3)
-    ref = ref_train(RefOptimizer(), ["w", "b"], values, consts, [True, False], 3,
-                    lrs=[0.05, 0.025, 0.0125])
-    for p, r in zip(params, ref):
-        assert max_rel(p.numpy(), r) < STEP_RTOL
-
-
-# --------------------------------------------------------------------------
-# multi_precision (bf16)
-# --------------------------------------------------------------------------
-def test_multi_precision_bf16_master_weights():
-    shapes = [(24, 16), (2, 12, 20), (16,)]
-    names = ["w", "experts", "b"]
-    values = [bf16_round(v) for v in rng_arrays(17, *shapes, scale=0.5)]
-    consts = rng_arrays(18, *shapes)
-    with unique_name.guard():
-        params = [make_param(n, v, "bfloat16") for n, v in zip(names, values)]
-        opt = Muon(learning_rate=LR, parameters=params, multi_precision=True)
-        train(opt, params, consts, 3)
-    assert set(opt._master_weights) == set(names)
-    # Reference: the fp32 master trajectory, fed the gradient the bf16 model
-    # really produces, i.e. C + W computed from the bf16 weights and rounded
-    # to bf16. With the quantisation mirrored, the only gap left is fp32 vs
-    # float64 arithmetic (plus rare double-rounding of a grad element).
-    ref = RefOptimizer()
-    masters = [np.asarray(v, np.float64) for v in values]
-    for _ in range(3):
-        grads = [bf16_round((c + bf16_round(w)).astype(np.float32))
-                 for c, w in zip(consts, masters)]
-        masters = [ref.step(n, w, g, um) for n, w, g, um in
-                   zip(names, masters, grads, [True, True, False])]
-    for p, r in zip(params, masters):
-        master = opt._master_weights[p.name]
-        assert master.dtype == paddle.float32 and p.dtype == paddle.bfloat16
-        assert max_rel(master.numpy(), r) < STEP_RTOL  # measured ~1.5e-7
-        # the bf16 param is exactly the cast of its master weight
-        assert np.array_equal(to_np(p), to_np(paddle.cast(master, "bfloat16")))
-        assert np.array_equal(to_np(p), bf16_round(master.numpy()))
-    # a plain bf16 trajectory would have lost the sub-bf16 part of the updates
-    assert any(not np.array_equal(m.numpy(), bf16_round(m.numpy()))
-               for m in opt._master_weights.values())
-
-
-# --------------------------------------------------------------------------
-# state_dict round trip
-# --------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_state_dict_round_trip_bit_exact(tmp_path, dtype):
-    shapes = [(24, 16), (2, 12, 20), (16,), (10, 8)]
-    names = ["w", "experts", "b", "emb.w"]
-    values = [bf16_round(v) for v in rng_arrays(19, *shapes, scale=0.5)]
-    consts = rng_arrays(20, *shapes)
-    mp = dtype == "bfloat16"
-
-    def build():
-        params = [make_param(n, v, dtype) for n, v in zip(names, values)]
-        sched = paddle.optimizer.lr.StepDecay(learning_rate=0.03, step_size=2, gamma=0.7)
-        opt = Muon(learning_rate=sched, parameters=params, multi_precision=mp,
-                   muon_exclude_patterns=["emb"])
-        return params, opt, sched
-
-    with unique_name.guard():
-        params, opt, sched = build()
-        train(opt, params, consts, 5, sched)
-        full = [to_np(p) for p in params]
-        full_master = {k: v.numpy() for k, v in opt._master_weights.items()}
-
-    with unique_name.guard():
-        params, opt, sched = build()
-        train(opt, params, consts, 3, sched)
-        paddle.save(opt.state_dict(), str(tmp_path / "opt.pdopt"))
-        paddle.save({p.name: p for p in params}, str(tmp_path / "model.pdparams"))
-        # keep training the old copy: the saved state must not alias it
-        train(opt, params, consts, 1, sched)
-
-    with unique_name.guard():
-        params, opt, sched = build()
-        model_sd = paddle.load(str(tmp_path / "model.pdparams"))
-        for p in params:
-            p.set_value(model_sd[p.name])
-        opt.set_state_dict(paddle.load(str(tmp_path / "opt.pdopt")))
-        assert sched.last_epoch == 3
-        train(opt, params, consts, 2, sched)
-        resumed = [to_np(p) for p in params]
-        resumed_master = {k: v.numpy() for k, v in opt._master_weights.items()}
-
-    for a, b in zip(full, resumed):
-        assert np.array_equal(a, b)
-    assert set(full_master) == set(resumed_master) == (set(names) if mp else set())
-    for k in full_master:
-        assert np.array_equal(full_master[k], resumed_master[k])
-
-
-# --------------------------------------------------------------------------
-# What the sharding wrapper relies on
-# --------------------------------------------------------------------------
-def test_apply_optimize_subset_updates_only_subset():
-    shapes = [(16, 24), (24,), (8, 8)]
-    names = ["w", "b", "other"]
-    values = rng_arrays(21, *shapes, scale=0.5)
-    consts = rng_arrays(22, *shapes)
-    with unique_name.guard():
-        params = [make_param(n, v) for n, v in zip(names, values)]
-        opt = Muon(learning_rate=LR, parameters=params)
-        grads = [paddle.to_tensor(c + v) for c, v in zip(consts, values)]
-        opt._apply_optimize(None, None, [(params[0], grads[0]), (params[1], grads[1])])
-    ref = RefOptimizer()
-    r_w = ref.step("w", values[0], consts[0] + values[0], True)
-    r_b = ref.step("b", values[1], consts[1] + values[1], False)
-    assert max_rel(params[0].numpy(), r_w) < STEP_RTOL
-    assert max_rel(params[1].numpy(), r_b) < STEP_RTOL
-    assert np.array_equal(params[2].numpy(), values[2])
-    assert not any(k.startswith("other") for k in opt.state_dict())
-
-
-@pytest.mark.parametrize("via_step", [False, True])
-def test_slice_param_with_original_name_matches_full_update(via_step):
-    full_val, row_val = rng_arrays(23, (12, 10), (7, 6), scale=0.5)
-    g_full, g_row = rng_arrays(24, (12, 10), (7, 6))
-    lo, hi = 17, 83  # a slice that straddles rows, as a flat shard does
-    decay = lambda n: True  # noqa: E731
-
-    def make_opt(params):
-        return Muon(learning_rate=LR, parameters=params, weight_decay=0.1,
-                    muon_exclude_patterns=["EMBED"], apply_decay_param_fun=decay)
-
-    with unique_name.guard():
-        full = make_param("embed.w", full_val)
-        opt_full = make_opt([full])
-        for _ in range(2):
-            opt_full._apply_optimize(None, None, [(full, paddle.to_tensor(g_full))])
-
-    with unique_name.guard():
-        owner_view = make_param("embed.w", full_val)
-        opt = make_opt([owner_view])  # the map is built from the whole param
-        assert opt._muon_param_info_map["embed.w"].use_muon is False
-        # a flat shard of the excluded matrix, carrying the matrix's name
-        piece = make_param("embed.w.shard", full_val.reshape(-1)[lo:hi])
-        piece.name = "embed.w"
-        fresh_2d = make_param("fresh.w", row_val)  # not in the map: shape rule -> Muon
-        fresh_1d = make_param("fresh.b", row_val[0])  # not in the map: shape rule -> AdamW
-        opt._parameter_list = [piece, fresh_2d, fresh_1d]
-        gs = [g_full.reshape(-1)[lo:hi], g_row, g_row[0]]
-        for _ in range(2):
-            if via_step:
-                loss = sum(paddle.sum(paddle.to_tensor(g) * p)
-                           for g, p in zip(gs, opt._parameter_list))
-                loss.backward()
-                opt.step()
-                opt.clear_grad()
-            else:
-                opt._apply_optimize(None, None, [(p, paddle.to_tensor(g)) for p, g
-                                                 in zip(opt._parameter_list, gs)])
-    # element-wise kernel on the same values: bit-identical
-    assert np.array_equal(piece.numpy(), full.numpy().reshape(-1)[lo:hi])
-    assert np.array_equal(owner_view.numpy(), full_val)  # dropped from the list
-    ref = RefOptimizer(wd=0.1)
-    r2, r1 = row_val.astype(np.float64), row_val[0].astype(np.float64)
-    for _ in range(2):
-        r2 = ref.step("fresh.w", r2, g_row, True)
-        r1 = ref.step("fresh.b", r1, g_row[0], False)
-    assert max_rel(fresh_2d.numpy(), r2) < STEP_RTOL
-    assert max_rel(fresh_1d.numpy(), r1) < STEP_RTOL
-    assert "fresh.w_muon_momentum_0" in opt.state_dict()
-
-
-def test_split_concat_func_orthogonalises_blocks():
-    (val,) = rng_arrays(25, (16, 48), scale=0.5)
-    (c,) = rng_arrays(26, (16, 48))
-
-    def split_concat(update, orthogonalize):
-        return paddle.concat([orthogonalize(b) for b in paddle.split(update, 3, axis=1)], axis=1)
-
-    with unique_name.guard():
-        p = make_param("qkv.w", val)
-        opt = Muon(learning_rate=LR, parameters=[p], momentum=0.9,
-                   muon_param_info_map={"qkv.w": MuonParamInfo(True, split_concat)})
-        train(opt, [p], [c], 1)
-    g = (c + val).astype(np.float64)
-    u = 0.1 * g + 0.9 * (0.1 * g)  # nesterov, zero initial momentum
-    o = np.concatenate([scale_ref(b.shape, 1) * ns_ref(b, SIMPLE, 5)
-                        for b in np.split(u, 3, axis=1)], axis=1)
-    assert max_rel(p.numpy(), val * (1 - LR * 0.01) - LR * o) < STEP_RTOL
-
-
-# --------------------------------------------------------------------------
-# Bad inputs
-# --------------------------------------------------------------------------
-def _p():
+def _params():
     with unique_name.guard():
         return [make_param("bad.w", np.ones((4, 4), np.float32))]
 
 
-@pytest.mark.parametrize(
-    "kwargs, exc, fragment",
-    [
-        (dict(ns_coeff_type="cubic"), ValueError, "valid types"),
-        (dict(ns_coeff_type="custom"), ValueError, "non-empty ns_coeffs"),
-        (dict(ns_coeff_type="custom", ns_coeffs=[]), ValueError, "non-empty ns_coeffs"),
-        (dict(ns_coeff_type="custom", ns_coeffs=[(1.0, 2.0)]), ValueError, "(a, b, c)"),
-        (dict(muon_version=4), ValueError, "valid versions"),
-        (dict(momentum=1.0), ValueError, "momentum"),
-        (dict(adam_beta1=-0.1), ValueError, "adam_beta1"),
-        (dict(adam_beta2=1.0), ValueError, "adam_beta2"),
-        (dict(adam_epsilon=-1.0), ValueError, "adam_epsilon"),
-        (dict(weight_decay="0.1"), TypeError, "weight_decay"),
-        (dict(ns_steps=0), ValueError, "ns_steps"),
-        (dict(muon_param_info_map={"bad.w": True}), TypeError, "MuonParamInfo"),
-    ],
-)
-def test_bad_inputs(kwargs, exc, fragment):
-    with pytest.raises(exc) as info:
-        Muon(learning_rate=LR, parameters=_p(), **kwargs)
-    assert fragment in str(info.value)
+class TestConstructor(unittest.TestCase):
+    def test_signature_is_develops(self):
+        sig = inspect.signature(Muon.__init__)
+        named = [(n, p.default) for n, p in sig.parameters.items()
+                 if n != "self" and p.kind is not p.VAR_KEYWORD]
+        self.assertEqual(named, DEVELOP_SIGNATURE)
+        self.assertEqual(list(sig.parameters.values())[-1].kind, inspect.Parameter.VAR_KEYWORD)
+
+    def test_positional_order(self):
+        p = _params()
+        opt = Muon(0.03, p, 0.8, 0.7, 0.6, 0.05, 3, "aol", None, False, 1e-6)
+        self.assertEqual((opt._momentum, opt._beta1, opt._beta2, opt._weight_decay),
+                         (0.8, 0.7, 0.6, 0.05))
+        self.assertEqual((opt._ns_steps, opt._nesterov, opt._epsilon), (3, False, 1e-6))
+        self.assertEqual(opt._ns_coeffs, REF_PRESETS["aol"])
+
+    def test_class_attribute_names(self):
+        self.assertEqual((Muon._moment_acc_str, Muon._moment2_acc_str, Muon._beta1_pow_acc_str,
+                          Muon._beta2_pow_acc_str),
+                         ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc"))
+        params = list(inspect.signature(Muon._muon_update).parameters)
+        self.assertEqual(params, ["self", "param", "grad", "lr", "momentum_buffer",
+                                  "momentum_beta", "ns_steps", "nesterov", "epsilon",
+                                  "weight_decay", "version"])
+        self.assertEqual(list(inspect.signature(Muon._zeropower_via_newtonschulz5).parameters),
+                         ["X", "steps", "eps", "ns_coeffs", "ns_matmul_dtype"])
+        self.assertEqual(list(inspect.signature(Muon._scaling_fn).parameters),
+                         ["update", "version", "extra_scale_factor"])
+
+    def test_errors(self):
+        p = _params()
+        cases = [
+            (dict(parameters=None), ValueError, "got None"),
+            (dict(parameters=tuple(p)), TypeError, "as a list"),
+            (dict(parameters=[{"params": p}]), TypeError, "parameter groups"),
+            (dict(grad_clip=1.0), TypeError, "GradientClipBase"),
+            (dict(ns_coeff_type="cubic"), ValueError, "valid types"),
+            (dict(ns_coeff_type="custom"), ValueError, "non-empty ns_coeffs"),
+            (dict(ns_coeff_type="custom", ns_coeffs=[(1.0, 2.0)]), ValueError, "(a, b, c)"),
+            (dict(ns_matmul_dtype="int8"), ValueError, "ns_matmul_dtype"),
+            (dict(momentum=1.0), ValueError, "momentum"),
+            (dict(adam_epsilon=-1.0), ValueError, "adam_epsilon"),
+            (dict(weight_decay="0.1"), TypeError, "weight_decay"),
+            (dict(ns_steps=0), ValueError, "ns_steps"),
+            (dict(lr_ratio=0.5), TypeError, "lr_ratio"),
+            (dict(muon_param_info_map={"bad.w": True}), TypeError, "MuonParamInfo"),
+        ]
+        for kwargs, exc, fragment in cases:
+            with self.subTest(kwargs=kwargs):
+                kwargs.setdefault("parameters", p)
+                with self.assertRaises(exc) as ctx:
+                    Muon(**kwargs)
+                self.assertIn(fragment, str(ctx.exception))
+        with unique_name.guard():
+            b = make_param("bad.bias", np.ones((4,), np.float32))
+        with self.assertRaisesRegex(ValueError, "2-D or 3-D"):
+            Muon(parameters=[b], muon_param_info_map={"bad.bias": MuonParamInfo(use_muon=True)})
+
+    def test_defaults_and_dtype_rule(self):
+        opt = Muon(parameters=_params(), unknown_option=1)
+        self.assertEqual(opt.get_lr(), 0.02)
+        self.assertEqual(opt._ns_coeffs, SIMPLE)
+        expected = paddle.float32
+        if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+            if paddle.device.cuda.get_device_capability()[0] >= 8:
+                expected = paddle.bfloat16
+        self.assertEqual(opt._ns_matmul_dtype, expected)
+        self.assertEqual(Muon(parameters=_params(), ns_matmul_dtype="float32")._ns_matmul_dtype,
+                         paddle.float32)
+        if not paddle.is_compiled_with_cuda():
+            with self.assertRaisesRegex(ValueError, "no fp16/bf16 matmul kernel"):
+                Muon(parameters=_params(), ns_matmul_dtype=paddle.bfloat16)
+        self.assertEqual(Muon(1, _params()).get_lr(), 1.0)
 
 
-def test_accepted_inputs():
-    # a map entry for a param that was not passed in (e.g. one a wrapper
-    # creates later) is kept; an int learning rate is accepted
-    opt = Muon(learning_rate=1, parameters=_p(),
-               muon_param_info_map={"later.w": MuonParamInfo(False)})
-    assert opt.get_lr() == 1.0
-    assert opt._muon_param_info_map["later.w"].use_muon is False
-    assert opt._muon_param_info_map["bad.w"].use_muon is True
-    with pytest.raises(AttributeError):  # dygraph optimizers need parameters
-        Muon(learning_rate=LR, parameters=None)
+class TestDefaultShouldUseMuon(unittest.TestCase):
+    def test_rule(self):
+        with self.assertRaisesRegex(ValueError, "exclude_patterns is None"):
+            _default_should_use_muon("w", [4, 4], None)
+        self.assertTrue(_default_should_use_muon("w", [4, 4], []))
+        self.assertTrue(_default_should_use_muon("w", [2, 4, 4], []))
+        self.assertFalse(_default_should_use_muon("w", [4], []))
+        self.assertFalse(_default_should_use_muon("w", [2, 2, 4, 4], []))
+        self.assertFalse(_default_should_use_muon("Model.EMBEDDING.w", [4, 4], ["embedding"]))
+        self.assertFalse(_default_should_use_muon("lm_head.w", [4, 4], ["LM_HEAD"]))
+        self.assertTrue(_default_should_use_muon("proj.w", [4, 4], ["embedding"]))
 
 
-def test_bad_function_inputs():
-    x = paddle.ones([4, 4])
-    with pytest.raises(ValueError, match="2-D or 3-D"):
-        newton_schulz(paddle.ones([4]), SIMPLE, 5)
-    with pytest.raises(ValueError, match="at least one"):
-        newton_schulz(x, [], 5)
-    with pytest.raises(ValueError, match="steps"):
-        newton_schulz(x, SIMPLE, -1)
-    with pytest.raises(ValueError, match="matrix shape"):
-        muon_update_scale((4,), 1)
+# --------------------------------------------------------------------------
+# state_dict, sharded_state_dict, checkpoints
+# --------------------------------------------------------------------------
+class TestStateDict(unittest.TestCase):
+    def _trained(self, dtype="float32", steps=2):
+        shapes = [(24, 16), (16,)]
+        values = [bf16_round(v) for v in rng_arrays(19, *shapes, scale=0.5)]
+        consts = rng_arrays(20, *shapes)
+        params = [make_param(n, v, dtype) for n, v in zip(["w", "b"], values)]
+        opt = Muon(LR, params, multi_precision=dtype != "float32")
+        train(opt, params, consts, steps)
+        return params, opt
+
+    def test_keys_and_accumulators(self):
+        with unique_name.guard():
+            _, opt = self._trained(steps=2)
+        sd = opt.state_dict()
+        self.assertEqual(set(sd), {"w_moment1_0", "b_moment1_0", "b_moment2_0",
+                                   "b_beta1_pow_acc_0", "b_beta2_pow_acc_0"})
+        self.assertEqual(sd["w_moment1_0"].dtype, paddle.float32)
+        self.assertEqual(list(sd["w_moment1_0"].shape), [24, 16])
+        self.assertEqual(list(sd["b_beta1_pow_acc_0"].shape), [1])
+        # start at beta, multiplied once per step
+        np.testing.assert_allclose(sd["b_beta1_pow_acc_0"].numpy(), [0.9**3], rtol=1e-6)
+        np.testing.assert_allclose(sd["b_beta2_pow_acc_0"].numpy(), [0.95**3], rtol=1e-6)
+
+    def test_master_weight_keys(self):
+        with unique_name.guard():
+            _, opt = self._trained("bfloat16", steps=1)
+        sd = opt.state_dict()
+        self.assertEqual(set(sd["master_weights"]), {"w", "b"})
+        self.assertIn("w_fp32_master_0_moment1_0", sd)
+        self.assertEqual(sd["w_fp32_master_0_moment1_0"].dtype, paddle.float32)
+
+    def test_sharded_state_dict(self):
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32), "bfloat16")
+            b = make_param("b", np.ones((6,), np.float32), "bfloat16")
+            e = make_param("e", np.ones((2, 3, 4), np.float32), "bfloat16")
+            opt = Muon(LR, [w, b, e], multi_precision=True)
+            train(opt, [w, b, e], rng_arrays(1, (4, 6), (6,), (2, 3, 4)), 1)
+        model = {
+            # a tensor-parallel-like slice: global (8, 6), this rank rows 4..8
+            "layer.weight": ShardedWeight("layer.weight", w, (4, 6), (8, 6), (4, 0)),
+            "layer.bias": ShardedWeight("layer.bias", b, (6,), (6,), (0,)),
+            "shared.bias": ShardedWeight("shared.bias", b, (6,), (6,), (0,)),
+            # 3-D experts stored 2-D in the model's checkpoint
+            "experts.weight": ShardedWeight("experts.weight", e, (6, 4), (6, 4), (0, 0)),
+        }
+        sd = opt.sharded_state_dict(model)
+        expect = {
+            "layer.weight.moment1_0": ((4, 6), (8, 6), (4, 0)),
+            "layer.weight.w_0": ((4, 6), (8, 6), (4, 0)),
+            "experts.weight.moment1_0": ((6, 4), (6, 4), (0, 0)),
+            "experts.weight.w_0": ((6, 4), (6, 4), (0, 0)),
+            "layer.bias.moment1_0": ((6,), (6,), (0,)),
+            "layer.bias.moment2_0": ((6,), (6,), (0,)),
+            "layer.bias.beta1_pow_acc_0": ((1,), (1,), (0,)),
+            "layer.bias.beta2_pow_acc_0": ((1,), (1,), (0,)),
+            "layer.bias.w_0": ((6,), (6,), (0,)),
+        }
+        got = {k: (tuple(v.local_shape), tuple(v.global_shape), tuple(v.global_offset))
+               for k, v in sd.items()}
+        self.assertEqual(got, expect)
+        for k, v in sd.items():
+            self.assertEqual(v.key, k)
+            self.assertEqual(tuple(v.local_tensor.shape), tuple(v.local_shape), k)
+        self.assertTrue(np.array_equal(sd["experts.weight.w_0"].local_tensor.numpy(),
+                                       opt._master_weights["e"].numpy().reshape(6, 4)))
+        with self.assertRaisesRegex(KeyError, "does not describe"):
+            opt.sharded_state_dict({"layer.weight": model["layer.weight"]})
+
+    def test_round_trip_bit_exact(self):
+        for dtype in ("float32", "bfloat16"):
+            with self.subTest(dtype=dtype), tempfile.TemporaryDirectory() as tmp:
+                self._round_trip(dtype, tmp)
+
+    def _round_trip(self, dtype, tmp):
+        shapes = [(24, 16), (2, 12, 20), (16,), (10, 8)]
+        names = ["w", "experts", "b", "emb.w"]
+        values = [bf16_round(v) for v in rng_arrays(19, *shapes, scale=0.5)]
+        consts = rng_arrays(20, *shapes)
+        mp = dtype == "bfloat16"
+
+        def build():
+            params = [make_param(n, v, dtype) for n, v in zip(names, values)]
+            sched = paddle.optimizer.lr.StepDecay(learning_rate=0.03, step_size=2, gamma=0.7)
+            opt = Muon(sched, params, multi_precision=mp, muon_exclude_patterns=["emb"])
+            return params, opt, sched
+
+        with unique_name.guard():
+            params, opt, sched = build()
+            train(opt, params, consts, 5, sched)
+            full = [to_np(p) for p in params]
+            full_master = {k: v.numpy() for k, v in opt._master_weights.items()}
+        with unique_name.guard():
+            params, opt, sched = build()
+            train(opt, params, consts, 3, sched)
+            paddle.save(opt.state_dict(), os.path.join(tmp, "opt.pdopt"))
+            paddle.save({p.name: p for p in params}, os.path.join(tmp, "model.pdparams"))
+            train(opt, params, consts, 1, sched)  # the saved state must not alias it
+        with unique_name.guard():
+            params, opt, sched = build()
+            model_sd = paddle.load(os.path.join(tmp, "model.pdparams"))
+            for p in params:
+                p.set_value(model_sd[p.name])
+            opt.set_state_dict(paddle.load(os.path.join(tmp, "opt.pdopt")))
+            self.assertEqual(sched.last_epoch, 3)
+            train(opt, params, consts, 2, sched)
+            resumed = [to_np(p) for p in params]
+            resumed_master = {k: v.numpy() for k, v in opt._master_weights.items()}
+        for a, b in zip(full, resumed):
+            self.assertTrue(np.array_equal(a, b))
+        self.assertEqual(set(full_master), set(resumed_master))
+        self.assertEqual(set(full_master), set(names) if mp else set())
+        for k in full_master:
+            self.assertTrue(np.array_equal(full_master[k], resumed_master[k]))
 
 
-def test_bad_param_groups_and_1d_muon():
-    with pytest.raises(TypeError, match="flat list"):
-        Muon(learning_rate=LR, parameters=[{"params": _p()}])
-    with unique_name.guard():
-        b = make_param("bad.bias", np.ones((4,), np.float32))
-    with pytest.raises(ValueError, match="2-D or 3-D"):
-        Muon(learning_rate=LR, parameters=[b],
-             muon_param_info_map={"bad.bias": MuonParamInfo(use_muon=True)})
-    with pytest.raises(ValueError, match="valid versions"):
-        muon_update_scale((4, 4), 7)
+# --------------------------------------------------------------------------
+# What wrappers (MuonShardingOptimizer, offload optimizers) rely on
+# --------------------------------------------------------------------------
+class TestWrapperContract(unittest.TestCase):
+    def test_apply_optimize_subset_updates_only_subset(self):
+        shapes = [(16, 24), (24,), (8, 8)]
+        values = rng_arrays(21, *shapes, scale=0.05)
+        consts = rng_arrays(22, *shapes)
+        with unique_name.guard():
+            params = [make_param(n, v) for n, v in zip(["w", "b", "other"], values)]
+            opt = Muon(LR, params)
+            grads = [paddle.to_tensor(c + v) for c, v in zip(consts, values)]
+            opt._apply_optimize(None, None, [(params[1], grads[1]), (params[0], grads[0])])
+        ref = RefMuon()
+        self.assertLessEqual(max_rel(params[0].numpy(),
+                                     ref.step("w", values[0], consts[0] + values[0], True)), RTOL)
+        self.assertLessEqual(max_rel(params[1].numpy(),
+                                     ref.step("b", values[1], consts[1] + values[1], False)), RTOL)
+        self.assertTrue(np.array_equal(params[2].numpy(), values[2]))
+        self.assertFalse(any(k.startswith("other") for k in opt.state_dict()))
+
+    def test_muon_params_are_updated_before_adamw_params(self):
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32))
+            b = make_param("b", np.ones((6,), np.float32))
+            opt = Muon(LR, [b, w])
+            order = []
+            with mock.patch.object(Muon, "_muon_update", lambda s, p, *a: order.append(p.name)), \
+                    mock.patch.object(Muon, "_adamw_update", lambda s, p, *a: order.append(p.name)):
+                opt._apply_optimize(None, None, [(b, paddle.ones([6])), (w, paddle.ones([4, 6]))])
+        self.assertEqual(order, ["w", "b"])
+
+    def test_grad_without_map_entry_is_an_error(self):
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32))
+            stray = make_param("stray.w", np.ones((4, 6), np.float32))
+            opt = Muon(LR, [w])
+            with self.assertRaisesRegex(ValueError, r"stray\.w \[4, 6\].*muon_param_info_map"):
+                opt._apply_optimize(None, None, [(stray, paddle.ones([4, 6]))])
+
+    def test_slice_carrying_the_param_name_is_updated_elementwise(self):
+        full_val, g_full = rng_arrays(23, (12, 10), (12, 10))
+        lo, hi = 17, 83  # a slice that straddles rows, as a flat shard does
+        with unique_name.guard():
+            full = make_param("embed.w", full_val)
+            opt_full = Muon(LR, [full], weight_decay=0.1, muon_exclude_patterns=["EMBED"])
+            for _ in range(2):
+                opt_full._apply_optimize(None, None, [(full, paddle.to_tensor(g_full))])
+        with unique_name.guard():
+            owner = make_param("embed.w", full_val)
+            opt = Muon(LR, [owner], weight_decay=0.1, muon_exclude_patterns=["EMBED"])
+            piece = make_param("embed.w.shard", full_val.reshape(-1)[lo:hi])
+            piece.name = "embed.w"
+            for _ in range(2):
+                g = paddle.to_tensor(g_full.reshape(-1)[lo:hi])
+                opt._apply_optimize(None, None, [(piece, g)])
+        # the same element-wise kernel on the same values: bit-identical
+        self.assertTrue(np.array_equal(piece.numpy(), full.numpy().reshape(-1)[lo:hi]))
+
+    def test_replaced_grad_clip_is_applied_first(self):
+        values = rng_arrays(5, (16, 24), (24,), scale=0.05)
+        consts = rng_arrays(6, (16, 24), (24,))
+        seen = []
+
+        class NegateClip(paddle.nn.ClipGradByGlobalNorm):
+            # A wrapper (e.g. HybridParallelClipGrad) swaps _grad_clip after
+            # construction; negating grads makes its use visible.
+            def __call__(self, params_grads):
+                seen.append(sorted(p.name for p, _ in params_grads))
+                return [(p, -g) for p, g in params_grads]
+
+        with unique_name.guard():
+            params = [make_param("w", values[0]), make_param("b", values[1])]
+            opt = Muon(LR, params)
+            opt._grad_clip = NegateClip(1.0)
+            quad_loss(params, consts).backward()
+            opt.step()
+        ref = RefMuon()
+        self.assertEqual(seen, [["b", "w"]])
+        self.assertLessEqual(max_rel(params[0].numpy(), ref.step(
+            "w", values[0], -(consts[0] + values[0]), True)), RTOL)
+        self.assertLessEqual(max_rel(params[1].numpy(), ref.step(
+            "b", values[1], -(consts[1] + values[1]), False)), RTOL)
+
+    def test_minimize_matches_step(self):
+        values = rng_arrays(7, (16, 24), (24,), scale=0.5)
+        consts = rng_arrays(8, (16, 24), (24,))
+        results = []
+        for use_minimize in (False, True):
+            with unique_name.guard():
+                params = [make_param("w", values[0]), make_param("b", values[1])]
+                opt = Muon(LR, params)
+                loss = quad_loss(params, consts)
+                loss.backward()
+                opt.minimize(loss) if use_minimize else opt.step()
+                opt.clear_grad()
+                results.append([p.numpy() for p in params])
+        for a, b in zip(*results):
+            self.assertTrue(np.array_equal(a, b))
+
+    def test_step_skips_frozen_and_gradless_and_uses_main_grad(self):
+        values = rng_arrays(27, (8, 12), (12,), (12,), scale=0.05)
+        with unique_name.guard():
+            w, b, frozen = [make_param(n, v) for n, v in zip(["w", "b", "frozen"], values)]
+            frozen.stop_gradient = True
+            opt = Muon(LR, [w, b, frozen], weight_decay=0.0)
+            (g,) = rng_arrays(28, (8, 12))
+            w.main_grad = paddle.to_tensor(g)  # AMP-style fp32 master grad
+            opt.step()
+        self.assertLessEqual(max_rel(w.numpy(), RefMuon(wd=0.0).step("w", values[0], g, True)),
+                             RTOL)
+        self.assertTrue(np.array_equal(b.numpy(), values[1]))
+        self.assertTrue(np.array_equal(frozen.numpy(), values[2]))
+        self.assertEqual(set(opt.state_dict()), {"w_moment1_0"})
+
+    def test_step_time_errors(self):
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32))
+            opt = Muon(LR, [w])
+            # a 1-D tensor carrying a Muon matrix's name: slicing a Muon
+            # param is a wrapper bug, never silently switched to AdamW
+            piece = make_param("w.piece", np.ones((6,), np.float32))
+            piece.name = "w"
+            with self.assertRaisesRegex(ValueError, "whole 2-D or 3-D"):
+                opt._apply_optimize(None, None, [(piece, paddle.ones([6]))])
+            with self.assertRaisesRegex(TypeError, "parameter groups"):
+                opt._apply_optimize(None, None, {"params": [(w, paddle.ones([4, 6]))]})
+            bad = Muon(LR, [w], muon_param_info_map={
+                "w": MuonParamInfo(True, lambda u, orth: orth(u)[:2])})
+            with self.assertRaisesRegex(ValueError, "split_concat_func of w returned shape"):
+                bad._apply_optimize(None, None, [(w, paddle.ones([4, 6]))])
+
+    def test_muon_debug_logs_split_concat_func(self):
+        with unique_name.guard():
+            w = make_param("qkv", np.ones((4, 6), np.float32))
+            opt = Muon(LR, [w], muon_param_info_map={"qkv": MuonParamInfo(True, split3_paddle)})
+            with mock.patch.dict(os.environ, {"MUON_DEBUG": "1"}), \
+                    self.assertLogs(logger, level=logging.INFO) as logs:
+                opt._apply_optimize(None, None, [(w, paddle.ones([4, 6]))])
+        self.assertTrue(any("qkv" in m and "split_concat_func" in m for m in logs.output))
+
+    def test_low_precision_adamw_dispatch_on_accelerators(self):
+        # The fused fp16/bf16 adamw kernel exists only on GPU/XPU; there the
+        # master weight is handed to it.
+        with unique_name.guard():
+            b = make_param("b", np.ones((8,), np.float32), "bfloat16")
+            opt = Muon(LR, [b], multi_precision=True)
+            self.assertFalse(Muon._has_low_precision_adamw_kernel(b))  # CPU
+            with mock.patch.object(Muon, "_has_low_precision_adamw_kernel", return_value=True), \
+                    mock.patch.object(Muon, "_adamw_kernel") as kernel:
+                opt._apply_optimize(None, None, [(b, paddle.ones([8]).astype("bfloat16"))])
+        (args, _), = kernel.call_args_list
+        param, _, _, _, master, weight_decay = args
+        self.assertIs(param, b)
+        self.assertIs(master, opt._master_weights["b"])
+        self.assertEqual(weight_decay, 0.01)
 
 
-def test_step_time_errors():
-    with unique_name.guard():
-        w = make_param("w", np.ones((4, 6), np.float32))
-        opt = Muon(learning_rate=LR, parameters=[w])
-        # a 1-D tensor carrying a Muon matrix's name: slicing a Muon param is
-        # a wrapper bug, never silently switched to AdamW
-        piece = make_param("w.piece", np.ones((6,), np.float32))
-        piece.name = "w"
-        with pytest.raises(ValueError, match="whole 2-D or 3-D"):
-            opt._apply_optimize(None, None, [(piece, paddle.ones([6]))])
-        with pytest.raises(TypeError, match="parameter groups"):
-            opt._apply_optimize(None, None, {"params": [(w, paddle.ones([4, 6]))],
-                                             "grad_clip": None})
-        bad = Muon(learning_rate=LR, parameters=[w], muon_param_info_map={
-            "w": MuonParamInfo(True, lambda u, orth: orth(u)[:2])})
-        with pytest.raises(ValueError, match="split_concat_func returned shape"):
-            bad._apply_optimize(None, None, [(w, paddle.ones([4, 6]))])
-
-
-def test_step_skips_frozen_and_gradless_and_uses_main_grad():
-    values = rng_arrays(27, (8, 12), (12,), (12,), scale=0.5)
-    with unique_name.guard():
-        w, b, frozen = [make_param(n, v) for n, v in zip(["w", "b", "frozen"], values)]
-        frozen.stop_gradient = True
-        # no weight decay: the untouched params must stay bit-identical
-        opt = Muon(learning_rate=LR, parameters=[w, b, frozen], weight_decay=0.0)
-        g = rng_arrays(28, (8, 12))[0]
-        w.main_grad = paddle.to_tensor(g)  # AMP-style fp32 master grad
-        opt.step()
-    ref = RefOptimizer(wd=0.0)
-    assert max_rel(w.numpy(), ref.step("w", values[0], g, True)) < STEP_RTOL
-    assert np.array_equal(b.numpy(), values[1])  # no grad: not updated
-    assert np.array_equal(frozen.numpy(), values[2])
-    assert set(opt.state_dict()) == {"w_muon_momentum_0"}
-
-
-def test_custom_and_quintic_through_the_optimizer():
-    for kind, coeffs in (("custom", [(2.0, -1.5, 0.5), SIMPLE[0]]),
-                         ("quintic", NS_COEFFS_PRESETS["quintic"])):
-        run_one_config([(16, 24)], ["w"],
-                       dict(ns_coeff_type=kind, ns_coeffs=coeffs if kind == "custom" else None,
-                            ns_steps=3),
-                       dict(coeffs=coeffs, ns_steps=3), [True])
-
-
-def test_low_precision_adamw_dispatch_on_accelerators(mocker):
-    # The fused fp16/bf16 adamw kernel exists only on GPU/XPU; on those
-    # places the master weight is handed to it with multi_precision=True.
-    with unique_name.guard():
-        b = make_param("b", np.ones((8,), np.float32), "bfloat16")
-        opt = Muon(learning_rate=LR, parameters=[b], multi_precision=True)
-        assert Muon._has_low_precision_adamw_kernel(b) is False  # CPU
-        mocker.patch.object(Muon, "_has_low_precision_adamw_kernel", return_value=True)
-        kernel = mocker.patch.object(Muon, "_adamw_kernel")
-        opt._apply_optimize(None, None, [(b, paddle.ones([8]).astype("bfloat16"))])
-    (args, _), = kernel.call_args_list
-    param, _, _, _, master, find_master, with_decay = args
-    assert param is b and master is opt._master_weights["b"]
-    assert find_master is True and with_decay is True
+if __name__ == "__main__":
+    unittest.main()

@@ -12,6 +12,6 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-from .muon import Muon, MuonParamInfo  # noqa: F401
+from .muon import Muon, MuonParamInfo, MuonParamInfoMap  # noqa: F401
 
-__all__ = ["Muon", "MuonParamInfo"]
+__all__ = ["Muon", "MuonParamInfo", "MuonParamInfoMap"]

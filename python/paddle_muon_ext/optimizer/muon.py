@@ -15,12 +15,15 @@
 
 Matrix parameters (2-D, or 3-D ``[experts, H, I]`` stacks of expert matrices)
 are updated with momentum followed by Newton-Schulz orthogonalisation; every
-other parameter is updated with AdamW. Mirrors ``python/paddle/optimizer/muon.py``.
+other parameter is updated with AdamW. Same constructor, numbers, accumulator
+names and checkpoint keys as ``paddle.optimizer.Muon`` in Paddle develop.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Muon",
     "MuonParamInfo",
+    "MuonParamInfoMap",
     "NS_COEFFS_PRESETS",
     "muon_update_scale",
     "newton_schulz",
@@ -46,20 +50,48 @@ __all__ = [
 
 NSCoeff = tuple[float, float, float]
 
-# (a, b, c) of the quintic X <- a*X + (b*A + c*A*A)*X with A = X*X^T.
+_SIMPLE = (3.4445, -4.7750, 2.0315)
+
+# (a, b, c) of X <- a*X + (b*A + c*A*A)*X with A = X*X^T; step i uses
+# table[i % len(table)]. The tables are Paddle develop's, so a preset gives
+# the same update here as there.
 NS_COEFFS_PRESETS: dict[str, list[NSCoeff]] = {
-    # Keller Jordan's tuned coefficients: they push singular values into
-    # roughly [0.7, 1.2] within ~5 steps instead of converging exactly.
-    "simple": [(3.4445, -4.7750, 2.0315)],
-    # The classical degree-5 Newton-Schulz iteration for the polar factor
-    # (Taylor expansion of (X^T X)^{-1/2}): converges to an exactly
-    # orthogonal matrix, but needs more steps than "simple".
-    "quintic": [(15.0 / 8.0, -10.0 / 8.0, 3.0 / 8.0)],
+    "simple": [_SIMPLE],
+    "quintic": [
+        (4.0848, -6.8946, 2.9270),
+        (3.9505, -6.3029, 2.6377),
+        (3.7418, -5.5913, 2.3037),
+        (2.8769, -3.1427, 1.2046),
+        (2.8366, -3.0525, 1.2012),
+    ],
+    "polar_express": [
+        (8.2051, -22.9019, 16.4607),
+        (4.0664, -2.8612, 0.5184),
+        (3.9096, -2.8234, 0.5250),
+        (3.2856, -2.4153, 0.4853),
+        (2.2779, -1.6198, 0.3985),
+        (1.8726, -1.2307, 0.3585),
+        (1.8564, -1.2132, 0.3568),
+        (1.8750, -1.2500, 0.3750),
+    ],
+    "aol": [
+        (4.0098, -7.0585, 2.4635),
+        (3.4585, -5.5479, 2.5959),
+        (2.7573, -3.2939, 1.4254),
+        (2.7215, -3.0494, 1.3169),
+    ],
+    # Meant for ns_steps=10: eight fast steps, then two that converge.
+    "deepseekv4": [_SIMPLE] * 8 + [(2.0, -1.5, 0.5)] * 2,
 }
 
-_SUPPORTED_MUON_VERSIONS = (1, 2, 3)
-# Added to the Frobenius norm so an all-zero update does not divide by zero.
-_NS_NORM_EPS = 1e-7
+# Muon's default adam_epsilon, also the floor of the Newton-Schulz norm.
+_DEFAULT_EPSILON = 1e-9
+
+# Optimizer state names as they appear in state_dict keys
+# ("<param>_moment1_0", "<param>_fp32_master_0_moment1_0", ...).
+_STATE_KEY = re.compile(
+    r"^(?P<param>.+?)(?:_fp32_master_0)?_(?P<state>(?:moment1|moment2|beta1_pow_acc|beta2_pow_acc)_\d+)$"
+)
 
 
 @dataclass
@@ -69,53 +101,134 @@ class MuonParamInfo:
     Args:
         use_muon (bool): Update the parameter with Muon (True) or AdamW (False).
         split_concat_func (Callable|None): For fused matrices (e.g. a QKV
-            weight) whose blocks should be orthogonalised separately. Called as
-            ``split_concat_func(update, orthogonalize)`` where ``update`` is the
-            fp32 momentum update with the parameter's shape and
-            ``orthogonalize(block)`` returns ``muon_update_scale(block.shape) *
-            newton_schulz(block)``; it must split ``update`` into blocks, apply
-            ``orthogonalize`` to each and return the blocks concatenated back to
-            the parameter's shape. None orthogonalises the whole matrix.
+            weight) whose blocks are orthogonalised separately. Called as
+            ``split_concat_func(update, ortho_fn)``; it splits the fp32
+            momentum update into blocks, applies ``ortho_fn`` (Newton-Schulz
+            then scaling) to each and returns them concatenated back to the
+            update's shape. None orthogonalises the whole matrix.
     """
 
     use_muon: bool = True
     split_concat_func: Callable[..., Any] | None = None
 
 
+MuonParamInfoMap = dict[str, MuonParamInfo]
+
+
+def _default_should_use_muon(
+    name: str, shape: Sequence[int], exclude_patterns: Sequence[str] | None
+) -> bool:
+    """Develop's routing rule: a 2-D/3-D parameter not matched by a pattern.
+
+    Args:
+        name (str): Parameter name.
+        shape (Sequence[int]): Its (original) shape.
+        exclude_patterns (Sequence[str]): Case-insensitive name substrings
+            that route a matrix to AdamW.
+
+    Returns:
+        bool: True when the parameter should use Muon.
+    """
+    if exclude_patterns is None:
+        raise ValueError(
+            f"exclude_patterns is None for parameter {name!r}; pass a list of "
+            "name substrings to keep on AdamW (e.g. ['embedding', 'lm_head']), "
+            "or [] to route every 2-D/3-D parameter to Muon."
+        )
+    if len(shape) not in (2, 3):
+        return False
+    lowered = name.lower()
+    return not any(str(pattern).lower() in lowered for pattern in exclude_patterns)
+
+
+def _muon_shape(param: Tensor) -> list[int]:
+    # Expert stacks may be stored 2-D; Muon sees the shape they had.
+    original = getattr(param, "original_shape", None)
+    return list(original) if original else list(param.shape)
+
+
 def resolve_ns_coeffs(
     ns_coeff_type: str, ns_coeffs: Sequence[Sequence[float]] | None = None
 ) -> list[NSCoeff]:
-    """Return the Newton-Schulz coefficient list for a preset or custom list.
+    """Return the Newton-Schulz coefficient table for a preset or custom list.
 
     Args:
-        ns_coeff_type (str): One of ``NS_COEFFS_PRESETS`` (``"simple"``,
-            ``"quintic"``) or ``"custom"``.
+        ns_coeff_type (str): A key of ``NS_COEFFS_PRESETS`` or ``"custom"``.
         ns_coeffs (Sequence|None): ``[(a, b, c), ...]``, required (non-empty)
-            when ``ns_coeff_type == "custom"``; cycled over the iterations.
+            when ``ns_coeff_type == "custom"``.
 
     Returns:
-        list[tuple[float, float, float]]: The coefficients.
+        list[tuple[float, float, float]]: The table.
     """
     if ns_coeff_type == "custom":
         if not ns_coeffs:
             raise ValueError(
-                "ns_coeff_type='custom' needs a non-empty ns_coeffs list of "
-                "(a, b, c) tuples."
+                f"ns_coeff_type='custom' needs a non-empty ns_coeffs list of "
+                f"(a, b, c) tuples, got ns_coeffs={ns_coeffs!r}."
             )
-        result = []
+        table = []
         for coeff in ns_coeffs:
             if len(coeff) != 3:
                 raise ValueError(
                     f"Each Newton-Schulz coefficient must be (a, b, c), got {coeff!r}."
                 )
-            result.append(tuple(float(v) for v in coeff))
-        return result
+            table.append(tuple(float(v) for v in coeff))
+        return table
     if ns_coeff_type not in NS_COEFFS_PRESETS:
-        valid = sorted([*NS_COEFFS_PRESETS, "custom"])
+        valid = [*NS_COEFFS_PRESETS, "custom"]
         raise ValueError(
             f"Unknown ns_coeff_type {ns_coeff_type!r}; valid types: {valid}."
         )
     return list(NS_COEFFS_PRESETS[ns_coeff_type])
+
+
+def _auto_ns_matmul_dtype() -> paddle.dtype:
+    # bf16 tensor cores start at compute capability 8 (Ampere).
+    if paddle.is_compiled_with_cuda():
+        try:
+            major, _ = paddle.device.cuda.get_device_capability()
+        except (RuntimeError, ValueError, OSError):
+            major = 0
+        if major >= 8:
+            return paddle.bfloat16
+    return paddle.float32
+
+
+def _resolve_ns_matmul_dtype(value: str | paddle.dtype | None) -> paddle.dtype:
+    if value is None:
+        return _auto_ns_matmul_dtype()
+    named = {
+        "float32": paddle.float32,
+        "bfloat16": paddle.bfloat16,
+        "float16": paddle.float16,
+        "float64": paddle.float64,
+    }
+    if isinstance(value, str):
+        if value not in named:
+            raise ValueError(
+                f"Unknown ns_matmul_dtype {value!r}; use one of {list(named)} "
+                "or None (bfloat16 on CUDA devices of compute capability >= 8, "
+                "else float32)."
+            )
+        value = named[value]
+    if value not in named.values():
+        raise ValueError(
+            f"Unknown ns_matmul_dtype {value!r}; use one of {list(named)} or None."
+        )
+    if value in (paddle.bfloat16, paddle.float16) and not _has_low_precision_matmul():
+        raise ValueError(
+            f"ns_matmul_dtype={value} needs an accelerator build of Paddle: the CPU "
+            "has no fp16/bf16 matmul kernel. Use ns_matmul_dtype='float32' or None."
+        )
+    return value
+
+
+def _has_low_precision_matmul() -> bool:
+    return (
+        paddle.is_compiled_with_cuda()
+        or paddle.is_compiled_with_xpu()
+        or bool(paddle.device.get_all_custom_device_type())
+    )
 
 
 def _swap_last_two(x: Tensor) -> Tensor:
@@ -125,68 +238,81 @@ def _swap_last_two(x: Tensor) -> Tensor:
 
 
 def newton_schulz(
-    x: Tensor, coeffs: Sequence[Sequence[float]], steps: int
+    x: Tensor,
+    coeffs: Sequence[Sequence[float]],
+    steps: int,
+    eps: float = _DEFAULT_EPSILON,
+    matmul_dtype: paddle.dtype = paddle.float32,
 ) -> Tensor:
     """Approximately orthogonalise a matrix (or a batch of matrices).
 
-    Computes in float32. A 3-D input ``[E, H, I]`` is treated as ``E``
-    independent matrices, processed in one batched computation.
+    A 3-D input ``[E, H, I]`` is ``E`` independent matrices, processed in one
+    batched computation.
 
     Args:
         x (Tensor): 2-D or 3-D tensor, any float dtype.
-        coeffs (Sequence): ``[(a, b, c), ...]``; iteration ``i`` uses
+        coeffs (Sequence): ``[(a, b, c), ...]``; step ``i`` uses
             ``coeffs[i % len(coeffs)]``.
         steps (int): Number of iterations (>= 0).
+        eps (float): Floor of the norm ``x`` is divided by.
+        matmul_dtype (paddle.dtype): Dtype of the iteration's matmuls.
 
     Returns:
         Tensor: float32 tensor with the shape of ``x``.
     """
     if x.ndim not in (2, 3):
         raise ValueError(
-            f"newton_schulz expects a 2-D or 3-D tensor, got shape {list(x.shape)}."
+            f"Newton-Schulz expects a 2-D or 3-D tensor, got shape {list(x.shape)}."
         )
     if not coeffs:
-        raise ValueError("newton_schulz needs at least one (a, b, c) coefficient.")
+        raise ValueError("Newton-Schulz needs at least one (a, b, c) coefficient.")
     if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}.")
+        raise ValueError(f"Newton-Schulz steps must be >= 0, got {steps}.")
     X = x if x.dtype == paddle.float32 else paddle.cast(x, "float32")
-    # Iterating on the wide orientation keeps A = X X^T at min(m, n)^2, the
-    # cheaper of the two Gram matrices.
+    # Iterating on the wide orientation keeps A = X X^T at min(m, n)^2.
     transposed = X.shape[-2] > X.shape[-1]
     if transposed:
         X = _swap_last_two(X)
-    # Newton-Schulz only converges when all singular values are <= 1; the
-    # Frobenius norm bounds the spectral norm.
+    # The iteration converges only for singular values <= 1; the Frobenius
+    # norm bounds the spectral norm.
     norm = paddle.linalg.norm(X, p="fro", axis=[-2, -1], keepdim=True)
-    X = X / (norm + _NS_NORM_EPS)
-    # addmm/baddbmm fold the scalar multiply-adds into the GEMMs: separate
-    # element-wise passes cost up to 50% on top of the matmuls
-    # (tools/bench/bench_newton_schulz.py).
+    X = X / paddle.clip(norm, min=eps)
+    if X.dtype != matmul_dtype:
+        X = paddle.cast(X, matmul_dtype)
+    # addmm/baddbmm fold the scalar multiply-adds into the GEMMs (up to 50%
+    # faster, tools/bench/bench_newton_schulz.py); fp32 rounding only. Low
+    # precision keeps separate ops: the fused form would round differently
+    # (and CPU has no bf16 baddbmm).
+    fused = matmul_dtype in (paddle.float32, paddle.float64)
     gemm = paddle.addmm if X.ndim == 2 else paddle.baddbmm
     for i in range(steps):
         a, b, c = coeffs[i % len(coeffs)]
         A = paddle.matmul(X, X, transpose_y=True)
-        B = gemm(A, A, A, beta=b, alpha=c)  # b*A + c*A@A
-        X = gemm(X, B, X, beta=a, alpha=1.0)  # a*X + B@X
+        if fused:
+            B = gemm(A, A, A, beta=b, alpha=c)
+            X = gemm(X, B, X, beta=a, alpha=1.0)
+        else:
+            B = b * A + c * paddle.matmul(A, A)
+            X = a * X + paddle.matmul(B, X)
     if transposed:
         X = _swap_last_two(X)
-    return X
+    return X if X.dtype == paddle.float32 else paddle.cast(X, "float32")
 
 
 def muon_update_scale(
     shape: Sequence[int], version: int = 1, extra_scale_factor: float = 0.2
 ) -> float:
-    """Scale applied to the orthogonalised update of a matrix.
+    """Scale of the orthogonalised update of a matrix of ``shape``.
 
     ``din, dout = shape[-2], shape[-1]`` (Paddle stores Linear weights as
-    ``[in, out]``).
+    ``[in, out]``): version 1 ``sqrt(max(1, dout/din))``, version 2
+    ``sqrt(dout/din)``, any other ``sqrt(max(din, dout))``; every version is
+    then multiplied by ``extra_scale_factor``.
 
     Args:
-        shape (Sequence[int]): Parameter shape (2-D or 3-D).
-        version (int): 1: ``sqrt(max(1, dout/din))``; 2: ``sqrt(dout/din)``;
-            3: ``extra_scale_factor * sqrt(max(din, dout))`` (matches AdamW's
-            update RMS so AdamW hyper-parameters transfer).
-        extra_scale_factor (float): Factor used by version 3.
+        shape (Sequence[int]): Matrix shape (2-D or 3-D).
+        version (int): ``muon_version``.
+        extra_scale_factor (float): ``muon_extra_scale_factor``.
 
     Returns:
         float: The scale.
@@ -195,67 +321,71 @@ def muon_update_scale(
         raise ValueError(f"muon_update_scale needs a matrix shape, got {list(shape)}.")
     din, dout = int(shape[-2]), int(shape[-1])
     if version == 1:
-        return math.sqrt(max(1.0, dout / din))
-    if version == 2:
-        return math.sqrt(dout / din)
-    if version == 3:
-        return float(extra_scale_factor) * math.sqrt(max(din, dout))
-    raise ValueError(
-        f"Unknown muon_version {version!r}; valid versions: {list(_SUPPORTED_MUON_VERSIONS)}."
-    )
+        scale = math.sqrt(max(1.0, dout / din))
+    elif version == 2:
+        scale = math.sqrt(dout / din)
+    else:
+        scale = math.sqrt(max(dout, din))
+    return scale * float(extra_scale_factor)
 
 
 class Muon(Optimizer):
     r"""
     Muon (MomentUm Orthogonalized by Newton-Schulz) with an AdamW fallback.
 
-    A parameter uses Muon when it is 2-D, or 3-D ``[E, H, I]`` (E expert
-    matrices, orthogonalised independently), and its name matches none of
-    ``muon_exclude_patterns``, unless ``muon_param_info_map`` says otherwise.
-    For such a parameter ``p`` with gradient ``g`` and momentum ``m``:
+    A parameter uses Muon when its ``muon_param_info_map`` entry says so;
+    without a map, when it is 2-D, or 3-D ``[E, H, I]`` (E expert matrices,
+    orthogonalised independently), and its name matches none of
+    ``muon_exclude_patterns``. For such a parameter with gradient ``g`` and
+    fp32 momentum ``m`` (accumulator ``moment1``):
 
     .. math::
 
-        m &= \beta m + (1 - \beta) g \\
-        u &= (1 - \beta) g + \beta m \ \text{(nesterov) or } u = m \\
-        p &= p (1 - lr \cdot wd) - lr \cdot scale \cdot NS(u)
+        m &= m + (1 - \beta)(g - m) \\
+        u &= g + \beta (m - g) \ \text{(nesterov) or } u = m \\
+        p &= p (1 - lr \cdot wd) - lr \cdot s \cdot NS(u)
 
-    Every other parameter is updated exactly like ``paddle.optimizer.AdamW``
-    with ``adam_beta1``, ``adam_beta2``, ``adam_epsilon`` and ``weight_decay``.
-    Weight decay (both branches) is applied only where
-    ``apply_decay_param_fun(param.name)`` is True (or it is None).
+    with ``s`` from :func:`muon_update_scale`. Every other parameter is
+    updated by Paddle's fused AdamW kernel with ``adam_beta1``,
+    ``adam_beta2``, ``adam_epsilon`` and ``weight_decay``. Weight decay
+    (both paths) applies where ``apply_decay_param_fun(param.name)`` is True
+    (or it is None).
 
     Args:
-        learning_rate (float|LRScheduler): Learning rate (both branches).
-        parameters (list[Tensor]): Flat list of parameters; parameter groups
-            (lists of dicts) are not supported.
+        learning_rate (float|LRScheduler, optional): Default 0.02.
+        parameters (list[Tensor]): Flat list of parameters (no groups).
         momentum (float, optional): Muon momentum ``beta``. Default 0.95.
-        nesterov (bool, optional): Nesterov momentum. Default True.
+        adam_beta1 (float, optional): Default 0.9.
+        adam_beta2 (float, optional): Default 0.95.
+        weight_decay (float, optional): Decoupled weight decay, both paths.
+            Default 0.01.
         ns_steps (int, optional): Newton-Schulz iterations. Default 5.
-        ns_coeff_type (str, optional): ``"simple"``, ``"quintic"`` or
+        ns_coeff_type (str, optional): A key of ``NS_COEFFS_PRESETS`` or
             ``"custom"``. Default ``"simple"``.
         ns_coeffs (list[tuple]|None, optional): ``[(a, b, c), ...]`` for
-            ``"custom"``, cycled over the iterations.
-        adam_beta1 (float, optional): AdamW beta1. Default 0.9.
-        adam_beta2 (float, optional): AdamW beta2. Default 0.95.
-        adam_epsilon (float, optional): AdamW epsilon. Default 1e-8.
-        weight_decay (float, optional): Decoupled weight decay coefficient for
-            both branches. Default 0.01.
-        muon_version (int, optional): Update scale rule, see
-            :func:`muon_update_scale`. Default 1.
-        muon_extra_scale_factor (float, optional): Factor of version 3.
-            Default 0.2.
-        muon_exclude_patterns (list[str]|None, optional): Case-insensitive
-            name substrings; matching parameters use AdamW. Default None.
-        muon_param_info_map (dict[str, MuonParamInfo]|None, optional): Per
-            parameter name routing. Entries override the shape/pattern rule;
-            parameters missing from it get the rule. Default None.
-        apply_decay_param_fun (Callable|None, optional): ``name -> bool``
-            selecting the parameters that get weight decay. Default None (all).
+            ``"custom"``.
+        nesterov (bool, optional): Default True.
+        adam_epsilon (float, optional): AdamW epsilon and the floor of the
+            Newton-Schulz normalisation. Default 1e-9.
         grad_clip (GradientClipBase|None, optional): Gradient clipping.
-        multi_precision (bool, optional): Keep fp32 master weights for
-            fp16/bf16 parameters. Default False.
-        name (str|None, optional): Prefix of the accumulator names.
+        lr_ratio (Callable|None, optional): ``param -> float`` multiplying
+            the learning rate of AdamW parameters.
+        apply_decay_param_fun (Callable|None, optional): ``name -> bool``;
+            False turns weight decay off for that parameter.
+        muon_version (int, optional): Scale rule, see
+            :func:`muon_update_scale`. Default 1.
+        muon_exclude_patterns (list[str]|None, optional): Case-insensitive
+            name substrings kept on AdamW. Default None (none).
+        muon_extra_scale_factor (float, optional): Default 0.2.
+        muon_param_info_map (dict[str, MuonParamInfo]|None, optional): Per
+            parameter routing; parameters missing from it get the default
+            rule.
+        ns_matmul_dtype (str|paddle.dtype|None, optional): Dtype of the
+            Newton-Schulz matmuls; None: bfloat16 on CUDA devices of compute
+            capability >= 8, else float32.
+        multi_precision (bool, optional): fp32 master weights for fp16/bf16
+            parameters. Default False.
+        name (str|None, optional): Unused, as in Paddle's optimizers.
 
     Examples:
         .. code-block:: python
@@ -263,11 +393,7 @@ class Muon(Optimizer):
             >>> import paddle
             >>> from paddle_muon_ext.optimizer import Muon
             >>> linear = paddle.nn.Linear(16, 8)
-            >>> opt = Muon(
-            ...     learning_rate=0.02,
-            ...     parameters=linear.parameters(),
-            ...     muon_exclude_patterns=["embedding"],
-            ... )
+            >>> opt = Muon(parameters=linear.parameters())
             >>> loss = linear(paddle.rand([4, 16])).mean()
             >>> loss.backward()
             >>> opt.step()
@@ -275,65 +401,46 @@ class Muon(Optimizer):
     """
 
     type = "muon"
-    _momentum_acc_str = "muon_momentum"
-    _moment1_acc_str = "moment1"
+    _moment_acc_str = "moment1"
     _moment2_acc_str = "moment2"
     _beta1_pow_acc_str = "beta1_pow_acc"
     _beta2_pow_acc_str = "beta2_pow_acc"
 
     def __init__(
         self,
-        learning_rate: float | LRScheduler,
+        learning_rate: float | LRScheduler = 0.02,
         parameters: Sequence[Tensor] | None = None,
         momentum: float = 0.95,
-        nesterov: bool = True,
+        adam_beta1: float = 0.9,
+        adam_beta2: float = 0.95,
+        weight_decay: float = 0.01,
         ns_steps: int = 5,
         ns_coeff_type: str = "simple",
         ns_coeffs: Sequence[Sequence[float]] | None = None,
-        adam_beta1: float = 0.9,
-        adam_beta2: float = 0.95,
-        adam_epsilon: float = 1e-8,
-        weight_decay: float = 0.01,
-        muon_version: int = 1,
-        muon_extra_scale_factor: float = 0.2,
-        muon_exclude_patterns: Sequence[str] | None = None,
-        muon_param_info_map: dict[str, MuonParamInfo] | None = None,
-        apply_decay_param_fun: Callable[[str], bool] | None = None,
+        nesterov: bool = True,
+        adam_epsilon: float = _DEFAULT_EPSILON,
         grad_clip: GradientClipBase | None = None,
+        lr_ratio: Callable[[Tensor], float] | None = None,
+        apply_decay_param_fun: Callable[[str], bool] | None = None,
+        muon_version: int = 1,
+        muon_exclude_patterns: Sequence[str] | None = None,
+        muon_extra_scale_factor: float = 0.2,
+        muon_param_info_map: MuonParamInfoMap | None = None,
+        ns_matmul_dtype: str | paddle.dtype | None = None,
         multi_precision: bool = False,
         name: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        if parameters is not None and not isinstance(parameters, paddle.Tensor):
-            parameters = list(parameters)
-            if any(isinstance(p, dict) for p in parameters):
-                raise TypeError(
-                    "Muon does not support parameter groups (a list of dicts); "
-                    "pass a flat list of parameters and use "
-                    "muon_param_info_map / apply_decay_param_fun / "
-                    "param.optimize_attr['learning_rate'] for per-parameter options."
-                )
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}.")
-        if not 0.0 <= adam_beta1 < 1.0:
-            raise ValueError(f"adam_beta1 must be in [0, 1), got {adam_beta1}.")
-        if not 0.0 <= adam_beta2 < 1.0:
-            raise ValueError(f"adam_beta2 must be in [0, 1), got {adam_beta2}.")
-        if adam_epsilon < 0.0:
-            raise ValueError(f"adam_epsilon must be >= 0, got {adam_epsilon}.")
-        if not isinstance(weight_decay, (int, float)):
-            raise TypeError(
-                f"weight_decay must be a float, got {type(weight_decay).__name__}."
-            )
-        if not isinstance(ns_steps, int) or ns_steps < 1:
-            raise ValueError(f"ns_steps must be a positive int, got {ns_steps!r}.")
-        if muon_version not in _SUPPORTED_MUON_VERSIONS:
-            raise ValueError(
-                f"Unknown muon_version {muon_version!r}; valid versions: "
-                f"{list(_SUPPORTED_MUON_VERSIONS)}."
-            )
+        self._check_arguments(
+            parameters, grad_clip, momentum, adam_beta1, adam_beta2,
+            adam_epsilon, weight_decay, ns_steps, lr_ratio,
+        )
+        if kwargs:
+            from paddle.distributed.fleet.utils.log_util import logger
+
+            logger.warning(f"Muon ignores the keyword arguments {sorted(kwargs)}.")
         if isinstance(learning_rate, int):
             learning_rate = float(learning_rate)
-
         # weight_decay=None: decay is decoupled and applied in the update
         # itself, so the base class must not add L2 regularisation to grads.
         super().__init__(
@@ -345,86 +452,104 @@ class Muon(Optimizer):
         )
         self.type = "muon"
         self._momentum = float(momentum)
-        self._nesterov = bool(nesterov)
+        self._beta1 = float(adam_beta1)
+        self._beta2 = float(adam_beta2)
+        self._weight_decay = float(weight_decay)
         self._ns_steps = ns_steps
         self._ns_coeff_type = ns_coeff_type
         self._ns_coeffs = resolve_ns_coeffs(ns_coeff_type, ns_coeffs)
-        self._beta1 = float(adam_beta1)
-        self._beta2 = float(adam_beta2)
+        self._nesterov = bool(nesterov)
         self._epsilon = float(adam_epsilon)
-        self._weight_decay = float(weight_decay)
-        self._muon_version = muon_version
-        self._muon_extra_scale_factor = float(muon_extra_scale_factor)
-        self._muon_exclude_patterns = [
-            str(p).lower() for p in (muon_exclude_patterns or [])
-        ]
+        self._lr_ratio = lr_ratio
         self._apply_decay_param_fun = apply_decay_param_fun
+        self._muon_version = muon_version
+        self._muon_exclude_patterns = list(muon_exclude_patterns or [])
+        self._muon_extra_scale_factor = float(muon_extra_scale_factor)
+        self._ns_matmul_dtype = _resolve_ns_matmul_dtype(ns_matmul_dtype)
         self._multi_precision = multi_precision
         self._muon_param_info_map = self._build_param_info_map(
-            self._parameter_list or [], muon_param_info_map
+            self._parameter_list, muon_param_info_map
         )
-        self._warned_fallback: set[str] = set()
 
-    # ------------------------------------------------------------------ routing
-    def _matches_exclude_pattern(self, name: str) -> bool:
-        lowered = name.lower()
-        return any(pat in lowered for pat in self._muon_exclude_patterns)
-
-    def _default_use_muon(self, param: Tensor) -> bool:
-        return len(param.shape) in (2, 3) and not self._matches_exclude_pattern(
-            param.name
-        )
+    @staticmethod
+    def _check_arguments(
+        parameters, grad_clip, momentum, adam_beta1, adam_beta2, adam_epsilon,
+        weight_decay, ns_steps, lr_ratio,
+    ) -> None:
+        if parameters is None:
+            raise ValueError(
+                "Muon needs parameters, got None; pass "
+                "parameters=model.parameters()."
+            )
+        if not isinstance(parameters, list):
+            raise TypeError(
+                f"Muon needs parameters as a list, got {type(parameters).__name__}; "
+                "pass parameters=list(...) or model.parameters()."
+            )
+        if any(isinstance(p, dict) for p in parameters):
+            raise TypeError(
+                "Muon does not support parameter groups (a list of dicts); "
+                "pass a flat list of parameters and use muon_param_info_map / "
+                "apply_decay_param_fun / param.optimize_attr['learning_rate'] "
+                "for per-parameter options."
+            )
+        if grad_clip is not None and not isinstance(
+            grad_clip, paddle.nn.clip.GradientClipBase
+        ):
+            raise TypeError(
+                f"grad_clip must be a paddle.nn.clip.GradientClipBase (e.g. "
+                f"paddle.nn.ClipGradByGlobalNorm(1.0)) or None, got "
+                f"{type(grad_clip).__name__}."
+            )
+        for label, value in (
+            ("momentum", momentum), ("adam_beta1", adam_beta1), ("adam_beta2", adam_beta2)
+        ):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{label} must be in [0, 1), got {value}.")
+        if adam_epsilon < 0.0:
+            raise ValueError(f"adam_epsilon must be >= 0, got {adam_epsilon}.")
+        if not isinstance(weight_decay, (int, float)):
+            raise TypeError(
+                f"weight_decay must be a float, got {type(weight_decay).__name__}."
+            )
+        if not isinstance(ns_steps, int) or ns_steps < 1:
+            raise ValueError(f"ns_steps must be a positive int, got {ns_steps!r}.")
+        if lr_ratio is not None and not callable(lr_ratio):
+            raise TypeError(
+                f"lr_ratio must be a callable param -> float, got {type(lr_ratio).__name__}."
+            )
 
     def _build_param_info_map(
-        self,
-        params: Sequence[Tensor],
-        user_map: dict[str, MuonParamInfo] | None,
-    ) -> dict[str, MuonParamInfo]:
-        info_map = {p.name: MuonParamInfo(use_muon=self._default_use_muon(p)) for p in params}
-        if user_map:
-            for key, info in user_map.items():
-                if not isinstance(info, MuonParamInfo):
-                    raise TypeError(
-                        f"muon_param_info_map[{key!r}] must be a MuonParamInfo, "
-                        f"got {type(info).__name__}."
-                    )
-            by_name = {p.name: p for p in params}
-            for key, info in user_map.items():
-                param = by_name.get(key)
-                if info.use_muon and param is not None and len(param.shape) not in (2, 3):
-                    raise ValueError(
-                        f"muon_param_info_map marks {key!r} as a Muon parameter, "
-                        f"but Muon needs a 2-D or 3-D parameter (shape {list(param.shape)})."
-                    )
-            info_map.update(user_map)
-        return info_map
-
-    def _param_info(self, param: Tensor) -> MuonParamInfo:
-        """Routing for ``param``; names unknown to the map use the shape rule."""
-        info = self._muon_param_info_map.get(param.name)
-        if info is None:
-            info = MuonParamInfo(use_muon=self._default_use_muon(param))
-            if param.name not in self._warned_fallback:
-                # Imported here: paddle.optimizer is imported while paddle
-                # itself initialises, before paddle.distributed can be.
-                from paddle.distributed.fleet.utils.log_util import logger
-
-                self._warned_fallback.add(param.name)
-                logger.info(
-                    f"Muon: parameter {param.name} (shape {list(param.shape)}) is "
-                    f"not in muon_param_info_map; use_muon={info.use_muon} from its shape."
+        self, params: Sequence[Tensor], user_map: MuonParamInfoMap | None
+    ) -> MuonParamInfoMap:
+        # Every parameter gets an entry: MuonShardingOptimizer and the step
+        # read routing only from this map.
+        info_map = {
+            p.name: MuonParamInfo(
+                use_muon=_default_should_use_muon(
+                    p.name, _muon_shape(p), self._muon_exclude_patterns
                 )
-        elif info.use_muon and len(param.shape) not in (2, 3):
-            # Silently switching algorithm would hide a sharding bug (a Muon
-            # matrix must be owned whole, never sliced).
-            raise ValueError(
-                f"Parameter {param.name} is marked use_muon=True but has shape "
-                f"{list(param.shape)}; Muon needs the whole 2-D or 3-D matrix."
             )
-        return info
-
-    def _use_muon(self, param: Tensor) -> bool:
-        return self._param_info(param).use_muon
+            for p in params
+        }
+        if not user_map:
+            return info_map
+        by_name = {p.name: p for p in params}
+        for key, info in user_map.items():
+            if not isinstance(info, MuonParamInfo):
+                raise TypeError(
+                    f"muon_param_info_map[{key!r}] must be a MuonParamInfo, "
+                    f"got {type(info).__name__}."
+                )
+            param = by_name.get(key)
+            if info.use_muon and param is not None and len(_muon_shape(param)) not in (2, 3):
+                raise ValueError(
+                    f"muon_param_info_map marks {key!r} as a Muon parameter, but "
+                    f"Muon needs a 2-D or 3-D parameter (shape {_muon_shape(param)}); "
+                    "set MuonParamInfo(use_muon=False) for it."
+                )
+        info_map.update(user_map)
+        return info_map
 
     # ------------------------------------------------------------- accumulators
     def _create_accumulators(self, block, parameters):
@@ -436,101 +561,163 @@ class Muon(Optimizer):
         for p in parameters:
             if p.name in self._already_create_accumulator:
                 continue
+            info = self._muon_param_info_map.get(p.name)
+            use_muon = (
+                info.use_muon
+                if info is not None
+                else _default_should_use_muon(
+                    p.name, _muon_shape(p), self._muon_exclude_patterns
+                )
+            )
             target = p
             if self._multi_precision and self._is_dtype_fp16_or_bf16(p.dtype):
                 target = self._create_master_weight(p)
-            # Moments stay fp32 for low-precision params: bf16 moments lose
-            # most of the (1 - beta) * g contribution each step.
+            # fp32 moments for low-precision params: bf16 moments lose most
+            # of the (1 - beta) * g contribution each step.
             acc_dtype = paddle.float32 if self._is_dtype_fp16_or_bf16(p.dtype) else p.dtype
-            if self._use_muon(p):
-                self._add_accumulator(self._momentum_acc_str, target, dtype=acc_dtype)
-            else:
-                self._add_accumulator(self._moment1_acc_str, target, dtype=acc_dtype)
+            self._add_accumulator(self._moment_acc_str, target, dtype=acc_dtype)
+            if not use_muon:
                 self._add_accumulator(self._moment2_acc_str, target, dtype=acc_dtype)
-                # On CPU and shape [1], as paddle.optimizer.AdamW keeps them,
-                # so the adamw kernel reads them the same way.
-                self._add_accumulator(
-                    self._beta1_pow_acc_str,
-                    target,
-                    dtype=acc_dtype,
-                    fill_value=self._beta1,
-                    shape=[1],
-                    device="cpu",
-                )
-                self._add_accumulator(
-                    self._beta2_pow_acc_str,
-                    target,
-                    dtype=acc_dtype,
-                    fill_value=self._beta2,
-                    shape=[1],
-                    device="cpu",
-                )
+                # Shape [1] on CPU, as paddle.optimizer.AdamW keeps them, so
+                # the adamw kernel reads them the same way.
+                for acc, beta in (
+                    (self._beta1_pow_acc_str, self._beta1),
+                    (self._beta2_pow_acc_str, self._beta2),
+                ):
+                    self._add_accumulator(
+                        acc, target, dtype=acc_dtype, fill_value=beta,
+                        shape=[1], device="cpu",
+                    )
             self._already_create_accumulator.add(p.name)
 
     # ------------------------------------------------------------------ updates
-    def _with_decay(self, param: Tensor) -> bool:
-        if self._weight_decay == 0.0:
-            return False
+    def _decays(self, param: Tensor) -> bool:
         return self._apply_decay_param_fun is None or bool(
             self._apply_decay_param_fun(param.name)
         )
 
+    def _master_weight(self, param: Tensor) -> Tensor | None:
+        if self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype):
+            return self._master_weights[param.name]
+        return None
+
     def _append_optimize_op(self, block, param_and_grad):
         param, grad = param_and_grad
         lr = self._create_param_lr(param_and_grad)
-        info = self._param_info(param)
-        if info.use_muon:
-            self._muon_update(param, grad, lr, info)
-        else:
-            self._adamw_update(param, grad, lr)
+        weight_decay = self._weight_decay if self._decays(param) else 0.0
+        if not self._muon_param_info_map[param.name].use_muon:
+            self._adamw_update(param, grad, lr, weight_decay)
+            return None
+        if len(_muon_shape(param)) not in (2, 3):
+            # A Muon matrix must be owned whole: a slice means a wrapper bug,
+            # and silently switching algorithm would hide it.
+            raise ValueError(
+                f"Parameter {param.name} is marked use_muon=True but has shape "
+                f"{list(param.shape)}; Muon needs the whole 2-D or 3-D matrix."
+            )
+        self._muon_update(
+            param,
+            grad,
+            lr,
+            self._get_accumulator_master(self._moment_acc_str, param),
+            self._momentum,
+            self._ns_steps,
+            self._nesterov,
+            self._epsilon,
+            weight_decay,
+            self._muon_version,
+        )
         return None
 
-    def _orthogonalized_update(self, update: Tensor, info: MuonParamInfo, shape) -> Tensor:
-        def orthogonalize(block: Tensor) -> Tensor:
-            scale = muon_update_scale(
-                block.shape, self._muon_version, self._muon_extra_scale_factor
+    @staticmethod
+    def _zeropower_via_newtonschulz5(
+        X: Tensor,
+        steps: int,
+        eps: float,
+        ns_coeffs: Sequence[Sequence[float]],
+        ns_matmul_dtype: paddle.dtype,
+    ) -> Tensor:
+        """Newton-Schulz orthogonalisation, see :func:`newton_schulz`."""
+        return newton_schulz(X, ns_coeffs, steps, eps, ns_matmul_dtype)
+
+    @staticmethod
+    def _scaling_fn(update: Tensor, version: int, extra_scale_factor: float) -> Tensor:
+        """``update`` times :func:`muon_update_scale` of its last two dims."""
+        return update * muon_update_scale(update.shape, version, extra_scale_factor)
+
+    def _muon_update(
+        self,
+        param: Tensor,
+        grad: Tensor,
+        lr: Tensor,
+        momentum_buffer: Tensor,
+        momentum_beta: float,
+        ns_steps: int,
+        nesterov: bool,
+        epsilon: float,
+        weight_decay: float,
+        version: int,
+    ) -> None:
+        """One Muon step of ``param`` in place (and of its master weight).
+
+        Args:
+            param (Tensor): The parameter.
+            grad (Tensor): Its gradient.
+            lr (Tensor): Its learning rate.
+            momentum_buffer (Tensor): Its fp32 ``moment1`` accumulator.
+            momentum_beta (float): Momentum coefficient.
+            ns_steps (int): Newton-Schulz iterations.
+            nesterov (bool): Nesterov momentum.
+            epsilon (float): Floor of the Newton-Schulz normalisation.
+            weight_decay (float): Decoupled decay; 0 turns it off.
+            version (int): Scale rule of :func:`muon_update_scale`.
+        """
+        g = grad if grad.dtype == momentum_buffer.dtype else paddle.cast(grad, momentum_buffer.dtype)
+        paddle.assign(paddle.lerp(momentum_buffer, g, 1.0 - momentum_beta), output=momentum_buffer)
+        update = paddle.lerp(g, momentum_buffer, momentum_beta) if nesterov else momentum_buffer
+        muon_shape = _muon_shape(param)
+        if list(update.shape) != muon_shape:
+            update = update.reshape(muon_shape)
+
+        def ortho_fn(block: Tensor) -> Tensor:
+            ortho = self._zeropower_via_newtonschulz5(
+                block, ns_steps, epsilon, self._ns_coeffs, self._ns_matmul_dtype
             )
-            return newton_schulz(block, self._ns_coeffs, self._ns_steps) * scale
+            return self._scaling_fn(ortho, version, self._muon_extra_scale_factor)
 
-        if info.split_concat_func is not None:
-            out = info.split_concat_func(update, orthogonalize)
-            if list(out.shape) != list(shape):
-                raise ValueError(
-                    f"split_concat_func returned shape {list(out.shape)}, "
-                    f"expected {list(shape)}."
+        info = self._muon_param_info_map.get(param.name)
+        if info is not None and info.split_concat_func is not None:
+            if os.environ.get("MUON_DEBUG") == "1":
+                from paddle.distributed.fleet.utils.log_util import logger
+
+                logger.info(
+                    f"Muon: {param.name} {muon_shape} orthogonalised by its split_concat_func"
                 )
-            return out
-        return orthogonalize(update)
+            ortho = info.split_concat_func(update, ortho_fn)
+            if list(ortho.shape) != muon_shape:
+                raise ValueError(
+                    f"split_concat_func of {param.name} returned shape "
+                    f"{list(ortho.shape)}, expected {muon_shape}."
+                )
+        else:
+            ortho = ortho_fn(update)
+        if list(ortho.shape) != list(param.shape):
+            ortho = ortho.reshape(param.shape)
 
-    def _muon_update(self, param: Tensor, grad: Tensor, lr: Tensor, info: MuonParamInfo) -> None:
-        find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
-        master = self._master_weights[param.name] if find_master else None
-        momentum = self._get_accumulator_master(self._momentum_acc_str, param)
-        beta = self._momentum
-
-        g = grad if grad.dtype == momentum.dtype else paddle.cast(grad, momentum.dtype)
-        new_m = beta * momentum + (1.0 - beta) * g
-        paddle.assign(new_m, output=momentum)
-        update = (1.0 - beta) * g + beta * new_m if self._nesterov else new_m
-
-        ortho = self._orthogonalized_update(update, info, param.shape)
-
-        target = master if find_master else param
+        master = self._master_weight(param)
+        target = param if master is None else master
         w = target if target.dtype == paddle.float32 else paddle.cast(target, "float32")
         lr32 = lr if lr.dtype == paddle.float32 else paddle.cast(lr, "float32")
-        if self._with_decay(param):
-            w = w * (1.0 - lr32 * self._weight_decay)
+        if weight_decay > 0.0:
+            w = w * (1.0 - lr32 * weight_decay)
         w = w - lr32 * ortho
-        if find_master:
-            paddle.assign(w, output=master)
         # assign(output=...) writes into the existing allocation, so params
         # that are views into fused buffers stay views.
-        paddle.assign(
-            w if param.dtype == paddle.float32 else paddle.cast(w, param.dtype),
-            output=param,
-        )
+        if master is not None:
+            paddle.assign(w, output=master)
+        paddle.assign(w if param.dtype == w.dtype else paddle.cast(w, param.dtype), output=param)
 
-    def _adamw_kernel(self, param, grad, lr, accs, master, find_master, with_decay):
+    def _adamw_kernel(self, param, grad, lr, accs, master, weight_decay):
         moment1, moment2, beta1_pow, beta2_pow = accs
         _C_ops.adamw_(
             param,
@@ -546,12 +733,12 @@ class Muon(Optimizer):
             self._beta1,
             self._beta2,
             self._epsilon,
-            1.0,  # lr_ratio
-            self._weight_decay,
-            with_decay,
+            1.0,  # lr_ratio: already folded into lr (the CPU kernel ignores it)
+            weight_decay,
+            weight_decay != 0.0,
             False,  # lazy_mode
             1000,  # min_row_size_to_use_multithread, as in AdamW
-            find_master,
+            master is not None,
             False,  # use_global_beta_pow
             False,  # amsgrad
         )
@@ -562,37 +749,38 @@ class Muon(Optimizer):
         place = param.place
         return place.is_gpu_place() or place.is_xpu_place()
 
-    def _adamw_update(self, param: Tensor, grad: Tensor, lr: Tensor) -> None:
-        find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
+    def _adamw_update(self, param: Tensor, grad: Tensor, lr: Tensor, weight_decay: float) -> None:
         accs = [
             self._get_accumulator_master(name, param)
             for name in (
-                self._moment1_acc_str,
+                self._moment_acc_str,
                 self._moment2_acc_str,
                 self._beta1_pow_acc_str,
                 self._beta2_pow_acc_str,
             )
         ]
-        with_decay = self._with_decay(param)
-        if not find_master:
-            self._adamw_kernel(param, grad, lr, accs, None, False, with_decay)
+        if self._lr_ratio is not None:
+            # The GPU kernel multiplies lr by lr_ratio in fp32 too.
+            lr = lr * float(self._lr_ratio(param))
+        master = self._master_weight(param)
+        if master is None:
+            self._adamw_kernel(param, grad, lr, accs, None, weight_decay)
             return
-        master = self._master_weights[param.name]
         if self._has_low_precision_adamw_kernel(param):
             # The fused kernel updates master and param in one launch.
-            self._adamw_kernel(param, grad, lr, accs, master, True, with_decay)
+            self._adamw_kernel(param, grad, lr, accs, master, weight_decay)
             return
         # The CPU adamw kernel has no fp16/bf16 registration: run the fp32
         # kernel on the master weight (the same arithmetic the fused
         # multi-precision kernel does) and cast the result back.
         g32 = grad if grad.dtype == paddle.float32 else paddle.cast(grad, "float32")
-        self._adamw_kernel(master, g32, lr, accs, None, False, with_decay)
+        self._adamw_kernel(master, g32, lr, accs, None, weight_decay)
         paddle.assign(paddle.cast(master, param.dtype), output=param)
 
     # --------------------------------------------------------------- entry points
     @imperative_base.no_grad()
     def _apply_optimize(self, loss, startup_program, params_grads, param_group_idx=0):
-        """Clip (``self._grad_clip``), then update each ``(param, grad)``.
+        """Clip, then update Muon parameters first and AdamW parameters second.
 
         Wrappers call this with their own subset of ``(param, grad)`` pairs.
 
@@ -605,14 +793,39 @@ class Muon(Optimizer):
         Returns:
             list|None: What the base class returns (None in dygraph).
         """
-        return super()._apply_optimize(
-            loss, startup_program, params_grads, param_group_idx=param_group_idx
-        )
+        if not framework.in_dygraph_mode():
+            raise NotImplementedError(
+                "Muon supports dygraph mode only; call paddle.disable_static()."
+            )
+        if isinstance(params_grads, dict):
+            raise TypeError(
+                "Muon does not support parameter groups; pass params_grads as "
+                "a flat list of (param, grad) pairs."
+            )
+        if self._grad_clip is not None:
+            params_grads = self._grad_clip(params_grads)
+        params_grads = [(p, g) for p, g in params_grads if g is not None]
+        missing = [
+            f"{p.name} {list(p.shape)}"
+            for p, _ in params_grads
+            if p.name not in self._muon_param_info_map
+        ]
+        if missing:
+            raise ValueError(
+                f"Parameters {missing} have gradients but no entry in "
+                "muon_param_info_map; build Muon with these parameters or add "
+                "MuonParamInfo(use_muon=...) entries for them."
+            )
+        muon = [pg for pg in params_grads if self._muon_param_info_map[pg[0].name].use_muon]
+        adamw = [pg for pg in params_grads if not self._muon_param_info_map[pg[0].name].use_muon]
+        return self._create_optimization_pass(muon + adamw, param_group_idx=param_group_idx)
 
     @imperative_base.no_grad()
     @framework.non_static_only
     def step(self) -> None:
         """Update every parameter of ``self._parameter_list`` that has a grad.
+
+        ``main_grad`` (AMP master gradients) is preferred over ``grad``.
 
         Returns:
             None
@@ -629,3 +842,80 @@ class Muon(Optimizer):
             if grad is not None:
                 params_grads.append((param, grad))
         self._apply_optimize(loss=None, startup_program=None, params_grads=params_grads)
+
+    def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
+        """Describe the optimizer state for ``paddle.distributed.flex_checkpoint``.
+
+        Keys are ``"<structured name>.<state>"`` (``moment1_0``, ``moment2_0``,
+        ``beta1_pow_acc_0``, ``beta2_pow_acc_0``) and ``"<structured name>.w_0"``
+        for master weights. Tensor states take the parameter's local shape and
+        global offset; scalars are shape ``(1,)``.
+
+        Args:
+            model_sharded_state_dict (dict): The model's sharded state dict
+                (structured name -> ShardedWeight).
+
+        Returns:
+            dict: key -> ShardedWeight.
+        """
+        from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
+            ShardedWeight,
+        )
+
+        struct_of: dict[str, str] = {}
+        # Shared weights: only the first structured name (sorted) holds state.
+        for key in sorted(model_sharded_state_dict):
+            struct_of.setdefault(model_sharded_state_dict[key].local_tensor.name, key)
+
+        def model_weight(pname: str, state_key: str):
+            if pname not in struct_of:
+                raise KeyError(
+                    f"optimizer state {state_key!r} belongs to parameter {pname!r}, "
+                    "which model_sharded_state_dict does not describe; pass the "
+                    "sharded state dict of the model this optimizer trains."
+                )
+            return struct_of[pname], model_sharded_state_dict[struct_of[pname]]
+
+        def like_param(key: str, tensor: Tensor, weight) -> ShardedWeight:
+            local_shape = tuple(weight.local_shape)
+            if tuple(tensor.shape) != local_shape:
+                if int(tensor.numel()) != math.prod(local_shape):
+                    raise ValueError(
+                        f"optimizer state {key!r} has shape {list(tensor.shape)}, "
+                        f"which cannot be viewed as the parameter's local shape "
+                        f"{list(local_shape)}."
+                    )
+                # e.g. 3-D expert weights whose model tensor is stored 2-D
+                tensor = tensor.reshape(local_shape)
+            return ShardedWeight(
+                key=key,
+                local_tensor=tensor,
+                local_shape=local_shape,
+                global_shape=tuple(weight.global_shape),
+                global_offset=tuple(weight.global_offset),
+            )
+
+        state = dict(self.state_dict())
+        master_weights = state.pop("master_weights", None) or {}
+        state.pop("LR_Scheduler", None)
+        result = {}
+        for state_key, tensor in state.items():
+            match = _STATE_KEY.match(state_key)
+            if match is None:
+                raise ValueError(
+                    f"Cannot tell which parameter optimizer state {state_key!r} belongs to."
+                )
+            struct, weight = model_weight(match["param"], state_key)
+            key = f"{struct}.{match['state']}"
+            if "pow_acc" in match["state"]:
+                result[key] = ShardedWeight(
+                    key=key, local_tensor=tensor, local_shape=(1,),
+                    global_shape=(1,), global_offset=(0,),
+                )
+            else:
+                result[key] = like_param(key, tensor, weight)
+        for pname, tensor in master_weights.items():
+            struct, weight = model_weight(pname, pname)
+            key = f"{struct}.w_0"
+            result[key] = like_param(key, tensor, weight)
+        return result
