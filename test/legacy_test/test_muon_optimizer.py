@@ -205,7 +205,7 @@ def rng_arrays(seed, *shapes, scale=1.0):
     return [(rng.standard_normal(s) * scale).astype(np.float32) for s in shapes]
 
 
-SHAPES = {"tall": (40, 24), "wide": (24, 40), "3d": (3, 20, 12)}
+SHAPES = {"tall": (40, 24), "wide": (24, 40), "3d tall": (3, 20, 12), "3d wide": (2, 12, 20)}
 
 
 def split3_paddle(update, ortho_fn):
@@ -339,7 +339,7 @@ class TestMuonMatchesReference(_Case):
                 kw["ns_coeffs"] = custom
             with self.subTest(kind=kind):
                 self.run_case(f"{kind} tall/wide/3d", shapes, kw,
-                              dict(coeffs=table, ns_steps=steps), [True] * 3)
+                              dict(coeffs=table, ns_steps=steps), [True] * len(shapes))
 
     def test_versions(self):
         shapes = list(SHAPES.values())
@@ -347,14 +347,14 @@ class TestMuonMatchesReference(_Case):
             with self.subTest(version=version):
                 self.run_case(f"version {version} extra 0.3", shapes,
                               dict(muon_version=version, muon_extra_scale_factor=0.3),
-                              dict(version=version, extra=0.3), [True] * 3)
+                              dict(version=version, extra=0.3), [True] * len(shapes))
 
     def test_nesterov_on_off(self):
         for nesterov in (True, False):
             with self.subTest(nesterov=nesterov):
                 self.run_case(f"nesterov {nesterov}", list(SHAPES.values()),
                               dict(nesterov=nesterov, momentum=0.9),
-                              dict(nesterov=nesterov, momentum=0.9), [True] * 3)
+                              dict(nesterov=nesterov, momentum=0.9), [True] * len(SHAPES))
 
     def test_decay_on_off_both_paths(self):
         decay = lambda n: n.startswith("decay")  # noqa: E731
@@ -529,6 +529,7 @@ class TestConstructor(unittest.TestCase):
             (dict(ns_coeff_type="custom"), ValueError, "non-empty ns_coeffs"),
             (dict(ns_coeff_type="custom", ns_coeffs=[(1.0, 2.0)]), ValueError, "(a, b, c)"),
             (dict(ns_matmul_dtype="int8"), ValueError, "ns_matmul_dtype"),
+            (dict(ns_matmul_dtype=paddle.int8), ValueError, "ns_matmul_dtype"),
             (dict(momentum=1.0), ValueError, "momentum"),
             (dict(adam_epsilon=-1.0), ValueError, "adam_epsilon"),
             (dict(weight_decay="0.1"), TypeError, "weight_decay"),
@@ -648,6 +649,13 @@ class TestStateDict(unittest.TestCase):
                                        opt._master_weights["e"].numpy().reshape(6, 4)))
         with self.assertRaisesRegex(KeyError, "does not describe"):
             opt.sharded_state_dict({"layer.weight": model["layer.weight"]})
+        wrong = dict(model, **{"layer.weight": ShardedWeight("layer.weight", w, (5, 6), (8, 6),
+                                                             (3, 0))})
+        with self.assertRaisesRegex(ValueError, "cannot be viewed"):
+            opt.sharded_state_dict(wrong)
+        with mock.patch.object(Muon, "state_dict", return_value={"w_velocity_0": w}), \
+                self.assertRaisesRegex(ValueError, "w_velocity_0"):
+            opt.sharded_state_dict(model)
 
     def test_round_trip_bit_exact(self):
         for dtype in ("float32", "bfloat16"):
@@ -823,6 +831,14 @@ class TestWrapperContract(unittest.TestCase):
                 opt._apply_optimize(None, None, [(piece, paddle.ones([6]))])
             with self.assertRaisesRegex(TypeError, "parameter groups"):
                 opt._apply_optimize(None, None, {"params": [(w, paddle.ones([4, 6]))]})
+            with self.assertRaisesRegex(TypeError, "parameter groups"):
+                opt._create_accumulators(None, {"params": [w]})
+            paddle.enable_static()
+            try:
+                with self.assertRaisesRegex(NotImplementedError, "dygraph"):
+                    opt._apply_optimize(None, None, [])
+            finally:
+                paddle.disable_static()
             bad = Muon(LR, [w], muon_param_info_map={
                 "w": MuonParamInfo(True, lambda u, orth: orth(u)[:2])})
             with self.assertRaisesRegex(ValueError, "split_concat_func of w returned shape"):
