@@ -18,7 +18,9 @@ Usage::
     python tools/muon_comm.py plan --ep 16 --moe-sharding 2 --pp 1 --gpus-per-node 8 \\
         [--order moe_sharding,pp,ep] [--model ernie-moe-small|file.json] [--nodes N] \\
         [--alpha-nvlink S --beta-nvlink S/B --alpha-net S --beta-net S/B] \\
-        [--buffer-size-MB 256] [--json] [--png FILE]
+        [--buffer-size-MB 256] [--backend nccl|gloo] [--json] [--png FILE]
+    python tools/muon_comm.py cluster --nodes 4 --procs-per-node 2 --ep 4 --moe-sharding 2 \\
+        [--steps 3] [--link-mbit 100] [--json]     (root; paddle_muon_ext.tools.cluster)
 
 ``plan`` builds the MoE topology (``CommunicateTopology`` over ``pipe``,
 ``moe_sharding``, ``expert`` in the given order), the

@@ -176,6 +176,12 @@ def probe_capability() -> Optional[str]:
         _run(["tc", "-n", ns, "qdisc", "add", "dev", names.node_if(0), "root", *_tbf(100)])
     except RuntimeError as exc:
         return f"veth / tbf unavailable: {exc}"
+    else:
+        # workers read their link's counters from a sysfs that 'ip netns exec' remounts
+        seen = _run(["ip", "netns", "exec", ns, "cat",
+                     f"/sys/class/net/{names.node_if(0)}/statistics/tx_bytes"], check=False)
+        if seen.returncode != 0:
+            return f"'ip netns exec' cannot show the namespace's sysfs: {seen.stderr.strip()}"
     finally:
         _run(["ip", "netns", "del", ns], check=False)
     return None
@@ -754,6 +760,14 @@ def comparison_lines(result: ClusterResult) -> List[str]:
     rows.append(("  of which dense Muon (predicted)",
                  *(_fmt_bytes(pred[t]["dense_muon_bytes"]) if t in pred else "-"
                    for t in ("off", "on"))))
+    if 0 in measured and 1 in measured and "off" in pred and "on" in pred:
+        # MoE-colour and 1-D traffic is the same with the option on and off,
+        # so the difference of the totals is the dense Muon saving.
+        saved = (measured[0]["inter_node_bytes_per_step"]
+                 - measured[1]["inter_node_bytes_per_step"])
+        rows.append(("dense saving off - on: measured",
+                     _fmt_bytes(saved),
+                     f"predicted {_fmt_bytes(pred['off']['dense_muon_bytes'] - pred['on']['dense_muon_bytes'])}"))
     rows.append(("measured step time",
                  *(cell(g, lambda g: f"{measured[g]['step_time_s']:.3f} s") for g in (0, 1))))
     w0 = max(len(r[0]) for r in rows)

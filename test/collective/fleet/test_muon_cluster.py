@@ -222,6 +222,7 @@ class TestClusterHelpers(unittest.TestCase):
         self.assertIn("on_predicted=4000", line)
         table = "\n".join(cluster.comparison_lines(result))
         self.assertIn("1.002", table)  # 2004 / 2000
+        self.assertRegex(table, r"dense saving off - on: measured +-2.00 kB  predicted 5 B")
         self.assertEqual(json.loads(json.dumps(result.to_json()))["measured"]["on"]["timed_steps"], 1)
 
     def test_rank_on_the_wrong_node_is_reported(self) -> None:
@@ -264,6 +265,19 @@ class TestClusterHelpers(unittest.TestCase):
         with mock.patch.object(os, "geteuid", return_value=0), \
                 mock.patch.object(cluster.shutil, "which", return_value=None):
             self.assertIn("iproute2", cluster.probe_capability())
+
+    def test_sweep_removes_only_runs_whose_process_is_gone(self) -> None:
+        """A SIGKILLed run leaves its namespaces; the next run removes them, and
+        never a live run's or a foreign namespace."""
+        dead, alive = 0x3ffffe, os.getpid()
+        present = [f"pmc-{dead:x}-br", f"pmc-{dead:x}-n0", f"pmc-{dead:x}p-n0",
+                   f"pmc-{alive:x}-n0", "somebody-elses-ns"]
+        with mock.patch.object(cluster, "list_namespaces", return_value=present), \
+                mock.patch.object(cluster, "_pid_alive", side_effect=lambda p: p == alive), \
+                mock.patch.object(cluster, "remove_namespaces") as remove:
+            swept = cluster.sweep_stale()
+        self.assertEqual(swept, present[:3])
+        remove.assert_called_once_with(present[:3], grace_s=1.0)
 
     def test_log_follower_reads_complete_lines_once(self) -> None:
         import tempfile
