@@ -11,94 +11,79 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Export paddle_muon_ext as a patch against a Paddle source tree.
+"""Export paddle_muon_ext as a patch for a Paddle source tree.
 
-Writes a git-format patch (mbox header + ``diff --git`` sections, new files
-only: ``--- /dev/null``, mode 100644) that ``git apply`` (or ``git am``)
-accepts at the root of a Paddle checkout.
+Usage (a Paddle develop checkout in ~/Paddle)::
 
-Path mapping (``PATH_MAP``; more with ``--map SRC=DST``)::
+    python tools/export_upstream_patch.py --paddle-root ~/Paddle -o muon.patch
+    cd ~/Paddle && git apply --check muon.patch && git am -3 muon.patch
 
-    python/paddle_muon_ext/<X>  ->  python/paddle/<X>
-    test/<X>                    ->  test/<X>      (test/mock/ included)
-    tools/...                   ->  not exported unless mapped with --map
+Writes ``muon.patch`` (git format: a file the target lacks is added, a file it
+has is a modification diff against the target's current text, read at export
+time, with blob ids so ``git apply --3way`` works) and ``muon.NOTES.md`` beside
+it (``--notes``).  Any unresolved conflict: exit 1, one ``CONFLICT: <file>:
+<reason>`` line each, and no patch written.  Without ``--paddle-root`` the
+target is the installed paddle package (``python/paddle/...`` only); Paddle's
+registry files (proto, strategy docs, testslist.csv) are then not edited, the
+notes list what a source checkout gets.
 
-Rewrites in exported files:
+Rules, applied to every file of this repository in this order:
 
-* imports: ``paddle_muon_ext.<mod>`` -> ``paddle.<mod>`` (also inside
-  strings such as ``mock.patch("paddle_muon_ext.x.y")``),
-  ``from paddle_muon_ext import`` -> ``from paddle import`` and
-  ``import paddle_muon_ext`` -> ``import paddle``.  Identifiers that merely
-  contain the name (``my_paddle_muon_ext``, ``paddle_muon_ext_version``,
-  ``obj.paddle_muon_ext``) and path strings are left alone.
-* compat blocks: lines from ``# paddle_muon_ext: compat-begin`` through
-  ``# paddle_muon_ext: compat-end`` (inclusive; markers may be indented, no
-  nesting) are deleted.  The code outside the block must be the upstream
-  form; the block only adds what paddle 3.3.1 lacks, e.g.::
+1. Path map (``PATH_MAP``; more with ``--map SRC=DST``):
+   ``python/paddle_muon_ext/X`` -> ``python/paddle/X``; the mock harness
+   ``test/mock/X`` -> ``test/collective/fleet/muon_mock/X`` and its self-tests
+   ``test/mock/test_mock_X.py`` -> ``test/collective/fleet/test_muon_mock_X.py``
+   (Paddle's runner finds tests of that directory through its
+   ``testslist.csv``, and ``muon_mock`` does not shadow PyPI's ``mock``);
+   ``test/X`` -> ``test/X``.  Other paths are not exported.
+2. Dropped: ``DROPPED_PATHS``, ``DROPPED_PREFIXES`` (the 3.3.1 compat package,
+   the installed tools package, tests of the tools), pytest's ``conftest.py``,
+   files with ``# paddle_muon_ext: compat-only`` in their first 30 lines,
+   binaries.
+3. Text: ``# paddle_muon_ext: compat-begin`` ... ``compat-end`` blocks removed;
+   ``paddle_muon_ext`` imports (and dotted names in strings) -> ``paddle``;
+   harness imports ``mock.X`` -> ``muon_mock.X``.
+4. Develop-owned (``UPSTREAM_OWNED``): files whose behaviour develop already
+   has.  Exported only when the target lacks them, else left out untouched.
+5. Develop's tests are kept: a test-tree file the target already has is
+   exported beside it as ``<name>_extended.<ext>`` (``RENAMED_TEST_SUFFIX``);
+   references to it in our test files follow the rename.
+6. ``__init__.py`` of a package the target has is not touched; the imports /
+   ``__all__`` names it lacks are listed in the notes.
+7. Everything else is added, or, where the target has the file, a
+   modification diff.  A modified module keeps every public top-level name and
+   class method of the target's version (else conflict); the names kept are
+   listed in the notes.
+8. Registry edits (``--paddle-root`` only): each ``STRATEGY_OPTIONS`` entry
+   becomes a field of its proto message in ``PROTO_PATH`` (default = develop's
+   behaviour, so nothing changes unless a user opts in) and a line in the
+   ``hybrid_configs`` docs of ``STRATEGY_DOC_PATH``; every exported test module
+   of ``TESTSLIST_DIRS`` gets a ``testslist.csv`` row (timeout and labels from
+   this repository's ``CMakeLists.txt``: label ``DIST`` -> launcher
+   ``dist_test.sh``, else ``test_runner.py``; ``GPU`` without ``CPU`` -> arch
+   GPU); ``GLOB_TEST_DIRS`` register ``test_*.py`` themselves.
 
-      # paddle_muon_ext: compat-begin
-      from paddle_muon_ext.compat_paddle_3_3 import install_shims
-      install_shims()
-      # paddle_muon_ext: compat-end
-      from paddle_muon_ext.distributed.fleet.utils import helper
+Checks: exported Python must compile; leftover ``paddle_muon_ext`` or dropped
+package references are warnings (``--strict``: exit 1); a test module without
+unittest test methods (Paddle's runner would load 0 tests) is a warning
+(``--require-unittest``: exit 1).
 
-Dropped (never exported):
-
-* ``DROPPED_PATHS``: the package's own top-level ``__init__.py``/``cli.py``;
-* ``DROPPED_PREFIXES``: ``python/paddle_muon_ext/compat_paddle_3_3/`` and
-  ``test/tools/`` (tests of the non-exported tools);
-* COMPAT-ONLY MARKER: any file whose first 30 lines contain the comment
-  ``# paddle_muon_ext: compat-only`` (put it right under the license
-  header of modules that exist only to run on paddle 3.3.1);
-* ``__pycache__``, ``*.pyc`` and binary files.
-
-``__init__.py`` of a directory that already exists in Paddle (e.g.
-``python/paddle/optimizer/__init__.py``) is NOT overwritten: the new
-modules are emitted alone and the imports / ``__all__`` names that must be
-added by hand are printed and written to ``NOTES_PATH``
-(``python/paddle/distributed/fleet/meta_optimizers/MUON_EXPORT_NOTES.md``)
-inside the patch.  Whether a Paddle directory exists is looked up in
-``--paddle-root`` (a Paddle checkout) when given, else in the installed
-``paddle`` package for ``python/paddle/...`` and in
-``KNOWN_PADDLE_TEST_DIRS`` for ``test/...``.  A non-``__init__`` file that
-already exists in Paddle is a conflict (exit 1).
-
-Tests: for every exported test directory with ``test_*.py`` files, a new
-``<dir>/muon_tests.cmake`` registers them with ``py_test_modules(... ENVS
-...)`` / ``set_tests_properties(... TIMEOUT ... LABELS ...)``; add the
-printed ``include(muon_tests.cmake)`` line to that directory's
-CMakeLists.txt.  A test can override its timeout with
-``# paddle_muon_ext: test-timeout=300`` in its first 30 lines.
-
-Usage::
-
-    python tools/export_upstream_patch.py -o muon.patch
-    python tools/export_upstream_patch.py -o muon.patch --repo-root . \\
-        --include-untracked --paddle-root ~/Paddle
-    python tools/export_upstream_patch.py -o muon.patch \\
-        --map tools/bench/=tools/muon_bench/ --exclude 'test/mock/big_*'
-    cd ~/Paddle && git apply --check /path/muon.patch && git am /path/muon.patch
-    # prove it: copy installed paddle into DIR, apply, import the modules
-    python tools/export_upstream_patch.py -o muon.patch \\
-        --verify-against-installed-paddle /tmp/paddle_verify
-    # ... and run test suites there, without paddle_muon_ext importable
-    python tools/export_upstream_patch.py -o muon.patch --include-untracked \\
-        --verify-against-installed-paddle /tmp/paddle_verify \\
-        --verify-pytest "-q test/mock test/legacy_test/test_muon_optimizer.py"
-
-Options: ``--include GLOB``/``--exclude GLOB`` (fnmatch on source paths,
-repeatable) filter the file list; ``--strict`` turns warnings (leftover
-``paddle_muon_ext`` / compat references) into exit 1; ``--verify-module
-NAME`` picks the modules imported by the verification (default: every
-exported non-test module); ``--verify-pytest ARGS`` then runs pytest in
-the copy (``run_pytest_in_tree``: PYTHONPATH ``IN_TREE_PYTHONPATH``, the
-out-of-tree package hidden, module origins checked).  Exit: 0 ok, 1 conflicts/verification failure
-(or warnings with --strict), 2 usage errors.
+Verification: ``--verify-against-installed-paddle DIR`` mirrors the installed
+paddle into DIR, applies the patch and imports the exported modules there;
+``--verify-pytest ARGS`` then runs pytest in DIR and ``--verify-unittest-load``
+loads every exported test module with unittest, both with this repository's
+package hidden.  Exit: 0 ok, 1 conflicts / verification failure, 2 usage or
+export errors.
 """
+
+from __future__ import annotations
 
 import argparse
 import ast
+import csv
+import dataclasses
 import datetime
+import difflib
 import fnmatch
 import hashlib
 import importlib.util
@@ -106,8 +91,9 @@ import io
 import json
 import os
 import re
-import shutil
 import shlex
+import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -116,34 +102,83 @@ import tokenize
 # source prefix -> Paddle prefix (first match wins)
 PATH_MAP = (
     ("python/paddle_muon_ext/", "python/paddle/"),
+    ("test/mock/test_mock_", "test/collective/fleet/test_muon_mock_"),
+    ("test/mock/", "test/collective/fleet/muon_mock/"),
     ("test/", "test/"),
 )
-# exact source paths that have no Paddle counterpart
+# the harness package: imported as `mock` here, `muon_mock` in Paddle
+HARNESS_RENAME = ("mock", "muon_mock")
 DROPPED_PATHS = (
     "python/paddle_muon_ext/__init__.py",
     "python/paddle_muon_ext/cli.py",
 )
 DROPPED_PREFIXES = (
     "python/paddle_muon_ext/compat_paddle_3_3/",
+    "python/paddle_muon_ext/tools/",
     "test/tools/",
 )
+DROPPED_BASENAMES = ("conftest.py",)  # pytest only; Paddle runs unittest
+# Paddle modules of the dropped packages: exported code must not import them
+DROPPED_MODULES = ("paddle.compat_paddle_3_3", "paddle.tools", "compat_paddle_3_3")
+# Develop-owned files: exported only when the target lacks them.
+UPSTREAM_OWNED = {
+    "python/paddle/optimizer/muon.py":
+        "develop's Muon; ours has the same interface and numbers "
+        "(test/legacy_test/test_muon_optimizer.py), so develop's text stays",
+}
+RENAMED_TEST_SUFFIX = "_extended"
 COMPAT_ONLY_MARKER = "# paddle_muon_ext: compat-only"
 COMPAT_BEGIN = "# paddle_muon_ext: compat-begin"
 COMPAT_END = "# paddle_muon_ext: compat-end"
-TEST_TIMEOUT_MARKER = "# paddle_muon_ext: test-timeout="
 MARKER_SCAN_LINES = 30
-NOTES_PATH = "python/paddle/distributed/fleet/meta_optimizers/MUON_EXPORT_NOTES.md"
-CMAKE_NAME = "muon_tests.cmake"
+
+# Paddle's registries
+PROTO_PATH = "paddle/fluid/framework/distributed_strategy.proto"
+STRATEGY_DOC_PATH = "python/paddle/distributed/fleet/base/distributed_strategy.py"
+TESTSLIST_NAME = "testslist.csv"
+TESTSLIST_HEADER = ("name,os,arch,timeout,run_type,launcher,num_port,run_serial,"
+                    "envs,conditions")
+TESTSLIST_DIRS = ("test/collective/fleet",)
+GLOB_TEST_DIRS = ("test/legacy_test",)
+SINGLE_LAUNCHER = "test_runner.py"
+DIST_LAUNCHER = "../../legacy_test/dist_test.sh"
+TEST_ENVS = "http_proxy=;https_proxy=;PYTHONPATH=../.."
+# this repository's ctest registration: the source of test timeouts/labels
+TEST_REGISTRY = "CMakeLists.txt"
 DEFAULT_TEST_TIMEOUT = 120
-# Paddle test dirs that exist upstream (used without --paddle-root)
-KNOWN_PADDLE_TEST_DIRS = (
-    "test",
-    "test/collective",
-    "test/collective/fleet",
-    "test/legacy_test",
-    "test/auto_parallel",
-    "test/distributed_passes",
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyOption:
+    """An option this package adds to Paddle's DistributedStrategy.
+
+    Attributes:
+        message: proto message that gets the field.
+        config_key: where users set it, e.g. hybrid_configs["sharding_configs"].
+        name: field name.
+        proto_type: proto scalar type.
+        default: proto default literal: develop's behaviour.
+        doc: one-line description for distributed_strategy.py.
+    """
+
+    message: str
+    config_key: str
+    name: str
+    proto_type: str
+    default: str
+    doc: str
+
+
+STRATEGY_OPTIONS = (
+    StrategyOption(
+        "DygraphShardingConfig", "sharding_configs", "muon_partition_strategy",
+        "string", '"upstream_greedy"',
+        'owner rule of MuonShardingOptimizer for Muon (whole-matrix) parameters: '
+        '"upstream_greedy" (the current rule) or "balanced" (largest first onto the '
+        'least loaded rank, weighted by Newton-Schulz cost). Default "upstream_greedy".'),
 )
+_PY_TYPE = {"string": "str", "bool": "bool", "int32": "int", "int64": "int",
+            "float": "float", "double": "float"}
 
 _IMPORT_RULES = (
     # from paddle_muon_ext import x  ->  from paddle import x
@@ -152,6 +187,12 @@ _IMPORT_RULES = (
     (re.compile(r"(?<![\w.])(import\s+)paddle_muon_ext(?![\w.])"), r"\1paddle"),
     # paddle_muon_ext.a.b (imports, attribute access, dotted strings)
     (re.compile(r"(?<![\w.])paddle_muon_ext(?=\.[A-Za-z_])"), "paddle"),
+)
+_HARNESS_RULES = (
+    # from mock.x import y / from mock import x  (never `from unittest import mock`)
+    re.compile(r"(?m)^(\s*from\s+)%s(?=\.\w|\s+import\b)" % HARNESS_RENAME[0]),
+    # import mock.x
+    re.compile(r"(?m)^(\s*import\s+)%s(?=\.\w)" % HARNESS_RENAME[0]),
 )
 _LEFTOVER_RE = re.compile(r"(?<![\w/])paddle_muon_ext(?![\w/:])")
 _MODULE_NAME_RE = re.compile(r"^paddle_muon_ext(\.[A-Za-z_]\w*)*$")
@@ -162,13 +203,19 @@ class ExportError(Exception):
 
 
 # ------------------------------------------------------------ text helpers
-def rewrite_imports(text):
+def rewrite_imports(text: str) -> str:
     for pattern, repl in _IMPORT_RULES:
         text = pattern.sub(repl, text)
     return text
 
 
-def strip_compat_blocks(text, path="<text>"):
+def rewrite_harness_imports(text: str) -> str:
+    for pattern in _HARNESS_RULES:
+        text = pattern.sub(r"\g<1>" + HARNESS_RENAME[1], text)
+    return text
+
+
+def strip_compat_blocks(text: str, path: str = "<text>") -> str:
     out = []
     begin_line = None
     for no, line in enumerate(text.splitlines(keepends=True), 1):
@@ -192,13 +239,11 @@ def strip_compat_blocks(text, path="<text>"):
     return "".join(out)
 
 
-def leftover_reference_lines(text):
+def leftover_reference_lines(text: str) -> set:
     """Line numbers where exported Python code still names paddle_muon_ext.
 
-    Code only: the bare name (``import os, paddle_muon_ext``,
-    ``sys.modules[...]`` aside) and string literals that are exactly a
-    ``paddle_muon_ext[.x]`` module name (``import_module("paddle_muon_ext")``).
-    Comments and prose in docstrings ("paddle_muon_ext's harness") are not
+    Code only: the bare name and string literals that are exactly a
+    ``paddle_muon_ext[.x]`` module name.  Comments and prose are not
     references.  Falls back to a line scan when the text does not tokenize.
     """
     lines = set()
@@ -225,19 +270,43 @@ def leftover_reference_lines(text):
     return lines
 
 
-def is_compat_only(text):
+def dropped_module_lines(text: str) -> list:
+    """(line, module) for imports of a dropped package in exported code."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if any(name == m or name.startswith(m + ".") for m in DROPPED_MODULES):
+                found.append((node.lineno, name))
+    return found
+
+
+def is_compat_only(text: str) -> bool:
     head = text.splitlines()[:MARKER_SCAN_LINES]
     return any(COMPAT_ONLY_MARKER in line for line in head)
 
 
-def map_path(src, extra_map=()):
+def map_path(src: str, extra_map=()) -> str | None:
     for s, d in tuple(extra_map) + PATH_MAP:
         if src.startswith(s):
             return d + src[len(s):]
     return None
 
 
-def init_exports(text):
+def renamed_test_path(dst: str) -> str:
+    stem, ext = os.path.splitext(dst)
+    return stem + RENAMED_TEST_SUFFIX + ext
+
+
+def init_exports(text: str) -> tuple:
     """Top-level import statements and __all__ names of an __init__.py."""
     try:
         tree = ast.parse(text)
@@ -257,8 +326,58 @@ def init_exports(text):
     return imports, names
 
 
+def imported_names(text: str) -> set:
+    """Names bound by top-level imports of a module."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def module_surface(text: str) -> set:
+    """Top-level names and ``Class.method`` names a module defines (not imports)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            names.update("%s.%s" % (node.name, item.name) for item in node.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def _is_public(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return not last.startswith("_") or (last.startswith("__") and last.endswith("__"))
+
+
+def unittest_method_count(text: str) -> int:
+    """test* methods of classes with a base (what unittest's loader can find)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return 0
+    return sum(1 for node in tree.body if isinstance(node, ast.ClassDef) and node.bases
+               for item in node.body
+               if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and item.name.startswith("test"))
+
+
 # ------------------------------------------------------------- file list
-def list_source_files(repo_root, include_untracked=False):
+def list_source_files(repo_root: str, include_untracked: bool = False) -> list:
     def ls(*extra):
         proc = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -274,54 +393,306 @@ def list_source_files(repo_root, include_untracked=False):
 
 
 class PaddleTree:
-    """Answers 'does this Paddle path exist?'."""
+    """The export target: a Paddle source checkout, or the installed package."""
 
-    def __init__(self, paddle_root=None):
-        self.paddle_root = paddle_root
+    def __init__(self, paddle_root: str | None = None):
+        self.paddle_root = os.path.abspath(paddle_root) if paddle_root else None
         self.pkg_dir = None
         if paddle_root is None:
             spec = importlib.util.find_spec("paddle")  # does not import paddle
             if spec is not None and spec.origin:
                 self.pkg_dir = os.path.dirname(spec.origin)
 
-    def exists(self, rel):
-        """True / False, or None when unknown."""
+    @property
+    def is_checkout(self) -> bool:
+        return self.paddle_root is not None
+
+    def _local(self, rel: str) -> str | None:
         if self.paddle_root:
-            return os.path.exists(os.path.join(self.paddle_root, rel))
-        if rel.startswith("python/paddle/") or rel == "python/paddle":
-            if self.pkg_dir is None:
-                return None
-            return os.path.exists(
-                os.path.join(self.pkg_dir, rel[len("python/paddle"):].lstrip("/")))
-        if rel in KNOWN_PADDLE_TEST_DIRS:
-            return True
+            return os.path.join(self.paddle_root, rel)
+        if self.pkg_dir and (rel == "python/paddle" or rel.startswith("python/paddle/")):
+            return os.path.join(self.pkg_dir, rel[len("python/paddle"):].lstrip("/"))
         return None
 
-    def describe(self):
+    def exists(self, rel: str) -> bool:
+        path = self._local(rel)
+        return path is not None and os.path.exists(path)
+
+    def read(self, rel: str) -> str | None:
+        """The target's text of rel, None when it has no such file."""
+        path = self._local(rel)
+        if path is None or not os.path.isfile(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8")
+
+    def mode(self, rel: str) -> str:
+        path = self._local(rel)
+        if path and os.path.isfile(path) and os.stat(path).st_mode & stat.S_IXUSR:
+            return "100755"
+        return "100644"
+
+    def describe(self) -> str:
         if self.paddle_root:
-            return "Paddle checkout %s" % self.paddle_root
-        return "installed paddle %s + KNOWN_PADDLE_TEST_DIRS" % (self.pkg_dir or "(none)")
+            return "Paddle checkout"
+        return "installed paddle package"
+
+
+# ------------------------------------------------------ test registration
+@dataclasses.dataclass
+class TestMeta:
+    timeout: int = DEFAULT_TEST_TIMEOUT
+    labels: frozenset = frozenset()
+    registered: bool = False
+
+
+def read_test_registry(repo_root: str) -> dict:
+    """{source path or directory: TestMeta} from ``muon_py_test(...)`` calls."""
+    path = os.path.join(repo_root, TEST_REGISTRY)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        text = f.read()
+    registry = {}
+    for body in re.findall(r"^\s*muon_py_test\(([^)]*)\)", text, re.M | re.S):
+        tokens = shlex.split(body, comments=True)
+        fields, key = {}, None
+        for tok in tokens[1:]:
+            if tok in ("FILES", "TIMEOUT", "LABELS", "ENVS"):
+                key = tok
+                fields.setdefault(key, [])
+            elif key:
+                fields[key].extend(t for t in tok.split(";") if t)
+        timeout = int(fields.get("TIMEOUT", [DEFAULT_TEST_TIMEOUT])[0])
+        labels = frozenset(fields.get("LABELS", ()))
+        for item in fields.get("FILES", ()):
+            src = item.split("::", 1)[0].rstrip("/")
+            old = registry.get(src)
+            if old:
+                timeout, labels = max(timeout, old.timeout), labels | old.labels
+            registry[src] = TestMeta(timeout, labels, True)
+    return registry
+
+
+def test_meta(registry: dict, src: str) -> TestMeta:
+    if src in registry:
+        return registry[src]
+    for key, meta in registry.items():
+        if src.startswith(key + "/"):
+            return meta
+    return TestMeta()
+
+
+def testslist_row(name: str, meta: TestMeta) -> list:
+    dist = "DIST" in meta.labels
+    gpu_only = "GPU" in meta.labels and "CPU" not in meta.labels
+    conditions = "WITH_NCCL" if gpu_only else ("WITH_GLOO" if dist else "")
+    return [name, "", "GPU" if gpu_only else "", str(meta.timeout),
+            "DIST" if dist else "", DIST_LAUNCHER if dist else SINGLE_LAUNCHER,
+            "2" if dist else "", "1" if dist else "", TEST_ENVS, conditions]
+
+
+def render_rows(rows: list) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------- registry edits
+class EditConflict(Exception):
+    """A registry file of the target cannot take the edit."""
+
+
+def _matching_brace(text: str, open_idx: int) -> int:
+    depth, i, n = 0, open_idx, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if text.startswith("/*", i):
+            i = text.find("*/", i)
+            i = n if i < 0 else i + 2
+            continue
+        ch = text[i]
+        if ch == '"':
+            i = text.find('"', i + 1)
+            i = n if i < 0 else i
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise EditConflict("unbalanced braces")
+
+
+def _top_level_body(body: str) -> str:
+    """The message body without nested messages/enums (depth-1 text only)."""
+    out, depth = [], 0
+    for ch in body:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def add_proto_fields(text: str, options) -> tuple:
+    """Insert the option fields into their proto messages.
+
+    Returns:
+        (new text, [field names added], [field names already there]).
+    """
+    added, present = [], []
+    for opt in options:
+        m = re.search(r"(?m)^[ \t]*message[ \t]+%s[ \t]*\{" % re.escape(opt.message), text)
+        if not m:
+            raise EditConflict("no `message %s {` to add field %s to"
+                               % (opt.message, opt.name))
+        open_idx = m.end() - 1
+        close_idx = _matching_brace(text, open_idx)
+        body = _top_level_body(re.sub(r"//[^\n]*", "", text[open_idx + 1:close_idx]))
+        existing = re.search(r"\b%s\s*=\s*\d+\s*(\[[^\]]*\])?" % re.escape(opt.name), body)
+        if existing:
+            default = re.search(r"default\s*=\s*([^\],]+)", existing.group(1) or "")
+            if (default.group(1).strip() if default else None) != opt.default:
+                raise EditConflict("%s.%s exists with default %s, the export needs %s"
+                                   % (opt.message, opt.name,
+                                      default.group(1).strip() if default else "(none)",
+                                      opt.default))
+            present.append(opt.name)
+            continue
+        numbers = [int(n) for n in re.findall(r"=\s*(\d+)\s*[;\[]", body)]
+        for lo, hi in re.findall(r"\breserved\b[^;]*?(\d+)\s*to\s*(\d+|max)", body):
+            numbers.append(int(lo) if hi == "max" else int(hi))
+        for reserved in re.findall(r"\breserved\b([^;]*);", body):
+            numbers.extend(int(n) for n in re.findall(r"\d+", reserved))
+        line_start = text.rfind("\n", 0, close_idx) + 1
+        if text[line_start:close_idx].strip():
+            raise EditConflict("closing brace of message %s is not on its own line"
+                               % opt.message)
+        indent = re.search(r"(?m)^([ \t]+)\S", text[open_idx + 1:close_idx])
+        indent = indent.group(1) if indent else "  "
+        line = "%soptional %s %s = %d [ default = %s ];\n" % (
+            indent, opt.proto_type, opt.name, max(numbers, default=0) + 1, opt.default)
+        text = text[:line_start] + line + text[line_start:]
+        added.append(opt.name)
+    return text, added, present
+
+
+def add_strategy_docs(text: str, options) -> tuple:
+    """Document the options in DistributedStrategy.hybrid_configs' docstring.
+
+    Returns:
+        (new text, [option names documented now]).
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise EditConflict("does not parse: %s" % exc)
+    prop = None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "DistributedStrategy":
+            for item in node.body:
+                if (isinstance(item, ast.FunctionDef) and item.name == "hybrid_configs"
+                        and any(isinstance(d, ast.Name) and d.id == "property"
+                                for d in item.decorator_list)):
+                    prop = item
+                    break
+    if prop is None:
+        raise EditConflict("no DistributedStrategy.hybrid_configs property")
+    doc = prop.body[0] if prop.body else None
+    if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)):
+        raise EditConflict("DistributedStrategy.hybrid_configs has no docstring")
+    lines = text.splitlines(keepends=True)
+    first, last = doc.lineno - 1, doc.end_lineno - 1
+    todo = [o for o in options if o.name not in doc.value.value]
+    if not todo:
+        return text, []
+    anchor = next((i for i in range(first + 1, last + 1)
+                   if lines[i].strip() == "Examples:"), None)
+    if anchor is None:
+        if lines[last].strip() not in ('"""', "'''"):
+            raise EditConflict("hybrid_configs docstring has neither an `Examples:` "
+                               "line nor closing quotes on their own line")
+        anchor = last
+    insert_at = anchor
+    while insert_at - 1 > first and not lines[insert_at - 1].strip():
+        insert_at -= 1
+    items = [l for l in lines[first:insert_at] if l.lstrip().startswith("**")]
+    ref = items[-1] if items else lines[anchor]
+    indent = ref[: len(ref) - len(ref.lstrip())]
+    new = ["%s**%s.%s(%s)**: %s\n" % (indent, o.config_key, o.name,
+                                       _PY_TYPE.get(o.proto_type, o.proto_type), o.doc)
+           for o in todo]
+    return "".join(lines[:insert_at] + new + lines[insert_at:]), [o.name for o in todo]
+
+
+def add_testslist_rows(text: str, rows: list) -> tuple:
+    """Append rows whose name is not listed yet.
+
+    Returns:
+        (new text, [names added], [names already listed]).
+    """
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != TESTSLIST_HEADER:
+        raise EditConflict("header is %r, expected %r"
+                           % (lines[0] if lines else "", TESTSLIST_HEADER))
+    listed = {l.split(",", 1)[0].strip() for l in lines[1:] if l.strip()}
+    new_rows = [r for r in rows if r[0] not in listed]
+    present = [r[0] for r in rows if r[0] in listed]
+    if not new_rows:
+        return text, [], present
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + render_rows(new_rows), [r[0] for r in new_rows], present
 
 
 # ----------------------------------------------------------------- export
+@dataclasses.dataclass
+class Change:
+    dst: str
+    new: str
+    old: str | None = None  # target's text; None = new file
+    src: str | None = None
+    mode: str = "100644"
+
+
+@dataclasses.dataclass
 class Export:
-    def __init__(self):
-        self.files = {}       # dst path -> text
-        self.sources = {}     # dst path -> src path
-        self.dropped = []     # (src, reason)
-        self.init_notes = []  # (dst, imports, names)
-        self.warnings = []
-        self.conflicts = []
-        self.cmake = {}       # test dir -> [(name, timeout, labels)]
+    changes: dict = dataclasses.field(default_factory=dict)   # dst -> Change
+    dropped: list = dataclasses.field(default_factory=list)   # (src, reason)
+    left_out: list = dataclasses.field(default_factory=list)  # (dst, reason)
+    renamed: dict = dataclasses.field(default_factory=dict)   # develop dst -> ours
+    unchanged: list = dataclasses.field(default_factory=list)  # target has our text
+    kept_names: dict = dataclasses.field(default_factory=dict)  # dst -> [names]
+    init_notes: list = dataclasses.field(default_factory=list)  # (dst, imports, names)
+    options: list = dataclasses.field(default_factory=list)   # (option, state)
+    test_rows: list = dataclasses.field(default_factory=list)  # testslist rows
+    rows_present: list = dataclasses.field(default_factory=list)
+    glob_tests: list = dataclasses.field(default_factory=list)
+    zero_test_modules: list = dataclasses.field(default_factory=list)
+    warnings: list = dataclasses.field(default_factory=list)
+    conflicts: list = dataclasses.field(default_factory=list)  # (file, reason)
+    target: str = ""
+
+    def test_modules(self) -> list:
+        return sorted(d for d in self.changes if _is_test_module(d))
 
 
-def build_export(repo_root, files=None, include=(), exclude=(), extra_map=(),
-                 paddle_tree=None, include_untracked=False, cmake=True):
-    repo_root = os.path.abspath(repo_root)
-    paddle_tree = paddle_tree or PaddleTree()
-    if files is None:
-        files = list_source_files(repo_root, include_untracked)
-    ex = Export()
+def _is_test_module(dst: str) -> bool:
+    base = os.path.basename(dst)
+    return dst.startswith("test/") and base.startswith("test_") and base.endswith(".py")
+
+
+def _candidates(repo_root, files, include, exclude, extra_map, ex):
+    """(src, dst, text) of every exported file, rules 1-3 applied."""
+    out = []
     for src in files:
         dst = map_path(src, extra_map)
         if dst is None:
@@ -334,20 +705,22 @@ def build_export(repo_root, files=None, include=(), exclude=(), extra_map=(),
         if "__pycache__/" in src or src.endswith((".pyc", ".pyo")):
             continue
         if src in DROPPED_PATHS:
-            ex.dropped.append((src, "DROPPED_PATHS (no Paddle counterpart)"))
+            ex.dropped.append((src, "no Paddle counterpart (DROPPED_PATHS)"))
             continue
         if src.startswith(DROPPED_PREFIXES):
-            ex.dropped.append((src, "DROPPED_PREFIXES (compat package / tools tests)"))
+            ex.dropped.append((src, "compat / tools package (DROPPED_PREFIXES)"))
+            continue
+        if os.path.basename(src) in DROPPED_BASENAMES:
+            ex.dropped.append((src, "pytest-only (Paddle runs unittest)"))
             continue
         with open(os.path.join(repo_root, src), "rb") as f:
             raw = f.read()
-        if b"\0" in raw:
-            ex.dropped.append((src, "binary"))
-            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            ex.dropped.append((src, "binary (not UTF-8)"))
+            text = None
+        if text is None or "\0" in text:
+            ex.dropped.append((src, "binary"))
             continue
         if is_compat_only(text):
             ex.dropped.append((src, "compat-only marker"))
@@ -355,94 +728,229 @@ def build_export(repo_root, files=None, include=(), exclude=(), extra_map=(),
         text = strip_compat_blocks(text, src)
         if src.endswith(".py"):
             text = rewrite_imports(text)
-            try:
-                compile(text, dst, "exec", dont_inherit=True)
-            except SyntaxError as exc:
-                raise ExportError("%s: exported text does not compile "
-                                  "(compat block removal?): %s" % (src, exc))
-            leftover = leftover_reference_lines(text)
-            for no, line in enumerate(text.splitlines(), 1):
-                if "compat_paddle_3_3" in line:
-                    ex.warnings.append("%s:%d: still references the dropped "
-                                       "compat package: %s" % (dst, no, line.strip()))
-                elif no in leftover:
-                    ex.warnings.append("%s:%d: leftover 'paddle_muon_ext': %s"
-                                       % (dst, no, line.strip()))
-        exists = paddle_tree.exists(dst)
-        if os.path.basename(dst) == "__init__.py":
-            dir_exists = paddle_tree.exists(os.path.dirname(dst))
-            if dir_exists is None:
-                # unknown: never overwrite a python/paddle package __init__;
-                # test dirs outside KNOWN_PADDLE_TEST_DIRS are taken as new
-                dir_exists = not dst.startswith("test/")
-            if dir_exists:
-                imports, names = init_exports(text)
-                if imports or names:
-                    ex.init_notes.append((dst, imports, names))
-                ex.dropped.append((src, "existing Paddle package __init__"))
-                continue
-        elif exists:
-            ex.conflicts.append(dst)
+        if dst.startswith("test/") and src.endswith((".py", ".md")):
+            text = rewrite_harness_imports(text)
+        out.append((src, dst, text))
+    return out
+
+
+def _check_python(ex, dst, text):
+    try:
+        compile(text, dst, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise ExportError("%s: exported text does not compile: %s" % (dst, exc))
+    leftover = leftover_reference_lines(text)
+    dropped = dict(dropped_module_lines(text))
+    for no, line in enumerate(text.splitlines(), 1):
+        if no in dropped or "compat_paddle_3_3" in line:
+            ex.warnings.append("%s:%d: imports a dropped package: %s"
+                               % (dst, no, line.strip()))
+        elif no in leftover:
+            ex.warnings.append("%s:%d: leftover 'paddle_muon_ext': %s"
+                               % (dst, no, line.strip()))
+
+
+def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(),
+                 paddle_tree: PaddleTree | None = None,
+                 include_untracked: bool = False) -> Export:
+    """Decide every file of the patch (data only; nothing is written).
+
+    Args:
+        repo_root: this repository's checkout.
+        files: source paths (default: git ls-files).
+        paddle_tree: the target (default: the installed paddle package).
+
+    Returns:
+        Export: changes, what was left out and why, conflicts.
+    """
+    repo_root = os.path.abspath(repo_root)
+    target = paddle_tree or PaddleTree()
+    if files is None:
+        files = list_source_files(repo_root, include_untracked)
+    ex = Export(target=target.describe())
+    candidates = []
+    for src, dst, text in _candidates(repo_root, files, include, exclude, extra_map, ex):
+        if dst in UPSTREAM_OWNED and target.exists(dst):
+            ex.left_out.append((dst, UPSTREAM_OWNED[dst]))
             continue
-        ex.files[dst] = text
-        ex.sources[dst] = src
-        base = os.path.basename(dst)
-        if cmake and dst.startswith("test/") and base.startswith("test_") \
-                and base.endswith(".py"):
-            timeout = DEFAULT_TEST_TIMEOUT
-            for line in text.splitlines()[:MARKER_SCAN_LINES]:
-                if line.strip().startswith(TEST_TIMEOUT_MARKER):
-                    timeout = int(line.strip()[len(TEST_TIMEOUT_MARKER):])
-            labels = "RUN_TYPE=DIST" if dst.startswith("test/collective/") else ""
-            ex.cmake.setdefault(os.path.dirname(dst), []).append(
-                (base[:-3], timeout, labels))
-    for tdir, tests in sorted(ex.cmake.items()):
-        path = tdir + "/" + CMAKE_NAME
-        if paddle_tree.exists(path):
-            ex.conflicts.append(path)
+        candidates.append([src, dst, text])
+    # rule 5: our test files never replace develop's
+    module_renames = {}
+    for cand in candidates:
+        dst = cand[1]
+        if dst.startswith("test/") and os.path.basename(dst) != "__init__.py" \
+                and target.exists(dst):
+            ours = renamed_test_path(dst)
+            ex.renamed[dst] = ours
+            cand[1] = ours
+            if dst.endswith(".py"):
+                module_renames[os.path.basename(dst)[:-3]] = os.path.basename(ours)[:-3]
+    if module_renames:
+        pattern = re.compile(r"\b(%s)\b" % "|".join(map(re.escape, module_renames)))
+        for cand in candidates:
+            if cand[1].startswith("test/"):
+                cand[2] = pattern.sub(lambda m: module_renames[m.group(1)], cand[2])
+    registry = read_test_registry(repo_root)
+    for src, dst, text in candidates:
+        if dst.endswith(".py"):
+            _check_python(ex, dst, text)
+        if os.path.basename(dst) == "__init__.py" and dst.startswith("python/") \
+                and target.exists(os.path.dirname(dst)):
+            _note_init(ex, src, dst, text, target)
             continue
-        ex.files[path] = render_cmake(tests)
-    ex.files[NOTES_PATH] = render_notes(ex, paddle_tree)
+        old = target.read(dst)
+        if old == text:
+            ex.unchanged.append(dst)
+            continue
+        if old is not None and dst.endswith(".py") and not dst.startswith("test/"):
+            theirs, ours = module_surface(old), module_surface(text)
+            ex.kept_names[dst] = sorted(theirs & ours)
+            for name in sorted(theirs - ours):
+                if _is_public(name):
+                    ex.conflicts.append((dst, "would remove develop's public name %s" % name))
+                else:
+                    ex.warnings.append("%s: develop's private name %s is gone" % (dst, name))
+        ex.changes[dst] = Change(dst, text, old, src, target.mode(dst))
+        if _is_test_module(dst):
+            if not unittest_method_count(text):
+                ex.zero_test_modules.append(dst)
+            _register_test(ex, src, dst, registry, target)
+    _registry_edits(ex, target)
     return ex
 
 
-def render_cmake(tests):
-    out = ["# Generated by paddle_muon_ext tools/export_upstream_patch.py.",
-           "# Add `include(%s)` to this directory's CMakeLists.txt." % CMAKE_NAME,
-           ""]
-    for name, timeout, labels in sorted(tests):
-        out += [
-            "py_test_modules(",
-            "  %s MODULES %s ENVS" % (name, name),
-            '  "http_proxy=;https_proxy=;PYTHONPATH=${PADDLE_BINARY_DIR}/python:'
-            '${PADDLE_SOURCE_DIR}/test")',
-        ]
-        props = 'TIMEOUT "%d"' % timeout + (' LABELS "%s"' % labels if labels else "")
-        out += ["set_tests_properties(%s PROPERTIES %s)" % (name, props), ""]
-    return "\n".join(out)
+def _note_init(ex, src, dst, text, target):
+    imports, names = init_exports(text)
+    theirs = target.read(dst) or ""
+    have_imports, (_, have_all) = imported_names(theirs), init_exports(theirs)
+    missing_imports = [i for i in imports if not imported_names(i) <= have_imports]
+    missing_names = [n for n in names if n not in have_all]
+    if missing_imports or missing_names:
+        ex.init_notes.append((dst, missing_imports, missing_names))
+    ex.dropped.append((src, "existing Paddle package __init__ (not touched)"))
 
 
-def render_notes(ex, paddle_tree):
+def _register_test(ex, src, dst, registry, target):
+    tdir, name = os.path.dirname(dst), os.path.basename(dst)[:-3]
+    if tdir in GLOB_TEST_DIRS:
+        ex.glob_tests.append(dst)
+        return
+    if tdir not in TESTSLIST_DIRS:
+        reason = ("test module in %s: Paddle registers tests only in %s (testslist.csv) "
+                  "and %s (glob); map it there" % (tdir, ", ".join(TESTSLIST_DIRS),
+                                                   ", ".join(GLOB_TEST_DIRS)))
+        (ex.conflicts.append((dst, reason)) if target.is_checkout
+         else ex.warnings.append("%s: %s" % (dst, reason)))
+        return
+    meta = test_meta(registry, src)
+    if not meta.registered:
+        ex.warnings.append("%s: %s not registered in %s; default timeout %ds"
+                           % (dst, src, TEST_REGISTRY, DEFAULT_TEST_TIMEOUT))
+    ex.test_rows.append((tdir, testslist_row(name, meta)))
+
+
+def _registry_edits(ex, target):
+    if not target.is_checkout:
+        ex.options = [(o, "not added: no --paddle-root (proto source needed)")
+                      for o in STRATEGY_OPTIONS]
+        return
+    edits = []  # (path, function(text) -> (text, summary))
+    state = {}
+
+    def proto(text):
+        text, added, present = add_proto_fields(text, STRATEGY_OPTIONS)
+        state.update({n: "proto field added" for n in added})
+        state.update({n: "proto field already in the target" for n in present})
+        return text
+
+    def docs(text):
+        text, added = add_strategy_docs(text, STRATEGY_OPTIONS)
+        for n in added:
+            state[n] = state.get(n, "") + "; documented in hybrid_configs"
+        return text
+
+    if STRATEGY_OPTIONS:
+        edits += [(PROTO_PATH, proto), (STRATEGY_DOC_PATH, docs)]
+    by_dir = {}
+    for tdir, row in ex.test_rows:
+        by_dir.setdefault(tdir, []).append(row)
+    for tdir, rows in sorted(by_dir.items()):
+        def rows_edit(text, rows=rows):
+            text, _, present = add_testslist_rows(text, rows)
+            ex.rows_present.extend(present)
+            return text
+        edits.append((tdir + "/" + TESTSLIST_NAME, rows_edit))
+    for path, edit in edits:
+        old = target.read(path)
+        if old is None:
+            ex.conflicts.append((path, "missing in the target (needed for the %s edit)"
+                                 % os.path.basename(path)))
+            continue
+        base = ex.changes[path].new if path in ex.changes else old
+        try:
+            new = edit(base)
+        except EditConflict as exc:
+            ex.conflicts.append((path, str(exc)))
+            continue
+        if new != old:
+            ex.changes[path] = Change(path, new, old, None, target.mode(path))
+    ex.options = [(o, state.get(o.name, "not added")) for o in STRATEGY_OPTIONS]
+
+
+# ------------------------------------------------------------------ render
+def render_notes(ex: Export) -> str:
+    """What the patch does to the target, and what stays as develop has it."""
     out = ["# Muon export notes", "",
-           "Generated by paddle_muon_ext `tools/export_upstream_patch.py`; "
-           "existence checked against %s." % paddle_tree.describe(), ""]
-    out += ["## Exports to add by hand", ""]
+           "Exported from paddle_muon_ext by tools/export_upstream_patch.py against "
+           "a %s." % ex.target, "",
+           "Nothing changes for existing users unless they opt in: new options "
+           "default to develop's behaviour, develop's modules and tests keep their "
+           "names.", "", "## Develop names kept", ""]
+    if not (ex.left_out or ex.kept_names or ex.renamed):
+        out.append("- None of this package's files exist in the target.")
+    for dst, reason in ex.left_out:
+        out.append("- `%s`: left out, %s." % (dst, reason))
+    for dst, names in sorted(ex.kept_names.items()):
+        out.append("- `%s`: modified; keeps develop's %d names (%s)."
+                   % (dst, len(names), ", ".join(names)))
+    for dst, ours in sorted(ex.renamed.items()):
+        out.append("- `%s`: develop's, kept as is; our cases are in `%s`." % (dst, ours))
+    out += ["", "## New options", ""]
+    for opt, state in ex.options:
+        out.append("- `%s[\"%s\"].%s` (%s, default %s): %s."
+                   % ("hybrid_configs", opt.config_key, opt.name, opt.proto_type,
+                      opt.default, state))
+    out += ["", "## Tests", ""]
+    for tdir, row in ex.test_rows:
+        out.append("- `%s/%s.py`: %s row: `%s`" % (tdir, row[0], TESTSLIST_NAME,
+                                                   render_rows([row]).strip()))
+    for dst in ex.glob_tests:
+        out.append("- `%s`: registered by the directory's test_*.py glob." % dst)
+    for name in ex.rows_present:
+        out.append("- `%s`: the target's %s already lists it." % (name, TESTSLIST_NAME))
+    if any(os.path.basename(d).startswith("test_muon_mock_") for d in ex.changes):
+        out += ["", "Mock harness: `test/collective/fleet/muon_mock/` (imported as "
+                "`muon_mock`, no clash with PyPI's `mock`); its self-tests "
+                "`test_muon_mock_*.py` sit beside the fleet tests, so the rows in "
+                "testslist.csv run them with the rest."]
+    if ex.zero_test_modules:
+        out += ["", "Test modules without unittest test methods (0 tests in Paddle):"]
+        out += ["- `%s`" % d for d in ex.zero_test_modules]
+    out += ["", "## Files", ""]
+    for dst in sorted(ex.changes):
+        c = ex.changes[dst]
+        out.append("- `%s`: %s%s" % (dst, "modified" if c.old is not None else "added",
+                                      " <- `%s`" % c.src if c.src else ""))
+    for dst in ex.unchanged:
+        out.append("- `%s`: the target already has this text." % dst)
+    out += ["", "## Exports to add by hand", ""]
     if not ex.init_notes:
         out.append("None.")
     for dst, imports, names in ex.init_notes:
-        out.append("### `%s`" % dst)
-        out.append("")
-        out.append("```python")
-        out.extend(imports)
+        out += ["`%s`:" % dst, "", "```python"] + imports
         if names:
             out.append("__all__ += %r" % (names,))
-        out.append("```")
-        out.append("")
-    out += ["", "## CMake", ""]
-    if not ex.cmake:
-        out.append("No test directories.")
-    for tdir in sorted(ex.cmake):
-        out.append("- `%s/CMakeLists.txt`: add `include(%s)`" % (tdir, CMAKE_NAME))
+        out += ["```", ""]
     out += ["", "## Not exported", ""]
     out += ["- `%s`: %s" % d for d in ex.dropped] or ["Nothing."]
     if ex.warnings:
@@ -450,44 +958,75 @@ def render_notes(ex, paddle_tree):
     return "\n".join(out) + "\n"
 
 
-def _blob_sha(data):
+def _blob_sha(text: str) -> str:
+    data = text.encode("utf-8")
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def render_patch(files, subject="Add Muon optimizer (exported from paddle_muon_ext)",
-                 author="paddle_muon_ext export <paddle_muon_ext@localhost>"):
+def render_file_diff(change: Change) -> list:
+    path, new, old = change.dst, change.new, change.old
+    if old is None:
+        out = ["diff --git a/%s b/%s" % (path, path), "new file mode 100644",
+               "index 0000000000000000000000000000000000000000..%s" % _blob_sha(new)]
+        lines = new.splitlines()
+        if lines:
+            out += ["--- /dev/null", "+++ b/%s" % path,
+                    "@@ -0,0 +1,%d @@" % len(lines) if len(lines) != 1 else "@@ -0,0 +1 @@"]
+            out += ["+" + line for line in lines]
+            if not new.endswith("\n"):
+                out.append("\\ No newline at end of file")
+        return out
+    out = ["diff --git a/%s b/%s" % (path, path),
+           "index %s..%s %s" % (_blob_sha(old), _blob_sha(new), change.mode),
+           "--- a/%s" % path, "+++ b/%s" % path]
+    diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), n=3)
+    for i, line in enumerate(diff):
+        if i < 2:  # difflib's own ---/+++ lines
+            continue
+        if line.endswith("\n"):
+            out.append(line[:-1])
+        else:
+            out += [line, "\\ No newline at end of file"]
+    return out
+
+
+def render_patch(ex: Export,
+                 subject: str = "Muon sharding: exported from paddle_muon_ext",
+                 author: str = "paddle_muon_ext export <paddle_muon_ext@localhost>") -> str:
     now = datetime.datetime.now(datetime.timezone.utc)
+    added = sum(1 for c in ex.changes.values() if c.old is None)
     out = ["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
            "From: %s" % author,
            "Date: %s" % now.strftime("%a, %d %b %Y %H:%M:%S +0000"),
-           "Subject: [PATCH] %s" % subject,
-           "",
-           "New files only; see %s for manual follow-ups." % NOTES_PATH,
-           "---"]
-    for path in sorted(files):
-        out.append(" %s | %d +" % (path, len(files[path].splitlines())))
-    out.append(" %d files changed" % len(files))
-    out.append("")
-    for path in sorted(files):
-        text = files[path]
-        data = text.encode("utf-8")
-        lines = text.splitlines()
-        out += ["diff --git a/%s b/%s" % (path, path),
-                "new file mode 100644",
-                "index 0000000000000000000000000000000000000000..%s" % _blob_sha(data)]
-        if not lines:
-            continue
-        out += ["--- /dev/null", "+++ b/%s" % path, "@@ -0,0 +1,%d @@" % len(lines)
-                if len(lines) != 1 else "@@ -0,0 +1 @@"]
-        out += ["+" + l for l in lines]
-        if not text.endswith("\n"):
-            out.append("\\ No newline at end of file")
+           "Subject: [PATCH] %s" % subject, ""]
+    out += ["%d files added, %d modified. Develop names kept:" %
+            (added, len(ex.changes) - added)]
+    for dst, reason in ex.left_out:
+        out.append("* %s left out: %s." % (dst, reason))
+    for dst, names in sorted(ex.kept_names.items()):
+        out.append("* %s modified, keeps develop's %d names." % (dst, len(names)))
+    for dst, ours in sorted(ex.renamed.items()):
+        out.append("* %s kept; our cases in %s." % (dst, os.path.basename(ours)))
+    for opt, state in ex.options:
+        out.append("* opt-in option %s.%s, default %s (develop's behaviour): %s."
+                   % (opt.config_key, opt.name, opt.default, state))
+    out += ["", "---"]
+    for path in sorted(ex.changes):
+        out.append(" %s" % path)
+    out += [" %d files changed" % len(ex.changes), ""]
+    for path in sorted(ex.changes):
+        out += render_file_diff(ex.changes[path])
     out += ["-- ", "2.39.0", ""]
     return "\n".join(out)
 
 
+def notes_path_for(output: str) -> str:
+    stem = output[:-len(".patch")] if output.endswith(".patch") else output
+    return stem + ".NOTES.md"
+
+
 # ---------------------------------------------------------------- verify
-def mirror_installed_paddle(dest_python_dir):
+def mirror_installed_paddle(dest_python_dir: str) -> dict:
     """Copy the installed paddle's .py files, symlink everything else.
 
     Directories are real (so ``git apply`` never writes through a link into
@@ -500,7 +1039,7 @@ def mirror_installed_paddle(dest_python_dir):
     src_root = os.path.dirname(spec.origin)
     dst_root = os.path.join(dest_python_dir, "paddle")
     n_copied = n_linked = copied_bytes = 0
-    for dirpath, dirnames, filenames in os.walk(src_root):
+    for dirpath, _dirnames, filenames in os.walk(src_root):
         rel = os.path.relpath(dirpath, src_root)
         target = os.path.normpath(os.path.join(dst_root, rel))
         os.makedirs(target, exist_ok=True)
@@ -518,28 +1057,22 @@ def mirror_installed_paddle(dest_python_dir):
             "other_files_symlinked": n_linked, "copied_bytes": copied_bytes}
 
 
-def verify_against_installed_paddle(patch_path, work_dir, modules):
-    """Mirror installed paddle into work_dir, git-apply, import modules."""
-    t0 = time.time()
-    if os.path.exists(work_dir) and os.listdir(work_dir):
-        raise ExportError("%s exists and is not empty" % work_dir)
-    os.makedirs(os.path.join(work_dir, "python"), exist_ok=True)
-    info = mirror_installed_paddle(os.path.join(work_dir, "python"))
-    info["mirror_s"] = round(time.time() - t0, 2)
-    t1 = time.time()
-    for cmd in (["git", "init", "-q"],
-                ["git", "apply", "--check", os.path.abspath(patch_path)],
-                ["git", "apply", os.path.abspath(patch_path)]):
+def git_apply(work_dir: str, patch_path: str, *flags: str) -> None:
+    for extra in (("--check",), ()):
+        cmd = ["git", "apply", *flags, *extra, os.path.abspath(patch_path)]
         proc = subprocess.run(cmd, cwd=work_dir, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         if proc.returncode:
             raise ExportError("%s failed: %s" % (" ".join(cmd), proc.stdout))
-    info["apply_s"] = round(time.time() - t1, 2)
-    t2 = time.time()
+
+
+def import_in_tree(work_dir: str, modules) -> dict:
+    """Import modules with only ``<work_dir>/python`` on the path."""
     probe = ("import importlib, json, sys, paddle\n"
              "mods = {m: importlib.import_module(m).__file__ for m in sys.argv[1:]}\n"
              "print(json.dumps({'paddle': paddle.__file__, 'modules': mods}))\n")
-    env = dict(os.environ, PYTHONPATH=os.path.join(work_dir, "python"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(work_dir, "python"),
+               PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([sys.executable, "-c", probe, *modules], cwd=work_dir,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
@@ -551,38 +1084,72 @@ def verify_against_installed_paddle(patch_path, work_dir, modules):
         if not os.path.realpath(path).startswith(root + os.sep):
             raise ExportError("%s was imported from %s, not from %s"
                               % (name, path, work_dir))
+    return result
+
+
+def verify_against_installed_paddle(patch_path: str, work_dir: str, modules) -> dict:
+    """Mirror installed paddle into work_dir, git-apply, import modules."""
+    t0 = time.time()
+    if os.path.exists(work_dir) and os.listdir(work_dir):
+        raise ExportError("%s exists and is not empty" % work_dir)
+    os.makedirs(os.path.join(work_dir, "python"), exist_ok=True)
+    info = mirror_installed_paddle(os.path.join(work_dir, "python"))
+    info["mirror_s"] = round(time.time() - t0, 2)
+    t1 = time.time()
+    proc = subprocess.run(["git", "init", "-q"], cwd=work_dir)
+    if proc.returncode:
+        raise ExportError("git init failed in %s" % work_dir)
+    git_apply(work_dir, patch_path)
+    info["apply_s"] = round(time.time() - t1, 2)
+    t2 = time.time()
+    info.update(import_in_tree(work_dir, modules))
     info["import_s"] = round(time.time() - t2, 2)
     info["total_s"] = round(time.time() - t0, 2)
-    info.update(result)
     return info
 
 
-# PYTHONPATH of an in-tree test run (relative to the patched copy); the
-# fleet test dir is there because its tests import sibling helpers by name.
-IN_TREE_PYTHONPATH = ("python", "test", "test/collective/fleet")
-# modules whose __file__ the in-tree run reports (and must lie in the copy)
+# PYTHONPATH of an in-tree run (relative to the patched tree): the test
+# directories, because Paddle runs each test with its directory as cwd and
+# the tests import sibling helpers by name.
+IN_TREE_PYTHONPATH = ("python", "test/collective/fleet", "test/legacy_test", "test")
+# modules whose __file__ the in-tree run reports (and must lie in the tree)
 IN_TREE_PROBE_MODULES = (
     "paddle",
     "paddle.optimizer.muon",
     "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer",
 )
 IN_TREE_MARK = "MUON_IN_TREE_RESULT "
-# Runs inside the pytest subprocess: hide the out-of-tree package (editable
-# installs add a sys.path entry via .pth, or a meta path finder), prove it is
-# gone, run pytest, report which files the Muon modules came from.
+# Runs in the subprocess: hide the out-of-tree package (editable installs add
+# a sys.path entry via .pth, or a meta path finder), prove it is gone, then
+# run pytest or load test modules with unittest, and report which files the
+# Muon modules came from.
 _IN_TREE_BOOTSTRAP = r"""
-import importlib.util, json, os, sys
+import importlib, importlib.util, json, os, sys, unittest
 hidden = set(json.loads(os.environ["MUON_EXPORT_HIDDEN_PATHS"]))
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) not in hidden]
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) not in hidden
+               and not os.path.isdir(os.path.join(p or os.curdir, "paddle_muon_ext"))]
 sys.meta_path[:] = [f for f in sys.meta_path
                     if "paddle_muon_ext" not in repr(f)
                     and "__editable__" not in getattr(type(f), "__module__", "")]
 importable = importlib.util.find_spec("paddle_muon_ext") is not None
+loaded = {}
 if importable:
     rc = 99
-else:
+elif os.environ["MUON_EXPORT_ACTION"] == "pytest":
     import pytest
     rc = int(pytest.main(sys.argv[1:]))
+else:
+    for path in sys.argv[1:]:
+        folder, name = os.path.split(os.path.abspath(path))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        try:
+            module = importlib.import_module(name[:-3])
+            loaded[path] = unittest.defaultTestLoader.loadTestsFromModule(
+                module).countTestCases()
+        except Exception as exc:  # report every module, not the first failure
+            loaded[path] = "%s: %s" % (type(exc).__name__, exc)
+    rc = 0 if all(isinstance(n, int) and n > 0 for n in loaded.values()) else 1
 probe = json.loads(os.environ["MUON_EXPORT_PROBE_MODULES"])
 print("\n%s%s" % (os.environ["MUON_EXPORT_MARK"], json.dumps({
     "rc": rc,
@@ -590,12 +1157,13 @@ print("\n%s%s" % (os.environ["MUON_EXPORT_MARK"], json.dumps({
     "paddle_muon_ext_loaded": sorted(m for m in sys.modules
                                      if m.split(".")[0] == "paddle_muon_ext"),
     "modules": {m: getattr(sys.modules.get(m), "__file__", None) for m in probe},
+    "unittest_counts": loaded,
 })))
 sys.exit(rc)
 """
 
 
-def _out_of_tree_paths(repo_root=None):
+def _out_of_tree_paths(repo_root: str | None = None) -> list:
     """Directories the in-tree run must not see (the package's source root)."""
     paths = set()
     spec = importlib.util.find_spec("paddle_muon_ext")
@@ -606,16 +1174,7 @@ def _out_of_tree_paths(repo_root=None):
     return sorted(paths)
 
 
-def run_pytest_in_tree(work_dir, pytest_args, repo_root=None, timeout=None):
-    """Run pytest on the patched copy with only the copy on the path.
-
-    ``PYTHONPATH`` is ``IN_TREE_PYTHONPATH`` under work_dir; the out-of-tree
-    package's source root is removed from ``sys.path`` (and editable-install
-    finders from ``sys.meta_path``) before pytest starts, and the run fails
-    (rc 99) if ``paddle_muon_ext`` is still importable.  Returns a dict: rc,
-    the probe report (which file each of ``IN_TREE_PROBE_MODULES`` came
-    from), pytest's summary line, wall seconds and the output tail.
-    """
+def _run_in_tree(work_dir, action, args, repo_root=None, timeout=None):
     work_dir = os.path.realpath(work_dir)
     env = dict(os.environ)
     env.update({
@@ -626,9 +1185,8 @@ def run_pytest_in_tree(work_dir, pytest_args, repo_root=None, timeout=None):
         "MUON_EXPORT_HIDDEN_PATHS": json.dumps(_out_of_tree_paths(repo_root)),
         "MUON_EXPORT_PROBE_MODULES": json.dumps(IN_TREE_PROBE_MODULES),
         "MUON_EXPORT_MARK": IN_TREE_MARK,
+        "MUON_EXPORT_ACTION": action,
     })
-    args = ["-p", "no:cacheprovider", "--rootdir", work_dir,
-            "--confcutdir", work_dir, *pytest_args]
     t0 = time.time()
     try:
         proc = subprocess.run([sys.executable, "-c", _IN_TREE_BOOTSTRAP, *args],
@@ -651,21 +1209,51 @@ def run_pytest_in_tree(work_dir, pytest_args, repo_root=None, timeout=None):
     problems = []
     report = info["report"]
     if report is None:
-        problems.append("no probe report (pytest subprocess crashed?)")
+        problems.append("no probe report (subprocess crashed?)")
     else:
         if report["paddle_muon_ext_importable"] or report["paddle_muon_ext_loaded"]:
             problems.append("paddle_muon_ext was importable/loaded in the in-tree run")
         for name, path in report["modules"].items():
             if path is not None and not os.path.realpath(path).startswith(
                     work_dir + os.sep):
-                problems.append("%s came from %s, not the copy" % (name, path))
+                problems.append("%s came from %s, not the tree" % (name, path))
+        for path, count in sorted(report["unittest_counts"].items()):
+            if not (isinstance(count, int) and count > 0):
+                problems.append("%s: unittest loads %s" % (path, count))
     if rc != 0:
-        problems.append("pytest exited %d" % rc)
+        problems.append("%s exited %d" % (action, rc))
     info["problems"] = problems
     return info
 
 
-def exported_modules(files):
+def run_pytest_in_tree(work_dir: str, pytest_args, repo_root: str | None = None,
+                       timeout: float | None = None) -> dict:
+    """Run pytest on the patched tree with only the tree on the path.
+
+    The out-of-tree package's source root is removed from ``sys.path`` (and
+    editable-install finders from ``sys.meta_path``) first; the run fails
+    (rc 99) if ``paddle_muon_ext`` is still importable.  Returns a dict: rc,
+    the probe report, pytest's summary line, wall seconds, output tail,
+    problems.
+    """
+    args = ["-p", "no:cacheprovider", "--rootdir", os.path.realpath(work_dir),
+            "--confcutdir", os.path.realpath(work_dir), *pytest_args]
+    return _run_in_tree(work_dir, "pytest", args, repo_root, timeout)
+
+
+def load_unittest_in_tree(work_dir: str, test_files, repo_root: str | None = None,
+                          timeout: float | None = None) -> dict:
+    """Load each test module of the patched tree with unittest's loader.
+
+    Returns:
+        dict: as ``run_pytest_in_tree``; ``report["unittest_counts"]`` maps
+        each file to its test count (or the import error); a module with 0
+        tests is a problem.
+    """
+    return _run_in_tree(work_dir, "unittest", list(test_files), repo_root, timeout)
+
+
+def exported_modules(files) -> list:
     mods = []
     for path in sorted(files):
         if path.startswith("python/paddle/") and path.endswith(".py"):
@@ -677,27 +1265,43 @@ def exported_modules(files):
 
 
 # ------------------------------------------------------------------ main
-def main(argv=None):
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-o", "--output", required=True, help="patch file to write")
+    p.add_argument("--notes", default=None,
+                   help="notes file (default: <output stem>.NOTES.md)")
     p.add_argument("--repo-root", default=".")
     p.add_argument("--paddle-root", default=None,
-                   help="Paddle checkout used to detect existing files")
+                   help="Paddle source checkout to export against")
     p.add_argument("--include-untracked", action="store_true")
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--map", action="append", default=[], metavar="SRC=DST")
-    p.add_argument("--no-cmake", action="store_true")
-    p.add_argument("--strict", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="warnings (leftover/dropped references) are errors")
+    p.add_argument("--require-unittest", action="store_true",
+                   help="a test module without unittest test methods is an error")
     p.add_argument("--verify-against-installed-paddle", metavar="DIR")
     p.add_argument("--verify-module", action="append", default=[])
     p.add_argument("--verify-pytest", metavar="ARGS", default=None,
                    help="after --verify-against-installed-paddle, run pytest "
                         "with these (shell-quoted) arguments in the patched "
                         "copy, without the out-of-tree package on the path")
+    p.add_argument("--verify-unittest-load", action="store_true",
+                   help="after --verify-against-installed-paddle, load every "
+                        "exported test module with unittest (each must have > 0 tests)")
     args = p.parse_args(argv)
-    if args.verify_pytest is not None and not args.verify_against_installed_paddle:
-        p.error("--verify-pytest needs --verify-against-installed-paddle DIR")
+    if (args.verify_pytest is not None or args.verify_unittest_load) \
+            and not args.verify_against_installed_paddle:
+        p.error("--verify-pytest/--verify-unittest-load need "
+                "--verify-against-installed-paddle DIR")
     extra_map = []
     for item in args.map:
         if "=" not in item:
@@ -707,49 +1311,66 @@ def main(argv=None):
         ex = build_export(
             args.repo_root, include=args.include, exclude=args.exclude,
             extra_map=extra_map, paddle_tree=PaddleTree(args.paddle_root),
-            include_untracked=args.include_untracked, cmake=not args.no_cmake)
+            include_untracked=args.include_untracked)
     except ExportError as exc:
         print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
         return 2
-    with open(args.output, "w") as f:
-        f.write(render_patch(ex.files))
-    print("Wrote %s: %d new files" % (args.output, len(ex.files)))
-    for dst in sorted(ex.files):
-        print("  + %s%s" % (dst, "  <- " + ex.sources[dst] if dst in ex.sources else ""))
-    print()
-    print(ex.files[NOTES_PATH])
-    for tdir in sorted(ex.cmake):
-        print("ADD TO %s/CMakeLists.txt:  include(%s)" % (tdir, CMAKE_NAME))
     for w in ex.warnings:
         print("WARNING: " + w, file=sys.stderr)
-    if ex.conflicts:
-        for c in ex.conflicts:
-            print("CONFLICT: %s already exists in Paddle" % c, file=sys.stderr)
+    for dst in ex.zero_test_modules:
+        print("WARNING: %s: no unittest test methods (Paddle's runner would load 0 "
+              "tests)" % dst, file=sys.stderr)
+    errors = ["CONFLICT: %s: %s" % c for c in ex.conflicts]
+    if args.strict:
+        errors += ["STRICT: %s" % w for w in ex.warnings]
+    if args.require_unittest:
+        errors += ["NO UNITTEST TESTS: %s" % d for d in ex.zero_test_modules]
+    if errors:
+        for e in errors:
+            print(e, file=sys.stderr)
+        print("export_upstream_patch: %d problem(s); no patch written" % len(errors),
+              file=sys.stderr)
         return 1
-    if args.strict and ex.warnings:
-        return 1
+    notes = render_notes(ex)
+    notes_path = args.notes or notes_path_for(args.output)
+    _write(args.output, render_patch(ex))
+    _write(notes_path, notes)
+    added = sum(1 for c in ex.changes.values() if c.old is None)
+    print("Wrote %s (%d added, %d modified) and %s"
+          % (args.output, added, len(ex.changes) - added, notes_path))
+    for dst in sorted(ex.changes):
+        c = ex.changes[dst]
+        print("  %s %s%s" % ("M" if c.old is not None else "A", dst,
+                             "  <- " + c.src if c.src else ""))
+    print()
+    print(notes)
     if args.verify_against_installed_paddle:
-        mods = args.verify_module or exported_modules(ex.files)
+        work = args.verify_against_installed_paddle
+        mods = args.verify_module or exported_modules(ex.changes)
         try:
-            info = verify_against_installed_paddle(
-                args.output, args.verify_against_installed_paddle, mods)
+            info = verify_against_installed_paddle(args.output, work, mods)
         except ExportError as exc:
             print("VERIFY FAILED: %s" % exc, file=sys.stderr)
             return 1
         print("VERIFY OK: " + json.dumps(info, indent=2, sort_keys=True))
+        runs = []
+        if args.verify_unittest_load:
+            runs.append(("IN-TREE UNITTEST LOAD", load_unittest_in_tree(
+                work, ex.test_modules(), repo_root=args.repo_root)))
         if args.verify_pytest is not None:
-            res = run_pytest_in_tree(args.verify_against_installed_paddle,
-                                     shlex.split(args.verify_pytest),
-                                     repo_root=args.repo_root)
+            runs.append(("IN-TREE PYTEST", run_pytest_in_tree(
+                work, shlex.split(args.verify_pytest), repo_root=args.repo_root)))
+        failed = False
+        for label, res in runs:
             print(res["output_tail"])
-            print("IN-TREE PYTEST %s (%.1fs): %s"
-                  % ("FAILED" if res["problems"] else "OK", res["wall_s"],
-                     res["summary"]))
-            print("IN-TREE PROBE: " + json.dumps(res["report"], sort_keys=True))
-            if res["problems"]:
-                for problem in res["problems"]:
-                    print("IN-TREE PYTEST FAILED: " + problem, file=sys.stderr)
-                return 1
+            print("%s %s (%.1fs): %s" % (label, "FAILED" if res["problems"] else "OK",
+                                        res["wall_s"], res["summary"]))
+            print("%s PROBE: %s" % (label, json.dumps(res["report"], sort_keys=True)))
+            for problem in res["problems"]:
+                print("%s FAILED: %s" % (label, problem), file=sys.stderr)
+            failed = failed or bool(res["problems"])
+        if failed:
+            return 1
     return 0
 
 

@@ -13,17 +13,20 @@
 # limitations under the License.
 """What the Muon tests need from Paddle, out of tree (3.3.1 wheel) and in tree.
 
-Out of tree, paddle 3.3.1 lacks the ``use_muon_sharding`` /
-``comm_group_call_opt`` fields of ``sharding_configs``, a fleet optimizer that
-builds MuonShardingOptimizer and a CPU entry in the tensor-fusion device
-table; the package's 3.3.1 compat layer supplies them and this module hands
-them on. tools/export_upstream_patch.py strips the compat block below, so in
-tree (the module under ``paddle.distributed.fleet.meta_optimizers``) the same
-names fall back to what the Paddle build offers:
+Out of tree, paddle 3.3.1 lacks the ``use_muon_sharding`` strategy field,
+the ``comm_group_call_opt`` / ``muon_partition_strategy`` fields of
+``sharding_configs``, a fleet optimizer that builds MuonShardingOptimizer and
+a CPU entry in the tensor-fusion device table; the package's 3.3.1 compat
+layer supplies them and this module hands them on. The export
+(tools/export_upstream_patch.py) strips the compat block below, so in tree
+(``test/collective/fleet`` of a patched Paddle) the same names use what the
+build's ``paddle.distributed.fleet.proto.distributed_strategy_pb2`` offers:
 
-* ``set_muon_sharding_options``: the proto fields when the build has them; a
-  True option it cannot hold skips the calling test (``pytest.skip``), or
-  raises ``MuonCapabilityMissing`` outside pytest (the launched workers).
+* ``set_muon_sharding_options``: the proto fields when the build has them
+  (``use_muon_sharding`` on the strategy itself, the others in
+  ``sharding_configs``); an option the build cannot hold raises
+  ``MuonCapabilityMissing``, a ``unittest.SkipTest`` (the test is skipped, a
+  launched worker stops with the reason).
 * ``fleet_optimizer``: Paddle's ``HybridParallelOptimizer`` when the build
   knows ``use_muon_sharding``; else the bare ``MuonShardingOptimizer`` (see
   ``FLEET_WRAPPER_NOTE``: the caller then runs ``reduce_gradients`` itself).
@@ -33,7 +36,7 @@ names fall back to what the Paddle build offers:
 
 from __future__ import annotations
 
-import sys
+import unittest
 from typing import Any
 
 import paddle
@@ -70,21 +73,34 @@ __all__ = [
 ]
 
 
-class MuonCapabilityMissing(RuntimeError):
-    """The Paddle build lacks what a Muon test needs (outside pytest)."""
+class MuonCapabilityMissing(unittest.SkipTest):
+    """The Paddle build lacks what a Muon test needs.
+
+    A ``unittest.SkipTest``: unittest and pytest report the test as skipped
+    with the reason; in a launched worker it ends the process with it.
+    """
 
 
-def _proto_fields() -> frozenset:
+def _proto_fields(message: str) -> frozenset:
+    """Field names of a DistributedStrategy proto message in this build."""
     try:
-        from paddle.base.framework import distributed_strategy_pb2
+        from paddle.distributed.fleet.proto import distributed_strategy_pb2
 
-        descriptor = distributed_strategy_pb2.DygraphShardingConfig.DESCRIPTOR
+        descriptor = getattr(distributed_strategy_pb2, message).DESCRIPTOR
     except (ImportError, AttributeError):  # pragma: no cover - other builds
         return frozenset()
     return frozenset(descriptor.fields_by_name)
 
 
-_SHARDING_FIELDS = _proto_fields()
+# use_muon_sharding is a top-level strategy field; the rest live in
+# hybrid_configs["sharding_configs"] (DygraphShardingConfig).
+_STRATEGY_FIELDS = _proto_fields("DistributedStrategy")
+_SHARDING_FIELDS = _proto_fields("DygraphShardingConfig")
+# option name used by the tests -> DygraphShardingConfig field
+_SHARDING_FIELD_OF = {
+    "comm_group_call_opt": "comm_group_call_opt",
+    "partition_strategy": "muon_partition_strategy",
+}
 
 #: True out of tree (the 3.3.1 compat layer is importable).
 HAS_COMPAT_LAYER = _compat is not None
@@ -92,20 +108,16 @@ HAS_COMPAT_LAYER = _compat is not None
 HAS_GROUP_CALL_OPTION = HAS_COMPAT_LAYER or "comm_group_call_opt" in _SHARDING_FIELDS
 #: A fleet optimizer (HybridParallelOptimizer or the compat subclass) builds
 #: MuonShardingOptimizer.
-HAS_FLEET_WRAPPER = HAS_COMPAT_LAYER or "use_muon_sharding" in _SHARDING_FIELDS
+HAS_FLEET_WRAPPER = HAS_COMPAT_LAYER or "use_muon_sharding" in _STRATEGY_FIELDS
 
 FLEET_WRAPPER_NOTE = (
     "this Paddle build's HybridParallelOptimizer cannot build MuonShardingOptimizer "
-    "(sharding_configs has no use_muon_sharding field) and the 3.3.1 compat layer is "
+    "(the strategy has no use_muon_sharding field) and the 3.3.1 compat layer is "
     "absent (in-tree run): fleet_optimizer() returns the bare MuonShardingOptimizer"
 )
 
 
 def _missing(reason: str) -> None:
-    if "pytest" in sys.modules:
-        import pytest
-
-        pytest.skip(reason)
     raise MuonCapabilityMissing(reason)
 
 
@@ -126,16 +138,24 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
         return
     configs = strategy.hybrid_configs["sharding_configs"]
     for name, value in options.items():
-        if name in _SHARDING_FIELDS:
-            setattr(configs, name, value)
+        if name == "use_muon_sharding":
+            if "use_muon_sharding" in _STRATEGY_FIELDS:
+                # the proto message under DistributedStrategy: works whether or
+                # not this build also has the Python property
+                strategy.strategy.use_muon_sharding = value
+            # without the field fleet_optimizer() picks the bare optimizer
+            # (FLEET_WRAPPER_NOTE)
+            continue
+        field = _SHARDING_FIELD_OF[name]
+        if field in _SHARDING_FIELDS:
+            setattr(configs, field, value)
         elif name == "comm_group_call_opt" and value:
             _missing("comm_group_call_opt: this Paddle build's sharding_configs has no "
                      "such field and the 3.3.1 compat layer is absent (in-tree run)")
         elif name == "partition_strategy":
-            _missing("partition_strategy: no such sharding_configs field in this Paddle "
-                     "build and the 3.3.1 compat layer is absent (in-tree run)")
-        # use_muon_sharding without the field: fleet_optimizer() picks the
-        # bare optimizer instead (FLEET_WRAPPER_NOTE).
+            _missing("partition_strategy: no such sharding_configs field "
+                     f"({field}) in this Paddle build and the 3.3.1 compat layer is "
+                     "absent (in-tree run)")
 
 
 def fleet_optimizer(optimizer: Any, hcg: Any, strategy: Any) -> Any:
