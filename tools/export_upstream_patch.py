@@ -734,6 +734,39 @@ def _candidates(repo_root, files, include, exclude, extra_map, ex):
     return out
 
 
+def _drop_tool_tests(candidates, ex):
+    """Drop test-tree modules that import a dropped package, then helpers only they used.
+
+    Tests of this package's tools (e.g. the cluster emulator) do not travel:
+    the tools stay here.
+    """
+    keep = []
+    for cand in candidates:
+        src, dst, text = cand
+        found = dropped_module_lines(text) if dst.startswith("test/") and \
+            dst.endswith(".py") else []
+        if found:
+            ex.dropped.append((src, "test of a tool that is not exported (imports %s)"
+                               % found[0][1]))
+        else:
+            keep.append(cand)
+    dropped_any = len(keep) != len(candidates)
+    while dropped_any:
+        dropped_any = False
+        for cand in list(keep):
+            src, dst, _ = cand
+            name = os.path.basename(dst)[:-3]
+            if not (dst.endswith(".py") and not name.startswith(("test_", "__"))
+                    and os.path.dirname(dst) in TESTSLIST_DIRS + GLOB_TEST_DIRS + ("test",)):
+                continue
+            used = re.compile(r"\b%s\b" % re.escape(name))
+            if not any(used.search(t) for s2, d2, t in keep if d2 != dst):
+                keep.remove(cand)
+                ex.dropped.append((src, "helper used only by tests that are not exported"))
+                dropped_any = True
+    return keep
+
+
 def _check_python(ex, dst, text):
     try:
         compile(text, dst, "exec", dont_inherit=True)
@@ -774,6 +807,7 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
             ex.left_out.append((dst, UPSTREAM_OWNED[dst]))
             continue
         candidates.append([src, dst, text])
+    candidates = _drop_tool_tests(candidates, ex)
     # rule 5: our test files never replace develop's
     module_renames = {}
     for cand in candidates:

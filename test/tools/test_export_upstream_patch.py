@@ -107,6 +107,10 @@ FILES = {
     FLEET + "test_muon_fake.py": FAKE_TEST,
     FLEET + "conftest.py": "import sys\n",
     "test/legacy_test/test_muon_single.py": "import unittest\n",
+    # a test of a tool that stays here, and its worker
+    FLEET + "test_muon_tool.py": "from paddle_muon_ext.tools import cluster\n"
+                                 "WORKER = 'tool_worker.py'\n",
+    FLEET + "tool_worker.py": "print(1)\n",
     "test/mock/__init__.py": "",
     "test/mock/fake_group.py": "class FakeGroup:\n    nranks = 2\n",
     "test/mock/test_mock_group.py": FAKE_TEST,
@@ -347,6 +351,10 @@ def test_patch_content(fake_repo, tmp_path, capsys):
             "http_proxy=;https_proxy=;PYTHONPATH=../..,WITH_GLOO`") in notes
     assert "`test_muon_mock_group,,,200,,test_runner.py," in notes
     assert "test/legacy_test/test_muon_single.py`: registered by the directory's" in notes
+    assert ("`test/collective/fleet/test_muon_tool.py`: test of a tool that is not "
+            "exported (imports paddle.tools)") in notes
+    assert ("`test/collective/fleet/tool_worker.py`: helper used only by tests that "
+            "are not exported") in notes
     assert "muon_partition_strategy` (string, default \"upstream_greedy\"): not added" in notes
     # the pytest-only module has no unittest tests: a warning, an error on request
     assert "test_muon_single.py: no unittest test methods" in err
