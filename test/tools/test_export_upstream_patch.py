@@ -489,7 +489,6 @@ PENDING_UNITTEST = {
     FLEET + "test_muon_mock_collectives.py",
     FLEET + "test_muon_mock_hcg.py",
     FLEET + "test_muon_mock_world.py",
-    "test/legacy_test/test_muon_optimizer.py",
 }
 
 
@@ -631,7 +630,6 @@ IN_TREE_SUITES = (
     FLEET + "test_muon_mock_world.py",
     FLEET + "test_muon_comm_plan.py",
     FLEET + "test_muon_sharding_partition.py",
-    "test/legacy_test/test_muon_optimizer.py",
     FLEET + "test_muon_sharding_optimizer.py",
     # 6 of ~180 group-call tests: the option-off one must pass, the option-on
     # ones skip where comm_group_call_opt cannot be set (3.3.1 wheel copy)
