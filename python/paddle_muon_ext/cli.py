@@ -11,15 +11,12 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``paddle-muon-ext`` console script: an alias for the repository tools.
+"""``paddle-muon-ext`` console script.
 
-    paddle-muon-ext plan   ...   ->  python tools/muon_comm.py plan ...
-    paddle-muon-ext verify ...   ->  python tools/muon_comm.py verify ...
-    paddle-muon-ext cluster ...  ->  python tools/muon_comm.py cluster ...
-    paddle-muon-ext demo   ...   ->  python tools/demo.py ...
-
-The tools and the test harness they drive live in the source checkout (an
-editable install, ``pip install -e .``), not in the installed package.
+    paddle-muon-ext plan    ...  installed tool (no checkout needed)
+    paddle-muon-ext cluster ...  installed tool (needs root; its worker lives in the checkout)
+    paddle-muon-ext verify  ...  needs the source checkout's test harness
+    paddle-muon-ext demo   ...   runs tools/demo.py of the source checkout
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ import runpy
 import sys
 from typing import Sequence
 
-_TOOLS = {"plan": "muon_comm.py", "verify": "muon_comm.py", "cluster": "muon_comm.py",
-          "demo": "demo.py"}
+_COMMANDS = ("plan", "verify", "cluster", "demo")
 
 
 def _checkout_root() -> str:
@@ -38,21 +34,25 @@ def _checkout_root() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to the tool script; returns its exit status."""
+    """Dispatch to the subcommand; returns its exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in _TOOLS:
-        print(f"usage: paddle-muon-ext {{{','.join(_TOOLS)}}} [options]", file=sys.stderr)
+    if not args or args[0] not in _COMMANDS:
+        print(f"usage: paddle-muon-ext {{{','.join(_COMMANDS)}}} [options]", file=sys.stderr)
         return 2
-    script = os.path.join(_checkout_root(), "tools", _TOOLS[args[0]])
+    if args[0] == "verify" and not os.path.isdir(os.path.join(_checkout_root(), "test", "mock")):
+        print("error: paddle-muon-ext verify needs a source checkout (its test/mock harness); "
+              "install with 'pip install -e .' from a checkout", file=sys.stderr)
+        return 2
+    if args[0] != "demo":
+        from .tools.cli import main as tools_main
+
+        return tools_main(args)
+    script = os.path.join(_checkout_root(), "tools", "demo.py")
     if not os.path.isfile(script):
-        print(
-            f"error: {script} not found; paddle-muon-ext needs a source checkout "
-            "installed with 'pip install -e .'",
-            file=sys.stderr,
-        )
+        print("error: paddle-muon-ext demo needs a source checkout (tools/demo.py); "
+              "install with 'pip install -e .' from a checkout", file=sys.stderr)
         return 2
-    tool_args = args if _TOOLS[args[0]] == "muon_comm.py" else args[1:]
-    sys.argv = [script, *tool_args]
+    sys.argv = [script, *args[1:]]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as done:

@@ -337,14 +337,10 @@ def test_preset_targets(model, ep, ms):
     assert h["by_colour"]["dense"]["inter_node_ratio_to_bound"] == pytest.approx(1.0)
 
 
-def test_preset_cli_fast():
-    import time
-
-    start = time.perf_counter()
+def test_preset_cli_128_ranks():
+    # Speed is a benchmark matter (no timed asserts): this checks the CLI end to end.
     proc = _cli("plan", "--ep", "32", "--moe-sharding", "4", "--gpus-per-node", "8", "--json")
-    elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["world_size"] == 128 and res["num_nodes"] == 16
-    assert elapsed < 5.0
     assert re.search(r"targets", proc.stdout)

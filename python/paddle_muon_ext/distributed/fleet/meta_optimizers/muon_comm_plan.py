@@ -13,31 +13,17 @@
 # limitations under the License.
 """Hierarchical routing plan for ``comm_group_call_opt`` of the sharded Muon optimizer.
 
-The plan says *what* to communicate: which node groups and same-card groups
-exist, in which order every rank must create them, and where each dense Muon
-buffer goes on its way to its owner. It is computed once from the MoE hybrid
-topology (``hcg._moe_topo``) and holds plain data, so it can be printed and
-unit-tested without any process group. The optimizer only walks it.
+A dense Muon buffer owned by ``owner`` travels in two hops: an intra-node
+reduce onto the rank of each node whose card equals ``card(owner)``, then a
+cross-node reduce among those same-card ranks onto the owner (broadcast in
+reverse). ``node(r) = r // gpus_per_node``, ``card(r) = r % gpus_per_node``.
 
-Physical placement (set by the launcher): for a global rank ``r`` and
-``gpus_per_node`` (gpn) cards per node, ``node(r) = r // gpn`` and
-``card(r) = r % gpn``.
-
-Routing of a dense buffer owned by ``owner``, seen from ``rank``:
-
-1. intra-node reduce in ``rank``'s node group onto
-   :meth:`HierarchicalCommPlan.intra_node_root` (the rank of ``rank``'s node
-   whose card equals ``card(owner)``);
-2. cross-node reduce in the same-card group
-   :meth:`HierarchicalCommPlan.cross_node_key` onto ``owner``; only ranks for
-   which :meth:`HierarchicalCommPlan.in_cross_node_step` is true take part.
-
-Parameter sync walks the same route backwards (cross-node broadcast from the
-owner, then intra-node broadcast from the card-``card(owner)`` rank).
-
-Nothing here touches CUDA, the environment or ``paddle.distributed`` at import
-or construction time; :func:`resolve_gpus_per_node` and
-:meth:`HierarchicalCommPlan.create_groups` do so only when called.
+The plan is plain data derived once from the MoE topology (``hcg._moe_topo``)
+and validated at construction: every node lies inside one sharding group
+(pipeline stage) and each sharding group spans >= 2 nodes, so the mean of
+per-node means is the group mean. Queries are table look-ups. Nothing here
+touches CUDA or ``paddle.distributed`` until :func:`resolve_gpus_per_node` or
+:meth:`HierarchicalCommPlan.create_groups` is called.
 """
 
 from __future__ import annotations
@@ -183,61 +169,20 @@ class GroupSpec:
 
 @dataclass
 class HierarchicalGroups:
-    """The process groups one rank created from a plan.
+    """The two process groups one rank communicates on.
 
     Attributes:
         rank: the global rank that created them.
         stage: that rank's pipeline stage.
-        node_group: the group of the rank's node.
-        same_card_group: (property) the one same-card group the rank is in.
-        same_card_groups: ``(stage, card) -> group`` for every card of the
-            rank's own stage. The rank is a member only of the entry for its
-            own card; use :meth:`cross_node_group` to get the group of an
-            owner's cross-node step safely.
-        all_groups: ``(kind, key) -> group`` for every spec, in creation order.
-        plan: the plan the groups were built from.
+        node_group: the group of the rank's node (intra-node phases).
+        same_card_group: the rank's ``(stage, card)`` group (cross-node phases:
+            a rank only joins owners with its own card).
     """
 
     rank: int
     stage: int
     node_group: Any
-    same_card_groups: dict[tuple[int, int], Any]
-    all_groups: dict[tuple[str, tuple[int, ...]], Any] = field(repr=False)
-    plan: HierarchicalCommPlan = field(repr=False)
-
-    @property
-    def same_card_group(self) -> Any:
-        """The same-card group this rank belongs to: ``(stage, card(rank))``.
-
-        Every cross-node step this rank takes part in uses this group (it only
-        joins owners with its own card).
-
-        Returns:
-            The group created for ``(stage, card(rank))``.
-        """
-        return self.same_card_groups[(self.stage, self.plan.card_of(self.rank))]
-
-    def cross_node_group(self, owner: int) -> Any:
-        """Group for the cross-node step of a buffer owned by ``owner``.
-
-        Args:
-            owner: global rank owning the buffer (same stage as this rank).
-
-        Returns:
-            The same-card group ``(stage(owner), card(owner))``.
-
-        Raises:
-            ValueError: this rank does not take part in that step (its card
-                differs from the owner's), or the owner is in another stage.
-        """
-        if not self.plan.in_cross_node_step(owner, self.rank):
-            raise ValueError(
-                f"rank {self.rank} (card {self.plan.card_of(self.rank)}) takes no "
-                f"part in the cross-node step of owner {owner} (card "
-                f"{self.plan.card_of(owner)}); only ranks with the owner's card "
-                "join it. Check in_cross_node_step(owner, rank) first."
-            )
-        return self.same_card_groups[self.plan.cross_node_key(owner)]
+    same_card_group: Any
 
 
 def _is_int(value: Any) -> bool:
@@ -252,20 +197,14 @@ def _fmt_ranks(ranks: Sequence[int]) -> str:
 
 
 class HierarchicalCommPlan:
-    """Node groups, same-card groups and routes for ``comm_group_call_opt``.
+    """Node groups, same-card groups and per-rank routes for ``comm_group_call_opt``.
 
-    Build it with :meth:`from_topology` or :meth:`from_hcg`; every query is a
-    table look-up. Precondition checked at construction: each node's ranks
-    lie inside one sharding group (one pipeline stage) and each sharding group
-    spans at least two nodes, so node groups and same-card groups split every
-    sharding group evenly and the mean of per-node means is the global mean.
+    Build with :meth:`from_topology` or :meth:`from_hcg` (which validate);
+    queries read the per-rank route table built here and do not re-validate.
 
     Attributes:
-        gpus_per_node: cards per node (>= 2).
-        world_size: number of ranks in the MoE topology.
-        num_nodes: ``world_size // gpus_per_node``.
-        axis_names: the topology's axis names, in hybrid order.
-        pp_degree, moe_sharding_degree, ep_degree: the topology's degrees.
+        gpus_per_node, world_size, num_nodes: the physical layout.
+        axis_names, pp_degree, moe_sharding_degree, ep_degree: the topology.
     """
 
     def __init__(
@@ -277,19 +216,7 @@ class HierarchicalCommPlan:
         stage_of_rank: tuple[int, ...],
         sharding_groups: tuple[tuple[int, ...], ...],
         moe_sharding_lists: tuple[tuple[int, ...], ...],
-        expert_lists: tuple[tuple[int, ...], ...],
     ) -> None:
-        """Store validated tables; use :meth:`from_topology` instead.
-
-        Args:
-            gpus_per_node: cards per node, already validated.
-            axis_names: topology axis names in hybrid order.
-            degrees: axis name -> degree.
-            stage_of_rank: pipeline stage of each global rank.
-            sharding_groups: the sorted sharding group of each stage.
-            moe_sharding_lists: the topology's moe_sharding comm lists.
-            expert_lists: the topology's expert comm lists.
-        """
         gpn = gpus_per_node
         self.gpus_per_node: int = gpn
         self.axis_names: tuple[str, ...] = axis_names
@@ -300,13 +227,9 @@ class HierarchicalCommPlan:
         self.num_nodes: int = self.world_size // gpn
         self._stage_of_rank = stage_of_rank
         self._sharding_groups = sharding_groups
-        self._group_of_rank: dict[int, tuple[int, ...]] = {}
-        for ranks in moe_sharding_lists:
-            for r in ranks:
-                self._group_of_rank[(_MOE_SHARDING, r)] = ranks
-        for ranks in expert_lists:
-            for r in ranks:
-                self._group_of_rank[(_EXPERT, r)] = ranks
+        self._moe_group_of_rank: dict[int, tuple[int, ...]] = {
+            r: ranks for ranks in moe_sharding_lists for r in ranks
+        }
         self._nodes_of_stage: tuple[tuple[int, ...], ...] = tuple(
             tuple(sorted({r // gpn for r in ranks})) for ranks in sharding_groups
         )
@@ -384,7 +307,6 @@ class HierarchicalCommPlan:
             stage_of_rank=stage_of_rank,
             sharding_groups=sharding_groups,
             moe_sharding_lists=moe_lists,
-            expert_lists=expert_lists,
         )
 
     @classmethod
@@ -559,198 +481,91 @@ class HierarchicalCommPlan:
                 )
 
     # -------------------------------------------------------------- queries
-    def _check_rank(self, rank: Any, what: str = "rank") -> int:
-        if not _is_int(rank):
-            raise TypeError(
-                f"{what} must be an int global rank, got {rank!r} "
-                f"({type(rank).__name__})."
-            )
+    def _rank(self, rank: int, what: str = "rank") -> int:
+        # The one check left per query: an out-of-range rank would index
+        # another rank's entry (negative) or fail obscurely.
         if not 0 <= rank < self.world_size:
             raise ValueError(
                 f"{what} {rank} is out of range: the MoE topology has world size "
                 f"{self.world_size} (valid ranks 0..{self.world_size - 1})."
             )
-        return int(rank)
+        return rank
 
-    def _check_index(self, value: Any, what: str, limit: int) -> int:
-        if not _is_int(value):
-            raise TypeError(
-                f"{what} must be an int, got {value!r} ({type(value).__name__})."
-            )
+    @staticmethod
+    def _index(value: int, what: str, limit: int) -> int:
         if not 0 <= value < limit:
             raise ValueError(
-                f"{what} {value!r} is out of range: valid {what}s are "
-                f"0..{limit - 1}."
+                f"{what} {value!r} is out of range: valid {what}s are 0..{limit - 1}."
             )
-        return int(value)
+        return value
 
-    def _check_same_stage(self, owner: Any, rank: Any) -> tuple[int, int]:
-        owner = self._check_rank(owner, "owner")
-        rank = self._check_rank(rank, "rank")
-        if self._stage_of_rank[owner] != self._stage_of_rank[rank]:
+    def node_of(self, rank: int) -> int:
+        """Node of a global rank (``rank // gpus_per_node``)."""
+        return self._rank(rank) // self.gpus_per_node
+
+    def card_of(self, rank: int) -> int:
+        """Card index of a global rank (``rank % gpus_per_node``)."""
+        return self._rank(rank) % self.gpus_per_node
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage (sharding group index) of a global rank."""
+        return self._stage_of_rank[self._rank(rank)]
+
+    def node_ranks(self, node: int) -> tuple[int, ...]:
+        """Global ranks of one node, ascending."""
+        gpn = self.gpus_per_node
+        node = self._index(node, "node", self.num_nodes)
+        return tuple(range(node * gpn, (node + 1) * gpn))
+
+    def sharding_group_ranks(self, stage: int) -> tuple[int, ...]:
+        """Global ranks of one stage's sharding group, ascending."""
+        return self._sharding_groups[self._index(stage, "stage", self.pp_degree)]
+
+    def nodes_of_stage(self, stage: int) -> tuple[int, ...]:
+        """Nodes holding one stage's sharding group, ascending."""
+        return self._nodes_of_stage[self._index(stage, "stage", self.pp_degree)]
+
+    def same_card_ranks(self, stage: int, card: int) -> tuple[int, ...]:
+        """The same-card group ``(stage, card)``: one rank per node of the stage."""
+        self._index(stage, "stage", self.pp_degree)
+        return self._same_card[(stage, self._index(card, "card", self.gpus_per_node))]
+
+    def moe_sharding_ranks(self, rank: int) -> tuple[int, ...]:
+        """The moe_sharding group containing ``rank``, in topology order."""
+        return self._moe_group_of_rank[self._rank(rank)]
+
+    def intra_node_root(self, owner: int, rank: int) -> int:
+        """Destination of ``rank``'s intra-node reduce for ``owner``'s buffer.
+
+        The rank of ``rank``'s node whose card equals ``card(owner)``.
+        """
+        self._same_stage(owner, rank)
+        gpn = self.gpus_per_node
+        return rank - rank % gpn + owner % gpn
+
+    def in_cross_node_step(self, owner: int, rank: int) -> bool:
+        """Whether ``rank`` joins the cross-node step of ``owner`` (same card)."""
+        self._same_stage(owner, rank)
+        return rank % self.gpus_per_node == owner % self.gpus_per_node
+
+    def _same_stage(self, owner: int, rank: int) -> None:
+        # A buffer only travels inside its owner's sharding group; a rank of
+        # another stage would be routed onto a node of the wrong group.
+        if self._stage_of_rank[self._rank(owner, "owner")] != self._stage_of_rank[
+                self._rank(rank)]:
             raise ValueError(
                 f"owner {owner} (pipeline stage {self._stage_of_rank[owner]}) and "
                 f"rank {rank} (stage {self._stage_of_rank[rank]}) are not in the "
                 "same sharding group; a dense buffer is only routed inside its "
                 "owner's sharding group."
             )
-        return owner, rank
-
-    def node_of(self, rank: int) -> int:
-        """Node of a global rank.
-
-        Args:
-            rank: global rank.
-
-        Returns:
-            int: ``rank // gpus_per_node``.
-        """
-        return self._check_rank(rank) // self.gpus_per_node
-
-    def card_of(self, rank: int) -> int:
-        """Card index of a global rank on its node.
-
-        Args:
-            rank: global rank.
-
-        Returns:
-            int: ``rank % gpus_per_node``.
-        """
-        return self._check_rank(rank) % self.gpus_per_node
-
-    def stage_of(self, rank: int) -> int:
-        """Pipeline stage (sharding group index) of a global rank.
-
-        Args:
-            rank: global rank.
-
-        Returns:
-            int: the rank's ``pipe`` coordinate in the topology (0 without pp).
-        """
-        return self._stage_of_rank[self._check_rank(rank)]
-
-    def node_ranks(self, node: int) -> tuple[int, ...]:
-        """Global ranks of one node (its node group).
-
-        Args:
-            node: node index, ``0 <= node < num_nodes``.
-
-        Returns:
-            tuple[int, ...]: the node's ranks, ascending.
-        """
-        node = self._check_index(node, "node", self.num_nodes)
-        gpn = self.gpus_per_node
-        return tuple(range(node * gpn, (node + 1) * gpn))
-
-    def sharding_group_ranks(self, stage: int) -> tuple[int, ...]:
-        """Global ranks of one pipeline stage's sharding group.
-
-        Args:
-            stage: pipeline stage, ``0 <= stage < pp_degree``.
-
-        Returns:
-            tuple[int, ...]: the ranks, ascending.
-        """
-        stage = self._check_index(stage, "stage", self.pp_degree)
-        return self._sharding_groups[stage]
-
-    def nodes_of_stage(self, stage: int) -> tuple[int, ...]:
-        """Nodes holding one stage's sharding group.
-
-        Args:
-            stage: pipeline stage.
-
-        Returns:
-            tuple[int, ...]: node indices, ascending.
-        """
-        stage = self._check_index(stage, "stage", self.pp_degree)
-        return self._nodes_of_stage[stage]
-
-    def same_card_ranks(self, stage: int, card: int) -> tuple[int, ...]:
-        """Global ranks of the same-card group ``(stage, card)``.
-
-        Args:
-            stage: pipeline stage.
-            card: card index, ``0 <= card < gpus_per_node``.
-
-        Returns:
-            tuple[int, ...]: one rank per node of the stage, ascending.
-        """
-        stage = self._check_index(stage, "stage", self.pp_degree)
-        card = self._check_index(card, "card", self.gpus_per_node)
-        return self._same_card[(stage, card)]
-
-    def moe_sharding_ranks(self, rank: int) -> tuple[int, ...]:
-        """The moe_sharding group containing ``rank`` (from the topology).
-
-        Args:
-            rank: global rank.
-
-        Returns:
-            tuple[int, ...]: the group's ranks in topology order.
-        """
-        return self._group_of_rank[(_MOE_SHARDING, self._check_rank(rank))]
-
-    def expert_ranks(self, rank: int) -> tuple[int, ...]:
-        """The expert-parallel group containing ``rank`` (from the topology).
-
-        Args:
-            rank: global rank.
-
-        Returns:
-            tuple[int, ...]: the group's ranks in topology order.
-        """
-        return self._group_of_rank[(_EXPERT, self._check_rank(rank))]
-
-    def intra_node_root(self, owner: int, rank: int) -> int:
-        """Destination of ``rank``'s intra-node reduce for a buffer of ``owner``.
-
-        Args:
-            owner: global rank owning the buffer.
-            rank: global rank in the owner's sharding group.
-
-        Returns:
-            int: the rank on ``rank``'s node whose card equals ``card(owner)``.
-        """
-        owner, rank = self._check_same_stage(owner, rank)
-        gpn = self.gpus_per_node
-        return (rank // gpn) * gpn + owner % gpn
-
-    def in_cross_node_step(self, owner: int, rank: int) -> bool:
-        """Whether ``rank`` joins the cross-node step of ``owner``'s buffer.
-
-        Args:
-            owner: global rank owning the buffer.
-            rank: global rank in the owner's sharding group.
-
-        Returns:
-            bool: True iff ``card(rank) == card(owner)``.
-        """
-        owner, rank = self._check_same_stage(owner, rank)
-        return rank % self.gpus_per_node == owner % self.gpus_per_node
-
-    def cross_node_key(self, owner: int) -> tuple[int, int]:
-        """Key of the same-card group used for ``owner``'s cross-node step.
-
-        Args:
-            owner: global rank owning the buffer.
-
-        Returns:
-            tuple[int, int]: ``(stage(owner), card(owner))``.
-        """
-        owner = self._check_rank(owner, "owner")
-        return (self._stage_of_rank[owner], owner % self.gpus_per_node)
 
     # --------------------------------------------------------------- groups
     def group_specs(self) -> list[GroupSpec]:
-        """All groups, in the one creation order every rank must follow.
+        """All groups in the one creation order every rank follows.
 
-        Node groups by node index, then same-card groups by (stage, card).
-        Paddle numbers groups by creation order, so every rank creates all of
-        them (including groups it is not in) in this order.
-
-        Returns:
-            list[GroupSpec]: the specs.
+        Node groups by node, then same-card groups by (stage, card): Paddle
+        numbers groups by creation order, so every rank creates all of them.
         """
         specs = [
             GroupSpec(_NODE, (node,), self.node_ranks(node))
@@ -765,56 +580,39 @@ class HierarchicalCommPlan:
     def create_groups(
         self, rank: int, new_group: Callable[[list[int]], Any] | None = None
     ) -> HierarchicalGroups:
-        """Create every group of :meth:`group_specs`, in order, on ``rank``.
+        """Create every group of :meth:`group_specs` in order; return ``rank``'s two.
 
         Args:
             rank: this process's global rank.
-            new_group: group factory called as ``new_group(ranks_list)``;
-                ``paddle.distributed.new_group`` (looked up now) when None.
+            new_group: factory called as ``new_group(ranks_list)``;
+                ``paddle.distributed.new_group`` when None.
 
         Returns:
-            HierarchicalGroups: this rank's node group, the same-card groups of
-            its stage and every created group.
+            HierarchicalGroups: the rank's node group and same-card group.
         """
-        rank = self._check_rank(rank)
+        rank = self._rank(rank)
         if new_group is None:
             import paddle.distributed  # lazy: only when groups are needed
 
             new_group = paddle.distributed.new_group
-        created: dict[tuple[str, tuple[int, ...]], Any] = {}
-        for spec in self.group_specs():
-            created[(spec.kind, spec.key)] = new_group(list(spec.ranks))
+        created = {(spec.kind, spec.key): new_group(list(spec.ranks))
+                   for spec in self.group_specs()}
         stage = self._stage_of_rank[rank]
+        gpn = self.gpus_per_node
         return HierarchicalGroups(
             rank=rank,
             stage=stage,
-            node_group=created[(_NODE, (rank // self.gpus_per_node,))],
-            same_card_groups={
-                (stage, card): created[(_SAME_CARD, (stage, card))]
-                for card in range(self.gpus_per_node)
-            },
-            all_groups=created,
-            plan=self,
+            node_group=created[(_NODE, (rank // gpn,))],
+            same_card_group=created[(_SAME_CARD, (stage, rank % gpn))],
         )
 
     def spread_rank_order(self, stage: int) -> list[int]:
-        """A stage's sharding-group ranks ordered to spread owners over rails.
+        """A stage's ranks ordered so owners spread evenly over cards (rails) and nodes.
 
-        Entry ``k`` takes card ``k mod gpn`` and the stage's node
-        ``k mod n_nodes`` (round-robin over cards, then nodes). When ``gpn``
-        and ``n_nodes`` share a factor, the pairs repeat after
-        ``lcm(gpn, n_nodes)`` entries, so each following block shifts the card
-        (or, with 2 cards per node, the node) by one. Result: every rank
-        appears once; each aligned run of ``gpn`` entries holds every card
-        once; every prefix is balanced over cards and over nodes (counts differ
-        by at most one); consecutive entries differ in card and node (except
-        for 2 nodes x 2 cards, where that is impossible).
-
-        Args:
-            stage: pipeline stage.
-
-        Returns:
-            list[int]: the ranks of the stage's sharding group, reordered.
+        Entry ``k`` takes card ``k mod gpn`` on node ``k mod n_nodes``; when the
+        pairs repeat (after ``lcm(gpn, n_nodes)``) each block shifts the card
+        (with 2 cards, the node) by one. Every prefix is balanced over cards
+        and nodes to within one; each aligned run of ``gpn`` holds every card.
         """
         nodes = self.nodes_of_stage(stage)
         gpn = self.gpus_per_node
@@ -831,12 +629,7 @@ class HierarchicalCommPlan:
         return order
 
     def describe(self) -> str:
-        """A readable multi-line summary for logs and tools.
-
-        Returns:
-            str: nodes x cards, the stage of each node, the sharding groups and
-            the same-card groups.
-        """
+        """Multi-line summary (nodes, stages, sharding and same-card groups) for logs."""
         gpn = self.gpus_per_node
         degrees = {_PIPE: self.pp_degree, _MOE_SHARDING: self.moe_sharding_degree,
                    _EXPERT: self.ep_degree}

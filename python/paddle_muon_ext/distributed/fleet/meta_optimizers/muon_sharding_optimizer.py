@@ -49,11 +49,8 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_sharding_collectives as comm
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_partition import (
-    MatrixSpec,
-    balanced_partition,
-    upstream_partition,
-)
+from .muon_sharding_layout import assign_muon_owners
+from .muon_sharding_partition import MatrixSpec
 
 # paddle_muon_ext: compat-begin
 from paddle_muon_ext.compat_paddle_3_3 import (
@@ -143,46 +140,6 @@ class MuonBucket:
     params: list
     hierarchical: bool
     buffers: list = dataclasses.field(default_factory=list)
-
-
-def assign_muon_owners(
-    specs: Sequence[MatrixSpec],
-    group_ranks: Sequence[int],
-    plan: HierarchicalCommPlan | None = None,
-    partition_strategy: str = "balanced",
-    buffer_size_MB: float = 256,
-):
-    """Choose the owning global rank of every Muon matrix of one colour group.
-
-    The optimizer and ``tools/muon_comm.py plan`` both call this, so the plan
-    tool reports exactly the owners training will use.
-
-    Args:
-        specs (Sequence[MatrixSpec]): the group's Muon matrices.
-        group_ranks (Sequence[int]): the colour group's global ranks, in group order.
-        plan (HierarchicalCommPlan|None): with the hierarchical path on, equally
-            loaded ranks are preferred in an order that alternates cards and
-            nodes, so owners (and cross-node traffic) spread over all rails.
-        partition_strategy (str): ``"balanced"`` or ``"upstream_greedy"``.
-        buffer_size_MB (float): buffer size of the upstream rule.
-
-    Returns:
-        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
-        the partition with per-rank load figures (group-local indices).
-    """
-    ranks = list(group_ranks)
-    if partition_strategy == "upstream_greedy":
-        partition = upstream_partition(
-            specs, len(ranks), buffer_size_MB if buffer_size_MB > 0 else 256
-        )
-    else:
-        rank_order = None
-        if plan is not None:
-            stage = plan.stage_of(ranks[0])
-            rank_order = [ranks.index(r) for r in plan.spread_rank_order(stage)]
-        partition = balanced_partition(specs, len(ranks), rank_order=rank_order)
-    owners = {name: ranks[idx] for name, idx in partition.owners.items()}
-    return owners, partition
 
 
 def _is_trainable(param) -> bool:

@@ -1,0 +1,675 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Where every byte of the Muon sharding optimizer goes, as plain data.
+
+:class:`ShardingLayout` is the one place that decides placement: from
+parameter metadata (name, shape, dtype, colour, ``use_muon``), the colour
+groups' ranks, the optional :class:`HierarchicalCommPlan` and the settings it
+computes, for one rank,
+
+* the owner of every Muon matrix (via ``muon_sharding_partition``),
+* the Muon buckets per (colour, owner, dtype) and their fused chunks,
+* the element-wise buffers of the other parameters and each rank's range,
+* the route of every bucket (flat or hierarchical, launched from the
+  backward hooks or from ``reduce_gradients``),
+* the ordered collectives of one training step.
+
+Nothing here needs a process group or a Paddle tensor, so the optimizer, the
+plan tool, ``verify`` and the benchmarks all read the same object: the
+optimizer allocates buffers and groups from it and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
+
+from .muon_sharding_partition import (
+    MatrixSpec,
+    balanced_partition,
+    dtype_itemsize,
+    upstream_partition,
+)
+
+if TYPE_CHECKING:
+    from .muon_comm_plan import HierarchicalCommPlan
+
+__all__ = [
+    "ParamMeta",
+    "LayoutSettings",
+    "MuonBucketSpec",
+    "SliceBufferSpec",
+    "CommOp",
+    "ShardingLayout",
+    "assign_muon_owners",
+    "chunk_by_size",
+    "ROUTE_FLAT",
+    "ROUTE_HIERARCHICAL",
+    "PHASE_REDUCE_SCATTER",
+    "PHASE_ALL_GATHER",
+    "PHASE_INTRA_NODE_REDUCE",
+    "PHASE_CROSS_NODE_REDUCE",
+    "PHASE_CROSS_NODE_BROADCAST",
+    "PHASE_INTRA_NODE_BROADCAST",
+    "flat_reduce_phase",
+    "flat_broadcast_phase",
+]
+
+ROUTE_FLAT = "flat"
+ROUTE_HIERARCHICAL = "hierarchical"
+
+PHASE_REDUCE_SCATTER = "reduce_scatter"
+PHASE_ALL_GATHER = "all_gather_slices"
+PHASE_INTRA_NODE_REDUCE = "intra_node_reduce"
+PHASE_CROSS_NODE_REDUCE = "cross_node_reduce"
+PHASE_CROSS_NODE_BROADCAST = "cross_node_broadcast"
+PHASE_INTRA_NODE_BROADCAST = "intra_node_broadcast"
+
+#: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
+TRIGGER_BACKWARD = "backward"
+TRIGGER_REDUCE = "reduce_gradients"
+TRIGGER_STEP = "step"
+
+# Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
+# uses 256 for gpu/npu/xpu; the CPU compat registers the same).
+DEFAULT_ALIGNMENT_BYTES = 256
+# Element sizes Paddle's fusion helper knows; other dtypes cannot be fused there.
+_NON_FLOAT_SIZES = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+@functools.lru_cache(maxsize=4096)
+def flat_reduce_phase(group: tuple) -> str:
+    """Phase label of a flat reduce onto owners in ``group``."""
+    return f"reduce_to_owner[{list(group)}]"
+
+
+@functools.lru_cache(maxsize=4096)
+def flat_broadcast_phase(group: tuple) -> str:
+    """Phase label of a flat broadcast from owners in ``group``."""
+    return f"broadcast_from_owner[{list(group)}]"
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"`` etc."""
+    text = str(dtype).strip().lower()
+    for prefix in ("paddle.", "vartype.", "datatype."):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    if text in _NON_FLOAT_SIZES:
+        return text
+    try:
+        dtype_itemsize(text)
+    except ValueError:
+        return text
+    return {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+            "half": "float16", "fp64": "float64", "double": "float64"}.get(text, text)
+
+
+@functools.lru_cache(maxsize=None)
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name (4 for names we do not know)."""
+    if dtype in _NON_FLOAT_SIZES:
+        return _NON_FLOAT_SIZES[dtype]
+    try:
+        return dtype_itemsize(dtype)
+    except ValueError:
+        return 4
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """What the layout needs to know about one trainable parameter.
+
+    ``colour`` is the colour key (None: the default sharding group); ``dtype``
+    is normalised to a name like ``"float32"``.
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+    colour: Hashable = None
+    use_muon: bool = False
+    numel: int = field(init=False, compare=False)
+    nbytes: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Frozen: derived sizes are computed once, the schedule reads them often.
+        dtype = canonical_dtype(self.dtype)
+        numel = math.prod(int(d) for d in self.shape)
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "numel", numel)
+        object.__setattr__(self, "nbytes", numel * itemsize(dtype))
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    """The options that change placement or schedule (read once by the optimizer).
+
+    Attributes:
+        comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
+        comm_overlap: backward hooks launch each buffer's first reduce.
+        partition_strategy: ``"balanced"`` or ``"upstream_greedy"`` (develop's rule).
+        alignment_bytes: per-parameter padding of fused buffers.
+    """
+
+    comm_buffer_size_MB: float = 256.0
+    comm_overlap: bool = False
+    partition_strategy: str = "balanced"
+    alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
+
+    @property
+    def fused(self) -> bool:
+        return self.comm_buffer_size_MB > 0
+
+
+@dataclass(frozen=True)
+class MuonBucketSpec:
+    """Muon matrices of one (colour, owner, dtype): one broadcast buffer.
+
+    Attributes:
+        colour: colour key; group: the colour group's global ranks (group order).
+        owner: owning global rank; dtype: canonical dtype name.
+        params: names in model order; chunks: the fused gradient buffers
+            (empty when unfused: one reduce per parameter).
+        route: ``"flat"`` or ``"hierarchical"``; overlap: launched from hooks.
+        numel: elements of the broadcast buffer (unpadded).
+        chunk_numels: padded elements of each fused gradient buffer.
+        param_numels: elements of each parameter.
+    """
+
+    colour: Hashable
+    group: tuple
+    owner: int
+    dtype: str
+    params: tuple
+    chunks: tuple
+    route: str
+    overlap: bool
+    numel: int
+    chunk_numels: tuple
+    param_numels: tuple
+    chunk_bytes: tuple = ()
+    param_bytes: tuple = ()
+
+    @property
+    def route_kind(self) -> str:
+        """``flat`` / ``hierarchical``, with ``+overlap`` when hooks launch it."""
+        return self.route + ("+overlap" if self.overlap else "")
+
+    def reduce_numels(self) -> tuple:
+        """Elements of each gradient reduce (per chunk, or per parameter)."""
+        return self.chunk_numels if self.chunks else self.param_numels
+
+    def reduce_parts(self) -> tuple:
+        """(padded numel, unpadded bytes) of each gradient reduce."""
+        if self.chunks:
+            return tuple(zip(self.chunk_numels, self.chunk_bytes))
+        return tuple(zip(self.param_numels, self.param_bytes))
+
+
+@dataclass(frozen=True)
+class SliceBufferSpec:
+    """One REDUCE_SCATTER buffer of element-wise parameters (FusedCommBuffer's layout).
+
+    Every parameter is padded to a multiple of ``alignment / itemsize * nranks``
+    elements, so the buffer splits into ``nranks`` equal shards; rank ``i``
+    (group index) updates elements ``[i * shard, (i + 1) * shard)``.
+    """
+
+    colour: Hashable
+    group: tuple
+    dtype: str
+    params: tuple
+    offsets: tuple
+    padded: tuple
+    param_numels: tuple
+    overlap: bool
+    payload: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.padded)
+
+    @property
+    def shard_numel(self) -> int:
+        return self.total // len(self.group)
+
+    def range_in_param(self, name: str, group_index: int) -> tuple:
+        """``(begin, end)`` within the flattened parameter held by group index ``i``.
+
+        Padding excluded; ``(0, 0)`` when the rank's shard holds none of it.
+        """
+        i = self.params.index(name)
+        shard = self.shard_numel
+        rank_begin = group_index * shard
+        begin = max(self.offsets[i], rank_begin)
+        end = min(self.offsets[i] + self.padded[i], rank_begin + shard)
+        if begin >= end:
+            return 0, 0
+        numel = self.param_numels[i]
+        lo = min(begin - self.offsets[i], numel)
+        hi = min(end - self.offsets[i], numel)
+        return (lo, hi) if hi > lo else (0, 0)
+
+    def holds_slice(self, name: str, group_index: int) -> bool:
+        """Whether the shard overlaps the parameter's padded range (FusedCommBuffer's rule)."""
+        i = self.params.index(name)
+        shard = self.shard_numel
+        rank_begin = group_index * shard
+        return max(self.offsets[i], rank_begin) < min(
+            self.offsets[i] + self.padded[i], rank_begin + shard
+        )
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One collective a rank issues in one step.
+
+    ``numel`` is what the rank contributes (the shard for reduce_scatter and
+    all_gather); ``coalesced`` ops of one phase and group form one launch;
+    ``payload`` is the unpadded parameter bytes of the whole buffer (cost models).
+    """
+
+    trigger: str
+    phase: str
+    op: str
+    group: tuple
+    root: int | None
+    dtype: str
+    numel: int
+    colour: Hashable = None
+    coalesced: bool = False
+    payload: int = 0
+
+    def key(self) -> tuple:
+        """Comparable form: ``(phase, op, sorted group, root, dtype, numel)``."""
+        return (self.phase, self.op, tuple(sorted(self.group)), self.root, self.dtype,
+                self.numel)
+
+
+def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
+    """Split consecutive items into chunks of at most ``limit_MB`` (an item never splits).
+
+    Returns:
+        list[list[int]]: item indices per chunk; one chunk per item when
+        ``limit_MB <= 0``.
+    """
+    if limit_MB <= 0:
+        return [[i] for i in range(len(nbytes))]
+    limit = limit_MB * 1024 * 1024
+    chunks: list = [[]]
+    size = 0
+    for i, b in enumerate(nbytes):
+        if chunks[-1] and size + b > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(i)
+        size += b
+    return chunks if chunks[0] else []
+
+
+@functools.lru_cache(maxsize=256)
+def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
+                      buffer_MB: float):
+    # Group-local: every group of the same size and specs shares one result.
+    if strategy == "upstream_greedy":
+        return upstream_partition(list(specs), nranks, buffer_MB if buffer_MB > 0 else 256)
+    if strategy == "balanced":
+        return balanced_partition(list(specs), nranks,
+                                  rank_order=None if rank_order is None else list(rank_order))
+    raise ValueError(
+        f"partition_strategy={strategy!r} is not known; use 'balanced' or 'upstream_greedy'."
+    )
+
+
+def assign_muon_owners(
+    specs: Sequence[MatrixSpec],
+    group_ranks: Sequence[int],
+    plan: HierarchicalCommPlan | None = None,
+    partition_strategy: str = "balanced",
+    buffer_size_MB: float = 256,
+):
+    """Choose the owning global rank of every Muon matrix of one colour group.
+
+    Args:
+        specs: the group's Muon matrices.
+        group_ranks: the colour group's global ranks, in group order.
+        plan: hierarchical plan; with it, equally loaded ranks are preferred in
+            an order alternating cards and nodes so owners spread over rails.
+        partition_strategy: ``"balanced"`` or ``"upstream_greedy"``.
+        buffer_size_MB: buffer size of the upstream rule.
+
+    Returns:
+        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
+        the partition (group-local indices). Cached: identical inputs give the
+        identical (shared, do not mutate) result.
+    """
+    ranks = [int(r) for r in group_ranks]
+    rank_order = None
+    if plan is not None and partition_strategy == "balanced":
+        index = {r: i for i, r in enumerate(ranks)}
+        rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
+    partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
+                                  float(buffer_size_MB))
+    return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
+
+
+@dataclass
+class ShardingLayout:
+    """Owners, buckets, element-wise ranges and the step schedule of one rank.
+
+    Build with :meth:`build`; all fields are plain data.
+
+    Attributes:
+        rank: the global rank the layout is for.
+        groups: colour key -> global ranks of the colour group (group order).
+        settings: the :class:`LayoutSettings`.
+        plan: the hierarchical plan (None: flat routing everywhere).
+        owners: Muon parameter name -> owning global rank.
+        partitions: colour key -> OwnerPartition (load figures for tools).
+        muon_buckets: :class:`MuonBucketSpec` in issue order.
+        slice_buffers: :class:`SliceBufferSpec` in issue order.
+        params: name -> :class:`ParamMeta`.
+    """
+
+    rank: int
+    groups: dict
+    settings: LayoutSettings
+    plan: Any
+    owners: dict
+    partitions: dict
+    muon_buckets: list
+    slice_buffers: list
+    params: dict = field(repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[ParamMeta],
+        groups: Mapping[Hashable, Sequence[int]],
+        rank: int,
+        settings: LayoutSettings = LayoutSettings(),
+        plan: HierarchicalCommPlan | None = None,
+    ) -> ShardingLayout:
+        """Compute the layout of ``rank``.
+
+        Args:
+            params: the rank's trainable parameters in model order.
+            groups: colour key -> global ranks of its group; every colour
+                used by ``params`` needs an entry containing ``rank``.
+            rank: this global rank.
+            settings: placement options.
+            plan: with it, default-colour (``None``) Muon buckets route
+                hierarchically.
+
+        Returns:
+            ShardingLayout: the layout.
+
+        Raises:
+            ValueError: a colour without a group, or a group without ``rank``.
+        """
+        groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
+        for p in params:
+            if p.colour not in groups:
+                raise ValueError(
+                    f"parameter {p.name} has colour {p.colour!r} but no group was "
+                    f"given for it (known colours: {list(groups)})."
+                )
+        for key, ranks in groups.items():
+            if rank not in ranks:
+                raise ValueError(
+                    f"rank {rank} is not in the group of colour {key!r} "
+                    f"({list(ranks)}); every rank must hold the parameters of the "
+                    "colour groups it belongs to."
+                )
+        muon_by_colour: dict = OrderedDict()
+        other_by_colour: dict = OrderedDict()
+        for p in params:
+            target = muon_by_colour if p.use_muon else other_by_colour
+            target.setdefault(p.colour, []).append(p)
+
+        owners: dict = {}
+        partitions: dict = {}
+        buckets: list = []
+        for colour, cparams in muon_by_colour.items():
+            hier_plan = plan if colour is None else None
+            owner_of, partition, cbuckets = _colour_muon_layout(
+                colour, groups[colour], tuple(cparams), hier_plan, settings)
+            owners.update(owner_of)
+            partitions[colour] = partition
+            buckets.extend(cbuckets)
+        slices: list = []
+        for colour, cparams in other_by_colour.items():
+            slices.extend(_colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
+        return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
+                   partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
+                   params={p.name: p for p in params})
+
+    @staticmethod
+    def _padded(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
+        align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
+        return (numel + align - 1) // align * align
+
+    @classmethod
+    def _muon_buckets(cls, colour, group, params, owner_of, hierarchical, settings) -> tuple:
+        grouped: dict = OrderedDict()
+        for p in params:
+            grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
+        out = []
+        for (owner, dtype), bparams in sorted(grouped.items()):
+            chunks = chunk_numels = chunk_bytes = ()
+            if settings.fused:
+                idx = chunk_by_size([p.nbytes for p in bparams], settings.comm_buffer_size_MB)
+                chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
+                chunk_numels = tuple(
+                    sum(cls._padded(bparams[i].numel, dtype, settings, 1) for i in c)
+                    for c in idx
+                )
+                chunk_bytes = tuple(sum(bparams[i].nbytes for i in c) for c in idx)
+            out.append(MuonBucketSpec(
+                colour=colour, group=group, owner=owner, dtype=dtype,
+                params=tuple(p.name for p in bparams), chunks=chunks,
+                route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
+                overlap=settings.comm_overlap and settings.fused,
+                numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
+                param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
+                param_bytes=tuple(p.nbytes for p in bparams),
+            ))
+        return tuple(out)
+
+    @classmethod
+    def _slice_buffers(cls, colour, group, params, settings) -> tuple:
+        by_dtype: dict = OrderedDict()
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        out = []
+        for dtype, dparams in by_dtype.items():
+            if settings.fused:
+                chunks = chunk_by_size([p.nbytes for p in dparams], settings.comm_buffer_size_MB)
+            else:
+                chunks = [list(range(len(dparams)))]
+            for c in chunks:
+                members = [dparams[i] for i in c]
+                padded = tuple(cls._padded(p.numel, dtype, settings, len(group))
+                               for p in members)
+                offsets = tuple(sum(padded[:i]) for i in range(len(padded)))
+                out.append(SliceBufferSpec(
+                    colour=colour, group=group, dtype=dtype,
+                    params=tuple(p.name for p in members), offsets=offsets,
+                    padded=padded, param_numels=tuple(p.numel for p in members),
+                    overlap=settings.comm_overlap, payload=sum(p.nbytes for p in members),
+                ))
+        return tuple(out)
+
+    # ------------------------------------------------------------ queries
+    def group_index(self, colour: Hashable) -> int:
+        """This rank's index in the colour's group."""
+        return self.groups[colour].index(self.rank)
+
+    def owned_params(self) -> list:
+        """Names of the Muon matrices this rank owns, in bucket order."""
+        return [n for b in self.muon_buckets if b.owner == self.rank for n in b.params]
+
+    def slice_buffer_of(self, name: str) -> SliceBufferSpec:
+        """The element-wise buffer holding parameter ``name``."""
+        for buf in self.slice_buffers:
+            if name in buf.params:
+                return buf
+        raise KeyError(f"{name} is not an element-wise (non-Muon) parameter")
+
+    def local_range(self, name: str) -> tuple:
+        """Flattened range of ``name`` this rank updates (see the optimizer's ``local_range``)."""
+        if name in self.owners:
+            if self.owners[name] != self.rank:
+                return 0, 0
+            return 0, self.params[name].numel
+        if name not in self.params:
+            raise KeyError(f"{name} is not a trainable parameter of this layout")
+        buf = self.slice_buffer_of(name)
+        return buf.range_in_param(name, self.group_index(buf.colour))
+
+    # ----------------------------------------------------------- schedule
+    def comm_groups(self) -> list:
+        """Global ranks of every group this rank's schedule uses."""
+        groups = list(self.groups.values())
+        if self.plan is not None and any(b.route == ROUTE_HIERARCHICAL
+                                         for b in self.muon_buckets):
+            groups.extend(self._hier_groups())
+        return groups
+
+    def _hier_groups(self) -> tuple:
+        plan, rank = self.plan, self.rank
+        node = plan.node_ranks(plan.node_of(rank))
+        same_card = plan.same_card_ranks(plan.stage_of(rank), plan.card_of(rank))
+        return node, same_card
+
+    def _flat_groups(self, buckets) -> list:
+        order: dict = OrderedDict()
+        for b in buckets:
+            order.setdefault(b.group, []).append(b)
+        return list(order.items())
+
+    def schedule(self) -> list:
+        """Ordered collectives this rank issues in one step.
+
+        Hook-launched ops (``trigger == "backward"``) are listed in model order
+        of their buffers; their real order follows the backward pass.
+
+        Returns:
+            list[CommOp]: the step's collectives.
+        """
+        rank, plan = self.rank, self.plan
+        overlap = self.settings.comm_overlap and self.settings.fused
+        ops: list = []
+        hier = [b for b in self.muon_buckets if b.route == ROUTE_HIERARCHICAL]
+        flat = [b for b in self.muon_buckets if b.route == ROUTE_FLAT]
+        node = same_card = None
+        if hier:
+            node, same_card = self._hier_groups()
+        launch = TRIGGER_BACKWARD if overlap else TRIGGER_REDUCE
+
+        for buf in self.slice_buffers:
+            ops.append(CommOp(launch, PHASE_REDUCE_SCATTER, "reduce_scatter", buf.group, None,
+                              buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
+        if overlap:
+            # Hooks launch each buffer's first reduce, one op per buffer.
+            for b in self.muon_buckets:
+                if b.route == ROUTE_HIERARCHICAL:
+                    phase, group, root = PHASE_INTRA_NODE_REDUCE, node, plan.intra_node_root(
+                        b.owner, rank)
+                else:
+                    phase, group, root = flat_reduce_phase(b.group), b.group, b.owner
+                for n, payload in b.reduce_parts():
+                    ops.append(CommOp(launch, phase, "reduce", group, root, b.dtype, n,
+                                      b.colour, False, payload))
+        else:
+            for b in hier:
+                root = plan.intra_node_root(b.owner, rank)
+                for n, payload in b.reduce_parts():
+                    ops.append(CommOp(launch, PHASE_INTRA_NODE_REDUCE, "reduce", node, root,
+                                      b.dtype, n, b.colour, True, payload))
+        for b in hier:
+            if plan.in_cross_node_step(b.owner, rank):
+                for n, payload in b.reduce_parts():
+                    ops.append(CommOp(TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, "reduce",
+                                      same_card, b.owner, b.dtype, n, b.colour, True, payload))
+        if not overlap:
+            for group, buckets in self._flat_groups(flat):
+                for b in buckets:
+                    for n, payload in b.reduce_parts():
+                        ops.append(CommOp(launch, flat_reduce_phase(group), "reduce", group,
+                                          b.owner, b.dtype, n, b.colour, True, payload))
+        # step: parameter sync, the reduce's mirror.
+        def bcast(b, phase, group, root):
+            return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, b.dtype, b.numel,
+                          b.colour, True, b.numel * itemsize(b.dtype))
+
+        for b in hier:
+            if plan.in_cross_node_step(b.owner, rank):
+                ops.append(bcast(b, PHASE_CROSS_NODE_BROADCAST, same_card, b.owner))
+        for b in hier:
+            ops.append(bcast(b, PHASE_INTRA_NODE_BROADCAST, node,
+                             plan.intra_node_root(b.owner, rank)))
+        for group, buckets in self._flat_groups(flat):
+            for b in buckets:
+                ops.append(bcast(b, flat_broadcast_phase(group), group, b.owner))
+        for buf in self.slice_buffers:
+            ops.append(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
+                              buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
+        # One-rank groups (e.g. moe_sharding_degree=1) hold the result already.
+        return [op for op in ops if len(op.group) > 1]
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (owners, buckets, slice ranges, schedule) for tools and tests."""
+        return {
+            "rank": self.rank,
+            "groups": {str(k): list(v) for k, v in self.groups.items()},
+            "owners": dict(sorted(self.owners.items())),
+            "muon_buckets": [
+                {"colour": str(b.colour), "group": list(b.group), "owner": b.owner,
+                 "dtype": b.dtype, "params": list(b.params),
+                 "chunks": [list(c) for c in b.chunks], "route": b.route_kind,
+                 "numel": b.numel}
+                for b in self.muon_buckets
+            ],
+            "slice_buffers": [
+                {"colour": str(s.colour), "dtype": s.dtype, "params": list(s.params),
+                 "offsets": list(s.offsets), "padded": list(s.padded),
+                 "local": [list(s.range_in_param(n, self.group_index(s.colour)))
+                           for n in s.params]}
+                for s in self.slice_buffers
+            ],
+            "schedule": [[op.trigger, *op.key()] for op in self.schedule()],
+        }
+
+
+# Ranks sharing a colour group and its parameters share its layout: computed
+# once per (group, parameters, settings), so a 512-rank plan stays fast.
+@functools.lru_cache(maxsize=1024)
+def _colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings):
+    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
+    owner_of, partition = assign_muon_owners(
+        specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
+    buckets = ShardingLayout._muon_buckets(colour, group, params, owner_of, plan is not None,
+                                           settings)
+    return owner_of, partition, buckets
+
+
+@functools.lru_cache(maxsize=1024)
+def _colour_slice_layout(colour, group: tuple, params: tuple, settings: LayoutSettings):
+    return ShardingLayout._slice_buffers(colour, group, params, settings)

@@ -1,0 +1,201 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Command-line flags shared by the tools, and the layout they describe.
+
+One small module so every subcommand (``plan``, ``verify``, ``cluster``, ...)
+parses and validates a layout the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from . import presets
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_ORDER",
+    "DEFAULT_BUFFER_MB",
+    "MuonCommConfig",
+    "add_config_args",
+    "build_config",
+    "load_model",
+    "nonneg_float",
+    "parse_order",
+]
+
+DEFAULT_MODEL = "ernie-moe-small"
+DEFAULT_ORDER = ("moe_sharding", "pipe", "expert")
+DEFAULT_BUFFER_MB = 256.0
+
+_AXIS_ALIASES = {
+    "moe_sharding": "moe_sharding",
+    "ms": "moe_sharding",
+    "pp": "pipe",
+    "pipe": "pipe",
+    "ep": "expert",
+    "expert": "expert",
+}
+
+
+@dataclass(frozen=True)
+class MuonCommConfig:
+    """A parallel layout and model, as given on the command line.
+
+    Attributes:
+        ep, moe_sharding, pp: expert, moe_sharding and pipeline degrees.
+        gpus_per_node: cards per node.
+        order: topology axis names in hybrid order, outermost first.
+        model: preset name or path of a JSON parameter list.
+        nodes: expected number of nodes (checked against the world size), or None.
+    """
+
+    ep: int
+    moe_sharding: int
+    pp: int
+    gpus_per_node: int
+    order: Tuple[str, ...] = DEFAULT_ORDER
+    model: str = DEFAULT_MODEL
+    nodes: Optional[int] = None
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.moe_sharding * self.ep
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.gpus_per_node
+
+    def degrees(self) -> Dict[str, int]:
+        """Axis name -> degree."""
+        return {"pipe": self.pp, "moe_sharding": self.moe_sharding, "expert": self.ep}
+
+    def build_topology(self):
+        """The MoE ``CommunicateTopology`` (what ``hcg._moe_topo`` would be)."""
+        from paddle.distributed.fleet.base.topology import CommunicateTopology
+
+        deg = self.degrees()
+        return CommunicateTopology(list(self.order), [deg[n] for n in self.order])
+
+    def build_plan(self):
+        """The validated ``HierarchicalCommPlan`` (raises ValueError)."""
+        from ..distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
+
+        return HierarchicalCommPlan.from_topology(self.build_topology(), self.gpus_per_node)
+
+    def load_params(self) -> List[presets.ParamSpec]:
+        """The model's parameter list (preset or JSON file)."""
+        return load_model(self.model)
+
+
+def load_model(model: str) -> List[presets.ParamSpec]:
+    """Parameters of a preset name or a JSON file (ValueError if neither)."""
+    if model in presets.list_presets():
+        return presets.get_preset(model)
+    if model.endswith(".json") or os.path.exists(model):
+        if not os.path.isfile(model):
+            raise ValueError(f"model file {model!r} does not exist")
+        try:
+            return presets.load_json(model)
+        except (OSError, json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"cannot read model file {model!r}: {exc}") from None
+    raise ValueError(
+        f"unknown model {model!r}: use a preset ({', '.join(presets.list_presets())}) "
+        "or a .json parameter list"
+    )
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add the layout / model flags shared by every subcommand."""
+    g = parser.add_argument_group("layout")
+    g.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
+    g.add_argument("--moe-sharding", type=int, required=True, help="moe_sharding degree")
+    g.add_argument("--pp", type=int, default=1, help="pipeline degree (default 1)")
+    g.add_argument("--gpus-per-node", type=int, required=True, help="cards per node")
+    g.add_argument(
+        "--order",
+        default="moe_sharding,pp,ep",
+        help="MoE axes in topology order, outermost first; names moe_sharding, "
+        "pp|pipe, ep|expert (default moe_sharding,pp,ep)",
+    )
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"preset ({', '.join(presets.list_presets())}) or a JSON parameter "
+        f"list (default {DEFAULT_MODEL})",
+    )
+    g.add_argument(
+        "--nodes", type=int, default=None, help="expected node count (checked vs world size)"
+    )
+
+
+def parse_order(text: str) -> Tuple[str, ...]:
+    """``"ms,pp,ep"`` -> ``("moe_sharding", "pipe", "expert")`` (ValueError if malformed)."""
+    parts = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    names = []
+    for p in parts:
+        if p not in _AXIS_ALIASES:
+            raise ValueError(
+                f"--order: unknown axis {p!r}; use moe_sharding, pp (or pipe), ep (or expert)"
+            )
+        names.append(_AXIS_ALIASES[p])
+    if sorted(names) != sorted(DEFAULT_ORDER):
+        raise ValueError(
+            f"--order {text!r} must name each of moe_sharding, pp, ep exactly once"
+        )
+    return tuple(names)
+
+
+def build_config(args: argparse.Namespace) -> MuonCommConfig:
+    """Validate the shared flags; raises ValueError with a readable reason."""
+    for flag, value in (
+        ("--ep", args.ep),
+        ("--moe-sharding", args.moe_sharding),
+        ("--pp", args.pp),
+        ("--gpus-per-node", args.gpus_per_node),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    cfg = MuonCommConfig(
+        ep=args.ep,
+        moe_sharding=args.moe_sharding,
+        pp=args.pp,
+        gpus_per_node=args.gpus_per_node,
+        order=parse_order(args.order),
+        model=args.model,
+        nodes=args.nodes,
+    )
+    if cfg.nodes is not None:
+        if cfg.nodes < 1:
+            raise ValueError(f"--nodes must be >= 1, got {cfg.nodes}")
+        if cfg.nodes * cfg.gpus_per_node != cfg.world_size:
+            raise ValueError(
+                f"--nodes {cfg.nodes} x --gpus-per-node {cfg.gpus_per_node} = "
+                f"{cfg.nodes * cfg.gpus_per_node} ranks, but pp x moe_sharding x ep = "
+                f"{cfg.pp} x {cfg.moe_sharding} x {cfg.ep} = {cfg.world_size}"
+            )
+    return cfg
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = float(text)
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value

@@ -1,0 +1,113 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The ``plan`` / ``verify`` command line (``paddle-muon-ext`` and ``tools/muon_comm.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Optional, Sequence
+
+from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, nonneg_float
+from .cost_model import BACKENDS, AlphaBeta
+from .plan import PARTITION_RULES, compute_plan, json_ready, predict_cluster
+from .report import draw_png, format_table
+from .verify import CheckoutMissing, add_verify_parser, cmd_verify
+
+__all__ = ["build_parser", "main"]
+
+# importing paddle warns about a missing ccache on every run; not our concern
+warnings.filterwarnings("ignore", message="No ccache found")
+
+
+def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
+    """The parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Communication plan of the sharded Muon optimizer."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "plan", help="count collectives / bytes of the flat and hierarchical paths",
+        description="Count one step's collectives and bytes of the flat and the "
+        "hierarchical (comm_group_call_opt) path, from the layout the optimizer builds; "
+        "see paddle_muon_ext.tools.cost_model for the model.",
+    )
+    add_config_args(p)
+    d = AlphaBeta()
+    cost = p.add_argument_group("alpha-beta model")
+    cost.add_argument("--alpha-nvlink", type=nonneg_float, default=d.alpha_nvlink,
+                      help=f"NVLink latency per hop, s (default {d.alpha_nvlink:g})")
+    cost.add_argument("--beta-nvlink", type=nonneg_float, default=d.beta_nvlink,
+                      help=f"NVLink s/B (default {d.beta_nvlink:.3g} = 150 GB/s)")
+    cost.add_argument("--alpha-net", type=nonneg_float, default=d.alpha_net,
+                      help=f"network latency per hop, s (default {d.alpha_net:g})")
+    cost.add_argument("--beta-net", type=nonneg_float, default=d.beta_net,
+                      help=f"network s/B per NIC (default {d.beta_net:.3g} = 25 GB/s)")
+    p.add_argument("--buffer-size-MB", type=nonneg_float, default=DEFAULT_BUFFER_MB,
+                   help="fused gradient buffer size (sharding_configs.comm_buffer_size_MB; "
+                   "0 = one reduce per parameter; default 256)")
+    p.add_argument("--comm-overlap", action="store_true",
+                   help="sharding_configs.comm_overlap: hooks launch each buffer's reduce")
+    p.add_argument("--partition", choices=PARTITION_RULES, default="balanced",
+                   help="owner rule of the main figures (default balanced; the other rule's "
+                   "key figures are reported side by side)")
+    p.add_argument("--backend", choices=BACKENDS, default="nccl",
+                   help="collective algorithms: nccl rings (GPU, default) or gloo as "
+                   "measured on the namespace cluster (CPU)")
+    p.add_argument("--json", action="store_true", help="print a JSON dict instead of the table")
+    p.add_argument("--png", metavar="FILE", help="draw nodes x cards with owners and rails")
+    add_verify_parser(sub)
+    _cluster_tool().add_parser(sub)
+    return parser
+
+
+def _cluster_tool():
+    from . import cluster
+
+    return cluster
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Run ``plan``."""
+    cfg = build_config(args)
+    ab = AlphaBeta(args.alpha_nvlink, args.beta_nvlink, args.alpha_net, args.beta_net)
+    res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB,
+                       comm_overlap=args.comm_overlap, partition_strategy=args.partition,
+                       backend=args.backend)
+    if args.png:
+        draw_png(res, args.png)
+    if args.json:
+        print(json.dumps(json_ready(res), indent=1))
+    else:
+        print(format_table(res))
+        if args.png:
+            print(f"wrote {args.png}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "paddle-muon-ext") -> int:
+    """Parse ``argv`` and run the subcommand; exit status 0 / 1 (FAIL) / 2 (error)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plan":
+            return cmd_plan(args)
+        if args.command == "cluster":
+            return _cluster_tool().main(args, predict=predict_cluster)
+        return cmd_verify(args)
+    except (ValueError, TypeError, CheckoutMissing) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,318 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Alpha-beta cost of one step's collectives (DESIGN.md section 6).
+
+Input: the group-level collectives of a step, as the layout schedules them
+(:class:`CommOp`); nothing here decides what is sent.
+
+Bytes (egress of the sending rank): node of rank ``r`` is ``r // gpn``,
+card ``r % gpn``; a byte is inter-node when sender and receiver sit on
+different nodes and is charged to the sender's card (its NIC / rail).
+A collective over a group runs NCCL-style rings: ranks ordered node by node,
+``C`` = ranks on the fullest node channels of ``S / C`` bytes each, channel
+``j`` exits each node through its ``(j mod k_node)``-th rank. Reduce onto a
+root: the chain ending at the root (ring minus root -> successor); broadcast:
+the chain starting at the root. Reduce-scatter / all-gather: every ring edge
+carries ``(p - 1) / p * S / C``. Hierarchical phases are exact: intra-node,
+each non-root sends ``S``; cross-node, a chain of ``n - 1`` inter-node edges.
+
+Time: phases run one after another, the groups of a phase concurrently; a
+phase takes the largest group latency plus the busiest rank's
+``inter * beta_net + intra * beta_nvlink``. An uncoalesced op pays alpha per
+chain hop, op after op; a coalesced hierarchical phase pays it once:
+``(gpn - 1) * alpha_nvlink`` intra-node, ``(n - 1) * alpha_net`` across.
+Payload bytes are unpadded parameter bytes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
+
+__all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "max_over_mean",
+           "ratio", "cost_phase"]
+
+KINDS = ("sharding", "moe_sharding", "node", "same_card")
+#: Collective algorithms the bytes model knows (``--backend``): NCCL rings
+#: (above) or gloo as measured (:mod:`paddle_muon_ext.tools.gloo_model`).
+BACKENDS = ("nccl", "gloo")
+OTHER_PHASES = ("reduce_scatter", "all_gather")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Latency (s) and inverse bandwidth (s/B) of NVLink and the network."""
+
+    alpha_nvlink: float = 5e-6
+    beta_nvlink: float = 1.0 / 150e9
+    alpha_net: float = 2e-5
+    beta_net: float = 1.0 / 25e9
+
+
+def max_over_mean(values: Sequence[float]) -> float:
+    """Busiest / mean (1.0 when everything is zero)."""
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    return max(values) * len(values) / total
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` (1.0 when ``b`` is zero)."""
+    return a / b if b else 1.0
+
+
+def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
+    """(cost-model phase, group kind) of a scheduled op."""
+    colour = "dense" if op.colour is None else "moe"
+    kind = "sharding" if op.colour is None else "moe_sharding"
+    if op.phase == msl.PHASE_REDUCE_SCATTER:
+        return "reduce_scatter", kind
+    if op.phase == msl.PHASE_ALL_GATHER:
+        return "all_gather", kind
+    if op.phase in (msl.PHASE_INTRA_NODE_REDUCE, msl.PHASE_INTRA_NODE_BROADCAST):
+        return op.phase, "node"
+    if op.phase in (msl.PHASE_CROSS_NODE_REDUCE, msl.PHASE_CROSS_NODE_BROADCAST):
+        return op.phase, "same_card"
+    return f"{colour}_{op.op}", kind
+
+
+class _Phase:
+    """Traffic of one phase: per-rank egress and per-group latency."""
+
+    def __init__(self, name: str, world: int) -> None:
+        self.name = name
+        self.intra = [0.0] * world
+        self.inter = [0.0] * world
+        self.latency: Dict[Tuple[int, ...], float] = {}
+
+    def time(self, ab: AlphaBeta) -> float:
+        bw = max(
+            (e * ab.beta_net + i * ab.beta_nvlink for e, i in zip(self.inter, self.intra)),
+            default=0.0,
+        )
+        return max(self.latency.values(), default=0.0) + bw
+
+
+class CostPath:
+    """Collectives and bytes of one path (flat or hierarchical) over one step."""
+
+    def __init__(self, name: str, world: int, gpn: int, ab: AlphaBeta,
+                 backend: str = "nccl") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        self.name = name
+        self.backend = backend
+        self.world = world
+        self.gpn = gpn
+        self.ab = ab
+        self.phases: "OrderedDict[str, _Phase]" = OrderedDict()
+        self.calls: Counter = Counter()
+        self.launches: Counter = Counter()
+        self.detail: Dict[str, Counter] = {k: Counter() for k in KINDS}
+        self.muon_inter = 0.0
+        self.muon_intra = 0.0
+        self.other_inter = 0.0
+        self.other_intra = 0.0
+        self.rail_muon = [0.0] * gpn
+        self.rail_all = [0.0] * gpn
+        self.bound = 0.0
+        self.colour_inter: Counter = Counter()
+        self.colour_bound: Counter = Counter()
+        self.colour_rail: Dict[str, List[float]] = {"dense": [0.0] * gpn, "moe": [0.0] * gpn}
+        self.phase_triggers: Dict[str, str] = {}
+        self._rings: Dict[Tuple[int, ...], List[List[int]]] = {}
+
+    def phase(self, name: str) -> _Phase:
+        if name not in self.phases:
+            self.phases[name] = _Phase(name, self.world)
+        return self.phases[name]
+
+    def rings(self, group: Tuple[int, ...]) -> List[List[int]]:
+        """One ring per channel (see the module docstring)."""
+        rings = self._rings.get(group)
+        if rings is None:
+            gpn = self.gpn
+            by_node: Dict[int, List[int]] = {}
+            for r in sorted(group, key=lambda r: (r // gpn, r % gpn)):
+                by_node.setdefault(r // gpn, []).append(r)
+            members = [by_node[n] for n in sorted(by_node)]
+            channels = max(len(m) for m in members)
+            rings = []
+            for j in range(channels):
+                ring = []
+                for mem in members:
+                    cut = j % len(mem) + 1
+                    ring.extend(mem[cut:] + mem[:cut])
+                rings.append(ring)
+            self._rings[group] = rings
+        return rings
+
+    def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
+        gpn = self.gpn
+        if src // gpn != dst // gpn:
+            ph.inter[src] += nbytes
+            self.rail_all[src % gpn] += nbytes
+            if muon:
+                self.muon_inter += nbytes
+                self.rail_muon[src % gpn] += nbytes
+                self.colour_inter[muon] += nbytes
+                self.colour_rail[muon][src % gpn] += nbytes
+            else:
+                self.other_inter += nbytes
+            return True
+        ph.intra[src] += nbytes
+        if muon:
+            self.muon_intra += nbytes
+        else:
+            self.other_intra += nbytes
+        return False
+
+    def _alpha(self, inter: bool) -> float:
+        return self.ab.alpha_net if inter else self.ab.alpha_nvlink
+
+    def rooted(self, ph: _Phase, kind: str, what: str, group, root: int, nbytes: float,
+               colour: str, coalesced: bool = False) -> None:
+        """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``."""
+        group = tuple(group)
+        self.calls[kind] += 1
+        self.detail[kind][what] += 1
+        if len(group) < 2:
+            return
+        if self.backend == "gloo":
+            self._gloo(ph, what, group, nbytes, colour, root, coalesced)
+            return
+        rings = self.rings(group)
+        share = nbytes / len(rings)
+        latency = 0.0
+        for ch, ring in enumerate(rings):
+            i = ring.index(root)
+            chain = ring[i + 1:] + ring[: i + 1] if what == "reduce" else ring[i:] + ring[:i]
+            for a, b in zip(chain, chain[1:]):
+                inter = self._send(ph, a, b, share, colour)
+                if ch == 0:
+                    latency += self._alpha(inter)
+        if not coalesced:
+            ph.latency[group] = ph.latency.get(group, 0.0) + latency
+
+    def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
+        """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
+        group = tuple(group)
+        self.calls[kind] += 1
+        self.launches[kind] += 1
+        self.detail[kind][what] += 1
+        p = len(group)
+        if p < 2:
+            return
+        if self.backend == "gloo":
+            self._gloo(ph, what, group, nbytes, None, None, False)
+            return
+        rings = self.rings(group)
+        share = nbytes * (p - 1) / p / len(rings)
+        latency = 0.0
+        for ch, ring in enumerate(rings):
+            for a, b in zip(ring, ring[1:] + ring[:1]):
+                inter = self._send(ph, a, b, share, None)
+                if ch == 0 and b != ring[0]:
+                    latency += self._alpha(inter)
+        ph.latency[group] = ph.latency.get(group, 0.0) + latency
+
+    def _gloo(self, ph: _Phase, what: str, group, nbytes: float, colour: Optional[str],
+              root: Optional[int], coalesced: bool) -> None:
+        """One collective as gloo runs it (``paddle_muon_ext.tools.gloo_model``)."""
+        from . import gloo_model
+
+        inter = False
+        for a, b, size in gloo_model.collective_edges(what, group, nbytes, root):
+            inter = self._send(ph, a, b, size, colour) or inter
+        if not coalesced:
+            ph.latency[group] = ph.latency.get(group, 0.0) + (
+                gloo_model.rounds(what, len(group)) * self._alpha(inter))
+
+    def add_bound(self, colour: str, group_nodes: int, nbytes: float) -> None:
+        """Lower bound of a Muon buffer: reduce + broadcast cross ``n - 1`` node cuts."""
+        self.bound += 2 * (group_nodes - 1) * nbytes
+        self.colour_bound[colour] += 2 * (group_nodes - 1) * nbytes
+
+    def replay(self, ops: Iterable[Tuple[msl.CommOp, float]]) -> None:
+        """Charge group-level ops (each once, with its payload bytes), in schedule order."""
+        launched = set()
+        for op, nbytes in ops:
+            name, kind = cost_phase(op)
+            ph = self.phase(name)
+            self.phase_triggers.setdefault(name, op.trigger)
+            group = tuple(sorted(op.group))
+            if op.op in ("reduce_scatter", "all_gather"):
+                what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
+                self.ring_collective(ph, kind, what, group, nbytes)
+                continue
+            colour = "dense" if op.colour is None else "moe"
+            hier = kind in ("node", "same_card")
+            coalesced = op.coalesced and hier
+            self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced)
+            if not op.coalesced:
+                self.launches[kind] += 1
+            elif (name, group) not in launched:
+                launched.add((name, group))
+                self.launches[kind] += 1
+                if hier:
+                    alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
+                    ph.latency[group] = (len(group) - 1) * alpha
+
+    def summary(self) -> Dict[str, Any]:
+        intra = [0.0] * self.world
+        inter = [0.0] * self.world
+        for ph in self.phases.values():
+            for r in range(self.world):
+                intra[r] += ph.intra[r]
+                inter[r] += ph.inter[r]
+        phase_times = OrderedDict((n, ph.time(self.ab)) for n, ph in self.phases.items())
+        muon_time = sum(t for n, t in phase_times.items() if n not in OTHER_PHASES)
+        return {
+            "collectives_per_step": {k: self.calls[k] for k in KINDS},
+            "collectives_total": sum(self.calls[k] for k in KINDS),
+            "collectives_detail": {k: dict(self.detail[k]) for k in KINDS},
+            "coalesced_launches_per_step": {k: self.launches[k] for k in KINDS},
+            "inter_node_bytes": self.muon_inter,
+            "inter_node_bytes_bound": self.bound,
+            "inter_node_ratio_to_bound": ratio(self.muon_inter, self.bound),
+            "intra_node_bytes": self.muon_intra,
+            "inter_node_bytes_all": self.muon_inter + self.other_inter,
+            "intra_node_bytes_all": self.muon_intra + self.other_intra,
+            "bytes_per_rank": {
+                "intra_node": {"max": max(intra), "mean": sum(intra) / self.world},
+                "inter_node": {"max": max(inter), "mean": sum(inter) / self.world},
+            },
+            "rail_bytes": list(self.rail_muon),
+            "rail_imbalance": max_over_mean(self.rail_muon),
+            "rail_imbalance_all": max_over_mean(self.rail_all),
+            "by_colour": {
+                colour: {
+                    "inter_node_bytes": self.colour_inter[colour],
+                    "inter_node_bytes_bound": self.colour_bound[colour],
+                    "inter_node_ratio_to_bound": ratio(self.colour_inter[colour],
+                                                       self.colour_bound[colour]),
+                    "rail_bytes": list(self.colour_rail[colour]),
+                    "rail_imbalance": max_over_mean(self.colour_rail[colour]),
+                }
+                for colour in ("dense", "moe")
+            },
+            "estimated_time_s": sum(phase_times.values()),
+            "estimated_muon_time_s": muon_time,
+            "estimated_time_phases_s": dict(phase_times),
+            "phase_triggers": dict(self.phase_triggers),
+        }

@@ -1,0 +1,265 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``verify``: prove one layout on one CPU box (needs the source checkout's test harness).
+
+Runs the real optimizer on every rank of the simulated world (``test/mock``)
+with ``comm_group_call_opt`` on and off: the schedule checker over every
+rank's collectives, each rank's recorded collectives against the schedule its
+:class:`ShardingLayout` predicts, then real data against a single-process
+Muon reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from typing import Callable, Dict, List, Sequence
+
+from .args import MuonCommConfig, add_config_args, build_config
+
+__all__ = [
+    "VERIFY_MODEL",
+    "DATA_MAX_RANKS",
+    "CheckoutMissing",
+    "add_verify_parser",
+    "checkout_root",
+    "compare_schedule",
+    "run_verify",
+    "cmd_verify",
+]
+
+VERIFY_MODEL = "tiny-moe"
+#: Largest world the data-moving simulated world runs by default; larger
+#: worlds are verified schedule-only (every rank, every collective).
+DATA_MAX_RANKS = 64
+#: Ops the optimizer never issues itself (the global-norm clip's all_reduce).
+_NOT_OPTIMIZER_OPS = ("all_reduce",)
+
+
+class CheckoutMissing(RuntimeError):
+    """The test harness (``test/mock``) is not next to the package."""
+
+
+def checkout_root() -> str:
+    """The source checkout holding this package (``python/paddle_muon_ext``)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
+
+
+def _test_paths() -> None:
+    root = checkout_root()
+    if not os.path.isdir(os.path.join(root, "test", "mock")):
+        raise CheckoutMissing(
+            "verify needs the source checkout's test harness (test/mock); install "
+            "with 'pip install -e .' from a checkout and run it there"
+        )
+    for sub in ("test", os.path.join("test", "collective", "fleet")):
+        path = os.path.join(root, sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def add_verify_parser(sub) -> None:
+    """Register the ``verify`` subcommand."""
+    v = sub.add_parser(
+        "verify",
+        help="run the schedule checker and the simulated world on one layout",
+        description="Build the layout, check every rank's collective schedule with "
+        "comm_group_call_opt on and off (and against the schedule the layout predicts), "
+        "train the tiny MoE test model in the simulated world (real data, one thread per "
+        "rank) with the option on and off, and compare against a single-process Muon "
+        "reference. Needs the source checkout. Exit 0 PASS, 1 FAIL, 2 invalid layout.",
+    )
+    add_config_args(v)
+    v.set_defaults(model=VERIFY_MODEL)
+    v.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    v.add_argument("--data-max-ranks", type=int, default=DATA_MAX_RANKS,
+                   help=f"largest world that moves data (default {DATA_MAX_RANKS}); "
+                   "larger ones run schedule-only")
+    v.add_argument("--comm-overlap", action="store_true",
+                   help="sharding_configs.comm_overlap: backward hooks launch the reduces")
+    v.add_argument("--unfused", action="store_true",
+                   help="comm_buffer_size_MB <= 0: one reduce per parameter")
+    v.add_argument("--json", action="store_true", help="also print a JSON summary")
+
+
+def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
+    """Differences between a rank's recorded collectives and its layout's schedule.
+
+    Hook-launched ops are compared as a multiset per step (their order
+    follows the backward pass); the rest in order.
+
+    Args:
+        layout: the rank's ShardingLayout.
+        records: the rank's CommRecords (markers and clip all-reduces are skipped).
+        steps: optimizer steps the records cover.
+
+    Returns:
+        list[str]: readable differences (empty when identical).
+    """
+    from ..distributed.fleet.meta_optimizers.muon_sharding_layout import TRIGGER_BACKWARD
+
+    got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
+           for r in records if r.group_seq is not None and r.op not in _NOT_OPTIMIZER_OPS]
+    expected = layout.schedule()
+    per_step = len(expected)
+    if len(got) != per_step * steps:
+        return [f"rank {layout.rank}: recorded {len(got)} collectives in {steps} steps, "
+                f"the layout predicts {per_step} per step"]
+    hooks = sum(1 for op in expected if op.trigger == TRIGGER_BACKWARD)
+    want_hooks = sorted(op.key() for op in expected[:hooks])
+    want_rest = [op.key() for op in expected[hooks:]]
+    problems = []
+    for step in range(steps):
+        chunk = got[step * per_step:(step + 1) * per_step]
+        if sorted(chunk[:hooks]) != want_hooks:
+            problems.append(f"rank {layout.rank} step {step}: hook-launched collectives "
+                            f"{sorted(chunk[:hooks])} != layout {want_hooks}")
+        for i, (a, b) in enumerate(zip(chunk[hooks:], want_rest)):
+            if a != b:
+                problems.append(f"rank {layout.rank} step {step} op {hooks + i}: recorded "
+                                f"{a}, layout predicts {b}")
+                break
+    return problems
+
+
+def _layout_of(opt):
+    """The ShardingLayout of a (possibly fleet-wrapped) Muon sharding optimizer, or None."""
+    for _ in range(4):
+        layout = getattr(opt, "__dict__", {}).get("_layout")
+        if layout is not None:
+            return layout
+        opt = getattr(opt, "__dict__", {}).get("_inner_opt")
+        if opt is None:
+            return None
+    return None
+
+
+def _phase_counts(world) -> Dict[str, int]:
+    counts: Counter = Counter()
+    for trace in world.traces:
+        for rec in trace:
+            if rec.group_seq is not None and rec.op not in _NOT_OPTIMIZER_OPS:
+                counts[str(rec.phase)] += 1
+    return dict(sorted(counts.items()))
+
+
+def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_MAX_RANKS,
+               progress: Callable = print, comm_overlap: bool = False,
+               unfused: bool = False) -> Dict:
+    """Verify one layout; returns the summary dict (``status`` PASS/FAIL).
+
+    Raises:
+        ValueError: the layout or the options are invalid.
+        CheckoutMissing: no test harness next to the package.
+    """
+    if cfg.model != VERIFY_MODEL:
+        raise ValueError(
+            f"verify trains the built-in {VERIFY_MODEL!r} test model; --model {cfg.model!r} "
+            "is for the plan command"
+        )
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    if comm_overlap and unfused:
+        raise ValueError("--comm-overlap needs fused buffers; drop --unfused or --comm-overlap "
+                         "(the optimizer refuses comm_overlap with comm_buffer_size_MB <= 0)")
+    if comm_overlap and cfg.pp > 1:
+        raise ValueError(f"--comm-overlap cannot be combined with --pp {cfg.pp} (the optimizer "
+                         "refuses comm_overlap with pipeline parallel); use --pp 1")
+    cfg.build_plan()  # the optimizer would raise the same message at construction
+    _test_paths()
+    from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world
+
+    base = SimConfig(ep=cfg.ep, ms=cfg.moe_sharding, pp=cfg.pp, order=cfg.order,
+                     gpn=cfg.gpus_per_node, steps=steps, clip=cfg.pp == 1,
+                     overlap=comm_overlap, fused=not unfused)
+    off = SimConfig(**{**base.__dict__, "gpn": None})
+    summary: Dict = {"ranks": base.world, "steps": steps, "mode": "data",
+                     "comm_overlap": comm_overlap, "fused": not unfused, "phase_counts": {}}
+    problems: List[str] = []
+    for label, sim in (("hierarchical", base), ("flat", off)):
+        t0 = time.perf_counter()
+        results, world = run_world(sim, mode="record")
+        report = world.check_schedule()
+        summary[f"schedule_{label}_ok"] = bool(report.ok)
+        layouts = [_layout_of(res.optimizer) for res in results]
+        mismatches = [p for res, lay in zip(results, layouts) if lay is not None
+                      for p in compare_schedule(lay, world.traces[res.rank], steps)]
+        summary[f"layout_schedule_{label}_ok"] = (
+            not mismatches if all(lay is not None for lay in layouts) else None)
+        summary["phase_counts"][label] = _phase_counts(world)
+        progress(f"[verify] schedule {label}: {base.world} ranks, "
+                 f"{sum(len(t) for t in world.traces)} events, "
+                 f"{'consistent' if report.ok else 'MISMATCH'}, "
+                 f"{'as the layout predicts' if not mismatches else 'NOT as the layout predicts'}"
+                 f" ({time.perf_counter() - t0:.1f}s)")
+        if not report.ok:
+            problems.append(f"{label} schedule: {report.summary()}")
+        problems.extend(f"{label} layout: {m}" for m in mismatches[:5])
+    if base.world > data_max_ranks:
+        summary["mode"] = "schedule-only"
+        progress(f"[verify] {base.world} ranks > --data-max-ranks {data_max_ranks}: "
+                 "schedule-only, no data moved")
+        summary["max_abs_diff_hier_vs_flat"] = None
+        summary["max_abs_diff_vs_reference"] = None
+    else:
+        t0 = time.perf_counter()
+        hier, _ = run_world(base)
+        flat, _ = run_world(off)
+        expected = reference_values(base)
+        d_hf = max(max_abs_diff(a.values, b.values) for a, b in zip(hier, flat))
+        d_ref = max(max(max_abs_diff(a.values, expected[a.rank]) for a in res)
+                    for res in (hier, flat))
+        summary["max_abs_diff_hier_vs_flat"] = d_hf
+        summary["max_abs_diff_vs_reference"] = d_ref
+        progress(f"[verify] simulated world: {base.world} ranks x {steps} steps, option on "
+                 f"and off ({time.perf_counter() - t0:.1f}s)")
+        # fp32, differing only in reduction order: see test_muon_group_call.py.
+        if not (d_hf <= 1e-5 and d_ref <= 1e-5):
+            problems.append(f"parameters differ: hier vs flat {d_hf:.3e}, vs reference "
+                            f"{d_ref:.3e} (tolerance 1e-5)")
+    summary["status"] = "FAIL" if problems else "PASS"
+    summary["problems"] = problems
+    return summary
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3e}"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Run ``verify``; prints progress, optional JSON, and the verdict line."""
+    cfg = build_config(args)
+    import logging
+
+    from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
+
+    # Every simulated rank would log its construction; keep the output to
+    # verify's own progress lines.
+    fleet_logger.setLevel(logging.ERROR)
+    summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
+                         comm_overlap=args.comm_overlap, unfused=args.unfused)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    for problem in summary["problems"]:
+        print(f"  {problem}")
+    mode = "" if summary["mode"] == "data" else " mode=schedule-only"
+    print(f"{summary['status']} ranks={summary['ranks']}{mode} "
+          f"max_abs_diff_hier_vs_flat={_fmt(summary['max_abs_diff_hier_vs_flat'])} "
+          f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])}")
+    return 0 if summary["status"] == "PASS" else 1
