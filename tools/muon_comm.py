@@ -26,6 +26,11 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+
+# importing paddle (through the package) warns about a missing ccache on every
+# run; not our concern, and it would be the first line of every tool's output
+warnings.filterwarnings("ignore", message="No ccache found")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.join(_REPO, "python") not in sys.path:  # fallback when PYTHONPATH is unset
