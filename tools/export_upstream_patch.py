@@ -677,6 +677,7 @@ class Export:
     rows_present: list = dataclasses.field(default_factory=list)
     glob_tests: list = dataclasses.field(default_factory=list)
     zero_test_modules: list = dataclasses.field(default_factory=list)
+    unregistered: list = dataclasses.field(default_factory=list)  # no TEST_REGISTRY entry
     warnings: list = dataclasses.field(default_factory=list)
     conflicts: list = dataclasses.field(default_factory=list)  # (file, reason)
     target: str = ""
@@ -878,8 +879,7 @@ def _register_test(ex, src, dst, registry, target):
         return
     meta = test_meta(registry, src)
     if not meta.registered:
-        ex.warnings.append("%s: %s not registered in %s; default timeout %ds"
-                           % (dst, src, TEST_REGISTRY, DEFAULT_TEST_TIMEOUT))
+        ex.unregistered.append(src)
     ex.test_rows.append((tdir, testslist_row(name, meta)))
 
 
@@ -960,6 +960,9 @@ def render_notes(ex: Export) -> str:
                                                    render_rows([row]).strip()))
     for dst in ex.glob_tests:
         out.append("- `%s`: registered by the directory's test_*.py glob." % dst)
+    for src in ex.unregistered:
+        out.append("- `%s` has no entry in %s: default timeout %ds, single process."
+                   % (src, TEST_REGISTRY, DEFAULT_TEST_TIMEOUT))
     for name in ex.rows_present:
         out.append("- `%s`: the target's %s already lists it." % (name, TESTSLIST_NAME))
     if any(os.path.basename(d).startswith("test_muon_mock_") for d in ex.changes):
