@@ -91,6 +91,11 @@ def expert_init() -> dict[str, np.ndarray]:
     }
 
 
+def follows_dense_dtype(key: str) -> bool:
+    """Parameters stored in ``dense_dtype`` (the rest stay fp32)."""
+    return key.startswith("mlp.") or key == "out.weight"
+
+
 def global_batch(step: int) -> np.ndarray:
     """The whole batch of ``step`` (every layout trains on the same data)."""
     return _rng_array(1000 + step, (GLOBAL_BATCH, H), 1.0)
@@ -118,15 +123,16 @@ class CheckpointNet(paddle.nn.Layer):
         expert_coord (int|None): expert-parallel coordinate (None: no experts).
         ep (int): expert-parallel degree (experts per rank = TOTAL_EXPERTS // ep).
         moe_group (Group|None): the experts' colour group.
-        dense_dtype (str): dtype of ``mlp.weight`` and ``mlp.weight_scale``
-            (bfloat16: master weights).
+        dense_dtype (str): dtype of ``mlp.*`` and ``out.weight`` (bfloat16:
+            master weights; ``out.weight`` changes owner between the balanced
+            and the upstream partition on two ranks).
     """
 
     def __init__(self, expert_coord: int | None, ep: int, moe_group=None,
                  dense_dtype: str = "float32") -> None:
         super().__init__()
         for key, value in dense_init().items():
-            dtype = dense_dtype if key.startswith("mlp.") else "float32"
+            dtype = dense_dtype if follows_dense_dtype(key) else "float32"
             self._register(key, _param(key, value, dtype))
         self.expert_coord = expert_coord
         self.local_experts = TOTAL_EXPERTS // ep

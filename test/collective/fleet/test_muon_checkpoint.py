@@ -26,11 +26,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import tempfile
-import time
 import unittest
 
 import numpy as np
@@ -50,6 +50,7 @@ from muon_checkpoint_model import (
     checkpoint_state,
     dense_init,
     expert_init,
+    follows_dense_dtype,
     make_optimizer,
     reference_states,
     train,
@@ -92,14 +93,14 @@ def expected_keys(layout: Layout) -> set[str]:
     for key, shape in shapes.items():
         muon = len(shape) in (2, 3) and not key.endswith(("bias", "scale", "table"))
         keys.update(f"{key}.{s}" for s in ((MUON_STATE,) if muon else ADAMW_STATES))
-        if layout.dense_dtype != "float32" and key.startswith("mlp."):
+        if layout.dense_dtype != "float32" and follows_dense_dtype(key):
             keys.add(f"{key}.w_0")
     return keys
 
 
 def state_tolerance(key: str, layout: Layout, reference: np.ndarray) -> float:
     """How far an assembled state may be from the single-process one."""
-    if layout.dense_dtype != "float32" and key.startswith("mlp."):
+    if layout.dense_dtype != "float32" and follows_dense_dtype(key.rsplit(".", 1)[0]):
         return STATE_ATOL + BF16_RTOL * float(np.abs(reference).max())
     return STATE_ATOL
 
@@ -391,6 +392,163 @@ class TestCheckpointMismatch(unittest.TestCase):
             load_sharded_checkpoint(fresh.sharded_state_dict(), tmp)
             for key, value in saved.values().items():
                 np.testing.assert_array_equal(fresh.values()[key], value, err_msg=key)
+
+
+SAVE_STEPS, RESUME_STEPS = 2, 2
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      "hybrid_parallel_muon_checkpoint.py")
+_REPO = os.path.abspath(os.path.join(os.path.dirname(WORKER), "..", "..", ".."))
+
+#: bf16 gradients are averaged in bf16 buffers; over 4 ranks and over 2 ranks
+#: they round differently (2**-8 relative per addition), which moves the
+#: Muon/AdamW updates of the saved steps by a few percent of lr * 0.2 = 4e-3
+#: (2.1e-4 measured). A lost or misplaced state moves them by O(1e-2) and more.
+BF16_ACROSS_SIZES_ATOL = 1e-3
+
+#: case -> (source layout, target layout, tolerance); the source saves after
+#: SAVE_STEPS, the target loads and trains RESUME_STEPS more, and is compared
+#: with an uninterrupted run of SAVE_STEPS + RESUME_STEPS on the target layout.
+#: Tolerance 0: both layouts reduce over the same two ranks (a + b is
+#: commutative), so the numbers must be bit-identical.
+CASES = {
+    "sharding_4_to_2": (Layout(ms=4), Layout(ms=2), RESUME_ATOL),
+    "ep4_ms2_to_ep2_ms2": (Layout(ep=4, ms=2), Layout(ep=2, ms=2), RESUME_ATOL),
+    "group_call_on_to_off": (Layout(ep=2, ms=2, gpn=2), Layout(ep=2, ms=2), RESUME_ATOL),
+    "balanced_to_upstream": (Layout(ms=4), Layout(ms=4, partition="upstream_greedy"),
+                             RESUME_ATOL),
+    "bf16_master_weights_balanced_to_upstream": (
+        Layout(ms=2, dense_dtype="bfloat16"),
+        Layout(ms=2, partition="upstream_greedy", dense_dtype="bfloat16"), 0.0),
+    "bf16_master_weights_4_to_2": (Layout(ms=4, dense_dtype="bfloat16"),
+                                   Layout(ms=2, dense_dtype="bfloat16"),
+                                   BF16_ACROSS_SIZES_ATOL),
+}
+#: a checkpoint loaded into another model: (checkpoint of case, target layout)
+MISMATCHES = {
+    "experts_into_dense_model": ("ep4_ms2_to_ep2_ms2", Layout(ms=2)),
+    "fp32_into_bf16_master_weights": ("sharding_4_to_2", Layout(ms=2, dense_dtype="bfloat16")),
+}
+
+
+def _uninterrupted_name(layout: Layout) -> str:
+    return "train_" + "".join(c if c.isalnum() else "_" for c in layout.describe())
+
+
+def resharding_plans(tmp: str) -> dict[int, list[dict]]:
+    """World size -> the jobs of its launch, in the order they must run."""
+    jobs: dict[int, list[dict]] = {}
+    saved: dict[Layout, str] = {}
+    for case, (source, _, _) in CASES.items():
+        if source not in saved:
+            saved[source] = os.path.join(tmp, f"ckpt_{len(saved)}")
+            jobs.setdefault(source.world, []).append(dict(
+                name=f"save_{case}", kind="save", layout=dataclasses.asdict(source),
+                ckpt=saved[source], first=0, steps=SAVE_STEPS))
+    for case, (source, target, _) in CASES.items():
+        jobs.setdefault(target.world, []).append(dict(
+            name=f"resume_{case}", kind="resume", layout=dataclasses.asdict(target),
+            ckpt=saved[source], first=SAVE_STEPS, steps=RESUME_STEPS))
+    references = {target for _, target, _ in CASES.values()}
+    for target in sorted(references, key=_uninterrupted_name):
+        jobs[target.world].append(dict(
+            name=_uninterrupted_name(target), kind="train", layout=dataclasses.asdict(target),
+            first=0, steps=SAVE_STEPS + RESUME_STEPS))
+    for label, (case, target) in MISMATCHES.items():
+        jobs.setdefault(target.world, []).append(dict(
+            name=f"mismatch_{label}", kind="mismatch", layout=dataclasses.asdict(target),
+            ckpt=saved[CASES[case][0]], first=0, steps=0))
+    return jobs
+
+
+class TestReshardingMatrix(unittest.TestCase):
+    """flex_checkpoint save on one layout, load on another, train on (gloo).
+
+    One launch per world size (8, 4, 2 processes), biggest first: sources
+    save before their targets load. flex_checkpoint's load needs real
+    collectives (all_gather_object, barrier, broadcast) and keeps
+    module-global state, so threads of one process cannot stand in for ranks.
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        from launch_utils import run_paddle_launch
+
+        cls.tmp = tempfile.mkdtemp(prefix="muon_ckpt_")
+        cls.out = os.path.join(cls.tmp, "out")
+        os.makedirs(cls.out)
+        env = {"PYTHONPATH": os.pathsep.join([
+            os.path.join(_REPO, "python"), os.path.dirname(WORKER),
+            os.path.join(_REPO, "test"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        cls.logs, cls.seconds = {}, {}
+        for world, jobs in sorted(resharding_plans(cls.tmp).items(), reverse=True):
+            plan = os.path.join(cls.tmp, f"plan_{world}.json")
+            with open(plan, "w") as f:
+                json.dump({"out": cls.out, "jobs": jobs}, f)
+            result = run_paddle_launch(WORKER, world, env, timeout_s=300, args=[plan])
+            result.check()  # on failure: every worker's log tail
+            cls.logs[world] = result.worker_logs
+            cls.seconds[world] = result.wall_s
+        sys.stderr.write("\n[muon checkpoint] launch wall seconds: %s\n" % (
+            {w: round(s, 1) for w, s in cls.seconds.items()}))
+
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def values(self, job: str, rank: int) -> dict:
+        with np.load(os.path.join(self.out, f"{job}.rank{rank}.npz")) as data:
+            return {k: data[k] for k in data.files}
+
+    def check_case(self, case: str) -> float:
+        source, target, tolerance = CASES[case]
+        worst = 0.0
+        for rank in range(target.world):
+            resumed = self.values(f"resume_{case}", rank)
+            straight = self.values(_uninterrupted_name(target), rank)
+            self.assertEqual(set(resumed), set(straight))
+            for key in straight:
+                diff = float(np.abs(resumed[key].astype("float64") - straight[key]).max())
+                worst = max(worst, diff)
+                self.assertLessEqual(
+                    diff, tolerance,
+                    f"{case}: rank {rank} of {target.describe()}: {key} after loading the "
+                    f"{source.describe()} checkpoint and training {RESUME_STEPS} steps differs "
+                    f"from the uninterrupted run by {diff:.3e}")
+        sys.stderr.write(f"\n[muon checkpoint] {case}: max |resumed - uninterrupted| = "
+                         f"{worst:.3e}\n")
+        return worst
+
+    def test_sharding_4_to_2(self):
+        self.check_case("sharding_4_to_2")
+
+    def test_ep4_ms2_to_ep2_ms2_regroups_3d_experts(self):
+        self.check_case("ep4_ms2_to_ep2_ms2")
+
+    def test_group_call_on_to_off(self):
+        self.check_case("group_call_on_to_off")
+
+    def test_balanced_to_upstream_partition(self):
+        self.check_case("balanced_to_upstream")
+
+    def test_bf16_master_weights_follow_their_owner(self):
+        self.check_case("bf16_master_weights_balanced_to_upstream")
+
+    def test_bf16_master_weights_4_to_2(self):
+        self.check_case("bf16_master_weights_4_to_2")
+
+    def test_other_model_is_refused_on_every_rank(self):
+        expected = {"experts_into_dense_model": "loaded by no rank: experts.bias",
+                    "fp32_into_bf16_master_weights": "not in the checkpoint: mlp.weight.w_0"}
+        for label, (_, target) in MISMATCHES.items():
+            logs = self.logs[target.world]
+            for rank in range(target.world):
+                lines = [json.loads(line.split(" ", 2)[2]) for line in logs[rank].splitlines()
+                         if line.startswith(f"CKPT_MISMATCH rank={rank} ")]
+                self.assertTrue(any(expected[label] in m for m in lines),
+                                f"{label}: rank {rank} did not refuse with "
+                                f"{expected[label]!r}: {lines}")
 
 
 if __name__ == "__main__":
