@@ -61,7 +61,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointMismatchError,
     load_sharded_checkpoint,
 )
-from paddle_muon_ext.optimizer.muon import Muon
 
 register_cpu_tensor_fusion()
 
@@ -77,9 +76,8 @@ BF16_RTOL = 2.0**-7
 #: Resumed vs uninterrupted run on the target layout (the issue's bound).
 RESUME_ATOL = 1e-6
 
-# Develop names Muon's momentum "moment1"; this package's Muon may still call
-# it "muon_momentum" until it matches develop.
-MUON_STATE = f"{getattr(Muon, '_momentum_acc_str', 'moment1')}_0"
+# Develop names Muon's momentum like AdamW's first moment.
+MUON_STATE = "moment1_0"
 ADAMW_STATES = ("moment1_0", "moment2_0", "beta1_pow_acc_0", "beta2_pow_acc_0")
 SCALAR_STATES = ("beta1_pow_acc_0", "beta2_pow_acc_0")
 
@@ -509,13 +507,20 @@ class TestReshardingMatrix(unittest.TestCase):
             straight = self.values(_uninterrupted_name(target), rank)
             self.assertEqual(set(resumed), set(straight))
             for key in straight:
-                diff = float(np.abs(resumed[key].astype("float64") - straight[key]).max())
-                worst = max(worst, diff)
+                diff = np.abs(resumed[key].astype("float64") - straight[key])
+                allowed = tolerance
+                if target.dense_dtype != "float32" and follows_dense_dtype(key) and tolerance:
+                    # the bf16 cast of the master weight may land one bf16 ulp
+                    # (<= 2**-7 relative) away
+                    allowed = tolerance + 2.0**-7 * np.abs(straight[key])
+                worst = max(worst, float(diff.max()))
+                excess = float((diff - allowed).max())
                 self.assertLessEqual(
-                    diff, tolerance,
+                    excess, 0.0,
                     f"{case}: rank {rank} of {target.describe()}: {key} after loading the "
                     f"{source.describe()} checkpoint and training {RESUME_STEPS} steps differs "
-                    f"from the uninterrupted run by {diff:.3e}")
+                    f"from the uninterrupted run by {float(diff.max()):.3e} "
+                    f"(tolerance {tolerance:g})")
         sys.stderr.write(f"\n[muon checkpoint] {case}: max |resumed - uninterrupted| = "
                          f"{worst:.3e}\n")
         return worst

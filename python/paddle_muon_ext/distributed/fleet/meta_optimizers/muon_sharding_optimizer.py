@@ -813,7 +813,7 @@ class MuonShardingOptimizer:
                     "state dict must describe the parameter this rank holds."
                 )
             if name in self._slice_params:
-                begin, end = self.local_range(name)
+                begin, end = (int(i) for i in self.local_range(name))
                 if end <= begin:
                     continue  # this rank's share is alignment padding only
                 result[key] = ShardedWeight(
