@@ -458,6 +458,9 @@ def resharding_plans(tmp: str) -> dict[int, list[dict]]:
     return jobs
 
 
+@unittest.skipIf(paddle.is_compiled_with_cuda(),
+                 "the matrix runs 8 processes on the CPU wheel's gloo backend; a CUDA "
+                 "build would need 8 GPUs for its NCCL launch")
 class TestReshardingMatrix(unittest.TestCase):
     """flex_checkpoint save on one layout, load on another, train on (gloo).
 
@@ -501,19 +504,21 @@ class TestReshardingMatrix(unittest.TestCase):
 
     def check_case(self, case: str) -> float:
         source, target, tolerance = CASES[case]
-        worst = 0.0
+        worst = {"fp32": 0.0, "bf16": 0.0}
         for rank in range(target.world):
             resumed = self.values(f"resume_{case}", rank)
             straight = self.values(_uninterrupted_name(target), rank)
             self.assertEqual(set(resumed), set(straight))
             for key in straight:
                 diff = np.abs(resumed[key].astype("float64") - straight[key])
-                allowed = tolerance
-                if target.dense_dtype != "float32" and follows_dense_dtype(key) and tolerance:
-                    # the bf16 cast of the master weight may land one bf16 ulp
-                    # (<= 2**-7 relative) away
-                    allowed = tolerance + 2.0**-7 * np.abs(straight[key])
-                worst = max(worst, float(diff.max()))
+                allowed, kind = tolerance, "fp32"
+                if target.dense_dtype != "float32" and follows_dense_dtype(key):
+                    kind = "bf16"
+                    if tolerance:
+                        # the bf16 cast of the master weight may land one bf16
+                        # ulp (<= 2**-7 relative) away
+                        allowed = tolerance + 2.0**-7 * np.abs(straight[key])
+                worst[kind] = max(worst[kind], float(diff.max()))
                 excess = float((diff - allowed).max())
                 self.assertLessEqual(
                     excess, 0.0,
@@ -521,9 +526,11 @@ class TestReshardingMatrix(unittest.TestCase):
                     f"{source.describe()} checkpoint and training {RESUME_STEPS} steps differs "
                     f"from the uninterrupted run by {float(diff.max()):.3e} "
                     f"(tolerance {tolerance:g})")
-        sys.stderr.write(f"\n[muon checkpoint] {case}: max |resumed - uninterrupted| = "
-                         f"{worst:.3e}\n")
-        return worst
+        sys.stderr.write(
+            f"\n[muon checkpoint] {case}: max |resumed - uninterrupted| fp32 params "
+            f"{worst['fp32']:.3e}" + (f", bf16 params {worst['bf16']:.3e}"
+                                      if target.dense_dtype != "float32" else "") + "\n")
+        return max(worst.values())
 
     def test_sharding_4_to_2(self):
         self.check_case("sharding_4_to_2")
