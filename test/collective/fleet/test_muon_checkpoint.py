@@ -364,12 +364,13 @@ class TestCheckpointMismatch(unittest.TestCase):
             wrong["out.bias"] = type(sw)("out.bias", paddle.zeros([5]), (5,), (5,), (0,))
             wrong["mlp.weight.w_0"] = type(sw)("mlp.weight.w_0", paddle.zeros([H, H]),
                                                (H, H), (H, H), (0, 0))
+            wrong["head.table"] = paddle.zeros([7])  # plain tensors load too
             with self.assertRaises(CheckpointMismatchError) as info:
                 load_sharded_checkpoint(wrong, tmp)
             message = str(info.exception)
-            self.assertIn("mlp.weight.w_0", message)
-            self.assertIn("out.bias", message)
-            self.assertIn("[5]", message)
+            self.assertIn("not in the checkpoint: mlp.weight.w_0", message)
+            self.assertIn("out.bias: checkpoint global shape [32], here [5]", message)
+            self.assertIn("head.table: checkpoint global shape [257], here [7]", message)
 
     def test_no_checkpoint(self):
         with tempfile.TemporaryDirectory() as tmp:
