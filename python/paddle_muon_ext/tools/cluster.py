@@ -563,12 +563,8 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
             for line in follower.new_lines():
                 progress.feed(line)
             codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            if any(c not in (None, 0) for c in codes):
-                result.problems.append(
-                    "launcher exit codes " + ", ".join(f"node {k}: {c}" for k, c in
-                                                       enumerate(codes)))
+            # one failed node leaves the others waiting on it: stop at once
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
                 break
             if time.monotonic() > deadline:
                 result.problems.append(f"timed out after {cfg.timeout_s:.0f} s")
@@ -577,8 +573,9 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
         for line in follower.new_lines():
             progress.feed(line)
         codes = [p.poll() for p in procs]
-        if all(c == 0 for c in codes) is False and not result.problems:
-            result.problems.append(f"launcher exit codes {codes}")
+        if any(c != 0 for c in codes) and not result.problems:
+            result.problems.append("launcher exit codes " + ", ".join(
+                f"node {k}: {'running' if c is None else c}" for k, c in enumerate(codes)))
         for path in follower.files():
             with open(path, errors="replace") as f:
                 for line in f:
@@ -597,10 +594,14 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
     finally:
         net.down()
         for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # pragma: no cover - killed with its namespace
-                pass
+            # Normally gone with its namespace; a launcher that is not (it left
+            # the namespace, or down() failed) dies with its session here.
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            p.wait()
         result.leftovers = net.leftovers()
         result.wall_s = time.monotonic() - start
     if result.leftovers:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,101 @@ class TestMuonClusterRuns(unittest.TestCase):
         self.assertIn("SIGTERM", out)
         self.assertEqual(_ours(proc.pid), [], "namespaces left behind")
         self.assertEqual(_processes_on(f"pmc{proc.pid:x}n"), [], "processes left behind")
+
+
+_FAKE_LAUNCHER = r"""
+import json, os, sys, time
+k, nodes, gpn, steps, log_dir, mode = sys.argv[1:]
+k, nodes, gpn, steps = int(k), int(nodes), int(gpn), int(steps)
+if mode == "hang":
+    time.sleep(600)
+for local in range(gpn):
+    rank = k * gpn + local
+    with open(os.path.join(log_dir, f"workerlog.{rank}"), "w") as log:
+        for g in (0, 1):
+            for s in range(1, steps + 1):
+                rec = dict(rank=rank, group_call=g, step=s, steps=steps, seconds=0.5,
+                           tx=100 * (2 - g) if local == 0 else 0, rx=7, leader=local == 0,
+                           loss=0.25)
+                log.write("CLUSTER_STEP " + json.dumps(rec) + "\n")
+        if mode == "fail" and rank == 1:
+            log.write("MUON_CHECK_FAILED rank 1 step 1: parameter dense.w_in differs\n")
+            sys.exit(1)
+        rec = dict(rank=rank, netns_inode=1000 + k, paddle_local_size=str(gpn), plan_node=k,
+                   plan_gpus_per_node=gpn, max_abs_diff={"0": 0.0, "1": 0.0})
+        log.write("CLUSTER_RANK " + json.dumps(rec) + "\n")
+"""
+
+
+class _FakeNet:
+    """Stands in for NetnsCluster: no namespaces, node k has netns inode 1000 + k."""
+
+    downs = 0
+
+    def __init__(self, names, link_mbit) -> None:
+        self.names = names
+
+    def up(self) -> None:
+        pass
+
+    def down(self) -> None:
+        _FakeNet.downs += 1
+
+    def netns_inode(self, k: int) -> int:
+        return 1000 + k
+
+    def leftovers(self) -> list[str]:
+        return []
+
+
+class TestRunClusterOrchestration(unittest.TestCase):
+    """run_cluster with the network faked and a fake launcher per node: log
+    following, progress, failure / timeout handling and cleanup, without root."""
+
+    def _run(self, mode: str, timeout_s: float = 120.0):
+        cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2,
+                                    steps=2, timeout_s=timeout_s)
+
+        def argv(cfg_, names, k, log_dir):
+            return [sys.executable, "-c", _FAKE_LAUNCHER, str(k), str(cfg_.nodes),
+                    str(cfg_.procs_per_node), str(cfg_.steps), log_dir, mode]
+
+        lines: list[str] = []
+        _FakeNet.downs = 0
+        with mock.patch.object(cluster, "probe_capability", return_value=None), \
+                mock.patch.object(cluster, "sweep_stale", return_value=[]), \
+                mock.patch.object(cluster, "NetnsCluster", _FakeNet), \
+                mock.patch.object(cluster, "_launch_argv", argv):
+            result = cluster.run_cluster(cfg, emit=lines.append)
+        self.addCleanup(shutil.rmtree, result.log_dir, True)
+        self.assertEqual(_FakeNet.downs, 1, "the network must be torn down exactly once")
+        return result, lines
+
+    def test_clean_run_passes_and_reports_each_step(self) -> None:
+        result, lines = self._run("ok")
+        self.assertEqual(result.status, "PASS", result.problems)
+        self.assertEqual(sum("step" in ln for ln in lines), 4, lines)
+        self.assertEqual(result.node_of_rank, {0: 0, 1: 0, 2: 1, 3: 1})
+        per = result.per_pass()
+        self.assertEqual(per[0]["inter_node_bytes_per_step"], 400)  # 2 leaders x 200
+        self.assertEqual(per[1]["inter_node_bytes_per_step"], 200)
+        self.assertFalse(os.path.exists(result.log_dir), "logs of a passing run are removed")
+
+    def test_failed_worker_fails_the_run_and_keeps_logs(self) -> None:
+        result, lines = self._run("fail")
+        self.assertEqual(result.status, "FAIL")
+        text = "\n".join(result.problems)
+        self.assertIn("node 0: 1", text)
+        self.assertIn("MUON_CHECK_FAILED rank 1 step 1", text)
+        self.assertTrue(any("logs kept in" in ln for ln in lines), lines)
+        self.assertTrue(any("workerlog.1" in ln for ln in lines), lines)
+
+    def test_hang_times_out_and_kills_the_launchers(self) -> None:
+        t0 = time.monotonic()
+        result, _ = self._run("hang", timeout_s=3)
+        self.assertLess(time.monotonic() - t0, 60)
+        self.assertEqual(result.status, "FAIL")
+        self.assertIn("timed out after 3 s", "\n".join(result.problems))
 
 
 class TestClusterHelpers(unittest.TestCase):
@@ -258,6 +354,41 @@ class TestClusterHelpers(unittest.TestCase):
                                  "--ep", "3", "--moe-sharding", "2"])
         with mock.patch("builtins.print"):
             self.assertEqual(cluster.main(bad), 2)
+
+    def test_main_prints_comparison_json_and_summary(self) -> None:
+        import argparse
+        import contextlib
+        import io
+
+        parser = argparse.ArgumentParser()
+        cluster.add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["cluster", "--nodes", "2", "--procs-per-node", "2",
+                                  "--ep", "2", "--moe-sharding", "2", "--steps", "2",
+                                  "--json"])
+        cfg = cluster.config_from_args(args)
+        result = cluster.ClusterResult(cfg, status="PASS")
+        result.steps = {(g, s): {"seconds": 0.5, "tx": 1000 * (2 - g), "rx": 0, "loss": 1.0}
+                        for g in (0, 1) for s in (1, 2)}
+        predicted = {t: {"inter_node_bytes": b, "dense_muon_bytes": b / 2}
+                     for t, b in (("off", 2000.0), ("on", 1000.0))}
+        out = io.StringIO()
+        with mock.patch.object(cluster, "run_cluster", return_value=result), \
+                contextlib.redirect_stdout(out):
+            self.assertEqual(cluster.main(args, predict=lambda c: predicted), 0)
+        text = out.getvalue()
+        self.assertIn("dense saving off - on", text)
+        self.assertIn('"status": "PASS"', text)
+        self.assertTrue(text.rstrip().splitlines()[-1].startswith("PASS nodes=2 ranks=4"), text)
+        result.status, result.problems = "FAIL", ["rank 3: boom"]
+        with mock.patch.object(cluster, "run_cluster", return_value=result), \
+                contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(cluster.main(args), 1)
+        err = io.StringIO()
+        with mock.patch.object(cluster, "run_cluster",
+                               side_effect=cluster.ClusterInterrupted("interrupted by signal SIGINT")), \
+                contextlib.redirect_stderr(err):
+            self.assertEqual(cluster.main(args), 130)
+        self.assertIn("namespaces, links and processes removed", err.getvalue())
 
     def test_not_root_is_a_reason(self) -> None:
         with mock.patch.object(os, "geteuid", return_value=1000):
