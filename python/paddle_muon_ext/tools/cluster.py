@@ -240,8 +240,9 @@ def sweep_stale() -> List[str]:
 class NetnsCluster:
     """The namespaces, bridge and rate-limited veths of one run.
 
-    ``up()`` records each object right after creating it, so ``down()`` (always
-    called, also after a failed ``up``) removes exactly what exists.
+    ``up()`` records each namespace before creating it, so ``down()`` (always
+    called, also after a failed or interrupted ``up``) removes whatever exists;
+    links and qdiscs live inside the namespaces and go with them.
     """
 
     def __init__(self, names: ClusterNames, link_mbit: float) -> None:
@@ -252,8 +253,9 @@ class NetnsCluster:
         self.created: List[str] = []
 
     def _add_ns(self, ns: str) -> None:
-        _run(["ip", "netns", "add", ns])
+        # recorded first: a signal between the two lines must not leak it
         self.created.append(ns)
+        _run(["ip", "netns", "add", ns])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
     def up(self) -> None:
