@@ -16,6 +16,7 @@
     PYTHONPATH=python:test python3 tools/bench/bench_cluster.py
         [--layouts 4x2:4:2 3x2:3:2] [--link-mbit 100] [--steps 3]
         [--hidden 256] [--inner 64] [--out-dir DIR]
+    PYTHONPATH=python:test python3 tools/bench/bench_cluster.py --probe
 
 For each layout ``NODESxGPN:EP:MS`` one ``muon_comm.py cluster`` run (root,
 network namespaces; see ``paddle_muon_ext.tools.cluster``) trains the resized
@@ -136,6 +137,34 @@ def draw_png(rows: Sequence[Dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
+def probe_table(result: cluster.ClusterResult) -> str:
+    """Per collective: each node's measured link TX in units of S next to the
+    gloo model's (``paddle_muon_ext.tools.gloo_model``)."""
+    from paddle_muon_ext.tools import gloo_model
+
+    gpn, nodes = result.config.procs_per_node, result.config.nodes
+    measured: Dict[tuple, List[float]] = {}
+    for p in result.probes:
+        key = (p["group"], tuple(p["ranks"]), p["op"], p["root"], p["nbytes"])
+        measured.setdefault(key, [0.0] * nodes)
+        if p["leader"]:
+            measured[key][p["rank"] // gpn] += p["tx"] / p["nbytes"]
+    lines = ["# node-link TX per node, units of S (measured | gloo model)"]
+    worst = 0.0
+    for (name, ranks, op, root, nbytes), got in measured.items():
+        if op == "barrier":
+            continue
+        want = [0.0] * nodes
+        for a, b, n in gloo_model.collective_edges(op, list(ranks), nbytes, root):
+            if a // gpn != b // gpn:
+                want[a // gpn] += n / nbytes
+        worst = max([worst] + [abs(g - w) for g, w in zip(got, want)])
+        lines.append(f"{name:<7} {op:<10} root {root:<2} "
+                     + " ".join(f"{g:6.3f}|{w:5.3f}" for g, w in zip(got, want)))
+    lines.append(f"RESULT probe: max |measured - model| = {worst:.4f} S per node")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", nargs="+", type=parse_layout,
@@ -145,7 +174,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--hidden", type=int, default=cluster.DEFAULT_HIDDEN)
     parser.add_argument("--inner", type=int, default=cluster.DEFAULT_INNER)
     parser.add_argument("--out-dir", default=".")
+    parser.add_argument("--probe", action="store_true",
+                        help="instead: single collectives of 4 MiB on 4 nodes x 2, node-link "
+                        "bytes vs the gloo model (how gloo_model was derived)")
     args = parser.parse_args(argv)
+    if args.probe:
+        cfg = cluster.ClusterConfig(nodes=4, procs_per_node=2, ep=4, moe_sharding=2,
+                                    link_mbit=1000, mode="probe")
+        try:
+            result = cluster.run_cluster(cfg)
+        except cluster.ClusterUnavailable as exc:
+            print(f"cluster unavailable: {exc}")
+            return 2
+        if result.status != "PASS":
+            print(f"FAIL probe: {result.problems}")
+            return 1
+        print(probe_table(result))
+        return 0
     rows: List[Dict[str, Any]] = []
     for lay in args.layouts:
         cfg = cluster.ClusterConfig(nodes=lay["nodes"], procs_per_node=lay["gpn"], ep=lay["ep"],

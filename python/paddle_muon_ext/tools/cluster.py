@@ -516,6 +516,59 @@ def _check_ranks(cfg: ClusterConfig, result: ClusterResult, inode_to_node: Dict[
                 problems.append(f"rank {r} group_call={g}: max |param - reference| {diff:.3e}")
 
 
+def _drive(cfg: ClusterConfig, names: ClusterNames, net: NetnsCluster, result: ClusterResult,
+           log_root: str, procs: List[subprocess.Popen], emit: Callable[[str], None],
+           start: float) -> None:
+    """Start one launcher per node, follow the logs until all exit (or one
+    fails, or the timeout), then check what the ranks reported."""
+    emit(f"[cluster] {cfg.nodes} nodes x {cfg.procs_per_node} procs: namespaces "
+         f"{names.node_ns(0)}..{cfg.nodes - 1}, bridge {names.bridge_ns}, links "
+         f"{cfg.link_mbit:g} Mbit/s (tbf), node 0 at {names.ip(0)}")
+    inode_to_node = {net.netns_inode(k): k for k in range(cfg.nodes)}
+    for k in range(cfg.nodes):
+        node_dir = os.path.join(log_root, f"node{k}")
+        os.makedirs(node_dir)
+        out = open(os.path.join(node_dir, "launcher.log"), "w")
+        try:
+            procs.append(subprocess.Popen(
+                _launch_argv(cfg, names, k, node_dir), env=_worker_env(cfg, names, k),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=node_dir, start_new_session=True))
+        finally:
+            out.close()
+    follower = _LogFollower(log_root)
+    progress = _Progress(cfg, result, emit)
+    deadline = start + cfg.timeout_s
+    while True:
+        for line in follower.new_lines():
+            progress.feed(line)
+        codes = [p.poll() for p in procs]
+        # one failed node leaves the others waiting on it: stop at once
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            break
+        if time.monotonic() > deadline:
+            result.problems.append(f"timed out after {cfg.timeout_s:.0f} s")
+            break
+        time.sleep(0.2)
+    for line in follower.new_lines():
+        progress.feed(line)
+    codes = [p.poll() for p in procs]
+    if any(c != 0 for c in codes) and not result.problems:
+        result.problems.append("launcher exit codes " + ", ".join(
+            f"node {k}: {'running' if c is None else c}" for k, c in enumerate(codes)))
+    for path in follower.files():
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "MUON_CHECK_FAILED" in line:
+                    result.problems.append(line.strip())
+    _check_ranks(cfg, result, inode_to_node)
+    if cfg.mode == "train":
+        missing = [(g, s) for g in cfg.passes() for s in range(1, cfg.steps + 1)
+                   if (g, s) not in result.steps]
+        if missing and not result.problems:
+            result.problems.append(f"steps without records from every rank: {missing}")
+
+
 def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
                 keep_logs: bool = False) -> ClusterResult:
     """Build the cluster, run the workers, tear everything down; never raises
@@ -542,53 +595,12 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
     procs: List[subprocess.Popen] = []
     start = time.monotonic()
     try:
-        net.up()
-        emit(f"[cluster] {cfg.nodes} nodes x {cfg.procs_per_node} procs: namespaces "
-             f"{names.node_ns(0)}..{cfg.nodes - 1}, bridge {names.bridge_ns}, links "
-             f"{cfg.link_mbit:g} Mbit/s (tbf), node 0 at {names.ip(0)}")
-        inode_to_node = {net.netns_inode(k): k for k in range(cfg.nodes)}
-        for k in range(cfg.nodes):
-            node_dir = os.path.join(log_root, f"node{k}")
-            os.makedirs(node_dir)
-            out = open(os.path.join(node_dir, "launcher.log"), "w")
-            try:
-                procs.append(subprocess.Popen(
-                    _launch_argv(cfg, names, k, node_dir), env=_worker_env(cfg, names, k),
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    cwd=node_dir, start_new_session=True))
-            finally:
-                out.close()
-        follower = _LogFollower(log_root)
-        progress = _Progress(cfg, result, emit)
-        deadline = start + cfg.timeout_s
-        while True:
-            for line in follower.new_lines():
-                progress.feed(line)
-            codes = [p.poll() for p in procs]
-            # one failed node leaves the others waiting on it: stop at once
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            if time.monotonic() > deadline:
-                result.problems.append(f"timed out after {cfg.timeout_s:.0f} s")
-                break
-            time.sleep(0.2)
-        for line in follower.new_lines():
-            progress.feed(line)
-        codes = [p.poll() for p in procs]
-        if any(c != 0 for c in codes) and not result.problems:
-            result.problems.append("launcher exit codes " + ", ".join(
-                f"node {k}: {'running' if c is None else c}" for k, c in enumerate(codes)))
-        for path in follower.files():
-            with open(path, errors="replace") as f:
-                for line in f:
-                    if "MUON_CHECK_FAILED" in line:
-                        result.problems.append(line.strip())
-        _check_ranks(cfg, result, inode_to_node)
-        if cfg.mode == "train":
-            missing = [(g, s) for g in cfg.passes() for s in range(1, cfg.steps + 1)
-                       if (g, s) not in result.steps]
-            if missing and not result.problems:
-                result.problems.append(f"steps without records from every rank: {missing}")
+        try:
+            net.up()
+        except RuntimeError as exc:
+            result.problems.append(f"building the network failed: {exc}")
+        else:
+            _drive(cfg, names, net, result, log_root, procs, emit, start)
     except ClusterInterrupted:
         if not keep_logs:
             shutil.rmtree(log_root, ignore_errors=True)

@@ -188,7 +188,7 @@ class TestRunClusterOrchestration(unittest.TestCase):
     """run_cluster with the network faked and a fake launcher per node: log
     following, progress, failure / timeout handling and cleanup, without root."""
 
-    def _run(self, mode: str, timeout_s: float = 120.0):
+    def _run(self, mode: str, timeout_s: float = 120.0, net=None):
         cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2,
                                     steps=2, timeout_s=timeout_s)
 
@@ -200,7 +200,7 @@ class TestRunClusterOrchestration(unittest.TestCase):
         _FakeNet.downs = 0
         with mock.patch.object(cluster, "probe_capability", return_value=None), \
                 mock.patch.object(cluster, "sweep_stale", return_value=[]), \
-                mock.patch.object(cluster, "NetnsCluster", _FakeNet), \
+                mock.patch.object(cluster, "NetnsCluster", net or _FakeNet), \
                 mock.patch.object(cluster, "_launch_argv", argv):
             result = cluster.run_cluster(cfg, emit=lines.append)
         self.addCleanup(shutil.rmtree, result.log_dir, True)
@@ -225,6 +225,16 @@ class TestRunClusterOrchestration(unittest.TestCase):
         self.assertIn("MUON_CHECK_FAILED rank 1 step 1", text)
         self.assertTrue(any("logs kept in" in ln for ln in lines), lines)
         self.assertTrue(any("workerlog.1" in ln for ln in lines), lines)
+
+    def test_failed_network_setup_is_torn_down_and_reported(self) -> None:
+        class BrokenNet(_FakeNet):
+            def up(self) -> None:
+                raise RuntimeError("'ip link add' failed: Operation not permitted")
+
+        result, _ = self._run("ok", net=BrokenNet)
+        self.assertEqual(result.status, "FAIL")
+        self.assertEqual(result.problems, ["building the network failed: 'ip link add' "
+                                           "failed: Operation not permitted"])
 
     def test_hang_times_out_and_kills_the_launchers(self) -> None:
         t0 = time.monotonic()
