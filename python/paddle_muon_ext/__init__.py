@@ -12,7 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Sharded Muon for PaddlePaddle: Muon, MuonShardingOptimizer and the
-hierarchical (comm_group_call_opt) communication path for EP across nodes."""
+hierarchical (comm_group_call_opt) communication path for EP across nodes.
+
+On paddle 3.3.x call ``paddle_muon_ext.patch_paddle()`` once, before the
+training script imports Muon; from then on code written for Paddle develop
+(``paddle.optimizer.Muon``, ``strategy.use_muon_sharding``,
+``fleet.distributed_optimizer``) runs unchanged."""
 
 try:
     import paddle  # noqa: F401
@@ -24,7 +29,9 @@ except ImportError:  # pragma: no cover - exercised only without paddle
 
 from .compat_paddle_3_3 import (  # noqa: E402
     get_muon_sharding_options,
+    patch_paddle,
     set_muon_sharding_options,
+    unpatch_paddle,
 )
 from .compat_paddle_3_3.fleet_integration import distributed_optimizer  # noqa: E402
 from .distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
@@ -39,5 +46,7 @@ __all__ = [
     "MuonShardingOptimizer",
     "distributed_optimizer",
     "get_muon_sharding_options",
+    "patch_paddle",
     "set_muon_sharding_options",
+    "unpatch_paddle",
 ]

@@ -13,11 +13,14 @@
 # limitations under the License.
 """Shims that let paddle_muon_ext run on the stock paddlepaddle 3.3.x wheel.
 
-Everything paddle 3.3.1 lacks (the comm_group_call_opt / use_muon_sharding
-sharding_configs fields, a CPU entry in the tensor-fusion device table, a
+Everything paddle 3.3.1 lacks (``paddle.optimizer.Muon``, the
+``muon_sharding_optimizer`` module, ``strategy.use_muon_sharding``, the
+``comm_group_call_opt`` / ``muon_partition_strategy`` sharding_configs
+fields, a CPU entry in the tensor-fusion device table, a
 HybridParallelOptimizer that accepts a Muon sharding optimizer) lives in
 this package and nowhere else, so tools/export_upstream_patch.py drops it
-whole when the code is exported into Paddle itself.
+whole when the code is exported into Paddle itself. ``patch_paddle()``
+installs all of it under develop's names.
 """
 
 from .strategy_options import (  # noqa: F401
@@ -26,3 +29,4 @@ from .strategy_options import (  # noqa: F401
     set_muon_sharding_options,
 )
 from .cpu_tensor_fusion import register_cpu_tensor_fusion  # noqa: F401
+from .patch import is_patched, patch_paddle, unpatch_paddle  # noqa: F401

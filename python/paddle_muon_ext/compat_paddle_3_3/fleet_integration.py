@@ -14,7 +14,7 @@
 """``fleet.distributed_optimizer`` for Muon sharding on paddle 3.3.1.
 
 Upstream Paddle's ``HybridParallelOptimizer`` builds a Muon sharding optimizer
-when ``sharding_configs.use_muon_sharding`` is on. Paddle 3.3.1 only knows its
+when ``strategy.use_muon_sharding`` is on. Paddle 3.3.1 only knows its
 DygraphShardingOptimizer V1/V2 and asserts that type in ``_hybrid_sync_grad``.
 :class:`MuonHybridParallelOptimizer` subclasses it: the sharding optimizer is
 built first, the parent constructor runs with its sharding-class names
@@ -26,6 +26,7 @@ The installed paddle is never edited.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from typing import Any, Iterator
 
@@ -107,23 +108,30 @@ class MuonHybridParallelOptimizer(_hpo.HybridParallelOptimizer):
 
 
 def distributed_optimizer(optimizer, strategy=None):
-    """Drop-in for ``fleet.distributed_optimizer`` that honours ``use_muon_sharding``.
+    """``fleet.distributed_optimizer`` that honours ``use_muon_sharding``.
+
+    ``patch_paddle()`` installs this function as ``fleet.distributed_optimizer``;
+    called directly it is the same thing without patching.
 
     Args:
-        optimizer (Optimizer): the user optimizer (a Muon for Muon sharding).
+        optimizer (Optimizer): the user optimizer (a Muon for Muon sharding,
+            optionally inside ``MixPrecisionOptimizer``).
         strategy (DistributedStrategy|None): defaults to the one given to
             ``fleet.init``.
 
     Returns:
         The wrapped optimizer: :class:`MuonHybridParallelOptimizer` when
-        ``use_muon_sharding`` is set (see ``set_muon_sharding_options``) and
-        more than one worker runs, else what ``fleet.distributed_optimizer``
-        returns.
+        ``use_muon_sharding`` is on and more than one worker runs, else what
+        Paddle's own ``Fleet.distributed_optimizer`` returns.
     """
     fleet_env = fleet.fleet
-    strategy = strategy if strategy is not None else fleet_env._user_defined_strategy
+    if strategy is not None:
+        # as Fleet.distributed_optimizer: the given strategy becomes fleet's
+        fleet_env._user_defined_strategy = copy.deepcopy(strategy)
+    strategy = fleet_env._user_defined_strategy
     options = get_muon_sharding_options(strategy)
     if not options.use_muon_sharding or fleet_env.worker_num() <= 1:
-        return fleet.distributed_optimizer(optimizer, strategy)
+        # the Fleet method itself: fleet.distributed_optimizer may be this function
+        return fleet_env.distributed_optimizer(optimizer, strategy)
     fleet_env.user_defined_optimizer = optimizer
     return MuonHybridParallelOptimizer(optimizer, fleet_env._hcg, strategy)

@@ -31,7 +31,7 @@ __all__ = [
     "set_muon_sharding_options",
 ]
 
-PARTITION_STRATEGIES = ("balanced", "upstream_greedy")
+PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
 
 # Kept as an instance attribute (bypassing DistributedStrategy.__setattr__,
 # which rejects unknown names) so the options survive the deepcopy that
@@ -48,19 +48,20 @@ class MuonShardingOptions:
             Paddle's DygraphShardingOptimizer in distributed_optimizer.
         comm_group_call_opt (bool): route Muon-parameter reduces/broadcasts
             hierarchically (intra-node, then across nodes among same-card ranks).
-        partition_strategy (str): owner partition rule, "balanced"
-            (largest-first onto the least loaded rank) or "upstream_greedy"
-            (upstream's fill-the-first-ranks rule, kept for comparison).
+        muon_partition_strategy (str): owner partition rule,
+            "upstream_greedy" (develop's rule, the default) or "balanced"
+            (largest first onto the least loaded rank; recommended).
     """
 
     use_muon_sharding: bool = False
     comm_group_call_opt: bool = False
-    partition_strategy: str = "balanced"
+    muon_partition_strategy: str = "upstream_greedy"
 
     def __post_init__(self) -> None:
-        if self.partition_strategy not in PARTITION_STRATEGIES:
+        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
             raise ValueError(
-                f"partition_strategy={self.partition_strategy!r} is not supported; "
+                f"muon_partition_strategy={self.muon_partition_strategy!r} is not "
+                "supported; "
                 f"use one of {PARTITION_STRATEGIES}."
             )
         for name in ("use_muon_sharding", "comm_group_call_opt"):

@@ -76,6 +76,9 @@ class SimConfig:
             optimizer, see ``FLEET_WRAPPER_NOTE``), else the bare optimizer.
         use_reduce_avg: make AVG available (the CPU build reports it missing,
             which exercises SUM + scale).
+        partition: ``muon_partition_strategy``; the suites assert the
+            balanced owner spread, so they ask for it (develop's rule is the
+            optimizer's default).
     """
 
     ep: int = 4
@@ -91,6 +94,7 @@ class SimConfig:
     clip: bool = True
     via_fleet: bool = True
     use_reduce_avg: bool = False
+    partition: str = "balanced"
 
     @property
     def world(self) -> int:
@@ -122,7 +126,8 @@ class SimConfig:
             accumulate_steps=self.acc_steps,
         )
         set_muon_sharding_options(
-            strategy, use_muon_sharding=True, comm_group_call_opt=self.gpn is not None
+            strategy, use_muon_sharding=True, comm_group_call_opt=self.gpn is not None,
+            partition_strategy=self.partition,
         )
         return strategy
 

@@ -134,7 +134,8 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
                                  ("partition_strategy", partition_strategy))
                if v is not None}
     if _compat is not None:
-        _compat.set_muon_sharding_options(strategy, **options)
+        _compat.set_muon_sharding_options(
+            strategy, **{_SHARDING_FIELD_OF.get(k, k): v for k, v in options.items()})
         return
     configs = strategy.hybrid_configs["sharding_configs"]
     for name, value in options.items():

@@ -12,107 +12,159 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 # paddle_muon_ext: compat-only  (tests of compat_paddle_3_3; not exported)
-"""The paddle 3.3.1 shims: strategy options, CPU tensor fusion, fleet integration.
+"""The paddle 3.3.1 shims: patch_paddle, strategy options, CPU tensor fusion,
+fleet integration.
 
-The fleet path is what users call (``distributed_optimizer``): it must give a
-HybridParallelOptimizer around MuonShardingOptimizer whose training equals the
-single-process reference, work with AMP's GradScaler, and leave Paddle's
-modules exactly as they were.
+``patch_paddle()`` must give develop's names (``paddle.optimizer.Muon``,
+``strategy.use_muon_sharding``, the extra sharding_configs fields,
+``fleet.distributed_optimizer``) and take them all back; the fleet path must
+give a HybridParallelOptimizer around MuonShardingOptimizer whose training
+equals the single-process reference, work with AMP's GradScaler, and leave
+Paddle's modules exactly as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import sys
 import types
+import unittest
 
 import numpy as np
 import paddle
-import pytest
 from paddle.distributed import fleet
+from paddle.distributed.fleet.base import distributed_strategy as ds
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     hybrid_parallel_optimizer as hpo,
 )
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 
-from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world
-from muon_tiny_moe import TinyMoE, batch, make_muon
+from muon_sim_runner import SimConfig, build_rank, max_abs_diff, reference_values, run_world
+from muon_sim_runner import sharded_core
+from muon_tiny_moe import CLIP_NORM, LR, TinyMoE, batch, make_muon
 
+import paddle_muon_ext
 from paddle_muon_ext.compat_paddle_3_3 import (
     MuonShardingOptions,
     get_muon_sharding_options,
+    is_patched,
+    patch_paddle,
     register_cpu_tensor_fusion,
     set_muon_sharding_options,
+    unpatch_paddle,
 )
 from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
-
-
-# --------------------------------------------------------------- options
-def test_options_default_and_roundtrip_survive_deepcopy():
-    strategy = fleet.DistributedStrategy()
-    assert get_muon_sharding_options(strategy) == MuonShardingOptions()
-    set_muon_sharding_options(strategy, use_muon_sharding=True)
-    set_muon_sharding_options(strategy, comm_group_call_opt=True)
-    expected = MuonShardingOptions(use_muon_sharding=True, comm_group_call_opt=True)
-    assert get_muon_sharding_options(strategy) == expected, "a second call must keep the first"
-    # fleet.init / distributed_optimizer deep-copy the user's strategy
-    assert get_muon_sharding_options(copy.deepcopy(strategy)) == expected
-    assert get_muon_sharding_options(None) == MuonShardingOptions()
-
-
-@pytest.mark.parametrize(
-    "kwargs, exc, fragment",
-    [
-        ({"comm_group_call_opt": 1}, TypeError, "must be a bool"),
-        ({"partition_strategy": "random"}, ValueError, "partition_strategy='random'"),
-        ({"comm_grup_call_opt": True}, TypeError, "unknown Muon sharding option"),
-    ],
+from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
 )
-def test_options_reject_bad_values(kwargs, exc, fragment):
-    with pytest.raises(exc, match=fragment):
-        set_muon_sharding_options(fleet.DistributedStrategy(), **kwargs)
 
 
-def test_proto_field_wins_where_paddle_has_it():
-    """On a Paddle whose sharding_configs proto has the field, it is honoured."""
-
-    class Configs:
-        DESCRIPTOR = types.SimpleNamespace(fields_by_name={"comm_group_call_opt": None})
-        comm_group_call_opt = False
-
-    class Strategy:
-        hybrid_configs = {"sharding_configs": Configs()}
-
-    strategy = Strategy()
-    set_muon_sharding_options(strategy, comm_group_call_opt=True)
-    assert strategy.hybrid_configs["sharding_configs"].comm_group_call_opt is True
-    strategy.hybrid_configs["sharding_configs"].comm_group_call_opt = False
-    assert get_muon_sharding_options(strategy).comm_group_call_opt is False
-
-
-# ------------------------------------------------------ CPU tensor fusion
-def test_cpu_tensor_fusion_registration(monkeypatch):
-    monkeypatch.setattr(tensor_fusion_helper, "__current_device_type__", None)
-    monkeypatch.setattr(tensor_fusion_helper, "alignment", dict(tensor_fusion_helper.alignment))
-    assert register_cpu_tensor_fusion() is True
-    assert tensor_fusion_helper.get_current_device_type() == "cpu"
-    assert tensor_fusion_helper.alignment["cpu"] == 256
-    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
-    monkeypatch.setattr(tensor_fusion_helper, "__current_device_type__", None)
-    assert register_cpu_tensor_fusion() is False
-    assert tensor_fusion_helper.__current_device_type__ is None, "left a GPU build alone"
+@contextlib.contextmanager
+def _replaced(target, name, value):
+    """Set ``target.name`` for the block, then put the original back."""
+    missing = object()
+    saved = target.__dict__.get(name, missing) if isinstance(target, type) \
+        else getattr(target, name, missing)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        if saved is missing:
+            delattr(target, name)
+        else:
+            setattr(target, name, saved)
 
 
-# -------------------------------------------------------- fleet integration
-def _fleet_body(use_amp: bool):
+@contextlib.contextmanager
+def _patched():
+    patch_paddle()
+    try:
+        yield
+    finally:
+        unpatch_paddle()
+
+
+class TestStrategyOptions(unittest.TestCase):
+    def test_default_and_roundtrip_survive_deepcopy(self):
+        strategy = fleet.DistributedStrategy()
+        self.assertEqual(get_muon_sharding_options(strategy), MuonShardingOptions())
+        self.assertEqual(MuonShardingOptions().muon_partition_strategy, "upstream_greedy",
+                         "develop's owner rule is the default")
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        set_muon_sharding_options(strategy, comm_group_call_opt=True)
+        expected = MuonShardingOptions(use_muon_sharding=True, comm_group_call_opt=True)
+        self.assertEqual(get_muon_sharding_options(strategy), expected,
+                         "a second call must keep the first")
+        # fleet.init / distributed_optimizer deep-copy the user's strategy
+        self.assertEqual(get_muon_sharding_options(copy.deepcopy(strategy)), expected)
+        self.assertEqual(get_muon_sharding_options(None), MuonShardingOptions())
+
+    def test_bad_values_are_rejected(self):
+        cases = [
+            ({"comm_group_call_opt": 1}, TypeError, "must be a bool"),
+            ({"muon_partition_strategy": "random"}, ValueError,
+             "muon_partition_strategy='random'"),
+            ({"comm_grup_call_opt": True}, TypeError, "unknown Muon sharding option"),
+        ]
+        for kwargs, exc, fragment in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(exc, fragment):
+                    set_muon_sharding_options(fleet.DistributedStrategy(), **kwargs)
+
+    def test_proto_field_wins_where_paddle_has_it(self):
+        class Configs:
+            DESCRIPTOR = types.SimpleNamespace(fields_by_name={"comm_group_call_opt": None})
+            comm_group_call_opt = False
+
+        class Strategy:
+            hybrid_configs = {"sharding_configs": Configs()}
+
+        strategy = Strategy()
+        set_muon_sharding_options(strategy, comm_group_call_opt=True)
+        self.assertIs(strategy.hybrid_configs["sharding_configs"].comm_group_call_opt, True)
+        strategy.hybrid_configs["sharding_configs"].comm_group_call_opt = False
+        self.assertIs(get_muon_sharding_options(strategy).comm_group_call_opt, False)
+
+
+class TestCpuTensorFusion(unittest.TestCase):
+    def test_registration(self):
+        with _replaced(tensor_fusion_helper, "__current_device_type__", None), \
+                _replaced(tensor_fusion_helper, "alignment",
+                          dict(tensor_fusion_helper.alignment)):
+            self.assertTrue(register_cpu_tensor_fusion())
+            self.assertEqual(tensor_fusion_helper.get_current_device_type(), "cpu")
+            self.assertEqual(tensor_fusion_helper.alignment["cpu"], 256)
+            tensor_fusion_helper.__current_device_type__ = None
+            with _replaced(paddle, "is_compiled_with_cuda", lambda: True):
+                self.assertFalse(register_cpu_tensor_fusion())
+            self.assertIsNone(tensor_fusion_helper.__current_device_type__,
+                              "left a GPU build alone")
+        register_cpu_tensor_fusion()  # the suites run on CPU
+
+
+def _fleet_body(use_amp: bool, develop_style: bool = False):
     def body(cfg: SimConfig, strategy):
         hcg = fleet.get_hybrid_communicate_group()
         coord = hcg.get_expert_parallel_rank()
         net = TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
-        fleet_env = fleet.fleet
-        fleet_env.worker_num = lambda: cfg.world  # the harness has no launcher env
-        fleet_env._hcg = hcg
-        opt = fi.distributed_optimizer(make_muon(list(net.parameters())))
-        assert isinstance(opt, fi.MuonHybridParallelOptimizer)
+        fleet.fleet._hcg = hcg
+        if develop_style:
+            # exactly what a develop script writes, after patch_paddle()
+            from paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+                MuonShardingOptimizer as Develop,
+            )
+
+            muon = paddle.optimizer.Muon(
+                learning_rate=LR, parameters=list(net.parameters()),
+                grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP_NORM))
+            opt = fleet.distributed_optimizer(muon)
+            assert isinstance(opt._inner_opt, Develop)
+        else:
+            opt = fi.distributed_optimizer(make_muon(list(net.parameters())))
+        assert isinstance(opt, hpo.HybridParallelOptimizer)
+        assert isinstance(opt._inner_opt, MuonShardingOptimizer)
         scaler = None
         if use_amp:
             # On CPU places Paddle disables loss scaling itself, so this checks
@@ -135,47 +187,174 @@ def _fleet_body(use_amp: bool):
     return body
 
 
-@pytest.mark.parametrize("use_amp", [False, True], ids=["plain", "grad_scaler_minimize_path"])
-def test_distributed_optimizer_trains_like_the_reference(monkeypatch, use_amp):
-    monkeypatch.setattr(fleet.fleet, "worker_num", fleet.fleet.worker_num, raising=False)
-    cfg = SimConfig(ep=2, ms=2, steps=2)
-    originals = (hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2)
-    results, _ = run_world(cfg, body=_fleet_body(use_amp))
-    expected = reference_values(cfg)
-    for rank, coord, values in results:
-        diff = max_abs_diff(values, expected[rank])
-        assert diff <= 1e-5, f"rank {rank}: {diff:.3e} from the reference (amp={use_amp})"
-    assert (hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2) == originals, (
-        "the scoped patch of HybridParallelOptimizer's sharding classes leaked"
-    )
+class TestFleetIntegration(unittest.TestCase):
+    def _train(self, body):
+        cfg = SimConfig(ep=2, ms=2, steps=2)
+        originals = (hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2)
+        # the harness has no launcher environment
+        with _replaced(fleet.fleet, "worker_num", lambda: cfg.world):
+            results, _ = run_world(cfg, body=body)
+        expected = reference_values(cfg)
+        for rank, coord, values in results:
+            diff = max_abs_diff(values, expected[rank])
+            self.assertLessEqual(diff, 1e-5, f"rank {rank}: {diff:.3e} from the reference")
+        self.assertEqual((hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2),
+                         originals,
+                         "the scoped patch of HybridParallelOptimizer's sharding classes leaked")
+
+    def test_distributed_optimizer_trains_like_the_reference(self):
+        for use_amp in (False, True):
+            with self.subTest(use_amp=use_amp):
+                self._train(_fleet_body(use_amp))
+
+    def test_develop_style_code_after_patch_paddle_trains_like_the_reference(self):
+        with _patched():
+            self._train(_fleet_body(use_amp=False, develop_style=True))
+
+    def test_distributed_optimizer_defers_to_fleet_without_muon_sharding(self):
+        sentinel = object()
+        calls = []
+        with _replaced(fleet.fleet, "distributed_optimizer",
+                       lambda opt, strategy=None: calls.append(opt) or sentinel), \
+                _replaced(fleet.fleet, "_user_defined_strategy",
+                          getattr(fleet.fleet, "_user_defined_strategy", None)):
+            optimizer = object()
+            self.assertIs(fi.distributed_optimizer(optimizer, fleet.DistributedStrategy()),
+                          sentinel)
+            with _patched():  # the patched fleet.distributed_optimizer: same path
+                self.assertIs(fleet.distributed_optimizer(optimizer), sentinel)
+        self.assertEqual(calls, [optimizer, optimizer])
+
+    def test_found_inf_skips_the_update(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            before = net.named_values()
+            net(paddle.to_tensor(batch(0, paddle.distributed.get_rank()))).backward()
+            core = sharded_core(opt)
+            core.reduce_gradients(list(net.parameters()), hcg)
+            core._inner_opt._set_auxiliary_var("found_inf", paddle.to_tensor(True))
+            core.step()
+            after = net.named_values()
+            return all(np.array_equal(before[k], after[k]) for k in before)
+
+        results, _ = run_world(cfg, body=body)
+        self.assertTrue(all(results), "an overflowing step must leave every parameter unchanged")
 
 
-def test_distributed_optimizer_defers_to_fleet_without_muon_sharding(monkeypatch):
-    sentinel = object()
-    calls = []
-    monkeypatch.setattr(fleet, "distributed_optimizer",
-                        lambda opt, strategy=None: calls.append(opt) or sentinel)
-    strategy = fleet.DistributedStrategy()
-    optimizer = object()
-    assert fi.distributed_optimizer(optimizer, strategy) is sentinel
-    assert calls == [optimizer]
+class TestPatchPaddle(unittest.TestCase):
+    """patch_paddle(): develop's names on 3.3.1; unpatch_paddle() restores all."""
+
+    def tearDown(self):
+        unpatch_paddle()
+
+    def _snapshot(self):
+        return {
+            "Muon": getattr(paddle.optimizer, "Muon", None),
+            "muon": getattr(paddle.optimizer, "muon", None),
+            "modules": {m: sys.modules.get(m) for m in (patch_module.MUON_MODULE,
+                                                        patch_module.SHARDING_MODULE)},
+            "hybrid_configs": ds.DistributedStrategy.__dict__["hybrid_configs"],
+            "use_muon_sharding": ds.DistributedStrategy.__dict__.get("use_muon_sharding"),
+            "distributed_optimizer": fleet.distributed_optimizer,
+        }
+
+    def test_names_appear_idempotently_and_unpatch_restores_everything(self):
+        before = self._snapshot()
+        self.assertIsNone(before["Muon"], "paddle 3.3.1 has no Muon; the test assumes it")
+        added = patch_paddle()
+        self.assertTrue(is_patched())
+        self.assertEqual(patch_paddle(), [], "a second call changes nothing")
+        self.assertEqual(len(added), 4, added)
+        from paddle.optimizer.muon import MuonParamInfo
+        from paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+            MuonShardingOptimizer as Develop,
+        )
+
+        self.assertIs(paddle.optimizer.Muon, paddle_muon_ext.Muon)
+        self.assertIs(MuonParamInfo, paddle_muon_ext.MuonParamInfo)
+        self.assertIs(Develop, MuonShardingOptimizer)
+        self.assertIs(fleet.distributed_optimizer, fi.distributed_optimizer)
+        unpatch_paddle()
+        self.assertFalse(is_patched())
+        self.assertEqual(self._snapshot(), before)
+        with self.assertRaises(ImportError):
+            __import__(patch_module.MUON_MODULE)
+
+    def test_strategy_accepts_develops_fields_and_keeps_them_through_deepcopy(self):
+        patch_paddle()
+        strategy = fleet.DistributedStrategy()
+        strategy.use_muon_sharding = True
+        strategy.hybrid_configs = {
+            "dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 2,
+            "sharding_configs": {"comm_group_call_opt": True,
+                                 "muon_partition_strategy": "balanced",
+                                 "comm_buffer_size_MB": 8, "comm_overlap": True},
+            "pp_configs": {"release_gradients": True},
+        }
+        copied = copy.deepcopy(strategy)
+        configs = copied.hybrid_configs["sharding_configs"]
+        self.assertTrue(copied.use_muon_sharding)
+        self.assertTrue(configs.comm_group_call_opt)
+        self.assertEqual(configs.muon_partition_strategy, "balanced")
+        self.assertEqual(configs.comm_buffer_size_MB, 8)
+        self.assertTrue(configs.comm_overlap)
+        self.assertTrue(copied.hybrid_configs["pp_configs"].release_gradients)
+        self.assertEqual(copied.hybrid_configs["sharding_degree"], 2)
+        configs.comm_group_call_opt = False  # attribute writes reach the same storage
+        configs.accumulate_steps = 4
+        self.assertFalse(get_muon_sharding_options(copied).comm_group_call_opt)
+        self.assertEqual(copied.hybrid_configs["sharding_configs"].accumulate_steps, 4)
+        self.assertIn("comm_group_call_opt", dir(configs))
+        self.assertIn("muon_partition_strategy", repr(configs))
+        with self.assertRaisesRegex(ValueError, r"unknown field\(s\) \['comm_grup_call_opt'\]"):
+            strategy.hybrid_configs = {"sharding_configs": {"comm_grup_call_opt": True}}
+        unpatch_paddle()
+        with self.assertRaises(TypeError):
+            fleet.DistributedStrategy().use_muon_sharding = True
+
+    def test_a_paddle_that_has_the_names_is_left_alone(self):
+        fake_muon = type("Muon", (), {})
+        fake_module = types.ModuleType(patch_module.SHARDING_MODULE)
+        fake_module.__spec__ = types.SimpleNamespace(name=patch_module.SHARDING_MODULE)
+        prop = property(lambda self: False, lambda self, v: None)
+        with _replaced(paddle.optimizer, "Muon", fake_muon), \
+                _replaced(ds.DistributedStrategy, "use_muon_sharding", prop):
+            sys.modules[patch_module.SHARDING_MODULE] = fake_module
+            try:
+                before = self._snapshot()
+                with self.assertLogs(patch_module.logger, level="INFO") as logs:
+                    self.assertEqual(patch_paddle(), [])
+                self.assertEqual(self._snapshot(), before, "patch_paddle changed a Paddle "
+                                 "that already has develop's names")
+                self.assertTrue(any("already has" in line for line in logs.output))
+                unpatch_paddle()
+                self.assertEqual(self._snapshot(), before)
+            finally:
+                sys.modules.pop(patch_module.SHARDING_MODULE, None)
+
+    def test_a_failing_step_rolls_back(self):
+        before = self._snapshot()
+
+        def boom(done, skipped):
+            raise RuntimeError("boom")
+
+        with _replaced(patch_module, "_STEPS", patch_module._STEPS + (boom,)):
+            with self.assertRaisesRegex(RuntimeError, "boom"):
+                patch_paddle()
+        self.assertFalse(is_patched())
+        self.assertEqual(self._snapshot(), before)
+
+    def test_set_muon_sharding_options_is_the_same_storage(self):
+        patch_paddle()
+        strategy = fleet.DistributedStrategy()
+        paddle_muon_ext.set_muon_sharding_options(strategy, use_muon_sharding=True,
+                                                  muon_partition_strategy="balanced")
+        self.assertTrue(strategy.use_muon_sharding)
+        self.assertEqual(strategy.hybrid_configs["sharding_configs"].muon_partition_strategy,
+                         "balanced")
 
 
-def test_found_inf_skips_the_update():
-    cfg = SimConfig(ep=2, ms=2, steps=1)
-
-    def body(cfg, strategy):
-        from muon_sim_runner import build_rank, sharded_core
-
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        before = net.named_values()
-        net(paddle.to_tensor(batch(0, paddle.distributed.get_rank()))).backward()
-        core = sharded_core(opt)
-        core.reduce_gradients(list(net.parameters()), hcg)
-        core._inner_opt._set_auxiliary_var("found_inf", paddle.to_tensor(True))
-        core.step()
-        after = net.named_values()
-        return all(np.array_equal(before[k], after[k]) for k in before)
-
-    results, _ = run_world(cfg, body=body)
-    assert all(results), "an overflowing step must leave every parameter unchanged"
+if __name__ == "__main__":
+    unittest.main()

@@ -28,9 +28,15 @@ compared at 1e-2: one bf16 ulp at O(1) is 7.8e-3.
 
 from __future__ import annotations
 
+import types
+import unittest
+
 import numpy as np
 import paddle
-import pytest
+from paddle.distributed.fleet.utils.mix_precision_utils import (
+    MixPrecisionLayer,
+    MixPrecisionOptimizer,
+)
 
 from muon_sim_runner import (
     TensorParallelHcg,
@@ -43,10 +49,14 @@ from muon_sim_runner import (
     sharded_core,
     train_steps,
 )
-from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, make_muon
+from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, init_dense, make_muon
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_sharding_optimizer as mso,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
+    ShardingSettings,
 )
 from paddle_muon_ext.optimizer.muon import MuonParamInfo
 
@@ -67,179 +77,15 @@ EQUIVALENCE = {
     "ep2_ms2_pp2": SimConfig(ep=2, ms=2, pp=2, clip=False),
     # one-rank expert colour groups: nothing to communicate for experts
     "ep4_ms1": SimConfig(ep=4, ms=1),
+    # develop's owner rule (the default): every matrix on the first rank
+    "ep4_ms2_upstream_partition": SimConfig(partition="upstream_greedy"),
 }
-
-
-@pytest.mark.parametrize("name", sorted(EQUIVALENCE))
-def test_sharded_equals_single_process_reference(name):
-    cfg = EQUIVALENCE[name]
-    results, world = run_world(cfg)
-    expected = reference_values(cfg)
-    tol = BF16_TOL if cfg.matrix_dtype == "bfloat16" else FP32_TOL
-    for state in results:
-        diff = max_abs_diff(state.values, expected[state.rank])
-        assert diff <= tol, (
-            f"[{name}] rank {state.rank} (expert coord {state.expert_coord}) ends "
-            f"{diff:.3e} away from single-process Muon on the full batch (tol {tol})"
-        )
-    report = world.check_schedule()
-    assert report.ok, report.summary()
-
-
-def _reduced_grads_body(cfg: SimConfig, strategy):
-    hcg, net, opt, coord = build_rank(cfg, strategy)
-    core = sharded_core(opt)
-    rank = paddle.distributed.get_rank()
-    net(paddle.to_tensor(batch(0, rank))).backward()
-    core.reduce_gradients(list(net.parameters()), hcg)
-    names = {p.name: key for key, p in _keyed_params(net).items()}
-    owned = {names[p.name]: p.grad.numpy() for p in core._owned_muon_params()}
-    others = {
-        names[p.name]: p.grad.numpy()
-        for p in net.parameters()
-        if p.name in core.owner_map and core.owner_map[p.name] != rank
-    }
-    return RankState(rank, coord, owned, core, net, extra=others)
 
 
 def _keyed_params(net: TinyMoE) -> dict:
     out = {f"dense.{k}": p for k, p in net.dense.items()}
     out.update({f"expert.{k}": p for k, p in (net.experts or {}).items()})
     return out
-
-
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per_param"])
-def test_owner_holds_group_mean_and_non_owners_are_not_trusted(fused):
-    cfg = SimConfig(fused=fused)
-    results, _ = run_world(cfg, body=_reduced_grads_body)
-    ref = Reference(cfg.expert_of_rank())
-    means = ref.mean_grads(0)
-    seen = set()
-    for state in results:
-        for key, grad in state.values.items():
-            slot = (None, key) if key.startswith("dense.") else (state.expert_coord, key)
-            np.testing.assert_allclose(
-                grad, means[slot], rtol=0, atol=1e-6,
-                err_msg=f"owner rank {state.rank}: reduced gradient of {key} is not the "
-                        f"mean over its group",
-            )
-            seen.add(slot)
-        # Real backends leave garbage on non-roots; the harness poisons them.
-        for key, grad in state.extra.items():
-            assert np.isnan(grad).all(), (
-                f"rank {state.rank} is not the owner of {key} but its buffer was not "
-                f"poisoned: the reduce did not target the owner"
-            )
-    assert seen == {s for s in means if not np.asarray(means[s]).ndim < 2}, (
-        "every Muon matrix must have exactly one owner holding its mean gradient"
-    )
-
-
-def test_global_norm_clip_counts_every_parameter_once():
-    cfg = SimConfig()
-
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        core = sharded_core(opt)
-        rank = paddle.distributed.get_rank()
-        net(paddle.to_tensor(batch(0, rank))).backward()
-        core.reduce_gradients(list(net.parameters()), hcg)
-        core._assign_slice_grads()
-        local = core.filter_parameters(list(net.parameters()), hcg)
-        core._ensure_global_clip()
-        clip = core._inner_opt._grad_clip
-        before = [float(np.abs(p.grad.numpy()).sum()) for p in local]
-        # Paddle's clip scales the gradients in place.
-        clipped = clip([(p, p.grad) for p in local])
-        # A slice holding only alignment padding has an all-zero gradient.
-        return [float(np.abs(g.numpy()).sum()) / b
-                for (p, g), b in zip(clipped, before) if b > 0]
-
-    results, _ = run_world(cfg, body=body)
-    ref = Reference(cfg.expert_of_rank())
-    grads = ref.mean_grads(0)
-    norm = float(np.sqrt(sum(float((g**2).sum()) for g in grads.values())))
-    expected_scale = min(1.0, CLIP_NORM / norm)
-    assert expected_scale < 0.9, "the test needs an active clip"
-    for rank, scales in enumerate(results):
-        assert scales, f"rank {rank} holds no gradient to clip"
-        np.testing.assert_allclose(
-            scales, expected_scale, rtol=1e-5,
-            err_msg=f"rank {rank}: clip scale differs from the reference global norm "
-                    f"{norm:.6f} (a parameter counted twice or not at all)",
-        )
-
-
-def test_filter_parameters_partition_each_group_exactly_once():
-    cfg = SimConfig()
-
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        core = sharded_core(opt)
-        core._assign_slice_grads()
-        kept = core.filter_parameters(list(net.parameters()), hcg)
-        out = []
-        for p in kept:
-            begin, end = core.local_range(p.name)
-            out.append((p.name, end - begin))
-        return coord, out
-
-    results, _ = run_world(cfg, body=body)
-    full = {f"dense.{k}": int(v.size)
-            for k, v in __import__("muon_tiny_moe").init_dense().items()}
-    dense_count: dict[str, int] = {}
-    for coord, kept in results:
-        for name, numel in kept:
-            if name.startswith("dense."):
-                dense_count[name] = dense_count.get(name, 0) + numel
-    assert dense_count == full, (
-        f"summed over the sharding group, each dense parameter's elements must be "
-        f"kept exactly once: got {dense_count}, expected {full}"
-    )
-
-
-def test_checkpoint_resume_is_bit_exact():
-    cfg = SimConfig(ep=2, ms=2, steps=3)
-    saved: dict[int, tuple] = {}
-
-    def first_two_steps(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        train_steps(cfg, hcg, net, opt, first_step=0, steps=2)
-        rank = paddle.distributed.get_rank()
-        state = {k: (v.numpy() if isinstance(v, paddle.Tensor) else v)
-                 for k, v in opt.state_dict().items()}
-        saved[rank] = ({p.name: p.numpy() for p in net.parameters()}, state)
-        return None
-
-    def resume(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        rank = paddle.distributed.get_rank()
-        params, state = saved[rank]
-        for p in net.parameters():
-            p.set_value(params[p.name])
-        opt.set_state_dict({k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v)
-                            for k, v in state.items()})
-        train_steps(cfg, hcg, net, opt, first_step=2, steps=1)
-        return net.named_values()
-
-    uninterrupted, _ = run_world(cfg)
-    run_world(cfg, body=first_two_steps)
-    resumed, _ = run_world(cfg, body=resume)
-    for rank, (a, b) in enumerate(zip(uninterrupted, resumed)):
-        for key in a.values:
-            assert np.array_equal(a.values[key], b[key]), (
-                f"rank {rank}: {key} after save at step 2 + resume differs from the "
-                f"uninterrupted run (max |d| {np.abs(a.values[key] - b[key]).max():.3e})"
-            )
-
-
-def _expect_error(cfg, make, exc, fragment):
-    def body(cfg, strategy):
-        make(cfg, strategy)
-
-    with pytest.raises(exc) as info:
-        run_world(cfg, body=body, mode="record", reraise_original=True)
-    assert fragment in str(info.value), str(info.value)
 
 
 def _muon_for(net, **kw):
@@ -250,6 +96,277 @@ def _net(cfg):
     hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
     coord = hcg.get_expert_parallel_rank()
     return hcg, TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
+
+
+def _rank() -> int:
+    return paddle.distributed.get_rank()
+
+
+def _assert_matches_reference(test, cfg, results, label, tol=FP32_TOL):
+    expected = reference_values(cfg)
+    for state in results:
+        diff = max_abs_diff(state.values, expected[state.rank])
+        test.assertLessEqual(
+            diff, tol,
+            f"[{label}] rank {state.rank} (expert coord {state.expert_coord}) ends "
+            f"{diff:.3e} away from single-process Muon on the full batch (tol {tol})",
+        )
+
+
+def _with_sharding_configs(pp_configs=None, **fields):
+    """A body that sets sharding_configs (and pp_configs) fields, then trains."""
+
+    def body(cfg, strategy):
+        configs = strategy.hybrid_configs["sharding_configs"]
+        for key, value in fields.items():
+            setattr(configs, key, value)
+        for key, value in (pp_configs or {}).items():
+            setattr(strategy.hybrid_configs["pp_configs"], key, value)
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        train_steps(cfg, hcg, net, opt)
+        return RankState(_rank(), coord, net.named_values(), opt, net)
+
+    return body
+
+
+class TestEquivalence(unittest.TestCase):
+    """Sharded training ends where single-process Muon on the full batch ends."""
+
+    def test_sharded_equals_single_process_reference(self):
+        for name in sorted(EQUIVALENCE):
+            with self.subTest(name):
+                cfg = EQUIVALENCE[name]
+                results, world = run_world(cfg)
+                tol = BF16_TOL if cfg.matrix_dtype == "bfloat16" else FP32_TOL
+                _assert_matches_reference(self, cfg, results, name, tol)
+                report = world.check_schedule()
+                self.assertTrue(report.ok, report.summary())
+
+    def test_owner_holds_group_mean_and_non_owners_are_not_trusted(self):
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            core = sharded_core(opt)
+            rank = _rank()
+            net(paddle.to_tensor(batch(0, rank))).backward()
+            core.reduce_gradients(list(net.parameters()), hcg)
+            names = {p.name: key for key, p in _keyed_params(net).items()}
+            owned = {names[p.name]: p.grad.numpy() for p in core._owned_muon_params()}
+            others = {
+                names[p.name]: p.grad.numpy()
+                for p in net.parameters()
+                if p.name in core.owner_map and core.owner_map[p.name] != rank
+            }
+            return RankState(rank, coord, owned, core, net, extra=others)
+
+        for fused in (True, False):
+            with self.subTest(fused=fused):
+                cfg = SimConfig(fused=fused)
+                results, _ = run_world(cfg, body=body)
+                means = Reference(cfg.expert_of_rank()).mean_grads(0)
+                seen = set()
+                for state in results:
+                    for key, grad in state.values.items():
+                        slot = (None, key) if key.startswith("dense.") else (state.expert_coord, key)
+                        np.testing.assert_allclose(
+                            grad, means[slot], rtol=0, atol=1e-6,
+                            err_msg=f"owner rank {state.rank}: reduced gradient of {key} is "
+                                    f"not the mean over its group")
+                        seen.add(slot)
+                    # Real backends leave garbage on non-roots; the harness poisons them.
+                    for key, grad in state.extra.items():
+                        self.assertTrue(np.isnan(grad).all(), (
+                            f"rank {state.rank} is not the owner of {key} but its buffer "
+                            f"was not poisoned: the reduce did not target the owner"))
+                self.assertEqual(seen, {s for s in means if np.asarray(means[s]).ndim >= 2},
+                                 "every Muon matrix must have exactly one owner holding "
+                                 "its mean gradient")
+
+    def test_global_norm_clip_counts_every_parameter_once(self):
+        cfg = SimConfig()
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            core = sharded_core(opt)
+            net(paddle.to_tensor(batch(0, _rank()))).backward()
+            core.reduce_gradients(list(net.parameters()), hcg)
+            core._assign_slice_grads()
+            local = core.filter_parameters(list(net.parameters()), hcg)
+            core._ensure_global_clip()
+            clip = core._inner_opt._grad_clip
+            before = [float(np.abs(p.grad.numpy()).sum()) for p in local]
+            clipped = clip([(p, p.grad) for p in local])  # scales in place
+            # A slice holding only alignment padding has an all-zero gradient.
+            return [float(np.abs(g.numpy()).sum()) / b
+                    for (p, g), b in zip(clipped, before) if b > 0]
+
+        results, _ = run_world(cfg, body=body)
+        grads = Reference(cfg.expert_of_rank()).mean_grads(0)
+        norm = float(np.sqrt(sum(float((g**2).sum()) for g in grads.values())))
+        expected_scale = min(1.0, CLIP_NORM / norm)
+        self.assertLess(expected_scale, 0.9, "the test needs an active clip")
+        for rank, scales in enumerate(results):
+            self.assertTrue(scales, f"rank {rank} holds no gradient to clip")
+            np.testing.assert_allclose(
+                scales, expected_scale, rtol=1e-5,
+                err_msg=f"rank {rank}: clip scale differs from the reference global norm "
+                        f"{norm:.6f} (a parameter counted twice or not at all)")
+
+    def test_filter_parameters_partition_each_group_exactly_once(self):
+        cfg = SimConfig()
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            core = sharded_core(opt)
+            core._assign_slice_grads()
+            out = []
+            for p in core.filter_parameters(list(net.parameters()), hcg):
+                begin, end = core.local_range(p.name)
+                out.append((p.name, end - begin))
+            return coord, out
+
+        results, _ = run_world(cfg, body=body)
+        full = {f"dense.{k}": int(v.size) for k, v in init_dense().items()}
+        dense_count: dict[str, int] = {}
+        for coord, kept in results:
+            for name, numel in kept:
+                if name.startswith("dense."):
+                    dense_count[name] = dense_count.get(name, 0) + numel
+        self.assertEqual(dense_count, full, (
+            "summed over the sharding group, each dense parameter's elements must be "
+            "kept exactly once"))
+
+
+class TestMixPrecision(unittest.TestCase):
+    """MixPrecisionLayer + MixPrecisionOptimizer: gradients live in main_grad."""
+
+    def test_main_grad_fused_and_unfused_match_reference(self):
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            layer = MixPrecisionLayer(net, dtype="bfloat16")  # params stay fp32 on CPU
+            opt = MuonShardingOptimizer(MixPrecisionOptimizer(_muon_for(net)), hcg, strategy)
+            for step in range(cfg.steps):
+                layer(paddle.to_tensor(batch(step, _rank()))).backward()
+                grads_in_main = all(p.grad is None for p in net.parameters())
+                opt.reduce_gradients(list(net.parameters()), hcg)
+                opt.step()
+                opt.clear_grad()
+            return RankState(_rank(), hcg.get_expert_parallel_rank(), net.named_values(),
+                             opt, net, extra=grads_in_main)
+
+        for fused in (True, False):
+            with self.subTest(fused=fused):
+                cfg = SimConfig(ep=2, ms=2, fused=fused, via_fleet=False)
+                results, _ = run_world(cfg, body=body)
+                self.assertTrue(all(r.extra for r in results),
+                                "MixPrecisionLayer must leave p.grad empty (main_grad only)")
+                _assert_matches_reference(self, cfg, results, f"main_grad fused={fused}")
+
+
+class TestCheckpoint(unittest.TestCase):
+    def test_resume_is_bit_exact(self):
+        cfg = SimConfig(ep=2, ms=2, steps=3)
+        saved: dict[int, tuple] = {}
+
+        def first_two_steps(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            train_steps(cfg, hcg, net, opt, first_step=0, steps=2)
+            state = {k: (v.numpy() if isinstance(v, paddle.Tensor) else v)
+                     for k, v in opt.state_dict().items()}
+            saved[_rank()] = ({p.name: p.numpy() for p in net.parameters()}, state)
+
+        def resume(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            params, state = saved[_rank()]
+            for p in net.parameters():
+                p.set_value(params[p.name])
+            opt.set_state_dict({k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v)
+                                for k, v in state.items()})
+            train_steps(cfg, hcg, net, opt, first_step=2, steps=1)
+            return net.named_values()
+
+        uninterrupted, _ = run_world(cfg)
+        run_world(cfg, body=first_two_steps)
+        resumed, _ = run_world(cfg, body=resume)
+        for rank, (a, b) in enumerate(zip(uninterrupted, resumed)):
+            for key in a.values:
+                self.assertTrue(np.array_equal(a.values[key], b[key]), (
+                    f"rank {rank}: {key} after save at step 2 + resume differs from the "
+                    f"uninterrupted run (max |d| {np.abs(a.values[key] - b[key]).max():.3e})"))
+
+    def test_set_state_dict_takes_the_full_dict_keeps_local_renames_masters(self):
+        # bf16 matrix + multi_precision: master weights are part of the state.
+        cfg = SimConfig(ep=2, ms=2, steps=3, matrix_dtype="bfloat16", clip=False,
+                        via_fleet=False)
+        saved: dict[int, dict] = {}
+
+        def first_two_steps(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            train_steps(cfg, hcg, net, opt, first_step=0, steps=2)
+            state = opt.state_dict()
+            masters = {k: v.numpy() for k, v in state.pop("master_weights", {}).items()}
+            saved[_rank()] = {
+                "params": {p.name: p.numpy() for p in net.parameters()},
+                "state": {k: v.numpy() for k, v in state.items() if isinstance(v, paddle.Tensor)},
+                "masters": masters,
+            }
+
+        def resume(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            rank = _rank()
+            full, masters = {}, {}
+            for other in sorted(saved):  # every rank's keys; this rank's slices win
+                if other != rank:
+                    full.update(saved[other]["state"])
+                    masters.update(saved[other]["masters"])
+            full.update(saved[rank]["state"])
+            masters.update(saved[rank]["masters"])
+            full = {k: paddle.to_tensor(v) for k, v in full.items()}
+            full["master_weights"] = {k: paddle.to_tensor(v) for k, v in masters.items()}
+            for p in net.parameters():
+                p.set_value(saved[rank]["params"][p.name])
+            seen = {}
+            inner_set = opt._inner_opt.set_state_dict
+
+            def spy(state):
+                seen.update(state)
+                inner_set(state)
+
+            opt._inner_opt.set_state_dict = spy
+            opt.set_state_dict(full)
+            local = {p.name for p in opt._local_parameter_list}
+            kept = [k for k in seen if k != "master_weights"]
+            owners = [opt._state_owner(k)[0] for k in kept]
+            master_names = {k: v.name for k, v in seen.get("master_weights", {}).items()}
+            train_steps(cfg, hcg, net, opt, first_step=2, steps=1)
+            return net.named_values(), local, owners, len(full) - 1, master_names
+
+        uninterrupted, _ = run_world(cfg)
+        run_world(cfg, body=first_two_steps)
+        resumed, _ = run_world(cfg, body=resume)
+        for rank, (a, (values, local, owners, n_full, masters)) in enumerate(
+                zip(uninterrupted, resumed)):
+            self.assertTrue(set(owners) <= local and owners, (
+                f"rank {rank}: set_state_dict passed states of parameters it does not "
+                f"update: {sorted(set(owners) - local)}"))
+            self.assertLess(len(owners), n_full, "the full dict must be filtered")
+            self.assertTrue(set(masters) <= local)
+            for name, var_name in masters.items():
+                self.assertTrue(var_name.startswith(name + "_fp32_master"), (
+                    f"rank {rank}: master weight of {name} named {var_name!r}, not as "
+                    f"this optimizer names it"))
+            for key in a.values:
+                self.assertTrue(np.array_equal(a.values[key], values[key]), (
+                    f"rank {rank}: {key} resumed from the full state dict differs from "
+                    f"the uninterrupted run"))
+
+
+def _expect_error(test, cfg, make, exc, fragment):
+    def body(cfg, strategy):
+        make(cfg, strategy)
+
+    with test.assertRaises(exc) as info:
+        run_world(cfg, body=body, mode="record", reraise_original=True)
+    test.assertIn(fragment, str(info.exception))
 
 
 def _param_groups(cfg, strategy):
@@ -284,259 +401,676 @@ def _not_muon(cfg, strategy):
                           hcg, strategy)
 
 
+def _no_apply_optimize(cfg, strategy):
+    hcg, net = _net(cfg)
+    muon = _muon_for(net)
+    fake = types.SimpleNamespace(_parameter_list=list(net.parameters()),
+                                 _muon_param_info_map=muon._muon_param_info_map)
+    MuonShardingOptimizer(fake, hcg, strategy)
+
+
 def _plain(cfg, strategy):
     hcg, net = _net(cfg)
     MuonShardingOptimizer(_muon_for(net), hcg, strategy)
 
 
-@pytest.mark.parametrize(
-    "cfg, make, exc, fragment",
-    [
-        (SimConfig(ep=2, ms=2), _param_groups, TypeError, "parameter groups"),
-        (SimConfig(ep=2, ms=2), _missing_map_entry, ValueError, "muon_param_info_map"),
-        (SimConfig(ep=2, ms=2), _bad_colour_value, ValueError, "color='moe'"),
-        (SimConfig(ep=2, ms=2), _colour_group_not_a_group, TypeError, "not a paddle.distributed Group"),
-        (SimConfig(ep=2, ms=2), _not_muon, TypeError, "_muon_param_info_map"),
-        (SimConfig(ep=2, ms=2, pp=2, overlap=True), _plain, ValueError, "comm_overlap=True cannot be combined"),
-        (SimConfig(ep=2, ms=2, fused=False, overlap=True), _plain, ValueError, "needs fused gradient buffers"),
-    ],
-    ids=["param_groups", "missing_map_entry", "bad_colour", "colour_group_type",
-         "not_muon", "pp_with_overlap", "overlap_without_fusion"],
-)
-def test_misconfiguration_raises_at_construction(cfg, make, exc, fragment):
-    _expect_error(cfg, make, exc, fragment)
-
-
-def test_tensor_parallel_is_rejected():
+def _with_fields(pp=None, hybrid=None, **sharding):
     def make(cfg, strategy):
+        for k, v in sharding.items():
+            setattr(strategy.hybrid_configs["sharding_configs"], k, v)
+        for k, v in (pp or {}).items():
+            setattr(strategy.hybrid_configs["pp_configs"], k, v)
+        _plain(cfg, strategy)
+
+    return make
+
+
+def _with_strategy_copy(**hybrid):
+    """Run ``_plain`` with hybrid_configs top-level fields changed on a copy."""
+
+    def make(cfg, strategy):
+        import copy
+
+        copied = copy.deepcopy(strategy)
+        copied.strategy.hybrid_configs.MergeFrom(type(copied.strategy.hybrid_configs)(**hybrid))
         hcg, net = _net(cfg)
-        MuonShardingOptimizer(_muon_for(net), TensorParallelHcg(hcg), strategy)
+        MuonShardingOptimizer(_muon_for(net), hcg, copied)
 
-    _expect_error(SimConfig(ep=2, ms=2), make, ValueError, "mp_degree=2")
-
-
-def test_owner_map_is_rank_independent_and_balanced():
-    cfg = SimConfig()
-
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        return sharded_core(opt).owner_map
-
-    results, _ = run_world(cfg, body=body, mode="record")
-    sharding = {k: v for k, v in results[0].items() if k.startswith("dense.")}
-    for rank, owners in enumerate(results):
-        assert {k: v for k, v in owners.items() if k.startswith("dense.")} == sharding, (
-            f"rank {rank} derived a different owner map for the dense matrices"
-        )
-    assert len(set(sharding.values())) == len(sharding), (
-        f"the dense matrices should land on distinct owners, got {sharding}"
-    )
+    return make
 
 
-def test_muon_param_info_map_overrides_shape_rule():
-    cfg = SimConfig(ep=2, ms=2)
-
-    def body(cfg, strategy):
-        hcg, net = _net(cfg)
-        info = {p.name: MuonParamInfo(use_muon=p.ndim >= 2) for p in net.parameters()}
-        info[net.dense["w_out"].name] = MuonParamInfo(use_muon=False)
-        muon = make_muon(list(net.parameters()), muon_param_info_map=info)
-        core = MuonShardingOptimizer(muon, hcg, strategy)
-        return net.dense["w_out"].name in core.owner_map, net.dense["w_out"].name in core._slice_params
-
-    results, _ = run_world(cfg, body=body, mode="record")
-    assert all(r == (False, True) for r in results), (
-        "a matrix mapped to use_muon=False must be element-wise sharded, not owned"
-    )
-
-
-# ---------------------------------------------------------------------------
-# options and less common paths
-# ---------------------------------------------------------------------------
-def _with_sharding_configs(**fields):
-    """A body that sets sharding_configs fields, then trains like the default."""
-
-    def body(cfg, strategy):
-        configs = strategy.hybrid_configs["sharding_configs"]
-        for key, value in fields.items():
-            setattr(configs, key, value)
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        train_steps(cfg, hcg, net, opt)
-        return RankState(paddle.distributed.get_rank(), coord, net.named_values(), opt, net)
-
-    return body
+# (cfg, make, exception, fragment of the message): every construction-time
+# error; README.md "Errors at construction" lists the same table.
+CONSTRUCTION_ERRORS = {
+    "param_groups": (SimConfig(ep=2, ms=2), _param_groups, TypeError, "parameter groups"),
+    "missing_map_entry": (SimConfig(ep=2, ms=2), _missing_map_entry, ValueError,
+                          "muon_param_info_map"),
+    "bad_colour": (SimConfig(ep=2, ms=2), _bad_colour_value, ValueError, "color='moe'"),
+    "colour_group_type": (SimConfig(ep=2, ms=2), _colour_group_not_a_group, TypeError,
+                          "not a paddle.distributed Group"),
+    "not_muon": (SimConfig(ep=2, ms=2), _not_muon, TypeError, "_muon_param_info_map"),
+    "no_apply_optimize": (SimConfig(ep=2, ms=2), _no_apply_optimize, TypeError,
+                          "_apply_optimize"),
+    "pp_with_overlap": (SimConfig(ep=2, ms=2, pp=2, overlap=True), _plain, ValueError,
+                        "comm_overlap=True cannot be combined"),
+    "overlap_without_fusion": (SimConfig(ep=2, ms=2, fused=False, overlap=True), _plain,
+                               ValueError, "needs fused gradient buffers"),
+    "overlap_acc_steps_0": (SimConfig(ep=2, ms=2, overlap=True),
+                            _with_fields(accumulate_steps=0), ValueError,
+                            "accumulate_steps >= 1"),
+    "pp_sharding_comm_overlap": (SimConfig(ep=2, ms=2),
+                                 _with_fields(pp={"sharding_comm_overlap": True}),
+                                 ValueError, "pp_configs.sharding_comm_overlap=True"),
+    "tensor_fusion_without_buffers": (SimConfig(ep=2, ms=2, fused=False),
+                                      _with_fields(tensor_fusion=True), ValueError,
+                                      "tensor_fusion=True"),
+    "optimizer_timer_on_cpu": (SimConfig(ep=2, ms=2),
+                               _with_strategy_copy(enable_optimizer_timer=True), ValueError,
+                               "enable_optimizer_timer=True needs a CUDA build"),
+}
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"release_gradients": True}, {"release_gradients": True, "comm_buffer_size_MB": -1}],
-    ids=["release_gradients", "release_gradients_per_param"],
-)
-def test_release_gradients_trains_like_the_reference(fields):
-    cfg = SimConfig(ep=2, ms=2, steps=3)
-    results, _ = run_world(cfg, body=_with_sharding_configs(**fields))
-    expected = reference_values(cfg)
-    for state in results:
-        assert max_abs_diff(state.values, expected[state.rank]) <= FP32_TOL, state.rank
+class TestConstructionErrors(unittest.TestCase):
+    def test_misconfiguration_raises_at_construction(self):
+        for name, (cfg, make, exc, fragment) in CONSTRUCTION_ERRORS.items():
+            with self.subTest(name):
+                _expect_error(self, cfg, make, exc, fragment)
+
+    def test_bad_partition_strategy_names_the_option(self):
+        settings = ShardingSettings(muon_partition_strategy="random")
+        with self.assertRaisesRegex(ValueError, "muon_partition_strategy='random'"):
+            settings.check(pp_world_size=1)
+
+    def test_tensor_parallel_is_rejected(self):
+        def make(cfg, strategy):
+            hcg, net = _net(cfg)
+            MuonShardingOptimizer(_muon_for(net), TensorParallelHcg(hcg), strategy)
+
+        _expect_error(self, SimConfig(ep=2, ms=2), make, ValueError, "mp_degree=2")
+
+    def test_colour_group_membership_and_consistency_errors(self):
+        def not_member(cfg, strategy):
+            hcg, net = _net(cfg)
+            other = [r for r in range(cfg.world) if r != _rank()][:1]
+            group = paddle.distributed.new_group(sorted(set(other)))
+            net.dense["w_in"].color = {"color": "x", "group": group}
+            MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+
+        def two_groups(cfg, strategy):
+            hcg, net = _net(cfg)
+            net.dense["w_in"].color = {"color": "moe_expert",
+                                       "group": hcg.get_sharding_parallel_group()}
+            MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+
+        def no_params(cfg, strategy):
+            hcg, net = _net(cfg)
+            muon = _muon_for(net)
+            muon._parameter_list = []
+            MuonShardingOptimizer(muon, hcg, strategy)
+
+        _expect_error(self, SimConfig(ep=2, ms=2), not_member, ValueError,
+                      "is not in its colour group")
+        _expect_error(self, SimConfig(ep=2, ms=2), two_groups, ValueError,
+                      "used with two different groups")
+        _expect_error(self, SimConfig(ep=2, ms=2), no_params, ValueError,
+                      "needs an optimizer built with")
+
+    def test_plan_stage_group_mismatch_names_both_groups(self):
+        class OtherShardingGroup:
+            def __init__(self, inner, group):
+                self._inner, self._group = inner, group
+
+            def get_sharding_parallel_group(self):
+                return self._group
+
+            def __getattr__(self, item):
+                return getattr(self._inner, item)
+
+        def make(cfg, strategy):
+            hcg, net = _net(cfg)
+            moe = hcg.get_moe_sharding_parallel_group()  # not the stage group
+            MuonShardingOptimizer(_muon_for(net), OtherShardingGroup(hcg, moe), strategy)
+
+        cfg = SimConfig(ep=2, ms=2, gpn=2)
+
+        def body(cfg, strategy):
+            make(cfg, strategy)
+
+        with self.assertRaises(ValueError) as info:
+            run_world(cfg, body=body, mode="record", reraise_original=True)
+        message = str(info.exception)
+        self.assertIn("default sharding group", message)
+        self.assertIn("stage group", message)
+        self.assertIn("[0, 1, 2, 3]", message)  # the plan's stage group, named
 
 
-def test_upstream_greedy_partition_trains_and_concentrates_owners():
-    from muon_test_compat import set_muon_sharding_options
+class TestDevelopSurface(unittest.TestCase):
+    """The attributes and methods develop's callers read, with develop's meaning."""
 
-    cfg = SimConfig(ep=1, ms=4, steps=2)
-    # in the main thread first: skips where the option cannot be expressed
-    set_muon_sharding_options(cfg.strategy(), partition_strategy="upstream_greedy")
+    def test_attributes_use_group_local_ranks_and_none_for_default(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False)
 
-    def body(cfg, strategy):
-        set_muon_sharding_options(strategy, partition_strategy="upstream_greedy")
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        train_steps(cfg, hcg, net, opt)
-        return RankState(paddle.distributed.get_rank(), coord, net.named_values(), opt, net)
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            rank = _rank()
+            out = {}
+            for colour, info in opt._color_to_group_info.items():
+                ranks = list(info["group"].ranks)
+                out[colour] = {
+                    "rank_ok": ranks[info["rank"]] == rank and info["world_size"] == len(ranks),
+                    "owners_ok": all(
+                        ranks[local] == opt.owner_map[name]
+                        for name, local in opt._param2rank_2d_by_color[colour].items()),
+                    "by_rank_ok": all(
+                        opt._param2rank_2d_by_color[colour][p.name] == local
+                        for local, ps in opt._rank2params_2d_by_color[colour].items()
+                        for p in ps),
+                    "n2d": len(opt._params_2d_by_color[colour]),
+                }
+            local_2d = {p.name for p in opt._local_2d}
+            out["local_2d_ok"] = local_2d == {n for n, o in opt.owner_map.items() if o == rank}
+            out["params_1d"] = sorted(p.name for p in opt._params_1d)
+            out["buffers_ok"] = (
+                set(map(id, opt.comm_buffer_2d)) == {id(b) for bk in opt.muon_buckets
+                                                     for b in bk.buffers}
+                and opt._comm_buffer_list is opt._rs_buffers
+                and all(opt.param2bucket[p.name] for p in opt._params_1d)
+                and set(opt._slice_params) == {p.name for p in opt._params_1d})
+            out["inner_sees_local"] = (
+                opt._inner_opt._parameter_list is opt._local_parameter_list)
+            return out
 
-    results, _ = run_world(cfg, body=body)
-    expected = reference_values(cfg)
-    for state in results:
-        assert max_abs_diff(state.values, expected[state.rank]) <= FP32_TOL
-    owners = set(sharded_core(results[0].optimizer).owner_map.values())
-    assert owners == {0}, f"upstream's rule fills the first rank first, got owners {owners}"
+        results, _ = run_world(cfg, body=body, mode="record")
+        for rank, out in enumerate(results):
+            self.assertEqual(set(out) - {"local_2d_ok", "params_1d", "buffers_ok",
+                                         "inner_sees_local"}, {None, "moe_expert"},
+                             "colour keys: None for the default group, the key otherwise")
+            for colour in (None, "moe_expert"):
+                self.assertTrue(out[colour]["rank_ok"] and out[colour]["owners_ok"]
+                                and out[colour]["by_rank_ok"], (rank, colour, out[colour]))
+            self.assertEqual(out[None]["n2d"], 2)
+            self.assertEqual(out["moe_expert"]["n2d"], 5)
+            self.assertTrue(out["local_2d_ok"] and out["buffers_ok"] and out["inner_sees_local"])
+            self.assertEqual(out["params_1d"], ["dense.b_in", "dense.norm_w", "expert.bias"])
+
+    def test_inspection_surface_and_minimize(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            rank = _rank()
+            out = {"plan": opt.comm_plan, "colours": set(opt.partitions)}
+            owned_by_buckets = {p.name: b.owner for b in opt.muon_buckets for p in b.params}
+            out["buckets_match_owner_map"] = owned_by_buckets == opt.owner_map
+            foreign = next(n for n, o in opt.owner_map.items() if o != rank)
+            out["foreign_range"] = opt.local_range(foreign)
+            try:
+                opt.local_range("no.such.param")
+                out["missing_raises"] = False
+            except KeyError as error:
+                out["missing_raises"] = "not a trainable parameter" in str(error)
+            out["foreign_state_key"] = opt._state_owner("unrelated_state")
+            before = net.named_values()
+            net(paddle.to_tensor(batch(0, rank))).backward()
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            _, params_grads = opt.minimize(None)
+            out["updated"] = len(params_grads) > 0 and any(
+                not np.array_equal(before[k], v) for k, v in net.named_values().items())
+            # __getattr__ reaches the inner Muon, but never recurses on _inner_opt
+            out["delegates"] = abs(opt.get_lr() - 0.02) < 1e-12
+            bare = MuonShardingOptimizer.__new__(MuonShardingOptimizer)
+            try:
+                bare._inner_opt
+                out["no_recursion"] = False
+            except AttributeError:
+                out["no_recursion"] = True
+            return out
+
+        results, _ = run_world(cfg, body=body)
+        for rank, out in enumerate(results):
+            self.assertIsNone(out["plan"], "no routing plan with comm_group_call_opt off")
+            self.assertEqual(out["colours"], {None, "moe_expert"})
+            self.assertTrue(out["buckets_match_owner_map"],
+                            f"rank {rank}: buckets disagree with owner_map")
+            self.assertEqual(out["foreign_range"], (0, 0))
+            self.assertTrue(out["missing_raises"] and out["no_recursion"])
+            self.assertIsNone(out["foreign_state_key"])
+            self.assertTrue(out["updated"] and out["delegates"])
+
+    def test_owner_map_is_rank_independent_and_balanced(self):
+        cfg = SimConfig()
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            return sharded_core(opt).owner_map
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        sharding = {k: v for k, v in results[0].items() if k.startswith("dense.")}
+        for rank, owners in enumerate(results):
+            self.assertEqual({k: v for k, v in owners.items() if k.startswith("dense.")},
+                             sharding,
+                             f"rank {rank} derived a different owner map for the dense matrices")
+        self.assertEqual(len(set(sharding.values())), len(sharding),
+                         f"the dense matrices should land on distinct owners, got {sharding}")
+
+    def test_upstream_partition_is_the_default_and_concentrates_owners(self):
+        cfg = SimConfig(ep=1, ms=4, steps=2, partition="upstream_greedy")
+        self.assertEqual(ShardingSettings().muon_partition_strategy, "upstream_greedy")
+        results, _ = run_world(cfg)
+        _assert_matches_reference(self, cfg, results, "upstream partition")
+        owners = set(sharded_core(results[0].optimizer).owner_map.values())
+        self.assertEqual(owners, {0},
+                         f"develop's rule fills the first rank first, got owners {owners}")
+
+    def test_muon_param_info_map_overrides_shape_rule(self):
+        cfg = SimConfig(ep=2, ms=2)
+
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            info = {p.name: MuonParamInfo(use_muon=p.ndim >= 2) for p in net.parameters()}
+            info[net.dense["w_out"].name] = MuonParamInfo(use_muon=False)
+            muon = make_muon(list(net.parameters()), muon_param_info_map=info)
+            core = MuonShardingOptimizer(muon, hcg, strategy)
+            name = net.dense["w_out"].name
+            return name in core.owner_map, name in core._slice_params
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        self.assertTrue(all(r == (False, True) for r in results), (
+            "a matrix mapped to use_muon=False must be element-wise sharded, not owned"))
+
+    def test_settings_default_strategy(self):
+        self.assertEqual(ShardingSettings.from_strategy(None), ShardingSettings())
+        cfg = SimConfig(ep=2, ms=2, steps=1, fused=False, overlap=False)
+
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            # strategy omitted: read from fleet's user strategy (the harness sets it)
+            return MuonShardingOptimizer(_muon_for(net), hcg)._settings.comm_buffer_size_MB
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        self.assertEqual(results, [-1] * cfg.world)
+
+    def test_frozen_parameter_is_neither_owned_nor_sliced(self):
+        cfg = SimConfig(ep=2, ms=2, steps=2, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            frozen = net.dense["w_out"]
+            frozen.stop_gradient = True
+            before = frozen.numpy()
+            core = MuonShardingOptimizer(_muon_for(net, clip=False), hcg, strategy)
+            for step in range(2):
+                net(paddle.to_tensor(batch(step, _rank()))).backward()
+                core.reduce_gradients(list(net.parameters()), hcg)
+                core.step()
+                core.clear_grad()
+            return (frozen.name in core.owner_map, frozen.name in core._slice_params,
+                    np.array_equal(before, frozen.numpy()))
+
+        results, _ = run_world(cfg, body=body)
+        self.assertTrue(all(r == (False, False, True) for r in results), results)
+
+    def test_missing_gradient_takes_part_as_zeros(self):
+        cfg = SimConfig(ep=2, ms=2, fused=False, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            net(paddle.to_tensor(batch(0, _rank()))).backward()
+            w = net.dense["w_out"]
+            w.clear_gradient(False)  # e.g. an unused branch this step
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            if opt.owner_map[w.name] == _rank():
+                return float(np.abs(w.grad.numpy()).max())
+            return None
+
+        results, _ = run_world(cfg, body=body)
+        owners = [r for r in results if r is not None]
+        self.assertEqual(owners, [0.0], f"the owner must receive the zero mean, got {owners}")
+
+    def test_small_buffer_limit_splits_buckets(self):
+        cfg = SimConfig(ep=2, ms=2)
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            core = sharded_core(opt)
+            params = list(net.parameters())
+            core._settings.comm_buffer_size_MB = 1024 / (1024 * 1024)  # 1 KiB
+            chunks = core._chunk_by_size(params)
+            sizes = [sum(int(p.numel()) * 4 for p in c) for c in chunks]
+            return len(chunks), sizes, [len(c) for c in chunks], len(params)
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        n_chunks, sizes, lens, n_params = results[0]
+        self.assertTrue(n_chunks > 1 and sum(lens) == n_params)
+        self.assertTrue(all(s <= 1024 or n == 1 for s, n in zip(sizes, lens)), (
+            f"a chunk of several params exceeds the limit: {list(zip(sizes, lens))}"))
 
 
-def test_inspection_surface_and_minimize():
-    cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False, clip=False)
+class TestParamStorage(unittest.TestCase):
+    """clear_param_storage(color) frees a colour; step restores it exactly."""
 
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        rank = paddle.distributed.get_rank()
-        out = {"plan": opt.comm_plan, "colours": sorted(opt.partitions)}
-        owned_by_buckets = {p.name: b.owner for b in opt.muon_buckets for p in b.params}
-        out["buckets_match_owner_map"] = owned_by_buckets == opt.owner_map
-        foreign = next(n for n, o in opt.owner_map.items() if o != rank)
-        out["foreign_range"] = opt.local_range(foreign)
-        with pytest.raises(KeyError, match="not a trainable parameter"):
-            opt.local_range("no.such.param")
-        out["foreign_state_key"] = opt._state_owner("unrelated_state")
-        before = net.named_values()
-        net(paddle.to_tensor(batch(0, rank))).backward()
-        opt.reduce_gradients(list(net.parameters()), hcg)
-        _, params_grads = opt.minimize(None)
-        out["updated"] = len(params_grads) > 0 and any(
-            not np.array_equal(before[k], v) for k, v in net.named_values().items())
-        # __getattr__ reaches the inner Muon, but never recurses on _inner_opt
-        out["delegates"] = opt.get_lr() == pytest.approx(0.02)
-        bare = MuonShardingOptimizer.__new__(MuonShardingOptimizer)
-        with pytest.raises(AttributeError):
-            bare._inner_opt
-        return out
+    def test_clear_frees_and_step_restores_exactly(self):
+        cfg = SimConfig(ep=2, ms=2, steps=3, via_fleet=False)
 
-    results, _ = run_world(cfg, body=body)
-    for rank, out in enumerate(results):
-        assert out["plan"] is None, "no routing plan with comm_group_call_opt off"
-        assert out["colours"] == ["__default__", "moe_expert"]
-        assert out["buckets_match_owner_map"], f"rank {rank}: buckets disagree with owner_map"
-        assert out["foreign_range"] == (0, 0)
-        assert out["foreign_state_key"] is None
-        assert out["updated"] and out["delegates"]
+        def body(clear):
+            def run(cfg, strategy):
+                hcg, net, opt, coord = build_rank(cfg, strategy)
+                rank, freed, kept = _rank(), [], []
+                for step in range(cfg.steps):
+                    net(paddle.to_tensor(batch(step, rank))).backward()
+                    opt.reduce_gradients(list(net.parameters()), hcg)
+                    if clear:
+                        for colour in (None, "moe_expert"):
+                            opt.clear_param_storage(colour)
+                        opt.clear_param_storage(None)  # twice: no-op
+                        for p in net.parameters():
+                            owned = opt.owner_map.get(p.name) == rank
+                            (kept if owned else freed).append(p._is_initialized())
+                    opt.step()
+                    opt.clear_grad()
+                return RankState(rank, coord, net.named_values(), opt, net,
+                                 extra=(freed, kept))
+            return run
 
+        plain, _ = run_world(cfg, body=body(False))
+        cleared, _ = run_world(cfg, body=body(True))
+        for a, b in zip(plain, cleared):
+            freed, kept = b.extra
+            self.assertTrue(freed and not any(freed), (
+                f"rank {b.rank}: clear_param_storage left storage of parameters it does "
+                f"not own allocated"))
+            self.assertTrue(all(kept), f"rank {b.rank}: an owned matrix lost its storage")
+            for key in a.values:
+                self.assertTrue(np.array_equal(a.values[key], b.values[key]), (
+                    f"rank {b.rank}: {key} after clear_param_storage + step differs from "
+                    f"the run that never freed it"))
 
-def test_settings_default_strategy_and_fallback():
-    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
-        ShardingSettings,
-    )
+    def test_found_inf_after_clear_restores_values(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False, clip=False)
 
-    assert ShardingSettings.from_strategy(None) == ShardingSettings()
-    cfg = SimConfig(ep=2, ms=2, steps=1, fused=False, overlap=False)
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            before = net.named_values()
+            net(paddle.to_tensor(batch(0, _rank()))).backward()
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            opt.clear_param_storage(None)
+            opt._inner_opt._set_auxiliary_var("found_inf", paddle.to_tensor(True))
+            opt.step()
+            after = net.named_values()
+            return all(np.array_equal(before[k], after[k]) for k in before)
 
-    def body(cfg, strategy):
-        hcg, net = _net(cfg)
-        # strategy omitted: read from fleet's user strategy (the harness sets it)
-        core = MuonShardingOptimizer(_muon_for(net), hcg)
-        return core._settings.comm_buffer_size_MB
-
-    results, _ = run_world(cfg, body=body, mode="record")
-    assert results == [-1] * cfg.world
-
-
-def test_frozen_parameter_is_neither_owned_nor_sliced():
-    cfg = SimConfig(ep=2, ms=2, steps=2, via_fleet=False, clip=False)
-
-    def body(cfg, strategy):
-        hcg, net = _net(cfg)
-        frozen = net.dense["w_out"]
-        frozen.stop_gradient = True
-        before = frozen.numpy()
-        core = MuonShardingOptimizer(_muon_for(net, clip=False), hcg, strategy)
-        rank = paddle.distributed.get_rank()
-        for step in range(2):
-            net(paddle.to_tensor(batch(step, rank))).backward()
-            core.reduce_gradients(list(net.parameters()), hcg)
-            core.step()
-            core.clear_grad()
-        return (frozen.name in core.owner_map, frozen.name in core._slice_params,
-                np.array_equal(before, frozen.numpy()))
-
-    results, _ = run_world(cfg, body=body)
-    assert all(r == (False, False, True) for r in results), results
+        results, _ = run_world(cfg, body=body)
+        self.assertTrue(all(results), "a skipped step must give back every value")
 
 
-def test_missing_gradient_takes_part_as_zeros():
-    cfg = SimConfig(ep=2, ms=2, fused=False, via_fleet=False, clip=False)
+class TestOptionsHonoured(unittest.TestCase):
+    """Each sharding/pp option develop reads has an observable effect here."""
 
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        rank = paddle.distributed.get_rank()
-        net(paddle.to_tensor(batch(0, rank))).backward()
-        w = net.dense["w_out"]
-        w.clear_gradient(False)  # e.g. an unused branch this step
-        opt.reduce_gradients(list(net.parameters()), hcg)
-        if opt.owner_map[w.name] == rank:
-            return float(np.abs(w.grad.numpy()).max())
-        return None
+    def test_release_gradients_from_sharding_or_pp_configs(self):
+        cases = {
+            "sharding_configs": dict(release_gradients=True),
+            "sharding_configs_per_param": dict(release_gradients=True, comm_buffer_size_MB=-1),
+            "pp_configs": dict(pp_configs={"release_gradients": True}),
+        }
+        for name, fields in cases.items():
+            with self.subTest(name):
+                cfg = SimConfig(ep=2, ms=2, steps=3)
 
-    results, _ = run_world(cfg, body=body)
-    owners = [r for r in results if r is not None]
-    assert owners == [0.0], f"the owner must receive the zero mean, got {owners}"
+                def body(cfg, strategy, fields=fields):
+                    state = _with_sharding_configs(**fields)(cfg, strategy)
+                    core = sharded_core(state.optimizer)
+                    released = all(b.grad_storage is None for b in core._rs_buffers)
+                    return state, released
+
+                results, _ = run_world(cfg, body=body)
+                self.assertTrue(all(r[1] for r in results),
+                                f"[{name}] the 1-D gradient buffers were not released")
+                _assert_matches_reference(self, cfg, [r[0] for r in results], name)
+
+    def test_tensor_fusion_fuses_gradients(self):
+        cfg = SimConfig(ep=2, ms=2, steps=2)
+
+        def body(cfg, strategy):
+            state = _with_sharding_configs(tensor_fusion=True)(cfg, strategy)
+            core = sharded_core(state.optimizer)
+            return state, bool(core.comm_buffer_2d) and core._settings.tensor_fusion
+
+        results, _ = run_world(cfg, body=body)
+        self.assertTrue(all(r[1] for r in results), "tensor_fusion=True must fuse gradients")
+        _assert_matches_reference(self, cfg, [r[0] for r in results], "tensor_fusion")
+
+    def test_enable_fuse_optimizer_states_keeps_states_in_one_buffer(self):
+        cfg = SimConfig(ep=2, ms=2, steps=3, matrix_dtype="bfloat16", clip=False)
+
+        def body(cfg, strategy):
+            state = _with_sharding_configs(enable_fuse_optimizer_states=True)(cfg, strategy)
+            core = sharded_core(state.optimizer)
+            base = core._base_opt
+            buffers = core.fused_states_buffers
+            states = [t for per in base._accumulators.values() for t in per.values()
+                      if int(t._numel()) > 1] + list(base._master_weights.values())
+            shared = all(any(t._is_shared_buffer_with(b) for b in buffers.values())
+                         for t in states)
+            return state, shared and bool(states), len(buffers)
+
+        results, _ = run_world(cfg, body=body)
+        for state, shared, n_buffers in results:
+            self.assertTrue(shared, f"rank {state.rank}: a state lives outside the fused buffer")
+            self.assertEqual(n_buffers, 1, "fp32 states (moments, masters): one buffer")
+        _assert_matches_reference(self, cfg, [r[0] for r in results], "fused states", BF16_TOL)
+        plain, _ = run_world(cfg)
+        for a, b in zip(plain, results):
+            for key in a.values:
+                self.assertTrue(np.array_equal(a.values[key], b[0].values[key]),
+                                f"fused optimizer states changed the numbers of {key}")
+
+    def test_enable_optimizer_timer_times_develops_phases(self):
+        started = []
+
+        class FakeTimer:
+            def __init__(self, name):
+                self.name = name
+
+            def start(self):
+                started.append(self.name)
+
+            def stop(self):
+                pass
+
+        saved = (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
+                 mso.timer_helper.get_timers)
+        paddle.is_compiled_with_cuda = lambda: True
+        mso.timer_helper.is_timer_initialized = lambda: True
+        mso.timer_helper.get_timers = lambda: FakeTimer
+        try:
+            settings = ShardingSettings(enable_optimizer_timer=True)
+            settings.check(pp_world_size=1)  # accepted on a CUDA build
+            cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False, clip=False)
+
+            def body(cfg, strategy):
+                import copy
+
+                copied = copy.deepcopy(strategy)
+                copied.strategy.hybrid_configs.enable_optimizer_timer = True
+                hcg, net = _net(cfg)
+                opt = MuonShardingOptimizer(_muon_for(net, clip=False), hcg, copied)
+                train_steps(cfg, hcg, net, opt)
+
+            # register_cpu_tensor_fusion keeps "cpu" once set, whatever the build says
+            run_world(cfg, body=body)
+        finally:
+            (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
+             mso.timer_helper.get_timers) = saved
+        self.assertEqual(set(started), {"reduce-gradients", "apply-optimize", "sync-parameters"})
+
+    def test_group_call_matches_reference(self):
+        cfg = SimConfig(ep=2, ms=2, gpn=2, steps=2)
+        results, world = run_world(cfg)
+        self.assertIsNotNone(sharded_core(results[0].optimizer).comm_plan)
+        _assert_matches_reference(self, cfg, results, "comm_group_call_opt")
+        phases = {r.phase for trace in world.traces for r in trace}
+        self.assertIn("cross_node_reduce", phases)
+
+    def test_use_reduce_avg_falls_back_to_sum_with_a_warning(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1)
+        mso._WARNED.discard("reduce_avg")
+        with self.assertLogs(mso.logger, level="WARNING") as logs:
+            results, _ = run_world(cfg)
+        self.assertTrue(any("use_reduce_avg=True" in line for line in logs.output))
+        self.assertFalse(sharded_core(results[0].optimizer)._use_avg)
+        _assert_matches_reference(self, cfg, results, "SUM fallback")
+
+    def test_clear_grad_set_to_zero_false_frees_unfused_gradients(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1, fused=False, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            net(paddle.to_tensor(batch(0, _rank()))).backward()
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            opt.step()
+            opt.clear_grad(set_to_zero=False)
+            muon_freed = all(p.grad is None for b in opt.muon_buckets for p in b.params)
+            train_steps(cfg, hcg, net, opt, first_step=1, steps=1)  # still trains
+            return RankState(_rank(), coord, net.named_values(), opt, net, extra=muon_freed)
+
+        results, _ = run_world(cfg, body=body)
+        self.assertTrue(all(r.extra for r in results),
+                        "per-parameter Muon gradients must be freed")
+        _assert_matches_reference(self, SimConfig(ep=2, ms=2, steps=2, fused=False, clip=False),
+                                  results, "after clear_grad(False)")
+
+    def test_no_hook_colours_are_reduced_in_reduce_gradients_only(self):
+        cfg = SimConfig(ep=2, ms=2, steps=2, overlap=True)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            coord = hcg.get_expert_parallel_rank()
+            net = TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
+            for p in net.dense.values():
+                p.color = {"color": "dense_weight_no_hook",
+                           "group": hcg.get_sharding_parallel_group()}
+            from muon_sim_runner import fleet_optimizer
+
+            opt = fleet_optimizer(make_muon(list(net.parameters())), hcg, strategy)
+            train_steps(cfg, hcg, net, opt)
+            return RankState(_rank(), coord, net.named_values(), opt, net)
+
+        results, world = run_world(cfg, body=body)
+        _assert_matches_reference(self, cfg, results, "no-hook colour under overlap")
+        sharding_groups = {(0, 1, 2, 3)}
+        for rank, trace in enumerate(world.traces):
+            dense = [r for r in trace if r.op in ("reduce", "reduce_scatter")
+                     and r.group_ranks in sharding_groups]
+            self.assertTrue(dense)
+            self.assertTrue(all(r.phase is not None or r.op == "reduce_scatter" for r in dense
+                                if r.op == "reduce"), (
+                f"rank {rank}: a dense_weight_no_hook reduce was launched from a backward "
+                f"hook"))
+            moe = [r for r in trace if r.op == "reduce" and r.group_ranks not in sharding_groups]
+            self.assertTrue(moe and all(r.phase is None for r in moe),
+                            f"rank {rank}: expert buffers should still reduce from the hooks")
 
 
-def test_small_buffer_limit_splits_buckets():
-    cfg = SimConfig(ep=2, ms=2)
+class _RecordingConfig:
+    """A config object that records which fields are read."""
 
-    def body(cfg, strategy):
-        hcg, net, opt, coord = build_rank(cfg, strategy)
-        core = sharded_core(opt)
-        params = list(net.parameters())
-        core._settings.comm_buffer_size_MB = 1024 / (1024 * 1024)  # 1 KiB
-        chunks = core._chunk_by_size(params)
-        sizes = [sum(int(p.numel()) * 4 for p in c) for c in chunks]
-        return len(chunks), sizes, [len(c) for c in chunks], len(params)
+    def __init__(self, section, reads, values):
+        self._section, self._reads, self._values = section, reads, values
 
-    results, _ = run_world(cfg, body=body, mode="record")
-    n_chunks, sizes, lens, n_params = results[0]
-    assert n_chunks > 1 and sum(lens) == n_params
-    assert all(s <= 1024 or n == 1 for s, n in zip(sizes, lens)), (
-        f"a chunk of several params exceeds the limit: {list(zip(sizes, lens))}"
-    )
+    def __getattr__(self, name):
+        if name.startswith("_") or name == "DESCRIPTOR":
+            raise AttributeError(name)
+        self._reads.add(f"{self._section}.{name}")
+        if name in self._values:
+            return self._values[name]
+        raise AttributeError(name)
 
 
-def test_colour_group_membership_and_consistency_errors():
-    def not_member(cfg, strategy):
-        hcg, net = _net(cfg)
-        rank = paddle.distributed.get_rank()
-        other = [r for r in range(cfg.world) if r != rank][:1]
-        group = paddle.distributed.new_group(sorted(set(other)))
-        net.dense["w_in"].color = {"color": "x", "group": group}
-        MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+class _RecordingHybrid(dict):
+    def __init__(self, reads, values):
+        super().__init__(values)
+        self._reads = reads
 
-    def two_groups(cfg, strategy):
-        hcg, net = _net(cfg)
-        net.dense["w_in"].color = {"color": "moe_expert", "group": hcg.get_sharding_parallel_group()}
-        MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+    def __getitem__(self, key):
+        self._reads.add(f"hybrid_configs.{key}")
+        return super().__getitem__(key)
 
-    def no_params(cfg, strategy):
-        hcg, net = _net(cfg)
-        muon = _muon_for(net)
-        muon._parameter_list = []
-        MuonShardingOptimizer(muon, hcg, strategy)
 
-    _expect_error(SimConfig(ep=2, ms=2), not_member, ValueError, "is not in its colour group")
-    _expect_error(SimConfig(ep=2, ms=2), two_groups, ValueError, "used with two different groups")
-    _expect_error(SimConfig(ep=2, ms=2), no_params, ValueError, "needs an optimizer built with")
+# Every option the optimizer reads: "honoured" names the test that shows its
+# effect; "refused" gives the value that must raise and the message fragment.
+OPTION_DISPOSITION = {
+    "sharding_configs.tensor_fusion": ("honoured", "test_tensor_fusion_fuses_gradients"),
+    "sharding_configs.accumulate_steps": ("honoured", "test_sharded_equals_single_process_reference"),
+    "sharding_configs.comm_overlap": ("honoured", "test_sharded_equals_single_process_reference"),
+    "sharding_configs.comm_buffer_size_MB": ("honoured", "test_small_buffer_limit_splits_buckets"),
+    "sharding_configs.use_reduce_avg": ("honoured", "test_use_reduce_avg_falls_back_to_sum_with_a_warning"),
+    "sharding_configs.enable_fuse_optimizer_states": (
+        "honoured", "test_enable_fuse_optimizer_states_keeps_states_in_one_buffer"),
+    "sharding_configs.release_gradients": ("honoured", "test_release_gradients_from_sharding_or_pp_configs"),
+    "sharding_configs.comm_group_call_opt": ("honoured", "test_group_call_matches_reference"),
+    "sharding_configs.muon_partition_strategy": (
+        "honoured", "test_upstream_partition_is_the_default_and_concentrates_owners"),
+    "pp_configs.release_gradients": ("honoured", "test_release_gradients_from_sharding_or_pp_configs"),
+    "pp_configs.sharding_comm_overlap": ("refused", {"sharding_comm_overlap": True},
+                                        "pp_configs.sharding_comm_overlap=True"),
+    "hybrid_configs.enable_optimizer_timer": (
+        "honoured", "test_enable_optimizer_timer_times_develops_phases"),
+    "hybrid_configs.pp_degree": ("honoured", "test_misconfiguration_raises_at_construction"),
+    "hybrid_configs.sharding_configs": ("section", None),
+    "hybrid_configs.pp_configs": ("section", None),
+}
+
+
+class TestEveryOptionHonouredOrRefused(unittest.TestCase):
+    def _read(self, sharding=None, pp=None):
+        reads: set = set()
+        defaults = ShardingSettings()
+        sharding_values = {f: getattr(defaults, f) for f in mso.SHARDING_CONFIG_FIELDS}
+        sharding_values.update(sharding or {})
+        pp_values = {"sharding_comm_overlap": False, "release_gradients": False}
+        pp_values.update(pp or {})
+        strategy = types.SimpleNamespace(hybrid_configs=_RecordingHybrid(reads, {
+            "sharding_configs": _RecordingConfig("sharding_configs", reads, sharding_values),
+            "pp_configs": _RecordingConfig("pp_configs", reads, pp_values),
+            "enable_optimizer_timer": False,
+            "pp_degree": 1,
+        }))
+        return reads, ShardingSettings.from_strategy(strategy)
+
+    def test_every_read_option_is_honoured_or_refused(self):
+        reads, settings = self._read()
+        settings.check(pp_world_size=1)
+        unknown = sorted(reads - set(OPTION_DISPOSITION))
+        self.assertFalse(unknown, (
+            f"the optimizer reads {unknown} but no test shows them honoured or refused; "
+            f"add them to OPTION_DISPOSITION with their test"))
+        import sys
+
+        module = sys.modules[__name__]
+        test_names = {name for cls in vars(module).values() if isinstance(cls, type)
+                      and issubclass(cls, unittest.TestCase) for name in dir(cls)}
+        for option in sorted(reads):
+            kind, what, *rest = OPTION_DISPOSITION[option]
+            with self.subTest(option):
+                if kind == "honoured":
+                    self.assertIn(what, test_names, f"{option}: its test {what} is gone")
+                elif kind == "refused":
+                    section = option.split(".")[0]
+                    kwargs = {"pp": what} if section == "pp_configs" else {"sharding": what}
+                    _, bad = self._read(**kwargs)
+                    with self.assertRaisesRegex(ValueError, rest[0].replace("(", r"\(")):
+                        bad.check(pp_world_size=1)
+
+    def test_reads_cover_develops_fields(self):
+        reads, _ = self._read()
+        for field in ("tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB",
+                      "use_reduce_avg", "enable_fuse_optimizer_states", "release_gradients",
+                      "comm_group_call_opt"):
+            self.assertIn(f"sharding_configs.{field}", reads)
+        for field in ("sharding_comm_overlap", "release_gradients"):
+            self.assertIn(f"pp_configs.{field}", reads)
+        self.assertIn("hybrid_configs.enable_optimizer_timer", reads)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -29,12 +29,13 @@ buckets.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import math
 import re
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import paddle
 import paddle.distributed as dist
@@ -44,7 +45,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
     HybridParallelClipGrad,
 )
-from paddle.distributed.fleet.utils import tensor_fusion_helper
+from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_sharding_collectives as comm
@@ -66,7 +67,31 @@ __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 # module itself holds is_avg_reduce_op_supported.
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
-_DEFAULT_COLOUR = "__default__"
+# Develop's key for the default sharding group (no colour, -1 or None).
+_DEFAULT_COLOUR = None
+
+PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
+
+# Colours whose gradients develop never reduces from overlap hooks (shared
+# MTP weights): their grads are complete only after the pipeline's
+# shared-weight sync, so they are reduced in reduce_gradients.
+NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
+
+# The sharding_configs / pp_configs fields this optimizer reads, as develop's
+# MuonShardingOptimizer does (muon_partition_strategy is ours).
+SHARDING_CONFIG_FIELDS = (
+    "tensor_fusion",
+    "accumulate_steps",
+    "comm_overlap",
+    "comm_buffer_size_MB",
+    "use_reduce_avg",
+    "enable_fuse_optimizer_states",
+    "release_gradients",
+    "comm_group_call_opt",
+    "muon_partition_strategy",
+)
+PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
+
 # Checkpoint naming shared with Paddle develop's optimizers.
 _SCALAR_STATES = frozenset({"beta1_pow_acc_0", "beta2_pow_acc_0"})
 _MASTER_WEIGHT_STATE = "w_0"
@@ -77,10 +102,12 @@ _MASTER_PREFIX = re.compile(r"^fp32_master_\d+_")
 class ShardingSettings:
     """The sharding options the optimizer reads, resolved once.
 
-    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields of
-    the same name, plus ``comm_group_call_opt`` and ``partition_strategy``.
-    ``tensor_fusion`` is read for Paddle's interface only: gradient buffers are
-    fused whenever ``comm_buffer_size_MB > 0``.
+    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields
+    of the same name; ``pp_sharding_comm_overlap`` / ``pp_release_gradients``
+    are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
+    ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
+    ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
+    the default) or ``"balanced"``.
     """
 
     accumulate_steps: int = 1
@@ -89,8 +116,23 @@ class ShardingSettings:
     use_reduce_avg: bool = True
     release_gradients: bool = False
     tensor_fusion: bool = False
+    enable_fuse_optimizer_states: bool = False
     comm_group_call_opt: bool = False
-    partition_strategy: str = "balanced"
+    muon_partition_strategy: str = "upstream_greedy"
+    pp_sharding_comm_overlap: bool = False
+    pp_release_gradients: bool = False
+    enable_optimizer_timer: bool = False
+    pp_degree: int = 1
+
+    @property
+    def release_grads(self) -> bool:
+        """Either place develop reads ``release_gradients`` from turns it on."""
+        return bool(self.release_gradients or self.pp_release_gradients)
+
+    @property
+    def fused(self) -> bool:
+        """Gradients go through fused buffers (``comm_buffer_size_MB > 0``)."""
+        return self.comm_buffer_size_MB > 0
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> ShardingSettings:
@@ -98,25 +140,76 @@ class ShardingSettings:
         settings = cls()
         if strategy is None:
             return settings
-        configs = strategy.hybrid_configs["sharding_configs"]
-        for field in (
-            "accumulate_steps",
-            "comm_overlap",
-            "comm_buffer_size_MB",
-            "use_reduce_avg",
-            "release_gradients",
-            "tensor_fusion",
-            # a sharding_configs proto field upstream; absent on 3.3.1
-            "comm_group_call_opt",
-        ):
+        hybrid = strategy.hybrid_configs
+        configs = hybrid["sharding_configs"]
+        for field in SHARDING_CONFIG_FIELDS:
+            # comm_group_call_opt / muon_partition_strategy are proto fields
+            # upstream; absent on 3.3.1 unless patch_paddle() added them.
             if hasattr(configs, field):
                 setattr(settings, field, getattr(configs, field))
+        pp_configs = hybrid["pp_configs"]
+        for field in PP_CONFIG_FIELDS:
+            if hasattr(pp_configs, field):
+                setattr(settings, f"pp_{field}", getattr(pp_configs, field))
+        settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
+        settings.pp_degree = int(hybrid["pp_degree"])
         # paddle_muon_ext: compat-begin
         options = get_muon_sharding_options(strategy)
         settings.comm_group_call_opt = options.comm_group_call_opt
-        settings.partition_strategy = options.partition_strategy
+        settings.muon_partition_strategy = options.muon_partition_strategy
         # paddle_muon_ext: compat-end
         return settings
+
+    def check(self, pp_world_size: int) -> None:
+        """Refuse, naming the option and the fix, what this optimizer cannot honour.
+
+        Args:
+            pp_world_size (int): the pipeline degree of the job.
+        """
+        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
+            raise ValueError(
+                f"sharding_configs.muon_partition_strategy="
+                f"{self.muon_partition_strategy!r} is not supported; use one of "
+                f"{PARTITION_STRATEGIES}."
+            )
+        if self.pp_sharding_comm_overlap:
+            raise ValueError(
+                "pp_configs.sharding_comm_overlap=True is not supported by "
+                "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
+                "matrix owners, not by the pipeline's sharding overlap. Set it "
+                "False (with pp_degree=1, sharding_configs.comm_overlap overlaps "
+                "the reduces with backward)."
+            )
+        if self.comm_overlap and pp_world_size > 1:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True cannot be combined with "
+                f"pipeline parallel (pp_degree={pp_world_size}); set "
+                "comm_overlap=False."
+            )
+        if self.comm_overlap and not self.fused:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
+                f"comm_buffer_size_MB={self.comm_buffer_size_MB} turns them off. "
+                "Set comm_buffer_size_MB > 0 or comm_overlap=False."
+            )
+        if self.comm_overlap and self.accumulate_steps <= 0:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
+                f"(got {self.accumulate_steps}): the hooks count micro-batches."
+            )
+        if self.tensor_fusion and not self.fused:
+            raise ValueError(
+                "sharding_configs.tensor_fusion=True fuses gradients into "
+                f"buffers of comm_buffer_size_MB, but comm_buffer_size_MB="
+                f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
+                "tensor_fusion=False."
+            )
+        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
+            raise ValueError(
+                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
+                "Paddle's optimizer timers synchronize the CUDA device. Set it "
+                "False (or profile with paddle.profiler)."
+            )
 
 
 @dataclasses.dataclass
@@ -124,7 +217,7 @@ class MuonBucket:
     """The Muon parameters of one (colour group, owner, dtype).
 
     Attributes:
-        colour (str): colour key (``"__default__"`` for the sharding group).
+        colour (str|None): colour key (None for the default sharding group).
         group (Group): the colour's communication group.
         owner (int): global rank that owns and updates these parameters.
         dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
@@ -133,7 +226,7 @@ class MuonBucket:
         buffers (list): fused gradient buffers (empty: per-parameter reduces).
     """
 
-    colour: str
+    colour: str | None
     group: Any
     owner: int
     dtype: Any
@@ -142,8 +235,45 @@ class MuonBucket:
     buffers: list = dataclasses.field(default_factory=list)
 
 
+_WARNED: set = set()
+
+
+def _warn_once(key: str) -> bool:
+    """True the first time ``key`` is seen in this process (one warning per job)."""
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    return True
+
+
 def _is_trainable(param) -> bool:
     return not param.stop_gradient
+
+
+def _gradient_of(param):
+    """The gradient to reduce: ``main_grad`` under MixPrecisionLayer, else ``grad``.
+
+    A parameter without one this step (an unused branch) still takes part in
+    the collective, with zeros: other ranks may have a gradient.
+    """
+    if hasattr(param, "main_grad"):
+        if param.main_grad is None:
+            param.main_grad = paddle.zeros(param.shape, dtype="float32")
+        return param.main_grad
+    if param.grad is None:
+        param._copy_gradient_from(paddle.zeros_like(param))
+    return param.grad
+
+
+def _clear_gradient_of(param, set_to_zero: bool) -> None:
+    if not hasattr(param, "main_grad"):
+        param.clear_gradient(set_to_zero)
+    elif param.main_grad is not None:
+        if set_to_zero:
+            param.main_grad.zero_()
+        else:
+            param.main_grad._clear()
+            param.main_grad = None
 
 
 class MuonShardingOptimizer:
@@ -177,6 +307,7 @@ class MuonShardingOptimizer:
         self._settings = ShardingSettings.from_strategy(strategy)
         self._rank = dist.get_rank()
         self._check_supported_config(optimizer)
+        self._settings.check(self._hcg.get_pipe_parallel_world_size())
 
         # paddle_muon_ext: compat-begin
         register_cpu_tensor_fusion()
@@ -188,10 +319,21 @@ class MuonShardingOptimizer:
         self._use_avg = self._settings.use_reduce_avg and (
             _reduce_module.is_avg_reduce_op_supported()
         )
+        if self._settings.use_reduce_avg and not self._use_avg and _warn_once("reduce_avg"):
+            logger.warning(
+                "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
+                "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "
+                "and scaling by 1/nranks instead."
+            )
+        self.timers = None
+        if self._settings.enable_optimizer_timer:
+            if not timer_helper.is_timer_initialized():
+                timer_helper.set_timers()
+            self.timers = timer_helper.get_timers()
 
-        self._colour_groups: dict[str, Any] = OrderedDict()
-        muon_by_colour: dict[str, list] = OrderedDict()
-        other_by_colour: dict[str, list] = OrderedDict()
+        self._colour_groups: dict[str | None, Any] = OrderedDict()
+        muon_by_colour: dict[str | None, list] = OrderedDict()
+        other_by_colour: dict[str | None, list] = OrderedDict()
         for param in self._parameter_list:
             if not _is_trainable(param):
                 continue
@@ -207,22 +349,35 @@ class MuonShardingOptimizer:
             self._plan = HierarchicalCommPlan.from_hcg(
                 self._hcg, resolve_gpus_per_node()
             )
+            self._check_plan_matches_sharding_group()
             self._plan_groups = self._plan.create_groups(self._rank)
             # Once per job is enough to see the layout; other ranks log at debug.
             log = logger.info if self._rank == 0 else logger.debug
             log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
 
         self._owner_of: dict[str, int] = {}
-        self._partitions: dict[str, Any] = {}
+        self._partitions: dict[str | None, Any] = {}
         self._muon_buckets: list[MuonBucket] = []
         for colour, params in muon_by_colour.items():
             self._muon_buckets.extend(self._build_muon_buckets(colour, params))
 
         self._rs_buffers: list = []
+        self._rs_colour: dict[int, str | None] = {}
         self._slice_params: dict[str, EagerParamBase] = {}
         self._names_longest_first: list[str] | None = None
         self._numel_of: dict[str, int] | None = None
         self._build_reduce_scatter_buffers(other_by_colour)
+
+        self._describe_like_develop(muon_by_colour, other_by_colour)
+        self._no_hook_buffer_ids = {
+            id(b)
+            for bucket in self._muon_buckets
+            if bucket.colour in NO_HOOK_COLOURS
+            for b in bucket.buffers
+        } | {id(b) for b in self._rs_buffers if self._rs_colour[id(b)] in NO_HOOK_COLOURS}
+        # clear_param_storage(color): colour -> this rank's saved 1-D slices
+        self._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
+        self._fused_state_buffers: dict[str, Any] = {}
 
         if self._settings.comm_overlap:
             self._register_overlap_hooks()
@@ -236,6 +391,52 @@ class MuonShardingOptimizer:
             len(self._muon_buckets),
             len(self._rs_buffers),
         )
+
+    def _describe_like_develop(self, muon_by_colour: dict, other_by_colour: dict) -> None:
+        """Fill the attributes develop's callers and tests read (data only).
+
+        Rank numbers are positions inside the colour's group, as in develop.
+        """
+        self._color_to_group_info = OrderedDict(
+            (colour, {"group": g, "world_size": g.nranks, "rank": list(g.ranks).index(self._rank)})
+            for colour, g in self._colour_groups.items()
+        )
+        self._params_2d_by_color = OrderedDict(
+            (colour, list(params)) for colour, params in muon_by_colour.items()
+        )
+        self._params_1d = [p for params in other_by_colour.values() for p in params]
+        self._rank2params_2d_by_color = OrderedDict()
+        self._param2rank_2d_by_color = OrderedDict()
+        for colour, params in muon_by_colour.items():
+            ranks = list(self._colour_groups[colour].ranks)
+            by_rank = OrderedDict((i, []) for i in range(len(ranks)))
+            to_rank = OrderedDict()
+            for p in params:
+                local = ranks.index(self._owner_of[p.name])
+                by_rank[local].append(p)
+                to_rank[p.name] = local
+            self._rank2params_2d_by_color[colour] = by_rank
+            self._param2rank_2d_by_color[colour] = to_rank
+        self._local_2d = self._owned_muon_params()
+        self.comm_buffer_2d = [b for bucket in self._muon_buckets for b in bucket.buffers]
+        # develop's name for the element-wise (reduce-scatter) buffers
+        self._comm_buffer_list = self._rs_buffers
+        self.param2bucket: dict[str, list] = OrderedDict()
+        for buffer in self.comm_buffer_2d + self._rs_buffers:
+            for p in buffer.params:
+                self.param2bucket.setdefault(p.name, []).append(buffer)
+
+    def _check_plan_matches_sharding_group(self) -> None:
+        stage_ranks = list(self._plan.sharding_group_ranks(self._plan.stage_of(self._rank)))
+        group_ranks = list(self._default_group.ranks)
+        if sorted(stage_ranks) != sorted(group_ranks):
+            raise ValueError(
+                f"comm_group_call_opt: the default sharding group of rank "
+                f"{self._rank} is {group_ranks}, but the routing plan's stage "
+                f"group for it is {stage_ranks}. The hcg and its topology "
+                "(hcg._moe_topo) disagree; build both from the same "
+                "hybrid_configs, or set comm_group_call_opt=False."
+            )
 
     # ------------------------------------------------------------------
     # construction
@@ -257,6 +458,12 @@ class MuonShardingOptimizer:
                 f"MuonShardingOptimizer wraps a Muon optimizer; got "
                 f"{type(optimizer).__name__}, which has no _muon_param_info_map."
             )
+        if not callable(getattr(optimizer, "_apply_optimize", None)):
+            raise TypeError(
+                f"MuonShardingOptimizer needs an inner optimizer with "
+                f"_apply_optimize (paddle.optimizer.Muon, optionally inside "
+                f"MixPrecisionOptimizer); {type(optimizer).__name__} has none."
+            )
         mp = self._hcg.get_model_parallel_world_size()
         if mp > 1:
             raise ValueError(
@@ -264,21 +471,8 @@ class MuonShardingOptimizer:
                 f"(mp_degree={mp}): Newton-Schulz needs whole matrices. Set "
                 f"mp_degree=1."
             )
-        s = self._settings
-        if s.comm_overlap and self._hcg.get_pipe_parallel_world_size() > 1:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True cannot be combined with "
-                f"pipeline parallel (pp_degree="
-                f"{self._hcg.get_pipe_parallel_world_size()}); set comm_overlap=False."
-            )
-        if s.comm_overlap and s.comm_buffer_size_MB <= 0:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
-                f"comm_buffer_size_MB={s.comm_buffer_size_MB} turns them off. Set "
-                "comm_buffer_size_MB > 0 or comm_overlap=False."
-            )
 
-    def _colour_of(self, param) -> str:
+    def _colour_of(self, param) -> str | None:
         color = getattr(param, "color", None)
         if color is None or (isinstance(color, int) and color == -1):
             self._colour_groups.setdefault(_DEFAULT_COLOUR, self._default_group)
@@ -300,7 +494,7 @@ class MuonShardingOptimizer:
                 f"group {list(group.ranks)}; every rank must hold the parameters "
                 "of the colour groups it belongs to."
             )
-        key = str(color["color"])
+        key = color["color"]
         known = self._colour_groups.get(key)
         if known is not None and list(known.ranks) != list(group.ranks):
             raise ValueError(
@@ -320,7 +514,7 @@ class MuonShardingOptimizer:
             )
         return bool(info.use_muon)
 
-    def _build_muon_buckets(self, colour: str, params: list) -> list[MuonBucket]:
+    def _build_muon_buckets(self, colour: str | None, params: list) -> list[MuonBucket]:
         group = self._colour_groups[colour]
         specs = [
             MatrixSpec(p.name, tuple(p.shape), str(p.dtype).split(".")[-1])
@@ -331,7 +525,7 @@ class MuonShardingOptimizer:
             specs,
             list(group.ranks),
             plan=self._plan if hierarchical else None,
-            partition_strategy=self._settings.partition_strategy,
+            partition_strategy=self._settings.muon_partition_strategy,
             buffer_size_MB=self._settings.comm_buffer_size_MB,
         )
         self._partitions[colour] = partition
@@ -351,13 +545,13 @@ class MuonShardingOptimizer:
                 params=bucket_params,
                 hierarchical=hierarchical,
             )
-            if self._settings.comm_buffer_size_MB > 0:
+            if self._settings.fused:
                 bucket.buffers = [
                     tensor_fusion_helper.FusedCommBuffer(
                         f"muon_{colour}_{owner}_{i}",
                         chunk,
                         group,
-                        acc_steps=self._buffer_acc_steps(),
+                        acc_steps=self._buffer_acc_steps(colour),
                         act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
                         dst=owner,
                         release_grads=False,
@@ -368,10 +562,11 @@ class MuonShardingOptimizer:
             buckets.append(bucket)
         return buckets
 
-    def _buffer_acc_steps(self) -> int:
-        # Without overlap the buffers never count check-ins: grads accumulate
+    def _buffer_acc_steps(self, colour) -> int:
+        # Without hooks the buffers never count check-ins: grads accumulate
         # in place and reduce_gradients runs once per optimizer step.
-        return self._settings.accumulate_steps if self._settings.comm_overlap else 1
+        hooked = self._settings.comm_overlap and colour not in NO_HOOK_COLOURS
+        return self._settings.accumulate_steps if hooked else 1
 
     def _chunk_by_size(self, params: Sequence) -> list[list]:
         limit = self._settings.comm_buffer_size_MB * 1024 * 1024
@@ -395,7 +590,7 @@ class MuonShardingOptimizer:
             for dtype_key, dtype_params in by_dtype.items():
                 chunks = (
                     self._chunk_by_size(dtype_params)
-                    if self._settings.comm_buffer_size_MB > 0
+                    if self._settings.fused
                     else [dtype_params]
                 )
                 for i, chunk in enumerate(chunks):
@@ -403,9 +598,9 @@ class MuonShardingOptimizer:
                         f"slice_{colour}_{dtype_key}_{i}",
                         chunk,
                         group,
-                        acc_steps=self._buffer_acc_steps(),
+                        acc_steps=self._buffer_acc_steps(colour),
                         act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-                        release_grads=self._settings.release_gradients,
+                        release_grads=self._settings.release_grads,
                         use_reduce_avg=self._use_avg,
                     )
                     # FusedCommBuffer leaves a weakref for Paddle's own sharding
@@ -413,6 +608,7 @@ class MuonShardingOptimizer:
                     if hasattr(chunk[0], "comm_buffer_ref"):
                         del chunk[0].comm_buffer_ref
                     self._rs_buffers.append(buffer)
+                    self._rs_colour[id(buffer)] = colour
                     for p in chunk:
                         self._slice_params[p.name] = self._create_slice_param(p)
 
@@ -427,8 +623,12 @@ class MuonShardingOptimizer:
                 setattr(slice_param, attr, getattr(param, attr))
         return slice_param
 
+    def _hooked_buffers(self) -> list:
+        """Buffers whose reduce the overlap hooks launch (not the no-hook colours)."""
+        return [b for b in self._all_buffers() if id(b) not in self._no_hook_buffer_ids]
+
     def _register_overlap_hooks(self) -> None:
-        for buffer in self._all_buffers():
+        for buffer in self._hooked_buffers():
             for param in buffer.params:
                 param._register_backward_hook(self._make_overlap_hook(buffer, param))
 
@@ -464,9 +664,27 @@ class MuonShardingOptimizer:
     def _set_inner_parameter_list(self) -> None:
         # The inner optimizer only ever sees what this rank updates: whole
         # matrices it owns and its 1-D slices (filled at the first step).
-        self._inner_opt._parameter_list = (
-            self._owned_muon_params() + self._local_slice_params()
-        )
+        self._local_parameter_list = self._owned_muon_params() + self._local_slice_params()
+        self._set_inner_opt_attr("_parameter_list", self._local_parameter_list)
+
+    def _optimizer_chain(self) -> list:
+        """The inner optimizer and every optimizer it wraps (MixPrecisionOptimizer)."""
+        chain, opt = [], self._inner_opt
+        while opt is not None and opt not in chain:
+            chain.append(opt)
+            opt = opt.__dict__.get("_inner_opt")
+        return chain
+
+    def _set_inner_opt_attr(self, name: str, value: Any) -> None:
+        # A wrapper's __getattr__ reads through, but a plain setattr would
+        # stop at the wrapper: set it on every level, as develop does.
+        for opt in self._optimizer_chain():
+            setattr(opt, name, value)
+
+    @property
+    def _base_opt(self):
+        """The innermost optimizer (the Muon that owns the state)."""
+        return self._optimizer_chain()[-1]
 
     # ------------------------------------------------------------------
     # public surface
@@ -542,31 +760,51 @@ class MuonShardingOptimizer:
                     result.append(sp)
         return result
 
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        # develop's timer names, so timers.log() reads the same
+        if self.timers is None:
+            yield
+            return
+        self.timers(name).start()
+        try:
+            yield
+        finally:
+            self.timers(name).stop()
+
     @framework.no_grad()
     def reduce_gradients(self, parameter_list, hcg) -> None:
         """Reduce Muon gradients onto their owners and reduce-scatter the rest.
+
+        With ``comm_overlap`` the backward hooks have launched the reduces;
+        this waits for them and reduces the no-hook colours
+        (``dense_weight_no_hook`` / ``moe_weight_no_hook``) synchronously.
 
         Args:
             parameter_list (list): the model parameters (Paddle's interface).
             hcg: hybrid communicate group (Paddle's interface).
         """
+        with self._timed("reduce-gradients"):
+            self._reduce_gradients()
+
+    def _reduce_gradients(self) -> None:
         overlap = self._settings.comm_overlap
         self._copy_released_grads_in()
         for buffer in self._rs_buffers:
-            if not overlap:
+            if not overlap or id(buffer) in self._no_hook_buffer_ids:
                 buffer._comm_grads()
             buffer.scale_grads()
+        buckets = self._muon_buckets
         if overlap:
-            for bucket in self._muon_buckets:
-                for buffer in bucket.buffers:
-                    buffer.scale_grads()
-            return
+            for bucket in buckets:
+                if bucket.colour not in NO_HOOK_COLOURS:
+                    for buffer in bucket.buffers:
+                        buffer.scale_grads()
+            buckets = [b for b in buckets if b.colour in NO_HOOK_COLOURS]
 
         op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
         hierarchical, flat = self._split_routes(
-            (bucket, tensor)
-            for bucket in self._muon_buckets
-            for tensor in self._grad_tensors(bucket)
+            (bucket, tensor) for bucket in buckets for tensor in self._grad_tensors(bucket)
         )
         if hierarchical:
             comm.hierarchical_reduce(
@@ -576,7 +814,7 @@ class MuonShardingOptimizer:
             with comm.comm_phase(f"reduce_to_owner[{list(group.ranks)}]"):
                 comm.reduce_onto(routes, group, op)
         if not self._use_avg:
-            for bucket in self._muon_buckets:
+            for bucket in buckets:
                 if bucket.owner == self._rank:
                     for tensor in self._grad_tensors(bucket):
                         tensor.scale_(1.0 / bucket.group.nranks)
@@ -601,7 +839,7 @@ class MuonShardingOptimizer:
         return hierarchical, list(flat.values())
 
     def _copy_released_grads_in(self) -> None:
-        if not self._settings.release_gradients:
+        if not self._settings.release_grads:
             return
         for buffer in self._rs_buffers:
             if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
@@ -612,25 +850,23 @@ class MuonShardingOptimizer:
     def _grad_tensors(bucket: MuonBucket) -> list:
         if bucket.buffers:
             return [b.grad_storage for b in bucket.buffers]
-        grads = []
-        for p in bucket.params:
-            if p.grad is None:
-                # Unused on this rank this step: still take part in the
-                # collective (others may have a gradient), with zeros.
-                p._copy_gradient_from(paddle.zeros_like(p))
-            grads.append(p.grad)
-        return grads
+        return [_gradient_of(p) for p in bucket.params]
 
     @framework.no_grad()
     def step(self) -> list:
         """Update owned matrices (Muon) and local slices (AdamW), then sync.
 
+        Colours freed by :meth:`clear_param_storage` get their storage back
+        first, as in develop.
+
         Returns:
             list: the (param, grad) pairs this rank updated.
         """
+        storage_was_cleared = bool(self._cleared_colours)
+        self.reset_param_storage()
         self._assign_slice_grads()
         params_grads = []
-        for p in self._inner_opt._parameter_list:
+        for p in self._local_parameter_list:
             grad = getattr(p, "main_grad", None)
             if grad is None:
                 grad = p._grad_ivar()
@@ -642,20 +878,27 @@ class MuonShardingOptimizer:
         found_inf = self._inner_opt._get_auxiliary_var("found_inf")
         if found_inf is not None and bool(found_inf):
             logger.warning("MuonShardingOptimizer: found inf/nan, step skipped")
+            if storage_was_cleared:
+                self._sharding_sync_parameters()  # refill the freed colours
             return params_grads
-        self._inner_opt._apply_optimize(
-            loss=None, startup_program=None, params_grads=params_grads
-        )
+        with self._timed("apply-optimize"):
+            self._inner_opt._apply_optimize(
+                loss=None, startup_program=None, params_grads=params_grads
+            )
+        if self._settings.enable_fuse_optimizer_states:
+            self._fuse_optimizer_states()
         self._sharding_sync_parameters()
         return params_grads
 
     def _ensure_global_clip(self) -> None:
         # Each rank holds only its owned matrices and slices: a plain global
         # norm clip would clip by a per-rank norm. HybridParallelOptimizer
-        # swaps in its sharding-aware clip; used bare, swap it in here.
-        clip = self._inner_opt._grad_clip
+        # swaps in its sharding-aware clip; used bare, swap it in here (on
+        # the optimizer that applies it, below any MixPrecisionOptimizer).
+        base = self._base_opt
+        clip = base._grad_clip
         if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
-            self._inner_opt._grad_clip = HybridParallelClipGrad(clip, self._hcg)
+            base._grad_clip = HybridParallelClipGrad(clip, self._hcg)
 
     def _assign_slice_grads(self) -> None:
         for buffer in self._rs_buffers:
@@ -679,6 +922,10 @@ class MuonShardingOptimizer:
     @framework.no_grad()
     def _sharding_sync_parameters(self) -> None:
         """Broadcast updated matrices from their owners; all-gather 1-D shards."""
+        with self._timed("sync-parameters"):
+            self._sync_parameters()
+
+    def _sync_parameters(self) -> None:
         pairs, unpack = [], []
         for bucket in self._muon_buckets:
             numel = sum(int(p.numel()) for p in bucket.params)
@@ -703,13 +950,15 @@ class MuonShardingOptimizer:
                 buffer.sync_params()
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Zero every gradient (fused buffers stay linked to the parameters).
+        """Clear every gradient this optimizer manages.
 
         Args:
-            set_to_zero (bool): kept for Paddle's interface. Fused buffers are
-                always zeroed in place (freeing them would unlink the
-                parameters' gradients); with ``release_gradients`` the 1-D
-                buffers are released.
+            set_to_zero (bool): True zeroes gradients in place. False frees
+                what is not linked to a fused buffer (per-parameter Muon
+                gradients, ``main_grad`` of unfused parameters); fused buffers
+                stay allocated and are zeroed, since the parameters' gradients
+                are views into them, unless ``release_gradients`` releases the
+                1-D buffers.
         """
         for buffer in self._all_buffers():
             if buffer.grad_storage is not None:
@@ -717,13 +966,14 @@ class MuonShardingOptimizer:
         for bucket in self._muon_buckets:
             if not bucket.buffers:
                 for p in bucket.params:
-                    p.clear_gradient(True)
-        release = self._settings.release_gradients
+                    _clear_gradient_of(p, set_to_zero)
+        release = self._settings.release_grads
         for sp in self._slice_params.values():
             if sp._is_initialized() and sp.grad is not None:
-                # A released buffer is rebuilt: the slice must re-link to it.
+                # A slice's gradient is a view into its 1-D buffer (nothing to
+                # free); a released buffer is rebuilt, so the slice must re-link.
                 sp.clear_gradient(not release)
-        if self._settings.release_gradients:
+        if release:
             # Released buffers are rebuilt from the parameters' own grads at
             # the next reduce_gradients, so unlink those grads first.
             for buffer in self._rs_buffers:
@@ -732,13 +982,148 @@ class MuonShardingOptimizer:
                         p.clear_gradient(False)
                     buffer._clear_grad_storage()
 
+    # ------------------------------------------------------------------
+    # parameter storage (FP8 paths free a colour between steps)
+    # ------------------------------------------------------------------
+    @framework.no_grad()
+    def clear_param_storage(self, color) -> None:
+        """Free the parameter storage of colour ``color`` until the next step.
+
+        Freed: every element-wise parameter of the colour (this rank's slice
+        is kept aside) and every Muon matrix of the colour this rank does not
+        own (the owner's broadcast refills it). Owned matrices are kept: the
+        owner updates them whole. :meth:`step` restores the storage first,
+        then the update and the parameter sync make every value exact again.
+
+        Args:
+            color: the colour key (None for the default sharding group).
+        """
+        if color in self._cleared_colours:
+            return
+        saved = {}
+        for buffer in self._rs_buffers:
+            if self._rs_colour[id(buffer)] != color:
+                continue
+            for p in buffer.params:
+                view = buffer._sharding_param_grad_view[p.name]
+                if view._param_begin < view._param_end:
+                    saved[p.name] = view._param_buffer._slice(
+                        view._param_begin, view._param_end
+                    ).clone()
+                slice_param = self._slice_params[p.name]
+                if slice_param._is_initialized():
+                    slice_param._clear_dataptr()
+            buffer._clear_param_storage()
+        for bucket in self._muon_buckets:
+            if bucket.colour == color and bucket.owner != self._rank:
+                for p in bucket.params:
+                    p._clear_to_zero_allocation()
+        self._cleared_colours[color] = saved
+
+    @framework.no_grad()
+    def reset_param_storage(self) -> None:
+        """Give every colour freed by :meth:`clear_param_storage` its storage back.
+
+        Element-wise parameters get this rank's slice back; other values are
+        refilled by the next parameter sync.
+        """
+        for color, saved in self._cleared_colours.items():
+            for buffer in self._rs_buffers:
+                if self._rs_colour[id(buffer)] != color:
+                    continue
+                buffer._reset_param_storage()
+                for p in buffer.params:
+                    if p.name in saved:
+                        view = buffer._sharding_param_grad_view[p.name]
+                        paddle.assign(
+                            saved[p.name],
+                            output=buffer.param_storage._slice(
+                                view._param_begin, view._param_end
+                            ),
+                        )
+            for bucket in self._muon_buckets:
+                if bucket.colour == color and bucket.owner != self._rank:
+                    for p in bucket.params:
+                        paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
+        self._cleared_colours.clear()
+
+    # ------------------------------------------------------------------
+    # optimizer state
+    # ------------------------------------------------------------------
+    @framework.no_grad()
+    def _fuse_optimizer_states(self) -> None:
+        """Keep the optimizer states of this rank in one buffer per dtype.
+
+        Runs after each update: states created by that update (the first
+        step, a resumed checkpoint) are moved into a fresh buffer; when every
+        state already lives in one, nothing happens.
+        """
+        base = self._base_opt
+        states = [
+            t
+            for per_param in base._accumulators.values()
+            for t in per_param.values()
+            if int(t._numel()) > 1
+        ] + list(base._master_weights.values())
+        by_dtype: dict[str, list] = OrderedDict()
+        for t in states:
+            by_dtype.setdefault(str(t.dtype), []).append(t)
+        for dtype, tensors in by_dtype.items():
+            fused = self._fused_state_buffers.get(dtype)
+            if fused is not None and all(t._is_shared_buffer_with(fused) for t in tensors):
+                continue
+            total = sum(int(t._numel()) for t in tensors)
+            fused = paddle.empty([total], dtype=tensors[0].dtype)
+            offset = 0
+            for t in tensors:
+                numel, shape = int(t._numel()), list(t.shape)
+                view = fused._slice(offset, offset + numel)
+                paddle.assign(t.reshape([-1]), output=view)
+                view._share_buffer_to(t)
+                t.get_tensor()._set_dims(shape)
+                offset += numel
+            self._fused_state_buffers[dtype] = fused
+
+    @property
+    def fused_states_buffers(self) -> dict[str, Any]:
+        """dtype name -> the buffer holding this rank's optimizer states
+        (``enable_fuse_optimizer_states``; empty before the first step)."""
+        return dict(self._fused_state_buffers)
+
     def state_dict(self) -> dict:
         """This rank's optimizer state (owned matrices and local slices)."""
         return self._inner_opt.state_dict()
 
     def set_state_dict(self, state_dict: dict) -> None:
-        """Load what :meth:`state_dict` saved on the same rank of the same layout."""
-        self._inner_opt.set_state_dict(state_dict)
+        """Load this rank's part of a state dict.
+
+        Accepts a full state dict (every rank's keys merged, as develop's
+        callers pass it): keeps the states and master weights of what this
+        rank updates (owned matrices, its slices) and names each master
+        weight as this optimizer would have.
+
+        Args:
+            state_dict (dict): ``<param name>_<state>`` keys,
+                ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
+        """
+        local = {p.name: p for p in self._local_parameter_list}
+        inner_state = {}
+        for key, value in state_dict.items():
+            if key == "master_weights":
+                base = self._base_opt
+                kept = {}
+                for name, weight in value.items():
+                    if name in local:
+                        weight.name = base._gen_master_weight_var_name(local[name])
+                        kept[name] = weight
+                inner_state[key] = kept
+            elif key == "LR_Scheduler":
+                inner_state[key] = value
+            else:
+                owner = self._state_owner(key)
+                if owner is not None and owner[0] in local:
+                    inner_state[key] = value
+        self._inner_opt.set_state_dict(inner_state)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
         """Describe this rank's optimizer state for ``paddle.distributed.flex_checkpoint``.

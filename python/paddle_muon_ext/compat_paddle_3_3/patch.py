@@ -1,0 +1,300 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``patch_paddle()``: give paddle 3.3.1 the Muon names Paddle develop has.
+
+After one call, code written against Paddle develop runs unchanged:
+
+* ``paddle.optimizer.Muon`` and the module ``paddle.optimizer.muon``
+  (``MuonParamInfo``, ``_default_should_use_muon``, ...);
+* the module ``paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer``
+  (``MuonShardingOptimizer``);
+* ``strategy.use_muon_sharding = True`` and
+  ``strategy.hybrid_configs = {..., "sharding_configs": {"comm_group_call_opt":
+  True, "muon_partition_strategy": "balanced", ...}}`` -- accepted, read back
+  from ``strategy.hybrid_configs["sharding_configs"]`` and kept through the
+  deepcopy fleet makes (3.3.1 rejects both, and even a nested
+  ``sharding_configs`` dict of known fields);
+* ``fleet.distributed_optimizer(muon)`` -> a ``HybridParallelOptimizer`` around
+  ``MuonShardingOptimizer`` when ``use_muon_sharding`` is on.
+
+Every change is recorded and :func:`unpatch_paddle` undoes it. Names the
+installed Paddle already has are left alone (and logged). Nothing under the
+installed paddle directory is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import threading
+from typing import Any, Callable
+
+import paddle
+from paddle.distributed import fleet
+from paddle.distributed.fleet.base import distributed_strategy as _ds
+from paddle.distributed.fleet.utils.log_util import logger
+
+from .strategy_options import (
+    get_muon_sharding_options,
+    set_muon_sharding_options,
+)
+
+__all__ = ["is_patched", "patch_paddle", "unpatch_paddle"]
+
+MUON_MODULE = "paddle.optimizer.muon"
+SHARDING_MODULE = "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer"
+# sharding_configs fields develop has and 3.3.1's proto lacks (muon_partition_strategy
+# is this project's; the exported patch adds it to develop's proto).
+EXTRA_SHARDING_FIELDS = ("comm_group_call_opt", "muon_partition_strategy")
+_MISSING = object()
+
+
+@dataclasses.dataclass
+class _Change:
+    """One reversible change: ``target.name`` (or ``sys.modules[name]``) was ``before``."""
+
+    target: Any
+    name: str
+    before: Any
+
+    def undo(self) -> None:
+        if self.target is sys.modules:
+            if self.before is _MISSING:
+                sys.modules.pop(self.name, None)
+            else:
+                sys.modules[self.name] = self.before
+        elif self.before is _MISSING:
+            delattr(self.target, self.name)
+        else:
+            setattr(self.target, self.name, self.before)
+
+
+_LOCK = threading.Lock()
+_CHANGES: list[_Change] = []
+_PATCHED = False
+
+
+def _set(target: Any, name: str, value: Any) -> None:
+    if target is sys.modules:
+        before = sys.modules.get(name, _MISSING)
+        sys.modules[name] = value
+    else:
+        before = target.__dict__.get(name, _MISSING) if isinstance(target, type) \
+            else getattr(target, name, _MISSING)
+        setattr(target, name, value)
+    _CHANGES.append(_Change(target, name, before))
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _proto_fields() -> frozenset:
+    configs = _ds.distributed_strategy_pb2.DygraphShardingConfig
+    return frozenset(configs.DESCRIPTOR.fields_by_name)
+
+
+# ---------------------------------------------------------------- strategy
+class ShardingConfigsView:
+    """``strategy.hybrid_configs["sharding_configs"]`` with develop's extra fields.
+
+    Reads and writes of proto fields go to the proto message; the extra
+    fields live in the strategy's Muon sharding options.
+    """
+
+    __slots__ = ("_proto", "_strategy")
+
+    def __init__(self, proto: Any, strategy: Any) -> None:
+        object.__setattr__(self, "_proto", proto)
+        object.__setattr__(self, "_strategy", strategy)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in EXTRA_SHARDING_FIELDS:
+            return getattr(get_muon_sharding_options(self._strategy), name)
+        return getattr(self._proto, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in EXTRA_SHARDING_FIELDS:
+            set_muon_sharding_options(self._strategy, **{name: value})
+        else:
+            setattr(self._proto, name, value)
+
+    def __dir__(self) -> list:
+        return sorted(set(dir(self._proto)) | set(EXTRA_SHARDING_FIELDS))
+
+    def __repr__(self) -> str:
+        extras = {f: getattr(self, f) for f in EXTRA_SHARDING_FIELDS}
+        return f"{self._proto!r}{extras}"
+
+
+def _patched_hybrid_configs(original: property) -> property:
+    def getter(self):
+        configs = original.fget(self)
+        configs["sharding_configs"] = ShardingConfigsView(
+            self.strategy.hybrid_configs.sharding_configs, self
+        )
+        return configs
+
+    def setter(self, configs):
+        configs = dict(configs)
+        sharding = configs.pop("sharding_configs", None)
+        if sharding is not None:
+            sharding = dict(sharding)
+            extras = {k: sharding.pop(k) for k in EXTRA_SHARDING_FIELDS if k in sharding}
+            known = _proto_fields()
+            unknown = sorted(set(sharding) - known)
+            if unknown:
+                raise ValueError(
+                    f"hybrid_configs['sharding_configs'] has unknown field(s) "
+                    f"{unknown}; known: {sorted(known | set(EXTRA_SHARDING_FIELDS))}."
+                )
+            proto = self.strategy.hybrid_configs.sharding_configs
+            for key, value in sharding.items():
+                setattr(proto, key, value)
+            if extras:
+                set_muon_sharding_options(self, **extras)
+        original.fset(self, configs)
+
+    return property(getter, setter, doc=original.__doc__)
+
+
+def _use_muon_sharding_property() -> property:
+    def getter(self) -> bool:
+        return get_muon_sharding_options(self).use_muon_sharding
+
+    def setter(self, value: bool) -> None:
+        set_muon_sharding_options(self, use_muon_sharding=value)
+
+    return property(
+        getter,
+        setter,
+        doc="Build MuonShardingOptimizer in fleet.distributed_optimizer (develop's switch).",
+    )
+
+
+# ---------------------------------------------------------------- the patch
+def _patch_optimizer_module(done: list, skipped: list) -> None:
+    from ..optimizer import muon as muon_module
+
+    if hasattr(paddle.optimizer, "Muon") or _module_exists(MUON_MODULE):
+        skipped.append("paddle.optimizer.Muon")
+        return
+    _set(sys.modules, MUON_MODULE, muon_module)
+    _set(paddle.optimizer, "muon", muon_module)
+    _set(paddle.optimizer, "Muon", muon_module.Muon)
+    done.append("paddle.optimizer.Muon")
+
+
+def _patch_sharding_module(done: list, skipped: list) -> None:
+    from ..distributed.fleet.meta_optimizers import muon_sharding_optimizer as module
+
+    if _module_exists(SHARDING_MODULE):
+        skipped.append(SHARDING_MODULE)
+        return
+    package = importlib.import_module("paddle.distributed.fleet.meta_optimizers")
+    _set(sys.modules, SHARDING_MODULE, module)
+    _set(package, "muon_sharding_optimizer", module)
+    done.append(SHARDING_MODULE)
+
+
+def _patch_strategy(done: list, skipped: list) -> None:
+    cls = _ds.DistributedStrategy
+    if "use_muon_sharding" in dir(cls) or set(EXTRA_SHARDING_FIELDS) <= _proto_fields():
+        skipped.append("DistributedStrategy.use_muon_sharding / sharding_configs fields")
+        return
+    _set(cls, "hybrid_configs", _patched_hybrid_configs(cls.__dict__["hybrid_configs"]))
+    _set(cls, "use_muon_sharding", _use_muon_sharding_property())
+    done.append("DistributedStrategy.use_muon_sharding / sharding_configs fields")
+
+
+def _patch_distributed_optimizer(done: list, skipped: list) -> None:
+    from .fleet_integration import distributed_optimizer
+
+    _set(fleet, "distributed_optimizer", distributed_optimizer)
+    done.append("fleet.distributed_optimizer")
+
+
+_STEPS: tuple[Callable[[list, list], None], ...] = (
+    _patch_optimizer_module,
+    _patch_sharding_module,
+    _patch_strategy,
+)
+
+
+def patch_paddle() -> list[str]:
+    """Give the installed Paddle develop's Muon names (call once, before importing them).
+
+    Idempotent; :func:`unpatch_paddle` restores everything. On a Paddle that
+    already has a name, that name is left alone and logged.
+
+    Returns:
+        list[str]: what was patched by this call (empty when already patched
+        or when Paddle has everything).
+
+    Examples:
+        .. code-block:: python
+
+            >>> import paddle_muon_ext
+            >>> paddle_muon_ext.patch_paddle()
+            >>> from paddle.optimizer.muon import MuonParamInfo
+    """
+    global _PATCHED
+    with _LOCK:
+        if _PATCHED:
+            return []
+        done: list[str] = []
+        skipped: list[str] = []
+        try:
+            for step in _STEPS:
+                step(done, skipped)
+            # Only needed where this package supplies the sharding optimizer.
+            if SHARDING_MODULE not in skipped:
+                _patch_distributed_optimizer(done, skipped)
+        except BaseException:
+            _undo_all()
+            raise
+        _PATCHED = True
+    if skipped:
+        logger.info(
+            "paddle_muon_ext.patch_paddle: paddle %s already has %s; left unchanged.",
+            paddle.__version__, ", ".join(skipped),
+        )
+    if done:
+        logger.info("paddle_muon_ext.patch_paddle: added %s.", ", ".join(done))
+    else:
+        logger.info("paddle_muon_ext.patch_paddle: nothing to add; Paddle is unchanged.")
+    return done
+
+
+def _undo_all() -> None:
+    while _CHANGES:
+        _CHANGES.pop().undo()
+
+
+def unpatch_paddle() -> None:
+    """Undo :func:`patch_paddle` (no-op when not patched)."""
+    global _PATCHED
+    with _LOCK:
+        _undo_all()
+        _PATCHED = False
+
+
+def is_patched() -> bool:
+    """True between :func:`patch_paddle` and :func:`unpatch_paddle`."""
+    return _PATCHED
+
