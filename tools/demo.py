@@ -13,7 +13,7 @@
 # limitations under the License.
 """README demo: 8-process CPU training with MuonShardingOptimizer.
 
-Launches ``test/collective/fleet/hybrid_parallel_sharding_muon_model.py``
+Launches ``test/collective/fleet/hybrid_parallel_sharding_muon_moe_model.py``
 with ``paddle.distributed.launch`` on 8 CPU processes (gloo), emulating 4
 nodes x 2 cards, ep=4, moe_sharding=2, and trains a tiny MoE model twice:
 with ``comm_group_call_opt`` off and on. Every step each rank checks its
@@ -40,7 +40,7 @@ sys.path.insert(0, FLEET_TESTS)
 
 from launch_utils import run_paddle_launch  # noqa: E402
 
-WORKER = os.path.join(FLEET_TESTS, "hybrid_parallel_sharding_muon_model.py")
+WORKER = os.path.join(FLEET_TESTS, "hybrid_parallel_sharding_muon_moe_model.py")
 NPROC, EP, MS, CARDS_PER_NODE = 8, 4, 2, 2
 
 

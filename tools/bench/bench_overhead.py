@@ -84,6 +84,7 @@ from mock.simulated_world import SimulatedWorld  # noqa: E402
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
     MuonShardingOptimizer,
 )
+from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
 from paddle_muon_ext.optimizer import Muon, MuonParamInfo  # noqa: E402
 
 TARGET = 1.15
@@ -244,6 +245,9 @@ def bench_config(name: str, hidden: int = 512, inner: int = 256, reps: int = 7,
     world, ep, ms, with_experts = CONFIGS[name]
     spec = model_spec(hidden, inner, with_experts, world)
     strategy = make_hybrid_strategy(ep=ep, moe_sharding=ms)
+    # every rank owns matrices only under the balanced rule (develop's rule
+    # leaves most ranks empty); the benchmark measures the recommended setting
+    set_muon_sharding_options(strategy, muon_partition_strategy="balanced")
     sim = SimulatedWorld(world, hcg_factory=make_hcg_factory(ep=ep, moe_sharding=ms),
                          strategy=strategy, mode="record")
     ranks = sim.run(_rank_body(spec, reps, warmup, ns_steps, strategy))

@@ -14,7 +14,7 @@
 """A tiny MoE-style model and its single-process Muon reference.
 
 Shared by the simulated-world suites and the gloo worker
-(``hybrid_parallel_sharding_muon_model.py``). The model is written as pure
+(``hybrid_parallel_sharding_muon_moe_model.py``). The model is written as pure
 functions of parameter dicts so the reference can replay every rank's batch
 shard with that rank's experts, then average gradients exactly the way the
 sharded run must: dense gradients over the whole sharding group, an expert's

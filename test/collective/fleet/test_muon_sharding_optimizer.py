@@ -515,6 +515,31 @@ class TestConstructionErrors(unittest.TestCase):
         _expect_error(self, SimConfig(ep=2, ms=2), no_params, ValueError,
                       "needs an optimizer built with")
 
+    def test_device_count_failure_keeps_the_cause(self):
+        from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_comm_plan as mcp
+
+        broken = RuntimeError("CUDA driver version is insufficient")
+
+        def device_count():
+            raise broken
+
+        with self.assertRaises(ValueError) as info:
+            mcp.resolve_gpus_per_node({}, device_count)
+        self.assertIs(info.exception.__cause__, broken)
+        self.assertIn("CUDA driver version is insufficient", str(info.exception))
+        # the default query: a CUDA build whose runtime fails is not "no device"
+        saved = (paddle.is_compiled_with_cuda, paddle.device.cuda.device_count)
+        paddle.is_compiled_with_cuda = lambda: True
+        paddle.device.cuda.device_count = device_count
+        try:
+            with self.assertRaises(ValueError) as info:
+                mcp.resolve_gpus_per_node({})
+            self.assertIs(info.exception.__cause__, broken)
+            paddle.is_compiled_with_cuda = lambda: False
+            self.assertEqual(mcp._default_device_count(), 0, "CPU builds: no device")
+        finally:
+            paddle.is_compiled_with_cuda, paddle.device.cuda.device_count = saved
+
     def test_plan_stage_group_mismatch_names_both_groups(self):
         class OtherShardingGroup:
             def __init__(self, inner, group):

@@ -72,14 +72,18 @@ def _default_device_count() -> int:
     """Count visible CUDA devices; 0 when paddle has no CUDA support.
 
     Returns:
-        int: ``paddle.device.cuda.device_count()``, or 0 if it is unavailable.
+        int: ``paddle.device.cuda.device_count()``, or 0 on a build without
+        CUDA. On a CUDA build a failing query raises (a broken CUDA install
+        must not read as "no accelerator").
     """
-    try:
-        import paddle  # lazy: importing this module must not touch CUDA
+    import paddle  # lazy: importing this module must not touch CUDA
 
+    try:
         return int(paddle.device.cuda.device_count())
-    except Exception:  # CPU/XPU builds without a usable CUDA runtime
-        return 0
+    except Exception:
+        if not paddle.is_compiled_with_cuda():
+            return 0  # CPU/XPU builds: there is no CUDA runtime to ask
+        raise
 
 
 def resolve_gpus_per_node(
@@ -106,7 +110,8 @@ def resolve_gpus_per_node(
 
     Raises:
         ValueError: ``PADDLE_LOCAL_SIZE`` is set but not a positive integer, or
-            it is unset and no accelerator is visible.
+            it is unset and no accelerator is visible, or the device query
+            failed (the query's exception is the ``__cause__``).
         TypeError: ``device_count`` returned something that is not an integer.
     """
     env = os.environ if environ is None else environ
@@ -130,7 +135,15 @@ def resolve_gpus_per_node(
         return value
 
     counter = _default_device_count if device_count is None else device_count
-    count = counter()
+    try:
+        count = counter()
+    except Exception as error:
+        raise ValueError(
+            f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
+            f"querying the visible devices failed ({type(error).__name__}: "
+            f"{error}). Fix the accelerator runtime, set {LOCAL_SIZE_ENV} to the "
+            "number of cards per node, or turn comm_group_call_opt off."
+        ) from error
     if isinstance(count, bool) or not isinstance(count, numbers.Integral):
         raise TypeError(
             "device_count() must return an int number of visible accelerators, "
