@@ -88,9 +88,14 @@ CASES = {
     "quintic": ({"ns_coeff_type": "quintic"}, {}),
     "polar_express": ({"ns_coeff_type": "polar_express"}, {}),
     "aol": ({"ns_coeff_type": "aol"}, {}),
-    "deepseekv4": ({"ns_coeff_type": "deepseekv4", "ns_steps": 10}, {}),
+    # Eight iterations of (3.4445, -4.7750, 2.0315) grow a perturbation along
+    # small singular directions by up to 3.4445 each: the ~1e-7 summation-order
+    # differences of the gradients reach 4.3e-5 (measured, 3 steps) on updates
+    # of ~4e-3; 2e-4 still rejects any routing error (an O(update) change).
+    "deepseekv4": ({"ns_coeff_type": "deepseekv4", "ns_steps": 10}, {"fp32_tol": 2e-4}),
+    # a convergent pair (each maps singular value 1 close to 1), cycled
     "custom_coeffs": ({"ns_coeff_type": "custom",
-                       "ns_coeffs": [(3.0, -3.2, 1.2), (2.5, -2.0, 0.8)]}, {}),
+                       "ns_coeffs": [(3.4445, -4.7750, 2.0315), (1.875, -1.25, 0.375)]}, {}),
     "custom_colour_clear_storage": ({}, {"custom_colour": True}),
     "split_concat_func": ({}, {"split_qkv": True}),
     "master_weights_bf16": ({"multi_precision": True}, {"dtype": "bfloat16"}),
@@ -167,10 +172,18 @@ def case_strategy(world: int, group_call: bool, partition: str | None):
     sharding_configs = {"comm_buffer_size_MB": 1, "comm_group_call_opt": group_call}
     if partition is not None:
         sharding_configs["muon_partition_strategy"] = partition
-    strategy.hybrid_configs = {
+    hybrid_configs = {
         "dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": world,
         "sharding_configs": sharding_configs,
     }
+    if group_call:
+        # the hierarchical path reads the MoE topology; every parameter here
+        # stays in the default sharding group (all ranks), routed across nodes
+        hybrid_configs.update({
+            "ep_degree": world // 2, "moe_sharding_degree": 2,
+            "order": ["dp", "moe_sharding", "pp", "sharding", "sep", "cp", "ep", "mp"],
+        })
+    strategy.hybrid_configs = hybrid_configs
     return strategy
 
 
@@ -203,15 +216,16 @@ def run_case(name: str, steps: int, world: int, group_call: bool) -> float:
         ref_loss.backward()
         ref_opt.step()
         ref_opt.clear_grad()
-        worst = max(worst, compare(name, step, model, ref_model))
+        worst = max(worst, compare(name, step, model, ref_model,
+                                   options.get("fp32_tol", FP32_TOL)))
     return worst
 
 
-def compare(name: str, step: int, model, ref_model) -> float:
+def compare(name: str, step: int, model, ref_model, fp32_tol: float) -> float:
     worst = 0.0
     ref = dict(ref_model.named_parameters())
     for key, p in model.named_parameters():
-        tol = FP32_TOL if p.dtype == paddle.float32 else BF16_TOL
+        tol = fp32_tol if p.dtype == paddle.float32 else BF16_TOL
         got = p.astype("float32").numpy()
         want = ref[key].astype("float32").numpy()
         diff = float(np.abs(got - want).max())
