@@ -261,6 +261,31 @@ class TestMixPrecision(unittest.TestCase):
                                 "MixPrecisionLayer must leave p.grad empty (main_grad only)")
                 _assert_matches_reference(self, cfg, results, f"main_grad fused={fused}")
 
+    def test_unfused_main_grad_missing_and_freed(self):
+        cfg = SimConfig(ep=2, ms=2, fused=False, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            layer = MixPrecisionLayer(net, dtype="bfloat16")
+            opt = MuonShardingOptimizer(MixPrecisionOptimizer(_muon_for(net, clip=False)),
+                                        hcg, strategy)
+            layer(paddle.to_tensor(batch(0, _rank()))).backward()
+            w = net.dense["w_out"]
+            w.main_grad = None  # unused this step on this rank
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            owner_zero = (float(np.abs(w.main_grad.numpy()).max())
+                          if opt.owner_map[w.name] == _rank() else None)
+            opt.step()
+            opt.clear_grad(set_to_zero=False)
+            freed = all(p.main_grad is None for b in opt.muon_buckets for p in b.params)
+            return owner_zero, freed
+
+        results, _ = run_world(cfg, body=body)
+        self.assertEqual([z for z, _ in results if z is not None], [0.0],
+                         "the owner must receive the zero mean of a missing main_grad")
+        self.assertTrue(all(f for _, f in results),
+                        "clear_grad(set_to_zero=False) must free unfused main_grads")
+
 
 class TestCheckpoint(unittest.TestCase):
     def test_resume_is_bit_exact(self):
@@ -322,6 +347,7 @@ class TestCheckpoint(unittest.TestCase):
             masters.update(saved[rank]["masters"])
             full = {k: paddle.to_tensor(v) for k, v in full.items()}
             full["master_weights"] = {k: paddle.to_tensor(v) for k, v in masters.items()}
+            full["LR_Scheduler"] = {"last_epoch": 2, "last_lr": 0.02}
             for p in net.parameters():
                 p.set_value(saved[rank]["params"][p.name])
             seen = {}
@@ -334,17 +360,19 @@ class TestCheckpoint(unittest.TestCase):
             opt._inner_opt.set_state_dict = spy
             opt.set_state_dict(full)
             local = {p.name for p in opt._local_parameter_list}
-            kept = [k for k in seen if k != "master_weights"]
+            kept = [k for k in seen if k not in ("master_weights", "LR_Scheduler")]
+            lr_kept = "LR_Scheduler" in seen
             owners = [opt._state_owner(k)[0] for k in kept]
             master_names = {k: v.name for k, v in seen.get("master_weights", {}).items()}
             train_steps(cfg, hcg, net, opt, first_step=2, steps=1)
-            return net.named_values(), local, owners, len(full) - 1, master_names
+            return net.named_values(), local, owners, len(full) - 2, master_names, lr_kept
 
         uninterrupted, _ = run_world(cfg)
         run_world(cfg, body=first_two_steps)
         resumed, _ = run_world(cfg, body=resume)
-        for rank, (a, (values, local, owners, n_full, masters)) in enumerate(
+        for rank, (a, (values, local, owners, n_full, masters, lr_kept)) in enumerate(
                 zip(uninterrupted, resumed)):
+            self.assertTrue(lr_kept, "LR_Scheduler must reach the inner optimizer")
             self.assertTrue(set(owners) <= local and owners, (
                 f"rank {rank}: set_state_dict passed states of parameters it does not "
                 f"update: {sorted(set(owners) - local)}"))
