@@ -64,13 +64,15 @@ BF16_TOL = 1e-2
 
 @dataclasses.dataclass(frozen=True)
 class CaseConfig(SimConfig):
-    """A simulated-world layout that also picks the owner partition rule."""
+    """A simulated-world layout that can also pick the owner partition rule
+    (None: the optimizer's default)."""
 
-    partition: str = "balanced"
+    partition: str | None = None
 
     def strategy(self):
         strategy = super().strategy()
-        set_muon_sharding_options(strategy, partition_strategy=self.partition)
+        if self.partition is not None:
+            set_muon_sharding_options(strategy, partition_strategy=self.partition)
         return strategy
 
 
