@@ -22,6 +22,8 @@ lines (loss and step time per step, then a summary) are streamed here; the
 last line is the verdict. Exit status 0 when every rank passed.
 
     python tools/demo.py [--steps 5] [--timeout 170]
+
+``--steps`` must be 1..200 and ``--timeout`` > 0 (``error: ...``, exit 2).
 """
 
 from __future__ import annotations
@@ -65,11 +67,50 @@ def follow(path: str, done: threading.Event, prefix: str = "[demo]") -> None:
         time.sleep(0.2)
 
 
-def main() -> int:
+#: Bounds of the arguments: a run that trains nothing proves nothing, and
+#: the launch timeout must leave the 8 processes time to start.
+MAX_STEPS = 200
+MAX_TIMEOUT_S = 3600.0
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first bad argument as an ``error: ...`` line, or None."""
+    if not 1 <= args.steps <= MAX_STEPS:
+        return (f"error: --steps {args.steps}: must be in 1..{MAX_STEPS} (a run that trains "
+                f"no step checks nothing), pass e.g. --steps 5")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:
+        return (f"error: --timeout {args.timeout:g}: must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                f"pass e.g. --timeout 170")
+    return None
+
+
+def parse_ok_lines(worker_logs: dict) -> tuple[int, int]:
+    """Steps and values every rank's ``MUON_OK`` line reports, summed over ranks.
+
+    Returns:
+        (steps per pass (the minimum over ranks), values compared in total).
+    """
+    steps, values = [], 0
+    for log in worker_logs.values():
+        for line in log.splitlines():
+            if line.startswith("MUON_OK"):
+                fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+                steps.append(int(fields.get("steps", 0)))
+                values += int(fields.get("values", 0))
+    return (min(steps) if steps else 0), values
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="training steps per pass")
-    parser.add_argument("--timeout", type=float, default=170.0, help="launch timeout in seconds")
-    args = parser.parse_args()
+    parser.add_argument("--steps", type=int, default=5,
+                        help=f"training steps per pass (1..{MAX_STEPS})")
+    parser.add_argument("--timeout", type=float, default=170.0,
+                        help="launch timeout in seconds (> 0)")
+    args = parser.parse_args(argv)
+    error = check_args(args)
+    if error is not None:
+        print(error, file=sys.stderr)
+        return 2
 
     print(f"Running {NPROC} CPU processes (gloo) as {NPROC // CARDS_PER_NODE} emulated nodes x "
           f"{CARDS_PER_NODE} cards, ep={EP}, moe_sharding={MS}: {args.steps} Muon steps with "
@@ -93,13 +134,17 @@ def main() -> int:
         tail.join()
 
     ok_ranks = result.workers_printing("MUON_OK")
-    if result.ok and ok_ranks == list(range(NPROC)):
+    steps, values = parse_ok_lines(result.worker_logs)
+    if result.ok and ok_ranks == list(range(NPROC)) and steps >= args.steps and values > 0:
         print(f"VERDICT: PASS - all {NPROC} ranks matched the reference with "
-              f"comm_group_call_opt off and on ({result.wall_s:.1f}s)")
+              f"comm_group_call_opt off and on: {steps} steps x 2 passes, {NPROC} ranks, "
+              f"{values} parameter values compared ({result.wall_s:.1f}s)")
         shutil.rmtree(log_dir, ignore_errors=True)
         return 0
     print(result.failure_message(), file=sys.stderr)
     why = "timed out" if result.timed_out else f"returncode {result.returncode}"
+    if result.ok and ok_ranks == list(range(NPROC)):
+        why = f"only {steps} steps / {values} values were checked"
     print(f"VERDICT: FAIL - {why}; ranks with MUON_OK: {ok_ranks} "
           f"({result.wall_s:.1f}s, logs in {log_dir})")
     return 1

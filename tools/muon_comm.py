@@ -16,6 +16,7 @@
     python tools/muon_comm.py plan --ep 16 --moe-sharding 2 --gpus-per-node 8 [--json] [--png F]
     python tools/muon_comm.py verify --ep 8 --moe-sharding 2 --gpus-per-node 4 [--comm-overlap]
     python tools/muon_comm.py cluster --nodes 4 --procs-per-node 2 --ep 4 --moe-sharding 2
+    python tools/muon_comm.py hangs LOG_DIR
 
 The tools live in ``paddle_muon_ext.tools`` (args, plan, cost_model, report,
 verify, cli); this file only makes them runnable from a checkout without an

@@ -17,6 +17,7 @@
     paddle-muon-ext cluster ...  installed tool (needs root; its worker lives in the checkout)
     paddle-muon-ext verify  ...  needs the source checkout's test harness
     paddle-muon-ext demo   ...   runs tools/demo.py of the source checkout
+    paddle-muon-ext hangs LOG_DIR  installed tool (flight-recorder dumps of a hung job)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import runpy
 import sys
 from typing import Sequence
 
-_COMMANDS = ("plan", "verify", "cluster", "demo")
+_COMMANDS = ("plan", "verify", "cluster", "hangs", "demo")
 
 
 def _checkout_root() -> str:

@@ -104,6 +104,29 @@ _NP_DTYPES = {
 }
 
 
+_FLIGHT_MODULE = (
+    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder"
+)
+
+
+def flight_recorder_module() -> Any:
+    """The package's flight-recorder module (None when not importable)."""
+    try:
+        import importlib
+
+        return importlib.import_module(_FLIGHT_MODULE)
+    except ImportError:
+        return None
+
+
+def _flight_entry(rec: CommRecord) -> dict:
+    """A record as a flight-recorder dump entry."""
+    return {"seq": rec.rank_seq, "group_seq": rec.group_seq, "phase": rec.phase,
+            "op": rec.op, "group_id": rec.group_id, "group_ranks": list(rec.group_ranks),
+            "root": rec.root, "dtype": rec.dtype, "numel": rec.numel,
+            "start": None, "finish": None}
+
+
 def dtype_name(tensor: Any) -> str:
     """Returns: the Paddle dtype of ``tensor`` as a short name, e.g. "bfloat16"."""
     return str(tensor.dtype).rsplit(".", 1)[-1]
@@ -224,6 +247,7 @@ class RankContext:
         self.block_counts: dict[int, int] = {}
         self.hcg: Any = None
         self.pending: list[_DataTask] = []
+        self.thread_ident: Optional[int] = None
         ranks = comm.global_ranks
         self.default_group = FakeGroup(rank, GLOBAL_GROUP_ID, ranks, comm, rank)
         comm._intern_group(GLOBAL_GROUP_ID, ranks, rank)
@@ -380,6 +404,7 @@ class FakeComm:
             ctx = RankContext(self, rank)
             self.contexts[rank] = ctx
         self._tls.ctx = ctx
+        ctx.thread_ident = threading.get_ident()
         if default:
             self._default_ctx = ctx
         with self._cv:
@@ -866,7 +891,41 @@ class FakeComm:
         running = sorted(self._live - set(self._blocked))
         if running:
             lines.append(f"- ranks {format_ranks(running)} are running outside any collective")
+        lines.extend(self._flight_diagnosis())
         return "\n".join(lines)
+
+    def _flight_diagnosis(self) -> list[str]:
+        """The flight recorder's verdict on this state, in the words of ``hangs``.
+
+        Each rank's state is what its flight-recorder dump would hold: the
+        collective it is blocked in, its per-group issue counts, its phase.
+        """
+        recorder = flight_recorder_module()
+        if recorder is None:
+            return []
+        states = {}
+        for rank, ctx in self.contexts.items():
+            issued, last = {}, None
+            for rec in ctx.trace:
+                if rec.group_seq is not None and rec.member:
+                    issued[(rec.group_id, rec.group_ranks)] = rec.group_seq + 1
+                    last = rec
+            blocked = self._blocked.get(rank)
+            in_flight = []
+            if blocked is not None:
+                mine = blocked.arrivals.get(rank)
+                if mine is not None:
+                    in_flight.append(_flight_entry(mine[0]))
+            if in_flight and last is not None and last.group_seq == in_flight[0]["group_seq"] \
+                    and last.group_id == in_flight[0]["group_id"]:
+                last = next((r for r in reversed(ctx.trace[:last.rank_seq])
+                             if r.group_seq is not None and r.member), None)
+            note = "already returned" if rank in self._finished else ""
+            states[rank] = recorder.RankState(
+                rank=rank, phase=recorder.phase_of_thread(ctx.thread_ident or -1),
+                in_flight=in_flight, issued=issued,
+                last_finished=_flight_entry(last) if last is not None else None, note=note)
+        return ["Flight recorder view:"] + recorder.diagnose(states, self.world_size)
 
     def _whereabouts(self, rank: int) -> str:
         if rank in self._finished:

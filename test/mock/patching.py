@@ -38,7 +38,6 @@ import paddle.distributed.collective as dist_collective
 import paddle.distributed.communication.batch_isend_irecv as dist_batch
 import paddle.distributed.communication.group as dist_group
 import paddle.distributed.communication.stream as dist_stream
-import pytest
 from paddle.distributed import fleet
 from paddle.base import unique_name
 from paddle.distributed.fleet.base import topology as fleet_topology
@@ -326,21 +325,38 @@ def fake_distributed(
             comm.unbind()
 
 
-@pytest.fixture
-def fake_dist() -> Iterator[Callable[..., FakeComm]]:
-    """Pytest fixture: ``fake_dist(world_size, rank, **kw)`` installs the layer.
+class FakeDistMixin:
+    """For ``unittest.TestCase`` suites: ``self.fake_dist(world_size, rank, **kw)``
+    installs the layer for the current test; it is restored at cleanup."""
 
-    Everything is restored at teardown. Import it into a suite with
-    ``from mock.patching import fake_dist  # noqa: F401``.
-
-    Yields:
-        A function with the signature of ``fake_distributed`` returning the
-        active ``FakeComm``.
-    """
-    stack = contextlib.ExitStack()
-
-    def install(world_size: int = 1, rank: int = 0, **kwargs: Any) -> FakeComm:
+    def fake_dist(self, world_size: int = 1, rank: int = 0, **kwargs: Any) -> FakeComm:
+        stack = contextlib.ExitStack()
+        self.addCleanup(stack.close)  # type: ignore[attr-defined]
         return stack.enter_context(fake_distributed(world_size, rank, **kwargs))
 
-    with stack:
-        yield install
+
+try:  # the fixture for pytest suites; unittest suites use FakeDistMixin
+    import pytest
+except ImportError:  # pragma: no cover - Paddle's unittest runner without pytest
+    pytest = None
+
+if pytest is not None:
+
+    @pytest.fixture
+    def fake_dist() -> Iterator[Callable[..., FakeComm]]:
+        """Pytest fixture: ``fake_dist(world_size, rank, **kw)`` installs the layer.
+
+        Everything is restored at teardown. Import it into a suite with
+        ``from mock.patching import fake_dist  # noqa: F401``.
+
+        Yields:
+            A function with the signature of ``fake_distributed`` returning the
+            active ``FakeComm``.
+        """
+        stack = contextlib.ExitStack()
+
+        def install(world_size: int = 1, rank: int = 0, **kwargs: Any) -> FakeComm:
+            return stack.enter_context(fake_distributed(world_size, rank, **kwargs))
+
+        with stack:
+            yield install

@@ -19,7 +19,7 @@ import itertools
 from unittest import mock
 
 import paddle.distributed as dist
-import pytest
+import unittest
 from paddle.distributed import fleet
 from paddle.distributed.communication.group import Group
 from paddle.distributed.fleet.base import topology as fleet_topology
@@ -33,7 +33,7 @@ from mock.fake_hcg import (
     make_hybrid_strategy,
     merge_inner_comm_list_by_coords,
 )
-from mock.patching import fake_dist  # noqa: F401  (fixture)
+from mock.patching import FakeDistMixin
 from mock.schedule_checker import check_schedule
 from mock.simulated_world import SimulatedWorld
 
@@ -76,68 +76,8 @@ def _expected_layout(rank: int, ep: int, ms: int, pp: int, order: tuple) -> dict
     }
 
 
-@pytest.mark.parametrize("ep, ms, pp, order", CONFIGS)
-def test_fake_hcg_layout_matches_paddle_topology(ep: int, ms: int, pp: int, order: tuple) -> None:
-    world = SimulatedWorld(ep * ms * pp, hcg_factory=make_hcg_factory(ep=ep, moe_sharding=ms, pp=pp, order=order),
-                           mode="record")
-
-    def body(rank: int) -> tuple:
-        hcg = fleet.get_hybrid_communicate_group()
-        assert isinstance(hcg, fleet_topology.EPHybridCommunicateGroup)
-        return (hcg_layout(hcg), tuple(hcg._moe_topo.get_hybrid_group_names()),
-                hcg.get_sharding_parallel_group().id, hcg.get_pipe_parallel_world_size(),
-                hcg.get_model_parallel_world_size(), hcg.get_data_parallel_world_size(), hcg.nranks)
-
-    results = world.run(body)
-    sharding_ids = set()
-    for rank, (layout, moe_names, sharding_id, pp_size, mp_size, dp_size, nranks) in enumerate(results):
-        expect = _expected_layout(rank, ep, ms, pp, order)
-        got = {k: layout[k] for k in expect}
-        assert got == expect, f"ep={ep} ms={ms} pp={pp} order={order} rank {rank}: {got} != {expect}"
-        assert moe_names == order, f"rank {rank}: _moe_topo axes {moe_names}"
-        assert (pp_size, mp_size, dp_size, nranks) == (pp, 1, 1, ep * ms * pp)
-        sharding_ids.add((layout["stage_id"], sharding_id))
-    assert len({gid for _, gid in sharding_ids}) == pp, f"sharding group ids per stage: {sharding_ids}"
-    check_schedule(world.traces)  # every rank created the same groups in the same order
-
-
-def test_default_order_matches_the_design_formula() -> None:
-    ep, ms, pp = 4, 2, 2
-    for s, p, e in itertools.product(range(ms), range(pp), range(ep)):
-        rank = s * pp * ep + p * ep + e
-        layout = _expected_layout(rank, ep, ms, pp, DEFAULT)
-        assert layout["stage_id"] == p and layout["moe_sharding_rank"] == s and layout["expert_rank"] == e
-
-
 # Configs where Paddle 3.3.1's own constructor works (pipe-first needs pp == 1).
 PADDLE_OK = [(4, 2, 2, 1, DEFAULT), (4, 2, 1, 1, PIPE_FIRST), (4, 2, 2, 2, DEFAULT), (8, 2, 2, 1, DEFAULT)]
-
-
-@pytest.mark.parametrize("ep, ms, pp, mp, order", PADDLE_OK)
-def test_fake_layer_does_not_change_what_paddle_builds(ep: int, ms: int, pp: int, mp: int,
-                                                       order: tuple) -> None:
-    """Build the same rank's hcg once with bare mocks (real Group objects) and
-    once through the fake layer: every group list must agree."""
-    rank = ep * ms * pp - 3
-    names, dims = hybrid_names_and_dims(ep, ms, pp, mp, order)
-    counter = itertools.count(100)
-
-    def plain_new_group(ranks=None, *args, **kwargs):
-        ranks = sorted(ranks)
-        return Group(ranks.index(rank) if rank in ranks and len(ranks) > 1 else -1, next(counter), ranks)
-
-    with mock.patch.object(dist, "get_rank", lambda *a: rank), \
-            mock.patch.object(dist, "get_world_size", lambda *a: ep * ms * pp), \
-            mock.patch.object(dist, "new_group", plain_new_group), \
-            mock.patch.object(dist, "all_reduce", lambda *a, **k: None), \
-            mock.patch.object(fleet_topology, "_HYBRID_PARALLEL_GROUP", None), \
-            mock.patch.object(fleet_topology.logger, "disabled", True):
-        plain = hcg_layout(fleet_topology.EPHybridCommunicateGroup(names, dims))
-
-    factory = make_hcg_factory(ep=ep, moe_sharding=ms, pp=pp, mp=mp, order=order)
-    world = SimulatedWorld(ep * ms * pp, hcg_factory=factory, mode="record")
-    faked = world.run(lambda r: hcg_layout(fleet.get_hybrid_communicate_group()))[rank]
-    assert faked == plain, f"rank {rank}: fake layer {faked} != plain Paddle {plain}"
 
 
 def _dense_topo(ep: int, ms: int, pp: int, mp: int, order: tuple) -> fleet_topology.CommunicateTopology:
@@ -150,49 +90,122 @@ def _dense_topo(ep: int, ms: int, pp: int, mp: int, order: tuple) -> fleet_topol
     return fleet_topology.CommunicateTopology(names, [dims[n] for n in names])
 
 
-@pytest.mark.parametrize("ep, ms, pp, mp, order", PADDLE_OK + [(2, 4, 1, 2, PIPE_FIRST), (4, 4, 4, 1, DEFAULT)])
-def test_coordinate_merge_equals_paddles_merge_where_paddle_works(ep, ms, pp, mp, order) -> None:
-    topo = _dense_topo(ep, ms, pp, mp, order)
-    paddle_lists = fleet_topology.EPHybridCommunicateGroup.merge_inner_comm_list(
-        None, topo, "moe_sharding", "dense_sharding")
-    ours = merge_inner_comm_list_by_coords(topo, "moe_sharding", "dense_sharding")
-    assert ours == paddle_lists, f"ep={ep} ms={ms} pp={pp} mp={mp} {order}: {ours} != {paddle_lists}"
+class TestFakeHcg(FakeDistMixin, unittest.TestCase):
+    def test_fake_hcg_layout_matches_paddle_topology(self) -> None:
+        for ep, ms, pp, order in CONFIGS:
+            with self.subTest(ep=ep, ms=ms, pp=pp, order=order):
+                self._fake_hcg_layout_matches_paddle_topology(ep, ms, pp, order)
+
+    def _fake_hcg_layout_matches_paddle_topology(self, ep: int, ms: int, pp: int, order: tuple) -> None:
+        world = SimulatedWorld(ep * ms * pp, hcg_factory=make_hcg_factory(ep=ep, moe_sharding=ms, pp=pp, order=order),
+                               mode="record")
+
+        def body(rank: int) -> tuple:
+            hcg = fleet.get_hybrid_communicate_group()
+            assert isinstance(hcg, fleet_topology.EPHybridCommunicateGroup)
+            return (hcg_layout(hcg), tuple(hcg._moe_topo.get_hybrid_group_names()),
+                    hcg.get_sharding_parallel_group().id, hcg.get_pipe_parallel_world_size(),
+                    hcg.get_model_parallel_world_size(), hcg.get_data_parallel_world_size(), hcg.nranks)
+
+        results = world.run(body)
+        sharding_ids = set()
+        for rank, (layout, moe_names, sharding_id, pp_size, mp_size, dp_size, nranks) in enumerate(results):
+            expect = _expected_layout(rank, ep, ms, pp, order)
+            got = {k: layout[k] for k in expect}
+            assert got == expect, f"ep={ep} ms={ms} pp={pp} order={order} rank {rank}: {got} != {expect}"
+            assert moe_names == order, f"rank {rank}: _moe_topo axes {moe_names}"
+            assert (pp_size, mp_size, dp_size, nranks) == (pp, 1, 1, ep * ms * pp)
+            sharding_ids.add((layout["stage_id"], sharding_id))
+        assert len({gid for _, gid in sharding_ids}) == pp, f"sharding group ids per stage: {sharding_ids}"
+        check_schedule(world.traces)  # every rank created the same groups in the same order
+
+    def test_default_order_matches_the_design_formula(self) -> None:
+        ep, ms, pp = 4, 2, 2
+        for s, p, e in itertools.product(range(ms), range(pp), range(ep)):
+            rank = s * pp * ep + p * ep + e
+            layout = _expected_layout(rank, ep, ms, pp, DEFAULT)
+            assert layout["stage_id"] == p and layout["moe_sharding_rank"] == s and layout["expert_rank"] == e
+
+    def test_fake_layer_does_not_change_what_paddle_builds(self) -> None:
+        for ep, ms, pp, mp, order in PADDLE_OK:
+            with self.subTest(ep=ep, ms=ms, pp=pp, mp=mp, order=order):
+                self._fake_layer_does_not_change_what_paddle_builds(ep, ms, pp, mp, order)
+
+    def _fake_layer_does_not_change_what_paddle_builds(self, ep: int, ms: int, pp: int, mp: int,
+                                                       order: tuple) -> None:
+        """Build the same rank's hcg once with bare mocks (real Group objects) and
+        once through the fake layer: every group list must agree."""
+        rank = ep * ms * pp - 3
+        names, dims = hybrid_names_and_dims(ep, ms, pp, mp, order)
+        counter = itertools.count(100)
+
+        def plain_new_group(ranks=None, *args, **kwargs):
+            ranks = sorted(ranks)
+            return Group(ranks.index(rank) if rank in ranks and len(ranks) > 1 else -1, next(counter), ranks)
+
+        with mock.patch.object(dist, "get_rank", lambda *a: rank), \
+                mock.patch.object(dist, "get_world_size", lambda *a: ep * ms * pp), \
+                mock.patch.object(dist, "new_group", plain_new_group), \
+                mock.patch.object(dist, "all_reduce", lambda *a, **k: None), \
+                mock.patch.object(fleet_topology, "_HYBRID_PARALLEL_GROUP", None), \
+                mock.patch.object(fleet_topology.logger, "disabled", True):
+            plain = hcg_layout(fleet_topology.EPHybridCommunicateGroup(names, dims))
+
+        factory = make_hcg_factory(ep=ep, moe_sharding=ms, pp=pp, mp=mp, order=order)
+        world = SimulatedWorld(ep * ms * pp, hcg_factory=factory, mode="record")
+        faked = world.run(lambda r: hcg_layout(fleet.get_hybrid_communicate_group()))[rank]
+        assert faked == plain, f"rank {rank}: fake layer {faked} != plain Paddle {plain}"
+
+    def test_coordinate_merge_equals_paddles_merge_where_paddle_works(self) -> None:
+        for ep, ms, pp, mp, order in PADDLE_OK + [(2, 4, 1, 2, PIPE_FIRST), (4, 4, 4, 1, DEFAULT)]:
+            with self.subTest(ep=ep, ms=ms, pp=pp, mp=mp, order=order):
+                self._coordinate_merge_equals_paddles_merge(ep, ms, pp, mp, order)
+
+    def _coordinate_merge_equals_paddles_merge(self, ep, ms, pp, mp, order) -> None:
+        topo = _dense_topo(ep, ms, pp, mp, order)
+        paddle_lists = fleet_topology.EPHybridCommunicateGroup.merge_inner_comm_list(
+            None, topo, "moe_sharding", "dense_sharding")
+        ours = merge_inner_comm_list_by_coords(topo, "moe_sharding", "dense_sharding")
+        assert ours == paddle_lists, f"ep={ep} ms={ms} pp={pp} mp={mp} {order}: {ours} != {paddle_lists}"
+
+    def test_paddle_merge_mixes_stages_for_pipe_first_order_upstream(self) -> None:
+        """Pins the Paddle 3.3.1 limitation the fake hcg works around: with MoE order
+        (pipe, moe_sharding, expert) and pp > 1, Paddle's sharding group of stage 1
+        contains stage-0 ranks. If this starts failing, upstream fixed it and
+        ``_MergeFixedEPHCG`` can go."""
+        topo = _dense_topo(4, 2, 2, 1, PIPE_FIRST)
+        paddle_lists = fleet_topology.EPHybridCommunicateGroup.merge_inner_comm_list(
+            None, topo, "moe_sharding", "dense_sharding")
+        stages = [{topo.get_coord(r).pipe for r in group} for group in paddle_lists]
+        assert any(len(s) > 1 for s in stages), f"Paddle's merge no longer mixes stages: {paddle_lists}"
+        ours = merge_inner_comm_list_by_coords(topo, "moe_sharding", "dense_sharding")
+        assert ours == [list(range(0, 8)), list(range(8, 16))], ours
+
+    def test_tensor_parallel_config_and_strategy_helper(self) -> None:
+        fake_dist = self.fake_dist
+        strategy = make_hybrid_strategy(ep=4, moe_sharding=2, pp=1, mp=2)
+        comm = fake_dist(8, rank=5, hcg_factory=make_hcg_factory(ep=4, moe_sharding=2, mp=2), strategy=strategy)
+        hcg = fleet.get_hybrid_communicate_group()
+        assert hcg.get_model_parallel_world_size() == 2
+        assert hcg.get_sharding_parallel_world_size() == 4
+        user = fleet.fleet._user_defined_strategy
+        configs = user.hybrid_configs
+        assert (configs["ep_degree"], configs["moe_sharding_degree"], configs["mp_degree"],
+                configs["sharding_degree"]) == (4, 2, 2, 4)
+        order = list(user.hybrid_parallel_order)
+        assert order.index("moe_sharding") < order.index("pp") < order.index("ep"), order
+        assert any(r.op == "new_group" for r in comm.current().trace)
+
+    def test_bad_configs_are_rejected_with_a_reason(self) -> None:
+        fake_dist = self.fake_dist
+        fake_dist(8, rank=0)
+        with self.assertRaisesRegex(ValueError, "does not match"):
+            make_hcg_factory(ep=4, moe_sharding=4)(0)
+        with self.assertRaisesRegex(ValueError, "must divide ep"):
+            make_hcg_factory(ep=4, moe_sharding=2, mp=3)(0)
+        with self.assertRaisesRegex(ValueError, "order must contain"):
+            make_hcg_factory(ep=4, moe_sharding=2, order=("pipe", "expert"))
 
 
-def test_paddle_merge_mixes_stages_for_pipe_first_order_upstream() -> None:
-    """Pins the Paddle 3.3.1 limitation the fake hcg works around: with MoE order
-    (pipe, moe_sharding, expert) and pp > 1, Paddle's sharding group of stage 1
-    contains stage-0 ranks. If this starts failing, upstream fixed it and
-    ``_MergeFixedEPHCG`` can go."""
-    topo = _dense_topo(4, 2, 2, 1, PIPE_FIRST)
-    paddle_lists = fleet_topology.EPHybridCommunicateGroup.merge_inner_comm_list(
-        None, topo, "moe_sharding", "dense_sharding")
-    stages = [{topo.get_coord(r).pipe for r in group} for group in paddle_lists]
-    assert any(len(s) > 1 for s in stages), f"Paddle's merge no longer mixes stages: {paddle_lists}"
-    ours = merge_inner_comm_list_by_coords(topo, "moe_sharding", "dense_sharding")
-    assert ours == [list(range(0, 8)), list(range(8, 16))], ours
-
-
-def test_tensor_parallel_config_and_strategy_helper(fake_dist) -> None:
-    strategy = make_hybrid_strategy(ep=4, moe_sharding=2, pp=1, mp=2)
-    comm = fake_dist(8, rank=5, hcg_factory=make_hcg_factory(ep=4, moe_sharding=2, mp=2), strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
-    assert hcg.get_model_parallel_world_size() == 2
-    assert hcg.get_sharding_parallel_world_size() == 4
-    user = fleet.fleet._user_defined_strategy
-    configs = user.hybrid_configs
-    assert (configs["ep_degree"], configs["moe_sharding_degree"], configs["mp_degree"],
-            configs["sharding_degree"]) == (4, 2, 2, 4)
-    order = list(user.hybrid_parallel_order)
-    assert order.index("moe_sharding") < order.index("pp") < order.index("ep"), order
-    assert any(r.op == "new_group" for r in comm.current().trace)
-
-
-def test_bad_configs_are_rejected_with_a_reason(fake_dist) -> None:
-    fake_dist(8, rank=0)
-    with pytest.raises(ValueError, match="does not match"):
-        make_hcg_factory(ep=4, moe_sharding=4)(0)
-    with pytest.raises(ValueError, match="must divide ep"):
-        make_hcg_factory(ep=4, moe_sharding=2, mp=3)(0)
-    with pytest.raises(ValueError, match="order must contain"):
-        make_hcg_factory(ep=4, moe_sharding=2, order=("pipe", "expert"))
+if __name__ == "__main__":
+    unittest.main()

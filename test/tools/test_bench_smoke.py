@@ -42,16 +42,19 @@ def test_bench_overhead_smoke(capsys):
     assert _finite_positive(res["overhead_ratio"])
     assert _finite_positive(res["worst_rank_ratio"])
     assert _finite_positive(res["paired_ratio"])
+    assert _finite_positive(res["recorder_ratio"])
     assert [c["config"] for c in res["configs"]] == ["moe8", "dense2"]
     for config in res["configs"]:
         assert len(config["ranks"]) == config["world"]
         assert _finite_positive(config["overhead_ratio"])
         for rank in config["ranks"]:
             assert rank["muon_owned"], f"rank {rank['rank']} owns no Muon matrix"
-            for key in ("sharded_ms", "plain_ms", "reduce_ms", "sync_ms", "paired_ratio"):
+            for key in ("sharded_ms", "plain_ms", "reduce_ms", "sync_ms", "paired_ratio",
+                        "sharded_no_recorder_ms", "recorder_paired_ratio"):
                 assert _finite_positive(rank[key]), (key, rank)
     out = capsys.readouterr().out
     assert "RESULT overhead_ratio=" in out
+    assert "RESULT recorder_ratio=" in out
     assert "# command:" in out
 
 

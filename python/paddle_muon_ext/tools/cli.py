@@ -70,6 +70,8 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON dict instead of the table")
     p.add_argument("--png", metavar="FILE", help="draw nodes x cards with owners and rails")
     add_verify_parser(sub)
+    sub.add_parser("hangs", help="name the rank(s) a hung job waits for, from the "
+                   "flight-recorder dumps in LOG_DIR (hangs LOG_DIR)")
     _cluster_tool().add_parser(sub)
     return parser
 
@@ -100,6 +102,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "paddle-muon-ext") -> int:
     """Parse ``argv`` and run the subcommand; exit status 0 / 1 (FAIL) / 2 (error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["hangs"]:
+        from .hangs import main as hangs_main
+
+        return hangs_main(argv[1:], prog=f"{prog} hangs")
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:

@@ -123,7 +123,7 @@ def train(group_call: bool, ep: int, steps: int, fused: bool, overlap: bool,
     if plan_groups is not None:
         kinds[tuple(plan_groups.node_group.ranks)] = "node"
         kinds[tuple(plan_groups.same_card_group.ranks)] = "same_card"
-    max_diff = 0.0
+    max_diff, compared = 0.0, 0
     counter_total = Counter()
     for step in range(steps):
         t0 = time.time()
@@ -136,12 +136,13 @@ def train(group_call: bool, ep: int, steps: int, fused: bool, overlap: bool,
         if reference is not None:
             reference.step(step)
             max_diff = max(max_diff, compare(net, reference, expert_coord, rank, step))
+            compared += sum(int(v.size) for v in net.named_values().values())
         if demo and rank == 0:
             print(f"[demo] group_call={int(group_call)} step {step + 1}/{steps} "
                   f"loss={float(loss):.6f} step_time={time.time() - t0:.3f}s", flush=True)
     final = net.named_values()
     per_step = {f"{k}/{op}": v / steps for (k, op), v in sorted(counter_total.items())}
-    return final, max_diff, per_step
+    return final, max_diff, per_step, compared
 
 
 def compare(net, reference: Reference, expert_coord, rank: int, step: int) -> float:
@@ -170,6 +171,8 @@ def main() -> None:
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", dist.get_world_size()))
     ep, ms = env_int("MUON_EP", 1), env_int("MUON_MS", 1)
     steps = env_int("MUON_STEPS", 5)
+    if steps < 1:
+        fail(f"MUON_STEPS={steps}: a run that trains no step checks nothing; set MUON_STEPS >= 1")
     fused = os.environ.get("MUON_FUSED", "1") == "1"
     overlap = os.environ.get("MUON_OVERLAP", "0") == "1"
     demo = os.environ.get("MUON_DEMO", "0") == "1"
@@ -186,12 +189,13 @@ def main() -> None:
         topo = hcg._moe_topo
         expert_of_rank = {r: topo.get_coord(r).expert for r in range(world)}
 
-    results = []
+    results, total_compared = [], 0
     for group_call in passes:
         reference = Reference(expert_of_rank)
         t0 = time.time()
-        final, max_diff, per_step = train(group_call, ep, steps, fused, overlap,
-                                          demo, reference)
+        final, max_diff, per_step, compared = train(group_call, ep, steps, fused, overlap,
+                                                    demo, reference)
+        total_compared += compared
         results.append((group_call, final, max_diff, per_step, time.time() - t0))
         print(f"MUON_PASS rank={rank} group_call={int(group_call)} "
               f"max_abs_diff_vs_reference={max_diff:.3e}", flush=True)
@@ -209,7 +213,8 @@ def main() -> None:
         if len(results) == 2:
             print(f"[demo] params equal with comm_group_call_opt on/off: "
                   f"max |d| = {hier_vs_flat:.2e}")
-    print(f"MUON_OK rank={rank} max_abs_diff_hier_vs_flat={hier_vs_flat:.3e}", flush=True)
+    print(f"MUON_OK rank={rank} max_abs_diff_hier_vs_flat={hier_vs_flat:.3e} "
+          f"steps={steps} values={total_compared}", flush=True)
 
 
 if __name__ == "__main__":

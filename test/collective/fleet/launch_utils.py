@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 
@@ -74,6 +74,7 @@ class LaunchResult:
     launcher_output: str
     worker_logs: dict[int, str] = field(default_factory=dict)
     tail_lines: int = 40
+    stopped: bool = False
 
     @property
     def ok(self) -> bool:
@@ -170,6 +171,7 @@ def run_paddle_launch(
     log_dir: str | None = None,
     tail_lines: int = 40,
     keep_log_dir: bool = False,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> LaunchResult:
     """Run ``python -m paddle.distributed.launch`` for ``script`` on this host.
 
@@ -180,6 +182,9 @@ def run_paddle_launch(
             sets ``PADDLE_LOCAL_SIZE`` it is also exported as
             ``GLOO_COMPAT_LOCAL_SIZE`` because the launcher overwrites
             ``PADDLE_LOCAL_SIZE`` with ``nproc`` (gloo_compat restores it).
+        stop_when: polled with the log dir while the launch runs; once it
+            returns True the launch is killed (``stopped=True`` in the
+            result), e.g. when a deliberately hung job left what a test needs.
         timeout_s: hard wall-clock limit; on expiry the launcher and all
             workers are killed and the result has ``timed_out=True``.
         args: arguments passed to the script.
@@ -228,8 +233,19 @@ def run_paddle_launch(
             cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
+        stopped = False
         try:
-            proc.wait(timeout=timeout_s)
+            if stop_when is None:
+                proc.wait(timeout=timeout_s)
+            else:
+                while proc.poll() is None:
+                    if stop_when(log_dir):
+                        stopped = True
+                        _kill_launch(proc, token, grace_s=1.0)
+                        break
+                    if time.monotonic() - start > timeout_s:
+                        raise subprocess.TimeoutExpired(cmd, timeout_s)
+                    time.sleep(0.2)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_launch(proc, token)
@@ -243,7 +259,7 @@ def run_paddle_launch(
     result = LaunchResult(
         cmd=cmd, returncode=proc.returncode, wall_s=wall, timed_out=timed_out,
         log_dir=log_dir, launcher_output=launcher_output,
-        worker_logs=_read_worker_logs(log_dir), tail_lines=tail_lines,
+        worker_logs=_read_worker_logs(log_dir), tail_lines=tail_lines, stopped=stopped,
     )
     if own_dir and result.ok and not keep_log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)

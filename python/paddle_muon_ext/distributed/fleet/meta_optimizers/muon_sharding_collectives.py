@@ -24,11 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
-from typing import TYPE_CHECKING, Iterator, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Tuple
 
 import paddle
 import paddle.distributed as dist
+from paddle.profiler import RecordEvent
+
+from .muon_flight_recorder import (
+    enter_phase,
+    exit_phase,
+    get_flight_recorder,
+    phase_of_thread,
+)
 
 # The package re-exports the batch_isend_irecv *function* under the module's
 # name; _coalescing_manager lives in the module.
@@ -47,47 +54,63 @@ __all__ = [
     "broadcast_from",
     "hierarchical_reduce",
     "hierarchical_broadcast",
+    "reduce_scatter_slices",
+    "all_gather_slices",
 ]
 
 # (tensor, global rank): the destination of a reduce / the source of a broadcast.
 Route = Tuple["Tensor", int]
 
-_PHASE = threading.local()
-
 
 @contextlib.contextmanager
 def comm_phase(label: str) -> Iterator[None]:
-    """Label the collectives issued inside the block (for traces and tests).
+    """Label the collectives issued inside the block.
+
+    The block is a ``paddle.profiler.RecordEvent`` of the same name, so each
+    phase shows in Paddle's profiler timeline; the flight recorder and the
+    test recorder read the label through :func:`current_comm_phase`.
 
     Args:
         label (str): e.g. ``"intra_node_reduce"``.
     """
-    previous = getattr(_PHASE, "label", None)
-    _PHASE.label = label
+    previous = enter_phase(label)
+    event = RecordEvent(label)
+    event.begin()
     try:
         yield
     finally:
-        _PHASE.label = previous
+        event.end()
+        exit_phase(previous)
 
 
 def current_comm_phase() -> str | None:
-    """Return the label set by the innermost active :func:`comm_phase`."""
-    return getattr(_PHASE, "label", None)
+    """Return the label set by the calling thread's innermost :func:`comm_phase`."""
+    return phase_of_thread()
 
 
-def _run_coalesced(group, issue, routes: Sequence[Route]) -> None:
+def _run_coalesced(group, issue, routes: Sequence[Route], op: str) -> None:
     # A one-rank group (e.g. moe_sharding_degree=1) already holds the result;
     # Paddle gives it no process group to coalesce on.
     if not routes or group.nranks <= 1:
         return
+    recorder = get_flight_recorder()
+    phase = phase_of_thread()
     tasks: list = []
-    with _batch_isend_irecv._coalescing_manager(group, tasks):
-        for tensor, peer in routes:
-            task = issue(tensor, peer)
-            if task is not None:
-                tasks.append(task)
-    for task in tasks:
-        task.wait()
+    entries: list = []
+    try:
+        with _batch_isend_irecv._coalescing_manager(group, tasks):
+            for tensor, peer in routes:
+                entries.append(recorder.start(op, group, peer, tensor, phase))
+                task = issue(tensor, peer)
+                if task is not None:
+                    tasks.append(task)
+        for task in tasks:
+            task.wait()
+    except Exception as exc:
+        recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
+                      f"{type(exc).__name__}: {exc}", request_peers=True)
+        raise
+    recorder.finish(entries)
 
 
 def reduce_onto(routes: Sequence[Route], group, op) -> None:
@@ -105,6 +128,7 @@ def reduce_onto(routes: Sequence[Route], group, op) -> None:
         group,
         lambda t, dst: dist.reduce(t, dst=dst, op=op, group=group, sync_op=False),
         routes,
+        "reduce",
     )
 
 
@@ -119,6 +143,7 @@ def broadcast_from(routes: Sequence[Route], group) -> None:
         group,
         lambda t, src: dist.broadcast(t, src=src, group=group, sync_op=False),
         routes,
+        "broadcast",
     )
 
 
@@ -175,6 +200,52 @@ def hierarchical_broadcast(
             [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
             groups.node_group,
         )
+
+
+def _recorded_buffer_ops(buffers, op: str, run) -> None:
+    """Run ``run(buffer)`` per fused 1-D buffer, recorded as ``op`` on its group."""
+    recorder = get_flight_recorder()
+    phase = phase_of_thread()
+    for buffer in buffers:
+        group = buffer._comm_group
+        tensor = buffer.grad_storage if op == "reduce_scatter" else buffer.param_storage
+        entry = (recorder.start(op, group, None, tensor, phase)
+                 if group.nranks > 1 and tensor is not None else None)
+        try:
+            run(buffer)
+        except Exception as exc:
+            recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
+                          f"{type(exc).__name__}: {exc}", request_peers=True)
+            raise
+        recorder.finish((entry,))
+
+
+def reduce_scatter_slices(buffers: Sequence, launched_by_hook: Callable[[Any], bool]) -> None:
+    """Reduce-scatter each fused 1-D gradient buffer and scale it.
+
+    Args:
+        buffers (Sequence[FusedCommBuffer]): ``REDUCE_SCATTER`` buffers.
+        launched_by_hook (Callable): True for a buffer whose backward hook
+            already launched the collective (overlap): only wait and scale.
+    """
+
+    def run(buffer) -> None:
+        if not launched_by_hook(buffer):
+            buffer._comm_grads()
+        buffer.scale_grads()
+
+    with comm_phase("reduce_scatter_slices"):
+        _recorded_buffer_ops(buffers, "reduce_scatter", run)
+
+
+def all_gather_slices(buffers: Sequence) -> None:
+    """All-gather each fused 1-D parameter buffer from the ranks' slices.
+
+    Args:
+        buffers (Sequence[FusedCommBuffer]): ``REDUCE_SCATTER`` buffers.
+    """
+    with comm_phase("all_gather_slices"):
+        _recorded_buffer_ops(buffers, "all_gather", lambda b: b.sync_params())
 
 
 def flatten_into(tensors: Sequence[Tensor], out: Tensor) -> None:

@@ -790,10 +790,11 @@ class MuonShardingOptimizer:
     def _reduce_gradients(self) -> None:
         overlap = self._settings.comm_overlap
         self._copy_released_grads_in()
-        for buffer in self._rs_buffers:
-            if not overlap or id(buffer) in self._no_hook_buffer_ids:
-                buffer._comm_grads()
-            buffer.scale_grads()
+        # No-hook buffers are reduced here even under overlap.
+        comm.reduce_scatter_slices(
+            self._rs_buffers,
+            lambda b: overlap and id(b) not in self._no_hook_buffer_ids,
+        )
         buckets = self._muon_buckets
         if overlap:
             for bucket in buckets:
@@ -881,7 +882,9 @@ class MuonShardingOptimizer:
             if storage_was_cleared:
                 self._sharding_sync_parameters()  # refill the freed colours
             return params_grads
-        with self._timed("apply-optimize"):
+        # A phase too: a rank stuck in the clip's all-reduce or in
+        # Newton-Schulz shows it in the profiler and the flight recorder.
+        with self._timed("apply-optimize"), comm.comm_phase("optimizer_step"):
             self._inner_opt._apply_optimize(
                 loss=None, startup_program=None, params_grads=params_grads
             )
@@ -945,9 +948,7 @@ class MuonShardingOptimizer:
                 comm.broadcast_from(routes, group)
         for buffer, params in unpack:
             comm.unflatten_from(buffer, params)
-        with comm.comm_phase("all_gather_slices"):
-            for buffer in self._rs_buffers:
-                buffer.sync_params()
+        comm.all_gather_slices(self._rs_buffers)
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
         """Clear every gradient this optimizer manages.

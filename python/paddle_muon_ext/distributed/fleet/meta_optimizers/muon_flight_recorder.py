@@ -1,0 +1,492 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Flight recorder for the collectives of the Muon sharding optimizer.
+
+Every rank keeps its last N collectives (sequence number, per-group sequence
+number, phase, op, group, root, dtype, numel, start/finish time) in a ring
+buffer. When a job hangs, the dumps of all ranks say who waits for whom:
+``paddle-muon-ext hangs LOG_DIR`` names the rank the others wait for and the
+collective they are stuck before or in (:func:`diagnose`).
+
+A dump (JSON, ``muon_flight_rank<R>.json``) is written to
+``PADDLE_MUON_FLIGHT_DIR``, else to the launcher's ``PADDLE_LOG_DIR``:
+
+* when a collective raises (gloo's timeout, a broken peer) or an uncaught
+  exception ends the process;
+* when a collective stays in flight longer than ``PADDLE_MUON_FLIGHT_TIMEOUT``
+  seconds (watchdog thread, default 600);
+* on ``SIGUSR1`` (when the main thread next runs Python);
+* when a peer asks for it: a rank that dumps for a timeout or an exception
+  leaves ``muon_flight.request`` in the directory and every rank's watchdog
+  dumps too, so the rank that is *not* in a collective is recorded as well.
+
+``PADDLE_MUON_FLIGHT_RECORDER=0`` turns recording off;
+``PADDLE_MUON_FLIGHT_ENTRIES`` sets N (default 2048). The same approach as
+PyTorch's NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from paddle.distributed.fleet.utils.log_util import logger
+
+__all__ = [
+    "FlightRecorder",
+    "RankState",
+    "diagnose",
+    "dump_path",
+    "get_flight_recorder",
+    "phase_of_thread",
+]
+
+ENV_ENABLE = "PADDLE_MUON_FLIGHT_RECORDER"
+ENV_ENTRIES = "PADDLE_MUON_FLIGHT_ENTRIES"
+ENV_DIR = "PADDLE_MUON_FLIGHT_DIR"
+ENV_TIMEOUT = "PADDLE_MUON_FLIGHT_TIMEOUT"
+LAUNCHER_LOG_DIR_ENV = "PADDLE_LOG_DIR"
+DUMP_PREFIX = "muon_flight_rank"
+REQUEST_FILE = "muon_flight.request"
+DUMP_FORMAT = "paddle_muon_ext.flight_recorder/1"
+DEFAULT_ENTRIES = 2048
+DEFAULT_TIMEOUT_S = 600.0
+_POLL_S = 1.0
+
+# Field order of one ring-buffer entry (a list: cheapest to build per collective).
+FIELDS = (
+    "seq", "group_seq", "phase", "op", "group_id", "group_ranks", "root",
+    "dtype", "numel", "start", "finish",
+)
+_SEQ, _GSEQ, _PHASE, _OP, _GID, _RANKS, _ROOT, _DTYPE, _NUMEL, _START, _FINISH = range(11)
+
+# Phase per thread, readable from the watchdog thread (a thread-local is not).
+_PHASES: dict[int, str] = {}
+
+
+def enter_phase(label: str) -> str | None:
+    """Make ``label`` the calling thread's phase; returns the previous one."""
+    ident = threading.get_ident()
+    previous = _PHASES.get(ident)
+    _PHASES[ident] = label
+    return previous
+
+
+def exit_phase(previous: str | None) -> None:
+    """Restore the phase :func:`enter_phase` returned."""
+    ident = threading.get_ident()
+    if previous is None:
+        _PHASES.pop(ident, None)
+    else:
+        _PHASES[ident] = previous
+
+
+def phase_of_thread(ident: int | None = None) -> str | None:
+    """The phase thread ``ident`` (default: the calling thread) is in, or None."""
+    return _PHASES.get(threading.get_ident() if ident is None else ident)
+
+
+def _env_positive(name: str, default: float, kind: type) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return kind(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value <= 0:
+        raise ValueError(
+            f"{name}={raw!r}: must be a positive {kind.__name__}; unset it for "
+            f"the default {default}"
+        )
+    return value
+
+
+def dump_dir() -> str | None:
+    """Where dumps go: ``PADDLE_MUON_FLIGHT_DIR``, else the launcher's log dir."""
+    return os.environ.get(ENV_DIR) or os.environ.get(LAUNCHER_LOG_DIR_ENV) or None
+
+
+def dump_path(directory: str, rank: int) -> str:
+    """File name of ``rank``'s dump inside ``directory``."""
+    return os.path.join(directory, f"{DUMP_PREFIX}{rank}.json")
+
+
+def _own_rank() -> int:
+    env = os.environ.get("PADDLE_TRAINER_ID")
+    if env is not None and env.isdigit():
+        return int(env)
+    try:
+        import paddle.distributed as dist
+
+        return int(dist.get_rank())
+    except Exception:  # noqa: BLE001 - a dump must not fail for want of a rank
+        return -1
+
+
+class FlightRecorder:
+    """Ring buffer of this process's optimizer collectives, plus dump triggers.
+
+    Args:
+        capacity (int|None): entries kept (default ``PADDLE_MUON_FLIGHT_ENTRIES``
+            or 2048).
+        enabled (bool|None): record at all (default: unless
+            ``PADDLE_MUON_FLIGHT_RECORDER=0``).
+    """
+
+    def __init__(self, capacity: int | None = None, enabled: bool | None = None) -> None:
+        self.enabled = (
+            os.environ.get(ENV_ENABLE, "1") != "0" if enabled is None else enabled
+        )
+        self.capacity = capacity or _env_positive(ENV_ENTRIES, DEFAULT_ENTRIES, int)
+        self.timeout_s = _env_positive(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, float)
+        self._entries: collections.deque = collections.deque(maxlen=self.capacity)
+        self._in_flight: dict[int, list] = {}
+        self._issued: dict[tuple, int] = {}
+        self._groups: dict[int, tuple] = {}
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._armed = False
+        self._watchdog: threading.Thread | None = None
+        self._timed_out_seq = -1
+        self._request_seen = 0.0
+        self.dumps = 0
+
+    # ------------------------------------------------------------ recording
+    def _group_key(self, group) -> tuple:
+        key = self._groups.get(id(group))
+        if key is None:
+            key = (getattr(group, "id", None), tuple(group.ranks))
+            self._groups[id(group)] = key
+        return key
+
+    def start(self, op: str, group, root: int | None, tensor, phase: str | None) -> list | None:
+        """Record that this rank issues ``op`` on ``group`` now.
+
+        Args:
+            op (str): ``"reduce"``, ``"broadcast"``, ``"reduce_scatter"``, ...
+            group (Group): the process group (``id`` and ``ranks`` are read).
+            root (int|None): global rank of the reduce destination / broadcast source.
+            tensor (Tensor): the communicated tensor (dtype and numel are read).
+            phase (str|None): the communication phase label.
+
+        Returns:
+            The entry to pass to :meth:`finish`, or None when disabled.
+        """
+        if not self.enabled:
+            return None
+        if not self._armed:
+            self.arm()
+        gid, ranks = key = self._group_key(group)
+        with self._lock:
+            seq = self._seq
+            self._seq = seq + 1
+            group_seq = self._issued.get(key, 0)
+            self._issued[key] = group_seq + 1
+            entry = [seq, group_seq, phase, op, gid, ranks, root, tensor.dtype,
+                     tensor._numel(), time.time(), None]
+            self._entries.append(entry)
+            self._in_flight[seq] = entry
+        return entry
+
+    def finish(self, entries: Iterable[list | None]) -> None:
+        """Mark entries returned by :meth:`start` complete (their tasks waited)."""
+        now = time.time()
+        with self._lock:
+            for entry in entries:
+                if entry is not None:
+                    entry[_FINISH] = now
+                    self._in_flight.pop(entry[_SEQ], None)
+
+    def clear(self) -> None:
+        """Forget every entry and counter (tests; a new job in the same process)."""
+        with self._lock:
+            self._entries.clear()
+            self._in_flight.clear()
+            self._issued.clear()
+            self._seq = 0
+
+    # ------------------------------------------------------------ dumping
+    def snapshot(self, reason: str) -> dict:
+        """Everything a dump holds, as JSON-ready data.
+
+        Args:
+            reason (str): why the dump is taken.
+
+        Returns:
+            dict: rank, pid, host, reason, the main thread's phase, per-group
+            issue counts and the ring buffer's entries (oldest first).
+        """
+        with self._lock:
+            entries = [list(e) for e in self._entries]
+            issued = dict(self._issued)
+        rows = []
+        for e in entries:
+            e[_DTYPE] = str(e[_DTYPE]).replace("paddle.", "")
+            e[_RANKS] = list(e[_RANKS])
+            rows.append(dict(zip(FIELDS, e)))
+        return {
+            "format": DUMP_FORMAT,
+            "rank": _own_rank(),
+            "world_size": int(os.environ.get("PADDLE_TRAINERS_NUM", "0") or 0),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "time": time.time(),
+            "reason": reason,
+            "phase": phase_of_thread(threading.main_thread().ident),
+            "capacity": self.capacity,
+            "issued": [
+                {"group_id": gid, "group_ranks": list(ranks), "count": n}
+                for (gid, ranks), n in issued.items()
+            ],
+            "entries": rows,
+        }
+
+    def dump(self, reason: str, directory: str | None = None,
+             request_peers: bool = False) -> str | None:
+        """Write this rank's dump; returns its path (None without a directory).
+
+        Args:
+            reason (str): why, e.g. ``"SIGUSR1"``.
+            directory (str|None): default :func:`dump_dir`.
+            request_peers (bool): also ask every rank's watchdog to dump.
+        """
+        directory = directory or dump_dir()
+        if directory is None:
+            logger.warning(
+                f"muon flight recorder: {reason}; no dump written: set {ENV_DIR} "
+                f"(or launch with paddle.distributed.launch --log_dir)"
+            )
+            return None
+        data = self.snapshot(reason)
+        path = dump_path(directory, data["rank"])
+        try:
+            os.makedirs(directory, exist_ok=True)
+            _write_json(path, data)
+            if request_peers:
+                _write_json(os.path.join(directory, REQUEST_FILE),
+                            {"rank": data["rank"], "reason": reason, "time": data["time"]})
+                self._request_seen = time.time()
+        except OSError as exc:
+            logger.warning(f"muon flight recorder: could not write {path}: {exc}")
+            return None
+        self.dumps += 1
+        logger.warning(f"muon flight recorder: rank {data['rank']} dumped its last "
+                       f"{len(data['entries'])} collectives to {path} ({reason})")
+        return path
+
+    # ------------------------------------------------------------ triggers
+    def arm(self) -> None:
+        """Install the SIGUSR1 / uncaught-exception dumps and the watchdog (once).
+
+        Nothing is replaced that someone else installed: SIGUSR1 only when it
+        still has its default action, the watchdog only with a dump directory.
+        """
+        self._armed = True
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+                signal.signal(signal.SIGUSR1, lambda *_: self.dump("SIGUSR1"))
+            previous_hook = sys.excepthook
+
+            def excepthook(exc_type, exc, tb):
+                self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True)
+                previous_hook(exc_type, exc, tb)
+
+            sys.excepthook = excepthook
+        if dump_dir() is not None and self._watchdog is None:
+            self._request_seen = time.time()
+            self._watchdog = threading.Thread(
+                target=self._watch, name="muon-flight-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(_POLL_S)
+            try:
+                self.check_once(time.time())
+            except Exception as exc:  # noqa: BLE001 - a watchdog must not die
+                logger.warning(f"muon flight recorder watchdog: {exc}")
+
+    def check_once(self, now: float) -> str | None:
+        """One watchdog round: dump on a timed-out collective or a peer's request.
+
+        Returns:
+            The reason a dump was taken, or None.
+        """
+        with self._lock:
+            oldest = next(iter(self._in_flight.values()), None)
+        if oldest is not None and oldest[_SEQ] != self._timed_out_seq:
+            age = now - oldest[_START]
+            if age > self.timeout_s:
+                self._timed_out_seq = oldest[_SEQ]
+                reason = (f"collective timeout: {oldest[_OP]} #{oldest[_GSEQ]} on group "
+                          f"{oldest[_GID]} {list(oldest[_RANKS])} (phase {oldest[_PHASE]!r}) "
+                          f"in flight for {age:.1f} s > {ENV_TIMEOUT}={self.timeout_s:g}")
+                self.dump(reason, request_peers=True)
+                return reason
+        directory = dump_dir()
+        request = os.path.join(directory, REQUEST_FILE) if directory else None
+        try:
+            mtime = os.stat(request).st_mtime if request else 0.0
+        except OSError:
+            return None
+        if mtime > self._request_seen:
+            self._request_seen = mtime
+            try:
+                with open(request) as f:
+                    asked = json.load(f)
+            except (OSError, ValueError):
+                asked = {}
+            reason = f"requested by rank {asked.get('rank', '?')}: {asked.get('reason', '?')}"
+            self.dump(reason)
+            return reason
+        return None
+
+
+def _write_json(path: str, data: Mapping) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+_RECORDER: FlightRecorder | None = None
+
+
+def get_flight_recorder() -> FlightRecorder:
+    """The process's recorder (created on first use)."""
+    global _RECORDER
+    if _RECORDER is None:
+        _RECORDER = FlightRecorder()
+    return _RECORDER
+
+
+# ------------------------------------------------------------------ analysis
+@dataclass
+class RankState:
+    """What one rank's dump (or the simulated world) says about that rank.
+
+    Attributes:
+        rank: global rank.
+        phase: the phase its main thread is in (None: outside any phase).
+        in_flight: collectives issued and not finished, oldest first, as
+            dicts with the keys of :data:`FIELDS`.
+        issued: per ``(group_id, group_ranks)``, collectives issued on it.
+        last_finished: its most recent finished collective (a dict) or None.
+        note: e.g. ``"already returned"``.
+    """
+
+    rank: int
+    phase: str | None = None
+    in_flight: list = field(default_factory=list)
+    issued: dict = field(default_factory=dict)
+    last_finished: dict | None = None
+    note: str = ""
+
+    @classmethod
+    def from_dump(cls, data: Mapping) -> RankState:
+        """Build from a dump written by :meth:`FlightRecorder.dump`."""
+        entries = data.get("entries", [])
+        return cls(
+            rank=int(data["rank"]),
+            phase=data.get("phase"),
+            in_flight=[e for e in entries if e.get("finish") is None],
+            issued={(i["group_id"], tuple(i["group_ranks"])): int(i["count"])
+                    for i in data.get("issued", [])},
+            last_finished=next((e for e in reversed(entries) if e.get("finish") is not None), None),
+        )
+
+
+def describe_collective(e: Mapping) -> str:
+    """``reduce #3 on group 7 [1, 3] (root 3, float32, numel 4096, phase 'x')``."""
+    extra = [f"root {e['root']}"] if e.get("root") is not None else []
+    extra += [str(e.get("dtype")), f"numel {e.get('numel')}", f"phase {e.get('phase')!r}"]
+    return (f"{e['op']} #{e['group_seq']} on group {e['group_id']} "
+            f"{list(e['group_ranks'])} ({', '.join(extra)})")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> list[str]:
+    """Name the rank(s) everyone waits for, from every rank's state.
+
+    A rank waits in its oldest in-flight collective for each member of that
+    group that has issued fewer collectives on the group than the one it
+    waits in. Following these edges, the ranks waited for that are not
+    themselves waiting in a collective (or left no dump) are the culprits.
+
+    Args:
+        states: rank -> :class:`RankState` (ranks without a dump absent).
+        world_size: to list ranks that left no state at all.
+
+    Returns:
+        Report lines; the first says who is stuck, in the words
+        ``rank R is the rank the others wait for`` (or that none is waiting).
+    """
+    waits: dict[int, tuple[dict, list[int]]] = {}
+    for rank, state in sorted(states.items()):
+        if not state.in_flight:
+            continue
+        e = state.in_flight[0]
+        key = (e["group_id"], tuple(e["group_ranks"]))
+        behind = [p for p in key[1] if p != rank
+                  and (p not in states or states[p].issued.get(key, 0) <= e["group_seq"])]
+        waits[rank] = (e, behind)
+    if not waits:
+        return ["no rank is waiting in a collective of the optimizer"]
+    culprits = sorted({p for _, behind in waits.values() for p in behind if p not in waits})
+    lines = []
+    for p in culprits:
+        state = states.get(p)
+        # The collective whose waiters wait for p alone says most about p.
+        awaited = min(((len(behind), e["seq"] if e.get("seq") is not None else 0, i, e)
+                       for i, (e, behind) in enumerate(waits.values()) if p in behind))[3]
+        if state is None:
+            lines.append(f"rank {p} is the rank the others wait for: it left no dump "
+                         f"(crashed, or on a node whose log dir was not collected); "
+                         f"they wait in {describe_collective(awaited)}")
+            continue
+        last = (describe_collective(state.last_finished) if state.last_finished
+                else "none recorded")
+        note = f", {state.note}" if state.note else ""
+        lines.append(f"rank {p} is the rank the others wait for: in phase {state.phase!r}"
+                     f"{note}, it has not issued {describe_collective(awaited)}; "
+                     f"its last finished collective: {last}")
+    if not culprits:
+        lines.append("no rank is outside a collective: "
+                     f"{_ranks(sorted(waits))} wait on each other (collectives issued "
+                     "in a different order on different ranks)")
+    by_collective: dict[tuple, list[int]] = collections.OrderedDict()
+    for rank, (e, behind) in sorted(waits.items()):
+        k = (describe_collective(e), tuple(behind))
+        by_collective.setdefault(k, []).append(rank)
+    for (what, behind), ranks in by_collective.items():
+        verb = "waits" if len(ranks) == 1 else "wait"
+        whom = _ranks(list(behind)) if behind else "nobody (every peer issued it)"
+        lines.append(f"  {_ranks(ranks)} {verb} in {what} for {whom}")
+    if world_size:
+        missing = [r for r in range(world_size) if r not in states]
+        if missing:
+            lines.append(f"  no dump from {_ranks(missing)}")
+    return lines

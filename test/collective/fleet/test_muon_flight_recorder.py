@@ -1,0 +1,289 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+# paddle_muon_ext: test-timeout=300
+"""The collective flight recorder, the ``hangs`` analyzer and the profiler phases.
+
+* A ring buffer of the optimizer's collectives, dumped on a timeout, an
+  exception, SIGUSR1 or a peer's request.
+* ``diagnose`` (what ``paddle-muon-ext hangs`` prints) names the rank the others wait for; the same words come from
+  real dumps (a 4-process gloo job with one rank stalled inside a phase)
+  and from the simulated world's deadlock detector.
+* Each communication phase is a ``paddle.profiler.RecordEvent`` named like
+  the labels the test recorder reads.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import unittest
+from unittest import mock
+
+import paddle
+import paddle.distributed as dist
+from paddle import profiler
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from launch_utils import run_paddle_launch  # noqa: E402
+from muon_sim_runner import SimConfig, run_world  # noqa: E402
+
+from mock.fake_comm import DeadlockError  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
+    muon_flight_recorder as fr,
+    muon_sharding_collectives as comm,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STUCK_WORKER = os.path.join(HERE, "muon_flight_stuck_worker.py")
+CULPRIT = "is the rank the others wait for"
+
+
+class _Group:
+    def __init__(self, gid: int, ranks: list[int]) -> None:
+        self.id, self.ranks, self.nranks = gid, ranks, len(ranks)
+
+
+def _entry(op, gid, ranks, group_seq, phase, finished, root=None, seq=0):
+    return {"seq": seq, "group_seq": group_seq, "phase": phase, "op": op, "group_id": gid,
+            "group_ranks": ranks, "root": root, "dtype": "float32", "numel": 8,
+            "start": 1.0, "finish": 2.0 if finished else None}
+
+
+class TestRecorder(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="muon_flight_")
+        env = {fr.ENV_DIR: self.dir, "PADDLE_TRAINER_ID": "5", "PADDLE_TRAINERS_NUM": "8"}
+        patcher = mock.patch.dict(os.environ, env)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.rec = fr.FlightRecorder(capacity=4)
+        self.rec._armed = True  # no watchdog thread / signal handler in unit tests
+
+    def test_ring_keeps_last_n_and_per_group_counts(self) -> None:
+        group, other = _Group(3, [1, 5]), _Group(4, [4, 5, 6, 7])
+        t = paddle.ones([2, 3], dtype="float32")
+        entries = [self.rec.start("reduce", group if i % 2 else other, 5, t, f"p{i}")
+                   for i in range(6)]
+        self.rec.finish(entries[:5])
+        snap = self.rec.snapshot("test")
+        self.assertEqual([e["seq"] for e in snap["entries"]], [2, 3, 4, 5])
+        last = snap["entries"][-1]
+        self.assertEqual((last["op"], last["group_id"], last["group_ranks"], last["root"],
+                          last["dtype"], last["numel"], last["phase"], last["finish"]),
+                         ("reduce", 3, [1, 5], 5, "float32", 6, "p5", None))
+        self.assertEqual(last["group_seq"], 2)  # third collective on group 3
+        self.assertEqual({(i["group_id"], i["count"]) for i in snap["issued"]}, {(3, 3), (4, 3)})
+        self.assertEqual((snap["rank"], snap["world_size"], snap["reason"]), (5, 8, "test"))
+
+    def test_disabled_records_nothing(self) -> None:
+        rec = fr.FlightRecorder(enabled=False)
+        self.assertIsNone(rec.start("reduce", _Group(1, [0, 1]), 0, paddle.ones([1]), None))
+        self.assertEqual(rec.snapshot("x")["entries"], [])
+
+    def test_env_values_are_checked(self) -> None:
+        for name, value in ((fr.ENV_ENTRIES, "0"), (fr.ENV_ENTRIES, "x"), (fr.ENV_TIMEOUT, "-1")):
+            with mock.patch.dict(os.environ, {name: value}):
+                with self.assertRaisesRegex(ValueError, f"{name}='{value}': must be a positive"):
+                    fr.FlightRecorder()
+
+    def test_watchdog_dumps_timed_out_collective_and_asks_peers(self) -> None:
+        self.rec.timeout_s = 5.0
+        entry = self.rec.start("broadcast", _Group(2, [0, 5]), 0, paddle.ones([4]), "p")
+        self.assertIsNone(self.rec.check_once(entry[fr.FIELDS.index("start")] + 1.0))
+        reason = self.rec.check_once(entry[fr.FIELDS.index("start")] + 6.0)
+        self.assertIn("collective timeout: broadcast #0 on group 2 [0, 5]", reason)
+        with open(fr.dump_path(self.dir, 5)) as f:
+            self.assertEqual(json.load(f)["reason"], reason)
+        with open(os.path.join(self.dir, fr.REQUEST_FILE)) as f:
+            self.assertEqual(json.load(f)["rank"], 5)
+        # Once per collective; a peer's later request is answered.
+        self.assertIsNone(self.rec.check_once(entry[fr.FIELDS.index("start")] + 9.0))
+        peer = fr.FlightRecorder()
+        peer._request_seen = 0.0
+        self.assertIn("requested by rank 5", peer.check_once(time.time()))
+
+    def test_exception_in_collective_dumps_and_reraises(self) -> None:
+        def broken(*_a, **_k):
+            raise RuntimeError("gloo TIMEOUT")
+
+        group = _Group(9, [0, 5])
+        with mock.patch.object(comm, "get_flight_recorder", return_value=self.rec), \
+                mock.patch.object(comm._batch_isend_irecv, "_coalescing_manager"), \
+                mock.patch.object(dist, "reduce", broken):
+            with comm.comm_phase("cross_node_reduce"):
+                with self.assertRaisesRegex(RuntimeError, "gloo TIMEOUT"):
+                    comm.reduce_onto([(paddle.ones([3]), 0)], group, dist.ReduceOp.SUM)
+        with open(fr.dump_path(self.dir, 5)) as f:
+            data = json.load(f)
+        self.assertIn("reduce on group [0, 5] (phase 'cross_node_reduce') raised RuntimeError",
+                      data["reason"])
+        self.assertEqual(data["entries"][-1]["finish"], None)
+
+    def test_sigusr1_dumps(self) -> None:
+        rec = fr.FlightRecorder()
+        previous = signal.getsignal(signal.SIGUSR1)
+        hook = sys.excepthook
+        try:
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            with mock.patch.dict(os.environ, {fr.LAUNCHER_LOG_DIR_ENV: "", fr.ENV_DIR: ""}):
+                rec.arm()  # no directory: no watchdog
+            self.assertIsNone(rec._watchdog)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            with open(fr.dump_path(self.dir, 5)) as f:
+                self.assertEqual(json.load(f)["reason"], "SIGUSR1")
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+            sys.excepthook = hook
+
+    def test_no_directory_warns_instead_of_writing(self) -> None:
+        with mock.patch.dict(os.environ, {fr.LAUNCHER_LOG_DIR_ENV: "", fr.ENV_DIR: ""}):
+            self.assertIsNone(self.rec.dump("x"))
+
+
+def _two_rank_states():
+    # Rank 1 waits in reduce #2 on [1, 3]; rank 3 issued only 2 there.
+    key = (7, (1, 3))
+    return {
+        1: fr.RankState(1, "cross_node_reduce",
+                        [_entry("reduce", 7, [1, 3], 2, "cross_node_reduce", False, root=3)],
+                        {key: 3}),
+        3: fr.RankState(3, "cross_node_reduce", [], {key: 2},
+                        _entry("reduce", 5, [2, 3], 4, "intra_node_reduce", True)),
+    }
+
+
+class TestDiagnose(unittest.TestCase):
+    def test_names_the_rank_outside_the_collective_and_its_phase(self) -> None:
+        lines = fr.diagnose(_two_rank_states(), world_size=4)
+        self.assertTrue(lines[0].startswith(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'"),
+                        lines)
+        self.assertIn("has not issued reduce #2 on group 7 [1, 3]", lines[0])
+        self.assertIn("rank 1 waits in reduce #2 on group 7 [1, 3]", "\n".join(lines))
+        self.assertIn("no dump from ranks 0, 2", lines[-1])
+
+    def test_rank_without_dump_is_named(self) -> None:
+        states = _two_rank_states()
+        del states[3]
+        self.assertTrue(fr.diagnose(states)[0].startswith(f"rank 3 {CULPRIT}: it left no dump"))
+
+    def test_ranks_waiting_on_each_other(self) -> None:
+        a, b = (1, (0, 1)), (2, (0, 1))
+        states = {
+            0: fr.RankState(0, None, [_entry("reduce", 1, [0, 1], 0, "x", False)], {a: 1}),
+            1: fr.RankState(1, None, [_entry("broadcast", 2, [0, 1], 0, "y", False)], {b: 1}),
+        }
+        self.assertIn("wait on each other", fr.diagnose(states)[0])
+
+    def test_nobody_waiting(self) -> None:
+        self.assertEqual(fr.diagnose({0: fr.RankState(0)}),
+                         ["no rank is waiting in a collective of the optimizer"])
+
+
+def _stall(rank: int, phase: str, step: int, sleep_s: float):
+    """Patch the collectives so ``rank`` sleeps on entering ``phase`` at ``step``."""
+    calls = {}
+    originals = {n: getattr(comm, n) for n in ("reduce_onto", "broadcast_from")}
+
+    def make(original):
+        def stalled(*args, **kwargs):
+            me = dist.get_rank()
+            if comm.current_comm_phase() == phase:
+                calls[me] = calls.get(me, 0) + 1
+                if me == rank and calls[me] == step + 1:
+                    time.sleep(sleep_s)
+            return original(*args, **kwargs)
+        return stalled
+
+    return mock.patch.multiple(comm, **{n: make(o) for n, o in originals.items()})
+
+
+class TestSimulatedWorldSpeaksTheSameWords(unittest.TestCase):
+    def test_deadlock_report_names_stalled_rank_and_phase(self) -> None:
+        cfg = SimConfig(ep=2, ms=2, gpn=2, steps=2)
+        with _stall(3, "cross_node_reduce", 1, sleep_s=4.0):
+            with self.assertRaises(DeadlockError) as info:
+                run_world(cfg, deadlock_timeout=1.0)
+        message = str(info.exception)
+        self.assertIn(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'", message)
+        self.assertIn("waits in reduce", message)
+
+
+class TestProfilerPhases(unittest.TestCase):
+    def test_every_recorded_phase_is_a_profiler_event(self) -> None:
+        trace_dir = tempfile.mkdtemp(prefix="muon_prof_")
+        self.addCleanup(shutil.rmtree, trace_dir, True)
+        prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU],
+                                 on_trace_ready=profiler.export_chrome_tracing(trace_dir))
+        prof.start()
+        try:
+            _, world = run_world(SimConfig(ep=2, ms=2, gpn=2, steps=1), mode="record")
+        finally:
+            prof.stop()
+        recorded = {rec.phase for trace in world.traces for rec in trace if rec.phase}
+        self.assertTrue({"intra_node_reduce", "cross_node_reduce", "cross_node_broadcast",
+                         "intra_node_broadcast", "reduce_scatter_slices",
+                         "all_gather_slices"} <= recorded, recorded)
+        names = set()
+        for path in glob.glob(os.path.join(trace_dir, "*.json")):
+            with open(path) as f:
+                # Paddle appends the duration: "intra_node_reduce[12.3 us]".
+                names |= {re.sub(r"\[[0-9.]+ [a-z]*s\]$", "", str(e.get("name", "")))
+                          for e in json.load(f)["traceEvents"]}
+        self.assertEqual(recorded - names, set(), "phases the profiler did not see")
+
+
+class TestStuckRankInRealGlooJob(unittest.TestCase):
+    """4 gloo processes; rank 3 stalls in 'cross_node_reduce' of step 2."""
+
+    def test_hangs_names_stuck_rank_and_phase(self) -> None:
+        log_dir = tempfile.mkdtemp(prefix="muon_flight_job_")
+        self.addCleanup(shutil.rmtree, log_dir, True)
+
+        def all_dumped(d: str) -> bool:
+            return len(glob.glob(os.path.join(d, f"{fr.DUMP_PREFIX}*.json"))) >= 4
+
+        env = {"PADDLE_LOCAL_SIZE": "2", fr.ENV_TIMEOUT: "3",
+               "MUON_FLIGHT_STUCK_RANK": "3", "MUON_FLIGHT_STUCK_PHASE": "cross_node_reduce",
+               "MUON_FLIGHT_STUCK_STEP": "1", "MUON_FLIGHT_STUCK_S": "120"}
+        result = run_paddle_launch(STUCK_WORKER, 4, env=env, timeout_s=150,
+                                   log_dir=log_dir, stop_when=all_dumped)
+        self.assertTrue(result.stopped, result.failure_message())
+        time.sleep(0.5)  # a dump still being renamed into place
+        states = {}
+        for path in glob.glob(os.path.join(log_dir, f"{fr.DUMP_PREFIX}*.json")):
+            with open(path) as f:
+                state = fr.RankState.from_dump(json.load(f))
+            states[state.rank] = state
+        # What `paddle-muon-ext hangs LOG_DIR` prints after its per-rank lines.
+        lines = fr.diagnose(states, world_size=4)
+        text = "\n".join(lines)
+        culprit = [line for line in lines if CULPRIT in line]
+        self.assertEqual(len(culprit), 1, text)
+        self.assertTrue(culprit[0].startswith(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'"),
+                        text)
+        self.assertIn("waits in reduce", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
