@@ -256,33 +256,58 @@ class TestProfilerPhases(unittest.TestCase):
 class TestStuckRankInRealGlooJob(unittest.TestCase):
     """4 gloo processes; rank 3 stalls in 'cross_node_reduce' of step 2."""
 
+    @staticmethod
+    def _states(log_dir: str) -> dict:
+        states = {}
+        for path in glob.glob(os.path.join(log_dir, f"{fr.DUMP_PREFIX}*.json")):
+            with open(path) as f:
+                data = json.load(f)
+            states[data["rank"]] = (fr.RankState.from_dump(data), data)
+        return states
+
     def test_hangs_names_stuck_rank_and_phase(self) -> None:
         log_dir = tempfile.mkdtemp(prefix="muon_flight_job_")
         self.addCleanup(shutil.rmtree, log_dir, True)
+        rounds: dict[str, dict] = {}
 
-        def all_dumped(d: str) -> bool:
-            return len(glob.glob(os.path.join(d, f"{fr.DUMP_PREFIX}*.json"))) >= 4
+        def two_rounds(d: str) -> bool:
+            """Round 1: the watchdog's timeout dumps (and the peers it asks).
+            Round 2: ``kill -USR1`` every rank, blocked ones included."""
+            states = self._states(d)
+            if len(states) < 4:
+                return False
+            if "watchdog" not in rounds:
+                time.sleep(0.5)  # a dump still being renamed into place
+                rounds["watchdog"] = self._states(d)
+                for path in glob.glob(os.path.join(d, f"{fr.DUMP_PREFIX}*.json")):
+                    os.remove(path)
+                for _, data in rounds["watchdog"].values():
+                    os.kill(data["pid"], signal.SIGUSR1)
+                return False
+            if all(data["reason"] == "SIGUSR1" for _, data in states.values()):
+                rounds["sigusr1"] = states
+                return True
+            return False
 
         env = {"PADDLE_LOCAL_SIZE": "2", fr.ENV_TIMEOUT: "3",
                "MUON_FLIGHT_STUCK_RANK": "3", "MUON_FLIGHT_STUCK_PHASE": "cross_node_reduce",
                "MUON_FLIGHT_STUCK_STEP": "1", "MUON_FLIGHT_STUCK_S": "120"}
         result = run_paddle_launch(STUCK_WORKER, 4, env=env, timeout_s=150,
-                                   log_dir=log_dir, stop_when=all_dumped)
+                                   log_dir=log_dir, stop_when=two_rounds)
         self.assertTrue(result.stopped, result.failure_message())
-        time.sleep(0.5)  # a dump still being renamed into place
-        states = {}
-        for path in glob.glob(os.path.join(log_dir, f"{fr.DUMP_PREFIX}*.json")):
-            with open(path) as f:
-                state = fr.RankState.from_dump(json.load(f))
-            states[state.rank] = state
-        # What `paddle-muon-ext hangs LOG_DIR` prints after its per-rank lines.
-        lines = fr.diagnose(states, world_size=4)
-        text = "\n".join(lines)
-        culprit = [line for line in lines if CULPRIT in line]
-        self.assertEqual(len(culprit), 1, text)
-        self.assertTrue(culprit[0].startswith(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'"),
-                        text)
-        self.assertIn("waits in reduce", text)
+        for label, states in rounds.items():
+            reasons = {rank: data["reason"] for rank, (_, data) in states.items()}
+            # What `paddle-muon-ext hangs LOG_DIR` prints after its per-rank lines.
+            lines = fr.diagnose({rank: st for rank, (st, _) in states.items()}, world_size=4)
+            text = "\n".join(lines) + f"\nreasons: {reasons}"
+            culprit = [line for line in lines if CULPRIT in line]
+            self.assertEqual(len(culprit), 1, f"[{label}] {text}")
+            self.assertTrue(
+                culprit[0].startswith(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'"),
+                f"[{label}] {text}")
+            self.assertIn("waits in reduce", text)
+        self.assertTrue(any(r.startswith("collective timeout") for r in (
+            data["reason"] for _, data in rounds["watchdog"].values())), rounds["watchdog"])
 
 
 if __name__ == "__main__":

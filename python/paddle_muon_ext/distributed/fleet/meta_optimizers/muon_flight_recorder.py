@@ -26,7 +26,8 @@ A dump (JSON, ``muon_flight_rank<R>.json``) is written to
   exception ends the process;
 * when a collective stays in flight longer than ``PADDLE_MUON_FLIGHT_TIMEOUT``
   seconds (watchdog thread, default 600);
-* on ``SIGUSR1`` (when the main thread next runs Python);
+* on ``SIGUSR1``, also while the main thread is blocked in a collective
+  (the watchdog reads Python's signal wake-up fd, when no one else owns it);
 * when a peer asks for it: a rank that dumps for a timeout or an exception
   leaves ``muon_flight.request`` in the directory and every rank's watchdog
   dumps too, so the rank that is *not* in a collective is recorded as well.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -169,6 +171,8 @@ class FlightRecorder:
         self._watchdog: threading.Thread | None = None
         self._timed_out_seq = -1
         self._request_seen = 0.0
+        self._wakeup: int | None = None
+        self._sigusr1_dumped = 0.0
         self.dumps = 0
 
     # ------------------------------------------------------------ recording
@@ -302,9 +306,10 @@ class FlightRecorder:
         still has its default action, the watchdog only with a dump directory.
         """
         self._armed = True
-        if threading.current_thread() is threading.main_thread():
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
             if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-                signal.signal(signal.SIGUSR1, lambda *_: self.dump("SIGUSR1"))
+                signal.signal(signal.SIGUSR1, self._on_sigusr1)
             previous_hook = sys.excepthook
 
             def excepthook(exc_type, exc, tb):
@@ -314,13 +319,29 @@ class FlightRecorder:
             sys.excepthook = excepthook
         if dump_dir() is not None and self._watchdog is None:
             self._request_seen = time.time()
+            if on_main and signal.getsignal(signal.SIGUSR1) == self._on_sigusr1:
+                self._wakeup = _signal_pipe()
             self._watchdog = threading.Thread(
                 target=self._watch, name="muon-flight-watchdog", daemon=True)
             self._watchdog.start()
 
+    def _on_sigusr1(self, *_: Any) -> None:
+        # Runs when the main thread next executes Python; skip it when the
+        # watchdog already answered this signal from the wake-up pipe.
+        if time.time() - self._sigusr1_dumped > 5.0:
+            self.dump("SIGUSR1")
+
     def _watch(self) -> None:
         while True:
-            time.sleep(_POLL_S)
+            if self._wakeup is None:
+                time.sleep(_POLL_S)
+            elif select.select([self._wakeup], [], [], _POLL_S)[0]:
+                # A rank blocked inside a collective (C++ holding the main
+                # thread) still answers SIGUSR1: Python's C-level handler
+                # writes the signal number to the wake-up pipe at once.
+                if signal.SIGUSR1 in os.read(self._wakeup, 64):
+                    self._sigusr1_dumped = time.time()
+                    self.dump("SIGUSR1")
             try:
                 self.check_once(time.time())
             except Exception as exc:  # noqa: BLE001 - a watchdog must not die
@@ -360,6 +381,26 @@ class FlightRecorder:
             self.dump(reason)
             return reason
         return None
+
+
+def _signal_pipe() -> int | None:
+    """Read end of a pipe that receives every signal's number, or None.
+
+    Only taken when nobody else (e.g. an asyncio loop) owns the wake-up fd.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
+    return read_fd
 
 
 def _write_json(path: str, data: Mapping) -> None:

@@ -1,0 +1,249 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Bounds on every tool input, checked before any work starts.
+
+Each limit is the largest input the tools handle in < 60 s and < 2 GB on a
+2-core box (measured; the README's tools table lists the figures). Beyond
+it, or for a value that makes no sense, the tool prints one line
+``error: <what> <value>: <why>, <what to do>`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+__all__ = [
+    "LIMITS",
+    "InputError",
+    "Limits",
+    "check_float",
+    "check_int",
+    "check_local_size",
+    "check_shape",
+    "check_writable",
+    "png_path",
+    "read_model_file",
+]
+
+
+class InputError(ValueError):
+    """A bad tool input; ``str()`` is the ``<what> <value>: <why>, <fix>`` text."""
+
+    def __init__(self, what: str, value: Any, why: str, fix: str) -> None:
+        super().__init__(f"{what} {value}: {why}, {fix}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest accepted inputs (see the module docstring for how they were set).
+
+    Attributes:
+        plan_world: ranks ``plan`` models (pp x moe_sharding x ep).
+        verify_world: ranks ``verify`` checks schedule-only.
+        verify_data_world: ranks ``verify`` trains with data (``--data-max-ranks``).
+        gpus_per_node: cards per node.
+        verify_steps: ``verify --steps``.
+        buffer_mb: ``--buffer-size-MB``.
+        model_entries: parameters in a model file.
+        model_file_bytes: size of a model file.
+        dim: one dimension of a parameter shape.
+    """
+
+    plan_world: int = 16384
+    verify_world: int = 1024
+    verify_data_world: int = 64
+    gpus_per_node: int = 1024
+    verify_steps: int = 100
+    buffer_mb: float = 65536.0
+    model_entries: int = 200000
+    model_file_bytes: int = 64 << 20
+    dim: int = 1 << 31
+
+
+LIMITS = Limits()
+
+
+def check_int(what: str, value: Any, low: int, high: int, fix: str) -> int:
+    """``value`` as an int in ``[low, high]``, else :class:`InputError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(what, value, "must be an integer", fix)
+    if value < low:
+        raise InputError(what, value, f"must be >= {low}", fix)
+    if value > high:
+        raise InputError(what, value, f"above the limit {high} this tool handles in "
+                         "< 60 s and < 2 GB", fix)
+    return value
+
+
+def check_float(what: str, value: float, fix: str, positive: bool = True,
+                high: float = math.inf) -> float:
+    """A finite float, > 0 (``positive``) or >= 0, at most ``high``."""
+    if not math.isfinite(value):
+        raise InputError(what, value, "must be a finite number", fix)
+    if positive and not value > 0:
+        raise InputError(what, value, "must be > 0 (a free link makes every ratio "
+                         "divide by zero)", fix)
+    if not value >= 0:
+        raise InputError(what, value, "must be >= 0", fix)
+    if value > high:
+        raise InputError(what, value, f"above the limit {high:g}", fix)
+    return value
+
+
+def check_writable(what: str, path: str) -> str:
+    """Check up front that ``path`` can be written; returns its absolute path.
+
+    A file is created and removed next to it, so read-only mounts, ``/proc``
+    and missing directories fail here rather than after the work is done.
+    """
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise InputError(what, path, "is a directory", "pass a file name")
+    if not os.path.isdir(parent):
+        raise InputError(what, path, f"directory {parent} does not exist",
+                         "create it or pick another path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".write_check_"):
+            pass
+    except OSError as exc:
+        raise InputError(what, path, f"cannot write in {parent} ({exc.strerror})",
+                         "pick a writable path") from None
+    return full
+
+
+def png_path(path: str) -> str:
+    """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib does)."""
+    return path if os.path.splitext(path)[1] else path + ".png"
+
+
+def check_shape(where: str, shape: Any, use_muon: Optional[bool]) -> tuple:
+    """A parameter shape: 1 to 3 positive integer dims, 2 or 3 for a Muon matrix.
+
+    Args:
+        where: e.g. ``"model file m.json entry 3 ('w')"``.
+        shape: the raw JSON value.
+        use_muon: the entry's flag (None: decided later by the shape).
+    """
+    fix = "give a list of 1 to 3 positive integers, e.g. [1024, 4096]"
+    if not isinstance(shape, (list, tuple)):
+        raise InputError(f"{where} shape", json.dumps(shape), "is not a list", fix)
+    if not 1 <= len(shape) <= 3:
+        raise InputError(f"{where} shape", list(shape), f"has {len(shape)} dims", fix)
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise InputError(f"{where} shape", list(shape), f"dimension {d!r} is not an "
+                             "integer", fix)
+        if not 1 <= d <= LIMITS.dim:
+            raise InputError(f"{where} shape", list(shape), f"dimension {d} is outside "
+                             f"1..{LIMITS.dim}", fix)
+    if use_muon and len(shape) == 1:
+        raise InputError(f"{where} shape", list(shape), "is 1-D but use_muon is true "
+                         "(Muon needs a 2-D or 3-D matrix)", "drop use_muon or fix the shape")
+    return tuple(shape)
+
+
+def read_model_file(path: str) -> List[dict]:
+    """Read a model JSON file and validate every entry.
+
+    Returns:
+        list[dict]: entries with ``name`` (str), ``shape`` (tuple), ``dtype``,
+        ``is_expert``, ``use_muon`` (None when absent).
+
+    Raises:
+        InputError: naming the file and, for a bad entry, its index and name.
+    """
+    what = "model file"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(what, path, exc.strerror.lower(),
+                         "pass a JSON parameter list or a preset name") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(what, path, "is a directory", "pass a JSON file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(what, path, "is not a regular file", "pass a JSON file")
+    if st.st_size > LIMITS.model_file_bytes:
+        raise InputError(what, path, f"is {st.st_size} bytes, above the limit "
+                         f"{LIMITS.model_file_bytes}", "trim the parameter list")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except UnicodeDecodeError:
+        raise InputError(what, path, "is not UTF-8 text", "pass a JSON file") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(what, path, f"is not valid JSON (line {exc.lineno}: {exc.msg})",
+                         "fix the file") from None
+    if isinstance(data, dict):
+        data = data.get("params")
+    if not isinstance(data, list) or not data:
+        raise InputError(what, path, "holds no parameter list",
+                         'give [{"name": ..., "shape": [...]}, ...] or {"params": [...]}')
+    if len(data) > LIMITS.model_entries:
+        raise InputError(what, path, f"has {len(data)} parameters, above the limit "
+                         f"{LIMITS.model_entries}", "trim the parameter list")
+    return [_entry(path, i, obj) for i, obj in enumerate(data)]
+
+
+def _entry(path: str, index: int, obj: Any) -> dict:
+    where = f"model file {path} entry {index}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise InputError(where, json.dumps(obj)[:80], "needs a non-empty string 'name' "
+                         "and a 'shape'", 'write {"name": "w", "shape": [1024, 1024]}')
+    where = f"{where} ({obj['name']!r})"
+    if "shape" not in obj:
+        raise InputError(where, "", "has no 'shape'", "add one, e.g. [1024, 1024]")
+    use_muon = obj.get("use_muon")
+    for key in ("is_expert", "use_muon"):
+        if obj.get(key) is not None and not isinstance(obj[key], bool):
+            raise InputError(f"{where} {key}", json.dumps(obj[key]), "is not true/false",
+                             "write true or false")
+    dtype = obj.get("dtype", "float32")
+    if dtype not in _DTYPES:
+        raise InputError(f"{where} dtype", repr(dtype), "is not a known dtype",
+                         f"use one of {', '.join(_DTYPES)}")
+    return {"name": obj["name"], "shape": check_shape(where, obj["shape"], use_muon),
+            "dtype": dtype, "is_expert": bool(obj.get("is_expert", False)),
+            "use_muon": use_muon}
+
+
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def check_local_size(gpus_per_node: int, environ: Optional[dict] = None) -> Optional[str]:
+    """One line when ``PADDLE_LOCAL_SIZE`` disagrees with ``--gpus-per-node``.
+
+    Returns:
+        ``"note: ..."`` or None when they agree or the variable is unset.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("PADDLE_LOCAL_SIZE")
+    if raw is None or raw.strip() == "" or raw.strip() == str(gpus_per_node):
+        return None
+    return (f"note: PADDLE_LOCAL_SIZE={raw} (set by a launcher in this environment) "
+            f"disagrees with --gpus-per-node {gpus_per_node}; the tool uses "
+            f"--gpus-per-node, the optimizer in a job would use PADDLE_LOCAL_SIZE")
+
+
+def format_limits(names: Sequence[str] = ()) -> str:
+    """``name=value`` pairs of :data:`LIMITS` (for ``--help`` epilogs)."""
+    fields = names or [f for f in LIMITS.__dataclass_fields__]
+    return ", ".join(f"{f}={getattr(LIMITS, f):g}" if isinstance(getattr(LIMITS, f), float)
+                     else f"{f}={getattr(LIMITS, f)}" for f in fields)

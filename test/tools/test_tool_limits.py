@@ -1,0 +1,130 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``paddle_muon_ext.tools.limits``: every input bounded, every error one line
+``<what> <value>: <why>, <what to do>`` naming the file and entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import unittest
+
+from paddle_muon_ext.tools import limits as L
+
+
+class TestModelFile(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="muon_limits_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def _file(self, name: str, content, binary: bool = False) -> str:
+        path = os.path.join(self.dir, name)
+        with open(path, "wb" if binary else "w") as f:
+            f.write(content if binary or isinstance(content, str) else json.dumps(content))
+        return path
+
+    def _error(self, path: str) -> str:
+        with self.assertRaises(L.InputError) as info:
+            L.read_model_file(path)
+        return str(info.exception)
+
+    def test_bad_files_name_the_file_and_why(self) -> None:
+        cases = {
+            self.dir: "is a directory",
+            os.devnull: "is not a regular file",
+            os.path.join(self.dir, "missing.json"): "no such file or directory",
+            self._file("bin.json", b"\x89PNG\x00\xff\xfe", binary=True): "is not UTF-8 text",
+            self._file("broken.json", "{nope"): "is not valid JSON (line 1",
+            self._file("empty.json", []): "holds no parameter list",
+        }
+        for path, why in cases.items():
+            message = self._error(path)
+            self.assertTrue(message.startswith(f"model file {path}: {why}"), message)
+
+    def test_bad_entries_name_file_entry_and_value(self) -> None:
+        cases = [
+            ({"name": "w", "shape": [128.7, 4]}, "shape [128.7, 4]: dimension 128.7 is not an integer"),
+            ({"name": "w", "shape": "abc"}, 'shape "abc": is not a list'),
+            ({"name": "w", "shape": []}, "shape []: has 0 dims"),
+            ({"name": "w", "shape": [0, 4]}, "shape [0, 4]: dimension 0 is outside 1.."),
+            ({"name": "w", "shape": [2, 2, 2, 2]}, "shape [2, 2, 2, 2]: has 4 dims"),
+            ({"name": "w", "shape": [True, 2]}, "dimension True is not an integer"),
+            ({"name": "w", "shape": [8], "use_muon": True}, "is 1-D but use_muon is true"),
+            ({"name": "w", "shape": [8], "use_muon": "yes"}, 'use_muon "yes": is not true/false'),
+            ({"name": "w", "shape": [8, 8], "dtype": "int8"}, "dtype 'int8': is not a known dtype"),
+        ]
+        for entry, why in cases:
+            path = self._file("m.json", [{"name": "ok", "shape": [4, 4]}, entry])
+            message = self._error(path)
+            self.assertTrue(message.startswith(f"model file {path} entry 1 ('w')"), message)
+            self.assertIn(why, message)
+        path = self._file("m.json", [{"shape": [4]}])
+        self.assertIn("entry 0", self._error(path))
+        self.assertIn("needs a non-empty string 'name'", self._error(path))
+
+    def test_valid_file_is_read(self) -> None:
+        path = self._file("ok.json", {"params": [
+            {"name": "w", "shape": [4, 8], "dtype": "bfloat16", "is_expert": True},
+            {"name": "b", "shape": [8]}]})
+        entries = L.read_model_file(path)
+        self.assertEqual([(e["name"], e["shape"], e["dtype"], e["is_expert"], e["use_muon"])
+                          for e in entries],
+                         [("w", (4, 8), "bfloat16", True, None), ("b", (8,), "float32", False, None)])
+
+
+class TestValues(unittest.TestCase):
+    def test_int_bounds(self) -> None:
+        self.assertEqual(L.check_int("--ep", 4, 1, 8, "fix"), 4)
+        for value, why in ((0, "must be >= 1"), (9, "above the limit 8"), (2.5, "must be an integer")):
+            with self.assertRaises(L.InputError) as info:
+                L.check_int("--ep", value, 1, 8, "pass a smaller one")
+            self.assertEqual(str(info.exception).split(":")[0], f"--ep {value}")
+            self.assertIn(why, str(info.exception))
+            self.assertTrue(str(info.exception).endswith(", pass a smaller one"))
+
+    def test_float_bounds(self) -> None:
+        for value, why in ((0.0, "must be > 0"), (float("nan"), "finite"), (float("inf"), "finite"),
+                           (-1.0, "must be > 0")):
+            with self.assertRaisesRegex(L.InputError, why):
+                L.check_float("--beta-net", value, "fix")
+        self.assertEqual(L.check_float("--x", 0.0, "fix", positive=False), 0.0)
+        with self.assertRaisesRegex(L.InputError, "must be >= 0"):
+            L.check_float("--x", -1.0, "fix", positive=False)
+        with self.assertRaisesRegex(L.InputError, "above the limit 4"):
+            L.check_float("--x", 5.0, "fix", high=4.0)
+
+    def test_writable(self) -> None:
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        self.assertEqual(L.check_writable("--png", os.path.join(d, "x.png")),
+                         os.path.join(d, "x.png"))
+        for path, why in ((os.path.join(d, "no", "x.png"), "does not exist"), (d, "is a directory"),
+                          ("/proc/x.png", "cannot write in /proc")):
+            with self.assertRaisesRegex(L.InputError, why):
+                L.check_writable("--png", path)
+
+    def test_png_path_and_local_size(self) -> None:
+        self.assertEqual((L.png_path("out"), L.png_path("a/b.png")), ("out.png", "a/b.png"))
+        self.assertIsNone(L.check_local_size(8, {"PADDLE_LOCAL_SIZE": "8"}))
+        self.assertIsNone(L.check_local_size(8, {}))
+        note = L.check_local_size(8, {"PADDLE_LOCAL_SIZE": "4"})
+        self.assertIn("PADDLE_LOCAL_SIZE=4", note)
+        self.assertIn("--gpus-per-node 8", note)
+        self.assertEqual(len(note.splitlines()), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
