@@ -156,6 +156,31 @@ class TestRecorder(unittest.TestCase):
             signal.signal(signal.SIGUSR1, previous)
             sys.excepthook = hook
 
+    def test_armed_watchdog_answers_sigusr1_and_peer_requests(self) -> None:
+        rec = fr.FlightRecorder()
+        previous, hook = signal.getsignal(signal.SIGUSR1), sys.excepthook
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        try:
+            rec.arm()
+            self.assertIsNotNone(rec._wakeup)  # pytest owns no wake-up fd
+            os.kill(os.getpid(), signal.SIGUSR1)
+            path = fr.dump_path(self.dir, 5)
+            deadline = time.time() + 10
+            while not os.path.exists(path) and time.time() < deadline:
+                time.sleep(0.05)
+            with open(path) as f:
+                self.assertEqual(json.load(f)["reason"], "SIGUSR1")
+            # An uncaught exception dumps and asks the peers.
+            sys.excepthook(ValueError, ValueError("boom"), None)
+            with open(os.path.join(self.dir, fr.REQUEST_FILE)) as f:
+                self.assertEqual(json.load(f)["reason"], "uncaught ValueError: boom")
+        finally:
+            with mock.patch.object(sys, "stderr"):
+                rec.disarm()
+            signal.signal(signal.SIGUSR1, previous)
+        self.assertIs(sys.excepthook, hook)
+        self.assertIsNone(rec._watchdog)
+
     def test_no_directory_warns_instead_of_writing(self) -> None:
         with mock.patch.dict(os.environ, {fr.LAUNCHER_LOG_DIR_ENV: "", fr.ENV_DIR: ""}):
             self.assertIsNone(self.rec.dump("x"))

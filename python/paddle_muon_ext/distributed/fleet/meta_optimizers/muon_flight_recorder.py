@@ -171,7 +171,9 @@ class FlightRecorder:
         self._watchdog: threading.Thread | None = None
         self._timed_out_seq = -1
         self._request_seen = 0.0
-        self._wakeup: int | None = None
+        self._wakeup: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._previous_hook = None
         self._sigusr1_dumped = 0.0
         self.dumps = 0
 
@@ -310,7 +312,7 @@ class FlightRecorder:
         if on_main:
             if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
                 signal.signal(signal.SIGUSR1, self._on_sigusr1)
-            previous_hook = sys.excepthook
+            previous_hook = self._previous_hook = sys.excepthook
 
             def excepthook(exc_type, exc, tb):
                 self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True)
@@ -321,9 +323,28 @@ class FlightRecorder:
             self._request_seen = time.time()
             if on_main and signal.getsignal(signal.SIGUSR1) == self._on_sigusr1:
                 self._wakeup = _signal_pipe()
+            self._stop.clear()
             self._watchdog = threading.Thread(
                 target=self._watch, name="muon-flight-watchdog", daemon=True)
             self._watchdog.start()
+
+    def disarm(self) -> None:
+        """Undo :meth:`arm`: stop the watchdog, restore SIGUSR1 and the hooks."""
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5 * _POLL_S)
+            self._watchdog = None
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGUSR1) == self._on_sigusr1:
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            if self._wakeup is not None:
+                os.close(self._wakeup[1])
+                signal.set_wakeup_fd(-1)
+                os.close(self._wakeup[0])
+                self._wakeup = None
+            if self._previous_hook is not None:
+                sys.excepthook, self._previous_hook = self._previous_hook, None
+        self._armed = False
 
     def _on_sigusr1(self, *_: Any) -> None:
         # Runs when the main thread next executes Python; skip it when the
@@ -332,14 +353,14 @@ class FlightRecorder:
             self.dump("SIGUSR1")
 
     def _watch(self) -> None:
-        while True:
+        while not self._stop.is_set():
             if self._wakeup is None:
-                time.sleep(_POLL_S)
-            elif select.select([self._wakeup], [], [], _POLL_S)[0]:
+                self._stop.wait(_POLL_S)
+            elif select.select([self._wakeup[0]], [], [], _POLL_S)[0]:
                 # A rank blocked inside a collective (C++ holding the main
                 # thread) still answers SIGUSR1: Python's C-level handler
                 # writes the signal number to the wake-up pipe at once.
-                if signal.SIGUSR1 in os.read(self._wakeup, 64):
+                if signal.SIGUSR1 in os.read(self._wakeup[0], 64):
                     self._sigusr1_dumped = time.time()
                     self.dump("SIGUSR1")
             try:
@@ -383,8 +404,8 @@ class FlightRecorder:
         return None
 
 
-def _signal_pipe() -> int | None:
-    """Read end of a pipe that receives every signal's number, or None.
+def _signal_pipe() -> tuple[int, int] | None:
+    """(read, write) ends of a pipe that receives every signal's number, or None.
 
     Only taken when nobody else (e.g. an asyncio loop) owns the wake-up fd.
     """
@@ -400,7 +421,7 @@ def _signal_pipe() -> int | None:
         os.close(read_fd)
         os.close(write_fd)
         return None
-    return read_fd
+    return read_fd, write_fd
 
 
 def _write_json(path: str, data: Mapping) -> None:
