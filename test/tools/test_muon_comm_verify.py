@@ -23,7 +23,8 @@ from tool_loader import load_tool
 tool = load_tool("muon_comm.py", "_muon_comm_tool")
 PASS_LINE = re.compile(
     r"^PASS ranks=(\d+)( mode=schedule-only)? max_abs_diff_hier_vs_flat=(\S+) "
-    r"max_abs_diff_vs_reference=(\S+)$"
+    r"max_abs_diff_vs_reference=(\S+) steps=(\d+) collectives_checked=(\d+) "
+    r"values_compared=(\d+)$"
 )
 
 
@@ -39,6 +40,8 @@ def test_verify_passes_ep8_gpn4_ms2(capsys):
     assert rc == 0 and match, line
     assert match.group(1) == "16" and match.group(2) is None
     assert float(match.group(3)) <= 1e-5 and float(match.group(4)) <= 1e-5
+    # No verdict without work: the line says what was compared.
+    assert match.group(5) == "3" and int(match.group(6)) > 0 and int(match.group(7)) > 0
 
 
 def test_verify_32_ranks_moves_data():
@@ -57,7 +60,10 @@ def test_verify_large_world_is_schedule_only(capsys):
                     "--data-max-ranks", "8"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "schedule-only" in out and out.strip().endswith("max_abs_diff_vs_reference=n/a")
+    last = out.strip().splitlines()[-1]
+    assert "schedule-only" in out and "max_abs_diff_vs_reference=n/a" in last, last
+    match = PASS_LINE.match(last)
+    assert match and int(match.group(6)) > 0 and match.group(7) == "0", last
 
 
 @pytest.mark.parametrize(
@@ -67,9 +73,9 @@ def test_verify_large_world_is_schedule_only(capsys):
          "mixes pipeline stages"),
         (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "1"], "gpus_per_node=1"),
         (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "4", "--model",
-          "ernie-moe-small"], "for the plan command"),
+          "ernie-moe-small"], "presets and JSON files are for plan"),
         (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--steps", "0"],
-         "--steps must be >= 1"),
+         "--steps 0: must be >= 1"),
     ],
     ids=["node_mixes_stages", "gpn1", "model_for_plan", "steps0"],
 )

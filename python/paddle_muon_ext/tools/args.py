@@ -20,13 +20,12 @@ parses and validates a layout the same way.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from . import presets
+from . import limits, presets
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -105,23 +104,29 @@ class MuonCommConfig:
 
 
 def load_model(model: str) -> List[presets.ParamSpec]:
-    """Parameters of a preset name or a JSON file (ValueError if neither)."""
+    """Parameters of a preset name or a JSON file.
+
+    Raises:
+        InputError: unknown name, unreadable file, or a bad entry (naming the
+            file, the entry index and name, and the value).
+    """
     if model in presets.list_presets():
         return presets.get_preset(model)
-    if model.endswith(".json") or os.path.exists(model):
-        if not os.path.isfile(model):
-            raise ValueError(f"model file {model!r} does not exist")
-        try:
-            return presets.load_json(model)
-        except (OSError, json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"cannot read model file {model!r}: {exc}") from None
-    raise ValueError(
-        f"unknown model {model!r}: use a preset ({', '.join(presets.list_presets())}) "
-        "or a .json parameter list"
-    )
+    if model.endswith(".json") or os.path.lexists(model):
+        return [
+            presets.ParamSpec(
+                e["name"], e["shape"], e["dtype"], e["is_expert"],
+                presets.muon_applies(e["name"], e["shape"])
+                if e["use_muon"] is None else e["use_muon"],
+            )
+            for e in limits.read_model_file(model)
+        ]
+    raise limits.InputError(
+        "--model", repr(model), "is neither a preset nor a file",
+        f"use a preset ({', '.join(presets.list_presets())}) or a .json parameter list")
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
+def add_config_args(parser: argparse.ArgumentParser, model_help: str | None = None) -> None:
     """Add the layout / model flags shared by every subcommand."""
     g = parser.add_argument_group("layout")
     g.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
@@ -137,8 +142,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"preset ({', '.join(presets.list_presets())}) or a JSON parameter "
-        f"list (default {DEFAULT_MODEL})",
+        help=model_help or f"preset ({', '.join(presets.list_presets())}) or a JSON "
+        f"parameter list (default {DEFAULT_MODEL})",
     )
     g.add_argument(
         "--nodes", type=int, default=None, help="expected node count (checked vs world size)"
@@ -162,16 +167,32 @@ def parse_order(text: str) -> Tuple[str, ...]:
     return tuple(names)
 
 
-def build_config(args: argparse.Namespace) -> MuonCommConfig:
-    """Validate the shared flags; raises ValueError with a readable reason."""
+def build_config(args: argparse.Namespace, max_world: int = limits.LIMITS.plan_world,
+                 tool: str = "plan") -> MuonCommConfig:
+    """Validate the shared flags before any work; raises InputError / ValueError.
+
+    Args:
+        args: the parsed flags.
+        max_world: the largest pp x moe_sharding x ep the tool handles in
+            < 60 s and < 2 GB (:data:`limits.LIMITS`).
+        tool: the subcommand, named in the error.
+    """
+    world = 1
     for flag, value in (
         ("--ep", args.ep),
         ("--moe-sharding", args.moe_sharding),
         ("--pp", args.pp),
-        ("--gpus-per-node", args.gpus_per_node),
     ):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+        limits.check_int(flag, value, 1, max_world, f"{tool} handles worlds of up to "
+                         f"{max_world} ranks")
+        world *= value
+    limits.check_int("--gpus-per-node", args.gpus_per_node, 1, limits.LIMITS.gpus_per_node,
+                     "pass the cards of one node, e.g. 8")
+    if world > max_world:
+        raise limits.InputError(
+            "world size", f"{args.pp} x {args.moe_sharding} x {args.ep} = {world}",
+            f"above the {max_world} ranks {tool} handles in < 60 s and < 2 GB",
+            "model a smaller layout (the ratios repeat with the node count)")
     cfg = MuonCommConfig(
         ep=args.ep,
         moe_sharding=args.moe_sharding,

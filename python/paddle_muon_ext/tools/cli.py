@@ -21,10 +21,10 @@ import sys
 import warnings
 from typing import Optional, Sequence
 
-from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, nonneg_float
+from . import limits
+from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, load_model
 from .cost_model import BACKENDS, AlphaBeta
-from .plan import PARTITION_RULES, compute_plan, json_ready, predict_cluster
-from .report import draw_png, format_table
+from .plan import PARTITION_RULES, predict_cluster
 from .verify import CheckoutMissing, add_verify_parser, cmd_verify
 
 __all__ = ["build_parser", "main"]
@@ -48,15 +48,15 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     add_config_args(p)
     d = AlphaBeta()
     cost = p.add_argument_group("alpha-beta model")
-    cost.add_argument("--alpha-nvlink", type=nonneg_float, default=d.alpha_nvlink,
+    cost.add_argument("--alpha-nvlink", type=float, default=d.alpha_nvlink,
                       help=f"NVLink latency per hop, s (default {d.alpha_nvlink:g})")
-    cost.add_argument("--beta-nvlink", type=nonneg_float, default=d.beta_nvlink,
+    cost.add_argument("--beta-nvlink", type=float, default=d.beta_nvlink,
                       help=f"NVLink s/B (default {d.beta_nvlink:.3g} = 150 GB/s)")
-    cost.add_argument("--alpha-net", type=nonneg_float, default=d.alpha_net,
+    cost.add_argument("--alpha-net", type=float, default=d.alpha_net,
                       help=f"network latency per hop, s (default {d.alpha_net:g})")
-    cost.add_argument("--beta-net", type=nonneg_float, default=d.beta_net,
+    cost.add_argument("--beta-net", type=float, default=d.beta_net,
                       help=f"network s/B per NIC (default {d.beta_net:.3g} = 25 GB/s)")
-    p.add_argument("--buffer-size-MB", type=nonneg_float, default=DEFAULT_BUFFER_MB,
+    p.add_argument("--buffer-size-MB", type=float, default=DEFAULT_BUFFER_MB,
                    help="fused gradient buffer size (sharding_configs.comm_buffer_size_MB; "
                    "0 = one reduce per parameter; default 256)")
     p.add_argument("--comm-overlap", action="store_true",
@@ -82,21 +82,48 @@ def _cluster_tool():
     return cluster
 
 
+def check_plan_args(args: argparse.Namespace):
+    """Every ``plan`` input checked before any work; returns (config, PNG path or None).
+
+    Raises:
+        InputError: the first bad value, as ``<what> <value>: <why>, <fix>``.
+    """
+    cfg = build_config(args)
+    for flag, value, example in (("--alpha-nvlink", args.alpha_nvlink, "5e-06"),
+                                 ("--beta-nvlink", args.beta_nvlink, "6.7e-12"),
+                                 ("--alpha-net", args.alpha_net, "2e-05"),
+                                 ("--beta-net", args.beta_net, "4e-11")):
+        limits.check_float(flag, value, f"pass e.g. {flag} {example}")
+    limits.check_float("--buffer-size-MB", args.buffer_size_MB,
+                       f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
+                       positive=False, high=limits.LIMITS.buffer_mb)
+    load_model(cfg.model)
+    png = limits.check_writable("--png", limits.png_path(args.png)) if args.png else None
+    return cfg, png
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Run ``plan``."""
-    cfg = build_config(args)
+    cfg, png = check_plan_args(args)
+    note = limits.check_local_size(cfg.gpus_per_node)
+    if note:
+        print(note, file=sys.stderr)
+    from .cost_model import AlphaBeta
+    from .plan import compute_plan, json_ready
+    from .report import draw_png, format_table
+
     ab = AlphaBeta(args.alpha_nvlink, args.beta_nvlink, args.alpha_net, args.beta_net)
     res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB,
                        comm_overlap=args.comm_overlap, partition_strategy=args.partition,
                        backend=args.backend)
-    if args.png:
-        draw_png(res, args.png)
+    if png:
+        draw_png(res, png)
     if args.json:
         print(json.dumps(json_ready(res), indent=1))
     else:
         print(format_table(res))
-        if args.png:
-            print(f"wrote {args.png}")
+        if png:
+            print(f"wrote {png}")
     return 0
 
 

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from typing import Callable, Dict, List, Sequence
 
+from . import limits
 from .args import MuonCommConfig, add_config_args, build_config
 
 __all__ = [
@@ -85,12 +86,14 @@ def add_verify_parser(sub) -> None:
         "rank) with the option on and off, and compare against a single-process Muon "
         "reference. Needs the source checkout. Exit 0 PASS, 1 FAIL, 2 invalid layout.",
     )
-    add_config_args(v)
+    add_config_args(v, model_help=f"the model trained: only the built-in test model "
+                    f"{VERIFY_MODEL!r} (default; plan takes presets and JSON files)")
     v.set_defaults(model=VERIFY_MODEL)
-    v.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    v.add_argument("--steps", type=int, default=3,
+                   help=f"training steps, 1..{limits.LIMITS.verify_steps} (default 3)")
     v.add_argument("--data-max-ranks", type=int, default=DATA_MAX_RANKS,
-                   help=f"largest world that moves data (default {DATA_MAX_RANKS}); "
-                   "larger ones run schedule-only")
+                   help=f"largest world that moves data, 0..{limits.LIMITS.verify_data_world} "
+                   f"(default {DATA_MAX_RANKS}; 0: schedule-only); larger ones run schedule-only")
     v.add_argument("--comm-overlap", action="store_true",
                    help="sharding_configs.comm_overlap: backward hooks launch the reduces")
     v.add_argument("--unfused", action="store_true",
@@ -159,6 +162,18 @@ def _phase_counts(world) -> Dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def check_verify_args(cfg: MuonCommConfig, steps: int, data_max_ranks: int) -> None:
+    """Every ``verify`` input checked before any work (InputError on the first bad one)."""
+    if cfg.model != VERIFY_MODEL:
+        raise limits.InputError("--model", repr(cfg.model), f"verify trains only the built-in "
+                                f"{VERIFY_MODEL!r} test model", "drop --model (presets and "
+                                "JSON files are for plan)")
+    limits.check_int("--steps", steps, 1, limits.LIMITS.verify_steps,
+                     "pass e.g. --steps 3 (a run of no step checks nothing)")
+    limits.check_int("--data-max-ranks", data_max_ranks, 0, limits.LIMITS.verify_data_world,
+                     f"pass 0..{limits.LIMITS.verify_data_world} (0: schedule-only)")
+
+
 def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_MAX_RANKS,
                progress: Callable = print, comm_overlap: bool = False,
                unfused: bool = False) -> Dict:
@@ -168,13 +183,7 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
         ValueError: the layout or the options are invalid.
         CheckoutMissing: no test harness next to the package.
     """
-    if cfg.model != VERIFY_MODEL:
-        raise ValueError(
-            f"verify trains the built-in {VERIFY_MODEL!r} test model; --model {cfg.model!r} "
-            "is for the plan command"
-        )
-    if steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {steps}")
+    check_verify_args(cfg, steps, data_max_ranks)
     if comm_overlap and unfused:
         raise ValueError("--comm-overlap needs fused buffers; drop --unfused or --comm-overlap "
                          "(the optimizer refuses comm_overlap with comm_buffer_size_MB <= 0)")
@@ -189,7 +198,7 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
                      gpn=cfg.gpus_per_node, steps=steps, clip=cfg.pp == 1,
                      overlap=comm_overlap, fused=not unfused)
     off = SimConfig(**{**base.__dict__, "gpn": None})
-    summary: Dict = {"ranks": base.world, "steps": steps, "mode": "data",
+    summary: Dict = {"ranks": base.world, "steps": steps, "mode": "data", "values_compared": 0,
                      "comm_overlap": comm_overlap, "fused": not unfused, "phase_counts": {}}
     problems: List[str] = []
     for label, sim in (("hierarchical", base), ("flat", off)):
@@ -197,6 +206,8 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
         results, world = run_world(sim, mode="record")
         report = world.check_schedule()
         summary[f"schedule_{label}_ok"] = bool(report.ok)
+        summary["collectives_checked"] = summary.get("collectives_checked", 0) + sum(
+            1 for t in world.traces for r in t if r.group_seq is not None)
         layouts = [_layout_of(res.optimizer) for res in results]
         mismatches = [p for res, lay in zip(results, layouts) if lay is not None
                       for p in compare_schedule(lay, world.traces[res.rank], steps)]
@@ -227,12 +238,16 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
                     for res in (hier, flat))
         summary["max_abs_diff_hier_vs_flat"] = d_hf
         summary["max_abs_diff_vs_reference"] = d_ref
+        # Each rank's final values, compared hier vs flat and both vs reference.
+        summary["values_compared"] = 3 * sum(int(v.size) for r in hier for v in r.values.values())
         progress(f"[verify] simulated world: {base.world} ranks x {steps} steps, option on "
                  f"and off ({time.perf_counter() - t0:.1f}s)")
         # fp32, differing only in reduction order: see test_muon_group_call.py.
         if not (d_hf <= 1e-5 and d_ref <= 1e-5):
             problems.append(f"parameters differ: hier vs flat {d_hf:.3e}, vs reference "
                             f"{d_ref:.3e} (tolerance 1e-5)")
+    if not summary.get("collectives_checked"):
+        problems.append("no collective was recorded: nothing was checked")
     summary["status"] = "FAIL" if problems else "PASS"
     summary["problems"] = problems
     return summary
@@ -244,7 +259,11 @@ def _fmt(x) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Run ``verify``; prints progress, optional JSON, and the verdict line."""
-    cfg = build_config(args)
+    cfg = build_config(args, max_world=limits.LIMITS.verify_world, tool="verify")
+    check_verify_args(cfg, args.steps, args.data_max_ranks)
+    note = limits.check_local_size(cfg.gpus_per_node)
+    if note:
+        print(note, file=sys.stderr)
     import logging
 
     from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
@@ -261,5 +280,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     mode = "" if summary["mode"] == "data" else " mode=schedule-only"
     print(f"{summary['status']} ranks={summary['ranks']}{mode} "
           f"max_abs_diff_hier_vs_flat={_fmt(summary['max_abs_diff_hier_vs_flat'])} "
-          f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])}")
+          f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])} "
+          f"steps={summary['steps']} collectives_checked={summary['collectives_checked']} "
+          f"values_compared={summary['values_compared']}")
     return 0 if summary["status"] == "PASS" else 1

@@ -267,7 +267,7 @@ class TestProfilerPhases(unittest.TestCase):
             prof.stop()
         recorded = {rec.phase for trace in world.traces for rec in trace if rec.phase}
         self.assertTrue({"intra_node_reduce", "cross_node_reduce", "cross_node_broadcast",
-                         "intra_node_broadcast", "reduce_scatter_slices",
+                         "intra_node_broadcast", "reduce_scatter",
                          "all_gather_slices"} <= recorded, recorded)
         names = set()
         for path in glob.glob(os.path.join(trace_dir, "*.json")):

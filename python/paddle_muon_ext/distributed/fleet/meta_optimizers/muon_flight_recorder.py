@@ -164,7 +164,6 @@ class FlightRecorder:
         self._entries: collections.deque = collections.deque(maxlen=self.capacity)
         self._in_flight: dict[int, list] = {}
         self._issued: dict[tuple, int] = {}
-        self._groups: dict[int, tuple] = {}
         self._seq = 0
         self._lock = threading.Lock()
         self._armed = False
@@ -178,12 +177,10 @@ class FlightRecorder:
         self.dumps = 0
 
     # ------------------------------------------------------------ recording
-    def _group_key(self, group) -> tuple:
-        key = self._groups.get(id(group))
-        if key is None:
-            key = (getattr(group, "id", None), tuple(group.ranks))
-            self._groups[id(group)] = key
-        return key
+    @staticmethod
+    def _group_key(group) -> tuple:
+        # Not cached by id(group): simulated worlds free groups and ids recur.
+        return getattr(group, "id", None), tuple(group.ranks)
 
     def start(self, op: str, group, root: int | None, tensor, phase: str | None) -> list | None:
         """Record that this rank issues ``op`` on ``group`` now.

@@ -30,6 +30,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.profiler import RecordEvent
 
+from .muon_sharding_layout import PHASE_ALL_GATHER, PHASE_REDUCE_SCATTER
 from .muon_flight_recorder import (
     enter_phase,
     exit_phase,
@@ -234,7 +235,7 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: Callable[[Any], b
             buffer._comm_grads()
         buffer.scale_grads()
 
-    with comm_phase("reduce_scatter_slices"):
+    with comm_phase(PHASE_REDUCE_SCATTER):
         _recorded_buffer_ops(buffers, "reduce_scatter", run)
 
 
@@ -244,7 +245,7 @@ def all_gather_slices(buffers: Sequence) -> None:
     Args:
         buffers (Sequence[FusedCommBuffer]): ``REDUCE_SCATTER`` buffers.
     """
-    with comm_phase("all_gather_slices"):
+    with comm_phase(PHASE_ALL_GATHER):
         _recorded_buffer_ops(buffers, "all_gather", lambda b: b.sync_params())
 
 
