@@ -19,25 +19,41 @@ training script imports Muon; from then on code written for Paddle develop
 (``paddle.optimizer.Muon``, ``strategy.use_muon_sharding``,
 ``fleet.distributed_optimizer``) runs unchanged."""
 
-try:
-    import paddle  # noqa: F401
-except ImportError:  # pragma: no cover - exercised only without paddle
+import importlib
+import importlib.util
+
+if importlib.util.find_spec("paddle") is None:  # pragma: no cover - only without paddle
     raise ImportError(
         "paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
         "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel."
-    ) from None
+    )
 
-from .compat_paddle_3_3 import (  # noqa: E402
-    get_muon_sharding_options,
-    patch_paddle,
-    set_muon_sharding_options,
-    unpatch_paddle,
-)
-from .compat_paddle_3_3.fleet_integration import distributed_optimizer  # noqa: E402
-from .distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
-    MuonShardingOptimizer,
-)
-from .optimizer import Muon, MuonParamInfo  # noqa: E402
+# Importing paddle takes seconds: the names below load on first use, so the
+# command-line tools answer a bad argument before paddle is imported.
+_LAZY = {
+    "get_muon_sharding_options": ".compat_paddle_3_3",
+    "patch_paddle": ".compat_paddle_3_3",
+    "set_muon_sharding_options": ".compat_paddle_3_3",
+    "unpatch_paddle": ".compat_paddle_3_3",
+    "distributed_optimizer": ".compat_paddle_3_3.fleet_integration",
+    "MuonShardingOptimizer": ".distributed.fleet.meta_optimizers.muon_sharding_optimizer",
+    "Muon": ".optimizer",
+    "MuonParamInfo": ".optimizer",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paddle_muon_ext' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
 
 __version__ = "0.1.0"
 __all__ = [

@@ -136,6 +136,9 @@ class CostPath:
         self.colour_rail: Dict[str, List[float]] = {"dense": [0.0] * gpn, "moe": [0.0] * gpn}
         self.phase_triggers: Dict[str, str] = {}
         self._rings: Dict[Tuple[int, ...], List[List[int]]] = {}
+        self._where: Dict[Tuple[int, ...], List[Dict[int, int]]] = {}
+        self._latency: Dict[Tuple[int, ...], Tuple[float, List[float]]] = {}
+        self._deferred: Dict[tuple, float] = {}
 
     def phase(self, name: str) -> _Phase:
         if name not in self.phases:
@@ -198,16 +201,22 @@ class CostPath:
             return
         rings = self.rings(group)
         share = nbytes / len(rings)
-        latency = 0.0
+        # A chain from/to the root is its ring minus one edge: charge the whole
+        # ring once per (phase, group, colour) at the end and take the missing
+        # edge off here, so an op costs O(channels), not O(group x channels).
+        self._charge_rings(ph, group, share, colour)
         for ch, ring in enumerate(rings):
-            i = ring.index(root)
-            chain = ring[i + 1:] + ring[: i + 1] if what == "reduce" else ring[i:] + ring[:i]
-            for a, b in zip(chain, chain[1:]):
-                inter = self._send(ph, a, b, share, colour)
-                if ch == 0:
-                    latency += self._alpha(inter)
+            i = self._position(group, ch, root)
+            if what == "reduce":  # the chain ends at the root: no root -> next
+                a, b = root, ring[(i + 1) % len(ring)]
+            else:  # the chain starts at the root: no prev -> root
+                a, b = ring[i - 1], root
+            self._send(ph, a, b, -share, colour)
         if not coalesced:
-            ph.latency[group] = ph.latency.get(group, 0.0) + latency
+            full, alphas = self._ring_latency(group)
+            i = self._position(group, 0, root)
+            missing = alphas[i] if what == "reduce" else alphas[i - 1]
+            ph.latency[group] = ph.latency.get(group, 0.0) + full - missing
 
     def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
         """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
@@ -223,13 +232,40 @@ class CostPath:
             return
         rings = self.rings(group)
         share = nbytes * (p - 1) / p / len(rings)
-        latency = 0.0
-        for ch, ring in enumerate(rings):
-            for a, b in zip(ring, ring[1:] + ring[:1]):
-                inter = self._send(ph, a, b, share, None)
-                if ch == 0 and b != ring[0]:
-                    latency += self._alpha(inter)
-        ph.latency[group] = ph.latency.get(group, 0.0) + latency
+        self._charge_rings(ph, group, share, None)
+        full, alphas = self._ring_latency(group)
+        # every channel-0 hop but the one closing the ring (into ring[0])
+        ph.latency[group] = ph.latency.get(group, 0.0) + full - alphas[-1]
+
+    def _charge_rings(self, ph: _Phase, group: Tuple[int, ...], share: float,
+                      colour: Optional[str]) -> None:
+        key = (ph.name, group, colour)
+        self._deferred[key] = self._deferred.get(key, 0.0) + share
+
+    def _flush(self) -> None:
+        """Send every deferred ring charge: each edge of each channel ring once."""
+        for (name, group, colour), share in self._deferred.items():
+            ph = self.phases[name]
+            for ring in self.rings(group):
+                for a, b in zip(ring, ring[1:] + ring[:1]):
+                    self._send(ph, a, b, share, colour)
+        self._deferred.clear()
+
+    def _position(self, group: Tuple[int, ...], channel: int, rank: int) -> int:
+        where = self._where.get(group)
+        if where is None:
+            where = self._where[group] = [{r: i for i, r in enumerate(ring)}
+                                          for ring in self.rings(group)]
+        return where[channel][rank]
+
+    def _ring_latency(self, group: Tuple[int, ...]) -> Tuple[float, List[float]]:
+        """Channel 0: the alpha of each hop ring[i] -> ring[i + 1], and their sum."""
+        cached = self._latency.get(group)
+        if cached is None:
+            ring, gpn = self.rings(group)[0], self.gpn
+            alphas = [self._alpha(a // gpn != b // gpn) for a, b in zip(ring, ring[1:] + ring[:1])]
+            cached = self._latency[group] = (sum(alphas), alphas)
+        return cached
 
     def _gloo(self, ph: _Phase, what: str, group, nbytes: float, colour: Optional[str],
               root: Optional[int], coalesced: bool) -> None:
@@ -274,6 +310,7 @@ class CostPath:
                     ph.latency[group] = (len(group) - 1) * alpha
 
     def summary(self) -> Dict[str, Any]:
+        self._flush()
         intra = [0.0] * self.world
         inter = [0.0] * self.world
         for ph in self.phases.values():

@@ -66,11 +66,11 @@ class Limits:
         dim: one dimension of a parameter shape.
     """
 
-    plan_world: int = 16384
-    verify_world: int = 1024
+    plan_world: int = 1024
+    verify_world: int = 256
     verify_data_world: int = 64
     gpus_per_node: int = 1024
-    verify_steps: int = 100
+    verify_steps: int = 10
     buffer_mb: float = 65536.0
     model_entries: int = 200000
     model_file_bytes: int = 64 << 20
@@ -95,15 +95,16 @@ def check_int(what: str, value: Any, low: int, high: int, fix: str) -> int:
 def check_float(what: str, value: float, fix: str, positive: bool = True,
                 high: float = math.inf) -> float:
     """A finite float, > 0 (``positive``) or >= 0, at most ``high``."""
+    shown = f"{value:g}"
     if not math.isfinite(value):
-        raise InputError(what, value, "must be a finite number", fix)
+        raise InputError(what, shown, "must be a finite number", fix)
     if positive and not value > 0:
-        raise InputError(what, value, "must be > 0 (a free link makes every ratio "
+        raise InputError(what, shown, "must be > 0 (a free link makes every ratio "
                          "divide by zero)", fix)
     if not value >= 0:
-        raise InputError(what, value, "must be >= 0", fix)
+        raise InputError(what, shown, "must be >= 0", fix)
     if value > high:
-        raise InputError(what, value, f"above the limit {high:g}", fix)
+        raise InputError(what, shown, f"above the limit {high:g}", fix)
     return value
 
 

@@ -51,7 +51,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from paddle.distributed.fleet.utils.log_util import logger
+
+def _logger():
+    # Imported when first needed: the ``hangs`` tool reads dumps without paddle.
+    from paddle.distributed.fleet.utils.log_util import logger
+
+    return logger
 
 __all__ = [
     "FlightRecorder",
@@ -275,7 +280,7 @@ class FlightRecorder:
         """
         directory = directory or dump_dir()
         if directory is None:
-            logger.warning(
+            _logger().warning(
                 f"muon flight recorder: {reason}; no dump written: set {ENV_DIR} "
                 f"(or launch with paddle.distributed.launch --log_dir)"
             )
@@ -290,10 +295,10 @@ class FlightRecorder:
                             {"rank": data["rank"], "reason": reason, "time": data["time"]})
                 self._request_seen = time.time()
         except OSError as exc:
-            logger.warning(f"muon flight recorder: could not write {path}: {exc}")
+            _logger().warning(f"muon flight recorder: could not write {path}: {exc}")
             return None
         self.dumps += 1
-        logger.warning(f"muon flight recorder: rank {data['rank']} dumped its last "
+        _logger().warning(f"muon flight recorder: rank {data['rank']} dumped its last "
                        f"{len(data['entries'])} collectives to {path} ({reason})")
         return path
 
@@ -363,7 +368,7 @@ class FlightRecorder:
             try:
                 self.check_once(time.time())
             except Exception as exc:  # noqa: BLE001 - a watchdog must not die
-                logger.warning(f"muon flight recorder watchdog: {exc}")
+                _logger().warning(f"muon flight recorder watchdog: {exc}")
 
     def check_once(self, now: float) -> str | None:
         """One watchdog round: dump on a timed-out collective or a peer's request.
