@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import muon_tiny_moe  # noqa: E402
 from gloo_compat import install_gloo_compat  # noqa: E402
-from hybrid_parallel_sharding_muon_model import build_strategy, compare, fail  # noqa: E402
+from hybrid_parallel_sharding_muon_moe_model import build_strategy, compare, fail  # noqa: E402
 from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
 
 
