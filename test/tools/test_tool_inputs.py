@@ -122,6 +122,27 @@ class TestRefusedBeforeWork(unittest.TestCase):
         self.assertNotIn("ernie-moe-small-fused", out)
 
 
+class TestNoWorkBeforeTheCheck(unittest.TestCase):
+    def test_refusal_does_not_import_paddle(self) -> None:
+        code = ("import sys\n"
+                "from paddle_muon_ext.tools.cli import main\n"
+                "rc = main(['plan', '--ep', '1000000000', '--moe-sharding', '2', "
+                "'--gpus-per-node', '8'])\n"
+                "print(rc, 'paddle' in sys.modules)\n")
+        env = {**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=env)
+        self.assertEqual(proc.stdout.split(), ["2", "False"], proc.stderr)
+
+    def test_package_names_load_on_first_use(self) -> None:
+        import paddle_muon_ext
+
+        self.assertIn("MuonShardingOptimizer", dir(paddle_muon_ext))
+        self.assertTrue(callable(paddle_muon_ext.set_muon_sharding_options))
+        with self.assertRaisesRegex(AttributeError, "no attribute 'nope'"):
+            paddle_muon_ext.nope  # noqa: B018
+
+
 class TestOutputsAndDisagreements(unittest.TestCase):
     def test_png_without_suffix_reports_the_file_written(self) -> None:
         d = tempfile.mkdtemp(prefix="muon_png_")
