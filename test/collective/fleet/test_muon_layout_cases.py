@@ -162,7 +162,7 @@ _FLAT_PHASES = ("reduce_to_owner", "broadcast_from_owner")
 _HIER_PHASES = ("intra_node", "cross_node")
 
 
-def _dense_muon_comm(cfg: SimConfig, rank: int, ops) -> list:
+def _dense_muon_comm(cfg: SimConfig, ops) -> list:
     """(op, group, root, dtype, numel) of the dense Muon reduces/broadcasts in ``ops``.
 
     Flat phases are kept on the dense group only (expert buffers use the
@@ -226,11 +226,11 @@ class TestOneOwnerTwoDtypes(unittest.TestCase):
             self.assertLessEqual(d, BF16_TOL, f"rank {state.rank}: max |d| {d:.3e} vs reference")
         for rank, trace in enumerate(world.traces):
             expected = self._expected(cfg, rank)
-            recorded = _dense_muon_comm(cfg, rank, [
+            recorded = _dense_muon_comm(cfg, [
                 (r.op, r.phase, r.group_ranks, r.root, r.dtype, r.numel) for r in trace])
             self.assertEqual(recorded, sorted(expected * cfg.steps),
                              f"rank {rank}: dense Muon collectives of {cfg.steps} steps")
-            planned = _dense_muon_comm(cfg, rank, [
+            planned = _dense_muon_comm(cfg, [
                 (op.op, op.phase, op.group, op.root, op.dtype, op.numel)
                 for op in self._layout(cfg, rank).schedule()])
             self.assertEqual(planned, expected, f"rank {rank}: ShardingLayout schedule")
