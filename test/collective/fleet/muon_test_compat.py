@@ -24,7 +24,8 @@ build's ``paddle.distributed.fleet.proto.distributed_strategy_pb2`` offers:
 
 * ``set_muon_sharding_options``: the proto fields when the build has them
   (``use_muon_sharding`` on the strategy itself, the others in
-  ``sharding_configs``); an option the build cannot hold raises
+  ``sharding_configs``); an option the build cannot hold (other than its
+  default behaviour, e.g. develop's partition rule) raises
   ``MuonCapabilityMissing``, a ``unittest.SkipTest`` (the test is skipped, a
   launched worker stops with the reason).
 * ``fleet_optimizer``: Paddle's ``HybridParallelOptimizer`` when the build
@@ -101,6 +102,9 @@ _SHARDING_FIELD_OF = {
     "comm_group_call_opt": "comm_group_call_opt",
     "partition_strategy": "muon_partition_strategy",
 }
+# develop's owner rule: what MuonShardingOptimizer uses where the build has no
+# muon_partition_strategy field, so asking for it needs no field
+_DEVELOP_PARTITION_STRATEGY = "upstream_greedy"
 
 #: True out of tree (the 3.3.1 compat layer is importable).
 HAS_COMPAT_LAYER = _compat is not None
@@ -153,7 +157,7 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
         elif name == "comm_group_call_opt" and value:
             _missing("comm_group_call_opt: this Paddle build's sharding_configs has no "
                      "such field and the 3.3.1 compat layer is absent (in-tree run)")
-        elif name == "partition_strategy":
+        elif name == "partition_strategy" and value != _DEVELOP_PARTITION_STRATEGY:
             _missing("partition_strategy: no such sharding_configs field "
                      f"({field}) in this Paddle build and the 3.3.1 compat layer is "
                      "absent (in-tree run)")
