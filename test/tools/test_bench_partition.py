@@ -1,0 +1,117 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The model presets and the partition benchmark (tools/bench/): the
+preset-based partition checks and the benchmark targets. Tools stay in this
+repository, so these tests are not exported (the partition's own suite is
+test/collective/fleet/test_muon_sharding_partition.py)."""
+
+import json
+import math
+import os
+
+import pytest
+from tool_loader import load_tool
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+    balanced_partition,
+    upstream_partition,
+)
+
+
+@pytest.fixture(scope="module")
+def bench_mod():
+    return load_tool(os.path.join("bench", "bench_partition.py"), "_bench_partition_under_test")
+
+
+@pytest.fixture(scope="module")
+def presets(bench_mod):
+    return bench_mod.moe_presets
+
+
+def test_upstream_on_preset_uses_at_most_ceil_total_over_buffer(presets):
+    params = presets.get_preset("ernie-moe-small")
+    specs = presets.muon_specs(params)
+    nbytes = sum(p.numel * (2 if p.dtype == "bfloat16" else 4) for p in params if p.use_muon)
+    total_mb = nbytes / 2**20
+    part = upstream_partition(specs, 64, buffer_size_MB=256)
+    used = set(part.owners.values())
+    assert used <= set(range(math.ceil(total_mb / 256)))
+    assert len(part.empty_ranks()) >= 64 - math.ceil(total_mb / 256)
+    with pytest.raises(ValueError, match="buffer_size_MB"):
+        upstream_partition(specs, 4, buffer_size_MB=0)
+
+
+@pytest.mark.parametrize("nranks", [8, 16, 64])
+def test_minority_dtype_rule_on_preset(presets, nranks):
+    specs = presets.muon_specs(presets.get_preset("ernie-moe-small"))
+    part = balanced_partition(specs, nranks)
+    by = part.owners_by_dtype()
+    assert len(by["float32"]) == 1  # the fp32 router gates: one buffer
+    assert len(by["bfloat16"]) == nranks
+
+
+# ---------------------------------------------------------------- presets
+def test_presets(presets, tmp_path):
+    assert {"ernie-moe-small", "tiny"} <= set(presets.list_presets())
+    params = presets.get_preset("ernie-moe-small")
+    muon = [p for p in params if p.use_muon]
+    assert len(muon) >= 200
+    assert any(p.is_expert for p in muon) and any(not p.is_expert for p in muon)
+    assert {p.dtype for p in params} == {"bfloat16", "float32"}
+    for p in params:
+        if "embed" in p.name or "lm_head" in p.name or len(p.shape) < 2:
+            assert not p.use_muon, p.name
+    fused = presets.get_preset("ernie-moe-small-fused")
+    assert any(len(p.shape) == 3 and p.is_expert and p.use_muon for p in fused)
+    tiny = presets.get_preset("tiny")
+    assert 3 <= sum(p.use_muon for p in tiny) <= 10
+    with pytest.raises(ValueError, match="unknown preset"):
+        presets.get_preset("nope")
+    # JSON round trip; use_muon / is_expert / dtype optional on load
+    path = tmp_path / "params.json"
+    presets.dump_json(tiny, str(path))
+    assert presets.load_json(str(path)) == tiny
+    path2 = tmp_path / "min.json"
+    entries = [{"name": "x.weight", "shape": [4, 4]}, {"name": "x.bias", "shape": [4]}]
+    path2.write_text(json.dumps(entries))
+    loaded = presets.load_json(str(path2))
+    assert [(p.use_muon, p.dtype, p.is_expert) for p in loaded] == [
+        (True, "float32", False),
+        (False, "float32", False),
+    ]
+
+
+# ---------------------------------------------------------------- benchmark targets
+def test_benchmark_meets_targets(bench_mod):
+    fig = bench_mod.bench("ernie-moe-small", (8, 16, 64))
+    assert fig["num_matrices"] >= 200
+    for n in (8, 16, 64):
+        c = fig["cases"][n]
+        assert c["ours"]["state_max_over_mean"] <= 1.05, (n, c)
+        assert c["ours"]["ns_max_over_mean"] <= 1.10, (n, c)
+        assert c["ours"]["empty_ranks"] == 0
+        assert c["meets_targets"]
+        # upstream is clearly worse from 16 ranks on
+        if n >= 16:
+            assert c["upstream"]["empty_ranks"] > 0
+            assert c["upstream"]["state_max_over_mean"] > 1.5
+    text = bench_mod.format_table(fig)
+    assert "upstream buffer=256 MB" in text and "OK" in text
+
+
+def test_benchmark_flags_impossible_case(bench_mod):
+    fig = bench_mod.bench("ernie-moe-small-fused", (64,))
+    c = fig["cases"][64]
+    assert not c["achievable"]
+    assert "IMPOSSIBLE" in bench_mod.format_table(fig)
