@@ -1242,7 +1242,7 @@ def _run_in_tree(work_dir, action, args, repo_root=None, timeout=None):
         elif re.match(r"^=*\s*\d+ (passed|failed|skipped|error|deselected)", line) \
                 or re.match(r"^=+ .*(passed|failed|error).* in [\d.]+s", line):
             info["summary"] = line.strip("= ").strip()
-    info["output_tail"] = out[-6000:]
+    info["output_tail"] = out[-30000:]
     problems = []
     report = info["report"]
     if report is None:

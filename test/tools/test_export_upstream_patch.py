@@ -637,6 +637,7 @@ IN_TREE_SUITES = (
     FLEET + "test_muon_mock_world.py",
     FLEET + "test_muon_comm_plan.py",
     FLEET + "test_muon_sharding_partition.py",
+    "test/legacy_test/test_muon_optimizer.py",
     FLEET + "test_muon_sharding_optimizer.py",
     # 6 of ~180 group-call tests: the option-off one must pass, the option-on
     # ones skip where comm_group_call_opt cannot be set (3.3.1 wheel copy)
@@ -644,8 +645,7 @@ IN_TREE_SUITES = (
 )
 IN_TREE_K = (
     # The group-call grid takes minutes; in-tree it only needs to show the
-    # option-off path and the 3.3.1 skip. (The partition suite's benchmark
-    # tests skip themselves there: tools/bench/ is not exported.)
+    # option-off path and the 3.3.1 skip.
     "not (test_muon_group_call and not (option_off_never_resolves"
     " or owner_gradient_is_group_mean or tensor_parallel_with_group_call))"
 )
@@ -654,6 +654,8 @@ IN_TREE_K = (
 ALLOWED_SKIPS = (
     "comm_group_call_opt: this Paddle build's sharding_configs has no such field",
     "partition_strategy: no such sharding_configs field",
+    # CPU wheel
+    "bf16 matmul kernels exist only on accelerators",
 )
 # suites the in-tree run needs whatever else the export leaves out
 CORE_SUITES = (
