@@ -50,6 +50,11 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    ParamMeta,
+    ShardingLayout,
+)
+from paddle_muon_ext.tools.verify import compare_schedule
 
 TOL = 1e-5
 ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
@@ -191,16 +196,101 @@ def test_owner_gradient_is_group_mean_after_hierarchical_reduce(cfg):
     assert owned >= 4
 
 
+# --------------------------------------------------------------------------
+# the layout predicts the schedule the real optimizer issues
+# --------------------------------------------------------------------------
+def _layout_grid():
+    layouts = [
+        ("ep4-ms2-gpn2", dict(ep=4, ms=2)),
+        ("ep8-ms2-gpn4", dict(ep=8, ms=2)),
+        ("ep4-ms1-gpn2", dict(ep=4, ms=1)),
+        ("ep2-ms2-pp2-gpn2-pipefirst", dict(ep=2, ms=2, pp=2, order=ORDERS["pp_ms_ep"])),
+    ]
+    gpn = {"ep4-ms2-gpn2": 2, "ep8-ms2-gpn4": 4, "ep4-ms1-gpn2": 2,
+           "ep2-ms2-pp2-gpn2-pipefirst": 2}
+    for name, kw in layouts:
+        for fused, overlap in ((True, False), (False, False), (True, True)):
+            if overlap and kw.get("pp", 1) > 1:
+                continue  # the optimizer refuses comm_overlap with pipeline parallel
+            for option in (True, False):
+                mode = f"{'fused' if fused else 'unfused'}-{'overlap' if overlap else 'sync'}"
+                yield (f"{name}-{mode}-{'on' if option else 'off'}",
+                       SimConfig(**kw, gpn=gpn[name] if option else None, fused=fused,
+                                 overlap=overlap, steps=2, clip=False, via_fleet=False))
+
+
+LAYOUT_GRID = dict(_layout_grid())
+
+
+def _independent_layout(cfg: SimConfig, res) -> ShardingLayout:
+    """The layout built from metadata alone, as the plan tool builds it."""
+    opt = res.optimizer
+    hcg = opt._hcg
+    info = opt._inner_opt._muon_param_info_map
+    metas, groups = [], {None: list(hcg.get_sharding_parallel_group().ranks)}
+    for p in res.net.parameters():
+        color = getattr(p, "color", None)
+        colour = color["color"] if isinstance(color, dict) else None
+        if colour is not None:
+            groups[colour] = list(color["group"].ranks)
+        metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), colour,
+                               info[p.name].use_muon))
+    plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn) if cfg.gpn else None
+    return ShardingLayout.build(metas, groups, res.rank, opt.sharding_layout.settings, plan)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_GRID))
+def test_layout_predicts_recorded_schedule(name):
+    cfg = LAYOUT_GRID[name]
+    results, world = run_world(cfg, mode="record")
+    assert world.check_schedule().ok, name
+    phases = set()
+    for res in results:
+        layout = res.optimizer.sharding_layout
+        assert _independent_layout(cfg, res).to_dict() == layout.to_dict(), (
+            f"[{name}] rank {res.rank}: the optimizer's layout differs from the one "
+            "built from parameter metadata"
+        )
+        problems = compare_schedule(layout, world.traces[res.rank], cfg.steps)
+        assert not problems, f"[{name}] " + "\n".join(problems)
+        phases |= {op.phase for op in layout.schedule()}
+    hier = {"intra_node_reduce", "cross_node_reduce"}
+    assert hier <= phases if cfg.gpn else not hier & phases, (name, sorted(phases))
+
+
+def _phases_by_trigger(cfg: SimConfig) -> dict:
+    results, world = run_world(cfg, mode="record")
+    out: dict = {}
+    for res in results:
+        for rec in world.traces[res.rank]:
+            if rec.group_seq is not None:
+                out.setdefault(rec.phase, set()).add(rec.op)
+    return out
+
+
+def test_overlap_keeps_the_hierarchical_reduce():
+    # Without the fix, the hooks reduced every dense Muon buffer flat in the
+    # sharding group: no intra-node / cross-node phase at all.
+    cfg = SimConfig(ep=4, ms=2, gpn=2, overlap=True, steps=1, clip=False, via_fleet=False)
+    phases = _phases_by_trigger(cfg)
+    assert {"intra_node_reduce", "cross_node_reduce"} <= set(phases), sorted(phases)
+    dense_flat = f"reduce_to_owner[{list(range(8))}]"
+    assert dense_flat not in phases, "a dense Muon buffer was reduced flat"
+
+
 @pytest.mark.parametrize(
     "base",
     [
         SimConfig(ep=4, ms=2, gpn=2, overlap=True),
+        SimConfig(ep=8, ms=2, gpn=4, overlap=True, use_reduce_avg=True),
+        SimConfig(ep=4, ms=2, gpn=2, overlap=True, acc_steps=2),
         SimConfig(ep=4, ms=2, gpn=2, matrix_dtype="bfloat16", clip=False),
         SimConfig(ep=4, ms=2, gpn=2, fused=False),
         SimConfig(ep=2, ms=2, pp=2, gpn=2, order=ORDERS["pp_ms_ep"], clip=False),
         SimConfig(ep=4, ms=1, gpn=2),
     ],
-    ids=["overlap", "bf16_and_fp32", "per_param", "pp2_pipe_first", "ms1"],
+    ids=["overlap", "overlap_avg_gpn4", "overlap_acc2", "bf16_and_fp32", "per_param",
+         "pp2_pipe_first", "ms1"],
 )
 def test_option_on_equals_off_across_modes(base):
     tol = 1e-2 if base.matrix_dtype == "bfloat16" else TOL

@@ -28,6 +28,7 @@ compared at 1e-2: one bf16 ulp at O(1) is 7.8e-3.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import unittest
 
@@ -784,19 +785,30 @@ class TestDevelopSurface(unittest.TestCase):
         cfg = SimConfig(ep=2, ms=2)
 
         def body(cfg, strategy):
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+                ShardingLayout,
+            )
+
             hcg, net, opt, coord = build_rank(cfg, strategy)
             core = sharded_core(opt)
-            params = list(net.parameters())
-            core._settings.comm_buffer_size_MB = 1024 / (1024 * 1024)  # 1 KiB
-            chunks = core._chunk_by_size(params)
-            sizes = [sum(int(p.numel()) * 4 for p in c) for c in chunks]
-            return len(chunks), sizes, [len(c) for c in chunks], len(params)
+            layout = core.sharding_layout
+            built = [[[p.name for p in buf.params] for buf in b.buffers]
+                     for b in core.muon_buckets]
+            planned = [[list(c) for c in spec.chunks] for spec in layout.muon_buckets]
+            small = ShardingLayout.build(
+                list(layout.params.values()), layout.groups, layout.rank,
+                dataclasses.replace(layout.settings, comm_buffer_size_MB=1024 / (1024 * 1024)))
+            chunks = [[sum(small.params[n].nbytes for n in c) for c in spec.chunks]
+                      for spec in small.muon_buckets]
+            return built == planned, chunks, [len(c) for b in small.muon_buckets for c in b.chunks]
 
         results, _ = run_world(cfg, body=body, mode="record")
-        n_chunks, sizes, lens, n_params = results[0]
-        self.assertTrue(n_chunks > 1 and sum(lens) == n_params)
-        self.assertTrue(all(s <= 1024 or n == 1 for s, n in zip(sizes, lens)), (
-            f"a chunk of several params exceeds the limit: {list(zip(sizes, lens))}"))
+        same, sizes, lens = results[0]
+        self.assertTrue(same, "the optimizer's fused buffers differ from the layout's chunks")
+        flat_sizes = [s for bucket in sizes for s in bucket]
+        self.assertGreater(len(flat_sizes), len(sizes), "a 1 KiB limit must split some bucket")
+        self.assertTrue(all(s <= 1024 or n == 1 for s, n in zip(flat_sizes, lens)), (
+            f"a chunk of several params exceeds the limit: {list(zip(flat_sizes, lens))}"))
 
 
 class TestParamStorage(unittest.TestCase):

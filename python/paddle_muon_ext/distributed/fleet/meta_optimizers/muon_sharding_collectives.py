@@ -30,7 +30,6 @@ import paddle
 import paddle.distributed as dist
 from paddle.profiler import RecordEvent
 
-from .muon_sharding_layout import PHASE_ALL_GATHER, PHASE_REDUCE_SCATTER
 from .muon_flight_recorder import (
     enter_phase,
     exit_phase,
@@ -43,6 +42,15 @@ from .muon_flight_recorder import (
 _batch_isend_irecv = importlib.import_module(
     "paddle.distributed.communication.batch_isend_irecv"
 )
+from .muon_sharding_layout import (
+    PHASE_ALL_GATHER,
+    PHASE_CROSS_NODE_BROADCAST,
+    PHASE_CROSS_NODE_REDUCE,
+    PHASE_INTRA_NODE_BROADCAST,
+    PHASE_INTRA_NODE_REDUCE,
+    PHASE_REDUCE_SCATTER,
+)
+
 if TYPE_CHECKING:
     from paddle import Tensor
 
@@ -54,9 +62,15 @@ __all__ = [
     "reduce_onto",
     "broadcast_from",
     "hierarchical_reduce",
+    "intra_node_reduce",
+    "cross_node_reduce",
     "hierarchical_broadcast",
     "reduce_scatter_slices",
     "all_gather_slices",
+    "PHASE_REDUCE_SCATTER",
+    "PHASE_ALL_GATHER",
+    "PHASE_INTRA_NODE_REDUCE",
+    "PHASE_CROSS_NODE_REDUCE",
 ]
 
 # (tensor, global rank): the destination of a reduce / the source of a broadcast.
@@ -166,13 +180,28 @@ def hierarchical_reduce(
         rank (int): this process's global rank.
         op (ReduceOp): ``ReduceOp.AVG`` or ``ReduceOp.SUM``.
     """
-    with comm_phase("intra_node_reduce"):
+    intra_node_reduce(routes, plan, groups, rank, op)
+    cross_node_reduce(routes, plan, groups, rank, op)
+
+
+def intra_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
+                      op) -> None:
+    """First hop: reduce inside ``rank``'s node onto the rank with the owner's card."""
+    with comm_phase(PHASE_INTRA_NODE_REDUCE):
         reduce_onto(
             [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
             groups.node_group,
             op,
         )
-    with comm_phase("cross_node_reduce"):
+
+
+def cross_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
+                      op) -> None:
+    """Second hop: reduce the node partials across nodes onto the owner.
+
+    Only ranks with the owner's card take part (they hold the node partials).
+    """
+    with comm_phase(PHASE_CROSS_NODE_REDUCE):
         reduce_onto(
             [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
             groups.same_card_group,
@@ -191,12 +220,12 @@ def hierarchical_broadcast(
         groups: the groups created from ``plan`` for ``rank``.
         rank (int): this process's global rank.
     """
-    with comm_phase("cross_node_broadcast"):
+    with comm_phase(PHASE_CROSS_NODE_BROADCAST):
         broadcast_from(
             [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
             groups.same_card_group,
         )
-    with comm_phase("intra_node_broadcast"):
+    with comm_phase(PHASE_INTRA_NODE_BROADCAST):
         broadcast_from(
             [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
             groups.node_group,
@@ -231,7 +260,8 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: Callable[[Any], b
     """
 
     def run(buffer) -> None:
-        if not launched_by_hook(buffer):
+        # a one-rank group holds the result already: no collective
+        if not launched_by_hook(buffer) and buffer._comm_group.nranks > 1:
             buffer._comm_grads()
         buffer.scale_grads()
 

@@ -57,6 +57,7 @@ __all__ = [
     "ShardingLayout",
     "assign_muon_owners",
     "chunk_by_size",
+    "NO_HOOK_COLOURS",
     "ROUTE_FLAT",
     "ROUTE_HIERARCHICAL",
     "PHASE_REDUCE_SCATTER",
@@ -68,6 +69,10 @@ __all__ = [
     "flat_reduce_phase",
     "flat_broadcast_phase",
 ]
+
+#: Colours whose gradients are never reduced from overlap hooks (develop's
+#: shared MTP weights: complete only after the pipeline's shared-weight sync).
+NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
 
 ROUTE_FLAT = "flat"
 ROUTE_HIERARCHICAL = "hierarchical"
@@ -485,7 +490,8 @@ class ShardingLayout:
                 colour=colour, group=group, owner=owner, dtype=dtype,
                 params=tuple(p.name for p in bparams), chunks=chunks,
                 route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
-                overlap=settings.comm_overlap and settings.fused,
+                overlap=settings.comm_overlap and settings.fused
+                and colour not in NO_HOOK_COLOURS,
                 numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
                 param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
                 param_bytes=tuple(p.nbytes for p in bparams),
@@ -512,7 +518,8 @@ class ShardingLayout:
                     colour=colour, group=group, dtype=dtype,
                     params=tuple(p.name for p in members), offsets=offsets,
                     padded=padded, param_numels=tuple(p.numel for p in members),
-                    overlap=settings.comm_overlap, payload=sum(p.nbytes for p in members),
+                    overlap=settings.comm_overlap and colour not in NO_HOOK_COLOURS,
+                    payload=sum(p.nbytes for p in members),
                 ))
         return tuple(out)
 
@@ -574,46 +581,53 @@ class ShardingLayout:
             list[CommOp]: the step's collectives.
         """
         rank, plan = self.rank, self.plan
-        overlap = self.settings.comm_overlap and self.settings.fused
         ops: list = []
         hier = [b for b in self.muon_buckets if b.route == ROUTE_HIERARCHICAL]
         flat = [b for b in self.muon_buckets if b.route == ROUTE_FLAT]
         node = same_card = None
         if hier:
             node, same_card = self._hier_groups()
-        launch = TRIGGER_BACKWARD if overlap else TRIGGER_REDUCE
+        hooked_rs = [s for s in self.slice_buffers if s.overlap and len(s.group) > 1]
+        hooked_ids = {id(s) for s in hooked_rs}
 
+        # backward: hooks launch each hooked buffer's first hop, one op per buffer
+        for buf in hooked_rs:
+            ops.append(CommOp(TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER, "reduce_scatter",
+                              buf.group, None, buf.dtype, buf.shard_numel, buf.colour, False,
+                              buf.payload))
+        for b in self.muon_buckets:
+            if not b.overlap:
+                continue
+            if b.route == ROUTE_HIERARCHICAL:
+                phase, group, root = PHASE_INTRA_NODE_REDUCE, node, plan.intra_node_root(
+                    b.owner, rank)
+            else:
+                phase, group, root = flat_reduce_phase(b.group), b.group, b.owner
+            for n, payload in b.reduce_parts():
+                ops.append(CommOp(TRIGGER_BACKWARD, phase, "reduce", group, root, b.dtype, n,
+                                  b.colour, False, payload))
+        # reduce_gradients: what the hooks did not launch, then the second hop
         for buf in self.slice_buffers:
-            ops.append(CommOp(launch, PHASE_REDUCE_SCATTER, "reduce_scatter", buf.group, None,
-                              buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
-        if overlap:
-            # Hooks launch each buffer's first reduce, one op per buffer.
-            for b in self.muon_buckets:
-                if b.route == ROUTE_HIERARCHICAL:
-                    phase, group, root = PHASE_INTRA_NODE_REDUCE, node, plan.intra_node_root(
-                        b.owner, rank)
-                else:
-                    phase, group, root = flat_reduce_phase(b.group), b.group, b.owner
-                for n, payload in b.reduce_parts():
-                    ops.append(CommOp(launch, phase, "reduce", group, root, b.dtype, n,
-                                      b.colour, False, payload))
-        else:
-            for b in hier:
+            if id(buf) not in hooked_ids:
+                ops.append(CommOp(TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, "reduce_scatter",
+                                  buf.group, None, buf.dtype, buf.shard_numel, buf.colour,
+                                  False, buf.payload))
+        for b in hier:
+            if not b.overlap:
                 root = plan.intra_node_root(b.owner, rank)
                 for n, payload in b.reduce_parts():
-                    ops.append(CommOp(launch, PHASE_INTRA_NODE_REDUCE, "reduce", node, root,
-                                      b.dtype, n, b.colour, True, payload))
+                    ops.append(CommOp(TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, "reduce", node,
+                                      root, b.dtype, n, b.colour, True, payload))
         for b in hier:
             if plan.in_cross_node_step(b.owner, rank):
                 for n, payload in b.reduce_parts():
                     ops.append(CommOp(TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, "reduce",
                                       same_card, b.owner, b.dtype, n, b.colour, True, payload))
-        if not overlap:
-            for group, buckets in self._flat_groups(flat):
-                for b in buckets:
-                    for n, payload in b.reduce_parts():
-                        ops.append(CommOp(launch, flat_reduce_phase(group), "reduce", group,
-                                          b.owner, b.dtype, n, b.colour, True, payload))
+        for group, buckets in self._flat_groups([b for b in flat if not b.overlap]):
+            for b in buckets:
+                for n, payload in b.reduce_parts():
+                    ops.append(CommOp(TRIGGER_REDUCE, flat_reduce_phase(group), "reduce",
+                                      group, b.owner, b.dtype, n, b.colour, True, payload))
         # step: parameter sync, the reduce's mirror.
         def bcast(b, phase, group, root):
             return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, b.dtype, b.numel,

@@ -35,7 +35,7 @@ import importlib
 import math
 import re
 from collections import OrderedDict
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import paddle
 import paddle.distributed as dist
@@ -50,8 +50,16 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_sharding_collectives as comm
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_layout import assign_muon_owners
-from .muon_sharding_partition import MatrixSpec
+from .muon_sharding_layout import (
+    NO_HOOK_COLOURS,
+    ROUTE_HIERARCHICAL,
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+    assign_muon_owners,
+    flat_broadcast_phase,
+    flat_reduce_phase,
+)
 
 # paddle_muon_ext: compat-begin
 from paddle_muon_ext.compat_paddle_3_3 import (
@@ -71,11 +79,6 @@ _reduce_module = importlib.import_module("paddle.distributed.communication.reduc
 _DEFAULT_COLOUR = None
 
 PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
-
-# Colours whose gradients develop never reduces from overlap hooks (shared
-# MTP weights): their grads are complete only after the pipeline's
-# shared-weight sync, so they are reduced in reduce_gradients.
-NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
 
 # The sharding_configs / pp_configs fields this optimizer reads, as develop's
 # MuonShardingOptimizer does (muon_partition_strategy is ours).
@@ -233,6 +236,7 @@ class MuonBucket:
     params: list
     hierarchical: bool
     buffers: list = dataclasses.field(default_factory=list)
+    phase: str = ""
 
 
 _WARNED: set = set()
@@ -331,16 +335,14 @@ class MuonShardingOptimizer:
                 timer_helper.set_timers()
             self.timers = timer_helper.get_timers()
 
-        self._colour_groups: dict[str | None, Any] = OrderedDict()
+        # 1. data: colours, groups, plan and the layout; nothing allocated yet
+        self._colour_groups: dict[str | None, Any] = self._collect_colour_groups()
         muon_by_colour: dict[str | None, list] = OrderedDict()
         other_by_colour: dict[str | None, list] = OrderedDict()
         for param in self._parameter_list:
-            if not _is_trainable(param):
-                continue
-            colour = self._colour_of(param)
-            target = muon_by_colour if self._uses_muon(param) else other_by_colour
-            target.setdefault(colour, []).append(param)
-
+            if _is_trainable(param):
+                target = muon_by_colour if self._uses_muon(param) else other_by_colour
+                target.setdefault(self._colour_key(param)[0], []).append(param)
         # Resolved only with the option on: upstream resolved the node size
         # unconditionally and crashed on hosts without a launcher or CUDA.
         self._plan = None
@@ -350,23 +352,27 @@ class MuonShardingOptimizer:
                 self._hcg, resolve_gpus_per_node()
             )
             self._check_plan_matches_sharding_group()
+        self._layout = self._build_layout()
+        self._owner_of: dict[str, int] = dict(self._layout.owners)
+        self._partitions: dict[str | None, Any] = dict(self._layout.partitions)
+
+        # 2. allocation: groups and buffers, exactly as the layout says
+        if self._plan is not None:
             self._plan_groups = self._plan.create_groups(self._rank)
             # Once per job is enough to see the layout; other ranks log at debug.
             log = logger.info if self._rank == 0 else logger.debug
             log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
-
-        self._owner_of: dict[str, int] = {}
-        self._partitions: dict[str | None, Any] = {}
-        self._muon_buckets: list[MuonBucket] = []
-        for colour, params in muon_by_colour.items():
-            self._muon_buckets.extend(self._build_muon_buckets(colour, params))
-
+        by_name = {p.name: p for p in self._parameter_list if _is_trainable(p)}
+        self._muon_buckets: list[MuonBucket] = [
+            self._build_muon_bucket(spec, by_name) for spec in self._layout.muon_buckets
+        ]
         self._rs_buffers: list = []
         self._rs_colour: dict[int, str | None] = {}
         self._slice_params: dict[str, EagerParamBase] = {}
         self._names_longest_first: list[str] | None = None
         self._numel_of: dict[str, int] | None = None
-        self._build_reduce_scatter_buffers(other_by_colour)
+        for spec in self._layout.slice_buffers:
+            self._build_reduce_scatter_buffer(spec, by_name)
 
         self._describe_like_develop(muon_by_colour, other_by_colour)
         self._no_hook_buffer_ids = {
@@ -472,11 +478,11 @@ class MuonShardingOptimizer:
                 f"mp_degree=1."
             )
 
-    def _colour_of(self, param) -> str | None:
+    def _colour_key(self, param) -> tuple[str | None, Any]:
+        """(colour key, group) of a parameter; checks it, registers nothing."""
         color = getattr(param, "color", None)
         if color is None or (isinstance(color, int) and color == -1):
-            self._colour_groups.setdefault(_DEFAULT_COLOUR, self._default_group)
-            return _DEFAULT_COLOUR
+            return _DEFAULT_COLOUR, self._default_group
         if not isinstance(color, dict) or "color" not in color or "group" not in color:
             raise ValueError(
                 f"parameter {param.name} has color={color!r}; expected None, -1 or "
@@ -494,15 +500,47 @@ class MuonShardingOptimizer:
                 f"group {list(group.ranks)}; every rank must hold the parameters "
                 "of the colour groups it belongs to."
             )
-        key = color["color"]
-        known = self._colour_groups.get(key)
-        if known is not None and list(known.ranks) != list(group.ranks):
-            raise ValueError(
-                f"colour {key!r} is used with two different groups "
-                f"({list(known.ranks)} and {list(group.ranks)})."
-            )
-        self._colour_groups.setdefault(key, group)
-        return key
+        return color["color"], group
+
+    def _collect_colour_groups(self) -> dict[str | None, Any]:
+        """Colour key -> group, in first-seen order; one group per key."""
+        groups: dict[str | None, Any] = OrderedDict()
+        for param in self._parameter_list:
+            if not _is_trainable(param):
+                continue
+            key, group = self._colour_key(param)
+            known = groups.get(key)
+            if known is not None and list(known.ranks) != list(group.ranks):
+                raise ValueError(
+                    f"colour {key!r} is used with two different groups "
+                    f"({list(known.ranks)} and {list(group.ranks)})."
+                )
+            groups.setdefault(key, group)
+        return groups
+
+    def _build_layout(self) -> ShardingLayout:
+        """Where every parameter goes: the one placement decision, as data."""
+        metas = [
+            ParamMeta(p.name, tuple(p.shape), str(p.dtype), self._colour_key(p)[0],
+                      self._uses_muon(p))
+            for p in self._parameter_list
+            if _is_trainable(p)
+        ]
+        s = self._settings
+        settings = LayoutSettings(
+            comm_buffer_size_MB=s.comm_buffer_size_MB,
+            comm_overlap=s.comm_overlap,
+            partition_strategy=s.muon_partition_strategy,
+            alignment_bytes=tensor_fusion_helper.alignment[
+                tensor_fusion_helper.get_current_device_type()],
+        )
+        groups = {k: list(g.ranks) for k, g in self._colour_groups.items()}
+        return ShardingLayout.build(metas, groups, self._rank, settings, self._plan)
+
+    @property
+    def sharding_layout(self) -> ShardingLayout:
+        """The placement this optimizer was built from (owners, buckets, ranges, schedule)."""
+        return self._layout
 
     def _uses_muon(self, param) -> bool:
         info = self._muon_info.get(param.name)
@@ -514,53 +552,35 @@ class MuonShardingOptimizer:
             )
         return bool(info.use_muon)
 
-    def _build_muon_buckets(self, colour: str | None, params: list) -> list[MuonBucket]:
-        group = self._colour_groups[colour]
-        specs = [
-            MatrixSpec(p.name, tuple(p.shape), str(p.dtype).split(".")[-1])
-            for p in params
-        ]
-        hierarchical = self._plan is not None and colour == _DEFAULT_COLOUR
-        owners, partition = assign_muon_owners(
-            specs,
-            list(group.ranks),
-            plan=self._plan if hierarchical else None,
-            partition_strategy=self._settings.muon_partition_strategy,
-            buffer_size_MB=self._settings.comm_buffer_size_MB,
-        )
-        self._partitions[colour] = partition
-        grouped: dict[tuple, list] = OrderedDict()
-        for p in params:
-            owner = owners[p.name]
-            self._owner_of[p.name] = owner
-            grouped.setdefault((owner, str(p.dtype)), []).append(p)
-
-        buckets = []
-        for (owner, _), bucket_params in sorted(grouped.items()):
-            bucket = MuonBucket(
-                colour=colour,
-                group=group,
-                owner=owner,
-                dtype=bucket_params[0].dtype,
-                params=bucket_params,
-                hierarchical=hierarchical,
+    def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
+        group = self._colour_groups[spec.colour]
+        params = [by_name[n] for n in spec.params]
+        hierarchical = spec.route == ROUTE_HIERARCHICAL
+        bucket = MuonBucket(colour=spec.colour, group=group, owner=spec.owner,
+                            dtype=params[0].dtype, params=params, hierarchical=hierarchical)
+        # A hierarchical buffer's own reduce (launched by the overlap hooks) is
+        # its first hop: inside the node, onto the rank with the owner's card.
+        if hierarchical:
+            buf_group = self._plan_groups.node_group
+            buf_dst = self._plan.intra_node_root(spec.owner, self._rank)
+            bucket.phase = comm.PHASE_INTRA_NODE_REDUCE
+        else:
+            buf_group, buf_dst = group, spec.owner
+            bucket.phase = flat_reduce_phase(tuple(group.ranks))
+        bucket.buffers = [
+            tensor_fusion_helper.FusedCommBuffer(
+                f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
+                [by_name[n] for n in chunk],
+                buf_group,
+                acc_steps=self._buffer_acc_steps(spec.colour),
+                act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
+                dst=buf_dst,
+                release_grads=False,
+                use_reduce_avg=self._use_avg,
             )
-            if self._settings.fused:
-                bucket.buffers = [
-                    tensor_fusion_helper.FusedCommBuffer(
-                        f"muon_{colour}_{owner}_{i}",
-                        chunk,
-                        group,
-                        acc_steps=self._buffer_acc_steps(colour),
-                        act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
-                        dst=owner,
-                        release_grads=False,
-                        use_reduce_avg=self._use_avg,
-                    )
-                    for i, chunk in enumerate(self._chunk_by_size(bucket_params))
-                ]
-            buckets.append(bucket)
-        return buckets
+            for i, chunk in enumerate(spec.chunks)
+        ]
+        return bucket
 
     def _buffer_acc_steps(self, colour) -> int:
         # Without hooks the buffers never count check-ins: grads accumulate
@@ -568,49 +588,25 @@ class MuonShardingOptimizer:
         hooked = self._settings.comm_overlap and colour not in NO_HOOK_COLOURS
         return self._settings.accumulate_steps if hooked else 1
 
-    def _chunk_by_size(self, params: Sequence) -> list[list]:
-        limit = self._settings.comm_buffer_size_MB * 1024 * 1024
-        chunks: list[list] = [[]]
-        size = 0
-        for p in params:
-            nbytes = int(p.numel()) * paddle.core.size_of_dtype(p.dtype)
-            if chunks[-1] and size + nbytes > limit:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(p)
-            size += nbytes
-        return chunks
-
-    def _build_reduce_scatter_buffers(self, other_by_colour: dict) -> None:
-        for colour, params in other_by_colour.items():
-            group = self._colour_groups[colour]
-            by_dtype: dict[str, list] = OrderedDict()
-            for p in params:
-                by_dtype.setdefault(str(p.dtype), []).append(p)
-            for dtype_key, dtype_params in by_dtype.items():
-                chunks = (
-                    self._chunk_by_size(dtype_params)
-                    if self._settings.fused
-                    else [dtype_params]
-                )
-                for i, chunk in enumerate(chunks):
-                    buffer = tensor_fusion_helper.FusedCommBuffer(
-                        f"slice_{colour}_{dtype_key}_{i}",
-                        chunk,
-                        group,
-                        acc_steps=self._buffer_acc_steps(colour),
-                        act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-                        release_grads=self._settings.release_grads,
-                        use_reduce_avg=self._use_avg,
-                    )
-                    # FusedCommBuffer leaves a weakref for Paddle's own sharding
-                    # optimizer to collect; this optimizer keeps its buffers.
-                    if hasattr(chunk[0], "comm_buffer_ref"):
-                        del chunk[0].comm_buffer_ref
-                    self._rs_buffers.append(buffer)
-                    self._rs_colour[id(buffer)] = colour
-                    for p in chunk:
-                        self._slice_params[p.name] = self._create_slice_param(p)
+    def _build_reduce_scatter_buffer(self, spec, by_name: dict) -> None:
+        chunk = [by_name[n] for n in spec.params]
+        buffer = tensor_fusion_helper.FusedCommBuffer(
+            f"slice_{spec.colour}_{spec.dtype}_{len(self._rs_buffers)}",
+            chunk,
+            self._colour_groups[spec.colour],
+            acc_steps=self._buffer_acc_steps(spec.colour),
+            act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
+            release_grads=self._settings.release_grads,
+            use_reduce_avg=self._use_avg,
+        )
+        # FusedCommBuffer leaves a weakref for Paddle's own sharding
+        # optimizer to collect; this optimizer keeps its buffers.
+        if hasattr(chunk[0], "comm_buffer_ref"):
+            del chunk[0].comm_buffer_ref
+        self._rs_buffers.append(buffer)
+        self._rs_colour[id(buffer)] = spec.colour
+        for p in chunk:
+            self._slice_params[p.name] = self._create_slice_param(p)
 
     @staticmethod
     def _create_slice_param(param) -> EagerParamBase:
@@ -624,19 +620,28 @@ class MuonShardingOptimizer:
         return slice_param
 
     def _hooked_buffers(self) -> list:
-        """Buffers whose reduce the overlap hooks launch (not the no-hook colours)."""
-        return [b for b in self._all_buffers() if id(b) not in self._no_hook_buffer_ids]
+        """(buffer, phase) whose first hop the overlap hooks launch.
+
+        Not the no-hook colours, and not one-rank groups (nothing to send).
+        """
+        labelled = [(b, bucket.phase) for bucket in self._muon_buckets for b in bucket.buffers]
+        labelled += [(b, comm.PHASE_REDUCE_SCATTER) for b in self._rs_buffers]
+        return [(b, phase) for b, phase in labelled
+                if id(b) not in self._no_hook_buffer_ids and b._comm_group.nranks > 1]
 
     def _register_overlap_hooks(self) -> None:
-        for buffer in self._hooked_buffers():
+        for buffer, phase in self._hooked_buffers():
             for param in buffer.params:
-                param._register_backward_hook(self._make_overlap_hook(buffer, param))
+                param._register_backward_hook(self._make_overlap_hook(buffer, param, phase))
 
     @staticmethod
-    def _make_overlap_hook(buffer, param):
+    def _make_overlap_hook(buffer, param, phase: str):
+        # The hook launches the buffer's first hop once its last gradient is
+        # in (FusedCommBuffer counts them); the phase names it for profiling.
         @paddle.autograd.no_grad()
         def hook(*_):
-            buffer.add_grad(param, use_comm=True)
+            with comm.comm_phase(phase):
+                buffer.add_grad(param, use_comm=True)
 
         return hook
 
@@ -720,22 +725,10 @@ class MuonShardingOptimizer:
             alignment padding excluded; the whole parameter for owned Muon
             matrices, ``(0, 0)`` when this rank holds none of it.
         """
-        if name in self._owner_of:
-            if self._owner_of[name] != self._rank:
-                return 0, 0
-            param = next(p for b in self._muon_buckets for p in b.params if p.name == name)
-            return 0, int(param.numel())
-        for buffer in self._rs_buffers:
-            view = buffer._sharding_param_grad_view.get(name)
-            if view is None:
-                continue
-            if not view.has_effective_slice_param:
-                return 0, 0
-            numel = int(view._param.numel())
-            begin = min(view._param_begin - view._index, numel)
-            end = min(view._param_end - view._index, numel)
-            return begin, max(begin, end)
-        raise KeyError(f"{name} is not a trainable parameter of this optimizer")
+        try:
+            return self._layout.local_range(name)
+        except KeyError:
+            raise KeyError(f"{name} is not a trainable parameter of this optimizer") from None
 
     def filter_parameters(self, parameter_list, hcg) -> list:
         """Return the parameters whose gradients this rank holds after reduction.
@@ -789,6 +782,7 @@ class MuonShardingOptimizer:
 
     def _reduce_gradients(self) -> None:
         overlap = self._settings.comm_overlap
+        op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
         self._copy_released_grads_in()
         # No-hook buffers are reduced here even under overlap.
         comm.reduce_scatter_slices(
@@ -797,13 +791,8 @@ class MuonShardingOptimizer:
         )
         buckets = self._muon_buckets
         if overlap:
-            for bucket in buckets:
-                if bucket.colour not in NO_HOOK_COLOURS:
-                    for buffer in bucket.buffers:
-                        buffer.scale_grads()
+            self._finish_overlapped_reduce(op)
             buckets = [b for b in buckets if b.colour in NO_HOOK_COLOURS]
-
-        op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
         hierarchical, flat = self._split_routes(
             (bucket, tensor) for bucket in buckets for tensor in self._grad_tensors(bucket)
         )
@@ -812,13 +801,35 @@ class MuonShardingOptimizer:
                 hierarchical, self._plan, self._plan_groups, self._rank, op
             )
         for group, routes in flat:
-            with comm.comm_phase(f"reduce_to_owner[{list(group.ranks)}]"):
+            with comm.comm_phase(flat_reduce_phase(tuple(group.ranks))):
                 comm.reduce_onto(routes, group, op)
         if not self._use_avg:
             for bucket in buckets:
                 if bucket.owner == self._rank:
                     for tensor in self._grad_tensors(bucket):
                         tensor.scale_(1.0 / bucket.group.nranks)
+
+    def _finish_overlapped_reduce(self, op) -> None:
+        # The hooks launched every hooked buffer's first hop: flat ones are
+        # done after the wait; hierarchical ones now hold node means on the
+        # ranks with the owner's card, which reduce them across nodes.
+        hierarchical = []
+        for bucket in self._muon_buckets:
+            if bucket.colour in NO_HOOK_COLOURS:
+                continue
+            for buffer in bucket.buffers:
+                buffer.scale_grads()
+                if bucket.hierarchical:
+                    hierarchical.append((buffer.grad_storage, bucket.owner))
+        if not hierarchical:
+            return
+        comm.cross_node_reduce(hierarchical, self._plan, self._plan_groups, self._rank, op)
+        if not self._use_avg:
+            # scale_grads averaged inside the node; finish the mean over nodes
+            nodes = self._plan_groups.same_card_group.nranks
+            for tensor, owner in hierarchical:
+                if owner == self._rank:
+                    tensor.scale_(1.0 / nodes)
 
     @staticmethod
     def _split_routes(pairs) -> tuple[list, list]:
@@ -944,7 +955,7 @@ class MuonShardingOptimizer:
                 hierarchical, self._plan, self._plan_groups, self._rank
             )
         for group, routes in flat:
-            with comm.comm_phase(f"broadcast_from_owner[{list(group.ranks)}]"):
+            with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
                 comm.broadcast_from(routes, group)
         for buffer, params in unpack:
             comm.unflatten_from(buffer, params)
