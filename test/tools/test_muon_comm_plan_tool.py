@@ -345,3 +345,47 @@ def test_preset_cli_128_ranks():
     res = json.loads(proc.stdout)
     assert res["world_size"] == 128 and res["num_nodes"] == 16
     assert re.search(r"targets", proc.stdout)
+
+
+def test_overlap_mode_follows_the_layout(hand_json, capsys):
+    sync = plan_json([*HAND_ARGS, "--model", hand_json], capsys)
+    over = plan_json([*HAND_ARGS, "--model", hand_json, "--comm-overlap"], capsys)
+    h_sync, h_over = sync["hierarchical"], over["hierarchical"]
+    # same collectives and bytes; what changes is who launches them
+    assert h_over["collectives_per_step"] == h_sync["collectives_per_step"]
+    assert h_over["inter_node_bytes"] == pytest.approx(h_sync["inter_node_bytes"])
+    assert h_over["phase_triggers"]["intra_node_reduce"] == "backward"
+    assert h_over["phase_triggers"]["cross_node_reduce"] == "reduce_gradients"
+    assert h_sync["phase_triggers"]["intra_node_reduce"] == "reduce_gradients"
+    # hook launches: one per dense buffer and node (3 x 4), not one coalesced
+    # block per node; the broadcast stays one block per node (4) in both modes
+    assert h_over["coalesced_launches_per_step"]["node"] == 3 * 4 + 4
+    assert h_sync["coalesced_launches_per_step"]["node"] == 4 + 4
+    assert all(b["route"] == "hierarchical+overlap" for b in over["buckets"]["hierarchical"]
+               if b["colour"] == "dense")
+    assert over["config"]["comm_overlap"] is True
+
+
+def test_overlap_needs_fused_buffers(hand_json, capsys):
+    rc, out, err = run_main(["plan", *HAND_ARGS, "--model", hand_json, "--comm-overlap",
+                             "--buffer-size-MB", "0"], capsys)
+    assert rc == 2 and "needs fused gradient buffers" in err
+
+
+def test_partition_rules_side_by_side(hand_json, capsys):
+    res = plan_json([*HAND_ARGS, "--model", hand_json], capsys)
+    rules = res["partition_rules"]
+    assert set(rules) == {"balanced", "upstream_greedy"}
+    assert rules["balanced"]["optimizer_state_max_over_mean"] == pytest.approx(
+        res["optimizer_state_max_over_mean"])
+    # develop's rule: all of a group (well under one 256 MB buffer) on its first
+    # rank: dense on rank 0, each expert on its moe_sharding group's first rank
+    # ({e, e + 4}: ranks 0..3), so ranks 4..7 own nothing
+    assert rules["upstream_greedy"]["empty_ranks"] == 4
+    assert rules["balanced"]["empty_ranks"] < 4
+    up = plan_json([*HAND_ARGS, "--model", hand_json, "--partition", "upstream_greedy"], capsys)
+    assert up["config"]["partition_strategy"] == "upstream_greedy"
+    assert up["optimizer_state_max_over_mean"] == pytest.approx(
+        rules["upstream_greedy"]["optimizer_state_max_over_mean"])
+    rc, table, _ = run_main(["plan", *HAND_ARGS, "--model", hand_json], capsys)
+    assert "partition rule upstream_greedy: state max/mean" in table

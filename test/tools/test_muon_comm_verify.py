@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -133,3 +134,49 @@ def test_console_alias_routes_demo_and_reports_missing_checkout(monkeypatch, tmp
     monkeypatch.setattr(cli, "_checkout_root", lambda: str(tmp_path))
     assert cli.main(["verify", "--ep", "4"]) == 2
     assert "needs a source checkout" in capsys.readouterr().err
+
+
+def _json_summary(out: str) -> dict:
+    start = out.index("{")
+    end = out.rindex("}") + 1
+    return json.loads(out[start:end])
+
+
+def test_verify_comm_overlap_reports_both_hops(capsys):
+    rc = tool.main(["verify", "--ep", "8", "--moe-sharding", "2", "--pp", "1",
+                    "--gpus-per-node", "4", "--comm-overlap", "--steps", "2", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    summary = _json_summary(out)
+    assert summary["comm_overlap"] and summary["layout_schedule_hierarchical_ok"]
+    hier, flat = summary["phase_counts"]["hierarchical"], summary["phase_counts"]["flat"]
+    # 16 ranks x 2 steps; every rank reduces each dense buffer inside its node
+    assert hier["intra_node_reduce"] > 0 and hier["cross_node_reduce"] > 0
+    assert hier["intra_node_reduce"] % (16 * 2) == 0
+    assert "intra_node_reduce" not in flat and "cross_node_reduce" not in flat
+    dense_flat = f"reduce_to_owner[{list(range(16))}]"
+    assert dense_flat in flat and dense_flat not in hier
+
+
+def test_verify_unfused_passes(capsys):
+    rc = tool.main(["verify", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                    "--unfused", "--steps", "1", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    summary = _json_summary(out)
+    assert summary["fused"] is False and summary["layout_schedule_flat_ok"]
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--comm-overlap", "--unfused"], "needs fused buffers"),
+        (["--comm-overlap", "--pp", "2"], "cannot be combined with --pp 2"),
+    ],
+    ids=["overlap_unfused", "overlap_pp2"],
+)
+def test_verify_refuses_what_the_optimizer_refuses(capsys, argv, fragment):
+    rc = tool.main(["verify", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                    *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and fragment in err, err
