@@ -281,21 +281,31 @@ def _clear_gradient_of(param, set_to_zero: bool) -> None:
 
 
 class MuonShardingOptimizer:
-    """Shard a :class:`~paddle_muon_ext.optimizer.Muon` optimizer across ranks.
+    """Shard a :class:`~paddle.optimizer.Muon` optimizer across ranks.
+
+    Develop's surface: built as ``MuonShardingOptimizer(optimizer, hcg)``
+    (``fleet.distributed_optimizer`` does it when ``strategy.use_muon_sharding``
+    is on), options read from fleet's strategy (``ShardingSettings``), and the
+    attributes develop's callers read (``_params_2d_by_color``,
+    ``_rank2params_2d_by_color``, ``_param2rank_2d_by_color``, ``_local_2d``,
+    ``_color_to_group_info``, ``comm_buffer_2d``, ``_comm_buffer_list``,
+    ``_slice_params``, ``param2bucket``, ``_local_parameter_list``; colour key
+    None for the default group, ranks counted inside each colour's group).
 
     Args:
-        optimizer (Muon): the inner optimizer; it must expose
-            ``_muon_param_info_map`` (name -> MuonParamInfo).
+        optimizer (Muon): the inner optimizer (optionally inside
+            ``MixPrecisionOptimizer``); it must expose ``_muon_param_info_map``
+            (name -> MuonParamInfo) and ``_apply_optimize``.
         hcg (HybridCommunicateGroup|None): hybrid communicate group; defaults
             to ``fleet.get_hybrid_communicate_group()``.
-        strategy (DistributedStrategy|None): defaults to the strategy given to
-            ``fleet.init``.
+        strategy (DistributedStrategy|None): defaults to fleet's user-defined
+            strategy, the one develop reads (a keyword for tools and tests).
 
     Examples:
         .. code-block:: python
 
             >>> # after fleet.init(is_collective=True, strategy=strategy)
-            >>> opt = Muon(learning_rate=0.02, parameters=model.parameters())
+            >>> opt = paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters())
             >>> opt = MuonShardingOptimizer(opt)
             >>> loss.backward()
             >>> opt.reduce_gradients(list(model.parameters()), hcg)
