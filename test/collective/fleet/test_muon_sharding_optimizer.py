@@ -279,6 +279,7 @@ class TestMixPrecision(unittest.TestCase):
             opt.step()
             opt.clear_grad(set_to_zero=False)
             freed = all(p.main_grad is None for b in opt.muon_buckets for p in b.params)
+            opt.clear_grad(set_to_zero=False)  # nothing left to free: no error
             return owner_zero, freed
 
         results, _ = run_world(cfg, body=body)
@@ -943,9 +944,11 @@ class TestOptionsHonoured(unittest.TestCase):
                 pass
 
         saved = (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
-                 mso.timer_helper.get_timers)
+                 mso.timer_helper.get_timers, mso.timer_helper.set_timers)
+        set_calls = []
         paddle.is_compiled_with_cuda = lambda: True
-        mso.timer_helper.is_timer_initialized = lambda: True
+        mso.timer_helper.is_timer_initialized = lambda: bool(set_calls)
+        mso.timer_helper.set_timers = lambda: set_calls.append(1)
         mso.timer_helper.get_timers = lambda: FakeTimer
         try:
             settings = ShardingSettings(enable_optimizer_timer=True)
@@ -965,8 +968,9 @@ class TestOptionsHonoured(unittest.TestCase):
             run_world(cfg, body=body)
         finally:
             (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
-             mso.timer_helper.get_timers) = saved
+             mso.timer_helper.get_timers, mso.timer_helper.set_timers) = saved
         self.assertEqual(set(started), {"reduce-gradients", "apply-optimize", "sync-parameters"})
+        self.assertEqual(len(set_calls), 1, "Paddle's timers are set up once per process")
 
     def test_group_call_matches_reference(self):
         cfg = SimConfig(ep=2, ms=2, gpn=2, steps=2)
@@ -1126,6 +1130,17 @@ class TestEveryOptionHonouredOrRefused(unittest.TestCase):
                     _, bad = self._read(**kwargs)
                     with self.assertRaisesRegex(ValueError, rest[0].replace("(", r"\(")):
                         bad.check(pp_world_size=1)
+
+    def test_fields_a_build_lacks_keep_their_defaults(self):
+        reads: set = set()
+        strategy = types.SimpleNamespace(hybrid_configs=_RecordingHybrid(reads, {
+            "sharding_configs": _RecordingConfig("sharding_configs", reads, {}),
+            "pp_configs": _RecordingConfig("pp_configs", reads, {}),
+            "enable_optimizer_timer": False, "pp_degree": 1,
+        }))
+        settings = ShardingSettings.from_strategy(strategy)
+        self.assertEqual(dataclasses.replace(settings, muon_partition_strategy="upstream_greedy"),
+                         ShardingSettings())
 
     def test_reads_cover_develops_fields(self):
         reads, _ = self._read()
