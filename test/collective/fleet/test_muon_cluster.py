@@ -420,6 +420,72 @@ class TestClusterHelpers(unittest.TestCase):
         self.assertEqual(swept, present[:3])
         remove.assert_called_once_with(present[:3], grace_s=1.0)
 
+    def _fake_ip(self, namespaces=(), pids=None, fail=None):
+        """A stand-in for ``_run``: records argv, answers 'ip netns list/pids'."""
+        calls: list[list[str]] = []
+        pids = dict(pids or {})
+
+        def run(argv, check=True):
+            calls.append(list(argv))
+            out, code = "", 0
+            if argv[:3] == ["ip", "netns", "list"]:
+                out = "".join(f"{ns} (id: {i})\n" for i, ns in enumerate(namespaces))
+            elif argv[:3] == ["ip", "netns", "pids"]:
+                out = "\n".join(str(p) for p in pids.pop(argv[3], []))
+            elif argv[:2] == ["ip", "-j"]:
+                out = json.dumps([{"stats64": {"tx": {"bytes": 7}, "rx": {"bytes": 9}}}])
+            if fail and fail in " ".join(argv):
+                code = 1
+                if check:
+                    raise RuntimeError(f"'{' '.join(argv)}' failed: denied")
+            return subprocess.CompletedProcess(argv, code, out, "denied" if code else "")
+
+        return calls, run
+
+    def test_network_commands_and_teardown(self) -> None:
+        names = cluster.ClusterNames("ab", 2)
+        calls, run = self._fake_ip(namespaces=names.namespaces(), pids={"pmc-ab-n1": [4242]})
+        net = cluster.NetnsCluster(names, 50)
+        with mock.patch.object(cluster, "_run", run), \
+                mock.patch.object(cluster.os, "kill") as kill:
+            net.up()
+            self.assertEqual(net.link_bytes(1), (7, 9))
+            net.down()
+        text = [" ".join(c) for c in calls]
+        for ns in names.namespaces():
+            self.assertIn(f"ip netns add {ns}", text)
+            self.assertIn(f"ip netns del {ns}", text)
+        self.assertIn("ip -n pmc-ab-n1 addr add 198.18.0.11/24 dev pmcabn1", text)
+        tbf = [t for t in text if " tbf " in t]
+        self.assertEqual(len(tbf), 4, "both ends of both node links are rate limited")
+        self.assertTrue(all("rate 50mbit" in t for t in tbf), tbf)
+        kill.assert_any_call(4242, signal.SIGTERM)
+        self.assertEqual(net.created, [])
+
+    def test_capability_probe_reports_each_missing_piece(self) -> None:
+        with mock.patch.object(os, "geteuid", return_value=0), \
+                mock.patch.object(cluster.shutil, "which", return_value="/sbin/ip"):
+            for fail, reason in (("netns add", "cannot create a network namespace"),
+                                 ("tbf", "veth / tbf unavailable"),
+                                 ("cat", "cannot show the namespace's sysfs"),
+                                 (None, None)):
+                calls, run = self._fake_ip(fail=fail)
+                with mock.patch.object(cluster, "_run", run):
+                    got = cluster.probe_capability()
+                if reason is None:
+                    self.assertIsNone(got)
+                else:
+                    self.assertIn(reason, got)
+                if fail != "netns add":
+                    self.assertEqual(calls[-1][:3], ["ip", "netns", "del"], "probe cleans up")
+
+    def test_pid_alive(self) -> None:
+        self.assertTrue(cluster._pid_alive(os.getpid()))
+        with mock.patch.object(cluster.os, "kill", side_effect=ProcessLookupError):
+            self.assertFalse(cluster._pid_alive(1))
+        with mock.patch.object(cluster.os, "kill", side_effect=PermissionError):
+            self.assertTrue(cluster._pid_alive(1))
+
     def test_log_follower_reads_complete_lines_once(self) -> None:
         import tempfile
 
