@@ -497,7 +497,6 @@ DEVELOP = {
 # Modules still pytest-only while their owners convert them to
 # unittest.TestCase; every other exported test module must load > 0 tests.
 PENDING_UNITTEST = {
-    FLEET + "test_muon_comm_plan.py",
     FLEET + "test_muon_group_call.py",
 }
 

@@ -19,14 +19,19 @@ wrong in terms of ranks, nodes, stages and groups.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import itertools
+import math
+import os
+import re
 import sys
+import unittest
 from collections import defaultdict
+from unittest import mock
 
 import numpy as np
-import pytest
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 import paddle
@@ -41,6 +46,24 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
 )
 
 MS_FIRST, PIPE_FIRST = DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
+
+
+class _Raised:
+    value: BaseException | None = None
+
+
+@contextlib.contextmanager
+def raises(exc, match=None):
+    """``exc`` must be raised inside the block, its message matching ``match``."""
+    info = _Raised()
+    try:
+        yield info
+    except exc as err:
+        if match is not None and not re.search(match, str(err)):
+            raise AssertionError(f"{type(err).__name__}({err!s}) does not match {match!r}")
+        info.value = err
+    else:
+        raise AssertionError(f"{exc.__name__} not raised")
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,25 +176,24 @@ def check_valid_plan(plan: HierarchicalCommPlan, topo: CommunicateTopology, gpn:
             )
             assert o in participants, f"owner {o} missing from its own cross-node group"
             two_level = float(np.mean([np.mean(partial[r]) for r in participants]))
-            assert two_level == pytest.approx(flat, rel=1e-12, abs=1e-14), (
+            assert math.isclose(two_level, flat, rel_tol=1e-12, abs_tol=1e-14), (
                 f"owner {o}: mean of node means {two_level} != global mean {flat}"
             )
 
 
-@pytest.mark.parametrize("case", GRID, ids=grid_id)
-def test_grid_plan_is_valid_or_rejected(case):
+def _grid_plan_is_valid_or_rejected(case):
     order, ep, gpn, ms, pp = case
     topo = make_topo(order, ms, pp, ep)
     expected_error = oracle(topo, gpn)
     if expected_error is not None:
-        with pytest.raises(ValueError, match=expected_error):
+        with raises(ValueError, match=expected_error):
             HierarchicalCommPlan.from_topology(topo, gpn)
         return
     plan = HierarchicalCommPlan.from_topology(topo, gpn)
     check_valid_plan(plan, topo, gpn)
 
 
-def test_grid_has_both_valid_and_invalid_cases_in_each_order():
+def _grid_has_both_valid_and_invalid_cases_in_each_order():
     outcomes = defaultdict(set)
     for order, ep, gpn, ms, pp in GRID:
         outcomes[order].add(oracle(make_topo(order, ms, pp, ep), gpn))
@@ -182,7 +204,7 @@ def test_grid_has_both_valid_and_invalid_cases_in_each_order():
     assert "mixes pipeline stages" not in outcomes[PIPE_FIRST]
 
 
-def test_ep12_on_8_card_nodes_covers_every_rank():
+def _ep12_on_8_card_nodes_covers_every_rank():
     """Upstream bug 1: ranks beyond floor(ep/8)*8 were in no same-card group."""
     topo = make_topo(MS_FIRST, 2, 1, 12)
     plan = HierarchicalCommPlan.from_topology(topo, 8)
@@ -208,7 +230,7 @@ def hard_coded_rank(s: int, p: int, e: int, pp: int, ep: int) -> int:
     return s * pp * ep + p * ep + e
 
 
-def test_topology_order_changes_groups_and_formula_is_wrong():
+def _topology_order_changes_groups_and_formula_is_wrong():
     """Upstream bug 2: a hard-coded rank formula silently builds wrong groups."""
     ms, pp, ep, gpn = 2, 2, 8, 4
     pipe_first = make_topo(PIPE_FIRST, ms, pp, ep)
@@ -239,7 +261,7 @@ def test_topology_order_changes_groups_and_formula_is_wrong():
     check_valid_plan(plan_mf, ms_first, gpn)
 
 
-def test_topology_without_pipe_axis_is_one_stage():
+def _topology_without_pipe_axis_is_one_stage():
     topo = CommunicateTopology(["moe_sharding", "expert"], [2, 8])
     plan = HierarchicalCommPlan.from_topology(topo, 4)
     assert plan.pp_degree == 1 and plan.sharding_group_ranks(0) == tuple(range(16))
@@ -247,7 +269,7 @@ def test_topology_without_pipe_axis_is_one_stage():
     assert plan.moe_sharding_ranks(9) == (1, 9)
 
 
-def test_moe_sharding_groups_come_from_comm_lists():
+def _moe_sharding_groups_come_from_comm_lists():
     topo = make_topo(PIPE_FIRST, 2, 2, 8)
     plan = HierarchicalCommPlan.from_topology(topo, 4)
     for lst in topo.get_comm_list("moe_sharding"):
@@ -256,14 +278,16 @@ def test_moe_sharding_groups_come_from_comm_lists():
 
 
 # ----------------------------------------------------------------- gpus per node
-@pytest.mark.parametrize("raw", ["abc", "0", "-3", "", "  ", "4.5", "0x8", "8 cards", "1_000", "\uff18"])
-def test_resolve_rejects_bad_local_size(raw):
-    with pytest.raises(ValueError, match="PADDLE_LOCAL_SIZE") as info:
+BAD_LOCAL_SIZES = ["abc", "0", "-3", "", "  ", "4.5", "0x8", "8 cards", "1_000", "\uff18"]
+
+
+def _resolve_rejects_bad_local_size(raw):
+    with raises(ValueError, match="PADDLE_LOCAL_SIZE") as info:
         resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": raw}, device_count=lambda: 8)
     assert repr(raw) in str(info.value), "message should show the offending value"
 
 
-def test_resolve_reads_local_size_before_device_count():
+def _resolve_reads_local_size_before_device_count():
     def must_not_run():
         raise AssertionError("device_count used although PADDLE_LOCAL_SIZE is set")
 
@@ -272,47 +296,45 @@ def test_resolve_reads_local_size_before_device_count():
     assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": "+2"}, must_not_run) == 2
 
 
-def test_resolve_defaults_to_os_environ(monkeypatch):
-    monkeypatch.setenv("PADDLE_LOCAL_SIZE", "4")
-    assert resolve_gpus_per_node() == 4
-    monkeypatch.delenv("PADDLE_LOCAL_SIZE")
-    assert resolve_gpus_per_node(device_count=lambda: 2) == 2
+def _resolve_defaults_to_os_environ():
+    with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "4"}):
+        assert resolve_gpus_per_node() == 4
+        del os.environ["PADDLE_LOCAL_SIZE"]
+        assert resolve_gpus_per_node(device_count=lambda: 2) == 2
 
 
-def test_resolve_uses_device_count_when_unset():
+def _resolve_uses_device_count_when_unset():
     calls = []
     assert resolve_gpus_per_node({}, lambda: calls.append(1) or 8) == 8
     assert calls == [1]
     assert resolve_gpus_per_node({}, lambda: np.int64(4)) == 4
 
 
-@pytest.mark.parametrize(
-    "count, exc, fragment",
-    [
-        (0, ValueError, "PADDLE_LOCAL_SIZE is not set"),
-        (-1, ValueError, "no accelerator is visible"),
-        ("8", TypeError, "must return an int"),
-        (True, TypeError, "must return an int"),
-    ],
-)
-def test_resolve_rejects_bad_device_count(count, exc, fragment):
-    with pytest.raises(exc, match=fragment):
+BAD_DEVICE_COUNTS = [
+    (0, ValueError, "PADDLE_LOCAL_SIZE is not set"),
+    (-1, ValueError, "no accelerator is visible"),
+    ("8", TypeError, "must return an int"),
+    (True, TypeError, "must return an int"),
+]
+
+
+def _resolve_rejects_bad_device_count(count, exc, fragment):
+    with raises(exc, match=fragment):
         resolve_gpus_per_node({}, lambda: count)
 
 
-def test_resolve_default_device_count_is_paddle_cuda(monkeypatch):
-    monkeypatch.setattr(paddle.device.cuda, "device_count", lambda: 8)
-    assert resolve_gpus_per_node({}) == 8
+def _resolve_default_device_count_is_paddle_cuda():
+    with mock.patch.object(paddle.device.cuda, "device_count", lambda: 8):
+        assert resolve_gpus_per_node({}) == 8
 
     def no_cuda():
         raise RuntimeError("no CUDA in this build")
 
-    monkeypatch.setattr(paddle.device.cuda, "device_count", no_cuda)
-    with pytest.raises(ValueError, match="set PADDLE_LOCAL_SIZE|PADDLE_LOCAL_SIZE is not set"):
+    with mock.patch.object(paddle.device.cuda, "device_count", no_cuda), raises(ValueError, match="set PADDLE_LOCAL_SIZE|PADDLE_LOCAL_SIZE is not set"):
         resolve_gpus_per_node({})
 
 
-def test_import_and_construction_resolve_nothing(monkeypatch):
+def _import_and_construction_resolve_nothing():
     """Upstream bug 3: GPUs per node resolved with the option off."""
     calls = []
 
@@ -320,17 +342,18 @@ def test_import_and_construction_resolve_nothing(monkeypatch):
         calls.append(1)
         raise RuntimeError("CUDA touched")
 
-    monkeypatch.delenv("PADDLE_LOCAL_SIZE", raising=False)
-    monkeypatch.setattr(paddle.device.cuda, "device_count", exploding_device_count)
+    env = {k: v for k, v in os.environ.items() if k != "PADDLE_LOCAL_SIZE"}
     # Fresh copy of the module under another name (leaves sys.modules' copy alone).
     spec = importlib.util.spec_from_file_location("_muon_comm_plan_fresh", mcp.__file__)
     fresh = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = fresh
     try:
-        spec.loader.exec_module(fresh)
-        plan = fresh.HierarchicalCommPlan.from_topology(make_topo(MS_FIRST, 2, 1, 8), 4)
-        plan.create_groups(0, new_group=lambda ranks: tuple(ranks))
-        plan.describe()
+        with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(
+                paddle.device.cuda, "device_count", exploding_device_count):
+            spec.loader.exec_module(fresh)
+            plan = fresh.HierarchicalCommPlan.from_topology(make_topo(MS_FIRST, 2, 1, 8), 4)
+            plan.create_groups(0, new_group=lambda ranks: tuple(ranks))
+            plan.describe()
     finally:
         del sys.modules[spec.name]
     assert calls == [], "import/construction must not query the device count"
@@ -422,18 +445,17 @@ INVALID = [
 ]
 
 
-def test_invalid_table_is_large_enough():
+def _invalid_table_is_large_enough():
     assert len(INVALID) >= 20
 
 
-@pytest.mark.parametrize("thunk, exc, fragment", [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
-def test_invalid_settings_raise_clear_errors(thunk, exc, fragment):
-    with pytest.raises(exc, match=fragment):
+def _invalid_settings_raise_clear_errors(thunk, exc, fragment):
+    with raises(exc, match=fragment):
         thunk()
 
 
 # ------------------------------------------------------------------ groups
-def test_from_hcg_reads_moe_topo_and_mp():
+def _from_hcg_reads_moe_topo_and_mp():
     topo = make_topo(PIPE_FIRST, 2, 2, 8)
     plan = HierarchicalCommPlan.from_hcg(FakeHcg(topo, nranks=32), 4)
     assert plan.sharding_group_ranks(1) == tuple(range(16, 32))
@@ -441,7 +463,7 @@ def test_from_hcg_reads_moe_topo_and_mp():
     assert plan.world_size == 32
 
 
-def test_group_specs_order_is_rank_independent_and_deterministic():
+def _group_specs_order_is_rank_independent_and_deterministic():
     topo = make_topo(PIPE_FIRST, 2, 2, 8)
     specs = [HierarchicalCommPlan.from_topology(topo, 4).group_specs() for _ in range(3)]
     assert specs[0] == specs[1] == specs[2]
@@ -451,7 +473,7 @@ def test_group_specs_order_is_rank_independent_and_deterministic():
     assert all(isinstance(s, GroupSpec) and list(s.ranks) == sorted(s.ranks) for s in specs[0])
 
 
-def test_create_groups_calls_new_group_for_every_spec_in_order():
+def _create_groups_calls_new_group_for_every_spec_in_order():
     plan = GOOD
     specs = plan.group_specs()
     per_rank_calls = {}
@@ -481,10 +503,11 @@ def test_create_groups_calls_new_group_for_every_spec_in_order():
     assert len({tuple(c) for c in per_rank_calls.values()}) == 1
 
 
-def test_create_groups_defaults_to_paddle_new_group(monkeypatch):
+def _create_groups_defaults_to_paddle_new_group():
     calls = []
-    monkeypatch.setattr(paddle.distributed, "new_group", lambda ranks: calls.append(ranks) or len(calls))
-    groups = plan_for(ms=2, ep=8, gpn=4).create_groups(5)
+    with mock.patch.object(paddle.distributed, "new_group",
+                           lambda ranks: calls.append(ranks) or len(calls)):
+        groups = plan_for(ms=2, ep=8, gpn=4).create_groups(5)
     assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15],
                      [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
     assert groups.node_group == 2 and groups.same_card_group == 6
@@ -502,8 +525,7 @@ SPREAD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("order, ms, pp, ep, gpn", SPREAD_CASES)
-def test_spread_rank_order_interleaves_cards_and_nodes(order, ms, pp, ep, gpn):
+def _spread_rank_order_interleaves_cards_and_nodes(order, ms, pp, ep, gpn):
     plan = plan_for(order, ms=ms, pp=pp, ep=ep, gpn=gpn)
     for p in range(pp):
         spread = plan.spread_rank_order(p)
@@ -538,7 +560,7 @@ def test_spread_rank_order_interleaves_cards_and_nodes(order, ms, pp, ep, gpn):
             )
 
 
-def test_describe_names_nodes_stages_and_groups():
+def _describe_names_nodes_stages_and_groups():
     text = plan_for(MS_FIRST, ms=2, pp=1, ep=12, gpn=8).describe()
     assert "world 24 = 3 nodes x 8 cards" in text
     assert "node 2: ranks 16-23, stage 0" in text
@@ -546,3 +568,84 @@ def test_describe_names_nodes_stages_and_groups():
     assert "order [moe_sharding=2, pipe=1, expert=12]" in text
     assert "HierarchicalCommPlan(world_size=32" in repr(GOOD)
     assert "stage 1: sharding group [8, 9, 10" in GOOD.describe()
+
+
+class TestHierarchicalCommPlan(unittest.TestCase):
+    """Each case of the tables above runs as a subtest."""
+
+    def test_grid_plan_is_valid_or_rejected(self):
+        for case in GRID:
+            with self.subTest(case=grid_id(case)):
+                _grid_plan_is_valid_or_rejected(case)
+
+    def test_grid_has_both_valid_and_invalid_cases_in_each_order(self):
+        _grid_has_both_valid_and_invalid_cases_in_each_order()
+
+    def test_ep12_on_8_card_nodes_covers_every_rank(self):
+        _ep12_on_8_card_nodes_covers_every_rank()
+
+    def test_topology_order_changes_groups_and_formula_is_wrong(self):
+        _topology_order_changes_groups_and_formula_is_wrong()
+
+    def test_topology_without_pipe_axis_is_one_stage(self):
+        _topology_without_pipe_axis_is_one_stage()
+
+    def test_moe_sharding_groups_come_from_comm_lists(self):
+        _moe_sharding_groups_come_from_comm_lists()
+
+    def test_resolve_rejects_bad_local_size(self):
+        for raw in BAD_LOCAL_SIZES:
+            with self.subTest(case=repr(raw)):
+                _resolve_rejects_bad_local_size(raw)
+
+    def test_resolve_reads_local_size_before_device_count(self):
+        _resolve_reads_local_size_before_device_count()
+
+    def test_resolve_defaults_to_os_environ(self):
+        _resolve_defaults_to_os_environ()
+
+    def test_resolve_uses_device_count_when_unset(self):
+        _resolve_uses_device_count_when_unset()
+
+    def test_resolve_rejects_bad_device_count(self):
+        for count, exc, fragment in BAD_DEVICE_COUNTS:
+            with self.subTest(case=repr(count)):
+                _resolve_rejects_bad_device_count(count, exc, fragment)
+
+    def test_resolve_default_device_count_is_paddle_cuda(self):
+        _resolve_default_device_count_is_paddle_cuda()
+
+    def test_import_and_construction_resolve_nothing(self):
+        _import_and_construction_resolve_nothing()
+
+    def test_invalid_table_is_large_enough(self):
+        _invalid_table_is_large_enough()
+
+    def test_invalid_settings_raise_clear_errors(self):
+        for case_id, thunk, exc, fragment in INVALID:
+            with self.subTest(case=case_id):
+                _invalid_settings_raise_clear_errors(thunk, exc, fragment)
+
+    def test_from_hcg_reads_moe_topo_and_mp(self):
+        _from_hcg_reads_moe_topo_and_mp()
+
+    def test_group_specs_order_is_rank_independent_and_deterministic(self):
+        _group_specs_order_is_rank_independent_and_deterministic()
+
+    def test_create_groups_calls_new_group_for_every_spec_in_order(self):
+        _create_groups_calls_new_group_for_every_spec_in_order()
+
+    def test_create_groups_defaults_to_paddle_new_group(self):
+        _create_groups_defaults_to_paddle_new_group()
+
+    def test_spread_rank_order_interleaves_cards_and_nodes(self):
+        for case in SPREAD_CASES:
+            with self.subTest(case=repr(case[1:])):
+                _spread_rank_order_interleaves_cards_and_nodes(*case)
+
+    def test_describe_names_nodes_stages_and_groups(self):
+        _describe_names_nodes_stages_and_groups()
+
+
+if __name__ == "__main__":
+    unittest.main()
