@@ -494,13 +494,6 @@ DEVELOP = {
     ep.PROTO_PATH: PROTO,
     "test/legacy_test/CMakeLists.txt": "# registers test_*.py by glob\n",
 }
-# Modules still pytest-only while their owners convert them to
-# unittest.TestCase; every other exported test module must load > 0 tests.
-PENDING_UNITTEST = {
-    FLEET + "test_muon_group_call.py",
-}
-
-
 def _our_muon_text():
     with open(os.path.join(REPO, "python/paddle_muon_ext/optimizer/muon.py")) as f:
         return ep.rewrite_imports(ep.strip_compat_blocks(f.read()))
@@ -534,7 +527,8 @@ def test_export_against_develop_like_tree(tmp_path, capsys):
     strategy_before = _read(tree, ep.STRATEGY_DOC_PATH)
     out = str(tmp_path / "muon.patch")
     rc, patch, stdout, err = _export(REPO, out, capsys, "--include-untracked",
-                                     "--strict", "--paddle-root", tree)
+                                     "--strict", "--require-unittest",
+                                     "--paddle-root", tree)
     assert rc == 0, err
     files = _sections(patch)
     # left out / kept / modified / added
@@ -597,9 +591,7 @@ def test_export_against_develop_like_tree(tmp_path, capsys):
     assert counts[FLEET + "test_parallel_dygraph_muon.py"] == 1  # develop's case
     errors = {p: c for p, c in counts.items() if not isinstance(c, int)}
     assert not errors, errors
-    zero = {p for p, c in counts.items() if c == 0}
-    assert zero <= PENDING_UNITTEST, "load 0 unittest tests: %s" % sorted(
-        zero - PENDING_UNITTEST)
+    assert all(c > 0 for c in counts.values()), counts
     with capsys.disabled():
         print("\n[develop-like tree] unittest load %.1fs: %s"
               % (res["wall_s"], json.dumps(counts, sort_keys=True)))
@@ -701,7 +693,7 @@ def test_real_repo_suites_run_in_tree(tmp_path, capsys):
                                                 summary.group(2))}
     assert counts.get("failed", 0) == counts.get("error", 0) == 0
     # a floor that only says the suites ran (the counts move as suites grow)
-    assert counts["passed"] >= 200, summary.group(2)
+    assert counts["passed"] >= 100, summary.group(2)
     skip_lines = [l for l in out.splitlines() if l.startswith("SKIPPED")]
     for line in skip_lines:
         assert any(reason in line for reason in ALLOWED_SKIPS), line

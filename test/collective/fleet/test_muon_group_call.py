@@ -26,11 +26,15 @@ hierarchical and flat paths differ only in the order of fp32 additions.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import re
+import unittest
+from unittest import mock
 
 import numpy as np
 import paddle
-import pytest
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 from muon_sim_runner import (
@@ -50,14 +54,27 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
-    ParamMeta,
-    ShardingLayout,
-)
-from paddle_muon_ext.tools.verify import compare_schedule
 
 TOL = 1e-5
 ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
+
+
+class _Raised:
+    value: BaseException | None = None
+
+
+@contextlib.contextmanager
+def raises(exc, match=None):
+    """``exc`` must be raised inside the block, its message matching ``match``."""
+    info = _Raised()
+    try:
+        yield info
+    except exc as err:
+        if match is not None and not re.search(match, str(err)):
+            raise AssertionError(f"{type(err).__name__}({err!s}) does not match {match!r}")
+        info.value = err
+    else:
+        raise AssertionError(f"{exc.__name__} not raised")
 
 
 def _grid():
@@ -89,7 +106,7 @@ NUMERIC = {k: c for k, c in VALID.items()
            if c.world <= 32 and not (c.pp == 1 and c.order[0] == "pipe")}
 
 
-def test_grid_has_both_outcomes_and_a_large_world():
+def _grid_has_both_outcomes_and_a_large_world():
     assert len(VALID) >= 60 and INVALID, (len(VALID), len(INVALID))
     assert max(c.world for c in NUMERIC.values()) >= 32
     assert max(c.world for c in VALID.values()) >= 256
@@ -127,22 +144,19 @@ def _schedule_assertions(name: str, cfg: SimConfig, world) -> None:
                     "cross_node_reduce", "cross_node_broadcast"}, (name, seen)
 
 
-@pytest.mark.parametrize("name", sorted(VALID))
-def test_grid_schedule_is_consistent(name):
+def _grid_schedule_is_consistent(name):
     cfg = VALID[name]
     _, world = run_world(cfg, mode="record")
     _schedule_assertions(name, cfg, world)
 
 
-@pytest.mark.parametrize("name", sorted(INVALID))
-def test_grid_invalid_layout_raises_at_construction(name):
+def _grid_invalid_layout_raises_at_construction(name):
     cfg = INVALID[name]
-    with pytest.raises(ValueError, match="comm_group_call_opt"):
+    with raises(ValueError, match="comm_group_call_opt"):
         run_world(cfg, mode="record", reraise_original=True)
 
 
-@pytest.mark.parametrize("name", sorted(NUMERIC))
-def test_grid_three_steps_on_equal_off_and_reference(name):
+def _grid_three_steps_on_equal_off_and_reference(name):
     on = SimConfig(**{**NUMERIC[name].__dict__, "steps": 3, "clip": NUMERIC[name].pp == 1,
                       "via_fleet": True})
     off = SimConfig(**{**on.__dict__, "gpn": None})
@@ -171,17 +185,15 @@ def _owner_grads(cfg, strategy):
     return coord, {by_name[p.name]: p.grad.numpy() for p in core._owned_muon_params()}
 
 
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        SimConfig(ep=4, ms=2, gpn=2),
-        SimConfig(ep=12, ms=2, gpn=8),
-        SimConfig(ep=4, ms=2, gpn=2, fused=False),
-        SimConfig(ep=4, ms=2, gpn=4, use_reduce_avg=True),
-    ],
-    ids=["ep4-gpn2", "ep12-gpn8", "ep4-gpn2-per_param", "ep4-gpn4-avg"],
-)
-def test_owner_gradient_is_group_mean_after_hierarchical_reduce(cfg):
+OWNER_GRAD_CASES = dict(zip(["ep4-gpn2", "ep12-gpn8", "ep4-gpn2-per_param", "ep4-gpn4-avg"], [
+    SimConfig(ep=4, ms=2, gpn=2),
+    SimConfig(ep=12, ms=2, gpn=8),
+    SimConfig(ep=4, ms=2, gpn=2, fused=False),
+    SimConfig(ep=4, ms=2, gpn=4, use_reduce_avg=True),
+]))
+
+
+def _owner_gradient_is_group_mean_after_hierarchical_reduce(cfg):
     results, _ = run_world(cfg, body=_owner_grads)
     means = Reference(cfg.expert_of_rank()).mean_grads(0)
     owned = 0
@@ -196,68 +208,6 @@ def test_owner_gradient_is_group_mean_after_hierarchical_reduce(cfg):
     assert owned >= 4
 
 
-# --------------------------------------------------------------------------
-# the layout predicts the schedule the real optimizer issues
-# --------------------------------------------------------------------------
-def _layout_grid():
-    layouts = [
-        ("ep4-ms2-gpn2", dict(ep=4, ms=2)),
-        ("ep8-ms2-gpn4", dict(ep=8, ms=2)),
-        ("ep4-ms1-gpn2", dict(ep=4, ms=1)),
-        ("ep2-ms2-pp2-gpn2-pipefirst", dict(ep=2, ms=2, pp=2, order=ORDERS["pp_ms_ep"])),
-    ]
-    gpn = {"ep4-ms2-gpn2": 2, "ep8-ms2-gpn4": 4, "ep4-ms1-gpn2": 2,
-           "ep2-ms2-pp2-gpn2-pipefirst": 2}
-    for name, kw in layouts:
-        for fused, overlap in ((True, False), (False, False), (True, True)):
-            if overlap and kw.get("pp", 1) > 1:
-                continue  # the optimizer refuses comm_overlap with pipeline parallel
-            for option in (True, False):
-                mode = f"{'fused' if fused else 'unfused'}-{'overlap' if overlap else 'sync'}"
-                yield (f"{name}-{mode}-{'on' if option else 'off'}",
-                       SimConfig(**kw, gpn=gpn[name] if option else None, fused=fused,
-                                 overlap=overlap, steps=2, clip=False, via_fleet=False))
-
-
-LAYOUT_GRID = dict(_layout_grid())
-
-
-def _independent_layout(cfg: SimConfig, res) -> ShardingLayout:
-    """The layout built from metadata alone, as the plan tool builds it."""
-    opt = res.optimizer
-    hcg = opt._hcg
-    info = opt._inner_opt._muon_param_info_map
-    metas, groups = [], {None: list(hcg.get_sharding_parallel_group().ranks)}
-    for p in res.net.parameters():
-        color = getattr(p, "color", None)
-        colour = color["color"] if isinstance(color, dict) else None
-        if colour is not None:
-            groups[colour] = list(color["group"].ranks)
-        metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), colour,
-                               info[p.name].use_muon))
-    plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn) if cfg.gpn else None
-    return ShardingLayout.build(metas, groups, res.rank, opt.sharding_layout.settings, plan)
-
-
-@pytest.mark.parametrize("name", sorted(LAYOUT_GRID))
-def test_layout_predicts_recorded_schedule(name):
-    cfg = LAYOUT_GRID[name]
-    results, world = run_world(cfg, mode="record")
-    assert world.check_schedule().ok, name
-    phases = set()
-    for res in results:
-        layout = res.optimizer.sharding_layout
-        assert _independent_layout(cfg, res).to_dict() == layout.to_dict(), (
-            f"[{name}] rank {res.rank}: the optimizer's layout differs from the one "
-            "built from parameter metadata"
-        )
-        problems = compare_schedule(layout, world.traces[res.rank], cfg.steps)
-        assert not problems, f"[{name}] " + "\n".join(problems)
-        phases |= {op.phase for op in layout.schedule()}
-    hier = {"intra_node_reduce", "cross_node_reduce"}
-    assert hier <= phases if cfg.gpn else not hier & phases, (name, sorted(phases))
-
-
 def _phases_by_trigger(cfg: SimConfig) -> dict:
     results, world = run_world(cfg, mode="record")
     out: dict = {}
@@ -268,7 +218,7 @@ def _phases_by_trigger(cfg: SimConfig) -> dict:
     return out
 
 
-def test_overlap_keeps_the_hierarchical_reduce():
+def _overlap_keeps_the_hierarchical_reduce():
     # Without the fix, the hooks reduced every dense Muon buffer flat in the
     # sharding group: no intra-node / cross-node phase at all.
     cfg = SimConfig(ep=4, ms=2, gpn=2, overlap=True, steps=1, clip=False, via_fleet=False)
@@ -278,21 +228,19 @@ def test_overlap_keeps_the_hierarchical_reduce():
     assert dense_flat not in phases, "a dense Muon buffer was reduced flat"
 
 
-@pytest.mark.parametrize(
-    "base",
-    [
-        SimConfig(ep=4, ms=2, gpn=2, overlap=True),
-        SimConfig(ep=8, ms=2, gpn=4, overlap=True, use_reduce_avg=True),
-        SimConfig(ep=4, ms=2, gpn=2, overlap=True, acc_steps=2),
-        SimConfig(ep=4, ms=2, gpn=2, matrix_dtype="bfloat16", clip=False),
-        SimConfig(ep=4, ms=2, gpn=2, fused=False),
-        SimConfig(ep=2, ms=2, pp=2, gpn=2, order=ORDERS["pp_ms_ep"], clip=False),
-        SimConfig(ep=4, ms=1, gpn=2),
-    ],
-    ids=["overlap", "overlap_avg_gpn4", "overlap_acc2", "bf16_and_fp32", "per_param",
-         "pp2_pipe_first", "ms1"],
-)
-def test_option_on_equals_off_across_modes(base):
+MODE_CASES = dict(zip(["overlap", "overlap_avg_gpn4", "overlap_acc2", "bf16_and_fp32", "per_param",
+     "pp2_pipe_first", "ms1"], [
+    SimConfig(ep=4, ms=2, gpn=2, overlap=True),
+    SimConfig(ep=8, ms=2, gpn=4, overlap=True, use_reduce_avg=True),
+    SimConfig(ep=4, ms=2, gpn=2, overlap=True, acc_steps=2),
+    SimConfig(ep=4, ms=2, gpn=2, matrix_dtype="bfloat16", clip=False),
+    SimConfig(ep=4, ms=2, gpn=2, fused=False),
+    SimConfig(ep=2, ms=2, pp=2, gpn=2, order=ORDERS["pp_ms_ep"], clip=False),
+    SimConfig(ep=4, ms=1, gpn=2),
+]))
+
+
+def _option_on_equals_off_across_modes(base):
     tol = 1e-2 if base.matrix_dtype == "bfloat16" else TOL
     res_on, world = run_world(base)
     res_off, _ = run_world(SimConfig(**{**base.__dict__, "gpn": None}))
@@ -303,17 +251,17 @@ def test_option_on_equals_off_across_modes(base):
     assert world.check_schedule().ok
 
 
-def test_option_off_never_resolves_gpus_per_node(monkeypatch):
+def _option_off_never_resolves_gpus_per_node():
     """Upstream bug 3: node size resolved with the option off crashed CPU hosts."""
-    monkeypatch.setenv("PADDLE_LOCAL_SIZE", "abc")
 
     def boom(*args, **kwargs):
         raise AssertionError("resolve_gpus_per_node called with comm_group_call_opt off")
 
-    monkeypatch.setattr(mso, "resolve_gpus_per_node", boom)
     cfg = SimConfig(ep=4, ms=2, gpn=None)
-    results, _ = run_world(cfg, mode="record", body=lambda c, s: sharded_core(
-        build_rank(c, s)[2]).comm_plan)
+    with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "abc"}), \
+            mock.patch.object(mso, "resolve_gpus_per_node", boom):
+        results, _ = run_world(cfg, mode="record", body=lambda c, s: sharded_core(
+            build_rank(c, s)[2]).comm_plan)
     assert all(plan is None for plan in results)
 
 
@@ -322,16 +270,15 @@ BAD_ENV = [("abc", "is not an integer"), ("0", "positive integer"),
            ("1", "gpus_per_node=1")]
 
 
-@pytest.mark.parametrize("value, fragment", BAD_ENV, ids=[v or "empty" for v, _ in BAD_ENV])
-def test_bad_local_size_env_raises(monkeypatch, value, fragment):
+def _bad_local_size_env_raises(value, fragment):
     cfg = SimConfig(ep=4, ms=2, gpn=2)
 
     def body(c, s):
-        import os
+        # after the world set PADDLE_LOCAL_SIZE from the config
         os.environ["PADDLE_LOCAL_SIZE"] = value
         build_rank(c, s)
 
-    with pytest.raises(ValueError) as info:
+    with mock.patch.dict(os.environ), raises(ValueError) as info:
         run_world(cfg, mode="record", body=body, reraise_original=True)
     assert fragment in str(info.value)
     assert value == "1" or "PADDLE_LOCAL_SIZE" in str(info.value)
@@ -358,17 +305,15 @@ BAD_LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("cfg, exc, fragment", BAD_LAYOUTS,
-                         ids=[f"bad{i}" for i in range(len(BAD_LAYOUTS))])
-def test_bad_layout_raises_with_actionable_message(cfg, exc, fragment):
-    with pytest.raises(exc) as info:
+def _bad_layout_raises_with_actionable_message(cfg, exc, fragment):
+    with raises(exc) as info:
         run_world(cfg, mode="record", reraise_original=True)
     message = str(info.value)
     assert fragment in message, message
     assert "comm_group_call_opt" in message, message
 
 
-def test_tensor_parallel_with_group_call_raises():
+def _tensor_parallel_with_group_call_raises():
     def body(cfg, strategy):
         from muon_tiny_moe import TinyMoE, make_muon
         hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
@@ -376,12 +321,12 @@ def test_tensor_parallel_with_group_call_raises():
         mso.MuonShardingOptimizer(make_muon(list(net.parameters())), TensorParallelHcg(hcg),
                                   strategy)
 
-    with pytest.raises(ValueError, match="mp_degree=2"):
+    with raises(ValueError, match="mp_degree=2"):
         run_world(SimConfig(ep=4, ms=2, gpn=2), mode="record", body=body,
                   reraise_original=True)
 
 
-def test_groups_created_identically_on_every_rank():
+def _groups_created_identically_on_every_rank():
     cfg = SimConfig(ep=8, ms=2, gpn=4)
     _, world = run_world(cfg, mode="record")
     creations = [[(r.group_id, tuple(r.group_ranks)) for r in t if r.op == "new_group"]
@@ -391,3 +336,61 @@ def test_groups_created_identically_on_every_rank():
     created = {ranks for _, ranks in creations[0]}
     for spec in plan.group_specs():
         assert tuple(spec.ranks) in created, f"group {spec} was never created"
+
+
+class TestGroupCall(unittest.TestCase):
+    """Each case of the tables above runs as a subtest."""
+
+    def test_grid_has_both_outcomes_and_a_large_world(self):
+        _grid_has_both_outcomes_and_a_large_world()
+
+    def test_grid_schedule_is_consistent(self):
+        for name in sorted(VALID):
+            with self.subTest(case=name):
+                _grid_schedule_is_consistent(name)
+
+    def test_grid_invalid_layout_raises_at_construction(self):
+        for name in sorted(INVALID):
+            with self.subTest(case=name):
+                _grid_invalid_layout_raises_at_construction(name)
+
+    def test_grid_three_steps_on_equal_off_and_reference(self):
+        for name in sorted(NUMERIC):
+            with self.subTest(case=name):
+                _grid_three_steps_on_equal_off_and_reference(name)
+
+    def test_owner_gradient_is_group_mean_after_hierarchical_reduce(self):
+        for name, cfg in OWNER_GRAD_CASES.items():
+            with self.subTest(case=name):
+                _owner_gradient_is_group_mean_after_hierarchical_reduce(cfg)
+
+    def test_overlap_keeps_the_hierarchical_reduce(self):
+        _overlap_keeps_the_hierarchical_reduce()
+
+    def test_option_on_equals_off_across_modes(self):
+        for name, base in MODE_CASES.items():
+            with self.subTest(case=name):
+                _option_on_equals_off_across_modes(base)
+
+    def test_option_off_never_resolves_gpus_per_node(self):
+        _option_off_never_resolves_gpus_per_node()
+
+    def test_bad_local_size_env_raises(self):
+        for value, fragment in BAD_ENV:
+            with self.subTest(case=repr(value)):
+                _bad_local_size_env_raises(value, fragment)
+
+    def test_bad_layout_raises_with_actionable_message(self):
+        for i, (cfg, exc, fragment) in enumerate(BAD_LAYOUTS):
+            with self.subTest(case=f"bad{i}"):
+                _bad_layout_raises_with_actionable_message(cfg, exc, fragment)
+
+    def test_tensor_parallel_with_group_call_raises(self):
+        _tensor_parallel_with_group_call_raises()
+
+    def test_groups_created_identically_on_every_rank(self):
+        _groups_created_identically_on_every_rank()
+
+
+if __name__ == "__main__":
+    unittest.main()
