@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -269,3 +270,23 @@ class TensorParallelHcg:
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._inner, item)
+
+
+class _Raised:
+    """What :func:`raises` caught (``.value``)."""
+
+    value: BaseException | None = None
+
+
+@contextmanager
+def raises(exc, match=None):
+    """``exc`` must be raised inside the block, its message matching ``match``."""
+    info = _Raised()
+    try:
+        yield info
+    except exc as err:
+        if match is not None and not re.search(match, str(err)):
+            raise AssertionError(f"{type(err).__name__}({err!s}) does not match {match!r}")
+        info.value = err
+    else:
+        raise AssertionError(f"{exc.__name__} not raised")

@@ -19,13 +19,11 @@ wrong in terms of ranks, nodes, stages and groups.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import itertools
 import math
 import os
-import re
 import sys
 import unittest
 from collections import defaultdict
@@ -33,6 +31,7 @@ from unittest import mock
 
 import numpy as np
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
+from muon_sim_runner import raises
 
 import paddle
 from paddle.distributed.fleet.base.topology import CommunicateTopology
@@ -48,22 +47,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
 MS_FIRST, PIPE_FIRST = DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 
-class _Raised:
-    value: BaseException | None = None
-
-
-@contextlib.contextmanager
-def raises(exc, match=None):
-    """``exc`` must be raised inside the block, its message matching ``match``."""
-    info = _Raised()
-    try:
-        yield info
-    except exc as err:
-        if match is not None and not re.search(match, str(err)):
-            raise AssertionError(f"{type(err).__name__}({err!s}) does not match {match!r}")
-        info.value = err
-    else:
-        raise AssertionError(f"{exc.__name__} not raised")
 
 
 @functools.lru_cache(maxsize=None)

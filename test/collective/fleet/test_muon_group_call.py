@@ -26,10 +26,8 @@ hierarchical and flat paths differ only in the order of fp32 additions.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import re
 import unittest
 from unittest import mock
 
@@ -42,6 +40,7 @@ from muon_sim_runner import (
     SimConfig,
     build_rank,
     max_abs_diff,
+    raises,
     reference_values,
     run_world,
     sharded_core,
@@ -59,22 +58,6 @@ TOL = 1e-5
 ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
 
 
-class _Raised:
-    value: BaseException | None = None
-
-
-@contextlib.contextmanager
-def raises(exc, match=None):
-    """``exc`` must be raised inside the block, its message matching ``match``."""
-    info = _Raised()
-    try:
-        yield info
-    except exc as err:
-        if match is not None and not re.search(match, str(err)):
-            raise AssertionError(f"{type(err).__name__}({err!s}) does not match {match!r}")
-        info.value = err
-    else:
-        raise AssertionError(f"{exc.__name__} not raised")
 
 
 def _grid():
