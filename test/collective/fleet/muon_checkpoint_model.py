@@ -42,10 +42,7 @@ Parameters (names chosen for what checkpoints must get right):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-from typing import Iterator
 
 import numpy as np
 
@@ -53,6 +50,7 @@ import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
 from mock.fake_hcg import make_hybrid_strategy
+from muon_sim_runner import local_size
 from muon_test_compat import set_muon_sharding_options
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
@@ -270,20 +268,6 @@ class Layout:
             partition_strategy=self.partition,
         )
         return strategy
-
-
-@contextlib.contextmanager
-def local_size(gpn: int | None) -> Iterator[None]:
-    """``PADDLE_LOCAL_SIZE`` as the optimizer reads it (GPUs per node)."""
-    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
-    if gpn is not None:
-        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
-    try:
-        yield
-    finally:
-        os.environ.pop("PADDLE_LOCAL_SIZE", None)
-        if saved is not None:
-            os.environ["PADDLE_LOCAL_SIZE"] = saved
 
 
 def build_rank(layout: Layout, hcg) -> tuple[CheckpointNet, MuonShardingOptimizer]:

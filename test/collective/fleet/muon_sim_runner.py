@@ -134,7 +134,8 @@ class SimConfig:
 
 
 @contextmanager
-def _local_size(gpn: int | None) -> Iterator[None]:
+def local_size(gpn: int | None) -> Iterator[None]:
+    """``PADDLE_LOCAL_SIZE`` as the optimizer reads it (GPUs per node); None unsets it."""
     saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
     if gpn is not None:
         os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
@@ -229,7 +230,7 @@ def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
         deadlock_timeout=deadlock_timeout,
         reraise_original=reraise_original,
     )
-    with _local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
+    with local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
         try:
             results = world.run(lambda rank: fn(cfg, strategy))
         except Exception as error:
