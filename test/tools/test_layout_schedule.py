@@ -102,3 +102,57 @@ def test_layout_predicts_recorded_schedule(name):
         phases |= {op.phase for op in layout.schedule()}
     hier = {"intra_node_reduce", "cross_node_reduce"}
     assert hier <= phases if cfg.gpn else not hier & phases, (name, sorted(phases))
+
+
+# --------------------------------------------------------------------------
+# compare_schedule reports each kind of divergence (verify must FAIL on them)
+# --------------------------------------------------------------------------
+def _optimizer_records(layout, records):
+    return [r for r in records if r.group_seq is not None and r.op != "all_reduce"]
+
+
+def test_compare_schedule_names_each_divergence():
+    import dataclasses
+
+    cfg = LAYOUT_GRID["ep4-ms2-gpn2-fused-overlap-on"]
+    results, world = run_world(cfg, mode="record")
+    res = results[0]
+    layout = res.optimizer.sharding_layout
+    records = list(world.traces[res.rank])
+    assert compare_schedule(layout, records, cfg.steps) == []
+
+    ops = _optimizer_records(layout, records)
+    # One collective missing: the per-step count disagrees.
+    short = [r for r in records if r is not ops[-1]]
+    problems = compare_schedule(layout, short, cfg.steps)
+    assert len(problems) == 1 and "the layout predicts" in problems[0], problems
+
+    hooks = sum(1 for op in layout.schedule() if op.trigger == "backward")
+    assert hooks > 0, "an overlap layout launches collectives from backward hooks"
+    # A hook-launched collective on the wrong root.
+    bad_hook = dataclasses.replace(ops[0], root=-1)
+    problems = compare_schedule(layout, [bad_hook if r is ops[0] else r for r in records],
+                                cfg.steps)
+    assert any("step 0: hook-launched collectives" in p for p in problems), problems
+    # A synchronous collective with another element count.
+    target = ops[hooks]
+    bad_sync = dataclasses.replace(target, numel=target.numel + 1)
+    problems = compare_schedule(layout, [bad_sync if r is target else r for r in records],
+                                cfg.steps)
+    assert any(f"step 0 op {hooks}: recorded" in p for p in problems), problems
+
+
+def test_layout_of_unwraps_fleet_wrappers():
+    from paddle_muon_ext.tools.verify import _layout_of
+
+    cfg = LAYOUT_GRID["ep4-ms2-gpn2-fused-sync-off"]
+    results, _ = run_world(cfg, mode="record")
+    opt = results[0].optimizer
+
+    class Wrapper:
+        def __init__(self, inner):
+            self._inner_opt = inner
+
+    assert _layout_of(Wrapper(Wrapper(opt))) is opt.sharding_layout
+    assert _layout_of(Wrapper(object())) is None
+    assert _layout_of(object()) is None

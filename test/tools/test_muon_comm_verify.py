@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -131,9 +132,16 @@ def test_console_alias_routes_demo_and_reports_missing_checkout(monkeypatch, tmp
     assert cli.main(["demo", "--steps", "2"]) == 3
     assert seen["path"].endswith("demo.py") and seen["argv"][1:] == ["--steps", "2"]
 
+    # A demo script that returns without sys.exit() is a success.
+    monkeypatch.setattr(cli.runpy, "run_path", lambda path, run_name: None)
+    assert cli.main(["demo"]) == 0
+
     monkeypatch.setattr(cli, "_checkout_root", lambda: str(tmp_path))
     assert cli.main(["verify", "--ep", "4"]) == 2
     assert "needs a source checkout" in capsys.readouterr().err
+    os.makedirs(os.path.join(tmp_path, "test", "mock"))  # a checkout without tools/demo.py
+    assert cli.main(["demo", "--steps", "2"]) == 2
+    assert "demo needs a source checkout (tools/demo.py)" in capsys.readouterr().err
 
 
 def _json_summary(out: str) -> dict:

@@ -20,7 +20,6 @@ parses and validates a layout the same way.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -35,7 +34,6 @@ __all__ = [
     "add_config_args",
     "build_config",
     "load_model",
-    "nonneg_float",
     "parse_order",
 ]
 
@@ -213,10 +211,3 @@ def build_config(args: argparse.Namespace, max_world: int = limits.LIMITS.plan_w
             )
     return cfg
 
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite float >= 0."""
-    value = float(text)
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
