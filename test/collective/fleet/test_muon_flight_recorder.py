@@ -106,6 +106,44 @@ class TestRecorder(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, f"{name}='{value}': must be a positive"):
                     fr.FlightRecorder()
 
+    def test_nested_phases_restore_the_outer_one(self) -> None:
+        outer = fr.enter_phase("outer")
+        inner = fr.enter_phase("inner")
+        self.assertEqual(fr.phase_of_thread(), "inner")
+        fr.exit_phase(inner)
+        self.assertEqual(fr.phase_of_thread(), "outer")
+        fr.exit_phase(outer)
+        self.assertIsNone(fr.phase_of_thread())
+
+    def test_rank_falls_back_to_the_process_group(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PADDLE_TRAINER_ID"}
+        with mock.patch.dict(os.environ, env, clear=True):
+            self.assertEqual(fr._own_rank(), dist.get_rank())
+            with mock.patch.object(dist, "get_rank", side_effect=RuntimeError("no group")):
+                self.assertEqual(fr._own_rank(), -1)
+
+    def test_clear_forgets_entries_and_counters(self) -> None:
+        self.rec.start("reduce", _Group(3, [1, 5]), 5, paddle.ones([2]), "p")
+        self.rec.clear()
+        snap = self.rec.snapshot("after clear")
+        self.assertEqual((snap["entries"], snap["issued"]), ([], []))
+        entry = self.rec.start("reduce", _Group(3, [1, 5]), 5, paddle.ones([2]), "p")
+        self.assertEqual(entry[fr.FIELDS.index("seq")], 0)
+
+    def test_unwritable_dump_dir_is_a_warning_not_a_crash(self) -> None:
+        blocker = os.path.join(self.dir, "a_file")
+        with open(blocker, "w") as f:
+            f.write("x")
+        self.assertIsNone(self.rec.dump("x", directory=os.path.join(blocker, "sub")))
+        self.assertEqual(self.rec.dumps, 0)
+
+    def test_unreadable_peer_request_still_dumps(self) -> None:
+        with open(os.path.join(self.dir, fr.REQUEST_FILE), "w") as f:
+            f.write("{not json")
+        self.rec._request_seen = 0.0
+        self.assertEqual(self.rec.check_once(time.time()), "requested by rank ?: ?")
+        self.assertTrue(os.path.exists(fr.dump_path(self.dir, 5)))
+
     def test_watchdog_dumps_timed_out_collective_and_asks_peers(self) -> None:
         self.rec.timeout_s = 5.0
         entry = self.rec.start("broadcast", _Group(2, [0, 5]), 0, paddle.ones([4]), "p")
