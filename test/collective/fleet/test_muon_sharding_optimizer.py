@@ -190,7 +190,7 @@ class TestEquivalence(unittest.TestCase):
             core = sharded_core(opt)
             net(paddle.to_tensor(batch(0, _rank()))).backward()
             core.reduce_gradients(list(net.parameters()), hcg)
-            core._assign_slice_grads()
+            core._assign_slice_grad()
             local = core.filter_parameters(list(net.parameters()), hcg)
             core._ensure_global_clip()
             clip = core._inner_opt._grad_clip
@@ -218,7 +218,7 @@ class TestEquivalence(unittest.TestCase):
         def body(cfg, strategy):
             hcg, net, opt, coord = build_rank(cfg, strategy)
             core = sharded_core(opt)
-            core._assign_slice_grads()
+            core._assign_slice_grad()
             out = []
             for p in core.filter_parameters(list(net.parameters()), hcg):
                 begin, end = core.local_range(p.name)
@@ -1080,6 +1080,9 @@ OPTION_DISPOSITION = {
     "sharding_configs.comm_group_call_opt": ("honoured", "test_group_call_matches_reference"),
     "sharding_configs.muon_partition_strategy": (
         "honoured", "test_upstream_partition_is_the_default_and_concentrates_owners"),
+    "sharding_configs.machine_balanced_2d_partition": (
+        "refused", {"machine_balanced_2d_partition": True},
+        "machine_balanced_2d_partition=True is not supported"),
     "pp_configs.release_gradients": ("honoured", "test_release_gradients_from_sharding_or_pp_configs"),
     "pp_configs.sharding_comm_overlap": ("refused", {"sharding_comm_overlap": True},
                                         "pp_configs.sharding_comm_overlap=True"),

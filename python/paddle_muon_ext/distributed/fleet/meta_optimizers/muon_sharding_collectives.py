@@ -61,6 +61,10 @@ __all__ = [
     "current_comm_phase",
     "reduce_onto",
     "broadcast_from",
+    "launch_broadcast",
+    "launch_hierarchical_broadcast",
+    "launch_all_gather",
+    "PendingCollective",
     "hierarchical_reduce",
     "intra_node_reduce",
     "cross_node_reduce",
@@ -103,13 +107,45 @@ def current_comm_phase() -> str | None:
     return phase_of_thread()
 
 
-def _run_coalesced(group, issue, routes: Sequence[Route], op: str) -> None:
+class PendingCollective:
+    """A launched coalesced block; :meth:`wait` completes it (once).
+
+    ``then`` runs after the wait (e.g. copying a received buffer back into
+    the parameters), so the caller can hold the block while computing.
+    """
+
+    def __init__(self, tasks: list, entries: list, describe: str,
+                 then: Callable[[], None] | None = None) -> None:
+        self._tasks, self._entries, self._describe = tasks, entries, describe
+        self._then = then
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        recorder = get_flight_recorder()
+        try:
+            for task in self._tasks:
+                task.wait()
+        except Exception as exc:
+            recorder.dump(f"{self._describe} raised {type(exc).__name__}: {exc}",
+                          request_peers=True)
+            raise
+        recorder.finish(self._entries)
+        if self._then is not None:
+            self._then()
+
+
+def _launch_coalesced(group, issue, routes: Sequence[Route], op: str,
+                      then: Callable[[], None] | None = None) -> PendingCollective:
     # A one-rank group (e.g. moe_sharding_degree=1) already holds the result;
     # Paddle gives it no process group to coalesce on.
     if not routes or group.nranks <= 1:
-        return
+        return PendingCollective([], [], op, then)
     recorder = get_flight_recorder()
     phase = phase_of_thread()
+    describe = f"{op} on group {list(group.ranks)} (phase {phase!r})"
     tasks: list = []
     entries: list = []
     try:
@@ -119,13 +155,14 @@ def _run_coalesced(group, issue, routes: Sequence[Route], op: str) -> None:
                 task = issue(tensor, peer)
                 if task is not None:
                     tasks.append(task)
-        for task in tasks:
-            task.wait()
     except Exception as exc:
-        recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
-                      f"{type(exc).__name__}: {exc}", request_peers=True)
+        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True)
         raise
-    recorder.finish(entries)
+    return PendingCollective(tasks, entries, describe, then)
+
+
+def _run_coalesced(group, issue, routes: Sequence[Route], op: str) -> None:
+    _launch_coalesced(group, issue, routes, op).wait()
 
 
 def reduce_onto(routes: Sequence[Route], group, op) -> None:
@@ -160,6 +197,49 @@ def broadcast_from(routes: Sequence[Route], group) -> None:
         routes,
         "broadcast",
     )
+
+
+def launch_broadcast(routes: Sequence[Route], group,
+                     then: Callable[[], None] | None = None) -> PendingCollective:
+    """Launch :func:`broadcast_from` without waiting; ``then`` runs after the wait.
+
+    Args:
+        routes (Sequence[tuple[Tensor, int]]): tensor and source global rank.
+        group (Group): the group every rank of which issues the same routes.
+        then (Callable|None): called once the broadcasts completed.
+
+    Returns:
+        PendingCollective: wait on it before reading the tensors.
+    """
+    return _launch_coalesced(
+        group,
+        lambda t, src: dist.broadcast(t, src=src, group=group, sync_op=False),
+        routes,
+        "broadcast",
+        then,
+    )
+
+
+def launch_hierarchical_broadcast(
+    routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
+    then: Callable[[], None] | None = None,
+) -> PendingCollective:
+    """:func:`hierarchical_broadcast` whose second (intra-node) hop is left in flight.
+
+    The cross-node hop completes first (the intra-node roots forward what
+    it delivered); the intra-node hop is returned pending.
+    """
+    with comm_phase(PHASE_CROSS_NODE_BROADCAST):
+        broadcast_from(
+            [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
+            groups.same_card_group,
+        )
+    with comm_phase(PHASE_INTRA_NODE_BROADCAST):
+        return launch_broadcast(
+            [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
+            groups.node_group,
+            then,
+        )
 
 
 def hierarchical_reduce(
@@ -277,6 +357,26 @@ def all_gather_slices(buffers: Sequence) -> None:
     """
     with comm_phase(PHASE_ALL_GATHER):
         _recorded_buffer_ops(buffers, "all_gather", lambda b: b.sync_params())
+
+
+def launch_all_gather(buffer) -> PendingCollective:
+    """Launch the all-gather of one fused 1-D parameter buffer without waiting.
+
+    Develop's ``sync_params(sync=False, param2task={})``: the buffer's task is
+    taken over by the returned object (a one-rank group launches nothing).
+    """
+    group = buffer._comm_group
+    recorder = get_flight_recorder()
+    with comm_phase(PHASE_ALL_GATHER):
+        phase = phase_of_thread()
+        entry = None
+        if group.nranks > 1 and buffer.param_storage is not None:
+            entry = recorder.start("all_gather", group, None, buffer.param_storage, phase)
+        buffer.sync_param_task = None
+        buffer.sync_params(sync=False, param2task={})
+        task, buffer.sync_param_task = buffer.sync_param_task, None
+    return PendingCollective([task] if task is not None else [], [entry],
+                             f"all_gather on group {list(group.ranks)} (phase {phase!r})")
 
 
 def flatten_into(tensors: Sequence[Tensor], out: Tensor) -> None:

@@ -44,6 +44,7 @@ from .muon_sharding_partition import (
     dtype_itemsize,
     upstream_partition,
 )
+from .muon_sharding_stages import build_sync_stages, stage_element_limit
 
 if TYPE_CHECKING:
     from .muon_comm_plan import HierarchicalCommPlan
@@ -53,6 +54,7 @@ __all__ = [
     "LayoutSettings",
     "MuonBucketSpec",
     "SliceBufferSpec",
+    "SyncStageSpec",
     "CommOp",
     "ShardingLayout",
     "assign_muon_owners",
@@ -140,7 +142,9 @@ class ParamMeta:
     """What the layout needs to know about one trainable parameter.
 
     ``colour`` is the colour key (None: the default sharding group); ``dtype``
-    is normalised to a name like ``"float32"``.
+    is normalised to a name like ``"float32"``. ``group_key`` is Muon's
+    ``muon_group_key`` of the parameter (None: ``(None, shape)``, the key of
+    a matrix without a ``split_concat_func``); sync stages never split a key.
     """
 
     name: str
@@ -148,6 +152,7 @@ class ParamMeta:
     dtype: str
     colour: Hashable = None
     use_muon: bool = False
+    group_key: Hashable = None
     numel: int = field(init=False, compare=False)
     nbytes: int = field(init=False, compare=False)
 
@@ -170,12 +175,19 @@ class LayoutSettings:
         comm_overlap: backward hooks launch each buffer's first reduce.
         partition_strategy: ``"balanced"`` or ``"upstream_greedy"`` (develop's rule).
         alignment_bytes: per-parameter padding of fused buffers.
+        overlap_sync: develop's ``overlap_optimize_and_sync``: the step
+            updates stage by stage and syncs each stage while the next one
+            computes (off under ``comm_group_call_opt`` unless
+            ``overlap_sync_group_call``).
+        overlap_sync_group_call: keep the staged sync on the hierarchical route.
     """
 
     comm_buffer_size_MB: float = 256.0
     comm_overlap: bool = False
     partition_strategy: str = "balanced"
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
+    overlap_sync: bool = False
+    overlap_sync_group_call: bool = False
 
     @property
     def fused(self) -> bool:
@@ -279,6 +291,30 @@ class SliceBufferSpec:
         return max(self.offsets[i], rank_begin) < min(
             self.offsets[i] + self.padded[i], rank_begin + shard
         )
+
+
+@dataclass(frozen=True)
+class SyncStageSpec:
+    """One stage of the overlapped update: update these parameters, then sync them.
+
+    Attributes:
+        kind: ``"2d"`` (owners broadcast whole matrices) or ``"1d"`` (all-gather
+            of one element-wise buffer).
+        colour: colour key; group: the colour group's global ranks.
+        keys: the Muon group keys of the stage (2d).
+        owners: ``(owner global rank, dtype, parameter names, numel)`` per
+            broadcast buffer, in launch order (2d).
+        local_params: names this rank updates in the stage.
+        buffer_index: index into ``ShardingLayout.slice_buffers`` (1d).
+    """
+
+    kind: str
+    colour: Hashable
+    group: tuple
+    keys: tuple = ()
+    owners: tuple = ()
+    local_params: tuple = ()
+    buffer_index: int = -1
 
 
 @dataclass(frozen=True)
@@ -550,6 +586,96 @@ class ShardingLayout:
         buf = self.slice_buffer_of(name)
         return buf.range_in_param(name, self.group_index(buf.colour))
 
+    # ------------------------------------------------------- sync stages
+    @property
+    def staged_sync(self) -> bool:
+        """Whether the step syncs stage by stage (``overlap_sync`` in effect)."""
+        s = self.settings
+        return s.overlap_sync and (self.plan is None or s.overlap_sync_group_call)
+
+    def sync_stages(self) -> tuple:
+        """The stages of the overlapped update, identical on every rank but ``local_params``.
+
+        Returns:
+            tuple[SyncStageSpec]: 2d stages per colour, then one 1d stage per
+            element-wise buffer (develop's ``_build_sync_stages``).
+        """
+        cached = self.__dict__.get("_sync_stage_cache")
+        if cached is not None:
+            return cached
+        by_colour: dict = OrderedDict()
+        for meta in self.params.values():
+            if meta.name in self.owners:
+                by_colour.setdefault(meta.colour, []).append(meta)
+        sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
+        for colour, metas in by_colour.items():
+            ranks = self.groups[colour]
+            index = {r: i for i, r in enumerate(ranks)}
+            by_rank = OrderedDict((i, []) for i in range(len(ranks)))
+            for m in metas:
+                by_rank[index[self.owners[m.name]]].append(m)
+            rank2params[colour] = by_rank
+            sorted_by_colour[colour] = sorted(metas, key=lambda m: index[self.owners[m.name]])
+            info[colour] = {"group": ranks, "world_size": len(ranks),
+                            "rank": index[self.rank] if len(ranks) > 1 else -1}
+        raw = build_sync_stages(
+            sorted_by_colour, rank2params, info, self.slice_buffers,
+            lambda buf: buf.params,
+            lambda m: m.group_key if m.group_key is not None else (None, m.shape),
+            stage_element_limit(self.settings.comm_buffer_size_MB),
+        )
+        stages = []
+        for stage in raw:
+            if stage["kind"] == "1d":
+                index = self.slice_buffers.index(stage["buffer"])
+                buf = stage["buffer"]
+                stages.append(SyncStageSpec("1d", buf.colour, buf.group, buffer_index=index,
+                                            local_params=tuple(stage["local_params"])))
+                continue
+            group = stage["group"]
+            owners = []
+            for idx, metas in stage["rank2params"].items():
+                by_dtype: dict = OrderedDict()
+                for m in metas:
+                    by_dtype.setdefault(m.dtype, []).append(m)
+                for dtype, ms in by_dtype.items():
+                    owners.append((group[idx], dtype, tuple(m.name for m in ms),
+                                   sum(m.numel for m in ms)))
+            stages.append(SyncStageSpec(
+                "2d", stage["color"], group, tuple(stage["keys"]), tuple(owners),
+                tuple(m.name for m in stage["local_params"])))
+        self.__dict__["_sync_stage_cache"] = tuple(stages)
+        return self.__dict__["_sync_stage_cache"]
+
+    def _staged_sync_ops(self) -> list:
+        """The step's collectives when it syncs stage by stage (one stage after another)."""
+        ops: list = []
+        plan, rank = self.plan, self.rank
+        for stage in self.sync_stages():
+            if stage.kind == "1d":
+                buf = self.slice_buffers[stage.buffer_index]
+                ops.append(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
+                                  buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
+                continue
+            def bcast(phase, group, root, dtype, numel):
+                return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, dtype, numel,
+                              stage.colour, True, numel * itemsize(dtype))
+
+            if plan is not None and stage.colour is None:
+                node, same_card = self._hier_groups()
+                for owner, dtype, _, numel in stage.owners:
+                    if plan.in_cross_node_step(owner, rank):
+                        ops.append(bcast(PHASE_CROSS_NODE_BROADCAST, same_card, owner, dtype,
+                                         numel))
+                for owner, dtype, _, numel in stage.owners:
+                    ops.append(bcast(PHASE_INTRA_NODE_BROADCAST, node,
+                                     plan.intra_node_root(owner, rank), dtype, numel))
+            else:
+                for owner, dtype, _, numel in stage.owners:
+                    ops.append(bcast(flat_broadcast_phase(stage.group), stage.group, owner,
+                                     dtype, numel))
+        return ops
+
     # ----------------------------------------------------------- schedule
     def comm_groups(self) -> list:
         """Global ranks of every group this rank's schedule uses."""
@@ -628,6 +754,9 @@ class ShardingLayout:
                 for n, payload in b.reduce_parts():
                     ops.append(CommOp(TRIGGER_REDUCE, flat_reduce_phase(group), "reduce",
                                       group, b.owner, b.dtype, n, b.colour, True, payload))
+        if self.staged_sync:
+            ops.extend(self._staged_sync_ops())
+            return [op for op in ops if len(op.group) > 1]
         # step: parameter sync, the reduce's mirror.
         def bcast(b, phase, group, root):
             return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, b.dtype, b.numel,

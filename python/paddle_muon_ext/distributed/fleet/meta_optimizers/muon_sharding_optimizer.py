@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import importlib
 import math
+import os
 import re
 from collections import OrderedDict
 from typing import Any, Iterator
@@ -61,11 +62,17 @@ from .muon_sharding_layout import (
     flat_reduce_phase,
 )
 
-# paddle_muon_ext: compat-begin
-from paddle_muon_ext.compat_paddle_3_3 import (
-    get_muon_sharding_options,
-    register_cpu_tensor_fusion,
+from .muon_sharding_stages import run_staged_update
+from .muon_sharding_settings import (  # noqa: F401  (re-exported: callers import them here)
+    PARTITION_STRATEGIES,
+    PP_CONFIG_FIELDS,
+    SHARDING_CONFIG_FIELDS,
+    ShardingSettings,
+    read_overlap_optimize_and_sync,
 )
+
+# paddle_muon_ext: compat-begin
+from paddle_muon_ext.compat_paddle_3_3 import register_cpu_tensor_fusion
 
 # paddle_muon_ext: compat-end
 
@@ -77,142 +84,22 @@ _reduce_module = importlib.import_module("paddle.distributed.communication.reduc
 
 # Develop's key for the default sharding group (no colour, -1 or None).
 _DEFAULT_COLOUR = None
+# develop's raw colour of the default group (keys _color_to_comm_buffer_list)
+_DEFAULT_RAW_COLOUR = -1
 
-PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
+# Read once at import, as develop does: the update is skipped, the parameter
+# sync still runs (owners broadcast unchanged values).
+g_shard_bypass_dygraph_optimizer = int(os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0))
 
-# The sharding_configs / pp_configs fields this optimizer reads, as develop's
-# MuonShardingOptimizer does (muon_partition_strategy is ours).
-SHARDING_CONFIG_FIELDS = (
-    "tensor_fusion",
-    "accumulate_steps",
-    "comm_overlap",
-    "comm_buffer_size_MB",
-    "use_reduce_avg",
-    "enable_fuse_optimizer_states",
-    "release_gradients",
-    "comm_group_call_opt",
-    "muon_partition_strategy",
-)
-PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
+# What the overlapped update needs from the inner optimizer (Muon's staged API).
+_STAGED_API = ("apply_grad_clip", "prepare_optimize", "update_params", "muon_group_key")
+# Elements per sync stage when comm_buffer_size_MB <= 0 (develop: 256 MB of fp32).
+_DEFAULT_STAGE_MB = 256
 
 # Checkpoint naming shared with Paddle develop's optimizers.
 _SCALAR_STATES = frozenset({"beta1_pow_acc_0", "beta2_pow_acc_0"})
 _MASTER_WEIGHT_STATE = "w_0"
 _MASTER_PREFIX = re.compile(r"^fp32_master_\d+_")
-
-
-@dataclasses.dataclass
-class ShardingSettings:
-    """The sharding options the optimizer reads, resolved once.
-
-    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields
-    of the same name; ``pp_sharding_comm_overlap`` / ``pp_release_gradients``
-    are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
-    ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
-    ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
-    the default) or ``"balanced"``.
-    """
-
-    accumulate_steps: int = 1
-    comm_overlap: bool = False
-    comm_buffer_size_MB: float = 256
-    use_reduce_avg: bool = True
-    release_gradients: bool = False
-    tensor_fusion: bool = False
-    enable_fuse_optimizer_states: bool = False
-    comm_group_call_opt: bool = False
-    muon_partition_strategy: str = "upstream_greedy"
-    pp_sharding_comm_overlap: bool = False
-    pp_release_gradients: bool = False
-    enable_optimizer_timer: bool = False
-    pp_degree: int = 1
-
-    @property
-    def release_grads(self) -> bool:
-        """Either place develop reads ``release_gradients`` from turns it on."""
-        return bool(self.release_gradients or self.pp_release_gradients)
-
-    @property
-    def fused(self) -> bool:
-        """Gradients go through fused buffers (``comm_buffer_size_MB > 0``)."""
-        return self.comm_buffer_size_MB > 0
-
-    @classmethod
-    def from_strategy(cls, strategy: Any) -> ShardingSettings:
-        """Read settings from a ``fleet.DistributedStrategy`` (None: defaults)."""
-        settings = cls()
-        if strategy is None:
-            return settings
-        hybrid = strategy.hybrid_configs
-        configs = hybrid["sharding_configs"]
-        for field in SHARDING_CONFIG_FIELDS:
-            # comm_group_call_opt / muon_partition_strategy are proto fields
-            # upstream; absent on 3.3.1 unless patch_paddle() added them.
-            if hasattr(configs, field):
-                setattr(settings, field, getattr(configs, field))
-        pp_configs = hybrid["pp_configs"]
-        for field in PP_CONFIG_FIELDS:
-            if hasattr(pp_configs, field):
-                setattr(settings, f"pp_{field}", getattr(pp_configs, field))
-        settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
-        settings.pp_degree = int(hybrid["pp_degree"])
-        # paddle_muon_ext: compat-begin
-        options = get_muon_sharding_options(strategy)
-        settings.comm_group_call_opt = options.comm_group_call_opt
-        settings.muon_partition_strategy = options.muon_partition_strategy
-        # paddle_muon_ext: compat-end
-        return settings
-
-    def check(self, pp_world_size: int) -> None:
-        """Refuse, naming the option and the fix, what this optimizer cannot honour.
-
-        Args:
-            pp_world_size (int): the pipeline degree of the job.
-        """
-        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(
-                f"sharding_configs.muon_partition_strategy="
-                f"{self.muon_partition_strategy!r} is not supported; use one of "
-                f"{PARTITION_STRATEGIES}."
-            )
-        if self.pp_sharding_comm_overlap:
-            raise ValueError(
-                "pp_configs.sharding_comm_overlap=True is not supported by "
-                "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
-                "matrix owners, not by the pipeline's sharding overlap. Set it "
-                "False (with pp_degree=1, sharding_configs.comm_overlap overlaps "
-                "the reduces with backward)."
-            )
-        if self.comm_overlap and pp_world_size > 1:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True cannot be combined with "
-                f"pipeline parallel (pp_degree={pp_world_size}); set "
-                "comm_overlap=False."
-            )
-        if self.comm_overlap and not self.fused:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
-                f"comm_buffer_size_MB={self.comm_buffer_size_MB} turns them off. "
-                "Set comm_buffer_size_MB > 0 or comm_overlap=False."
-            )
-        if self.comm_overlap and self.accumulate_steps <= 0:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
-                f"(got {self.accumulate_steps}): the hooks count micro-batches."
-            )
-        if self.tensor_fusion and not self.fused:
-            raise ValueError(
-                "sharding_configs.tensor_fusion=True fuses gradients into "
-                f"buffers of comm_buffer_size_MB, but comm_buffer_size_MB="
-                f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
-                "tensor_fusion=False."
-            )
-        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
-            raise ValueError(
-                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
-                "Paddle's optimizer timers synchronize the CUDA device. Set it "
-                "False (or profile with paddle.profiler)."
-            )
 
 
 @dataclasses.dataclass
@@ -254,7 +141,7 @@ def _is_trainable(param) -> bool:
     return not param.stop_gradient
 
 
-def _gradient_of(param):
+def _get_param_grad(param):
     """The gradient to reduce: ``main_grad`` under MixPrecisionLayer, else ``grad``.
 
     A parameter without one this step (an unused branch) still takes part in
@@ -267,6 +154,26 @@ def _gradient_of(param):
     if param.grad is None:
         param._copy_gradient_from(paddle.zeros_like(param))
     return param.grad
+
+
+def get_gpus_per_node() -> int:
+    """GPUs per node (``PADDLE_LOCAL_SIZE``, else the visible device count), validated."""
+    return resolve_gpus_per_node()
+
+
+def get_trainer_ranks(rank: int, gpus_per_node: int) -> tuple[int, range]:
+    """(machine index, global ranks of that machine) of ``rank``, develop's block layout."""
+    machine = rank // gpus_per_node
+    return machine, range(machine * gpus_per_node, (machine + 1) * gpus_per_node)
+
+
+def get_same_card_rank(group_ranks, rank: int, gpus_per_node: int) -> int:
+    """The first rank of ``rank``'s machine that is in ``group_ranks``; -1 when none is."""
+    members = set(group_ranks)
+    for r in get_trainer_ranks(rank, gpus_per_node)[1]:
+        if r in members:
+            return r
+    return -1
 
 
 def _clear_gradient_of(param, set_to_zero: bool) -> None:
@@ -313,6 +220,10 @@ class MuonShardingOptimizer:
             >>> opt.clear_grad()
     """
 
+    # develop's shared (MTP) colours: complete only after the pipeline's
+    # shared-weight sync, so never reduced from a backward hook.
+    _NO_HOOK_COLORS = frozenset(NO_HOOK_COLOURS)
+
     def __init__(self, optimizer, hcg=None, strategy=None) -> None:
         self._inner_opt = optimizer
         self._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
@@ -328,11 +239,17 @@ class MuonShardingOptimizer:
         # paddle_muon_ext: compat-end
 
         self._parameter_list = list(optimizer._parameter_list)
+        self._origin_parameter_list = self._parameter_list
         self._muon_info = optimizer._muon_param_info_map
+        self._muon_param_info_map = self._muon_info
         self._default_group = self._hcg.get_sharding_parallel_group()
+        self._global_rank = self._rank
+        self._sharding_world_size = self._hcg.get_sharding_parallel_world_size()
+        self._sharding_rank = self._hcg.get_sharding_parallel_rank()
         self._use_avg = self._settings.use_reduce_avg and (
             _reduce_module.is_avg_reduce_op_supported()
         )
+        self._mirror_config()
         if self._settings.use_reduce_avg and not self._use_avg and _warn_once("reduce_avg"):
             logger.warning(
                 "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
@@ -340,7 +257,8 @@ class MuonShardingOptimizer:
                 "and scaling by 1/nranks instead."
             )
         self.timers = None
-        if self._settings.enable_optimizer_timer:
+        self._enable_timer = self._settings.enable_optimizer_timer
+        if self._enable_timer:
             if not timer_helper.is_timer_initialized():
                 timer_helper.set_timers()
             self.timers = timer_helper.get_timers()
@@ -357,46 +275,39 @@ class MuonShardingOptimizer:
         # unconditionally and crashed on hosts without a launcher or CUDA.
         self._plan = None
         self._plan_groups = None
+        self.trainer_comms: list = []
+        self.trainer_same_card_comms: list = []
         if self._settings.comm_group_call_opt:
             self._plan = HierarchicalCommPlan.from_hcg(
                 self._hcg, resolve_gpus_per_node()
             )
             self._check_plan_matches_sharding_group()
+        self.overlap_optimize_and_sync = self._resolve_overlap_optimize_and_sync(optimizer)
         self._layout = self._build_layout()
         self._owner_of: dict[str, int] = dict(self._layout.owners)
         self._partitions: dict[str | None, Any] = dict(self._layout.partitions)
 
         # 2. allocation: groups and buffers, exactly as the layout says
         if self._plan is not None:
-            self._plan_groups = self._plan.create_groups(self._rank)
+            self._create_group_call_groups()
             # Once per job is enough to see the layout; other ranks log at debug.
             log = logger.info if self._rank == 0 else logger.debug
             log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
         by_name = {p.name: p for p in self._parameter_list if _is_trainable(p)}
-        self._muon_buckets: list[MuonBucket] = [
-            self._build_muon_bucket(spec, by_name) for spec in self._layout.muon_buckets
-        ]
-        self._rs_buffers: list = []
-        self._rs_colour: dict[int, str | None] = {}
-        self._slice_params: dict[str, EagerParamBase] = {}
+        self._build_2d_comm_buffers(by_name)
+        self._build_1d_comm_buffers(by_name)
         self._names_longest_first: list[str] | None = None
         self._numel_of: dict[str, int] | None = None
-        for spec in self._layout.slice_buffers:
-            self._build_reduce_scatter_buffer(spec, by_name)
 
         self._describe_like_develop(muon_by_colour, other_by_colour)
-        self._no_hook_buffer_ids = {
-            id(b)
-            for bucket in self._muon_buckets
-            if bucket.colour in NO_HOOK_COLOURS
-            for b in bucket.buffers
-        } | {id(b) for b in self._rs_buffers if self._rs_colour[id(b)] in NO_HOOK_COLOURS}
+        self._select_overlap_buffers()
         # clear_param_storage(color): colour -> this rank's saved 1-D slices
         self._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
         self._fused_state_buffers: dict[str, Any] = {}
+        self._sync_stages: list | None = None
 
-        if self._settings.comm_overlap:
-            self._register_overlap_hooks()
+        if self.comm_overlap and not self.pp_overlap:
+            self._register_reduce_overlap_hook()
         self._set_inner_parameter_list()
         logger.debug(
             "MuonShardingOptimizer rank %d owns %d of %d Muon params; "
@@ -408,18 +319,71 @@ class MuonShardingOptimizer:
             len(self._rs_buffers),
         )
 
+    def _mirror_config(self) -> None:
+        """develop's config attributes, so callers read them here, not from Muon."""
+        s = self._settings
+        self.tensor_fusion = s.tensor_fusion
+        self.accumulate_steps = s.accumulate_steps
+        self.comm_overlap = s.comm_overlap
+        self.comm_buffer_size_MB = s.comm_buffer_size_MB
+        self.use_reduce_avg = self._use_avg
+        self.enable_fuse_optimizer_states = s.enable_fuse_optimizer_states
+        self.use_group_call_opt = s.comm_group_call_opt
+        self.pp_overlap = s.pp_sharding_comm_overlap
+        self._use_pipeline_parallel = s.pp_degree > 1
+        self.sd_release_grads = s.release_grads
+        self._use_main_grad = hasattr(self._parameter_list[0], "main_grad")
+        self._use_fuse_gradients = s.fused
+        self.machine_balanced_2d_partition = s.machine_balanced_2d_partition
+
+    def _resolve_overlap_optimize_and_sync(self, optimizer) -> bool:
+        # develop: env flag, on by default; off (with a warning) under
+        # comm_group_call_opt or without Muon's staged API. Ours: the
+        # overlap_sync_group_call option keeps it on under group call.
+        if not read_overlap_optimize_and_sync():
+            return False
+        missing = [n for n in _STAGED_API if not callable(getattr(optimizer, n, None))]
+        if missing:
+            logger.warning(
+                "MuonShardingOptimizer: overlap_optimize_and_sync disabled: the inner "
+                "optimizer %s lacks %s (Muon's staged update API).",
+                type(optimizer).__name__, ", ".join(missing))
+            return False
+        if self.use_group_call_opt and not self._settings.overlap_sync_group_call:
+            logger.warning(
+                "MuonShardingOptimizer: overlap_optimize_and_sync disabled under "
+                "comm_group_call_opt (as in develop); set sharding option "
+                "overlap_sync_group_call=True to overlap the hierarchical sync.")
+            return False
+        return True
+
+    def _create_group_call_groups(self) -> None:
+        """Create every node / same-card group (collective, one order on all ranks)."""
+        created: list = []
+
+        def new_group(ranks):
+            group = dist.new_group(ranks)
+            created.append(group)
+            return group
+
+        self._plan_groups = self._plan.create_groups(self._rank, new_group)
+        # develop's names: trainer_comms[machine], trainer_same_card_comms[stage][card]
+        n_nodes = self._plan.num_nodes
+        self.trainer_comms = created[:n_nodes]
+        gpn = self._plan.gpus_per_node
+        same_card = created[n_nodes:]
+        self.trainer_same_card_comms = [
+            same_card[i:i + gpn] for i in range(0, len(same_card), gpn)
+        ]
+
     def _describe_like_develop(self, muon_by_colour: dict, other_by_colour: dict) -> None:
         """Fill the attributes develop's callers and tests read (data only).
 
         Rank numbers are positions inside the colour's group, as in develop.
         """
-        self._color_to_group_info = OrderedDict(
-            (colour, {"group": g, "world_size": g.nranks, "rank": list(g.ranks).index(self._rank)})
-            for colour, g in self._colour_groups.items()
-        )
-        self._params_2d_by_color = OrderedDict(
-            (colour, list(params)) for colour, params in muon_by_colour.items()
-        )
+        self._color_to_group_info = self._build_color_to_group_info_from_params(
+            self._parameter_list, self._default_group)
+        self._params_2d_by_color = OrderedDict()
         self._params_1d = [p for params in other_by_colour.values() for p in params]
         self._rank2params_2d_by_color = OrderedDict()
         self._param2rank_2d_by_color = OrderedDict()
@@ -433,14 +397,104 @@ class MuonShardingOptimizer:
                 to_rank[p.name] = local
             self._rank2params_2d_by_color[colour] = by_rank
             self._param2rank_2d_by_color[colour] = to_rank
+            # develop keeps each colour's list sorted (stably) by owner
+            self._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
         self._local_2d = self._owned_muon_params()
         self.comm_buffer_2d = [b for bucket in self._muon_buckets for b in bucket.buffers]
         # develop's name for the element-wise (reduce-scatter) buffers
         self._comm_buffer_list = self._rs_buffers
+        self._color_to_comm_buffer_list: dict = OrderedDict()
+        for buffer in self._rs_buffers:
+            colour = self._rs_colour[id(buffer)]
+            raw = _DEFAULT_RAW_COLOUR if colour is _DEFAULT_COLOUR else colour
+            self._color_to_comm_buffer_list.setdefault(raw, []).append(buffer)
         self.param2bucket: dict[str, list] = OrderedDict()
         for buffer in self.comm_buffer_2d + self._rs_buffers:
             for p in buffer.params:
                 self.param2bucket.setdefault(p.name, []).append(buffer)
+
+    @staticmethod
+    def _build_color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+        """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen.
+
+        Args:
+            params (list): the parameters (their ``color`` attributes are read).
+            sharding_group (Group): the default sharding group (key None, and
+                the group of a dict colour that names none).
+        """
+
+        def entry(group) -> dict:
+            return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
+
+        info = OrderedDict([(_DEFAULT_COLOUR, entry(sharding_group))])
+        for param in params:
+            color = getattr(param, "color", None)
+            if not isinstance(color, dict):
+                continue
+            key = color.get("color", _DEFAULT_RAW_COLOUR)
+            if key is None or key == _DEFAULT_RAW_COLOUR or key in info:
+                continue
+            info[key] = entry(color.get("group", sharding_group))
+        return info
+
+    @staticmethod
+    def _buffer_color(buffer):
+        """The colour of a buffer, read from its first parameter as develop does.
+
+        A dict colour gives its ``'color'`` value (None when absent, the raw
+        value otherwise); any other colour gives None for -1/None, else itself.
+        """
+        params = buffer.params
+        if not params:
+            return None
+        color = getattr(params[0], "color", None)
+        if isinstance(color, dict):
+            return color.get("color")
+        if color is None or (isinstance(color, int) and color == _DEFAULT_RAW_COLOUR):
+            return None
+        return color
+
+    @classmethod
+    def _compute_shared_colors(cls, params) -> set:
+        """The no-hook colours among the dict colours of ``params``."""
+        colours = set()
+        for param in params:
+            color = getattr(param, "color", None)
+            if isinstance(color, dict) and "color" in color:
+                colours.add(color["color"])
+        return colours & cls._NO_HOOK_COLORS
+
+    @classmethod
+    def _select_sync_only_buffers(cls, buffers, shared_colors) -> list:
+        """The buffers of a shared colour, in order (reduced only by reduce_gradients)."""
+        return [b for b in buffers if cls._buffer_color(b) in shared_colors]
+
+    def _select_overlap_buffers(self) -> None:
+        """Split buffers into sync-only (shared colours) and hook-launched, as develop."""
+        self._shared_colors = self._compute_shared_colors(self._parameter_list)
+        fused_2d = self.comm_buffer_2d if self._use_fuse_gradients else []
+        self._sync_only_buffers = self._select_sync_only_buffers(
+            fused_2d, self._shared_colors
+        ) + self._select_sync_only_buffers(self._comm_buffer_list, self._shared_colors)
+        self._sync_only_buffer_ids = {id(b) for b in self._sync_only_buffers}
+        overlap_2d = []
+        if self._use_fuse_gradients and (not self.use_group_call_opt or self.comm_overlap):
+            overlap_2d = [b for b in fused_2d if id(b) not in self._sync_only_buffer_ids]
+        self._overlap_comm_buffers = overlap_2d + [
+            b for b in self._comm_buffer_list if id(b) not in self._sync_only_buffer_ids
+        ]
+
+    def _build_2d_comm_buffers(self, by_name: dict) -> None:
+        self._muon_buckets: list[MuonBucket] = [
+            self._build_muon_bucket(spec, by_name) for spec in self._layout.muon_buckets
+        ]
+
+    def _build_1d_comm_buffers(self, by_name: dict) -> None:
+        self._rs_buffers: list = []
+        self._rs_colour: dict[int, str | None] = {}
+        self._slice_params: dict[str, EagerParamBase] = {}
+        for spec in self._layout.slice_buffers:
+            self._build_reduce_scatter_buffer(spec, by_name)
 
     def _check_plan_matches_sharding_group(self) -> None:
         stage_ranks = list(self._plan.sharding_group_ranks(self._plan.stage_of(self._rank)))
@@ -530,12 +584,15 @@ class MuonShardingOptimizer:
 
     def _build_layout(self) -> ShardingLayout:
         """Where every parameter goes: the one placement decision, as data."""
-        metas = [
-            ParamMeta(p.name, tuple(p.shape), str(p.dtype), self._colour_key(p)[0],
-                      self._uses_muon(p))
-            for p in self._parameter_list
-            if _is_trainable(p)
-        ]
+        # Sync stages group matrices by Muon's own key, so the layout asks for it.
+        key_of = self._inner_opt.muon_group_key if self._stages_in_use() else None
+        metas = []
+        for p in self._parameter_list:
+            if not _is_trainable(p):
+                continue
+            whole = self._uses_muon(p)
+            metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), self._colour_key(p)[0],
+                                   whole, key_of(p) if key_of and whole else None))
         s = self._settings
         settings = LayoutSettings(
             comm_buffer_size_MB=s.comm_buffer_size_MB,
@@ -543,6 +600,8 @@ class MuonShardingOptimizer:
             partition_strategy=s.muon_partition_strategy,
             alignment_bytes=tensor_fusion_helper.alignment[
                 tensor_fusion_helper.get_current_device_type()],
+            overlap_sync=self._stages_in_use(),
+            overlap_sync_group_call=s.overlap_sync_group_call,
         )
         groups = {k: list(g.ranks) for k, g in self._colour_groups.items()}
         return ShardingLayout.build(metas, groups, self._rank, settings, self._plan)
@@ -560,7 +619,8 @@ class MuonShardingOptimizer:
                 "in the Muon optimizer's muon_param_info_map; build Muon with "
                 "these parameters, or add MuonParamInfo(use_muon=...) for it."
             )
-        return bool(info.use_muon)
+        # develop's keep_whole: hyperball parameters are owned whole too
+        return bool(info.use_muon or getattr(info, "use_hyperball", False))
 
     def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
         group = self._colour_groups[spec.colour]
@@ -632,20 +692,19 @@ class MuonShardingOptimizer:
     def _hooked_buffers(self) -> list:
         """(buffer, phase) whose first hop the overlap hooks launch.
 
-        Not the no-hook colours, and not one-rank groups (nothing to send).
+        develop's overlap buffers, less one-rank groups (nothing to send).
         """
-        labelled = [(b, bucket.phase) for bucket in self._muon_buckets for b in bucket.buffers]
-        labelled += [(b, comm.PHASE_REDUCE_SCATTER) for b in self._rs_buffers]
-        return [(b, phase) for b, phase in labelled
-                if id(b) not in self._no_hook_buffer_ids and b._comm_group.nranks > 1]
+        phase_of = {id(b): bucket.phase for bucket in self._muon_buckets for b in bucket.buffers}
+        return [(b, phase_of.get(id(b), comm.PHASE_REDUCE_SCATTER))
+                for b in self._overlap_comm_buffers if b._comm_group.nranks > 1]
 
-    def _register_overlap_hooks(self) -> None:
+    def _register_reduce_overlap_hook(self) -> None:
         for buffer, phase in self._hooked_buffers():
             for param in buffer.params:
-                param._register_backward_hook(self._make_overlap_hook(buffer, param, phase))
+                param._register_backward_hook(self._create_backward_hook(buffer, param, phase))
 
     @staticmethod
-    def _make_overlap_hook(buffer, param, phase: str):
+    def _create_backward_hook(buffer, param, phase: str = comm.PHASE_REDUCE_SCATTER):
         # The hook launches the buffer's first hop once its last gradient is
         # in (FusedCommBuffer counts them); the phase names it for profiling.
         @paddle.autograd.no_grad()
@@ -679,7 +738,8 @@ class MuonShardingOptimizer:
     def _set_inner_parameter_list(self) -> None:
         # The inner optimizer only ever sees what this rank updates: whole
         # matrices it owns and its 1-D slices (filled at the first step).
-        self._local_parameter_list = self._owned_muon_params() + self._local_slice_params()
+        self._local_parameter_list_1d = self._local_slice_params()
+        self._local_parameter_list = self._owned_muon_params() + self._local_parameter_list_1d
         self._set_inner_opt_attr("_parameter_list", self._local_parameter_list)
 
     def _optimizer_chain(self) -> list:
@@ -797,12 +857,12 @@ class MuonShardingOptimizer:
         # No-hook buffers are reduced here even under overlap.
         comm.reduce_scatter_slices(
             self._rs_buffers,
-            lambda b: overlap and id(b) not in self._no_hook_buffer_ids,
+            lambda b: overlap and id(b) not in self._sync_only_buffer_ids,
         )
         buckets = self._muon_buckets
         if overlap:
             self._finish_overlapped_reduce(op)
-            buckets = [b for b in buckets if b.colour in NO_HOOK_COLOURS]
+            buckets = [b for b in buckets if self._is_sync_only(b)]
         hierarchical, flat = self._split_routes(
             (bucket, tensor) for bucket in buckets for tensor in self._grad_tensors(bucket)
         )
@@ -825,7 +885,7 @@ class MuonShardingOptimizer:
         # ranks with the owner's card, which reduce them across nodes.
         hierarchical = []
         for bucket in self._muon_buckets:
-            if bucket.colour in NO_HOOK_COLOURS:
+            if self._is_sync_only(bucket):
                 continue
             for buffer in bucket.buffers:
                 buffer.scale_grads()
@@ -840,6 +900,16 @@ class MuonShardingOptimizer:
             for tensor, owner in hierarchical:
                 if owner == self._rank:
                     tensor.scale_(1.0 / nodes)
+
+    _get_param_grad = staticmethod(_get_param_grad)
+
+    def _collect_comm_buffers(self) -> list:
+        """develop's name: the element-wise buffers (built in ``__init__`` here)."""
+        return self._comm_buffer_list
+
+    def _is_sync_only(self, bucket: MuonBucket) -> bool:
+        """A bucket of a shared colour: its buffers are never launched by hooks."""
+        return any(id(b) in self._sync_only_buffer_ids for b in bucket.buffers)
 
     @staticmethod
     def _split_routes(pairs) -> tuple[list, list]:
@@ -872,7 +942,7 @@ class MuonShardingOptimizer:
     def _grad_tensors(bucket: MuonBucket) -> list:
         if bucket.buffers:
             return [b.grad_storage for b in bucket.buffers]
-        return [_gradient_of(p) for p in bucket.params]
+        return [_get_param_grad(p) for p in bucket.params]
 
     @framework.no_grad()
     def step(self) -> list:
@@ -886,7 +956,7 @@ class MuonShardingOptimizer:
         """
         storage_was_cleared = bool(self._cleared_colours)
         self.reset_param_storage()
-        self._assign_slice_grads()
+        self._assign_slice_grad()
         params_grads = []
         for p in self._local_parameter_list:
             grad = getattr(p, "main_grad", None)
@@ -903,6 +973,14 @@ class MuonShardingOptimizer:
             if storage_was_cleared:
                 self._sharding_sync_parameters()  # refill the freed colours
             return params_grads
+        if self._stages_in_use():
+            if self._sync_stages is None:
+                self._sync_stages = self._build_sync_stages()
+            with self._timed("apply-optimize"):
+                self._step_with_sync_overlap(params_grads)
+            if self._settings.enable_fuse_optimizer_states:
+                self._fuse_optimizer_states()
+            return params_grads
         # A phase too: a rank stuck in the clip's all-reduce or in
         # Newton-Schulz shows it in the profiler and the flight recorder.
         with self._timed("apply-optimize"), comm.comm_phase("optimizer_step"):
@@ -914,6 +992,128 @@ class MuonShardingOptimizer:
         self._sharding_sync_parameters()
         return params_grads
 
+    # ------------------------------------------------------------------
+    # overlapped update: stage k's sync travels while stage k+1 computes
+    # ------------------------------------------------------------------
+    def _stages_in_use(self) -> bool:
+        return bool(self.overlap_optimize_and_sync and not g_shard_bypass_dygraph_optimizer)
+
+    def _build_sync_stages(self) -> list:
+        """develop's ``_sync_stages``, from the layout's stages (identical on every rank).
+
+        Returns:
+            list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size',
+            'rank2params', 'keys', 'local_params'}`` then ``{'kind': '1d',
+            'buffer', 'local_params'}``; each also carries its ``'spec'``.
+        """
+        by_name = {p.name: p for p in self._parameter_list}
+        stages = []
+        for spec in self._layout.sync_stages():
+            if spec.kind == "1d":
+                buffer = self._rs_buffers[spec.buffer_index]
+                stages.append({"kind": "1d", "buffer": buffer, "spec": spec,
+                               "local_params": [self._slice_params[n] for n in spec.local_params]})
+                continue
+            info = self._color_to_group_info[spec.colour]
+            ranks = list(spec.group)
+            rank2params: dict = OrderedDict()
+            for owner, _, names, _ in spec.owners:
+                rank2params.setdefault(ranks.index(owner), []).extend(by_name[n] for n in names)
+            stages.append({"kind": "2d", "color": spec.colour, "group": info["group"],
+                           "world_size": info["world_size"], "rank2params": rank2params,
+                           "keys": list(spec.keys), "spec": spec,
+                           "local_params": [by_name[n] for n in spec.local_params]})
+        return stages
+
+    def _launch_stage_sync(self, stage: dict) -> list:
+        """Launch one stage's parameter sync; returns what to wait on."""
+        if stage["kind"] == "1d":
+            return [comm.launch_all_gather(stage["buffer"])]
+        if stage["world_size"] <= 1:
+            return []
+        return self._broadcast_2d_params(stage["rank2params"], stage["group"])
+
+    def _step_with_sync_overlap(self, params_grads: list) -> None:
+        """Clip and prepare once; per stage update, then launch its sync; wait all."""
+
+        def label(index, stage):
+            return comm.comm_phase(f"optimizer_step[{index}]")
+
+        def wait_all(pending):
+            # what the sync still costs once the updates are done
+            with self._timed("sync-parameters"):
+                for task in pending:
+                    task.wait()
+
+        with comm.comm_phase("optimizer_step"):
+            run_staged_update(self._inner_opt, params_grads, self._sync_stages,
+                              self._launch_stage_sync, label, wait_all)
+
+    def _broadcast_2d_params(self, rank2params: dict, group) -> list:
+        """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687).
+
+        Args:
+            rank2params (dict): group rank -> the matrices it owns.
+            group (Group): the colour group.
+
+        Returns:
+            list: pending broadcasts; waiting on one also copies the received
+            values into the non-owners' parameters.
+        """
+        routes, unpack = [], []
+        for owner, flat in self._owner_dtype_buffers(rank2params, group, single_as_is=False):
+            routes.append((flat["param_buffer"], owner))
+            if owner != self._rank:
+                unpack.append((flat["param_buffer"], flat["params"]))
+
+        def copy_back():
+            for buffer, params in unpack:
+                comm.unflatten_from(buffer, params)
+
+        if self._plan is not None and group is self._default_group:
+            return [comm.launch_hierarchical_broadcast(
+                routes, self._plan, self._plan_groups, self._rank, copy_back)]
+        with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
+            return [comm.launch_broadcast(routes, group, copy_back)]
+
+    def reorder_params(self, comm_list) -> list:
+        """develop's group-call packing: per (rank2params, group) and owner and dtype.
+
+        Args:
+            comm_list: ``[(rank2params, group)]``.
+
+        Returns:
+            list[dict]: ``{'param_buffer', 'src_rank', 'params'}``; an owner's
+            only parameter of a dtype is sent as is, others in one flat buffer.
+        """
+        out = []
+        for rank2params, group in comm_list:
+            for owner, flat in self._owner_dtype_buffers(rank2params, group, single_as_is=True):
+                out.append(dict(flat, src_rank=owner))
+        return out
+
+    def _owner_dtype_buffers(self, rank2params: dict, group, single_as_is: bool):
+        """Yield (owner global rank, {'param_buffer', 'params'}) per owner and dtype.
+
+        The owner's buffer holds its parameters back to back; elsewhere it is
+        empty until the broadcast lands.
+        """
+        ranks = list(group.ranks)
+        for index, params in rank2params.items():
+            by_dtype: dict = OrderedDict()
+            for p in params:
+                by_dtype.setdefault(str(p.dtype), []).append(p)
+            owner = ranks[index]
+            for members in by_dtype.values():
+                if single_as_is and len(members) == 1:
+                    yield owner, {"param_buffer": members[0], "params": members}
+                    continue
+                buffer = paddle.empty([sum(int(p.numel()) for p in members)],
+                                      dtype=members[0].dtype)
+                if owner == self._rank:
+                    comm.flatten_into(members, buffer)
+                yield owner, {"param_buffer": buffer, "params": members}
+
     def _ensure_global_clip(self) -> None:
         # Each rank holds only its owned matrices and slices: a plain global
         # norm clip would clip by a per-rank norm. HybridParallelOptimizer
@@ -924,7 +1124,7 @@ class MuonShardingOptimizer:
         if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
             base._grad_clip = HybridParallelClipGrad(clip, self._hcg)
 
-    def _assign_slice_grads(self) -> None:
+    def _assign_slice_grad(self) -> None:
         for buffer in self._rs_buffers:
             for p in buffer.params:
                 buffer.assign_slice_grad(p, self._slice_params[p.name])

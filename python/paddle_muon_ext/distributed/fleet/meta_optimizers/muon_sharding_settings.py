@@ -1,0 +1,210 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The options MuonShardingOptimizer reads, resolved once from fleet's strategy.
+
+``ShardingSettings`` mirrors the ``sharding_configs`` / ``pp_configs`` fields
+develop's optimizer reads, plus the options this package adds (kept beside
+the strategy on paddle 3.3.1, proto fields upstream). ``check`` refuses, at
+construction, what the optimizer cannot honour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import paddle
+
+# paddle_muon_ext: compat-begin
+from paddle_muon_ext.compat_paddle_3_3 import get_muon_sharding_options
+
+# paddle_muon_ext: compat-end
+
+__all__ = [
+    "ShardingSettings",
+    "SHARDING_CONFIG_FIELDS",
+    "PP_CONFIG_FIELDS",
+    "PARTITION_STRATEGIES",
+    "OVERLAP_SYNC_ENV",
+    "read_overlap_optimize_and_sync",
+]
+
+# develop's switch for the staged update with overlapped parameter sync
+OVERLAP_SYNC_ENV = "FLAGS_muon_sharding_overlap_optimize_and_sync"
+
+
+def read_overlap_optimize_and_sync() -> bool:
+    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on).
+
+    Raises:
+        ValueError: the variable is set but not an integer.
+    """
+    raw = os.environ.get(OVERLAP_SYNC_ENV, "1")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError(
+            f"{OVERLAP_SYNC_ENV}={raw!r} is not an integer; set it to 1 (overlap the "
+            "parameter sync with the update, the default) or 0."
+        ) from None
+
+
+PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
+
+# The sharding_configs / pp_configs fields this optimizer reads, as develop's
+# MuonShardingOptimizer does (muon_partition_strategy is ours).
+SHARDING_CONFIG_FIELDS = (
+    "tensor_fusion",
+    "accumulate_steps",
+    "comm_overlap",
+    "comm_buffer_size_MB",
+    "use_reduce_avg",
+    "enable_fuse_optimizer_states",
+    "release_gradients",
+    "comm_group_call_opt",
+    "muon_partition_strategy",
+    "machine_balanced_2d_partition",
+)
+PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
+
+@dataclasses.dataclass
+class ShardingSettings:
+    """The sharding options the optimizer reads, resolved once.
+
+    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields
+    of the same name; ``pp_sharding_comm_overlap`` / ``pp_release_gradients``
+    are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
+    ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
+    ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
+    the default) or ``"balanced"``. ``machine_balanced_2d_partition`` is
+    develop's switch (#79763). ``overlap_sync_group_call`` (ours, default off)
+    keeps the overlapped stage sync on under ``comm_group_call_opt``, routed
+    hierarchically; develop turns the overlap off there.
+    """
+
+    accumulate_steps: int = 1
+    comm_overlap: bool = False
+    comm_buffer_size_MB: float = 256
+    use_reduce_avg: bool = True
+    release_gradients: bool = False
+    tensor_fusion: bool = False
+    enable_fuse_optimizer_states: bool = False
+    comm_group_call_opt: bool = False
+    muon_partition_strategy: str = "upstream_greedy"
+    machine_balanced_2d_partition: bool = False
+    overlap_sync_group_call: bool = False
+    pp_sharding_comm_overlap: bool = False
+    pp_release_gradients: bool = False
+    enable_optimizer_timer: bool = False
+    pp_degree: int = 1
+
+    @property
+    def release_grads(self) -> bool:
+        """Either place develop reads ``release_gradients`` from turns it on."""
+        return bool(self.release_gradients or self.pp_release_gradients)
+
+    @property
+    def fused(self) -> bool:
+        """Gradients go through fused buffers (``comm_buffer_size_MB > 0``)."""
+        return self.comm_buffer_size_MB > 0
+
+    @classmethod
+    def from_strategy(cls, strategy: Any) -> ShardingSettings:
+        """Read settings from a ``fleet.DistributedStrategy`` (None: defaults)."""
+        settings = cls()
+        if strategy is None:
+            return settings
+        hybrid = strategy.hybrid_configs
+        configs = hybrid["sharding_configs"]
+        for field in SHARDING_CONFIG_FIELDS:
+            # comm_group_call_opt / muon_partition_strategy are proto fields
+            # upstream; absent on 3.3.1 unless patch_paddle() added them.
+            if hasattr(configs, field):
+                setattr(settings, field, getattr(configs, field))
+        pp_configs = hybrid["pp_configs"]
+        for field in PP_CONFIG_FIELDS:
+            if hasattr(pp_configs, field):
+                setattr(settings, f"pp_{field}", getattr(pp_configs, field))
+        settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
+        settings.pp_degree = int(hybrid["pp_degree"])
+        # paddle_muon_ext: compat-begin
+        options = get_muon_sharding_options(strategy)
+        settings.comm_group_call_opt = options.comm_group_call_opt
+        settings.muon_partition_strategy = options.muon_partition_strategy
+        # Options another build of the table may lack keep their defaults.
+        for name in ("machine_balanced_2d_partition", "overlap_sync_group_call"):
+            if hasattr(options, name):
+                setattr(settings, name, bool(getattr(options, name)))
+        # paddle_muon_ext: compat-end
+        return settings
+
+    def check(self, pp_world_size: int) -> None:
+        """Refuse, naming the option and the fix, what this optimizer cannot honour.
+
+        Args:
+            pp_world_size (int): the pipeline degree of the job.
+        """
+        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
+            raise ValueError(
+                f"sharding_configs.muon_partition_strategy="
+                f"{self.muon_partition_strategy!r} is not supported; use one of "
+                f"{PARTITION_STRATEGIES}."
+            )
+        if self.machine_balanced_2d_partition:
+            raise ValueError(
+                "sharding_configs.machine_balanced_2d_partition=True is not supported "
+                "by this MuonShardingOptimizer yet; set it False (the default) and, "
+                "for owners spread over machines, muon_partition_strategy='balanced'."
+            )
+        if self.pp_sharding_comm_overlap:
+            raise ValueError(
+                "pp_configs.sharding_comm_overlap=True is not supported by "
+                "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
+                "matrix owners, not by the pipeline's sharding overlap. Set it "
+                "False (with pp_degree=1, sharding_configs.comm_overlap overlaps "
+                "the reduces with backward)."
+            )
+        if self.comm_overlap and pp_world_size > 1:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True cannot be combined with "
+                f"pipeline parallel (pp_degree={pp_world_size}); set "
+                "comm_overlap=False."
+            )
+        if self.comm_overlap and not self.fused:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
+                f"comm_buffer_size_MB={self.comm_buffer_size_MB} turns them off. "
+                "Set comm_buffer_size_MB > 0 or comm_overlap=False."
+            )
+        if self.comm_overlap and self.accumulate_steps <= 0:
+            raise ValueError(
+                "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
+                f"(got {self.accumulate_steps}): the hooks count micro-batches."
+            )
+        if self.tensor_fusion and not self.fused:
+            raise ValueError(
+                "sharding_configs.tensor_fusion=True fuses gradients into "
+                f"buffers of comm_buffer_size_MB, but comm_buffer_size_MB="
+                f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
+                "tensor_fusion=False."
+            )
+        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
+            raise ValueError(
+                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
+                "Paddle's optimizer timers synchronize the CUDA device. Set it "
+                "False (or profile with paddle.profiler)."
+            )
+
+
