@@ -31,19 +31,29 @@ import threading
 from typing import Any, Iterator
 
 from paddle.distributed import fleet
+from paddle.distributed.fleet import optimizer as _fleet_optimizer
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     hybrid_parallel_optimizer as _hpo,
 )
 from paddle.distributed.fleet.utils.hybrid_parallel_util import (
     fused_allreduce_gradients,
 )
+from paddle.framework import in_dynamic_mode
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
 from .strategy_options import get_muon_sharding_options
 
-__all__ = ["MuonHybridParallelOptimizer", "distributed_optimizer"]
+__all__ = [
+    "MuonHybridParallelOptimizer",
+    "distributed_optimizer",
+    "dygraph_distributed_optimizer",
+]
+
+# Paddle's own dygraph function, captured before patch_paddle() replaces the
+# module attribute: the non-Muon path must reach it, never this module again.
+PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER = _fleet_optimizer._dygraph_distributed_optimizer
 
 
 class _AlreadyShardedMeta(type):
@@ -111,7 +121,9 @@ def distributed_optimizer(optimizer, strategy=None):
     """``fleet.distributed_optimizer`` that honours ``use_muon_sharding``.
 
     ``patch_paddle()`` installs this function as ``fleet.distributed_optimizer``;
-    called directly it is the same thing without patching.
+    called directly it is the same thing without patching. Everything that is
+    not Muon sharding on more than one worker goes to Paddle's own function,
+    so scripts that do not use Muon get exactly what Paddle returns.
 
     Args:
         optimizer (Optimizer): the user optimizer (a Muon for Muon sharding,
@@ -122,16 +134,32 @@ def distributed_optimizer(optimizer, strategy=None):
     Returns:
         The wrapped optimizer: :class:`MuonHybridParallelOptimizer` when
         ``use_muon_sharding`` is on and more than one worker runs, else what
-        Paddle's own ``Fleet.distributed_optimizer`` returns.
+        Paddle's own ``fleet.distributed_optimizer`` returns.
+    """
+    if not in_dynamic_mode():
+        return fleet.fleet.distributed_optimizer(optimizer, strategy)
+    return dygraph_distributed_optimizer(optimizer, strategy)
+
+
+def dygraph_distributed_optimizer(optimizer, strategy=None):
+    """The dygraph half of :func:`distributed_optimizer`.
+
+    ``patch_paddle()`` also puts it in place of Paddle's
+    ``fleet.optimizer._dygraph_distributed_optimizer``, so a
+    ``distributed_optimizer`` name bound before the patch (``from
+    paddle.distributed.fleet import distributed_optimizer``) takes the Muon
+    path too, instead of wrapping Muon in DygraphShardingOptimizer.
     """
     fleet_env = fleet.fleet
+    effective = strategy if strategy is not None else fleet_env._user_defined_strategy
+    if not get_muon_sharding_options(effective).use_muon_sharding \
+            or fleet_env.worker_num() <= 1:
+        return PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER(optimizer, strategy)
     if strategy is not None:
-        # as Fleet.distributed_optimizer: the given strategy becomes fleet's
+        # as Paddle's function: the given strategy becomes fleet's
         fleet_env._user_defined_strategy = copy.deepcopy(strategy)
-    strategy = fleet_env._user_defined_strategy
-    options = get_muon_sharding_options(strategy)
-    if not options.use_muon_sharding or fleet_env.worker_num() <= 1:
-        # the Fleet method itself: fleet.distributed_optimizer may be this function
-        return fleet_env.distributed_optimizer(optimizer, strategy)
     fleet_env.user_defined_optimizer = optimizer
-    return MuonHybridParallelOptimizer(optimizer, fleet_env._hcg, strategy)
+    fleet_env._context = {}
+    return MuonHybridParallelOptimizer(
+        optimizer, fleet_env._hcg, fleet_env._user_defined_strategy
+    )

@@ -26,7 +26,13 @@ After one call, code written against Paddle develop runs unchanged:
   deepcopy fleet makes (3.3.1 rejects both, and even a nested
   ``sharding_configs`` dict of known fields);
 * ``fleet.distributed_optimizer(muon)`` -> a ``HybridParallelOptimizer`` around
-  ``MuonShardingOptimizer`` when ``use_muon_sharding`` is on.
+  ``MuonShardingOptimizer`` when ``use_muon_sharding`` is on (also through a
+  ``distributed_optimizer`` name imported before the patch); every other
+  optimizer gets exactly what Paddle's own function returns;
+* on a gloo (CPU) job started by ``paddle.distributed.launch``: the
+  collectives gloo lacks (:mod:`..distributed.fleet.utils.gloo_compat`);
+* ``strategy.hybrid_configs = {...}`` checks the degrees against each other
+  and the launched world size, naming the formula (Paddle's AssertionError).
 
 Every change is recorded and :func:`unpatch_paddle` undoes it. Names the
 installed Paddle already has are left alone (and logged). Nothing under the
@@ -37,6 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -81,8 +89,15 @@ class _Change:
             setattr(self.target, self.name, self.before)
 
 
+@dataclasses.dataclass
+class _Undo:
+    """A change undone by a call (the gloo layer restores its own attributes)."""
+
+    undo: Callable[[], None]
+
+
 _LOCK = threading.Lock()
-_CHANGES: list[_Change] = []
+_CHANGES: list[_Change | _Undo] = []
 _PATCHED = False
 
 
@@ -142,6 +157,50 @@ class ShardingConfigsView:
         return f"{self._proto!r}{extras}"
 
 
+_DENSE_DEGREES = ("dp_degree", "mp_degree", "pp_degree", "sharding_degree", "sep_degree")
+_MOE_DEGREES = ("pp_degree", "moe_sharding_degree", "ep_degree")
+
+
+def _launched_world_size() -> int | None:
+    """World size the launcher announced (None outside a launched job)."""
+    raw = os.environ.get("PADDLE_TRAINERS_NUM", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def _product(configs: dict, names: tuple) -> tuple[int, str]:
+    values = [max(int(configs[n]), 1) for n in names]
+    formula = " x ".join(f"{n}({v})" for n, v in zip(names, values))
+    return math.prod(values), formula
+
+
+def check_hybrid_degrees(configs: dict, world_size: int | None) -> None:
+    """Refuse degrees that cannot tile the job, with the formula that failed.
+
+    Paddle finds the same mistakes later, in ``fleet.init``, as a bare
+    ``Mismatch world_size`` assert; the exception type stays AssertionError.
+
+    Args:
+        configs (dict): ``strategy.hybrid_configs`` after the assignment.
+        world_size (int|None): ranks of the job (None: not launched, skip that check).
+    """
+    dense, dense_formula = _product(configs, _DENSE_DEGREES)
+    if int(configs["ep_degree"]) > 1:
+        moe, moe_formula = _product(configs, _MOE_DEGREES)
+        if moe != dense:
+            raise AssertionError(
+                f"hybrid_configs: the dense layout {dense_formula} = {dense} ranks but "
+                f"the expert layout {moe_formula} = {moe} ranks; with ep_degree > 1 both "
+                "must cover the same ranks (usually sharding_degree = "
+                "moe_sharding_degree x ep_degree)."
+            )
+    if world_size is not None and int(configs["dp_degree"]) > 0 and dense != world_size:
+        raise AssertionError(
+            f"hybrid_configs: {dense_formula} = {dense} ranks, but the job has "
+            f"{world_size} (PADDLE_TRAINERS_NUM); change the degrees or launch "
+            f"--nproc_per_node x nnodes = {dense} processes."
+        )
+
+
 def _patched_hybrid_configs(original: property) -> property:
     def getter(self):
         configs = original.fget(self)
@@ -169,6 +228,8 @@ def _patched_hybrid_configs(original: property) -> property:
             if extras:
                 set_muon_sharding_options(self, **extras)
         original.fset(self, configs)
+        if any(key in configs for key in _DENSE_DEGREES + _MOE_DEGREES):
+            check_hybrid_degrees(original.fget(self), _launched_world_size())
 
     return property(getter, setter, doc=original.__doc__)
 
@@ -223,10 +284,29 @@ def _patch_strategy(done: list, skipped: list) -> None:
 
 
 def _patch_distributed_optimizer(done: list, skipped: list) -> None:
-    from .fleet_integration import distributed_optimizer
+    from . import fleet_integration
 
-    _set(fleet, "distributed_optimizer", distributed_optimizer)
+    _set(fleet, "distributed_optimizer", fleet_integration.distributed_optimizer)
+    # A name bound before the patch (`from paddle.distributed.fleet import
+    # distributed_optimizer`) calls Paddle's module function, which looks this
+    # one up at call time: without it Muon would silently get Paddle's
+    # DygraphShardingOptimizer.
+    _set(importlib.import_module("paddle.distributed.fleet.optimizer"),
+         "_dygraph_distributed_optimizer",
+         fleet_integration.dygraph_distributed_optimizer)
     done.append("fleet.distributed_optimizer")
+
+
+def _patch_gloo(done: list, skipped: list) -> None:
+    from ..distributed.fleet.utils import gloo_compat
+
+    # Only a launched gloo (CPU) job: NCCL jobs and single processes keep
+    # paddle.distributed exactly as it is.
+    if not gloo_compat.gloo_backend_selected() or gloo_compat.is_installed():
+        return
+    gloo_compat.install_gloo_compat(force=True)
+    _CHANGES.append(_Undo(gloo_compat.uninstall_gloo_compat))
+    done.append("gloo collectives (reduce_scatter, AVG, calc-stream ops, sub-groups)")
 
 
 _STEPS: tuple[Callable[[list, list], None], ...] = (
@@ -265,6 +345,7 @@ def patch_paddle() -> list[str]:
             # Only needed where this package supplies the sharding optimizer.
             if SHARDING_MODULE not in skipped:
                 _patch_distributed_optimizer(done, skipped)
+            _patch_gloo(done, skipped)
         except BaseException:
             _undo_all()
             raise

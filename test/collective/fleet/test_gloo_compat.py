@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Tests of the test-side gloo plumbing (gloo_compat.py, launch_utils.py).
+"""Tests of the gloo layer (paddle_muon_ext.distributed.fleet.utils.gloo_compat,
+imported here as ``gloo_compat``) and launch_utils.py.
 
 (a) in-process unit tests: rendezvous keys / ports, sub-group store
     rendezvous across threads, install/uninstall, no-op detection, the op
@@ -23,10 +24,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+import types
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -171,6 +175,86 @@ class TestGlooCompatUnits(unittest.TestCase):
                     self.assertEqual([getattr(o, n) for o, n in targets], before)
                 gc.uninstall_gloo_compat()
 
+    def test_backend_guess_from_the_build(self):
+        with _EnvGuard(GLOO_COMPAT=None, PADDLE_DISTRI_BACKEND=None):
+            cuda = mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True)
+            cases = [
+                (mock.patch.object(paddle, "is_compiled_with_cuda", return_value=False), True),
+                (mock.patch.object(paddle.device.cuda, "device_count", return_value=0), True),
+                (mock.patch.object(paddle.device.cuda, "device_count", return_value=2), False),
+                (mock.patch.object(paddle.device.cuda, "device_count",
+                                   side_effect=RuntimeError("no driver")), True),
+            ]
+            for number, (patch, expected) in enumerate(cases):
+                with self.subTest(case=number):
+                    with (contextlib.nullcontext() if number == 0 else cuda), patch:
+                        self.assertIs(gc.gloo_expected(), expected)
+                    # the launcher's choice, never the build, decides for patch_paddle()
+                    self.assertFalse(gc.gloo_backend_selected())
+
+    def test_bad_emulated_local_size_is_refused(self):
+        with _EnvGuard(**{gc.EMULATED_LOCAL_SIZE_ENV: "0"}):
+            with self.assertRaisesRegex(ValueError, "GLOO_COMPAT_LOCAL_SIZE must be >= 1"):
+                gc.apply_emulated_local_size()
+
+    def test_uninstall_unsets_a_local_size_that_was_not_there(self):
+        with _EnvGuard(**{gc.EMULATED_LOCAL_SIZE_ENV: "2", "PADDLE_LOCAL_SIZE": None}):
+            gc.install_gloo_compat(force=True)
+            self.assertEqual(os.environ["PADDLE_LOCAL_SIZE"], "2")
+            gc.uninstall_gloo_compat()
+            self.assertNotIn("PADDLE_LOCAL_SIZE", os.environ)
+
+    def test_no_global_group_is_not_gloo(self):
+        with mock.patch.object(dist.collective, "_get_global_group",
+                               side_effect=RuntimeError("not initialised")):
+            self.assertFalse(gc.is_gloo_group(None))
+
+    def test_master_store_that_cannot_bind_names_the_group(self):
+        class Store:
+            def set(self, key, value):
+                self.published = (key, value)
+
+        fake_core = types.SimpleNamespace(TCPStore=mock.Mock(side_effect=OSError("in use")))
+        default = Store()
+        with mock.patch.object(gc, "core", fake_core):
+            with self.assertRaisesRegex(RuntimeError, r"sub-group pg7 \(gid 7\) store could "
+                                        r"not bind .*in use"):
+                gc.create_subgroup_store(default, 0, 3, 7, "pg7")
+        self.assertEqual(default.published[0], gc.rendezvous_key(7, "pg7"))
+
+    def test_new_process_group_gets_its_own_store_only_for_gloo_sub_groups(self):
+        calls = []
+
+        def original(backend, store, rank, world_size, group_name, pg_options=None,
+                     group_id=0):
+            calls.append((backend, group_id))
+            return "original"
+
+        fake_core = types.SimpleNamespace(ProcessGroupGloo=types.SimpleNamespace(
+            create=lambda store, rank, size, gid: ("gloo", store, rank, size, gid)))
+        impl = gc._make_new_pg_impl(original)
+        with mock.patch.object(gc, "core", fake_core), \
+                mock.patch.object(gc, "create_subgroup_store", return_value="own store") as own:
+            self.assertEqual(impl("nccl", "default", 0, 2, "pg3", group_id=3), "original")
+            self.assertEqual(impl("gloo", "default", 0, 4, "pg0", group_id=0), "original")
+            self.assertEqual(impl("gloo", "default", 1, 4, "pg5", group_id=5),
+                             ("gloo", "own store", 1, 4, 5))
+        own.assert_called_once_with("default", 1, 4, 5, "pg5")
+        self.assertEqual(calls, [("nccl", 3), ("gloo", 0)])
+
+    def test_calc_stream_ops_become_sync_ops_on_gloo(self):
+        calls = []
+
+        def fake_broadcast(tensor, src=0, group=None, sync_op=True, use_calc_stream=False):
+            calls.append((sync_op, use_calc_stream))
+
+        wrapped = gc._stream_generic(fake_broadcast)
+        with mock.patch.object(gc, "is_gloo_group", return_value=True):
+            wrapped(paddle.ones([1]), src=0, sync_op=False, use_calc_stream=True)
+        with mock.patch.object(gc, "is_gloo_group", return_value=False):
+            wrapped(paddle.ones([1]), src=0, sync_op=False, use_calc_stream=True)
+        self.assertEqual(calls, [(True, False), (False, True)])
+
     def test_wrappers_pass_through_for_non_gloo_groups(self):
         calls = []
 
@@ -188,6 +272,20 @@ class TestGlooCompatUnits(unittest.TestCase):
                 use_calc_stream=True)
         self.assertEqual(calls, [(dist.ReduceOp.AVG, True, True)])
         self.assertTrue(np.allclose(t.numpy(), 1.0))  # not pre-scaled
+
+        def fake_reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None,
+                                sync_op=True):
+            calls.append(("reduce_scatter", op))
+
+        def fake_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, sync_op=True):
+            calls.append(("all_reduce", op))
+
+        gc._reduce_scatter_compat(fake_reduce_scatter, lambda: None, "tensor", "tensor_list")(
+            t, [t, t], op=dist.ReduceOp.AVG, group=FakeGroup())
+        gc._top_all_reduce(fake_all_reduce, lambda: None)(
+            t, op=dist.ReduceOp.AVG, group=FakeGroup())
+        self.assertEqual(calls[1:], [("reduce_scatter", dist.ReduceOp.AVG),
+                                     ("all_reduce", dist.ReduceOp.AVG)])
 
     def test_emulations_on_one_rank_gloo_group(self):
         """The op emulations on a real ProcessGroupGloo of size 1.

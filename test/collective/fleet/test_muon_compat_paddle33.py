@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import logging
+import os
 import sys
 import types
 import unittest
@@ -34,6 +37,7 @@ import unittest
 import numpy as np
 import paddle
 from paddle.distributed import fleet
+from paddle.distributed.fleet import optimizer as paddle_fleet_optimizer
 from paddle.distributed.fleet.base import distributed_strategy as ds
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     hybrid_parallel_optimizer as hpo,
@@ -56,9 +60,16 @@ from paddle_muon_ext.compat_paddle_3_3 import (
 )
 from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
 from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_optimizer as mso
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
+from paddle_muon_ext.distributed.fleet.utils import gloo_compat
+
+from launch_utils import run_paddle_launch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+NOOP_WORKER = os.path.join(_HERE, "muon_patch_noop_worker.py")
 
 
 @contextlib.contextmanager
@@ -75,6 +86,38 @@ def _replaced(target, name, value):
             delattr(target, name)
         else:
             setattr(target, name, saved)
+
+
+@contextlib.contextmanager
+def _env(**values):
+    """Set (str) or unset (None) environment variables for the block."""
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _captured(logger):
+    """Every record ``logger`` emits in the block (any level)."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
 
 
 @contextlib.contextmanager
@@ -144,7 +187,7 @@ class TestCpuTensorFusion(unittest.TestCase):
         register_cpu_tensor_fusion()  # the suites run on CPU
 
 
-def _fleet_body(use_amp: bool, develop_style: bool = False):
+def _fleet_body(use_amp: bool, develop_style: bool = False, distributed_optimizer=None):
     def body(cfg: SimConfig, strategy):
         hcg = fleet.get_hybrid_communicate_group()
         coord = hcg.get_expert_parallel_rank()
@@ -162,7 +205,8 @@ def _fleet_body(use_amp: bool, develop_style: bool = False):
             opt = fleet.distributed_optimizer(muon)
             assert isinstance(opt._inner_opt, Develop)
         else:
-            opt = fi.distributed_optimizer(make_muon(list(net.parameters())))
+            opt = (distributed_optimizer or fi.distributed_optimizer)(
+                make_muon(list(net.parameters())))
         assert isinstance(opt, hpo.HybridParallelOptimizer)
         assert isinstance(opt._inner_opt, MuonShardingOptimizer)
         scaler = None
@@ -211,19 +255,54 @@ class TestFleetIntegration(unittest.TestCase):
         with _patched():
             self._train(_fleet_body(use_amp=False, develop_style=True))
 
-    def test_distributed_optimizer_defers_to_fleet_without_muon_sharding(self):
+    def test_distributed_optimizer_defers_to_paddle_without_muon_sharding(self):
         sentinel = object()
         calls = []
-        with _replaced(fleet.fleet, "distributed_optimizer",
+        early_bound = paddle_fleet_optimizer.distributed_optimizer  # bound before the patch
+        with _replaced(fi, "PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER",
                        lambda opt, strategy=None: calls.append(opt) or sentinel), \
                 _replaced(fleet.fleet, "_user_defined_strategy",
                           getattr(fleet.fleet, "_user_defined_strategy", None)):
             optimizer = object()
             self.assertIs(fi.distributed_optimizer(optimizer, fleet.DistributedStrategy()),
                           sentinel)
-            with _patched():  # the patched fleet.distributed_optimizer: same path
+            with _patched():  # the patched names and one bound before: same path
                 self.assertIs(fleet.distributed_optimizer(optimizer), sentinel)
-        self.assertEqual(calls, [optimizer, optimizer])
+                self.assertIs(early_bound(optimizer), sentinel)
+        self.assertEqual(calls, [optimizer] * 3)
+
+    def test_static_graph_goes_to_fleets_method(self):
+        sentinel = object()
+        with _replaced(fleet.fleet, "distributed_optimizer",
+                       lambda opt, strategy=None: sentinel), \
+                _replaced(fi, "in_dynamic_mode", lambda: False):
+            self.assertIs(fi.distributed_optimizer(object()), sentinel)
+
+    def test_one_process_adamw_is_untouched_by_the_patch(self):
+        def run(patched: bool):
+            paddle.seed(3)
+            model = paddle.nn.Linear(4, 3)
+            adamw = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters())
+            strategy = fleet.DistributedStrategy()
+            with _replaced(fleet.fleet, "worker_num", lambda: 1), \
+                    _replaced(fleet.fleet, "_user_defined_strategy", strategy), \
+                    (_patched() if patched else contextlib.nullcontext()):
+                opt = fleet.distributed_optimizer(adamw)
+            self.assertIs(opt, adamw, f"patched={patched}: one process gets its own optimizer")
+            for step in range(3):
+                x = paddle.to_tensor(np.full((2, 4), step + 1.0, "float32"))
+                model(x).sum().backward()
+                opt.step()
+                opt.clear_grad()
+            return model.weight.numpy()
+
+        np.testing.assert_array_equal(run(True), run(False),
+                                      "AdamW trained differently after patch_paddle()")
+
+    def test_muon_through_a_name_bound_before_the_patch_is_muon_sharded(self):
+        early_bound = paddle_fleet_optimizer.distributed_optimizer
+        with _patched():
+            self._train(_fleet_body(use_amp=False, distributed_optimizer=early_bound))
 
     def test_found_inf_skips_the_update(self):
         cfg = SimConfig(ep=2, ms=2, steps=1)
@@ -258,6 +337,9 @@ class TestPatchPaddle(unittest.TestCase):
             "hybrid_configs": ds.DistributedStrategy.__dict__["hybrid_configs"],
             "use_muon_sharding": ds.DistributedStrategy.__dict__.get("use_muon_sharding"),
             "distributed_optimizer": fleet.distributed_optimizer,
+            "dygraph_distributed_optimizer":
+                paddle_fleet_optimizer._dygraph_distributed_optimizer,
+            "gloo_installed": gloo_compat.is_installed(),
         }
 
     def test_names_appear_idempotently_and_unpatch_restores_everything(self):
@@ -354,6 +436,145 @@ class TestPatchPaddle(unittest.TestCase):
         self.assertTrue(strategy.use_muon_sharding)
         self.assertEqual(strategy.hybrid_configs["sharding_configs"].muon_partition_strategy,
                          "balanced")
+
+
+def _moe_configs(**degrees):
+    configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 8,
+               "ep_degree": 4, "moe_sharding_degree": 2}
+    configs.update(degrees)
+    return configs
+
+
+class TestDegreeCheck(unittest.TestCase):
+    """The patched hybrid_configs setter names the formula that does not add up."""
+
+    def tearDown(self):
+        unpatch_paddle()
+
+    def test_degrees_that_do_not_tile_the_job_are_refused_with_the_formula(self):
+        patch_paddle()
+        cases = [
+            # (configs, PADDLE_TRAINERS_NUM, message fragment)
+            (_moe_configs(sharding_degree=4), None,
+             r"dense layout .*sharding_degree\(4\).* = 4 ranks but the expert layout "
+             r"pp_degree\(1\) x moe_sharding_degree\(2\) x ep_degree\(4\) = 8"),
+            (_moe_configs(), "4", r"= 8 ranks, but the job has 4 \(PADDLE_TRAINERS_NUM\)"),
+            ({"dp_degree": 2, "sharding_degree": 2}, "2",
+             r"dp_degree\(2\) x mp_degree\(1\) x pp_degree\(1\) x sharding_degree\(2\)"
+             r" x sep_degree\(1\) = 4 ranks, but the job has 2"),
+        ]
+        for configs, world, fragment in cases:
+            with self.subTest(configs=configs, world=world), _env(PADDLE_TRAINERS_NUM=world):
+                with self.assertRaisesRegex(AssertionError, fragment):
+                    fleet.DistributedStrategy().hybrid_configs = configs
+
+    def test_degrees_that_tile_the_job_are_accepted(self):
+        patch_paddle()
+        cases = [
+            (_moe_configs(), "8"),
+            (_moe_configs(), None),                       # not launched: no world to check
+            ({"dp_degree": -1, "sharding_degree": 2}, "2"),  # dp inferred by Paddle
+            ({"sharding_configs": {"comm_overlap": True}}, "3"),  # no degree assigned
+        ]
+        for configs, world in cases:
+            with self.subTest(configs=configs, world=world), _env(PADDLE_TRAINERS_NUM=world):
+                strategy = fleet.DistributedStrategy()
+                strategy.hybrid_configs = configs
+                for key, value in configs.items():
+                    if key.endswith("_degree"):
+                        self.assertEqual(strategy.hybrid_configs[key], value)
+
+    def test_unpatched_paddle_is_unchanged(self):
+        with _env(PADDLE_TRAINERS_NUM="4"):
+            strategy = fleet.DistributedStrategy()
+            strategy.hybrid_configs = _moe_configs(sharding_degree=4)  # Paddle accepts it
+        self.assertEqual(strategy.hybrid_configs["sharding_degree"], 4)
+
+
+class TestGlooLayerFromPatch(unittest.TestCase):
+    """patch_paddle() installs the gloo layer only for a launched gloo job."""
+
+    def tearDown(self):
+        unpatch_paddle()
+        gloo_compat.uninstall_gloo_compat()
+
+    def test_installed_for_gloo_and_removed_by_unpatch(self):
+        cases = [
+            # (PADDLE_DISTRI_BACKEND, GLOO_COMPAT, installed)
+            ("gloo", None, True),
+            (None, None, False),          # a single process on the CPU wheel
+            ("nccl", None, False),
+            ("gloo", "0", False),         # the user turned it off
+            (None, "1", True),            # ... or on
+        ]
+        for backend, force, expected in cases:
+            with self.subTest(backend=backend, force=force), \
+                    _env(PADDLE_DISTRI_BACKEND=backend, GLOO_COMPAT=force):
+                added = patch_paddle()
+                self.assertIs(gloo_compat.is_installed(), expected, added)
+                self.assertEqual(any("gloo" in item for item in added), expected, added)
+                unpatch_paddle()
+                self.assertFalse(gloo_compat.is_installed(),
+                                 "unpatch_paddle left the gloo layer installed")
+
+    def test_a_layer_installed_by_the_user_is_left_to_the_user(self):
+        gloo_compat.install_gloo_compat(force=True)
+        with _env(PADDLE_DISTRI_BACKEND="gloo"):
+            self.assertFalse(any("gloo" in item for item in patch_paddle()))
+            unpatch_paddle()
+        self.assertTrue(gloo_compat.is_installed(), "unpatch removed the user's own install")
+
+
+class TestReduceAvgWarning(unittest.TestCase):
+    """The SUM fallback warns only a user who asked for use_reduce_avg."""
+
+    def _warnings(self, strategy_hook):
+        cfg = SimConfig(ep=2, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            strategy_hook(strategy)
+            build_rank(cfg, strategy)
+
+        mso._WARNED.discard("reduce_avg")
+        with _captured(mso.logger) as records:
+            run_world(cfg, body=body)
+        return [r.getMessage() for r in records if "use_reduce_avg" in r.getMessage()]
+
+    def test_default_is_silent_and_an_explicit_setting_warns(self):
+        self.assertEqual(self._warnings(lambda strategy: None), [],
+                         "warned about use_reduce_avg the user never set")
+
+        def ask(strategy):
+            strategy.hybrid_configs["sharding_configs"].use_reduce_avg = True
+
+        self.assertEqual(len(self._warnings(ask)), 1, "no (or repeated) warning for "
+                         "an explicit use_reduce_avg=True on a build without AVG")
+
+    def test_a_strategy_that_cannot_tell_counts_as_set(self):
+        self.assertTrue(mso._user_set_sharding_config(None, "use_reduce_avg"))
+
+
+class TestPatchLeavesOtherOptimizersAlone(unittest.TestCase):
+    """2 gloo processes: AdamW trains bit-identically before and after patch_paddle()."""
+
+    def test_adamw_dp2_and_sharding_stage1(self):
+        for mode, inner in (("dp", "AdamW"), ("sharding", "DygraphShardingOptimizer")):
+            with self.subTest(mode=mode):
+                result = run_paddle_launch(NOOP_WORKER, 2, timeout_s=180,
+                                           env={"NOOP_MODE": mode, "CUDA_VISIBLE_DEVICES": ""})
+                result.check()
+                for rank in range(2):
+                    lines = [ln for ln in result.worker_logs[rank].splitlines()
+                             if ln.startswith("NOOP_RESULT ")]
+                    self.assertEqual(len(lines), 1, result.failure_message())
+                    got = json.loads(lines[0].split(" ", 1)[1])
+                    self.assertEqual(got["before"], ["HybridParallelOptimizer", inner])
+                    self.assertEqual(got["after"], got["before"],
+                                     f"rank {rank}: the patch changed the wrapper")
+                    self.assertTrue(got["trained"], f"rank {rank}: parameters never moved")
+                    self.assertEqual(got["max_diff"], 0.0,
+                                     f"rank {rank}: AdamW ({mode}) trained differently "
+                                     "after patch_paddle()")
 
 
 if __name__ == "__main__":

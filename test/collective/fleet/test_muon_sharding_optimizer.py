@@ -981,7 +981,15 @@ class TestOptionsHonoured(unittest.TestCase):
         self.assertIn("cross_node_reduce", phases)
 
     def test_use_reduce_avg_falls_back_to_sum_with_a_warning(self):
-        cfg = SimConfig(ep=2, ms=2, steps=1)
+        @dataclasses.dataclass(frozen=True)
+        class AsksForAvg(SimConfig):
+            # the warning is for a user who set use_reduce_avg, not its default
+            def strategy(self):
+                strategy = super().strategy()
+                strategy.hybrid_configs["sharding_configs"].use_reduce_avg = True
+                return strategy
+
+        cfg = AsksForAvg(ep=2, ms=2, steps=1)
         mso._WARNED.discard("reduce_avg")
         with self.assertLogs(mso.logger, level="WARNING") as logs:
             results, _ = run_world(cfg)

@@ -137,6 +137,18 @@ def _warn_once(key: str) -> bool:
     return True
 
 
+def _user_set_sharding_config(strategy: Any, field: str) -> bool:
+    """Whether the user assigned ``sharding_configs.<field>`` (not just its default).
+
+    The fallback from a default the user never chose is not worth a warning on
+    every CPU run; a strategy that cannot tell counts as set.
+    """
+    try:
+        return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return True
+
+
 def _is_trainable(param) -> bool:
     return not param.stop_gradient
 
@@ -250,7 +262,9 @@ class MuonShardingOptimizer:
             _reduce_module.is_avg_reduce_op_supported()
         )
         self._mirror_config()
-        if self._settings.use_reduce_avg and not self._use_avg and _warn_once("reduce_avg"):
+        if (self._settings.use_reduce_avg and not self._use_avg
+                and _user_set_sharding_config(strategy, "use_reduce_avg")
+                and _warn_once("reduce_avg")):
             logger.warning(
                 "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
                 "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "

@@ -1,0 +1,501 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Run NCCL-style collective code on gloo (CPU) process groups.
+
+On a CPU box ``python -m paddle.distributed.launch`` uses gloo, which lacks
+what the sharded Muon optimizer and ``FusedCommBuffer`` call. On paddle
+3.3.x ``patch_paddle()`` calls :func:`install_gloo_compat` itself when the
+launcher selected gloo (``PADDLE_DISTRI_BACKEND=gloo``), so a user's script
+needs nothing else; NCCL and other backends are never touched (each wrapper
+checks the group it is given). Install it *before* ``fleet.init`` (sub-groups
+are created inside ``fleet.init``); :func:`uninstall_gloo_compat` undoes it.
+
+What it changes (only for gloo process groups; NCCL/other groups pass through):
+
+1. **Sub-groups.** In paddle 3.3.1, gloo sub-groups of >= 3 ranks created on
+   the default TCPStore fail ("address size mismatch" / "connection
+   refused"). Every gloo sub-group (gid != 0) instead gets its own
+   ``core.TCPStore``. The group's master is its first rank (group rank 0).
+
+   *Ports.* Rather than deriving a port arithmetically from the launcher's
+   env (which can collide with another launch whose random port window
+   overlaps, or with an unrelated process), the group master asks the OS for
+   a free port (bind to port 0), starts its TCPStore there (the store then
+   holds the port), and publishes ``host:port`` on the launcher-provided
+   *default* store under the deterministic key :func:`rendezvous_key`
+   (unique per group id and name), then binds its store there; the other
+   members block on that key. (The master's TCPStore constructor waits for
+   all members, hence publish-then-bind.) Consequences: ports never collide
+   with each other, with the launcher's master / store ports (bound, so the
+   OS never hands them out) or with a concurrently running launch; and it
+   also works across hosts because the master publishes its own host (from
+   ``PADDLE_CURRENT_ENDPOINT``). The only window left is the millisecond
+   between probing a port and the store binding it (a loss raises a clear
+   error instead of hanging).
+
+2. ``use_calc_stream=True`` on ``paddle.distributed.stream.*`` ops -> the
+   plain synchronous op (gloo has no ``*_on_calc_stream``).
+3. ``reduce_scatter`` (``paddle.distributed.reduce_scatter``,
+   ``stream.reduce_scatter``, ``_reduce_scatter_base``) -> ``all_reduce`` of a
+   copy of the input (SUM for AVG) + take this rank's slice (+ scale for
+   AVG). The input is never modified (the output may alias it, as in
+   ``FusedCommBuffer``). Moves n x more bytes than NCCL: fine for developing on CPU.
+4. ``ReduceOp.AVG`` where gloo lacks it: ``all_reduce``/``stream.all_reduce``
+   and ``stream.reduce`` -> pre-scale by 1/n then SUM (exactly what paddle's
+   own ``dist.reduce`` fallback does). ``dist.all_reduce(AVG)`` on the CPU
+   wheel otherwise dies with ``AttributeError: ... nccl_version``.
+
+reduce / broadcast / all_gather / coalescing stay native.
+
+Patched attributes (looked up at call time by paddle itself and by code that
+writes ``paddle.distributed.xxx(...)`` / ``dist.stream.xxx(...)``): see
+:data:`_PATCH_TARGETS_DOC`. Code that did ``from paddle.distributed import
+reduce_scatter`` at import time keeps the original - call through the module.
+
+Emulated-node helper: the launcher overwrites ``PADDLE_LOCAL_SIZE`` with
+``--nproc_per_node``, so a test that wants "4 nodes x 2 cards" on one box
+passes ``GLOO_COMPAT_LOCAL_SIZE=2``; :func:`apply_emulated_local_size` (called
+by :func:`install_gloo_compat`) copies it into ``PADDLE_LOCAL_SIZE``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from typing import Any
+
+import paddle
+import paddle.distributed as dist
+from paddle.base import core
+
+#: Env var honoured by :func:`apply_emulated_local_size`.
+EMULATED_LOCAL_SIZE_ENV = "GLOO_COMPAT_LOCAL_SIZE"
+#: Force the compat layer on ("1") or off ("0"); unset = auto-detect.
+FORCE_ENV = "GLOO_COMPAT"
+#: TCPStore timeout (seconds) for sub-group stores.
+STORE_TIMEOUT_ENV = "GLOO_COMPAT_STORE_TIMEOUT"
+
+_PATCH_TARGETS_DOC = (
+    "paddle.distributed.collective._new_process_group_impl",
+    "paddle.distributed.{all_reduce,reduce_scatter}",
+    "paddle.distributed.communication.{all_reduce,reduce_scatter}",
+    "paddle.distributed.stream.<every op with use_calc_stream>",
+    "paddle.distributed.communication.reduce_scatter._reduce_scatter_base_stream",
+    "paddle.distributed.communication.stream.reduce_scatter._reduce_scatter_base",
+)
+
+_lock = threading.RLock()
+# (owner object, attribute name, original value), in install order.
+_saved: list[tuple[Any, str, Any]] = []
+_installed = False
+# Keep sub-group stores alive for the life of the process (the gloo context
+# talks to them during rendezvous; dropping them early is asking for trouble).
+_stores: dict[int, Any] = {}
+# Remembered so uninstall can restore the environment too.
+_saved_local_size: tuple[bool, str | None] | None = None
+
+
+# ----------------------------------------------------------------- detection
+def gloo_expected() -> bool:
+    """True when this process will (or does) use the gloo backend.
+
+    Decided before ``fleet.init`` so install can happen early:
+    ``GLOO_COMPAT=1/0`` forces; ``PADDLE_DISTRI_BACKEND`` (set to ``gloo`` by
+    the launcher on CPU) decides next; otherwise gloo iff no CUDA device.
+    """
+    forced = os.environ.get(FORCE_ENV)
+    if forced is not None and forced.strip() != "":
+        return forced.strip().lower() not in ("0", "false", "off", "no")
+    backend = os.environ.get("PADDLE_DISTRI_BACKEND", "").strip().lower()
+    if backend:
+        return backend == "gloo"
+    if not paddle.is_compiled_with_cuda():
+        return True
+    try:
+        return paddle.device.cuda.device_count() == 0
+    except Exception:  # broken driver -> behave like CPU
+        return True
+
+
+def gloo_backend_selected() -> bool:
+    """True when the launcher chose gloo for this process (or ``GLOO_COMPAT=1``).
+
+    Unlike :func:`gloo_expected` this never guesses from the build: a plain
+    single-process run on the CPU wheel is not a gloo job, so ``patch_paddle()``
+    leaves ``paddle.distributed`` alone there.
+    """
+    forced = os.environ.get(FORCE_ENV, "").strip()
+    if forced:
+        return forced.lower() not in ("0", "false", "off", "no")
+    return os.environ.get("PADDLE_DISTRI_BACKEND", "").strip().lower() == "gloo"
+
+
+def _resolve_group(group: Any) -> Any:
+    if group is None:
+        return dist.collective._get_global_group()
+    return group
+
+
+def is_gloo_group(group: Any) -> bool:
+    """Whether ``group`` (None = global) is backed by ``ProcessGroupGloo``.
+
+    Checked per call so a mixed world (or NCCL) is never touched.
+    """
+    try:
+        g = _resolve_group(group)
+    except Exception:
+        return False
+    pg = getattr(g, "process_group", None)
+    return isinstance(pg, core.ProcessGroupGloo)
+
+
+def apply_emulated_local_size() -> int | None:
+    """Copy ``GLOO_COMPAT_LOCAL_SIZE`` into ``PADDLE_LOCAL_SIZE``.
+
+    Why: ``paddle.distributed.launch`` sets ``PADDLE_LOCAL_SIZE`` to
+    ``--nproc_per_node`` in every worker, overriding the caller's env, so
+    "gpus per node = 2" cannot be passed directly on a single box.
+    Returns the applied value, or None when the variable is unset.
+    """
+    global _saved_local_size
+    raw = os.environ.get(EMULATED_LOCAL_SIZE_ENV)
+    if not raw:
+        return None
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"{EMULATED_LOCAL_SIZE_ENV} must be >= 1, got {raw!r}")
+    if _saved_local_size is None:
+        _saved_local_size = (
+            "PADDLE_LOCAL_SIZE" in os.environ,
+            os.environ.get("PADDLE_LOCAL_SIZE"),
+        )
+    os.environ["PADDLE_LOCAL_SIZE"] = str(value)
+    return value
+
+
+# ------------------------------------------------------- sub-group creation
+def rendezvous_key(group_id: int, group_name: str) -> str:
+    """Default-store key under which a sub-group master publishes host:port.
+
+    Deterministic (same on every member) and unique per group: gids are
+    handed out in the same order on every rank by ``new_group``.
+    """
+    return f"gloo_compat/subgroup/{group_name}/{int(group_id)}/endpoint"
+
+
+def pick_free_port(host: str = "") -> int:
+    """Ask the OS for a currently free TCP port (bind to port 0)."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _my_host() -> str:
+    """Host other ranks can reach this process on (single box: 127.0.0.1)."""
+    ep = os.environ.get("PADDLE_CURRENT_ENDPOINT", "")
+    host = ep.rsplit(":", 1)[0] if ":" in ep else ""
+    return host or "127.0.0.1"
+
+
+def _store_timeout() -> int:
+    return int(os.environ.get(STORE_TIMEOUT_ENV, "300"))
+
+
+def create_subgroup_store(
+    default_store: Any, rank: int, world_size: int, group_id: int, group_name: str
+) -> Any:
+    """Create (master) or join (others) the dedicated TCPStore of a sub-group.
+
+    The master (group rank 0) binds an OS-chosen free port and publishes
+    ``host:port`` on ``default_store``; the others block on that key.
+    """
+    key = rendezvous_key(group_id, group_name)
+    timeout = _store_timeout()
+    if rank == 0:
+        # The master's TCPStore constructor blocks until all `world_size`
+        # members connected, so the endpoint must be published *before* it
+        # is built. Members retry connecting until the server listens.
+        host = _my_host()
+        port = pick_free_port()
+        default_store.set(key, f"{host}:{port}")
+        try:
+            return core.TCPStore(host, port, True, world_size, timeout)
+        except Exception as e:
+            raise RuntimeError(
+                f"gloo_compat: sub-group {group_name} (gid {group_id}) store could not "
+                f"bind {host}:{port} (taken between probe and bind?): {e}"
+            ) from e
+    raw = default_store.get(key)  # blocks until the master published
+    endpoint = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
+    host, port = endpoint.rsplit(":", 1)
+    return core.TCPStore(host, int(port), False, world_size, timeout)
+
+
+def _make_new_pg_impl(original: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(original)
+
+    def _new_process_group_impl_compat(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        gid = int(a.get("group_id", 0) or 0)
+        # gid 0 is the global group, which works on the default store.
+        if a["backend"] != "gloo" or gid == 0:
+            return original(*args, **kwargs)
+        store = create_subgroup_store(
+            a["store"], int(a["rank"]), int(a["world_size"]), gid, str(a["group_name"])
+        )
+        _stores[gid] = store
+        return core.ProcessGroupGloo.create(store, int(a["rank"]), int(a["world_size"]), gid)
+
+    _new_process_group_impl_compat.__wrapped__ = original  # type: ignore[attr-defined]
+    return _new_process_group_impl_compat
+
+
+# ------------------------------------------------------------ op emulation
+def _is_avg(op: Any) -> bool:
+    return op == dist.ReduceOp.AVG
+
+
+def _scale_inplace(t: paddle.Tensor, factor: float) -> None:
+    with paddle.no_grad():
+        t.scale_(factor)
+
+
+def _emulated_reduce_scatter(
+    out: paddle.Tensor,
+    inp: paddle.Tensor | list[paddle.Tensor] | tuple[paddle.Tensor, ...],
+    op: Any,
+    group: Any,
+    stream_all_reduce: Callable[..., Any],
+) -> Any:
+    """reduce_scatter via all_reduce on a private copy + my slice.
+
+    Runs synchronously: gloo executes collectives inline anyway, and the
+    output slice must be written after the reduction finished. Returns the
+    (finished) all_reduce task so ``task.wait()`` and ``_end_coalescing``
+    still get a real task object.
+    """
+    g = _resolve_group(group)
+    n, r = int(g.nranks), int(g.rank)
+    with paddle.no_grad():
+        if isinstance(inp, (list, tuple)):
+            full = paddle.concat([t.reshape([-1]) for t in inp])
+        else:
+            # clone: the output may alias the input (FusedCommBuffer does that)
+            full = inp.reshape([-1]).clone()
+        numel = int(full.shape[0])
+        shard = math.prod(out.shape)
+        if shard * n != numel:
+            raise ValueError(
+                f"gloo_compat reduce_scatter: input numel {numel} != "
+                f"nranks {n} x output numel {shard}"
+            )
+        red_op = dist.ReduceOp.SUM if _is_avg(op) else op
+        task = stream_all_reduce(full, op=red_op, group=g, sync_op=True, use_calc_stream=False)
+        mine = full[r * shard : (r + 1) * shard]
+        if _is_avg(op):
+            mine = mine.scale(1.0 / n)
+        paddle.assign(mine.reshape(out.shape).astype(out.dtype), out)
+    return task
+
+
+def _bind(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _stream_generic(original: Callable[..., Any]) -> Callable[..., Any]:
+    """use_calc_stream=True -> plain sync op, for gloo groups only."""
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(sig, args, kwargs)
+        if a.get("use_calc_stream") and is_gloo_group(a.get("group")):
+            a["use_calc_stream"] = False
+            a["sync_op"] = True
+        return original(**a)
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    compat.__name__ = getattr(original, "__name__", "stream_op")
+    return compat
+
+
+def _stream_avg_prescale(original: Callable[..., Any]) -> Callable[..., Any]:
+    """stream.all_reduce / stream.reduce: calc-stream mapping + AVG emulation."""
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(sig, args, kwargs)
+        if is_gloo_group(a.get("group")):
+            if a.get("use_calc_stream"):
+                a["use_calc_stream"] = False
+                a["sync_op"] = True
+            if _is_avg(a.get("op")):
+                _scale_inplace(a["tensor"], 1.0 / _resolve_group(a.get("group")).nranks)
+                a["op"] = dist.ReduceOp.SUM
+        return original(**a)
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    compat.__name__ = getattr(original, "__name__", "stream_op")
+    return compat
+
+
+def _reduce_scatter_compat(original: Callable[..., Any], get_all_reduce: Callable[[], Any],
+                           out_arg: str, in_arg: str):
+    """A reduce_scatter entry point whose gloo groups use the emulation.
+
+    The three entry points (``stream.reduce_scatter``, ``_reduce_scatter_base``
+    and ``dist.reduce_scatter``) differ only in their argument names.
+    """
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(sig, args, kwargs)
+        if not is_gloo_group(a.get("group")):
+            return original(**a)
+        return _emulated_reduce_scatter(
+            a[out_arg], a[in_arg], a.get("op"), a.get("group"), get_all_reduce()
+        )
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    return compat
+
+
+def _top_all_reduce(original: Callable[..., Any], get_stream_all_reduce: Callable[[], Any]):
+    """dist.all_reduce: on the CPU wheel AVG crashes on core.nccl_version."""
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(sig, args, kwargs)
+        if not is_gloo_group(a.get("group")):
+            return original(**a)
+        return get_stream_all_reduce()(
+            a["tensor"], op=a["op"], group=a.get("group"), sync_op=a["sync_op"], use_calc_stream=False
+        )
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    return compat
+
+
+# --------------------------------------------------------- install/uninstall
+def _patch(owner: Any, name: str, value: Any) -> None:
+    _saved.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def install_gloo_compat(force: bool | None = None) -> bool:
+    """Install the compat layer; idempotent. Returns True when active.
+
+    ``force=None`` auto-detects (see :func:`gloo_expected`); a no-op (False)
+    when the backend will not be gloo. Call before ``fleet.init`` /
+    ``init_parallel_env`` so sub-groups are created through the patch.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        active = gloo_expected() if force is None else bool(force)
+        if not active:
+            return False
+        apply_emulated_local_size()
+
+        import paddle.distributed.collective as collective
+        import paddle.distributed.communication as comm
+        stream = comm.stream
+        rs_mod = sys.modules["paddle.distributed.communication.reduce_scatter"]
+        stream_rs_mod = sys.modules["paddle.distributed.communication.stream.reduce_scatter"]
+
+        # Originals captured now; helpers resolve "the original stream
+        # all_reduce" lazily so the emulation never re-enters a wrapper.
+        orig_stream_all_reduce = stream.all_reduce
+
+        def get_orig_stream_all_reduce() -> Any:
+            return orig_stream_all_reduce
+
+        def get_compat_stream_all_reduce() -> Any:
+            return stream.all_reduce
+
+        _patch(collective, "_new_process_group_impl", _make_new_pg_impl(collective._new_process_group_impl))
+
+        for name in ("all_gather", "alltoall", "alltoall_single", "broadcast", "gather", "recv", "scatter", "send"):
+            fn = getattr(stream, name, None)
+            if fn is not None and "use_calc_stream" in inspect.signature(fn).parameters:
+                _patch(stream, name, _stream_generic(fn))
+        _patch(stream, "all_reduce", _stream_avg_prescale(stream.all_reduce))
+        _patch(stream, "reduce", _stream_avg_prescale(stream.reduce))
+        compat_rs = _reduce_scatter_compat(stream.reduce_scatter, get_orig_stream_all_reduce,
+                                           "tensor", "tensor_or_tensor_list")
+        _patch(stream, "reduce_scatter", compat_rs)
+        compat_rs_base = _reduce_scatter_compat(stream_rs_mod._reduce_scatter_base,
+                                                get_orig_stream_all_reduce, "out_tensor", "in_tensor")
+        _patch(stream_rs_mod, "_reduce_scatter_base", compat_rs_base)
+        if hasattr(rs_mod, "_reduce_scatter_base_stream"):
+            _patch(rs_mod, "_reduce_scatter_base_stream", compat_rs_base)
+
+        top_ar = _top_all_reduce(dist.all_reduce, get_compat_stream_all_reduce)
+        top_rs = _reduce_scatter_compat(dist.reduce_scatter, get_orig_stream_all_reduce,
+                                        "tensor", "tensor_list")
+        for owner in (dist, comm):
+            _patch(owner, "all_reduce", top_ar)
+            _patch(owner, "reduce_scatter", top_rs)
+        _installed = True
+        return True
+
+
+def uninstall_gloo_compat() -> None:
+    """Restore every patched attribute (and PADDLE_LOCAL_SIZE). Idempotent.
+
+    Process groups already created through the patch keep working.
+    """
+    global _installed, _saved_local_size
+    with _lock:
+        while _saved:
+            owner, name, original = _saved.pop()
+            setattr(owner, name, original)
+        if _saved_local_size is not None:
+            had, value = _saved_local_size
+            if had and value is not None:
+                os.environ["PADDLE_LOCAL_SIZE"] = value
+            else:
+                os.environ.pop("PADDLE_LOCAL_SIZE", None)
+            _saved_local_size = None
+        _installed = False
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+__all__ = [
+    "EMULATED_LOCAL_SIZE_ENV",
+    "FORCE_ENV",
+    "apply_emulated_local_size",
+    "create_subgroup_store",
+    "gloo_backend_selected",
+    "gloo_expected",
+    "install_gloo_compat",
+    "is_gloo_group",
+    "is_installed",
+    "pick_free_port",
+    "rendezvous_key",
+    "uninstall_gloo_compat",
+]
