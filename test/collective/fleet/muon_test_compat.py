@@ -101,6 +101,7 @@ _SHARDING_FIELDS = _proto_fields("DygraphShardingConfig")
 _SHARDING_FIELD_OF = {
     "comm_group_call_opt": "comm_group_call_opt",
     "partition_strategy": "muon_partition_strategy",
+    "overlap_sync_group_call": "overlap_sync_group_call",
 }
 # develop's owner rule: what MuonShardingOptimizer uses where the build has no
 # muon_partition_strategy field, so asking for it needs no field
@@ -127,7 +128,8 @@ def _missing(reason: str) -> None:
 
 def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None = None,
                               comm_group_call_opt: bool | None = None,
-                              partition_strategy: str | None = None) -> None:
+                              partition_strategy: str | None = None,
+                              overlap_sync_group_call: bool | None = None) -> None:
     """Set the Muon sharding switches on ``strategy`` (after its hybrid_configs).
 
     A switch left as None keeps its current value. Turning
@@ -135,7 +137,8 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
     """
     options = {k: v for k, v in (("use_muon_sharding", use_muon_sharding),
                                  ("comm_group_call_opt", comm_group_call_opt),
-                                 ("partition_strategy", partition_strategy))
+                                 ("partition_strategy", partition_strategy),
+                                 ("overlap_sync_group_call", overlap_sync_group_call))
                if v is not None}
     if _compat is not None:
         _compat.set_muon_sharding_options(
@@ -156,6 +159,9 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
             setattr(configs, field, value)
         elif name == "comm_group_call_opt" and value:
             _missing("comm_group_call_opt: this Paddle build's sharding_configs has no "
+                     "such field and the 3.3.1 compat layer is absent (in-tree run)")
+        elif name == "overlap_sync_group_call" and value:
+            _missing("overlap_sync_group_call: this Paddle build's sharding_configs has no "
                      "such field and the 3.3.1 compat layer is absent (in-tree run)")
         elif name == "partition_strategy" and value != _DEVELOP_PARTITION_STRATEGY:
             _missing("partition_strategy: no such sharding_configs field "

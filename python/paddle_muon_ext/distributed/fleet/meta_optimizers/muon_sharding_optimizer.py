@@ -67,7 +67,9 @@ from .muon_sharding_settings import (  # noqa: F401  (re-exported: callers impor
     PARTITION_STRATEGIES,
     PP_CONFIG_FIELDS,
     SHARDING_CONFIG_FIELDS,
+    ShardingAssertionError,
     ShardingSettings,
+    ShardingTypeError,
     read_overlap_optimize_and_sync,
 )
 
@@ -543,14 +545,14 @@ class MuonShardingOptimizer:
                 f"{type(optimizer).__name__}, which has no _muon_param_info_map."
             )
         if not callable(getattr(optimizer, "_apply_optimize", None)):
-            raise TypeError(
+            raise ShardingTypeError(
                 f"MuonShardingOptimizer needs an inner optimizer with "
                 f"_apply_optimize (paddle.optimizer.Muon, optionally inside "
                 f"MixPrecisionOptimizer); {type(optimizer).__name__} has none."
             )
         mp = self._hcg.get_model_parallel_world_size()
         if mp > 1:
-            raise ValueError(
+            raise ShardingAssertionError(
                 f"MuonShardingOptimizer does not support tensor parallel "
                 f"(mp_degree={mp}): Newton-Schulz needs whole matrices. Set "
                 f"mp_degree=1."
@@ -628,7 +630,7 @@ class MuonShardingOptimizer:
     def _uses_muon(self, param) -> bool:
         info = self._muon_info.get(param.name)
         if info is None:
-            raise ValueError(
+            raise ShardingAssertionError(
                 f"parameter {param.name} (shape {list(param.shape)}) has no entry "
                 "in the Muon optimizer's muon_param_info_map; build Muon with "
                 "these parameters, or add MuonParamInfo(use_muon=...) for it."
@@ -769,6 +771,11 @@ class MuonShardingOptimizer:
         # stop at the wrapper: set it on every level, as develop does.
         for opt in self._optimizer_chain():
             setattr(opt, name, value)
+
+    @property
+    def clear_color(self) -> set:
+        """develop's set of colours :meth:`clear_param_storage` freed (until the next step)."""
+        return set(self._cleared_colours)
 
     @property
     def _base_opt(self):
@@ -987,23 +994,24 @@ class MuonShardingOptimizer:
             if storage_was_cleared:
                 self._sharding_sync_parameters()  # refill the freed colours
             return params_grads
-        if self._stages_in_use():
+        staged = self._stages_in_use()
+        if staged:
+            # develop's overlap_optimize_and_sync: the sync travels with the update
             if self._sync_stages is None:
                 self._sync_stages = self._build_sync_stages()
             with self._timed("apply-optimize"):
                 self._step_with_sync_overlap(params_grads)
-            if self._settings.enable_fuse_optimizer_states:
-                self._fuse_optimizer_states()
-            return params_grads
-        # A phase too: a rank stuck in the clip's all-reduce or in
-        # Newton-Schulz shows it in the profiler and the flight recorder.
-        with self._timed("apply-optimize"), comm.comm_phase("optimizer_step"):
-            self._inner_opt._apply_optimize(
-                loss=None, startup_program=None, params_grads=params_grads
-            )
+        else:
+            # A phase too: a rank stuck in the clip's all-reduce or in
+            # Newton-Schulz shows it in the profiler and the flight recorder.
+            with self._timed("apply-optimize"), comm.comm_phase("optimizer_step"):
+                self._inner_opt._apply_optimize(
+                    loss=None, startup_program=None, params_grads=params_grads
+                )
         if self._settings.enable_fuse_optimizer_states:
             self._fuse_optimizer_states()
-        self._sharding_sync_parameters()
+        if not staged:
+            self._sharding_sync_parameters()
         return params_grads
 
     # ------------------------------------------------------------------

@@ -34,12 +34,25 @@ from paddle_muon_ext.compat_paddle_3_3 import get_muon_sharding_options
 
 __all__ = [
     "ShardingSettings",
+    "ShardingAssertionError",
+    "ShardingTypeError",
     "SHARDING_CONFIG_FIELDS",
     "PP_CONFIG_FIELDS",
     "PARTITION_STRATEGIES",
     "OVERLAP_SYNC_ENV",
     "read_overlap_optimize_and_sync",
 ]
+
+class ShardingAssertionError(AssertionError, ValueError):
+    """A configuration develop rejects with an assertion.
+
+    Also a ValueError, so code written against either type catches it.
+    """
+
+
+class ShardingTypeError(TypeError, ValueError):
+    """An inner optimizer develop rejects with ValueError (ours said TypeError): both."""
+
 
 # develop's switch for the staged update with overlapped parameter sync
 OVERLAP_SYNC_ENV = "FLAGS_muon_sharding_overlap_optimize_and_sync"
@@ -169,7 +182,7 @@ class ShardingSettings:
                 "for owners spread over machines, muon_partition_strategy='balanced'."
             )
         if self.pp_sharding_comm_overlap:
-            raise ValueError(
+            raise ShardingAssertionError(
                 "pp_configs.sharding_comm_overlap=True is not supported by "
                 "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
                 "matrix owners, not by the pipeline's sharding overlap. Set it "
@@ -177,7 +190,7 @@ class ShardingSettings:
                 "the reduces with backward)."
             )
         if self.comm_overlap and pp_world_size > 1:
-            raise ValueError(
+            raise ShardingAssertionError(
                 "sharding_configs.comm_overlap=True cannot be combined with "
                 f"pipeline parallel (pp_degree={pp_world_size}); set "
                 "comm_overlap=False."
@@ -189,7 +202,7 @@ class ShardingSettings:
                 "Set comm_buffer_size_MB > 0 or comm_overlap=False."
             )
         if self.comm_overlap and self.accumulate_steps <= 0:
-            raise ValueError(
+            raise ShardingAssertionError(
                 "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
                 f"(got {self.accumulate_steps}): the hooks count micro-batches."
             )

@@ -1,0 +1,713 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Develop's MuonShardingOptimizer surface, rule by rule.
+
+Spec (develop's behaviour, written from its tests and the fork source it
+descends from): the shared no-hook colours and the sync-only / overlap buffer
+split; the config mirrors callers read on the sharding optimizer itself; the
+group-call groups; the owner-sorted 2-D lists; ``overlap_optimize_and_sync``
+(env flag, default on, forced off under ``comm_group_call_opt`` or without
+Muon's staged API) whose stages are identical on every rank, never split a
+Muon group key, and give bit-identical parameters to the plain path.
+
+The overlapped and the plain path run the same kernels on the same inputs in
+the same order per parameter, so their results are compared with
+``np.array_equal`` (no tolerance): any difference is a routing or ordering bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import unittest
+from contextlib import contextmanager
+from unittest import mock
+
+import numpy as np
+import paddle
+
+from muon_sim_runner import SimConfig, run_world
+from muon_test_compat import fleet_optimizer, set_muon_sharding_options, sharded_core
+from muon_tiny_moe import TinyMoE, _param, batch, make_muon
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_sharding_collectives as comm,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_sharding_optimizer as mso,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_stages import (
+    build_sync_stages,
+    run_staged_update,
+    stage_element_limit,
+)
+
+FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
+NO_HOOK = "dense_weight_no_hook"
+
+
+@contextmanager
+def overlap_flag(value: str | None):
+    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as the optimizer reads it."""
+    saved = os.environ.pop(FLAG, None)
+    if value is not None:
+        os.environ[FLAG] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(FLAG, None)
+        if saved is not None:
+            os.environ[FLAG] = saved
+
+
+def _fake_param(name, color="absent", shape=(4, 4)):
+    p = types.SimpleNamespace(name=name, shape=list(shape))
+    if color != "absent":
+        p.color = color
+    return p
+
+
+def _fake_buffer(*params):
+    return types.SimpleNamespace(params=list(params))
+
+
+def _has_staged_api() -> bool:
+    muon = make_muon([_param("probe.w", np.zeros((2, 2), "float32"))])
+    return all(callable(getattr(muon, n, None)) for n in mso._STAGED_API)
+
+
+class TestSharedColours(unittest.TestCase):
+    """§8.5: the helpers look at the first parameter only and keep order."""
+
+    def test_no_hook_colours_are_develops(self):
+        self.assertEqual(MuonShardingOptimizer._NO_HOOK_COLORS,
+                         frozenset({"dense_weight_no_hook", "moe_weight_no_hook"}))
+
+    def test_buffer_color_reads_the_first_parameter(self):
+        colour_of = MuonShardingOptimizer._buffer_color
+        cases = {
+            "dict colour": (_fake_buffer(_fake_param("a", {"color": "x", "group": None}),
+                                         _fake_param("b", {"color": "y"})), "x"),
+            "dict without colour": (_fake_buffer(_fake_param("a", {"group": None})), None),
+            "dict with -1": (_fake_buffer(_fake_param("a", {"color": -1})), -1),
+            "plain string": (_fake_buffer(_fake_param("a", "dense_weight_no_hook")),
+                             "dense_weight_no_hook"),
+            "plain -1": (_fake_buffer(_fake_param("a", -1)), None),
+            "plain None": (_fake_buffer(_fake_param("a", None)), None),
+            "no colour attribute": (_fake_buffer(_fake_param("a")), None),
+            "empty buffer": (_fake_buffer(), None),
+        }
+        for label, (buffer, want) in cases.items():
+            with self.subTest(label):
+                self.assertEqual(colour_of(buffer), want,
+                                 f"{label}: _buffer_color gave {colour_of(buffer)!r}")
+
+    def test_shared_colours_are_dict_colours_in_the_no_hook_set(self):
+        params = [
+            _fake_param("a", {"color": NO_HOOK, "group": None}),
+            _fake_param("b", {"color": "moe_expert", "group": None}),
+            _fake_param("c", "moe_weight_no_hook"),  # not a dict: ignored
+            _fake_param("d", {"group": None}),
+            _fake_param("e"),
+        ]
+        self.assertEqual(MuonShardingOptimizer._compute_shared_colors(params), {NO_HOOK})
+        self.assertEqual(MuonShardingOptimizer._compute_shared_colors(params[1:]), set(),
+                         "no dict no-hook colour: MTP sharing is off, nothing is shared")
+
+    def test_select_sync_only_keeps_order(self):
+        shared = {NO_HOOK, "moe_weight_no_hook"}
+        bufs = [
+            _fake_buffer(_fake_param("a", {"color": "moe_weight_no_hook"})),
+            _fake_buffer(_fake_param("b", {"color": "other"})),
+            _fake_buffer(_fake_param("c", {"color": NO_HOOK})),
+            _fake_buffer(),
+        ]
+        got = MuonShardingOptimizer._select_sync_only_buffers(bufs, shared)
+        self.assertEqual([id(b) for b in got], [id(bufs[0]), id(bufs[2])])
+
+    def test_colour_group_info_from_params(self):
+        default = types.SimpleNamespace(ranks=[0, 1, 2, 3], rank=2)
+        moe = types.SimpleNamespace(ranks=[1, 3], rank=-1)
+        params = [_fake_param("a", {"color": "moe", "group": moe}),
+                  _fake_param("b", {"color": "moe", "group": default}),
+                  _fake_param("c", {"color": "nogroup"}),
+                  _fake_param("d", {"color": -1, "group": moe}),
+                  _fake_param("e", -1)]
+        info = MuonShardingOptimizer._build_color_to_group_info_from_params(params, default)
+        self.assertEqual(list(info), [None, "moe", "nogroup"],
+                         "None first, then dict colours in first-seen order")
+        self.assertIs(info["moe"]["group"], moe, "the first parameter of a colour names its group")
+        self.assertEqual((info["moe"]["world_size"], info["moe"]["rank"]), (2, -1))
+        self.assertIs(info["nogroup"]["group"], default)
+        self.assertEqual((info[None]["world_size"], info[None]["rank"]), (4, 2))
+
+
+class TestModuleHelpers(unittest.TestCase):
+    def test_trainer_and_same_card_ranks(self):
+        self.assertEqual(mso.get_trainer_ranks(5, 4), (1, range(4, 8)))
+        self.assertEqual(mso.get_same_card_rank([1, 6, 7], 5, 4), 6,
+                         "first rank of rank 5's machine (4..7) that is in the group")
+        self.assertEqual(mso.get_same_card_rank([0, 1], 5, 4), -1)
+
+    def test_gpus_per_node_reads_the_launcher(self):
+        with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "4"}):
+            self.assertEqual(mso.get_gpus_per_node(), 4)
+
+
+class TestSyncStageBuilding(unittest.TestCase):
+    """develop's _build_sync_stages on plain objects (every rank, same input)."""
+
+    @staticmethod
+    def _world():
+        ps = {n: _fake_param(n, shape=s) for n, s in [
+            ("a1", (16, 16)), ("a2", (16, 16)), ("b1", (8, 32)), ("c1", (32, 32)),
+            ("e1", (16, 16)), ("e2", (4, 4))]}
+        params_by_colour = {None: [ps["a1"], ps["b1"], ps["a2"], ps["c1"]],
+                            "moe": [ps["e1"], ps["e2"]]}
+        rank2params = {None: {0: [ps["a1"], ps["b1"]], 1: [ps["a2"]], 2: [ps["c1"]], 3: []},
+                       "moe": {0: [ps["e1"], ps["e2"]]}}
+        return ps, params_by_colour, rank2params
+
+    def _build(self, rank, limit, slices=()):
+        ps, by_colour, rank2params = self._world()
+        info = {None: {"group": "G", "world_size": 4, "rank": rank},
+                "moe": {"group": "M", "world_size": 1, "rank": -1}}
+        stages = build_sync_stages(by_colour, rank2params, info, list(slices),
+                                   lambda b: b.params, lambda p: tuple(p.shape), limit)
+        return ps, stages
+
+    def test_limit_is_develops(self):
+        self.assertEqual(stage_element_limit(1), 2**18)
+        self.assertEqual(stage_element_limit(0), 256 * 2**18)
+        self.assertEqual(stage_element_limit(-1), 256 * 2**18)
+
+    def test_keys_merge_until_the_limit_and_are_never_split(self):
+        buf = _fake_buffer(_fake_param("bias"))
+        ps, stages = self._build(rank=0, limit=600, slices=[buf])
+        kinds = [s["kind"] for s in stages]
+        self.assertEqual(kinds, ["2d", "2d", "2d", "1d"])
+        # key (16,16): a1+a2 = 512 < 600, + (8,32) = 768 >= 600 closes stage 0
+        self.assertEqual(stages[0]["keys"], [(16, 16), (8, 32)])
+        self.assertEqual(stages[1]["keys"], [(32, 32)])
+        self.assertEqual({r: [p.name for p in v] for r, v in stages[0]["rank2params"].items()},
+                         {0: ["a1", "b1"], 1: ["a2"]}, "ranks without params are omitted")
+        # key (16,16) spans both colours: rank 0 updates its e1 in the first
+        # stage listing the key (stage 0), once; e2 in the moe stage
+        self.assertEqual([p.name for p in stages[0]["local_params"]], ["a1", "e1", "b1"])
+        self.assertEqual(stages[2]["keys"], [(16, 16), (4, 4)])
+        self.assertEqual([p.name for p in stages[2]["local_params"]], ["e2"])
+        self.assertEqual(stages[3]["local_params"], buf.params)
+
+    def test_stages_are_identical_on_every_rank_but_local_params(self):
+        def shape(stages):
+            return [(s["kind"], s.get("color"), s.get("keys"),
+                     {r: [p.name for p in v] for r, v in s.get("rank2params", {}).items()})
+                    for s in stages]
+
+        per_rank = [self._build(rank, limit=600)[1] for rank in range(4)]
+        for rank in range(1, 4):
+            self.assertEqual(shape(per_rank[rank]), shape(per_rank[0]),
+                             f"rank {rank} built other stages than rank 0")
+        updated = [p.name for stages in per_rank for s in stages[:2] for p in s["local_params"]]
+        self.assertEqual(sorted(updated), ["a1", "a2", "b1", "c1"] + ["e1"] * 4,
+                         "every dense matrix is updated by exactly one rank; e1 (one-rank "
+                         "moe group per rank) by every rank, in the stage of its key")
+
+    def test_a_stage_whose_owners_are_empty_is_skipped(self):
+        ps, by_colour, rank2params = self._world()
+        rank2params[None] = {0: [], 1: [], 2: [], 3: []}
+        info = {None: {"group": "G", "world_size": 4, "rank": 0},
+                "moe": {"group": "M", "world_size": 1, "rank": -1}}
+        stages = build_sync_stages(by_colour, rank2params, info, [], lambda b: b.params,
+                                   lambda p: tuple(p.shape), 10**9)
+        self.assertEqual([s["color"] for s in stages], ["moe"])
+
+
+class _StagedOpt:
+    """Records the staged calls of a fake inner optimizer."""
+
+    def __init__(self):
+        self.calls = []
+
+    def apply_grad_clip(self, pg):
+        self.calls.append(("clip", [p.name for p, _ in pg]))
+        return pg
+
+    def prepare_optimize(self, pg):
+        self.calls.append(("prepare", len(pg)))
+        return [x for x in pg if x[0].name.startswith("m")], \
+            [x for x in pg if not x[0].name.startswith("m")]
+
+    def update_params(self, muon, adamw):
+        self.calls.append(("update", [p.name for p, _ in muon], [p.name for p, _ in adamw]))
+
+
+class _Pending:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait(self):
+        self.log.append(("wait", self.name))
+
+
+class TestRunStagedUpdate(unittest.TestCase):
+    def test_clip_and_prepare_once_update_per_stage_then_wait(self):
+        m1, m2, s1 = _fake_param("m1"), _fake_param("m2"), _fake_param("s1")
+        stages = [{"kind": "2d", "local_params": [m2]}, {"kind": "2d", "local_params": []},
+                  {"kind": "1d", "local_params": [m1, s1]}]
+        opt, log = _StagedOpt(), []
+
+        def launch(stage):
+            log.append(("launch", stage["kind"]))
+            return [_Pending(log, stage["kind"])]
+
+        run_staged_update(opt, [(m1, 0), (m2, 0), (s1, 0)], stages, launch,
+                          lambda i, s: contextmanager(lambda: (yield))())
+        self.assertEqual(opt.calls, [("clip", ["m1", "m2", "s1"]), ("prepare", 3),
+                                     ("update", ["m2"], []), ("update", ["m1"], ["s1"])],
+                         "a stage without local params updates nothing")
+        self.assertEqual(log, [("launch", "2d"), ("launch", "2d"), ("launch", "1d"),
+                               ("wait", "2d"), ("wait", "2d"), ("wait", "1d")],
+                         "every sync is launched before any is waited on")
+
+    def test_a_parameter_in_no_stage_is_named(self):
+        m1 = _fake_param("m1")
+        with self.assertRaisesRegex(AssertionError, r"\['m1'\].*no sync stage"):
+            run_staged_update(_StagedOpt(), [(m1, 0)], [], lambda s: [],
+                              lambda i, s: contextmanager(lambda: (yield))())
+
+
+class _FailingTask:
+    def wait(self):
+        raise RuntimeError("peer vanished")
+
+
+class TestPendingCollective(unittest.TestCase):
+    def test_wait_once_then_copies_back(self):
+        calls = []
+        pending = comm.PendingCollective([_Pending(calls, "t")], [None], "broadcast",
+                                         lambda: calls.append("copy back"))
+        pending.wait()
+        pending.wait()
+        self.assertEqual(calls, [("wait", "t"), "copy back"],
+                         "the second wait must neither wait nor copy again")
+
+    def test_failed_wait_dumps_the_recorder_and_raises(self):
+        recorder = comm.get_flight_recorder()
+        with mock.patch.object(recorder, "dump") as dump:
+            with self.assertRaisesRegex(RuntimeError, "peer vanished"):
+                comm.PendingCollective([_FailingTask()], [], "broadcast on group [0, 1]").wait()
+        self.assertIn("broadcast on group [0, 1] raised RuntimeError: peer vanished",
+                      dump.call_args[0][0])
+
+    def test_failed_launch_dumps_the_recorder_and_raises(self):
+        group = types.SimpleNamespace(nranks=2, ranks=[0, 1])
+
+        def issue(tensor, peer):
+            raise RuntimeError("bad root")
+
+        recorder = comm.get_flight_recorder()
+        with mock.patch.object(recorder, "dump") as dump, \
+                mock.patch.object(comm._batch_isend_irecv, "_coalescing_manager",
+                                  lambda g, tasks: contextmanager(lambda: (yield))()), \
+                mock.patch.object(recorder, "start", return_value=None):
+            with self.assertRaisesRegex(RuntimeError, "bad root"):
+                comm._launch_coalesced(group, issue, [(paddle.zeros([2]), 0)], "broadcast")
+        self.assertIn("raised RuntimeError: bad root", dump.call_args[0][0])
+
+
+# --------------------------------------------------------------------------
+# The real optimizer in the simulated world
+# --------------------------------------------------------------------------
+# A T-OV-like model: Linear widths cycling 512 -> 384 -> 640 (three Muon
+# keys) plus two 300,000-element 1-D parameters, so that with 1 MB buffers the
+# step has several 2-D and several 1-D stages.
+WIDTHS = (64, 512, 384, 640, 64)
+
+
+def _overlap_model_params():
+    rng = np.random.RandomState(7)
+    params = []
+    for i, (fan_in, fan_out) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:])):
+        params.append(_param(f"fc{i}.w", rng.uniform(-1, 1, (fan_in, fan_out)).astype("float32")
+                             / np.sqrt(fan_in)))
+        params.append(_param(f"fc{i}.b", np.zeros(fan_out, "float32")))
+    for i in range(2):
+        params.append(_param(f"extra{i}", rng.uniform(-0.1, 0.1, 300_000).astype("float32")))
+    return params
+
+
+def _overlap_loss(params, x):
+    h = x
+    for i in range(len(WIDTHS) - 1):
+        h = paddle.tanh(paddle.matmul(h, params[2 * i]) + params[2 * i + 1])
+    extra = (params[-2] * params[-1]).sum() * 1e-3
+    return (h * h).mean() + extra
+
+
+def _overlap_body(steps=3, group_call_opt_in=False):
+    def body(cfg, strategy):
+        hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+        params = _overlap_model_params()
+        opt = MuonShardingOptimizer(make_muon(params), hcg, strategy)
+        rank = paddle.distributed.get_rank()
+        stages_after_first = None
+        for step in range(steps):
+            x = paddle.to_tensor(np.random.RandomState(100 * step + rank)
+                                 .uniform(-1, 1, (4, WIDTHS[0])).astype("float32"))
+            _overlap_loss(params, x).backward()
+            opt.reduce_gradients(params, hcg)
+            opt.step()
+            opt.clear_grad()
+            if step == 0:
+                stages_after_first = opt._sync_stages
+        return {"values": {p.name: p.numpy() for p in params},
+                "flag": opt.overlap_optimize_and_sync, "stages": stages_after_first}
+
+    return body
+
+
+def _assert_bit_identical(test, off, on, label):
+    for a, b in zip(off, on):
+        for name, value in a["values"].items():
+            test.assertTrue(np.array_equal(value, b["values"][name]),
+                            f"[{label}] {name} differs between the overlapped and the plain "
+                            f"step: max |d| = {np.abs(value - b['values'][name]).max():.3e}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _OptInConfig(SimConfig):
+    """comm_group_call_opt with our opt-in: staged sync over the hierarchical route."""
+
+    def strategy(self):
+        strategy = super().strategy()
+        set_muon_sharding_options(strategy, overlap_sync_group_call=True)
+        return strategy
+
+
+@unittest.skipUnless(_has_staged_api(), "the inner Muon lacks the staged API")
+class TestOverlapOptimizeAndSync(unittest.TestCase):
+    """T-OV: overlapped stage sync is bit-identical to update-then-sync."""
+
+    def _run(self, cfg, flag, body=None):
+        with overlap_flag(flag):
+            results, world = run_world(cfg, body=body or _overlap_body())
+        return results, world
+
+    def _check_pair(self, cfg, label):
+        off, _ = self._run(cfg, "0")
+        on, world = self._run(cfg, None)  # default: on
+        self.assertTrue(all(r["flag"] is False for r in off))
+        self.assertTrue(all(r["flag"] is True for r in on),
+                        f"[{label}] overlap_optimize_and_sync is on by default")
+        self.assertTrue(all(r["stages"] is None for r in off), "no stages without the overlap")
+        stages = on[0]["stages"]
+        kinds = [s["kind"] for s in stages]
+        self.assertGreaterEqual(kinds.count("2d"), 2, f"[{label}] stages {kinds}")
+        self.assertGreaterEqual(kinds.count("1d"), 2, f"[{label}] stages {kinds}")
+        self.assertTrue(any(len(s["rank2params"]) > 1 for s in stages if s["kind"] == "2d"),
+                        f"[{label}] some 2-D stage should have more than one owner")
+        _assert_bit_identical(self, off, on, label)
+        start = {p.name: p.numpy() for p in _overlap_model_params()}
+        self.assertFalse(np.array_equal(on[0]["values"]["fc1.w"], start["fc1.w"]),
+                         "the run must actually train")
+        # the sync of a stage is launched right after its update: broadcasts
+        # of the first 2-D stage precede the second stage's update phase
+        trace = world.traces[0]
+        phases = [r.phase for r in trace]
+        first_bcast = next(i for i, r in enumerate(trace) if r.op == "broadcast")
+        self.assertTrue(any(p and p.startswith("reduce") for p in phases[:first_bcast]))
+        return on
+
+    def test_two_ranks_bit_identical(self):
+        self._check_pair(SimConfig(ep=1, ms=2, steps=3), "2 ranks")
+
+    def test_eight_ranks_bit_identical(self):
+        self._check_pair(SimConfig(ep=1, ms=8, steps=2), "8 ranks")
+
+    def test_group_call_forces_it_off_like_develop(self):
+        cfg = SimConfig(ep=1, ms=4, gpn=2, steps=2)
+        with self.assertLogs(mso.logger.name, level="WARNING") as logs:
+            results, _ = self._run(cfg, "1")
+        self.assertTrue(all(r["flag"] is False for r in results),
+                        "develop turns the overlap off under comm_group_call_opt")
+        self.assertTrue(any("overlap_sync_group_call" in line for line in logs.output),
+                        "the warning names the opt-in")
+
+    def test_group_call_opt_in_runs_staged_sync_hierarchically(self):
+        cfg = _OptInConfig(ep=1, ms=4, gpn=2, steps=2)
+        off, _ = self._run(cfg, "0", _overlap_body(steps=2))
+        on, world = self._run(cfg, "1", _overlap_body(steps=2))
+        self.assertTrue(all(r["flag"] is True for r in on), "the opt-in keeps it on")
+        _assert_bit_identical(self, off, on, "group call + opt-in")
+        phases = {r.phase for trace in world.traces for r in trace if r.op == "broadcast"}
+        self.assertIn("cross_node_broadcast", phases)
+        self.assertIn("intra_node_broadcast", phases)
+
+    def test_without_staged_api_it_is_off_with_a_warning(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            params = _overlap_model_params()
+            muon = make_muon(params)
+            muon.update_params = None  # not callable: the staged API is incomplete
+            return MuonShardingOptimizer(muon, hcg, strategy).overlap_optimize_and_sync
+
+        with overlap_flag("1"), self.assertLogs(mso.logger.name, level="WARNING") as logs:
+            results, _ = run_world(cfg, body=body)
+        self.assertEqual(results, [False, False])
+        self.assertTrue(any("update_params" in line for line in logs.output))
+
+    def test_bad_flag_value_is_named(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+        with overlap_flag("yes"), self.assertRaisesRegex(Exception, FLAG):
+            run_world(cfg, body=_overlap_body(steps=1), reraise_original=True)
+
+    def test_bypass_flag_skips_the_update_but_still_syncs(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+        with mock.patch.object(mso, "g_shard_bypass_dygraph_optimizer", 1), \
+                mock.patch("paddle_muon_ext.optimizer.muon.g_shard_bypass_dygraph_optimizer", 1):
+            results, world = self._run(cfg, "1")
+        start = {p.name: p.numpy() for p in _overlap_model_params()}
+        for r in results:
+            self.assertIsNone(r["stages"], "the overlapped path is skipped under bypass")
+            for name, value in r["values"].items():
+                self.assertTrue(np.array_equal(value, start[name]),
+                                f"{name} changed although the update is bypassed")
+        self.assertTrue(any(rec.op == "broadcast" for rec in world.traces[0]),
+                        "the parameter sync still runs under bypass")
+
+
+class TestDevelopAttributes(unittest.TestCase):
+    """Config mirrors and develop's attributes live on the sharding optimizer."""
+
+    def test_mirrors_and_attributes(self):
+        cfg = SimConfig(ep=2, ms=2, steps=1, overlap=True, acc_steps=2)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
+            own = vars(opt)
+            return {
+                "not_forwarded": [n for n in (
+                    "tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB",
+                    "use_reduce_avg", "enable_fuse_optimizer_states", "use_group_call_opt",
+                    "pp_overlap", "sd_release_grads", "_use_fuse_gradients",
+                    "machine_balanced_2d_partition", "trainer_comms",
+                    "trainer_same_card_comms", "overlap_optimize_and_sync", "_sync_stages",
+                    "_shared_colors", "_sync_only_buffers", "_sync_only_buffer_ids",
+                    "_overlap_comm_buffers", "_color_to_comm_buffer_list",
+                    "_local_parameter_list_1d", "_origin_parameter_list",
+                    "_muon_param_info_map", "_sharding_world_size", "_sharding_rank",
+                    "_global_rank", "_use_pipeline_parallel", "_use_main_grad",
+                    "_enable_timer") if n not in own],
+                "values": (opt.comm_overlap, opt.accumulate_steps, opt.comm_buffer_size_MB,
+                           opt.use_group_call_opt, opt._use_fuse_gradients,
+                           opt.machine_balanced_2d_partition, opt.pp_overlap,
+                           opt._use_pipeline_parallel, opt.trainer_comms),
+                "world": (opt._sharding_world_size, opt._sharding_rank, opt._global_rank),
+                "rank": paddle.distributed.get_rank(),
+                "sharding_rank": hcg.get_sharding_parallel_rank(),
+                "buffers_1d": {k: len(v) for k, v in opt._color_to_comm_buffer_list.items()},
+                "slices": [p.name for p in opt._local_parameter_list_1d],
+                "owner_sorted": all(
+                    [opt._param2rank_2d_by_color[c][p.name] for p in ps]
+                    == sorted(opt._param2rank_2d_by_color[c][p.name] for p in ps)
+                    for c, ps in opt._params_2d_by_color.items()),
+                "collect": opt._collect_comm_buffers() is opt._comm_buffer_list,
+                "clear_color": opt.clear_color,
+            }
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for out in results:
+            self.assertEqual(out["not_forwarded"], [],
+                             "these attributes must be the sharding optimizer's own, not "
+                             "forwarded to Muon by __getattr__")
+            self.assertEqual(out["values"], (True, 2, 1, False, True, False, False, False, []))
+            self.assertEqual(out["world"], (4, out["sharding_rank"], out["rank"]))
+            self.assertEqual(set(out["buffers_1d"]), {-1, "moe_expert"},
+                             "1-D buffers are keyed by the raw colour (-1 for the default)")
+            self.assertTrue(out["owner_sorted"], "develop sorts each colour's 2-D list by owner")
+            self.assertTrue(out["collect"])
+            self.assertEqual(out["clear_color"], set())
+
+    def test_trainer_comms_are_the_group_call_groups(self):
+        cfg = SimConfig(ep=2, ms=2, gpn=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
+            return ([list(g.ranks) for g in opt.trainer_comms],
+                    [[list(g.ranks) for g in row] for row in opt.trainer_same_card_comms])
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        nodes, same_card = results[0]
+        self.assertEqual(nodes, [[0, 1], [2, 3]], "trainer_comms[machine]: its gpn ranks")
+        self.assertEqual(same_card, [[[0, 2], [1, 3]]],
+                         "trainer_same_card_comms[stage][card]: that card on every node")
+        self.assertTrue(all(r == results[0] for r in results), "identical on every rank")
+
+    def test_missing_info_entry_is_an_assertion_error_naming_the_parameter(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            params = _overlap_model_params()
+            muon = make_muon(params)
+            del muon._muon_param_info_map["fc1.w"]
+            MuonShardingOptimizer(muon, hcg, strategy)
+
+        with self.assertRaisesRegex(AssertionError, r"fc1\.w \(shape \[512, 384\]\)"):
+            run_world(cfg, body=body, reraise_original=True)
+
+    def test_hyperball_parameters_are_kept_whole(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            params = _overlap_model_params()
+            muon = make_muon(params)
+            # develop's keep_whole = use_muon or use_hyperball
+            muon._muon_param_info_map["fc0.w"] = types.SimpleNamespace(
+                use_muon=False, use_hyperball=True, split_concat_func=None)
+            opt = MuonShardingOptimizer(muon, hcg, strategy)
+            return "fc0.w" in opt.owner_map, [p.name for p in opt._params_1d]
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for whole, params_1d in results:
+            self.assertTrue(whole, "a hyperball matrix is owned whole")
+            self.assertNotIn("fc0.w", params_1d)
+
+
+class TestNoHookColours(unittest.TestCase):
+    """T-NH: shared colours are sync-only in both runs; overlap on/off bit-identical."""
+
+    def test_sync_only_buffers_and_bit_identical_overlap(self):
+        def run(overlap):
+            cfg = SimConfig(ep=2, ms=2, steps=2, overlap=overlap, clip=False)
+
+            def body(cfg, strategy):
+                hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+                coord = hcg.get_expert_parallel_rank()
+                net = TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
+                for key in ("w_in", "b_in"):
+                    net.dense[key].color = {"color": NO_HOOK,
+                                            "group": hcg.get_sharding_parallel_group()}
+                opt = fleet_optimizer(make_muon(list(net.parameters()), clip=False), hcg,
+                                      strategy)
+                core = sharded_core(opt)
+                rank = paddle.distributed.get_rank()
+                for step in range(cfg.steps):
+                    net(paddle.to_tensor(batch(step, rank))).backward()
+                    core.clear_param_storage(NO_HOOK)  # as develop's worker, before step
+                    if opt is core:
+                        core.reduce_gradients(list(net.parameters()), hcg)
+                    opt.step()
+                    opt.clear_grad()
+                sync_only = {id(b) for b in core._sync_only_buffers}
+                return {
+                    "values": net.named_values(),
+                    "shared": core._shared_colors,
+                    "sync_only_colours": {MuonShardingOptimizer._buffer_color(b)
+                                          for b in core._sync_only_buffers},
+                    "n_sync_only": len(core._sync_only_buffers),
+                    "disjoint": all(id(b) not in sync_only for b in core._overlap_comm_buffers),
+                    "n_overlap": len(core._overlap_comm_buffers),
+                    "comm_overlap": core.comm_overlap,
+                }
+
+            results, _ = run_world(cfg, body=body)
+            return results
+
+        base, over = run(False), run(True)
+        for label, results, overlap in (("baseline", base, False), ("overlap", over, True)):
+            for out in results:
+                self.assertEqual(out["shared"], {NO_HOOK})
+                self.assertEqual(out["sync_only_colours"], {NO_HOOK}, label)
+                self.assertEqual(out["n_sync_only"], 2,
+                                 f"[{label}] the 2-D and the 1-D buffer of the shared colour")
+                self.assertTrue(out["disjoint"] and out["n_overlap"] > 0, label)
+                self.assertIs(out["comm_overlap"], overlap)
+        _assert_bit_identical(self, base, over, "no-hook colour, comm_overlap on vs off")
+
+
+class TestBroadcastHelpers(unittest.TestCase):
+    """_broadcast_2d_params / reorder_params: one buffer per (owner, dtype) (#79687)."""
+
+    def test_mixed_dtype_owner_buffers(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1, matrix_dtype="bfloat16", clip=False)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(None, None, "bfloat16")
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False,
+                                                  multi_precision=True), hcg, strategy)
+            rank = paddle.distributed.get_rank()
+            group = opt._color_to_group_info[None]["group"]
+            rank2params = {0: [net.dense["w_in"], net.dense["w_out"]]}
+            if rank == 0:
+                net.dense["w_in"].set_value(paddle.full(net.dense["w_in"].shape, 3.0, "bfloat16"))
+                net.dense["w_out"].set_value(paddle.full(net.dense["w_out"].shape, 5.0))
+            for task in opt._broadcast_2d_params(rank2params, group):
+                task.wait()
+            packed = opt.reorder_params([(rank2params, group)])
+            return (float(net.dense["w_in"].astype("float32").numpy().max()),
+                    float(net.dense["w_out"].numpy().min()),
+                    [(str(d["param_buffer"].dtype), d["src_rank"], d["param_buffer"] is p)
+                     for d, p in zip(packed, (net.dense["w_in"], net.dense["w_out"]))])
+
+        results, _ = run_world(cfg, body=body)
+        for w_in, w_out, packed in results:
+            self.assertEqual((w_in, w_out), (3.0, 5.0),
+                             "owner 0's bf16 and fp32 matrices both arrive intact")
+            self.assertEqual(packed, [("paddle.bfloat16", 0, True), ("paddle.float32", 0, True)],
+                             "one buffer per dtype; an owner's only param of a dtype is sent as is")
+
+
+class TestLayoutStagesMatchOptimizer(unittest.TestCase):
+    """The layout's stages (plan tool) are the optimizer's stages."""
+
+    def test_layout_stages_equal_optimizer_stages(self):
+        metas = [ParamMeta(f"w{i}", (64, 64 + 16 * (i % 3)), "float32", None, True)
+                 for i in range(9)] + [ParamMeta("b", (64,), "float32")]
+        groups = {None: (0, 1, 2, 3)}
+        layouts = [ShardingLayout.build(metas, groups, r,
+                                        LayoutSettings(comm_buffer_size_MB=0.02,
+                                                       overlap_sync=True))
+                   for r in range(4)]
+        stages = [lay.sync_stages() for lay in layouts]
+        strip = [[(s.kind, s.keys, s.owners) for s in st] for st in stages]
+        self.assertTrue(all(s == strip[0] for s in strip), "identical on every rank")
+        self.assertGreater(sum(1 for s in stages[0] if s.kind == "2d"), 1)
+        local = sorted(n for st in stages for s in st if s.kind == "2d" for n in s.local_params)
+        self.assertEqual(local, sorted(f"w{i}" for i in range(9)))
+        bcasts = [op for op in layouts[0].schedule() if op.op == "broadcast"]
+        self.assertEqual(sum(op.numel for op in bcasts), sum(m.numel for m in metas[:9]),
+                         "the staged broadcasts carry every matrix exactly once")
+
+
+if __name__ == "__main__":
+    unittest.main()
