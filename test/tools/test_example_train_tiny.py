@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""examples/train_tiny.py: the README's develop-style script.
+"""examples/train_tiny.py and the README's develop-style script.
 
 It must train on 2 CPU (gloo) processes with nothing but ``patch_paddle()``
 and pass its own check against a single-process run; and that check must
@@ -32,6 +32,15 @@ sys.path.insert(0, os.path.join(_REPO, "test", "collective", "fleet"))
 from launch_utils import run_paddle_launch  # noqa: E402
 
 EXAMPLE = os.path.join(_REPO, "examples", "train_tiny.py")
+README = os.path.join(_REPO, "README.md")
+
+
+def readme_script() -> str:
+    """The first Python block of the README's "Using it" section."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("\n## Using it\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 class TestTrainTinyExample(unittest.TestCase):
@@ -75,6 +84,19 @@ class TestTrainTinyExample(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stdout[-2000:] + proc.stderr[-2000:])
         self.assertRegex(proc.stdout, r"FAIL: rank 0 of 1 .* max \|parameter - "
                          r"single-process\| = \S+ \(tolerance 0.0001\)")
+
+    def test_the_readme_script_runs_as_written(self):
+        script = readme_script()
+        self.assertIn("paddle_muon_ext.patch_paddle()", script)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PADDLE_TRAINER", "PADDLE_DISTRI"))}
+        proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=180,
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-3000:])
+        losses = [float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines()
+                  if line.startswith("rank 0 step ")]
+        self.assertEqual(len(losses), 5, proc.stdout[-2000:])
+        self.assertTrue(all(0.0 < loss < 10.0 for loss in losses), losses)
 
 
 if __name__ == "__main__":
