@@ -18,7 +18,7 @@ setup(
     install_requires=["numpy"],
     extras_require={
         "cpu": ["paddlepaddle>=3.2,<3.4"],
-        "test": ["pytest>=7", "pytest-mock", "coverage[toml]>=7", "matplotlib", "wheel"],
+        "test": ["pytest>=7", "pytest-mock", "coverage[toml]>=7", "matplotlib", "setuptools>=61", "wheel"],
     },
     entry_points={"console_scripts": ["paddle-muon-ext=paddle_muon_ext.cli:main"]},
 )

@@ -13,9 +13,14 @@
 # limitations under the License.
 """``pip install .`` (not editable) gives a working ``paddle-muon-ext plan`` outside the checkout.
 
-Installs a copy of the package into a fresh virtual environment (system site
-packages for paddle, ``--no-deps``, no build isolation: no network needed) and
-runs the console script from an unrelated directory without PYTHONPATH.
+Installs a copy of the package with the running interpreter's pip into a
+temporary ``--target`` directory (``--no-deps``, no build isolation: no
+network needed; the build uses this interpreter's setuptools and ``wheel``,
+which the ``[test]`` extra installs) and runs its console script from an
+unrelated directory with only that directory on ``PYTHONPATH``. No nested
+virtual environment: one created inside a venv sees the base interpreter's
+packages, not the ones ``.ci/run`` installed, and its bundled setuptools
+cannot build a wheel without ``wheel``.
 """
 
 from __future__ import annotations
@@ -41,17 +46,16 @@ class TestInstalledPlan(unittest.TestCase):
         shutil.copy(os.path.join(REPO, "setup.py"), src)
         shutil.copytree(os.path.join(REPO, "python"), os.path.join(src, "python"),
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        venv = os.path.join(cls.tmp, "venv")
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv],
-                       check=True, capture_output=True, timeout=300)
-        bindir = os.path.join(venv, "Scripts" if os.name == "nt" else "bin")
-        cls.python = os.path.join(bindir, "python")
-        cls.script = os.path.join(bindir, "paddle-muon-ext")
+        target = os.path.join(cls.tmp, "site")
         proc = subprocess.run(
-            [cls.python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-             src], capture_output=True, text=True, timeout=600, env=cls._env())
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+             "--no-compile", "--target", target, src],
+            capture_output=True, text=True, timeout=600, env=cls._env())
         if proc.returncode != 0:
             raise AssertionError(f"pip install failed:\n{proc.stderr[-3000:]}")
+        cls.target = target
+        cls.python = sys.executable
+        cls.script = os.path.join(cls.target, "bin", "paddle-muon-ext")
         cls.cwd = os.path.join(cls.tmp, "elsewhere")
         os.makedirs(cls.cwd)
 
@@ -59,10 +63,13 @@ class TestInstalledPlan(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    @staticmethod
-    def _env():
+    @classmethod
+    def _env(cls):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env["PIP_NO_INDEX"] = "1"
+        if hasattr(cls, "target"):
+            # The installed copy only: the checkout is neither cwd nor on the path.
+            env["PYTHONPATH"] = cls.target
         return env
 
     def _run(self, *argv):
