@@ -33,6 +33,12 @@ phase takes the largest group latency plus the busiest rank's
 chain hop, op after op; a coalesced hierarchical phase pays it once:
 ``(gpn - 1) * alpha_nvlink`` intra-node, ``(n - 1) * alpha_net`` across.
 Payload bytes are unpadded parameter bytes.
+
+Symmetry: ranks whose collectives are the same up to renaming (the nodes of
+one pipeline stage; moe_sharding groups with the same card and node pattern)
+are charged once through :meth:`CostPath.replay_class`, which multiplies the
+totals and copies the per-rank bytes onto every member at summary time, so a
+world of 16,384 ranks costs what its classes cost.
 """
 
 from __future__ import annotations
@@ -139,6 +145,11 @@ class CostPath:
         self._where: Dict[Tuple[int, ...], List[Dict[int, int]]] = {}
         self._latency: Dict[Tuple[int, ...], Tuple[float, List[float]]] = {}
         self._deferred: Dict[tuple, float] = {}
+        # replay_class scope: copies of the template being charged (1 outside),
+        # and where per-rank bytes go (None: the phases' world arrays).
+        self._mult = 1
+        self._local: Optional[Dict[str, Tuple[Dict[int, float], Dict[int, float]]]] = None
+        self._blocks: List[tuple] = []
 
     def phase(self, name: str) -> _Phase:
         if name not in self.phases:
@@ -167,22 +178,27 @@ class CostPath:
 
     def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
         gpn = self.gpn
-        if src // gpn != dst // gpn:
-            ph.inter[src] += nbytes
-            self.rail_all[src % gpn] += nbytes
-            if muon:
-                self.muon_inter += nbytes
-                self.rail_muon[src % gpn] += nbytes
-                self.colour_inter[muon] += nbytes
-                self.colour_rail[muon][src % gpn] += nbytes
-            else:
-                self.other_inter += nbytes
-            return True
-        ph.intra[src] += nbytes
-        if muon:
-            self.muon_intra += nbytes
+        inter = src // gpn != dst // gpn
+        if self._local is None:
+            (ph.inter if inter else ph.intra)[src] += nbytes
         else:
-            self.other_intra += nbytes
+            per_rank = self._local.setdefault(ph.name, ({}, {}))[1 if inter else 0]
+            per_rank[src] = per_rank.get(src, 0.0) + nbytes
+        total = nbytes * self._mult
+        if inter:
+            self.rail_all[src % gpn] += total
+            if muon:
+                self.muon_inter += total
+                self.rail_muon[src % gpn] += total
+                self.colour_inter[muon] += total
+                self.colour_rail[muon][src % gpn] += total
+            else:
+                self.other_inter += total
+            return True
+        if muon:
+            self.muon_intra += total
+        else:
+            self.other_intra += total
         return False
 
     def _alpha(self, inter: bool) -> float:
@@ -192,8 +208,8 @@ class CostPath:
                colour: str, coalesced: bool = False) -> None:
         """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``."""
         group = tuple(group)
-        self.calls[kind] += 1
-        self.detail[kind][what] += 1
+        self.calls[kind] += self._mult
+        self.detail[kind][what] += self._mult
         if len(group) < 2:
             return
         if self.backend == "gloo":
@@ -221,9 +237,9 @@ class CostPath:
     def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
         """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
         group = tuple(group)
-        self.calls[kind] += 1
-        self.launches[kind] += 1
-        self.detail[kind][what] += 1
+        self.calls[kind] += self._mult
+        self.launches[kind] += self._mult
+        self.detail[kind][what] += self._mult
         p = len(group)
         if p < 2:
             return
@@ -301,16 +317,68 @@ class CostPath:
             coalesced = op.coalesced and hier
             self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced)
             if not op.coalesced:
-                self.launches[kind] += 1
+                self.launches[kind] += self._mult
             elif (name, group) not in launched:
                 launched.add((name, group))
-                self.launches[kind] += 1
+                self.launches[kind] += self._mult
                 if hier:
                     alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
                     ph.latency[group] = (len(group) - 1) * alpha
 
+    def declare(self, ops: Iterable[msl.CommOp]) -> None:
+        """Create the phases of ``ops`` in this order (their first op names the trigger).
+
+        Replays by class charge ops out of the world's issue order; declaring
+        the world's order first keeps the report's phase order.
+        """
+        for op in ops:
+            name = cost_phase(op)[0]
+            self.phase(name)
+            self.phase_triggers.setdefault(name, op.trigger)
+
+    def replay_class(self, ops: Iterable[Tuple[msl.CommOp, float]],
+                     members: Sequence[Sequence[int]]) -> None:
+        """Charge the ops of one template group once for each of ``members``.
+
+        Args:
+            ops: group-level ops whose groups lie inside ``members[0]`` (the
+                template), as for :meth:`replay`.
+            members: rank tuples, the template first; entry ``i`` of every
+                member plays the template's entry ``i``. The caller guarantees
+                the renaming keeps each rank's card and the node pattern
+                (which entries share a node, in node order), so every copy
+                moves the same bytes on the same rails.
+        """
+        template = tuple(members[0])
+        if any(len(m) != len(template) for m in members):
+            raise ValueError(f"replay_class: members of unequal size for template {template}")
+        saved = (self._mult, self._local, self._deferred)
+        self._mult, self._local, self._deferred = len(members), {}, {}
+        try:
+            self.replay(ops)
+            self._flush()
+            self._blocks.append((template, [tuple(m) for m in members], self._local))
+        finally:
+            self._mult, self._local, self._deferred = saved
+
+    def _expand_blocks(self) -> None:
+        """Copy each class template's per-rank bytes onto every member."""
+        for template, members, local in self._blocks:
+            for name, (intra, inter) in local.items():
+                ph = self.phases[name]
+                for i, r in enumerate(template):
+                    a, e = intra.get(r, 0.0), inter.get(r, 0.0)
+                    if a:
+                        for m in members:
+                            ph.intra[m[i]] += a
+                    if e:
+                        for m in members:
+                            ph.inter[m[i]] += e
+        self._blocks.clear()
+
     def summary(self) -> Dict[str, Any]:
         self._flush()
+        self._expand_blocks()
         intra = [0.0] * self.world
         inter = [0.0] * self.world
         for ph in self.phases.values():

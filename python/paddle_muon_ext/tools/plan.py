@@ -13,11 +13,14 @@
 # limitations under the License.
 """``plan``: one step's collectives and bytes, read from the optimizer's own layout.
 
-For every rank the tool builds the :class:`ShardingLayout` the optimizer would
-build (from parameter specs instead of parameters) for the flat path
+The tool builds the :class:`ShardingLayout` the optimizer would build (from
+parameter specs instead of parameters) for the flat path
 (``comm_group_call_opt`` off) and the hierarchical path (on), takes each
 group collective of the layouts' schedules once, and charges it to the
-:mod:`cost_model`. With pp > 1 the parameter list is split over the stages in
+:mod:`cost_model`. Ranks are symmetric, so layouts are built per class
+(:class:`WorldByClass`: the first node of each stage, one moe_sharding group
+per class) and the other nodes and groups are charged as copies: the cost
+grows with the world size, not its square. With pp > 1 the parameter list is split over the stages in
 model order at equal cumulative bytes (a stand-in for the pipeline's layer
 split); expert parameters take the MoE colour (their moe_sharding group).
 """
@@ -25,9 +28,11 @@ split); expert parameters take the MoE colour (their moe_sharding group).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    PHASE_INTRA_NODE_BROADCAST,
+    PHASE_INTRA_NODE_REDUCE,
     LayoutSettings,
     ShardingLayout,
 )
@@ -41,11 +46,11 @@ __all__ = [
     "PARTITION_RULES",
     "TARGET_HIER_RATIO",
     "TARGET_RAIL_IMBALANCE",
+    "WorldByClass",
     "compute_plan",
+    "group_class_key",
     "predict_cluster",
     "split_stages",
-    "world_layouts",
-    "world_ops",
 ]
 
 #: Targets of the hierarchical path (checked on every run, printed with the table).
@@ -74,75 +79,160 @@ def split_stages(params: Sequence[presets.ParamSpec], pp: int) -> List[List[pres
     return stages
 
 
-def world_layouts(plan, stages: Sequence[Sequence[presets.ParamSpec]],
-                  settings: LayoutSettings, hierarchical: bool) -> Dict[int, ShardingLayout]:
-    """The layout of every rank of the world.
+class _Bucket(NamedTuple):
+    """What the report needs of one Muon bucket of the world."""
 
-    Ranks sharing every colour group share the layout (only ``rank`` differs),
-    so it is built once per moe_sharding group.
+    colour: Any
+    group: Tuple[int, ...]
+    owner: int
+    dtype: str
+    num_params: int
+    nbytes: int
+    grad_chunks: int
+    route: str
+
+
+def _bucket(b, group=None, owner=None) -> _Bucket:
+    """``b``'s figures; ``group``/``owner`` rename it onto another group of its class."""
+    return _Bucket(b.colour, b.group if group is None else group,
+                   b.owner if owner is None else owner, b.dtype, len(b.params),
+                   sum(b.param_bytes), len(b.reduce_numels()), b.route_kind)
+
+
+def group_class_key(group: Sequence[int], gpn: int) -> tuple:
+    """Card of each entry and which entries share a node (nodes numbered in order).
+
+    Two groups with the same key issue the same collectives up to renaming
+    entry ``i`` onto entry ``i``, and the renaming keeps every byte's rail
+    (the sender's card) and whether it crosses nodes; a shift by a whole
+    number of nodes always keeps the key.
     """
-    layouts: Dict[int, ShardingLayout] = {}
-    metas = [[p.to_meta(EXPERT_COLOUR) for p in sparams] for sparams in stages]
-    for stage in range(plan.pp_degree):
-        dense = plan.sharding_group_ranks(stage)
-        for rank in dense:
-            if rank in layouts:
-                continue
-            moe = plan.moe_sharding_ranks(rank)
-            first = ShardingLayout.build(
-                metas[stage], {None: dense, EXPERT_COLOUR: moe}, rank, settings,
-                plan if hierarchical else None,
-            )
-            for r in moe:
-                layouts[r] = first if r == rank else dataclasses.replace(first, rank=r)
-    return layouts
+    order = {n: i for i, n in enumerate(sorted({r // gpn for r in group}))}
+    return tuple((order[r // gpn], r % gpn) for r in group)
 
 
-def world_ops(layouts: Dict[int, ShardingLayout]) -> list:
-    """Every group collective of one step once (as issued by the group's first rank)."""
-    ops = []
-    for rank in sorted(layouts):
-        lay = layouts[rank]
-        if all(rank != min(g) for g in lay.comm_groups()):
-            continue  # leads no group: its ops are counted by the group leaders
-        ops.extend(op for op in lay.schedule() if rank == min(op.group))
-    return ops
+@dataclasses.dataclass
+class WorldByClass:
+    """One path's collectives and owners, computed per class of rank.
 
+    The layout of a rank depends only on its stage, its moe_sharding group
+    and its card; the group collectives of a step are those issued by each
+    group's lowest rank. So only the first node of each stage (which leads
+    the stage's sharding group, its same-card groups and, as the template of
+    all the stage's nodes, the intra-node ones) and the lowest rank of one
+    moe_sharding group per class (:func:`group_class_key`) get a layout;
+    every other node and moe_sharding group is charged as a copy of its
+    class's template.
 
-def _unique_buckets(layouts: Dict[int, ShardingLayout]) -> list:
-    seen, out = set(), []
-    for rank in sorted(layouts):
-        for b in layouts[rank].muon_buckets:
-            key = (b.colour, b.group, b.owner, b.dtype)
-            if key not in seen:
-                seen.add(key)
-                out.append((layouts[rank], b))
-    return out
+    Attributes:
+        buckets: every Muon bucket once, in the order the ranks meet them.
+        ops: ``(leader, index, op)`` of ops charged once, ``index`` in the
+            leader's schedule.
+        classes: ``(members, [(leader, index, op)])``: ops of the template
+            ``members[0]``, charged for every member.
+        partitions: ``(group, OwnerPartition)`` of every colour group.
+        stage_partitions: per stage, colour -> the partition of the stage's
+            groups of that colour.
+        num_other_buffers: distinct element-wise buffers of the world.
+    """
 
+    buckets: List[_Bucket]
+    ops: List[tuple]
+    classes: List[tuple]
+    partitions: List[tuple]
+    stage_partitions: List[dict]
+    num_other_buffers: int
 
-def _unique_partitions(layouts: Dict[int, ShardingLayout]) -> list:
-    seen, out = set(), []
-    for rank in sorted(layouts):
-        lay = layouts[rank]
-        for colour, part in lay.partitions.items():
-            key = (colour, lay.groups[colour])
-            if key not in seen:
-                seen.add(key)
-                out.append((colour, lay.groups[colour], part))
-    return out
+    @classmethod
+    def build(cls, plan, stages: Sequence[Sequence[presets.ParamSpec]],
+              settings: LayoutSettings, hierarchical: bool) -> "WorldByClass":
+        gpn = plan.gpus_per_node
+        world = cls([], [], [], [], [], 0)
+        entities = []  # (first rank, colour position, buckets)
+        for stage, sparams in enumerate(stages):
+            metas = [p.to_meta(EXPERT_COLOUR) for p in sparams]
+            dense = plan.sharding_group_ranks(stage)
+            node0 = plan.node_ranks(min(dense) // gpn)
+            moe_groups: Dict[int, Tuple[int, ...]] = {}
+            for r in sorted(dense):
+                group = plan.moe_sharding_ranks(r)
+                moe_groups.setdefault(group[0], group)
+            members: Dict[tuple, List[Tuple[int, ...]]] = {}
+            for group in moe_groups.values():
+                members.setdefault(group_class_key(group, gpn), []).append(group)
+            templates = {m[0][0]: m for m in members.values()}  # leader -> members
+            node_class: List[tuple] = []
+            moe_class: Dict[int, List[tuple]] = {t: [] for t in templates}
+            leaders = set(node0 if hierarchical else node0[:1]) | {min(m[0]) for m in
+                                                                  members.values()}
+            lay0 = None
+            for rank in sorted(leaders):
+                moe = plan.moe_sharding_ranks(rank)
+                lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
+                                           settings, plan if hierarchical else None)
+                lay0 = lay0 or lay
+                for idx, op in enumerate(lay.schedule()):
+                    if rank != min(op.group):
+                        continue  # another rank leads this group
+                    item = (rank, idx, op)
+                    if op.phase in (PHASE_INTRA_NODE_REDUCE, PHASE_INTRA_NODE_BROADCAST):
+                        if rank == node0[0]:
+                            node_class.append(item)
+                    elif op.colour is None:
+                        world.ops.append(item)  # the sharding group or a same-card group
+                    elif moe[0] in moe_class:
+                        moe_class[moe[0]].append(item)
+                if moe[0] in templates and rank == min(moe):
+                    t_index = {r: i for i, r in enumerate(moe)}
+                    t_buckets = [b for b in lay.muon_buckets if b.colour is not None]
+                    for group in templates[moe[0]]:
+                        entities.append((min(group), list(lay.partitions).index(EXPERT_COLOUR)
+                                         if t_buckets else 0, sorted(
+                            _bucket(b, group, group[t_index[b.owner]]) for b in t_buckets)))
+            if node_class:
+                world.classes.append(
+                    ([plan.node_ranks(n) for n in plan.nodes_of_stage(stage)], node_class))
+            world.classes.extend((templates[t], ops) for t, ops in moe_class.items() if ops)
+            colours = list(lay0.partitions)
+            if None in lay0.partitions:
+                entities.append((min(dense), colours.index(None),
+                                 [_bucket(b) for b in lay0.muon_buckets if b.colour is None]))
+                world.partitions.append((dense, lay0.partitions[None]))
+            if EXPERT_COLOUR in lay0.partitions:
+                part = lay0.partitions[EXPERT_COLOUR]
+                world.partitions.extend((g, part) for g in moe_groups.values())
+            world.stage_partitions.append(dict(lay0.partitions))
+            world.num_other_buffers += sum(1 for s in lay0.slice_buffers if s.colour is None)
+            world.num_other_buffers += len(moe_groups) * sum(
+                1 for s in lay0.slice_buffers if s.colour is not None)
+        entities.sort(key=lambda e: e[:2])
+        world.buckets = [b for e in entities for b in e[2]]
+        return world
 
 
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
           backend: str = "nccl") -> Dict[str, Any]:
     gpn, world = plan.gpus_per_node, plan.world_size
-    layouts = world_layouts(plan, stages, settings, hierarchical)
+    by_class = WorldByClass.build(plan, stages, settings, hierarchical)
     path = CostPath("hierarchical" if hierarchical else "flat", world, gpn, ab, backend)
-    buckets = _unique_buckets(layouts)
-    for lay, b in buckets:
-        colour = "dense" if b.colour is None else "moe"
-        path.add_bound(colour, len({r // gpn for r in b.group}),
-                       sum(b.param_bytes))
-    path.replay((op, op.payload) for op in world_ops(layouts))
+    # Groups of one colour are disjoint, and a moe_sharding group as long as
+    # the sharding group is the sharding group: (first rank, size) names a group.
+    spans: Dict[Tuple[int, int], int] = {}
+
+    def nodes_spanned(group) -> int:
+        key = (group[0], len(group))
+        if key not in spans:
+            spans[key] = len({r // gpn for r in group})
+        return spans[key]
+
+    for b in by_class.buckets:
+        path.add_bound("dense" if b.colour is None else "moe", nodes_spanned(b.group), b.nbytes)
+    path.declare(op for _, _, op in sorted(
+        by_class.ops + [item for _, items in by_class.classes for item in items],
+        key=lambda item: item[:2]))
+    path.replay((op, op.payload) for _, _, op in by_class.ops)
+    for members, items in by_class.classes:
+        path.replay_class([(op, op.payload) for _, _, op in items], members)
     summary = path.summary()
 
     state = [0] * world
@@ -150,18 +240,18 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
     owned_dense = [0] * world
     dense_bytes = [0] * world
     rows = []
-    for colour, group, part in _unique_partitions(layouts):
+    for group, part in by_class.partitions:
         for idx, r in enumerate(group):
             state[r] += part.state_bytes[idx]
-    for lay, b in buckets:
-        owned[b.owner] += len(b.params)
+    for b in by_class.buckets:
+        owned[b.owner] += b.num_params
         if b.colour is None:
-            owned_dense[b.owner] += len(b.params)
-            dense_bytes[b.owner] += sum(b.param_bytes)
+            owned_dense[b.owner] += b.num_params
+            dense_bytes[b.owner] += b.nbytes
     for stage, sparams in enumerate(stages):
-        lay = layouts[plan.sharding_group_ranks(stage)[0]]
+        parts = by_class.stage_partitions[stage]
         for colour, label in ((None, "dense"), (EXPERT_COLOUR, "moe")):
-            part = lay.partitions.get(colour)
+            part = parts.get(colour)
             if part is None:
                 continue
             specs = [p.to_matrix_spec() for p in sparams
@@ -173,18 +263,14 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
                 "state_floor": balance_floor(specs, part.nranks)[0],
             }
             if colour is not None:
-                row = {**row, "groups": len({plan.moe_sharding_ranks(r)
-                                             for r in plan.sharding_group_ranks(stage)})}
+                row = {**row, "groups": len(plan.sharding_group_ranks(stage)) // part.nranks}
             rows.append(row)
     summary["optimizer_state_max_over_mean"] = max_over_mean(state)
     summary["num_buckets"] = {
-        "dense": sum(1 for _, b in buckets if b.colour is None),
-        "moe": sum(1 for _, b in buckets if b.colour is not None),
+        "dense": sum(1 for b in by_class.buckets if b.colour is None),
+        "moe": sum(1 for b in by_class.buckets if b.colour is not None),
     }
-    summary["num_other_buffers"] = len({
-        (s.colour, s.group, s.dtype, s.params)
-        for lay in layouts.values() for s in lay.slice_buffers
-    })
+    summary["num_other_buffers"] = by_class.num_other_buffers
     return {
         "summary": summary,
         "owned": owned,
@@ -194,13 +280,11 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
         "buckets": [
             {"colour": "dense" if b.colour is None else "moe",
              "stage": plan.stage_of(b.owner), "owner": b.owner, "dtype": b.dtype,
-             "bytes": sum(b.param_bytes),
-             "grad_chunks": len(b.reduce_numels()),
-             "group_nodes": len({r // gpn for r in b.group}), "route": b.route_kind}
-            for lay, b in buckets
+             "bytes": b.nbytes, "grad_chunks": b.grad_chunks,
+             "group_nodes": nodes_spanned(b.group), "route": b.route}
+            for b in by_class.buckets
         ],
         "partitions": rows,
-        "layouts": layouts,
     }
 
 
@@ -342,7 +426,6 @@ def compute_plan(
     res["partition_rules"] = rules
     res["plan_description"] = plan.describe()
     res["_plan"] = plan  # dropped before JSON output
-    res["_layouts"] = {"flat": flat["layouts"], "hierarchical": hier["layouts"]}
     return res
 
 
