@@ -114,6 +114,23 @@ class _Phase:
         return max(self.latency.values(), default=0.0) + bw
 
 
+class _Group:
+    """One group's ranks (ascending) and what the model derives from them, once.
+
+    Hashed by identity: a 16k-rank tuple as a dict key would be hashed at
+    every look-up.
+    """
+
+    __slots__ = ("ranks", "rings", "where", "latency", "senders")
+
+    def __init__(self, ranks: Tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self.rings: Optional[List[List[int]]] = None
+        self.where: Optional[List[Dict[int, int]]] = None
+        self.latency: Optional[Tuple[float, List[float]]] = None
+        self.senders: Optional[tuple] = None
+
+
 class CostPath:
     """Collectives and bytes of one path (flat or hierarchical) over one step."""
 
@@ -141,9 +158,9 @@ class CostPath:
         self.colour_bound: Counter = Counter()
         self.colour_rail: Dict[str, List[float]] = {"dense": [0.0] * gpn, "moe": [0.0] * gpn}
         self.phase_triggers: Dict[str, str] = {}
-        self._rings: Dict[Tuple[int, ...], List[List[int]]] = {}
-        self._where: Dict[Tuple[int, ...], List[Dict[int, int]]] = {}
-        self._latency: Dict[Tuple[int, ...], Tuple[float, List[float]]] = {}
+        self._groups: Dict[Tuple[int, ...], _Group] = {}
+        # id(an op's group object) -> (that object, kept alive; its _Group)
+        self._by_id: Dict[int, Tuple[Any, _Group]] = {}
         self._deferred: Dict[tuple, float] = {}
         # replay_class scope: copies of the template being charged (1 outside),
         # and where per-rank bytes go (None: the phases' world arrays).
@@ -156,13 +173,27 @@ class CostPath:
             self.phases[name] = _Phase(name, self.world)
         return self.phases[name]
 
-    def rings(self, group: Tuple[int, ...]) -> List[List[int]]:
+    def _group(self, group: Any) -> _Group:
+        """The :class:`_Group` of a rank sequence (any order), or ``group`` itself."""
+        if isinstance(group, _Group):
+            return group
+        seen = self._by_id.get(id(group))
+        if seen is not None and seen[0] is group:
+            return seen[1]
+        ranks = tuple(sorted(group))
+        handle = self._groups.get(ranks)
+        if handle is None:
+            handle = self._groups[ranks] = _Group(ranks)
+        self._by_id[id(group)] = (group, handle)
+        return handle
+
+    def rings(self, group: Any) -> List[List[int]]:
         """One ring per channel (see the module docstring)."""
-        rings = self._rings.get(group)
-        if rings is None:
+        g = self._group(group)
+        if g.rings is None:
             gpn = self.gpn
             by_node: Dict[int, List[int]] = {}
-            for r in sorted(group, key=lambda r: (r // gpn, r % gpn)):
+            for r in g.ranks:  # ascending = node by node, card by card
                 by_node.setdefault(r // gpn, []).append(r)
             members = [by_node[n] for n in sorted(by_node)]
             channels = max(len(m) for m in members)
@@ -173,8 +204,8 @@ class CostPath:
                     cut = j % len(mem) + 1
                     ring.extend(mem[cut:] + mem[:cut])
                 rings.append(ring)
-            self._rings[group] = rings
-        return rings
+            g.rings = rings
+        return g.rings
 
     def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
         gpn = self.gpn
@@ -207,10 +238,10 @@ class CostPath:
     def rooted(self, ph: _Phase, kind: str, what: str, group, root: int, nbytes: float,
                colour: str, coalesced: bool = False) -> None:
         """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``."""
-        group = tuple(group)
+        group = self._group(group)
         self.calls[kind] += self._mult
         self.detail[kind][what] += self._mult
-        if len(group) < 2:
+        if len(group.ranks) < 2:
             return
         if self.backend == "gloo":
             self._gloo(ph, what, group, nbytes, colour, root, coalesced)
@@ -236,11 +267,11 @@ class CostPath:
 
     def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
         """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
-        group = tuple(group)
+        group = self._group(group)
         self.calls[kind] += self._mult
         self.launches[kind] += self._mult
         self.detail[kind][what] += self._mult
-        p = len(group)
+        p = len(group.ranks)
         if p < 2:
             return
         if self.backend == "gloo":
@@ -253,35 +284,81 @@ class CostPath:
         # every channel-0 hop but the one closing the ring (into ring[0])
         ph.latency[group] = ph.latency.get(group, 0.0) + full - alphas[-1]
 
-    def _charge_rings(self, ph: _Phase, group: Tuple[int, ...], share: float,
+    def _charge_rings(self, ph: _Phase, group: _Group, share: float,
                       colour: Optional[str]) -> None:
         key = (ph.name, group, colour)
         self._deferred[key] = self._deferred.get(key, 0.0) + share
+
+    def _ring_senders(self, group: _Group) -> tuple:
+        """How often each rank sends over its rings: (rank, intra, inter) hops, and
+        the inter-node hops per card.
+
+        Every rank sends once per channel ring, so charging a group costs
+        O(group), not O(group x channels).
+        """
+        cached = group.senders
+        if cached is None:
+            gpn = self.gpn
+            hops: Dict[int, List[int]] = {}
+            cards = [0] * gpn
+            for ring in self.rings(group):
+                for a, b in zip(ring, ring[1:] + ring[:1]):
+                    inter = a // gpn != b // gpn
+                    hops.setdefault(a, [0, 0])[inter] += 1
+                    if inter:
+                        cards[a % gpn] += 1
+            cached = group.senders = (
+                [(r, h[0], h[1]) for r, h in hops.items()], cards, sum(cards),
+                sum(h[0] for h in hops.values()))
+        return cached
 
     def _flush(self) -> None:
         """Send every deferred ring charge: each edge of each channel ring once."""
         for (name, group, colour), share in self._deferred.items():
             ph = self.phases[name]
-            for ring in self.rings(group):
-                for a, b in zip(ring, ring[1:] + ring[:1]):
-                    self._send(ph, a, b, share, colour)
+            senders, cards, n_inter, n_intra = self._ring_senders(group)
+            if self._local is None:
+                intra, inter = ph.intra, ph.inter
+                for r, k_intra, k_inter in senders:
+                    if k_intra:
+                        intra[r] += k_intra * share
+                    if k_inter:
+                        inter[r] += k_inter * share
+            else:
+                intra, inter = self._local.setdefault(name, ({}, {}))
+                for r, k_intra, k_inter in senders:
+                    if k_intra:
+                        intra[r] = intra.get(r, 0.0) + k_intra * share
+                    if k_inter:
+                        inter[r] = inter.get(r, 0.0) + k_inter * share
+            m = self._mult
+            for card, k in enumerate(cards):
+                if k:
+                    self.rail_all[card] += k * share * m
+                    if colour:
+                        self.rail_muon[card] += k * share * m
+                        self.colour_rail[colour][card] += k * share * m
+            if colour:
+                self.muon_inter += n_inter * share * m
+                self.colour_inter[colour] += n_inter * share * m
+                self.muon_intra += n_intra * share * m
+            else:
+                self.other_inter += n_inter * share * m
+                self.other_intra += n_intra * share * m
         self._deferred.clear()
 
-    def _position(self, group: Tuple[int, ...], channel: int, rank: int) -> int:
-        where = self._where.get(group)
-        if where is None:
-            where = self._where[group] = [{r: i for i, r in enumerate(ring)}
-                                          for ring in self.rings(group)]
-        return where[channel][rank]
+    def _position(self, group: _Group, channel: int, rank: int) -> int:
+        if group.where is None:
+            group.where = [{r: i for i, r in enumerate(ring)} for ring in self.rings(group)]
+        return group.where[channel][rank]
 
-    def _ring_latency(self, group: Tuple[int, ...]) -> Tuple[float, List[float]]:
+    def _ring_latency(self, group: _Group) -> Tuple[float, List[float]]:
         """Channel 0: the alpha of each hop ring[i] -> ring[i + 1], and their sum."""
-        cached = self._latency.get(group)
-        if cached is None:
+        if group.latency is None:
             ring, gpn = self.rings(group)[0], self.gpn
             alphas = [self._alpha(a // gpn != b // gpn) for a, b in zip(ring, ring[1:] + ring[:1])]
-            cached = self._latency[group] = (sum(alphas), alphas)
-        return cached
+            group.latency = (sum(alphas), alphas)
+        return group.latency
 
     def _gloo(self, ph: _Phase, what: str, group, nbytes: float, colour: Optional[str],
               root: Optional[int], coalesced: bool) -> None:
@@ -289,11 +366,11 @@ class CostPath:
         from . import gloo_model
 
         inter = False
-        for a, b, size in gloo_model.collective_edges(what, group, nbytes, root):
+        for a, b, size in gloo_model.collective_edges(what, group.ranks, nbytes, root):
             inter = self._send(ph, a, b, size, colour) or inter
         if not coalesced:
             ph.latency[group] = ph.latency.get(group, 0.0) + (
-                gloo_model.rounds(what, len(group)) * self._alpha(inter))
+                gloo_model.rounds(what, len(group.ranks)) * self._alpha(inter))
 
     def add_bound(self, colour: str, group_nodes: int, nbytes: float) -> None:
         """Lower bound of a Muon buffer: reduce + broadcast cross ``n - 1`` node cuts."""
@@ -307,7 +384,7 @@ class CostPath:
             name, kind = cost_phase(op)
             ph = self.phase(name)
             self.phase_triggers.setdefault(name, op.trigger)
-            group = tuple(sorted(op.group))
+            group = self._group(op.group)
             if op.op in ("reduce_scatter", "all_gather"):
                 what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
                 self.ring_collective(ph, kind, what, group, nbytes)
@@ -323,7 +400,7 @@ class CostPath:
                 self.launches[kind] += self._mult
                 if hier:
                     alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
-                    ph.latency[group] = (len(group) - 1) * alpha
+                    ph.latency[group] = (len(group.ranks) - 1) * alpha
 
     def declare(self, ops: Iterable[msl.CommOp]) -> None:
         """Create the phases of ``ops`` in this order (their first op names the trigger).
@@ -382,9 +459,8 @@ class CostPath:
         intra = [0.0] * self.world
         inter = [0.0] * self.world
         for ph in self.phases.values():
-            for r in range(self.world):
-                intra[r] += ph.intra[r]
-                inter[r] += ph.inter[r]
+            intra = [x + y for x, y in zip(intra, ph.intra)]
+            inter = [x + y for x, y in zip(inter, ph.inter)]
         phase_times = OrderedDict((n, ph.time(self.ab)) for n, ph in self.phases.items())
         muon_time = sum(t for n, t in phase_times.items() if n not in OTHER_PHASES)
         return {

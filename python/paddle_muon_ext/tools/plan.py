@@ -166,13 +166,18 @@ class WorldByClass:
             leaders = set(node0 if hierarchical else node0[:1]) | {min(m[0]) for m in
                                                                   members.values()}
             lay0 = None
+            # id(group tuple) -> (the tuple, kept alive so its id stays unique; its lowest rank)
+            lowest: Dict[int, Tuple[tuple, int]] = {}
             for rank in sorted(leaders):
                 moe = plan.moe_sharding_ranks(rank)
                 lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
                                            settings, plan if hierarchical else None)
                 lay0 = lay0 or lay
                 for idx, op in enumerate(lay.schedule()):
-                    if rank != min(op.group):
+                    seen = lowest.get(id(op.group))
+                    if seen is None:
+                        seen = lowest[id(op.group)] = (op.group, min(op.group))
+                    if rank != seen[1]:
                         continue  # another rank leads this group
                     item = (rank, idx, op)
                     if op.phase in (PHASE_INTRA_NODE_REDUCE, PHASE_INTRA_NODE_BROADCAST):
