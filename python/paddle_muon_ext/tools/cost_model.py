@@ -43,6 +43,7 @@ world of 16,384 ranks costs what its classes cost.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -112,6 +113,42 @@ class _Phase:
             default=0.0,
         )
         return max(self.latency.values(), default=0.0) + bw
+
+
+@functools.lru_cache(maxsize=512)
+def _ring_structure(ranks: Tuple[int, ...], gpn: int) -> tuple:
+    """The channel rings of a group (ascending ranks) and how often each rank sends.
+
+    Returns:
+        tuple: ``(rings, senders)``; ``senders`` is ``([(rank, intra hops,
+        inter hops)], inter hops per card, inter hops, intra hops)`` over all
+        rings. Every rank sends once per ring, so charging a whole group costs
+        O(group), not O(group x channels). Cached: the flat and hierarchical
+        paths of both partition rules share their groups.
+    """
+    by_node: Dict[int, List[int]] = {}
+    for r in ranks:  # ascending = node by node, card by card
+        by_node.setdefault(r // gpn, []).append(r)
+    members = [by_node[n] for n in sorted(by_node)]
+    channels = max(len(m) for m in members)
+    rings = []
+    for j in range(channels):
+        ring = []
+        for mem in members:
+            cut = j % len(mem) + 1
+            ring.extend(mem[cut:] + mem[:cut])
+        rings.append(ring)
+    hops: Dict[int, List[int]] = {}
+    cards = [0] * gpn
+    for ring in rings:
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            inter = a // gpn != b // gpn
+            hops.setdefault(a, [0, 0])[inter] += 1
+            if inter:
+                cards[a % gpn] += 1
+    senders = ([(r, h[0], h[1]) for r, h in hops.items()], cards, sum(cards),
+               sum(h[0] for h in hops.values()))
+    return rings, senders
 
 
 class _Group:
@@ -191,20 +228,7 @@ class CostPath:
         """One ring per channel (see the module docstring)."""
         g = self._group(group)
         if g.rings is None:
-            gpn = self.gpn
-            by_node: Dict[int, List[int]] = {}
-            for r in g.ranks:  # ascending = node by node, card by card
-                by_node.setdefault(r // gpn, []).append(r)
-            members = [by_node[n] for n in sorted(by_node)]
-            channels = max(len(m) for m in members)
-            rings = []
-            for j in range(channels):
-                ring = []
-                for mem in members:
-                    cut = j % len(mem) + 1
-                    ring.extend(mem[cut:] + mem[:cut])
-                rings.append(ring)
-            g.rings = rings
+            g.rings, g.senders = _ring_structure(g.ranks, self.gpn)
         return g.rings
 
     def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
@@ -290,27 +314,9 @@ class CostPath:
         self._deferred[key] = self._deferred.get(key, 0.0) + share
 
     def _ring_senders(self, group: _Group) -> tuple:
-        """How often each rank sends over its rings: (rank, intra, inter) hops, and
-        the inter-node hops per card.
-
-        Every rank sends once per channel ring, so charging a group costs
-        O(group), not O(group x channels).
-        """
-        cached = group.senders
-        if cached is None:
-            gpn = self.gpn
-            hops: Dict[int, List[int]] = {}
-            cards = [0] * gpn
-            for ring in self.rings(group):
-                for a, b in zip(ring, ring[1:] + ring[:1]):
-                    inter = a // gpn != b // gpn
-                    hops.setdefault(a, [0, 0])[inter] += 1
-                    if inter:
-                        cards[a % gpn] += 1
-            cached = group.senders = (
-                [(r, h[0], h[1]) for r, h in hops.items()], cards, sum(cards),
-                sum(h[0] for h in hops.values()))
-        return cached
+        if group.senders is None:
+            self.rings(group)
+        return group.senders
 
     def _flush(self) -> None:
         """Send every deferred ring charge: each edge of each channel ring once."""
