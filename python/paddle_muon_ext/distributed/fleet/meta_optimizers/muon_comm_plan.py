@@ -240,17 +240,21 @@ class HierarchicalCommPlan:
         self.num_nodes: int = self.world_size // gpn
         self._stage_of_rank = stage_of_rank
         self._sharding_groups = sharding_groups
+        self._moe_sharding_lists = moe_sharding_lists
         self._moe_group_of_rank: dict[int, tuple[int, ...]] = {
             r: ranks for ranks in moe_sharding_lists for r in ranks
         }
         self._nodes_of_stage: tuple[tuple[int, ...], ...] = tuple(
             tuple(sorted({r // gpn for r in ranks})) for ranks in sharding_groups
         )
-        self._same_card: dict[tuple[int, int], tuple[int, ...]] = {
-            (stage, card): tuple(r for r in ranks if r % gpn == card)
-            for stage, ranks in enumerate(sharding_groups)
-            for card in range(gpn)
-        }
+        # One pass per stage (not one per card): O(world) for any gpus_per_node.
+        self._same_card: dict[tuple[int, int], tuple[int, ...]] = {}
+        for stage, ranks in enumerate(sharding_groups):
+            by_card: list[list[int]] = [[] for _ in range(gpn)]
+            for r in ranks:
+                by_card[r % gpn].append(r)
+            for card, members in enumerate(by_card):
+                self._same_card[(stage, card)] = tuple(members)
 
     # ---------------------------------------------------------------- build
     @classmethod
@@ -546,6 +550,10 @@ class HierarchicalCommPlan:
     def moe_sharding_ranks(self, rank: int) -> tuple[int, ...]:
         """The moe_sharding group containing ``rank``, in topology order."""
         return self._moe_group_of_rank[self._rank(rank)]
+
+    def moe_sharding_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every moe_sharding group once, in the topology's comm-list order."""
+        return self._moe_sharding_lists
 
     def intra_node_root(self, owner: int, rank: int) -> int:
         """Destination of ``rank``'s intra-node reduce for ``owner``'s buffer.
