@@ -66,8 +66,9 @@ class TestRefusedBeforeWork(unittest.TestCase):
              f"--ep 1000000000: above the limit {L.plan_world}"),
             (["--ep", "50000", "--moe-sharding", "2", "--gpus-per-node", "50000"],
              f"--ep 50000: above the limit {L.plan_world}"),
-            (["--ep", "512", "--moe-sharding", "4", "--gpus-per-node", "8"],
-             f"world size 1 x 4 x 512 = 2048: above the {L.plan_world} ranks plan handles"),
+            (["--ep", str(L.plan_world // 2), "--moe-sharding", "4", "--gpus-per-node", "8"],
+             f"world size 1 x 4 x {L.plan_world // 2} = {2 * L.plan_world}: above the "
+             f"{L.plan_world} ranks plan handles"),
             (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "50000"],
              f"--gpus-per-node 50000: above the limit {L.gpus_per_node}"),
             ([*LAYOUT, "--beta-net", "0", "--beta-nvlink", "0"], "--beta-nvlink 0: must be > 0"),
@@ -104,8 +105,8 @@ class TestRefusedBeforeWork(unittest.TestCase):
     def test_verify_bounds(self) -> None:
         L = limits.LIMITS
         cases = [
-            (["--ep", "4096", "--moe-sharding", "2", "--gpus-per-node", "8"],
-             f"--ep 4096: above the limit {L.verify_world}"),
+            (["--ep", str(2 * L.verify_world), "--moe-sharding", "2", "--gpus-per-node", "8"],
+             f"--ep {2 * L.verify_world}: above the limit {L.verify_world}"),
             ([*LAYOUT, "--steps", "1000000000"], f"--steps 1000000000: above the limit {L.verify_steps}"),
             ([*LAYOUT, "--steps", "0"], "--steps 0: must be >= 1"),
             ([*LAYOUT, "--data-max-ranks", "-1"], "--data-max-ranks -1: must be >= 0"),

@@ -66,7 +66,7 @@ class Limits:
         dim: one dimension of a parameter shape.
     """
 
-    plan_world: int = 1024
+    plan_world: int = 16384
     verify_world: int = 256
     verify_data_world: int = 64
     gpus_per_node: int = 1024
