@@ -60,6 +60,9 @@ __all__ = [
     "comm_phase",
     "current_comm_phase",
     "reduce_onto",
+    "mean_onto",
+    "sum_fallback_factors",
+    "fused_buffer_scaling",
     "broadcast_from",
     "launch_broadcast",
     "launch_hierarchical_broadcast",
@@ -184,6 +187,64 @@ def reduce_onto(routes: Sequence[Route], group, op) -> None:
     )
 
 
+def sum_fallback_factors(nranks: int) -> tuple[float, float]:
+    """Divide factors ``(pre, post)`` of a mean taken as SUM (no AVG reduce).
+
+    Each rank divides its addend by ``pre`` before the SUM and the root
+    divides the result by ``post`` (``pre * post == nranks``), as FSDP's
+    gradient divide factors do. The whole factor goes before the sum: the sum
+    of ``x_i / n`` is bounded by ``max |x_i|``, so every gradient the
+    single-process run can hold stays finite (summing first overflows near the
+    fp32 maximum). The price is underflow of addends below ``n`` times the
+    smallest subnormal, which no gradient that matters reaches.
+
+    Args:
+        nranks (int): ranks taking part in the reduce.
+
+    Returns:
+        tuple[float, float]: ``(pre, post)``.
+    """
+    return float(nranks), 1.0
+
+
+def fused_buffer_scaling(use_avg: bool) -> dict[str, bool]:
+    """``FusedCommBuffer`` keyword arguments that scale like :func:`mean_onto`.
+
+    A fused buffer can scale either before or after its SUM; it follows
+    :func:`sum_fallback_factors` (pre-divide) when there is no AVG reduce.
+
+    Args:
+        use_avg (bool): the build reduces with ``ReduceOp.AVG``.
+    """
+    _, post = sum_fallback_factors(2)
+    return {"use_reduce_avg": use_avg, "scale_after_comm": post != 1.0}
+
+
+def mean_onto(routes: Sequence[Route], group, op) -> None:
+    """Reduce each tensor onto its destination as the mean over ``group``.
+
+    ``op`` is ``ReduceOp.AVG`` where the build has it; with ``ReduceOp.SUM``
+    (gloo, CPU) the addends are scaled by :func:`sum_fallback_factors`.
+    Non-destination tensors are garbage afterwards either way.
+
+    Args:
+        routes (Sequence[tuple[Tensor, int]]): tensor and destination global rank.
+        group (Group): the group every rank of which issues the same routes.
+        op (ReduceOp): ``ReduceOp.AVG`` or ``ReduceOp.SUM``.
+    """
+    scaled = op == dist.ReduceOp.SUM and group.nranks > 1 and bool(routes)
+    pre, post = sum_fallback_factors(group.nranks)
+    if scaled and pre != 1.0:
+        for tensor, _ in routes:
+            tensor.scale_(1.0 / pre)
+    reduce_onto(routes, group, op)
+    if scaled and post != 1.0:
+        me = dist.get_rank()
+        for tensor, dst in routes:
+            if dst == me:
+                tensor.scale_(1.0 / post)
+
+
 def broadcast_from(routes: Sequence[Route], group) -> None:
     """Broadcast each tensor from its source rank, one coalesced block.
 
@@ -249,9 +310,9 @@ def hierarchical_reduce(
 
     Phase 1 reduces inside ``rank``'s node onto the card that matches the
     owner's card; phase 2 reduces across nodes among that card's ranks only.
-    With ``ReduceOp.AVG`` the mean of per-node means is the group mean because
-    every node holds the same number of the sharding group's ranks (checked
-    when the plan was built).
+    Each hop takes a mean (:func:`mean_onto`); the mean of per-node means is
+    the group mean because every node holds the same number of the sharding
+    group's ranks (checked when the plan was built).
 
     Args:
         routes (Sequence[tuple[Tensor, int]]): buffer and owner global rank.
@@ -268,7 +329,7 @@ def intra_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, group
                       op) -> None:
     """First hop: reduce inside ``rank``'s node onto the rank with the owner's card."""
     with comm_phase(PHASE_INTRA_NODE_REDUCE):
-        reduce_onto(
+        mean_onto(
             [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
             groups.node_group,
             op,
@@ -282,7 +343,7 @@ def cross_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, group
     Only ranks with the owner's card take part (they hold the node partials).
     """
     with comm_phase(PHASE_CROSS_NODE_REDUCE):
-        reduce_onto(
+        mean_onto(
             [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
             groups.same_card_group,
             op,

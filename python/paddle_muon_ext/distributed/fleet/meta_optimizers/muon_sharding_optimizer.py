@@ -270,7 +270,7 @@ class MuonShardingOptimizer:
             logger.warning(
                 "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
                 "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "
-                "and scaling by 1/nranks instead."
+                "with each addend divided by nranks first instead."
             )
         self.timers = None
         self._enable_timer = self._settings.enable_optimizer_timer
@@ -662,7 +662,7 @@ class MuonShardingOptimizer:
                 act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
                 dst=buf_dst,
                 release_grads=False,
-                use_reduce_avg=self._use_avg,
+                **comm.fused_buffer_scaling(self._use_avg),
             )
             for i, chunk in enumerate(spec.chunks)
         ]
@@ -683,7 +683,7 @@ class MuonShardingOptimizer:
             acc_steps=self._buffer_acc_steps(spec.colour),
             act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
             release_grads=self._settings.release_grads,
-            use_reduce_avg=self._use_avg,
+            **comm.fused_buffer_scaling(self._use_avg),
         )
         # FusedCommBuffer leaves a weakref for Paddle's own sharding
         # optimizer to collect; this optimizer keeps its buffers.
@@ -893,12 +893,7 @@ class MuonShardingOptimizer:
             )
         for group, routes in flat:
             with comm.comm_phase(flat_reduce_phase(tuple(group.ranks))):
-                comm.reduce_onto(routes, group, op)
-        if not self._use_avg:
-            for bucket in buckets:
-                if bucket.owner == self._rank:
-                    for tensor in self._grad_tensors(bucket):
-                        tensor.scale_(1.0 / bucket.group.nranks)
+                comm.mean_onto(routes, group, op)
 
     def _finish_overlapped_reduce(self, op) -> None:
         # The hooks launched every hooked buffer's first hop: flat ones are
@@ -915,12 +910,6 @@ class MuonShardingOptimizer:
         if not hierarchical:
             return
         comm.cross_node_reduce(hierarchical, self._plan, self._plan_groups, self._rank, op)
-        if not self._use_avg:
-            # scale_grads averaged inside the node; finish the mean over nodes
-            nodes = self._plan_groups.same_card_group.nranks
-            for tensor, owner in hierarchical:
-                if owner == self._rank:
-                    tensor.scale_(1.0 / nodes)
 
     _get_param_grad = staticmethod(_get_param_grad)
 
