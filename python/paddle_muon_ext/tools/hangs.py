@@ -67,8 +67,9 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
     paths = sorted(glob.glob(os.path.join(log_dir, f"{DUMP_PREFIX}*.json")))
     if not paths:
         raise DumpError(
-            f"log dir {log_dir!r}: no {DUMP_PREFIX}<R>.json dumps, ranks dump on a collective "
-            "timeout, an exception or SIGUSR1 (kill -USR1 <pid> on every rank)")
+            f"log dir {log_dir!r}: no {DUMP_PREFIX}<R>.json dumps; ranks dump when a collective "
+            "raises and, once armed (launch with PADDLE_MUON_FLIGHT_RECORDER_ARM=1), on a "
+            "collective timeout, an uncaught exception or SIGUSR1 (kill -USR1 <pid> on every rank)")
     dumps: dict[int, dict] = {}
     for path in paths:
         try:

@@ -281,6 +281,124 @@ def _stall(rank: int, phase: str, step: int, sleep_s: float):
     return mock.patch.multiple(comm, **{n: make(o) for n, o in originals.items()})
 
 
+#: Runs in a fresh interpreter: import, optimizer construction and two steps
+#: in the simulated world (rank threads), then one collective recorded on the
+#: main thread; prints which process-wide hooks changed.
+_HOOK_PROBE = r"""
+import json, signal, sys, threading
+before = (sys.excepthook, signal.getsignal(signal.SIGUSR1))
+import paddle_muon_ext
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from muon_sim_runner import SimConfig, run_world
+import paddle
+run_world(SimConfig(ep=2, ms=2, steps=2))
+class G:
+    id, ranks, nranks = 9, (0, 1), 2
+rec = fr.get_flight_recorder()
+rec.finish([rec.start("reduce", G(), 0, paddle.ones([2]), None)])
+wakeup = signal.set_wakeup_fd(-1)
+changed = {
+    "recorded": len(rec.snapshot("probe")["entries"]) > 0,
+    "excepthook": sys.excepthook is not before[0],
+    "sigusr1": signal.getsignal(signal.SIGUSR1) is not before[1],
+    "wakeup_fd": wakeup != -1,
+    "watchdog": any(t.name == "muon-flight-watchdog" for t in threading.enumerate()),
+}
+if "--disarm" in sys.argv:
+    fr.disarm()
+    wakeup = signal.set_wakeup_fd(-1)
+    changed["after_disarm"] = [sys.excepthook is not before[0],
+        signal.getsignal(signal.SIGUSR1) is not before[1], wakeup != -1,
+        any(t.name == "muon-flight-watchdog" and t.is_alive() for t in threading.enumerate())]
+print("PROBE " + json.dumps(changed))
+"""
+
+
+def _probe_hooks(env: dict, *args: str) -> dict:
+    import subprocess
+
+    full = dict(os.environ)
+    full.pop(fr.ENV_ARM, None)
+    full.update(env)
+    full["PYTHONPATH"] = os.pathsep.join(
+        [HERE, os.path.dirname(os.path.dirname(HERE))] + sys.path)
+    out = subprocess.run([sys.executable, "-c", _HOOK_PROBE, *args], env=full, cwd=HERE,
+                         capture_output=True, text=True, timeout=240)
+    line = [x for x in out.stdout.splitlines() if x.startswith("PROBE ")]
+    if not line:
+        raise AssertionError(f"hook probe failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+    return json.loads(line[-1][len("PROBE "):])
+
+
+class TestArmedOnlyOnRequest(unittest.TestCase):
+    """Library manners: no process-wide hook unless the user arms the recorder."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="muon_flight_arm_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_import_construction_and_steps_install_nothing(self) -> None:
+        changed = _probe_hooks({fr.ENV_DIR: self.dir})
+        self.assertTrue(changed.pop("recorded"), "recording must stay on by default")
+        self.assertEqual(changed, dict.fromkeys(changed, False),
+                         f"unarmed, these process-wide hooks were changed: {changed}")
+
+    def test_env_var_arms_and_disarm_restores_everything(self) -> None:
+        changed = _probe_hooks({fr.ENV_DIR: self.dir, fr.ENV_ARM: "1"}, "--disarm")
+        self.assertEqual(
+            {k: changed[k] for k in ("excepthook", "sigusr1", "wakeup_fd", "watchdog")},
+            {"excepthook": True, "sigusr1": True, "wakeup_fd": True, "watchdog": True},
+            f"{fr.ENV_ARM}=1 must install every trigger: {changed}")
+        self.assertEqual(changed["after_disarm"], [False] * 4,
+                         "disarm must restore excepthook, SIGUSR1, the wake-up fd and stop "
+                         "the watchdog (in that order)")
+
+    def test_arm_twice_then_disarm_restores_a_later_hook_untouched(self) -> None:
+        rec = fr.FlightRecorder()
+        previous, hook = signal.getsignal(signal.SIGUSR1), sys.excepthook
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        seen = []
+        try:
+            with mock.patch.dict(os.environ, {fr.ENV_DIR: "", fr.LAUNCHER_LOG_DIR_ENV: ""}), \
+                    mock.patch.object(fr, "_RECORDER", rec):
+                self.assertIs(fr.arm(), rec)
+                ours = sys.excepthook
+                rec.arm()  # idempotent: no second wrapper
+                self.assertIs(sys.excepthook, ours, "a second arm() wrapped the hook again")
+                self.assertTrue(rec.armed)
+                sys.excepthook = lambda *a: (seen.append(a[0]), ours(*a))  # user's, later
+                later = sys.excepthook
+                fr.disarm()
+                self.assertFalse(rec.armed)
+                self.assertIs(sys.excepthook, later, "disarm replaced a hook installed later")
+                self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)
+                with mock.patch.object(rec, "dump") as dump, mock.patch.object(sys, "stderr"):
+                    sys.excepthook(ValueError, ValueError("x"), None)
+                dump.assert_not_called()  # disarmed: passes through
+                self.assertEqual(seen, [ValueError])
+        finally:
+            sys.excepthook = hook
+            signal.signal(signal.SIGUSR1, previous)
+
+    def test_env_arm_happens_once_on_the_main_thread(self) -> None:
+        import threading
+
+        with mock.patch.dict(os.environ, {fr.ENV_ARM: "1", fr.ENV_DIR: self.dir}):
+            rec = fr.FlightRecorder()
+        group = _Group(3, [0, 1])
+        with mock.patch.object(rec, "arm") as arm:
+            side = threading.Thread(
+                target=lambda: rec.start("reduce", group, 0, paddle.ones([1]), None))
+            side.start()
+            side.join()
+            self.assertEqual(arm.call_count, 0, "armed from a thread that cannot take signals")
+            rec.start("reduce", group, 0, paddle.ones([1]), None)
+            rec.start("reduce", group, 0, paddle.ones([1]), None)
+        self.assertEqual(arm.call_count, 1, "the env var arms at the first collective only")
+        with mock.patch.dict(os.environ, {fr.ENV_ARM: "0"}):
+            self.assertFalse(fr.FlightRecorder()._arm_from_env)
+
+
 class TestSimulatedWorldSpeaksTheSameWords(unittest.TestCase):
     def test_deadlock_report_names_stalled_rank_and_phase(self) -> None:
         cfg = SimConfig(ep=2, ms=2, gpn=2, steps=2)
@@ -352,7 +470,7 @@ class TestStuckRankInRealGlooJob(unittest.TestCase):
                 return True
             return False
 
-        env = {"PADDLE_LOCAL_SIZE": "2", fr.ENV_TIMEOUT: "3",
+        env = {"PADDLE_LOCAL_SIZE": "2", fr.ENV_TIMEOUT: "3", fr.ENV_ARM: "1",
                "MUON_FLIGHT_STUCK_RANK": "3", "MUON_FLIGHT_STUCK_PHASE": "cross_node_reduce",
                "MUON_FLIGHT_STUCK_STEP": "1", "MUON_FLIGHT_STUCK_S": "120"}
         result = run_paddle_launch(STUCK_WORKER, 4, env=env, timeout_s=150,

@@ -19,18 +19,27 @@ buffer. When a job hangs, the dumps of all ranks say who waits for whom:
 ``paddle-muon-ext hangs LOG_DIR`` names the rank the others wait for and the
 collective they are stuck before or in (:func:`diagnose`).
 
+Recording is on by default and costs a list append per collective; it
+installs nothing. The dump triggers below that need process-wide hooks (an
+``sys.excepthook``, a SIGUSR1 handler, the watchdog thread) are installed only
+when the user arms them: ``PADDLE_MUON_FLIGHT_RECORDER_ARM=1`` (armed at the
+first collective the main thread records) or :func:`arm` (at once); :func:`disarm` restores
+the previous hooks. A collective that raises dumps whether armed or not.
+
 A dump (JSON, ``muon_flight_rank<R>.json``) is written to
 ``PADDLE_MUON_FLIGHT_DIR``, else to the launcher's ``PADDLE_LOG_DIR``:
 
-* when a collective raises (gloo's timeout, a broken peer) or an uncaught
-  exception ends the process;
-* when a collective stays in flight longer than ``PADDLE_MUON_FLIGHT_TIMEOUT``
-  seconds (watchdog thread, default 600);
-* on ``SIGUSR1``, also while the main thread is blocked in a collective
-  (the watchdog reads Python's signal wake-up fd, when no one else owns it);
-* when a peer asks for it: a rank that dumps for a timeout or an exception
-  leaves ``muon_flight.request`` in the directory and every rank's watchdog
-  dumps too, so the rank that is *not* in a collective is recorded as well.
+* when a collective raises (gloo's timeout, a broken peer);
+* armed: when an uncaught exception ends the process;
+* armed: when a collective stays in flight longer than
+  ``PADDLE_MUON_FLIGHT_TIMEOUT`` seconds (watchdog thread, default 600);
+* armed: on ``SIGUSR1``, also while the main thread is blocked in a
+  collective (the watchdog reads Python's signal wake-up fd, when no one else
+  owns it);
+* armed: when a peer asks for it: a rank that dumps for a timeout or an
+  exception leaves ``muon_flight.request`` in the directory and every rank's
+  watchdog dumps too, so the rank that is *not* in a collective is recorded
+  as well.
 
 ``PADDLE_MUON_FLIGHT_RECORDER=0`` turns recording off;
 ``PADDLE_MUON_FLIGHT_ENTRIES`` sets N (default 2048). The same approach as
@@ -61,6 +70,8 @@ def _logger():
 __all__ = [
     "FlightRecorder",
     "RankState",
+    "arm",
+    "disarm",
     "diagnose",
     "dump_path",
     "get_flight_recorder",
@@ -68,6 +79,7 @@ __all__ = [
 ]
 
 ENV_ENABLE = "PADDLE_MUON_FLIGHT_RECORDER"
+ENV_ARM = "PADDLE_MUON_FLIGHT_RECORDER_ARM"
 ENV_ENTRIES = "PADDLE_MUON_FLIGHT_ENTRIES"
 ENV_DIR = "PADDLE_MUON_FLIGHT_DIR"
 ENV_TIMEOUT = "PADDLE_MUON_FLIGHT_TIMEOUT"
@@ -172,12 +184,15 @@ class FlightRecorder:
         self._seq = 0
         self._lock = threading.Lock()
         self._armed = False
+        # the env var arms once, at the first collective; disarm() sticks
+        self._arm_from_env = os.environ.get(ENV_ARM, "0") not in ("", "0")
         self._watchdog: threading.Thread | None = None
         self._timed_out_seq = -1
         self._request_seen = 0.0
         self._wakeup: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._previous_hook = None
+        self._excepthook = None
         self._sigusr1_dumped = 0.0
         self.dumps = 0
 
@@ -202,7 +217,9 @@ class FlightRecorder:
         """
         if not self.enabled:
             return None
-        if not self._armed:
+        # signal handlers can only be installed from the main thread
+        if self._arm_from_env and threading.current_thread() is threading.main_thread():
+            self._arm_from_env = False
             self.arm()
         gid, ranks = key = self._group_key(group)
         with self._lock:
@@ -303,12 +320,21 @@ class FlightRecorder:
         return path
 
     # ------------------------------------------------------------ triggers
-    def arm(self) -> None:
-        """Install the SIGUSR1 / uncaught-exception dumps and the watchdog (once).
+    @property
+    def armed(self) -> bool:
+        """Whether :meth:`arm` installed the process-wide triggers."""
+        return self._armed
 
-        Nothing is replaced that someone else installed: SIGUSR1 only when it
-        still has its default action, the watchdog only with a dump directory.
+    def arm(self) -> None:
+        """Install the SIGUSR1 / uncaught-exception dumps and the watchdog.
+
+        Only on request (:func:`arm` or ``PADDLE_MUON_FLIGHT_RECORDER_ARM=1``);
+        a second call does nothing. Nothing is replaced that someone else
+        installed: SIGUSR1 only when it still has its default action, the
+        watchdog only with a dump directory.
         """
+        if self._armed:
+            return
         self._armed = True
         on_main = threading.current_thread() is threading.main_thread()
         if on_main:
@@ -317,10 +343,11 @@ class FlightRecorder:
             previous_hook = self._previous_hook = sys.excepthook
 
             def excepthook(exc_type, exc, tb):
-                self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True)
+                if self._armed:
+                    self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True)
                 previous_hook(exc_type, exc, tb)
 
-            sys.excepthook = excepthook
+            self._excepthook = sys.excepthook = excepthook
         if dump_dir() is not None and self._watchdog is None:
             self._request_seen = time.time()
             if on_main and signal.getsignal(signal.SIGUSR1) == self._on_sigusr1:
@@ -345,8 +372,13 @@ class FlightRecorder:
                 os.close(self._wakeup[0])
                 self._wakeup = None
             if self._previous_hook is not None:
-                sys.excepthook, self._previous_hook = self._previous_hook, None
+                # a hook installed after ours stays; it chains to ours, which
+                # now only passes through
+                if sys.excepthook is self._excepthook:
+                    sys.excepthook = self._previous_hook
+                self._previous_hook = None
         self._armed = False
+        self._arm_from_env = False
 
     def _on_sigusr1(self, *_: Any) -> None:
         # Runs when the main thread next executes Python; skip it when the
@@ -442,6 +474,26 @@ def get_flight_recorder() -> FlightRecorder:
     if _RECORDER is None:
         _RECORDER = FlightRecorder()
     return _RECORDER
+
+
+def arm() -> FlightRecorder:
+    """Arm the process's recorder: dump on SIGUSR1, an uncaught exception, a
+    collective in flight past ``PADDLE_MUON_FLIGHT_TIMEOUT`` or a peer's request.
+
+    Call it from the main thread of the training script (signal handlers can
+    only be installed there). Same as ``PADDLE_MUON_FLIGHT_RECORDER_ARM=1``.
+
+    Returns:
+        FlightRecorder: the armed recorder.
+    """
+    recorder = get_flight_recorder()
+    recorder.arm()
+    return recorder
+
+
+def disarm() -> None:
+    """Undo :func:`arm`: stop the watchdog, restore SIGUSR1 and ``sys.excepthook``."""
+    get_flight_recorder().disarm()
 
 
 # ------------------------------------------------------------------ analysis
