@@ -11,43 +11,390 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Load a ``flex_checkpoint`` only when it fits what is being loaded.
+"""Checkpoints that never lose a run: atomic saves, verified loads.
 
-``paddle.distributed.load_state_dict`` logs a warning for keys it cannot
-find and reads whatever overlaps when global shapes differ, so a checkpoint
-of another model (or of the model without its optimizer's master weights)
-loads "successfully" and training continues from partly initial state.
-:func:`load_sharded_checkpoint` compares the checkpoint's metadata with the
-sharded state dict of every rank first and raises on all ranks alike.
+``paddle.distributed.save_state_dict`` writes shards in place (into a
+directory that already holds a checkpoint too, keeping the old metadata) and
+``load_state_dict`` reads whatever overlaps; a failed or partial save is
+indistinguishable from a good one. Here:
+
+* :func:`save_sharded_checkpoint` writes a new ``checkpoint_<id>`` beside the
+  previous ones, all-or-nothing: every rank writes into a fresh temporary
+  directory, the completion marker (per-file sizes and SHA-256, layout
+  summary) is written only after every rank reported success, and one rename
+  commits. A failure on any rank (exception, full disk, a killed rank) leaves
+  every previous checkpoint untouched and raises the same
+  :class:`CheckpointSaveError` on every rank (after at most ``timeout_s``
+  when a rank died). ``keep_last`` removes older checkpoints after a commit.
+* :func:`load_sharded_checkpoint` verifies the marker, the sizes, the
+  checksums (spread over the ranks) and the layout before any tensor is read,
+  and refuses a checkpoint of another model (:class:`CheckpointMismatchError`);
+  a problem is one error on every rank, naming the file.
+* :func:`latest_complete_checkpoint` finds the newest committed checkpoint.
+
+``path`` must be on a file system every rank of the save sees (the ranks
+agree through files there, so a dead rank cannot hang the others).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import time
+import uuid
 from typing import Any
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+from paddle.distributed.fleet.utils.log_util import logger
 
-__all__ = ["CheckpointMismatchError", "load_sharded_checkpoint"]
+from .muon_checkpoint_commit import (
+    CHECKPOINT_PREFIX,
+    MARKER,
+    MARKER_FORMAT,
+    SaveHandshake,
+    checkpoint_id,
+    checkpoint_name,
+    file_digest,
+    fsync_path,
+    read_marker,
+    tmp_name,
+    write_json_atomic,
+)
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointMismatchError",
+    "CheckpointSaveError",
+    "latest_complete_checkpoint",
+    "load_sharded_checkpoint",
+    "save_sharded_checkpoint",
+]
 
 _METADATA = re.compile(r"^(\d+)\.metadata$")
 _LISTED = 8
+#: Seconds without a heartbeat after which a rank of a save counts as dead.
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class CheckpointMismatchError(ValueError):
     """The checkpoint does not describe the state dict being loaded."""
 
 
+class CheckpointCorruptError(ValueError):
+    """A checkpoint file is missing, truncated or altered; nothing was loaded."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed on some rank; nothing was committed."""
+
+
+# Communication, looked up at call time (tests run ranks as threads).
+def _ranks(process_group) -> tuple[int, list[int]]:
+    if process_group is not None:
+        return dist.get_rank(), list(process_group.ranks)
+    return dist.get_rank(), list(range(max(dist.get_world_size(), 1)))
+
+
+def _gather(obj: Any, process_group, ranks: list[int]) -> list:
+    if len(ranks) == 1:
+        return [obj]
+    out: list = []
+    dist.all_gather_object(out, obj, process_group)
+    return out
+
+
+def _write_shards(state_dict: dict, directory: str, process_group, unique_id: int) -> None:
+    dist.save_state_dict(state_dict, directory, process_group=process_group,
+                         unique_id=unique_id)
+
+
+def _read_shards(state_dict: dict, directory: str, process_group, unique_id: int,
+                 **load_kwargs: Any) -> None:
+    dist.load_state_dict(state_dict, directory, process_group=process_group,
+                         unique_id=unique_id, **load_kwargs)
+
+
+def _data_file(rank: int, unique_id: int) -> str:
+    return f"{rank}_{unique_id}.distcp"
+
+
+# ---------------------------------------------------------------- listing
+def _committed(path: str) -> list[tuple[int, str]]:
+    """``(id, directory)`` of every ``checkpoint_<id>`` under ``path``, newest first."""
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return []
+    found = [(checkpoint_id(n), os.path.join(path, n)) for n in names]
+    return sorted(((i, d) for i, d in found if i is not None), reverse=True)
+
+
+def _incomplete_reason(directory: str) -> str | None:
+    """Why ``directory`` is not a complete checkpoint (cheap checks), or None."""
+    try:
+        marker = read_marker(directory)
+    except ValueError as exc:
+        return str(exc)
+    for name, entry in sorted(marker["files"].items()):
+        path = os.path.join(directory, name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"{path}: missing"
+        if size != entry["size"]:
+            return f"{path}: {size} bytes, the marker says {entry['size']}"
+    return None
+
+
+def latest_complete_checkpoint(path: str) -> str | None:
+    """The newest committed checkpoint under ``path``, or None.
+
+    A ``checkpoint_<id>`` without a valid completion marker, or with a file
+    missing or of the wrong size, is skipped with a warning saying why, and
+    so are saves that never committed. Checksums are checked on load.
+
+    Args:
+        path (str): the directory :func:`save_sharded_checkpoint` saved into.
+
+    Returns:
+        str|None: e.g. ``"<path>/checkpoint_7"``.
+    """
+    try:
+        leftovers = sorted(n for n in os.listdir(path) if n.startswith(f".{CHECKPOINT_PREFIX}"))
+    except FileNotFoundError:
+        return None
+    for name in leftovers:
+        logger.warning(f"checkpoint: skipping {os.path.join(path, name)}: a save that never "
+                       "committed (failed, killed, or still running)")
+    for _, directory in _committed(path):
+        reason = _incomplete_reason(directory)
+        if reason is None:
+            return directory
+        logger.warning(f"checkpoint: skipping incomplete {directory}: {reason}")
+    return None
+
+
+# ---------------------------------------------------------------- saving
+def _propose(path: str, unique_id: int | None) -> dict:
+    """The coordinator's choice of id and temporary directory (or the error)."""
+    existing = _committed(path)
+    uid = (existing[0][0] + 1 if existing else 0) if unique_id is None else unique_id
+    target = os.path.join(path, checkpoint_name(uid))
+    proposal = {"id": uid, "token": uuid.uuid4().hex, "error": None}
+    if os.path.lexists(target):
+        proposal["error"] = (
+            f"{target} exists; a save never overwrites a checkpoint: pass another "
+            f"unique_id (None takes the next, "
+            f"{existing[0][0] + 1 if existing else 0}) or remove it first")
+    return proposal
+
+
+def _layout_summary(metadata) -> dict:
+    summary = {}
+    for key, entries in sorted(metadata.state_dict_metadata.items()):
+        first = entries[0]
+        summary[key] = {"global_shape": list(first.global_shape or first.local_shape),
+                        "dtype": str(first.dtype)}
+    return summary
+
+
+def _commit(handshake: SaveHandshake, statuses: dict, tmp: str, final: str,
+            unique_id: int, token: str) -> None:
+    """Coordinator: marker last, then the one rename."""
+    metadata_file = f"{unique_id}.metadata"
+    files = {}
+    for rank in handshake.ranks:
+        status = statuses[rank]
+        files[status["file"]] = {"size": status["size"], "sha256": status["sha256"],
+                                 "rank": rank}
+    meta_path = os.path.join(tmp, metadata_file)
+    size, digest = file_digest(meta_path)
+    files[metadata_file] = {"size": size, "sha256": digest, "rank": None}
+    metadata = paddle.load(meta_path)
+    missing = sorted(set(metadata.storage_metadata.values()) - set(files))
+    if missing:
+        raise RuntimeError(f"the metadata names data files no rank reported: {missing}")
+    marker = {
+        "format": MARKER_FORMAT, "unique_id": unique_id, "token": token,
+        "ranks": handshake.ranks, "created": time.time(), "files": files,
+        "metadata_file": metadata_file, "tensors": _layout_summary(metadata),
+    }
+    write_json_atomic(os.path.join(tmp, MARKER), marker)
+    fsync_path(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save of "
+                           f"the same id?): {exc}") from None
+    fsync_path(os.path.dirname(final))
+    shutil.rmtree(os.path.join(final, ".status"), ignore_errors=True)
+
+
+def _retain(path: str, keep_last: int) -> None:
+    complete = [(i, d) for i, d in _committed(path) if _incomplete_reason(d) is None]
+    for _, directory in complete[keep_last:]:
+        logger.info(f"checkpoint: removing {directory} (keep_last={keep_last})")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _check_values(state_dict: dict) -> None:
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    for key, value in state_dict.items():
+        if isinstance(value, dict):
+            _check_values(value)
+        elif not isinstance(value, (paddle.Tensor, ShardedWeight)):
+            raise TypeError(f"state_dict[{key!r}] is a {type(value).__name__}; save "
+                            "Tensors or ShardedWeights (sharded_state_dict())")
+
+
+def _failure_message(final: str, statuses: dict) -> str:
+    failed = [s for _, s in sorted(statuses.items()) if not s.get("ok")]
+    lines = [f"saving {final} failed; nothing was committed and the previous checkpoints "
+             f"are untouched:"] + [f"  {s['error']}" for s in failed]
+    return "\n".join(lines)
+
+
+def save_sharded_checkpoint(
+    state_dict: dict,
+    path: str,
+    process_group: Any = None,
+    unique_id: int | None = None,
+    keep_last: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> str:
+    """Save ``state_dict`` as a new checkpoint under ``path``, all-or-nothing.
+
+    Call it on every rank, like ``paddle.distributed.save_state_dict``; the
+    files are flex_checkpoint's, in ``<path>/checkpoint_<id>/``.
+
+    Args:
+        state_dict (dict): key -> ShardedWeight or Tensor, e.g. the model's
+            ``sharded_state_dict()`` updated with the optimizer's
+            ``sharded_state_dict(model_sharded_state_dict)``.
+        path (str): directory holding the checkpoints (created if needed).
+        process_group (Group|None): the ranks saving together (default: all).
+        unique_id (int|None): the checkpoint's id, e.g. the step; None takes
+            the newest id under ``path`` plus one. An existing id is refused.
+        keep_last (int|None): after the commit, keep only the newest
+            ``keep_last`` complete checkpoints.
+        timeout_s (float): a rank that shows no sign of life this long during
+            the save counts as failed (default 30).
+
+    Returns:
+        str: the committed checkpoint directory (the same on every rank).
+
+    Raises:
+        CheckpointSaveError: on every rank, when any rank failed; the message
+            names the rank and the file.
+        FileExistsError: on every rank, when ``checkpoint_<unique_id>`` exists.
+    """
+    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"keep_last={keep_last!r}: must be a positive int or None")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: must be > 0 seconds")
+    rank, ranks = _ranks(process_group)
+    coordinator = ranks[0]
+    # Everything that can fail before Paddle's collectives is agreed on first:
+    # a rank that left early would leave the others blocked in them.
+    proposal = None
+    try:
+        _check_values(state_dict)
+        if rank == coordinator:
+            os.makedirs(path, exist_ok=True)
+            proposal = _propose(path, unique_id)
+        local_error = None
+    except Exception as exc:  # noqa: BLE001 - reported on every rank below
+        local_error = f"rank {rank}: {type(exc).__name__}: {exc}"
+    agreed = _gather((proposal, local_error), process_group, ranks)
+    errors = [e for _, e in agreed if e]
+    if errors:
+        raise CheckpointSaveError(f"saving under {path} refused; nothing was written:\n  "
+                                  + "\n  ".join(errors))
+    proposal = agreed[0][0]
+    if proposal["error"]:
+        raise FileExistsError(proposal["error"])
+    uid, token = proposal["id"], proposal["token"]
+    final = os.path.join(path, checkpoint_name(uid))
+    tmp = os.path.join(path, tmp_name(uid, token))
+    own_file = _data_file(rank, uid)
+    handshake = SaveHandshake(tmp, rank, ranks, timeout_s)
+    try:
+        try:
+            handshake.start()
+        except OSError as exc:
+            # cannot even report: the others see this rank's heartbeat missing
+            handshake.stop()
+            logger.error(f"checkpoint: rank {rank} could not prepare {tmp}: {exc}")
+            started = False
+        else:
+            started = True
+        try:
+            # every rank takes part in Paddle's collectives inside, whatever happened
+            _write_shards(state_dict, tmp, process_group, uid)
+            size, digest = file_digest(os.path.join(tmp, own_file))
+            fsync_path(os.path.join(tmp, own_file))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to all ranks
+            where = os.path.basename(getattr(exc, "filename", None) or own_file)
+            outcome = dict(ok=False, error=f"rank {rank} could not write {where}: "
+                                           f"{type(exc).__name__}: {exc}")
+        else:
+            outcome = dict(ok=True, file=own_file, size=size, sha256=digest)
+        if started:
+            handshake.report(**outcome)
+        if rank == coordinator and started:
+            message = _coordinate(handshake, tmp, final, uid, token)
+        elif rank == coordinator:
+            message = (f"saving {final} failed; nothing was committed and the previous "
+                       f"checkpoints are untouched:\n  rank {rank} (coordinator) could not "
+                       f"prepare {tmp}")
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            message = handshake.wait_decision(final, token)
+    finally:
+        handshake.stop()
+    if message is not None:
+        raise CheckpointSaveError(message)
+    if rank == coordinator and keep_last is not None:
+        _retain(path, keep_last)
+    logger.info(f"checkpoint: rank {rank} saved {final}")
+    return final
+
+
+def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
+                token: str) -> str | None:
+    """Coordinator: collect outcomes, commit or publish the failure."""
+    statuses = handshake.collect(lambda r: _data_file(r, uid))
+    message = None
+    if all(s.get("ok") for s in statuses.values()):
+        try:
+            _commit(handshake, statuses, tmp, final, uid, token)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            message = (f"saving {final} failed; nothing was committed and the previous "
+                       f"checkpoints are untouched:\n  rank {handshake.rank} (coordinator) "
+                       f"could not commit: {type(exc).__name__}: {exc}")
+    if message is None:
+        message = _failure_message(final, statuses)
+    handshake.decide_failure(message)
+    handshake.wait_acks([r for r, s in statuses.items()
+                         if r != handshake.rank and not s.get("dead")])
+    shutil.rmtree(tmp, ignore_errors=True)
+    return message
+
+
+# ---------------------------------------------------------------- loading
 def _metadata_path(path: str, unique_id: int | None) -> tuple[str, int]:
     ids = sorted(
         int(m.group(1)) for m in map(_METADATA.match, os.listdir(path)) if m
     )
     if not ids:
         raise FileNotFoundError(
-            f"no flex_checkpoint metadata (<id>.metadata) in {path}; save with "
-            "paddle.distributed.save_state_dict first."
+            f"no checkpoint in {path}: no checkpoint_<id> directory (save with "
+            "save_sharded_checkpoint) and no flex_checkpoint metadata (<id>.metadata)."
         )
     uid = ids[-1] if unique_id is None else unique_id
     if uid not in ids:
@@ -55,6 +402,27 @@ def _metadata_path(path: str, unique_id: int | None) -> tuple[str, int]:
             f"checkpoint id {uid} not in {path} (ids there: {ids})."
         )
     return os.path.join(path, f"{uid}.metadata"), uid
+
+
+def _resolve(path: str, unique_id: int | None) -> tuple[str, bool]:
+    """(directory to load, whether it was committed by save_sharded_checkpoint)."""
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return path, True
+    committed = _committed(path)
+    if committed:
+        if unique_id is not None:
+            directory = os.path.join(path, checkpoint_name(unique_id))
+            if not os.path.isdir(directory):
+                raise FileNotFoundError(
+                    f"{directory} does not exist (ids there: {sorted(i for i, _ in committed)})")
+            return directory, True
+        latest = latest_complete_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(
+                f"no complete checkpoint under {path}: every checkpoint_<id> there is "
+                "incomplete (see the warnings above)")
+        return latest, True
+    return path, False
 
 
 def _global_shape(value: Any) -> tuple[int, ...]:
@@ -83,6 +451,40 @@ def _local_problems(state_dict: dict, saved: dict) -> list[str]:
     return problems
 
 
+def _verify(directory: str, rank: int, index: int, nranks: int) -> tuple[dict | None, list]:
+    """This rank's share of the checks: (marker or None, problems).
+
+    Every rank checks the marker, every size and the metadata's checksum
+    (it reads the metadata anyway); data files' checksums are spread over
+    the ranks.
+    """
+    try:
+        marker = read_marker(directory)
+    except ValueError as exc:
+        return None, [str(exc)]
+    problems = []
+    names = sorted(marker["files"])
+    for i, name in enumerate(names):
+        entry = marker["files"][name]
+        file_path = os.path.join(directory, name)
+        writer = "" if entry.get("rank") is None else f" (written by rank {entry['rank']})"
+        try:
+            size = os.path.getsize(file_path)
+        except OSError:
+            problems.append(f"{file_path}{writer}: missing")
+            continue
+        if size != entry["size"]:
+            problems.append(f"{file_path}{writer}: {size} bytes, the marker says "
+                            f"{entry['size']} (truncated or overwritten)")
+            continue
+        if name == marker["metadata_file"] or i % nranks == index:
+            _, digest = file_digest(file_path)
+            if digest != entry["sha256"]:
+                problems.append(f"{file_path}{writer}: SHA-256 differs from the marker's "
+                                "(the file was altered after the save)")
+    return marker, problems
+
+
 def load_sharded_checkpoint(
     state_dict: dict,
     path: str,
@@ -90,8 +492,8 @@ def load_sharded_checkpoint(
     unique_id: int | None = None,
     strict: bool = True,
     **load_kwargs: Any,
-) -> None:
-    """Check a flex checkpoint against ``state_dict``, then load it in place.
+) -> str:
+    """Verify a checkpoint and check it fits ``state_dict``, then load it in place.
 
     Call it on every rank, like ``paddle.distributed.load_state_dict``.
 
@@ -99,41 +501,68 @@ def load_sharded_checkpoint(
         state_dict (dict): key -> ShardedWeight or Tensor, e.g. the model's
             ``sharded_state_dict()`` updated with the optimizer's
             ``sharded_state_dict(model_sharded_state_dict)``.
-        path (str): the checkpoint directory.
+        path (str): a directory :func:`save_sharded_checkpoint` saved into
+            (the newest complete checkpoint is loaded, or ``unique_id``'s),
+            one ``checkpoint_<id>`` directory, or a plain flex_checkpoint
+            directory (not verifiable: no marker).
         process_group (Group|None): the ranks loading together (default: all).
-        unique_id (int|None): checkpoint id; the newest when None.
+        unique_id (int|None): checkpoint id; the newest complete when None.
         strict (bool): also refuse checkpoint keys that no rank loads.
         **load_kwargs: passed on to ``paddle.distributed.load_state_dict``.
 
+    Returns:
+        str: the directory loaded.
+
     Raises:
+        CheckpointCorruptError: on every rank, when a file is missing,
+            truncated or altered, or the marker is invalid; names the file.
         CheckpointMismatchError: on every rank, when any rank's keys or global
             shapes differ from the checkpoint's; the message lists them per rank.
     """
-    metadata_file, uid = _metadata_path(path, unique_id)
-    metadata = paddle.load(metadata_file)
-    saved = {
-        key: tuple(entries[0].global_shape)
-        for key, entries in metadata.state_dict_metadata.items()
-    }
-    mine = (dist.get_rank(), sorted(state_dict), _local_problems(state_dict, saved))
-    reports = [mine]
-    if dist.get_world_size() > 1:
-        reports = []
-        dist.all_gather_object(reports, mine, process_group)
-    problems = [f"rank {rank}: {p}" for rank, _, found in reports for p in found]
+    rank, ranks = _ranks(process_group)
+    directory, verified = _resolve(path, unique_id)
+    index = ranks.index(rank) if rank in ranks else 0
+    if verified:
+        marker, corrupt = _verify(directory, rank, index, len(ranks))
+        uid = marker["unique_id"] if marker else None
+        saved = ({k: tuple(v["global_shape"]) for k, v in marker["tensors"].items()}
+                 if marker else {})
+    else:
+        metadata_file, uid = _metadata_path(directory, unique_id)
+        corrupt = []
+        try:
+            metadata = paddle.load(metadata_file)
+            saved = {key: tuple(entries[0].global_shape)
+                     for key, entries in metadata.state_dict_metadata.items()}
+        except Exception as exc:  # noqa: BLE001 - unpickling fails in many ways
+            corrupt, saved = [f"{metadata_file}: unreadable ({type(exc).__name__}: {exc})"], {}
+    mine = (rank, directory, sorted(state_dict), corrupt,
+            _local_problems(state_dict, saved) if not corrupt else [])
+    reports = _gather(mine, process_group, ranks)
+    chosen = {r[1] for r in reports}
+    if len(chosen) > 1:
+        raise CheckpointCorruptError(
+            f"the ranks resolved different checkpoints under {path} ({sorted(chosen)}): a "
+            "save committed meanwhile; pass unique_id")
+    corrupt_lines = [f"rank {r}: {p}" for r, _, _, found, _ in reports for p in found]
+    if corrupt_lines:
+        raise CheckpointCorruptError(
+            f"checkpoint {directory} cannot be loaded; nothing was read:\n  "
+            + "\n  ".join(corrupt_lines) + "\nLoad an earlier checkpoint (unique_id=...) or "
+            "save again.")
+    problems = [f"rank {r}: {p}" for r, _, _, _, found in reports for p in found]
     if strict:
-        loaded = set().union(*(keys for _, keys, _ in reports))
+        loaded = set().union(*(keys for _, _, keys, _, _ in reports))
         unexpected = set(saved) - loaded
         if unexpected:
             problems.append(f"in the checkpoint but loaded by no rank: {_listed(unexpected)}")
     if problems:
         raise CheckpointMismatchError(
-            f"checkpoint {path} (id {uid}) does not match the state dict being "
+            f"checkpoint {directory} (id {uid}) does not match the state dict being "
             "loaded - was it saved from another model or optimizer "
             "configuration?\n  " + "\n  ".join(problems) + "\nLoad it into the "
             "model and optimizer that saved it (same parameters, master weights "
             "on or off alike); strict=False ignores checkpoint keys nobody loads."
         )
-    dist.load_state_dict(
-        state_dict, path, process_group=process_group, unique_id=uid, **load_kwargs
-    )
+    _read_shards(state_dict, directory, process_group, uid, **load_kwargs)
+    return directory

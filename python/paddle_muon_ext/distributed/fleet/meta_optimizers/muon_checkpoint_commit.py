@@ -1,0 +1,329 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The files of a committed checkpoint and the handshake that commits one.
+
+A save writes into ``<path>/.checkpoint_<id>.tmp-<token>/``; the ranks agree
+through small files in its ``.status/`` directory, not through collectives,
+so a rank that dies mid-save cannot hang the others:
+
+* every rank touches ``alive_<rank>`` while it works (heartbeat) and writes
+  its outcome into ``rank_<rank>.json``, a file reserved *before* the shards
+  are written so that a full disk still leaves room to report the failure;
+* the coordinator (the group's first rank) waits for every outcome - a rank
+  whose heartbeat stops for ``timeout_s`` counts as failed - then either
+  writes the completion marker and renames the directory to
+  ``checkpoint_<id>`` (one rename commits), or writes ``decision.json`` with
+  the failure every rank then raises.
+
+The completion marker ``checkpoint.complete.json`` lists every file with its
+size and SHA-256 and the layout summary (key -> global shape, dtype); a
+directory without a valid marker is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from typing import Any
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "MARKER",
+    "MARKER_FORMAT",
+    "SaveHandshake",
+    "checkpoint_id",
+    "checkpoint_name",
+    "file_digest",
+    "fsync_path",
+    "read_marker",
+    "tmp_name",
+    "write_json_atomic",
+]
+
+CHECKPOINT_PREFIX = "checkpoint_"
+MARKER = "checkpoint.complete.json"
+MARKER_FORMAT = "paddle_muon_ext.checkpoint/1"
+STATUS_DIR = ".status"
+DECISION = "decision.json"
+#: Room reserved for a rank's outcome (a failure message is cut to fit).
+RESERVED_BYTES = 16384
+_MESSAGE_LIMIT = 4000
+HEARTBEAT_S = 0.5
+POLL_S = 0.05
+#: How long the coordinator waits for live ranks to read a failure before
+#: removing the temporary directory.
+ACK_WAIT_S = 5.0
+_CHUNK = 4 << 20
+_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def checkpoint_name(unique_id: int) -> str:
+    """Directory name of committed checkpoint ``unique_id``."""
+    return f"{CHECKPOINT_PREFIX}{unique_id}"
+
+
+def checkpoint_id(name: str) -> int | None:
+    """The id in a ``checkpoint_<id>`` directory name, else None."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def tmp_name(unique_id: int, token: str) -> str:
+    """Directory name a save of ``unique_id`` writes into before committing."""
+    return f".{CHECKPOINT_PREFIX}{unique_id}.tmp-{token}"
+
+
+def file_digest(path: str) -> tuple[int, str]:
+    """``(size, sha256 hex)`` of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            digest.update(chunk)
+    return size, digest.hexdigest()
+
+
+def fsync_path(path: str) -> None:
+    """Flush a file or directory to stable storage (a commit must survive a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON through a temporary file and a rename, then fsync it."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_marker(directory: str) -> dict:
+    """The completion marker of ``directory``.
+
+    Raises:
+        ValueError: the marker is missing, unreadable or not a marker; the
+            message names the file.
+    """
+    path = os.path.join(directory, MARKER)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no completion marker - the save never committed "
+                         "(interrupted or failed)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: completion marker unreadable ({type(exc).__name__}: "
+                         f"{exc})") from None
+    if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT:
+        raise ValueError(f"{path}: not a completion marker of format {MARKER_FORMAT!r}")
+    for field in ("unique_id", "files", "metadata_file", "tensors"):
+        if field not in data:
+            raise ValueError(f"{path}: completion marker lacks {field!r}")
+    return data
+
+
+def _read_json(path: str) -> dict | None:
+    # None while the file is absent, reserved (blank) or half written
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class SaveHandshake:
+    """One rank's side of the file handshake of one save.
+
+    Args:
+        directory (str): the temporary directory of the save.
+        rank (int): this rank (global).
+        ranks (list[int]): every rank of the save; ``ranks[0]`` coordinates.
+        timeout_s (float): a rank whose heartbeat stops this long has failed.
+    """
+
+    def __init__(self, directory: str, rank: int, ranks: list[int], timeout_s: float) -> None:
+        self.directory = directory
+        self.status_dir = os.path.join(directory, STATUS_DIR)
+        self.rank = rank
+        self.ranks = list(ranks)
+        self.coordinator = self.ranks[0]
+        self.timeout_s = float(timeout_s)
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._reserved: list[str] = []
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.status_dir, name)
+
+    def status_path(self, rank: int) -> str:
+        return self._path(f"rank_{rank}.json")
+
+    def heartbeat_path(self, rank: int) -> str:
+        return self._path(f"alive_{rank}")
+
+    # ------------------------------------------------------------ this rank
+    def start(self) -> None:
+        """Create the status directory, reserve the outcome files, start beating."""
+        os.makedirs(self.status_dir, exist_ok=True)
+        reserved = [self.status_path(self.rank)]
+        if self.rank == self.coordinator:
+            reserved.append(self._path(DECISION))
+        for path in reserved:
+            with open(path, "wb") as f:
+                f.write(b" " * RESERVED_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        self._reserved = reserved
+        open(self.heartbeat_path(self.rank), "wb").close()
+        self._beat = threading.Thread(target=self._beat_loop, daemon=True,
+                                      name=f"checkpoint-heartbeat-{self.rank}")
+        self._beat.start()
+
+    def _beat_loop(self) -> None:
+        path = self.heartbeat_path(self.rank)
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(path)  # needs no free block, unlike a write
+            except OSError:
+                pass  # committed (renamed) or removed: nothing to signal
+
+    def stop(self) -> None:
+        """Stop the heartbeat (the others see this rank as gone after timeout_s)."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+
+    def _write_reserved(self, path: str, data: dict) -> None:
+        payload = json.dumps(data, sort_keys=True).encode("utf-8") + b"\n"
+        # in place: the reserved blocks take it even on a full disk
+        with open(path, "r+b") as f:
+            f.write(payload)
+            f.truncate(len(payload))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def report(self, ok: bool, **info: Any) -> None:
+        """Publish this rank's outcome (``error`` is cut to fit the reserved room)."""
+        if "error" in info:
+            info["error"] = str(info["error"])[:_MESSAGE_LIMIT]
+        self._write_reserved(self.status_path(self.rank), dict(info, ok=ok, rank=self.rank))
+
+    # ------------------------------------------------------------ waiting
+    def _wait(self, done, watched: list[int], what: str):
+        """Poll ``done()`` until it returns non-None; a watched rank whose
+        heartbeat stays unchanged for ``timeout_s`` ends the wait.
+
+        Returns:
+            ``(done() result, None)`` or ``(None, stale rank)``.
+        """
+        seen: dict[int, tuple[Any, float]] = {}
+        while True:
+            result = done()
+            if result is not None:
+                return result, None
+            now = time.monotonic()
+            for rank in watched:
+                try:
+                    stamp = os.stat(self.heartbeat_path(rank)).st_mtime_ns
+                except OSError:
+                    stamp = None
+                if rank not in seen or seen[rank][0] != stamp:
+                    seen[rank] = (stamp, now)
+                elif now - seen[rank][1] > self.timeout_s:
+                    result = done()  # it may have finished just before stopping
+                    return (result, None) if result is not None else (None, rank)
+            time.sleep(POLL_S)
+
+    def collect(self, expected_file) -> dict[int, dict]:
+        """Every rank's outcome (coordinator). A rank that stopped beating gets
+        a failure naming ``expected_file(rank)``, the file it was writing."""
+        statuses: dict[int, dict] = {}
+        while True:
+            pending = [r for r in self.ranks if r not in statuses]
+            if not pending:
+                return statuses
+
+            def ready(pending=pending):
+                for r in pending:
+                    status = _read_json(self.status_path(r))
+                    if status is not None:
+                        statuses[r] = status
+                return True if all(r in statuses for r in pending) else None
+
+            _, stale = self._wait(ready, pending, "outcomes")
+            if stale is not None:
+                statuses[stale] = {
+                    "ok": False, "rank": stale, "dead": True,
+                    "error": (f"rank {stale} stopped responding while writing "
+                              f"{expected_file(stale)} (no heartbeat for "
+                              f"{self.timeout_s:g} s: killed or hung)"),
+                }
+
+    def decide_failure(self, message: str) -> None:
+        """Coordinator: publish the failure every rank raises."""
+        self._write_reserved(self._path(DECISION), {"ok": False, "message": message})
+
+    def wait_acks(self, ranks: list[int]) -> None:
+        """Coordinator: give live ranks a moment to read the failure."""
+        deadline = time.monotonic() + min(ACK_WAIT_S, self.timeout_s)
+        while time.monotonic() < deadline:
+            if all(os.path.exists(self._path(f"ack_{r}")) for r in ranks):
+                return
+            time.sleep(POLL_S)
+
+    def wait_decision(self, final_dir: str, token: str) -> str | None:
+        """Non-coordinator: None once ``final_dir`` holds this save's marker,
+        else the failure message to raise."""
+        decision_path = self._path(DECISION)
+
+        def decided():
+            marker = _read_json(os.path.join(final_dir, MARKER))
+            if marker is not None and marker.get("token") == token:
+                return ("committed",)
+            decision = _read_json(decision_path)
+            if decision is not None:
+                return ("failed", str(decision.get("message")))
+            return None
+
+        result, _ = self._wait(decided, [self.coordinator], "the commit")
+        if result is None:
+            return (f"the coordinator, rank {self.coordinator}, stopped responding before "
+                    f"committing {final_dir} (no heartbeat for {self.timeout_s:g} s: "
+                    "killed or hung)")
+        if result[0] == "committed":
+            return None
+        try:
+            open(self._path(f"ack_{self.rank}"), "wb").close()
+        except OSError:
+            pass  # the coordinator stops waiting for acks on its own
+        return result[1]
