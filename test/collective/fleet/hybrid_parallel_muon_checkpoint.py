@@ -20,7 +20,7 @@ layout (its own ``EPHybridCommunicateGroup``, so one launch hosts several
 layouts of the same world size) and is one of:
 
 * ``save``: steps ``[0, first + steps)``... i.e. ``first`` = 0, then
-  ``paddle.distributed.save_state_dict`` of model + optimizer into ``ckpt``;
+  ``save_sharded_checkpoint`` of model + optimizer into ``ckpt``;
 * ``resume``: load ``ckpt`` (``load_sharded_checkpoint``), train on;
 * ``train``: an uninterrupted run;
 * ``mismatch``: loading ``ckpt`` must raise ``CheckpointMismatchError``.
@@ -53,6 +53,7 @@ from muon_checkpoint_model import Layout, build_rank, checkpoint_state, train  #
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
     CheckpointMismatchError,
     load_sharded_checkpoint,
+    save_sharded_checkpoint,
 )
 
 
@@ -89,7 +90,7 @@ def run_job(job: dict, hcg, out: str) -> None:
                      f"{layout.describe()} was not refused")
         train(net, opt, hcg, job["first"], job["steps"])
         if job["kind"] == "save":
-            dist.save_state_dict(checkpoint_state(net, opt), job["ckpt"])
+            save_sharded_checkpoint(checkpoint_state(net, opt), job["ckpt"])
         np.savez(os.path.join(out, f"{job['name']}.rank{rank}.npz"), **net.values())
 
 

@@ -54,9 +54,11 @@ from .muon_checkpoint_commit import (
     CHECKPOINT_PREFIX,
     MARKER,
     MARKER_FORMAT,
+    STATUS_DIR,
     SaveHandshake,
     checkpoint_id,
     checkpoint_name,
+    failed_save,
     file_digest,
     fsync_path,
     read_marker,
@@ -167,8 +169,10 @@ def latest_complete_checkpoint(path: str) -> str | None:
     except FileNotFoundError:
         return None
     for name in leftovers:
+        what = ("failed" if failed_save(os.path.join(path, name))
+                else "killed, or still running")
         logger.warning(f"checkpoint: skipping {os.path.join(path, name)}: a save that never "
-                       "committed (failed, killed, or still running)")
+                       f"committed ({what})")
     for _, directory in _committed(path):
         reason = _incomplete_reason(directory)
         if reason is None:
@@ -344,9 +348,15 @@ def save_sharded_checkpoint(
         else:
             outcome = dict(ok=True, file=own_file, size=size, sha256=digest)
         if started:
-            handshake.report(**outcome)
+            try:
+                handshake.report(**outcome)
+            except OSError as exc:
+                # e.g. the coordinator gave up and removed the directory
+                handshake.stop()
+                logger.error(f"checkpoint: rank {rank} could not report to {tmp}: {exc}")
         if rank == coordinator and started:
-            message = _coordinate(handshake, tmp, final, uid, token)
+            message = _coordinate(handshake, tmp, final, uid, token,
+                                  dict(outcome, rank=rank))
         elif rank == coordinator:
             message = (f"saving {final} failed; nothing was committed and the previous "
                        f"checkpoints are untouched:\n  rank {rank} (coordinator) could not "
@@ -358,16 +368,18 @@ def save_sharded_checkpoint(
         handshake.stop()
     if message is not None:
         raise CheckpointSaveError(message)
-    if rank == coordinator and keep_last is not None:
-        _retain(path, keep_last)
+    if rank == coordinator:
+        _sweep_failed(path)
+        if keep_last is not None:
+            _retain(path, keep_last)
     logger.info(f"checkpoint: rank {rank} saved {final}")
     return final
 
 
 def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
-                token: str) -> str | None:
+                token: str, own: dict) -> str | None:
     """Coordinator: collect outcomes, commit or publish the failure."""
-    statuses = handshake.collect(lambda r: _data_file(r, uid))
+    statuses = handshake.collect(lambda r: _data_file(r, uid), own)
     message = None
     if all(s.get("ok") for s in statuses.values()):
         try:
@@ -382,8 +394,29 @@ def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
     handshake.decide_failure(message)
     handshake.wait_acks([r for r, s in statuses.items()
                          if r != handshake.rank and not s.get("dead")])
-    shutil.rmtree(tmp, ignore_errors=True)
+    # Free the space now; the decision stays for a rank still to read it
+    # (the next successful save sweeps it).
+    for name in os.listdir(tmp):
+        if name != STATUS_DIR:
+            _remove(os.path.join(tmp, name))
     return message
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def _sweep_failed(path: str) -> None:
+    """Remove what failed saves left: a decided failure is final."""
+    for name in os.listdir(path):
+        if name.startswith(f".{CHECKPOINT_PREFIX}") and failed_save(os.path.join(path, name)):
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
 
 # ---------------------------------------------------------------- loading

@@ -24,7 +24,8 @@ so a rank that dies mid-save cannot hang the others:
   whose heartbeat stops for ``timeout_s`` counts as failed - then either
   writes the completion marker and renames the directory to
   ``checkpoint_<id>`` (one rename commits), or writes ``decision.json`` with
-  the failure every rank then raises.
+  the failure every rank then raises, and removes the shards (the decision
+  stays for late readers until the next successful save sweeps it).
 
 The completion marker ``checkpoint.complete.json`` lists every file with its
 size and SHA-256 and the layout summary (key -> global shape, dtype); a
@@ -45,9 +46,11 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "MARKER",
     "MARKER_FORMAT",
+    "STATUS_DIR",
     "SaveHandshake",
     "checkpoint_id",
     "checkpoint_name",
+    "failed_save",
     "file_digest",
     "fsync_path",
     "read_marker",
@@ -160,6 +163,12 @@ def _read_json(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def failed_save(directory: str) -> bool:
+    """Whether the temporary ``directory`` holds a save's published failure."""
+    decision = _read_json(os.path.join(directory, STATUS_DIR, DECISION))
+    return decision is not None and decision.get("ok") is False
+
+
 class SaveHandshake:
     """One rank's side of the file handshake of one save.
 
@@ -264,10 +273,11 @@ class SaveHandshake:
                     return (result, None) if result is not None else (None, rank)
             time.sleep(POLL_S)
 
-    def collect(self, expected_file) -> dict[int, dict]:
-        """Every rank's outcome (coordinator). A rank that stopped beating gets
-        a failure naming ``expected_file(rank)``, the file it was writing."""
-        statuses: dict[int, dict] = {}
+    def collect(self, expected_file, own: dict) -> dict[int, dict]:
+        """Every rank's outcome (coordinator; ``own`` is its own). A rank that
+        stopped beating gets a failure naming ``expected_file(rank)``, the
+        file it was writing."""
+        statuses: dict[int, dict] = {self.rank: own}
         while True:
             pending = [r for r in self.ranks if r not in statuses]
             if not pending:

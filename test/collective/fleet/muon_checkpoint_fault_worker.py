@@ -1,0 +1,239 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Worker: the checkpoint fault matrix on 2 gloo ranks, one launch.
+
+Launched by ``test_muon_checkpoint_faults.py``; argv[1] is the checkpoint
+directory. A good checkpoint ``checkpoint_0`` of model A is saved first;
+then each fault runs in turn, and after each one every rank records what it
+raised and whether ``checkpoint_0`` still loads bit-exact. Every outcome is
+printed as ``FAULT {json}``; the test asserts on them.
+
+Faults: a full disk on rank 1 (an injected ``OSError(ENOSPC)`` after half the
+shard is written), a different model B saved into the same directory, a
+truncated shard, a flipped byte in a shard and in the metadata, and last a
+rank killed while writing its shard (rank 1 exits; rank 0 must fail within
+the heartbeat timeout).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+
+from gloo_compat import install_gloo_compat  # noqa: E402
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    latest_complete_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
+
+ROWS, COLS = 8, 16
+#: Heartbeat timeout of the killed-rank save (the default is 30 s).
+KILL_TIMEOUT_S = 4.0
+
+
+def values(model: str, version: int) -> dict[str, np.ndarray]:
+    """Global arrays of ``model`` ("A" or "B") at ``version``."""
+    rng = np.random.default_rng(1000 * version + ord(model))
+    if model == "A":
+        return {"w": rng.normal(size=(ROWS, COLS)).astype("float32"),
+                "b": rng.normal(size=(COLS,)).astype("float32")}
+    return {"w": rng.normal(size=(ROWS, 2 * COLS)).astype("float32"),
+            "other": rng.normal(size=(3,)).astype("float32")}
+
+
+def state(arrays: dict[str, np.ndarray]) -> dict:
+    """This rank's sharded state dict: ``w`` split by rows, the rest replicated."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for key, full in arrays.items():
+        if key == "w":
+            rows = full.shape[0] // world
+            local = paddle.to_tensor(full[rank * rows:(rank + 1) * rows].copy())
+            out[key] = ShardedWeight(key, local, tuple(local.shape), full.shape,
+                                     (rank * rows, 0))
+        else:
+            local = paddle.to_tensor(full.copy())
+            out[key] = ShardedWeight(key, local, full.shape, full.shape, (0,) * full.ndim)
+    return out
+
+
+def read_back(sd: dict) -> dict[str, np.ndarray]:
+    return {k: v.local_tensor.numpy() for k, v in sd.items()}
+
+
+def expected_local(arrays: dict) -> dict[str, np.ndarray]:
+    return read_back(state(arrays))
+
+
+def zeros_like(arrays: dict) -> dict:
+    return state({k: np.zeros_like(v) for k, v in arrays.items()})
+
+
+def tree_hash(directory: str) -> dict[str, str]:
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def leftover_files(root: str) -> list[str]:
+    """Files under uncommitted (hidden) directories, outside their ``.status``."""
+    out = []
+    for name in os.listdir(root):
+        if name.startswith("."):
+            for sub in os.listdir(os.path.join(root, name)):
+                if sub != ".status":
+                    out.append(f"{name}/{sub}")
+    return sorted(out)
+
+
+def report(fault: str, **fields) -> None:
+    print("FAULT " + json.dumps(dict(fault=fault, rank=dist.get_rank(), **fields)), flush=True)
+
+
+def attempt(call) -> dict:
+    t0 = time.time()
+    try:
+        call()
+    except (CheckpointSaveError, CheckpointCorruptError, CheckpointMismatchError,
+            FileExistsError) as exc:
+        return {"error": type(exc).__name__, "message": str(exc),
+                "seconds": time.time() - t0}
+    return {"error": None, "message": "", "seconds": time.time() - t0}
+
+
+def previous_intact(root: str, good_hash: dict) -> dict:
+    """Does checkpoint_0 hold the same bytes and load bit-exact?"""
+    first = os.path.join(root, "checkpoint_0")
+    same_bytes = tree_hash(first) == good_hash
+    target = zeros_like(values("A", 0))
+    load_sharded_checkpoint(target, root, unique_id=0)
+    got, want = read_back(target), expected_local(values("A", 0))
+    exact = all(np.array_equal(got[k], want[k]) for k in want)
+    return {"same_bytes": same_bytes, "bit_exact": exact}
+
+
+def corrupt(path: str, how: str) -> None:
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if how == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+def main() -> None:
+    install_gloo_compat()
+    dist.init_parallel_env()
+    if not paddle.is_compiled_with_cuda():
+        # flex_checkpoint's resharding copies with .cuda(); gloo sends CPU tensors
+        paddle.Tensor.cuda = lambda self, *args, **kwargs: self
+    root = sys.argv[1]
+    rank = dist.get_rank()
+    real_save = paddle.save
+
+    save_sharded_checkpoint(state(values("A", 0)), root)
+    dist.barrier()
+    good_hash = tree_hash(os.path.join(root, "checkpoint_0"))
+
+    # 1. full disk on rank 1: half its shard written, then ENOSPC
+    def full_disk(obj, path, *args, **kwargs):
+        if path.endswith(".distcp"):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_save(obj, path, *args, **kwargs)
+
+    if rank == 1:
+        paddle.save = full_disk
+    outcome = attempt(lambda: save_sharded_checkpoint(state(values("A", 1)), root))
+    paddle.save = real_save
+    dist.barrier()
+    report("enospc", **outcome, **previous_intact(root, good_hash),
+           listing=sorted(os.listdir(root)), left=leftover_files(root),
+           latest=os.path.basename(latest_complete_checkpoint(root) or ""))
+
+    # 2. a different model saved into the same directory
+    saved_b = save_sharded_checkpoint(state(values("B", 0)), root)
+    wrong = attempt(lambda: load_sharded_checkpoint(zeros_like(values("A", 0)), root))
+    target_b = zeros_like(values("B", 0))
+    load_sharded_checkpoint(target_b, root)
+    got_b, want_b = read_back(target_b), expected_local(values("B", 0))
+    report("other_model", saved=os.path.basename(saved_b), **wrong,
+           listing=sorted(os.listdir(root)),
+           b_exact=all(np.array_equal(got_b[k], want_b[k]) for k in want_b),
+           **previous_intact(root, good_hash))
+
+    # 3.-5. damage a fresh checkpoint of A after its commit
+    for fault, victim, how in (("truncated_shard", "1_{id}.distcp", "truncate"),
+                               ("flipped_shard_byte", "0_{id}.distcp", "flip"),
+                               ("flipped_metadata_byte", "{id}.metadata", "flip")):
+        directory = save_sharded_checkpoint(state(values("A", 2)), root)
+        uid = int(directory.rsplit("_", 1)[1])
+        name = victim.format(id=uid)
+        dist.barrier()
+        if rank == 0:
+            corrupt(os.path.join(directory, name), how)
+        dist.barrier()
+        outcome = attempt(lambda: load_sharded_checkpoint(
+            zeros_like(values("A", 2)), root, unique_id=uid))
+        report(fault, file=name, **outcome, **previous_intact(root, good_hash))
+
+    # 6. rank 1 killed while writing its shard (last: it leaves the job)
+    dist.barrier()
+    last_before = sorted(os.listdir(root))
+
+    def killed(obj, path, *args, **kwargs):
+        if path.endswith(".distcp"):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 100)
+            os._exit(0)  # a non-zero exit would make the launcher stop rank 0
+        return real_save(obj, path, *args, **kwargs)
+
+    if rank == 1:
+        paddle.save = killed
+    outcome = attempt(lambda: save_sharded_checkpoint(state(values("A", 3)), root,
+                                                      timeout_s=KILL_TIMEOUT_S))
+    paddle.save = real_save
+    first = os.path.join(root, "checkpoint_0")
+    report("killed_rank", **outcome, timeout_s=KILL_TIMEOUT_S,
+           same_bytes=tree_hash(first) == good_hash,
+           new_complete=sorted(set(n for n in os.listdir(root) if not n.startswith("."))
+                               - set(last_before)))
+    os._exit(0)  # no destroy handshake with the dead peer
+
+
+if __name__ == "__main__":
+    main()

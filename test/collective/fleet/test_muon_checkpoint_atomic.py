@@ -1,0 +1,482 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Atomic saves and verified loads, in one process (seconds).
+
+* ``TestSingleProcess``: real flex_checkpoint files, world size 1 - round
+  trips, ids, retention, ``latest_complete_checkpoint``, corrupt markers and
+  files, concurrent saves of the same id.
+* ``TestRanksAsThreads``: the commit handshake with 2-3 ranks run as threads
+  (communication and shard writing replaced by in-process fakes): a rank
+  failing, a rank or the coordinator dying, a commit that loses a race; every
+  live rank must raise the same error and nothing may be committed.
+The same faults on real gloo processes: ``test_muon_checkpoint_faults.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import unittest
+from unittest import mock
+
+import numpy as np
+
+import paddle
+from paddle.distributed.flex_checkpoint.dcp.metadata import (
+    LocalTensorIndex,
+    LocalTensorMetadata,
+    Metadata,
+)
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint as ckpt
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    latest_complete_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
+
+ROWS, COLS = 4, 6
+
+
+def arrays(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.normal(size=(ROWS, COLS)).astype("float32"),
+            "b": rng.normal(size=(COLS,)).astype("float32")}
+
+
+def whole(values: dict[str, np.ndarray]) -> dict:
+    """A one-rank sharded state dict holding ``values``."""
+    return {k: ShardedWeight(k, paddle.to_tensor(v.copy()), v.shape, v.shape, (0,) * v.ndim)
+            for k, v in values.items()}
+
+
+def numpy_of(state: dict) -> dict[str, np.ndarray]:
+    return {k: v.local_tensor.numpy() for k, v in state.items()}
+
+
+class _Dir(unittest.TestCase):
+    def setUp(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="muon_ckpt_atomic_")
+        self.addCleanup(shutil.rmtree, self.root, True)
+
+
+class TestSingleProcess(_Dir):
+    def load(self, seed_shape_of: int = 0, **kwargs) -> dict:
+        target = whole({k: np.zeros_like(v) for k, v in arrays(seed_shape_of).items()})
+        load_sharded_checkpoint(target, self.root, **kwargs)
+        return numpy_of(target)
+
+    def assert_values(self, got: dict, seed: int, what: str) -> None:
+        for key, value in arrays(seed).items():
+            self.assertTrue(np.array_equal(got[key], value), f"{what}: {key} differs")
+
+    def test_round_trip_ids_and_the_newest_complete(self):
+        first = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        second = save_sharded_checkpoint(whole(arrays(2)), self.root)
+        self.assertEqual([os.path.basename(first), os.path.basename(second)],
+                         ["checkpoint_0", "checkpoint_1"])
+        self.assertEqual(sorted(os.listdir(self.root)), ["checkpoint_0", "checkpoint_1"],
+                         "no temporary directory may remain after a commit")
+        self.assertFalse(os.path.exists(os.path.join(second, ".status")))
+        marker = commit.read_marker(second)
+        self.assertEqual(sorted(marker["files"]), ["0_1.distcp", "1.metadata"])
+        self.assertEqual(marker["tensors"]["w"], {"global_shape": [ROWS, COLS],
+                                                  "dtype": "float32"})
+        for name, entry in marker["files"].items():
+            self.assertEqual(commit.file_digest(os.path.join(second, name)),
+                             (entry["size"], entry["sha256"]), name)
+        self.assert_values(self.load(), 2, "newest")
+        self.assert_values(self.load(unique_id=0), 1, "unique_id=0")
+        target = whole({k: np.zeros_like(v) for k, v in arrays(0).items()})
+        self.assertEqual(load_sharded_checkpoint(target, first), first)  # the dir itself
+        self.assert_values(numpy_of(target), 1, "checkpoint directory")
+        self.assertEqual(latest_complete_checkpoint(self.root), second)
+
+    def test_explicit_id_is_never_overwritten(self):
+        save_sharded_checkpoint(whole(arrays(1)), self.root, unique_id=5)
+        before = commit.file_digest(os.path.join(self.root, "checkpoint_5", "0_5.distcp"))
+        with self.assertRaisesRegex(FileExistsError, r"checkpoint_5 exists; a save never "
+                                    r"overwrites .*None takes the next, 6"):
+            save_sharded_checkpoint(whole(arrays(2)), self.root, unique_id=5)
+        self.assertEqual(commit.file_digest(os.path.join(self.root, "checkpoint_5",
+                                                         "0_5.distcp")), before)
+        self.assertEqual(os.path.basename(save_sharded_checkpoint(whole(arrays(3)), self.root)),
+                         "checkpoint_6")
+
+    def test_keep_last(self):
+        for seed in range(4):
+            save_sharded_checkpoint(whole(arrays(seed)), self.root, keep_last=2)
+        os.makedirs(os.path.join(self.root, "checkpoint_0"))  # incomplete: not counted
+        self.assertEqual(sorted(os.listdir(self.root)),
+                         ["checkpoint_0", "checkpoint_2", "checkpoint_3"])
+        for bad in (0, -1, 1.5, "2"):
+            with self.assertRaisesRegex(ValueError, "keep_last"):
+                save_sharded_checkpoint(whole(arrays(0)), self.root, keep_last=bad)
+        with self.assertRaisesRegex(ValueError, "timeout_s"):
+            save_sharded_checkpoint(whole(arrays(0)), self.root, timeout_s=0)
+
+    def test_latest_complete_skips_and_says_why(self):
+        self.assertIsNone(latest_complete_checkpoint(os.path.join(self.root, "none")))
+        good = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        truncated = save_sharded_checkpoint(whole(arrays(2)), self.root)
+        with open(os.path.join(truncated, "0_1.distcp"), "r+b") as f:
+            f.truncate(10)
+        missing = save_sharded_checkpoint(whole(arrays(3)), self.root)
+        os.remove(os.path.join(missing, "2.metadata"))
+        os.makedirs(os.path.join(self.root, "checkpoint_3"))  # no marker
+        os.makedirs(os.path.join(self.root, commit.tmp_name(4, "abc")))
+        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+            self.assertEqual(latest_complete_checkpoint(self.root), good)
+        text = "\n".join(logs.output)
+        self.assertIn(".checkpoint_4.tmp-abc: a save that never committed", text)
+        self.assertIn("checkpoint_3/checkpoint.complete.json: no completion marker", text)
+        self.assertIn("2.metadata: missing", text)
+        self.assertIn("0_1.distcp: 10 bytes, the marker says", text)
+        self.assert_values(self.load(), 1, "newest complete")
+        with self.assertRaisesRegex(CheckpointCorruptError, r"0_1.distcp \(written by rank 0\)"
+                                    r": 10 bytes"):
+            self.load(unique_id=1)
+        with self.assertRaisesRegex(CheckpointCorruptError, r"2.metadata: missing"):
+            self.load(unique_id=2)
+        with self.assertRaisesRegex(FileNotFoundError, r"checkpoint_9 does not exist .*"
+                                    r"\[0, 1, 2, 3\]"):
+            self.load(unique_id=9)
+        shutil.rmtree(good)
+        with self.assertRaisesRegex(FileNotFoundError, "no complete checkpoint under"):
+            self.load()
+
+    def test_marker_problems_name_the_marker(self):
+        directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        marker = os.path.join(directory, commit.MARKER)
+        with open(marker) as f:
+            good = json.load(f)
+        cases = [
+            (b"\xff\xfe not json", "completion marker unreadable"),
+            (json.dumps({"format": "other"}).encode(), "not a completion marker"),
+            (json.dumps({k: v for k, v in good.items() if k != "files"}).encode(),
+             "completion marker lacks 'files'"),
+        ]
+        for raw, expected in cases:
+            with open(marker, "wb") as f:
+                f.write(raw)
+            with self.assertRaises(CheckpointCorruptError) as info:
+                self.load(unique_id=0)
+            self.assertIn(f"{marker}: {expected}", str(info.exception))
+
+    def test_other_model_is_refused_before_reading(self):
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        other = whole({"w": np.zeros((2, 2), "float32")})
+        with mock.patch.object(ckpt, "_read_shards") as read:
+            with self.assertRaises(CheckpointMismatchError) as info:
+                load_sharded_checkpoint(other, self.root)
+        read.assert_not_called()
+        self.assertIn("w: checkpoint global shape [4, 6], here [2, 2]", str(info.exception))
+        self.assertIn("in the checkpoint but loaded by no rank: b", str(info.exception))
+
+    def test_unreadable_plain_flex_checkpoint_names_its_metadata(self):
+        paddle.distributed.save_state_dict(whole(arrays(1)), self.root)
+        with open(os.path.join(self.root, "0.metadata"), "wb") as f:
+            f.write(b"garbage")
+        with self.assertRaisesRegex(CheckpointCorruptError, r"0\.metadata: unreadable"):
+            self.load()
+
+    def test_values_that_cannot_be_saved_are_refused_before_writing(self):
+        for bad, expected in (({"w": np.zeros(3)}, r"state_dict\['w'\] is a ndarray"),
+                              ([1], "state_dict must be a dict")):
+            with self.assertRaisesRegex(CheckpointSaveError, expected):
+                save_sharded_checkpoint(bad, self.root)
+        nested = {"model": whole(arrays(1))}
+        directory = save_sharded_checkpoint(nested, self.root)
+        self.assertIn("model.w", commit.read_marker(directory)["tensors"])
+        self.assertEqual(os.listdir(self.root), ["checkpoint_0"])
+
+    def test_concurrent_saves_of_one_id_never_corrupt(self):
+        # both write at once into their own temporary directories; one rename wins
+        both_writing = threading.Barrier(2)
+        real = ckpt._write_shards
+
+        def write_together(*args, **kwargs):
+            both_writing.wait(timeout=30)
+            real(*args, **kwargs)
+
+        outcomes = {}
+
+        def run(seed: int) -> None:
+            try:
+                save_sharded_checkpoint(whole(arrays(seed)), self.root, unique_id=3)
+                outcomes[seed] = "saved"
+            except (CheckpointSaveError, FileExistsError) as exc:
+                outcomes[seed] = str(exc)
+
+        with mock.patch.object(ckpt, "_write_shards", write_together):
+            threads = [threading.Thread(target=run, args=(s,)) for s in (1, 2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        winners = [s for s, o in outcomes.items() if o == "saved"]
+        self.assertEqual(len(winners), 1, f"exactly one save may commit: {outcomes}")
+        loser = outcomes[3 - winners[0]]
+        self.assertRegex(loser, r"could not commit: .*checkpoint_3 appeared meanwhile")
+        self.assertEqual(os.listdir(self.root), ["checkpoint_3"])
+        self.assert_values(self.load(unique_id=3), winners[0], "the committed save")
+
+
+class _Killed(BaseException):
+    """A rank's thread ends here, like a process killed mid-save."""
+
+
+class ThreadRanks:
+    """``n`` ranks as threads: fake rank lookup, gather and shard writer."""
+
+    def __init__(self, n: int, root: str) -> None:
+        self.n, self.root = n, root
+        self.local = threading.local()
+        self.barrier = threading.Barrier(n)
+        self.slots: list = [None] * n
+        self.faults: dict[int, object] = {}
+
+    def ranks(self, process_group):
+        return self.local.rank, list(range(self.n))
+
+    def gather(self, obj, process_group, ranks):
+        self.slots[self.local.rank] = obj
+        self.barrier.wait(timeout=30)
+        out = list(self.slots)
+        self.barrier.wait(timeout=30)
+        return out
+
+    def write(self, state_dict, directory, process_group, uid):
+        rank = self.local.rank
+        fault = self.faults.get(rank)
+        if isinstance(fault, BaseException):
+            raise fault
+        paddle.save({k: v.local_tensor for k, v in state_dict.items()},
+                    os.path.join(directory, f"{rank}_{uid}.distcp"))
+        if rank == 0:
+            state_meta, storage = {}, {}
+            for key, sw in state_dict.items():
+                state_meta[key] = [LocalTensorMetadata(sw.global_offset, sw.local_shape,
+                                                       "float32", sw.global_shape)]
+                for r in range(self.n):
+                    storage[LocalTensorIndex(key, (r,))] = f"{r}_{uid}.distcp"
+            paddle.save(Metadata(state_meta, storage, {}),
+                        os.path.join(directory, f"{uid}.metadata"))
+
+    def run(self, body) -> dict:
+        results: dict[int, object] = {}
+
+        def main(rank: int) -> None:
+            self.local.rank = rank
+            try:
+                results[rank] = body(rank)
+            except _Killed:
+                results[rank] = "killed"
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                results[rank] = exc
+
+        with mock.patch.object(ckpt, "_ranks", self.ranks), \
+                mock.patch.object(ckpt, "_gather", self.gather), \
+                mock.patch.object(ckpt, "_write_shards", self.write), \
+                mock.patch.object(ckpt, "_read_shards", lambda *a, **k: None), \
+                mock.patch.object(commit, "HEARTBEAT_S", 0.05), \
+                mock.patch.object(commit, "ACK_WAIT_S", 1.0):
+            threads = [threading.Thread(target=main, args=(r,)) for r in range(self.n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        return results
+
+
+class TestRanksAsThreads(_Dir):
+    TIMEOUT_S = 1.0
+
+    def save(self, world: int, faults: dict | None = None, **kwargs) -> dict:
+        ranks = ThreadRanks(world, self.root)
+        ranks.faults = faults or {}
+        kwargs.setdefault("timeout_s", self.TIMEOUT_S)
+        return ranks.run(lambda rank: save_sharded_checkpoint(
+            whole(arrays(rank)), self.root, **kwargs))
+
+    def assert_one_failure(self, results: dict, ranks, *expected: str) -> str:
+        messages = set()
+        for rank in ranks:
+            error = results[rank]
+            self.assertIsInstance(error, CheckpointSaveError, f"rank {rank}: {error!r}")
+            for text in expected:
+                self.assertIn(text, str(error), f"rank {rank}")
+            messages.add(str(error))
+        self.assertEqual(len(messages), 1, f"ranks report different failures: {messages}")
+        self.assertFalse([n for n in os.listdir(self.root) if not n.startswith(".")],
+                         "a failed save committed something")
+        return messages.pop()
+
+    def test_every_rank_commits_the_same_checkpoint(self):
+        results = self.save(3)
+        final = os.path.join(self.root, "checkpoint_0")
+        self.assertEqual(results, {0: final, 1: final, 2: final})
+        marker = commit.read_marker(final)
+        self.assertEqual(sorted(marker["files"]),
+                         ["0.metadata", "0_0.distcp", "1_0.distcp", "2_0.distcp"])
+        self.assertEqual(marker["files"]["2_0.distcp"]["rank"], 2)
+        self.assertEqual(os.listdir(self.root), ["checkpoint_0"])
+        # verified load, checksums spread over the ranks: a flip only rank 1
+        # checks is reported by every rank
+        ranks = ThreadRanks(3, self.root)
+        self.assertEqual(ranks.run(lambda r: load_sharded_checkpoint(
+            whole(arrays(0)), self.root)), {0: final, 1: final, 2: final})
+        victim = os.path.join(final, "0_0.distcp")  # sorted index 1 -> rank 1 hashes it
+        with open(victim, "r+b") as f:
+            f.seek(40)
+            byte = f.read(1)
+            f.seek(40)
+            f.write(bytes([byte[0] ^ 1]))
+        results = ThreadRanks(3, self.root).run(lambda r: load_sharded_checkpoint(
+            whole(arrays(0)), self.root))
+        for rank in range(3):
+            self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")
+            self.assertIn(f"rank 1: {victim} (written by rank 0): SHA-256 differs",
+                          str(results[rank]))
+
+    def test_a_failing_rank_fails_every_rank(self):
+        full = OSError(errno.ENOSPC, "No space left on device", "/x/2_0.distcp")
+        results = self.save(3, {2: full})
+        self.assert_one_failure(results, range(3), "rank 2 could not write 2_0.distcp",
+                                "No space left on device")
+        (left,) = os.listdir(self.root)
+        self.assertEqual(os.listdir(os.path.join(self.root, left)), [".status"],
+                         "a failed save must free its shards at once")
+        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+            self.assertIsNone(latest_complete_checkpoint(self.root))
+        self.assertIn(f"{left}: a save that never committed (failed)", "\n".join(logs.output))
+        self.save(3)
+        self.assertEqual(os.listdir(self.root), ["checkpoint_0"],
+                         "the next commit sweeps what the failed save left")
+
+    def test_a_dead_rank_is_noticed_within_the_timeout(self):
+        t0 = time.monotonic()
+        results = self.save(3, {1: _Killed()})
+        self.assertEqual(results[1], "killed")
+        self.assert_one_failure(results, (0, 2), "rank 1 stopped responding while writing "
+                                "1_0.distcp (no heartbeat for 1 s")
+        self.assertLess(time.monotonic() - t0, 30, "hang guard")
+
+    def test_a_dead_coordinator_is_noticed_by_the_others(self):
+        results = self.save(3, {0: _Killed()})
+        self.assertEqual(results[0], "killed")
+        self.assert_one_failure(results, (1, 2), "the coordinator, rank 0, stopped "
+                                "responding before committing")
+
+    def test_a_rank_that_cannot_prepare_still_takes_part(self):
+        real_start = commit.SaveHandshake.start
+
+        def start(self):
+            if self.rank == 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_start(self)
+
+        with mock.patch.object(commit.SaveHandshake, "start", start):
+            results = self.save(2)
+        self.assert_one_failure(results, (0, 1), "rank 1 stopped responding")
+
+    def test_a_coordinator_that_cannot_prepare(self):
+        real_start = commit.SaveHandshake.start
+
+        def start(self):
+            if self.rank == 0:
+                raise OSError(errno.EACCES, "Permission denied")
+            real_start(self)
+
+        with mock.patch.object(commit.SaveHandshake, "start", start):
+            results = self.save(2)
+        self.assertIn("rank 0 (coordinator) could not prepare", str(results[0]))
+        self.assertIn("the coordinator, rank 0, stopped responding", str(results[1]))
+
+    def test_a_lost_commit_race_fails_every_rank(self):
+        real_rename = os.rename
+
+        def someone_else_first(src, dst):
+            os.makedirs(os.path.join(dst, "x"))
+            real_rename(src, dst)
+
+        with mock.patch.object(ckpt.os, "rename", someone_else_first):
+            results = self.save(2)
+        for rank in (0, 1):
+            self.assertIsInstance(results[rank], CheckpointSaveError)
+            self.assertIn("rank 0 (coordinator) could not commit", str(results[rank]))
+        self.assertEqual(os.listdir(os.path.join(self.root, "checkpoint_0")), ["x"])
+
+    def test_metadata_naming_a_file_nobody_wrote_is_not_committed(self):
+        real_load = paddle.load
+
+        def with_ghost(path, *args, **kwargs):
+            meta = real_load(path, *args, **kwargs)
+            if path.endswith(".metadata"):
+                meta.storage_metadata[LocalTensorIndex("ghost", (0,))] = "9_0.distcp"
+            return meta
+
+        with mock.patch.object(ckpt.paddle, "load", with_ghost):
+            results = self.save(2)
+        self.assert_one_failure(results, (0, 1), "data files no rank reported: ['9_0.distcp']")
+
+    def test_a_rank_refusing_before_the_collectives_stops_every_rank(self):
+        ranks = ThreadRanks(2, self.root)
+
+        def body(rank):
+            state = whole(arrays(rank))
+            if rank == 1:
+                state["bad"] = 3
+            return save_sharded_checkpoint(state, self.root)
+
+        results = ranks.run(body)
+        for rank in (0, 1):
+            self.assertIsInstance(results[rank], CheckpointSaveError, f"rank {rank}")
+            self.assertIn("rank 1: TypeError: state_dict['bad'] is a int", str(results[rank]))
+        self.assertEqual(os.listdir(self.root), [])
+
+    def test_ranks_that_resolve_different_checkpoints_refuse(self):
+        save_sharded_checkpoint(whole(arrays(0)), self.root)
+        other = os.path.join(self.root, "elsewhere")
+        shutil.copytree(os.path.join(self.root, "checkpoint_0"), other)
+        ranks = ThreadRanks(2, self.root)
+        results = ranks.run(lambda r: load_sharded_checkpoint(
+            whole(arrays(0)), other if r else self.root))
+        for rank in (0, 1):
+            self.assertIsInstance(results[rank], CheckpointCorruptError)
+            self.assertIn("the ranks resolved different checkpoints", str(results[rank]))
+
+    def test_wait_for_acks_gives_up(self):
+        hs = commit.SaveHandshake(os.path.join(self.root, "t"), 0, [0, 1], 0.2)
+        os.makedirs(hs.status_dir)
+        t0 = time.monotonic()
+        hs.wait_acks([1])
+        self.assertLess(time.monotonic() - t0, 5, "hang guard")
+        open(os.path.join(hs.status_dir, "ack_1"), "wb").close()
+        hs.wait_acks([1])
+        hs.stop()  # never started: nothing to join
+
+
+if __name__ == "__main__":
+    unittest.main()
