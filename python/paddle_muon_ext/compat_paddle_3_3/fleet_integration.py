@@ -38,6 +38,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
 from paddle.distributed.fleet.utils.hybrid_parallel_util import (
     fused_allreduce_gradients,
 )
+from paddle.distributed.fleet.utils.log_util import logger
 from paddle.framework import in_dynamic_mode
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
@@ -117,6 +118,33 @@ class MuonHybridParallelOptimizer(_hpo.HybridParallelOptimizer):
             fused_allreduce_gradients(dp_parameter_list, self._hcg)
 
 
+def _is_muon(optimizer: Any) -> bool:
+    # MixPrecisionOptimizer (and other wrappers) keep the user's optimizer in _inner_opt
+    while optimizer is not None:
+        if hasattr(optimizer, "_muon_param_info_map"):
+            return True
+        optimizer = getattr(optimizer, "_inner_opt", None)
+    return False
+
+
+def _warn_if_paddle_shards_muon(optimizer: Any, strategy: Any) -> None:
+    """Muon under Paddle's DygraphShardingOptimizer is legal but rarely meant."""
+    if not _is_muon(optimizer):
+        return
+    try:
+        degree = int(strategy.hybrid_configs["sharding_degree"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return
+    if degree > 1 and fleet.fleet.worker_num() > 1:
+        logger.warning(
+            "fleet.distributed_optimizer: a Muon optimizer with sharding_degree=%d "
+            "but strategy.use_muon_sharding is off, so Paddle's "
+            "DygraphShardingOptimizer shards it, not MuonShardingOptimizer. Set "
+            "strategy.use_muon_sharding = True (after paddle_muon_ext.patch_paddle()) "
+            "for Muon sharding.", degree,
+        )
+
+
 def distributed_optimizer(optimizer, strategy=None):
     """``fleet.distributed_optimizer`` that honours ``use_muon_sharding``.
 
@@ -152,8 +180,10 @@ def dygraph_distributed_optimizer(optimizer, strategy=None):
     """
     fleet_env = fleet.fleet
     effective = strategy if strategy is not None else fleet_env._user_defined_strategy
-    if not get_muon_sharding_options(effective).use_muon_sharding \
-            or fleet_env.worker_num() <= 1:
+    if not get_muon_sharding_options(effective).use_muon_sharding:
+        _warn_if_paddle_shards_muon(optimizer, effective)
+        return PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER(optimizer, strategy)
+    if fleet_env.worker_num() <= 1:
         return PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER(optimizer, strategy)
     if strategy is not None:
         # as Paddle's function: the given strategy becomes fleet's

@@ -187,7 +187,8 @@ class TestCpuTensorFusion(unittest.TestCase):
         register_cpu_tensor_fusion()  # the suites run on CPU
 
 
-def _fleet_body(use_amp: bool, develop_style: bool = False, distributed_optimizer=None):
+def _fleet_body(use_amp: bool, develop_style: bool = False, distributed_optimizer=None,
+                pass_strategy: bool = False):
     def body(cfg: SimConfig, strategy):
         hcg = fleet.get_hybrid_communicate_group()
         coord = hcg.get_expert_parallel_rank()
@@ -205,8 +206,9 @@ def _fleet_body(use_amp: bool, develop_style: bool = False, distributed_optimize
             opt = fleet.distributed_optimizer(muon)
             assert isinstance(opt._inner_opt, Develop)
         else:
-            opt = (distributed_optimizer or fi.distributed_optimizer)(
-                make_muon(list(net.parameters())))
+            muon = make_muon(list(net.parameters()))
+            dist_opt = distributed_optimizer or fi.distributed_optimizer
+            opt = dist_opt(muon, strategy) if pass_strategy else dist_opt(muon)
         assert isinstance(opt, hpo.HybridParallelOptimizer)
         assert isinstance(opt._inner_opt, MuonShardingOptimizer)
         scaler = None
@@ -270,6 +272,49 @@ class TestFleetIntegration(unittest.TestCase):
                 self.assertIs(fleet.distributed_optimizer(optimizer), sentinel)
                 self.assertIs(early_bound(optimizer), sentinel)
         self.assertEqual(calls, [optimizer] * 3)
+
+    def test_strategy_given_to_distributed_optimizer_is_used(self):
+        self._train(_fleet_body(use_amp=False, pass_strategy=True))
+
+    def test_one_process_muon_is_returned_as_is(self):
+        muon = make_muon(list(paddle.nn.Linear(4, 4).parameters()))
+        strategy = fleet.DistributedStrategy()
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        with _replaced(fleet.fleet, "worker_num", lambda: 1), \
+                _replaced(fleet.fleet, "_user_defined_strategy", strategy):
+            self.assertIs(fi.distributed_optimizer(muon), muon,
+                          "one process: develop returns the optimizer itself")
+
+    def test_muon_under_paddles_sharding_is_warned_about(self):
+        net = paddle.nn.Linear(4, 4)
+        muon = make_muon(list(net.parameters()))
+        adamw = paddle.optimizer.AdamW(parameters=net.parameters())
+
+        def strategy(sharding_degree):
+            s = fleet.DistributedStrategy()
+            s.hybrid_configs = {"sharding_degree": sharding_degree}
+            return s
+
+        cases = [
+            # (optimizer, strategy, workers, warned)
+            (muon, strategy(2), 2, True),
+            (types.SimpleNamespace(_inner_opt=muon), strategy(2), 2, True),  # AMP wrapper
+            (adamw, strategy(2), 2, False),
+            (muon, strategy(1), 2, False),       # no sharding
+            (muon, strategy(2), 1, False),       # one process: Paddle returns Muon itself
+            (muon, object(), 2, False),          # a strategy without hybrid_configs
+        ]
+        for number, (optimizer, given, workers, warned) in enumerate(cases):
+            with self.subTest(case=number), \
+                    _replaced(fi, "PADDLE_DYGRAPH_DISTRIBUTED_OPTIMIZER",
+                              lambda opt, strategy=None: opt), \
+                    _replaced(fleet.fleet, "worker_num", lambda: workers), \
+                    _replaced(fleet.fleet, "_user_defined_strategy", given), \
+                    _captured(fi.logger) as records:
+                self.assertIs(fi.distributed_optimizer(optimizer), optimizer)
+                messages = [r.getMessage() for r in records]
+                self.assertEqual(any("use_muon_sharding is off" in m for m in messages),
+                                 warned, messages)
 
     def test_static_graph_goes_to_fleets_method(self):
         sentinel = object()
