@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from .comm_record import CommRecord, format_ranks
 from .fake_comm import _DEFAULT, DeadlockError, FakeComm, RankAborted
@@ -119,13 +119,17 @@ class SimulatedWorld:
         self.traces: list[list[CommRecord]] = []
         self.wall_time = 0.0
         self.unwaited: dict[int, int] = {}
+        self._ranks: Sequence[int] = range(world_size)
 
-    def run(self, fn: Callable[[int], T]) -> list[T]:
+    def run(self, fn: Callable[[int], T], ranks: Optional[Sequence[int]] = None) -> list[T]:
         """Run ``fn(rank)`` on every rank.
 
         Args:
             fn: per-rank body; runs with the fake layer active and the rank
                 bound to its thread (its hcg, if any, already built).
+            ranks: "record" mode only: run just these ranks, in this order
+                (the others' results are None and their traces empty), e.g.
+                one rank per class of a large world.
 
         Returns:
             ``fn``'s return values indexed by rank.
@@ -134,6 +138,10 @@ class SimulatedWorld:
             RankFailedError: a rank raised (other ranks were aborted).
             DeadlockError: ranks waited on collectives that cannot complete.
         """
+        if ranks is not None and self.mode != "record":
+            raise ValueError("run(ranks=...) needs mode='record': in data mode every rank "
+                             "of a collective must run")
+        self._ranks = range(self.world_size) if ranks is None else list(ranks)
         comm = FakeComm(
             self.world_size, self.mode, hcg_factory=self.hcg_factory,
             phase_provider=self.phase_provider, poison_value=self.poison_value,
@@ -188,7 +196,7 @@ class SimulatedWorld:
             comm.finish(rank)
 
     def _run_sequential(self, comm: FakeComm, fn: Callable[[int], Any], results: list[Any]) -> None:
-        for rank in range(self.world_size):
+        for rank in self._ranks:
             self._rank_body(comm, fn, rank, results)
             if comm.failures:
                 return

@@ -67,7 +67,7 @@ class Limits:
     """
 
     plan_world: int = 16384
-    verify_world: int = 256
+    verify_world: int = 4096
     verify_data_world: int = 64
     gpus_per_node: int = 1024
     verify_steps: int = 10

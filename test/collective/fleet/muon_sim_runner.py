@@ -26,7 +26,7 @@ import dataclasses
 import os
 import re
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -207,8 +207,9 @@ def train_steps(cfg: SimConfig, hcg, net, opt, first_step: int = 0,
 
 def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
               deadlock_timeout: float = 30.0, reraise_original: bool = False,
-              ) -> tuple[list, SimulatedWorld]:
-    """Run ``body(cfg, strategy)`` (default: build + train) on every rank.
+              ranks: Sequence[int] | None = None) -> tuple[list, SimulatedWorld]:
+    """Run ``body(cfg, strategy)`` (default: build + train) on every rank
+    (``ranks``: only these, record mode only).
 
     Returns:
         (per-rank results, the world with its traces).
@@ -232,7 +233,7 @@ def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
     )
     with local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
         try:
-            results = world.run(lambda rank: fn(cfg, strategy))
+            results = world.run(lambda rank: fn(cfg, strategy), ranks=ranks)
         except Exception as error:
             error.world = world  # traces for whoever debugs the failure
             raise
