@@ -79,6 +79,13 @@ class _Dir(unittest.TestCase):
     def setUp(self) -> None:
         self.root = tempfile.mkdtemp(prefix="muon_ckpt_atomic_")
         self.addCleanup(shutil.rmtree, self.root, True)
+        # one process, world size 1, whatever an earlier suite cached
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_TRAINER")}
+        for patcher in (mock.patch.dict(os.environ, env, clear=True),
+                        mock.patch.object(paddle.distributed.parallel,
+                                          "_global_parallel_env", None)):
+            patcher.start()
+            self.addCleanup(patcher.stop)
 
 
 class TestSingleProcess(_Dir):

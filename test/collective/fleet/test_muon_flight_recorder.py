@@ -72,9 +72,13 @@ class TestRecorder(unittest.TestCase):
     def setUp(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="muon_flight_")
         env = {fr.ENV_DIR: self.dir, "PADDLE_TRAINER_ID": "5", "PADDLE_TRAINERS_NUM": "8"}
-        patcher = mock.patch.dict(os.environ, env)
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        # Paddle caches its parallel env (world size 8 here) at first use:
+        # leave no cache behind for the suites after this one
+        for patcher in (mock.patch.dict(os.environ, env),
+                        mock.patch.object(paddle.distributed.parallel,
+                                          "_global_parallel_env", None)):
+            patcher.start()
+            self.addCleanup(patcher.stop)
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.rec = fr.FlightRecorder(capacity=4)
         self.rec._armed = True  # no watchdog thread / signal handler in unit tests
