@@ -15,6 +15,7 @@
 (constructor, numbers, names), checked with an independent float64 NumPy
 reference written from the specification, not from the implementation."""
 
+import functools
 import inspect
 import logging
 import math
@@ -29,11 +30,13 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 from paddle.distributed.fleet.utils.log_util import logger
 from paddle.utils import unique_name
 
+from paddle_muon_ext.optimizer import muon as muon_module
 from paddle_muon_ext.optimizer.muon import (
     Muon,
     MuonParamInfo,
     NS_COEFFS_PRESETS,
     _default_should_use_muon,
+    _to_hashable,
     muon_update_scale,
     newton_schulz,
 )
@@ -64,6 +67,9 @@ DEVELOP_SIGNATURE = [
     ("muon_exclude_patterns", None), ("muon_extra_scale_factor", 0.2),
     ("muon_param_info_map", None), ("ns_matmul_dtype", None),
     ("multi_precision", False), ("name", None),
+    ("muon_max_group_bytes", 2 * 1024**3), ("use_symmetric_gemm", False),
+    ("symmetric_gemm_min_short_edge", 1024), ("symmetric_gemm_min_step_flops", 2e11),
+    ("muon_epsilon", None),
 ]
 LR = 0.1
 
@@ -235,7 +241,7 @@ class _Case(unittest.TestCase):
             params = [make_param(n, v) for n, v in zip(names, values)]
             if prepare is not None:
                 prepare(params)
-            opt = Muon(LR, params, **opt_kwargs)
+            opt = Muon(LR, params, **{"muon_exclude_patterns": [], **opt_kwargs})
             train(opt, params, consts, steps)
         ref = ref_train(RefMuon(**ref_kwargs), names, values, consts, use_muon, steps)
         errs = [max_rel(to_np(p), r) for p, r in zip(params, ref)]
@@ -395,16 +401,18 @@ class TestMuonMatchesReference(_Case):
         opt, _ = self.run_case("exclude patterns", [(30, 16), (16, 30), (16, 16), (16,)],
                                dict(muon_exclude_patterns=["embedding", "lm_HEAD"]), {},
                                [False, False, True, False], names=names)
-        self.assertEqual({k: v.use_muon for k, v in opt._muon_param_info_map.items()},
+        self.assertEqual({p.name: opt._should_use_muon(p) for p in opt._parameter_list},
                          {"Embedding_table": False, "LM_Head.w": False,
                           "proj.w": True, "proj.b": False})
+        self.assertEqual(opt._muon_param_info_map, {}, "develop keeps the map as given")
 
     def test_param_info_map_overrides_rule_and_fills_missing(self):
         info = {"w_adam": MuonParamInfo(use_muon=False), "emb_muon": MuonParamInfo(use_muon=True)}
         opt, _ = self.run_case("muon_param_info_map", [(16, 24), (24, 16), (16, 16)],
                                dict(muon_exclude_patterns=["emb"], muon_param_info_map=info),
                                {}, [False, True, True], names=["w_adam", "emb_muon", "w"])
-        self.assertTrue(opt._muon_param_info_map["w"].use_muon)
+        self.assertEqual(set(opt._muon_param_info_map), {"w_adam", "emb_muon"})
+        self.assertTrue(opt._should_use_muon(opt._parameter_list[2]))
 
     def test_lr_scheduler_and_per_param_lr(self):
         shapes = [(16, 24), (24,)]
@@ -414,13 +422,14 @@ class TestMuonMatchesReference(_Case):
             params = [make_param("w", values[0]), make_param("b", values[1])]
             params[0].optimize_attr["learning_rate"] = 0.5
             sched = paddle.optimizer.lr.StepDecay(learning_rate=0.2, step_size=1, gamma=0.5)
-            opt = Muon(sched, params)
+            opt = Muon(sched, params, muon_exclude_patterns=[])
             train(opt, params, consts, 3, sched=sched)
         self.assertAlmostEqual(opt.get_lr(), 0.2 * 0.5**3)
         ref = RefMuon()
         w, b = (np.asarray(v, np.float64) for v in values)
+        # develop never applies ParamAttr(learning_rate=...) (no _create_param_lr)
         for lr in (0.2, 0.1, 0.05):
-            w, b = (ref.step("w", w, consts[0] + w, True, lr=lr * 0.5),
+            w, b = (ref.step("w", w, consts[0] + w, True, lr=lr),
                     ref.step("b", b, consts[1] + b, False, lr=lr))
         self.assertLessEqual(max_rel(params[0].numpy(), w), RTOL)
         self.assertLessEqual(max_rel(params[1].numpy(), b), RTOL)
@@ -456,7 +465,7 @@ class TestMuonMatchesReference(_Case):
         consts = rng_arrays(18, *shapes)
         with unique_name.guard():
             params = [make_param(n, v, "bfloat16") for n, v in zip(names, values)]
-            opt = Muon(LR, params, multi_precision=True)
+            opt = Muon(LR, params, multi_precision=True, muon_exclude_patterns=[])
             train(opt, params, consts, 3)
         self.assertEqual(set(opt._master_weights), set(names))
         # The reference trains the fp32 master and is fed the gradient the
@@ -511,14 +520,21 @@ class TestConstructor(unittest.TestCase):
         self.assertEqual((Muon._moment_acc_str, Muon._moment2_acc_str, Muon._beta1_pow_acc_str,
                           Muon._beta2_pow_acc_str),
                          ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc"))
-        params = list(inspect.signature(Muon._muon_update).parameters)
-        self.assertEqual(params, ["self", "param", "grad", "lr", "momentum_buffer",
-                                  "momentum_beta", "ns_steps", "nesterov", "epsilon",
-                                  "weight_decay", "version"])
-        self.assertEqual(list(inspect.signature(Muon._zeropower_via_newtonschulz5).parameters),
-                         ["X", "steps", "eps", "ns_coeffs", "ns_matmul_dtype"])
-        self.assertEqual(list(inspect.signature(Muon._scaling_fn).parameters),
-                         ["update", "version", "extra_scale_factor"])
+        params = list(inspect.signature(Muon._muon_update_group).parameters)
+        self.assertEqual(params, ["self", "group_params_grads", "lr", "momentum_beta",
+                                  "ns_steps", "nesterov", "epsilon", "weight_decay",
+                                  "version"])
+        ns = inspect.signature(Muon._zeropower_via_newtonschulz5).parameters
+        self.assertEqual([(n, p.default) for n, p in ns.items()][:6],
+                         [("X", inspect.Parameter.empty), ("steps", 5), ("eps", 1e-9),
+                          ("ns_coeffs", None), ("ns_matmul_dtype", paddle.bfloat16),
+                          ("use_symmetric_gemm", False)])
+        self.assertEqual(list(ns)[6:], ["symmetric_gemm_min_short_edge",
+                                        "symmetric_gemm_min_step_flops"])
+        sc = inspect.signature(Muon._scaling_fn).parameters
+        self.assertEqual([(n, p.default) for n, p in sc.items()],
+                         [("orthogonal_update", inspect.Parameter.empty),
+                          ("version", inspect.Parameter.empty), ("extra_scale_factor", 1.0)])
 
     def test_errors(self):
         p = _params()
@@ -527,15 +543,15 @@ class TestConstructor(unittest.TestCase):
             (dict(parameters=tuple(p)), TypeError, "as a list"),
             (dict(parameters=[{"params": p}]), TypeError, "parameter groups"),
             (dict(grad_clip=1.0), TypeError, "GradientClipBase"),
-            (dict(ns_coeff_type="cubic"), ValueError, "valid types"),
-            (dict(ns_coeff_type="custom"), ValueError, "non-empty ns_coeffs"),
-            (dict(ns_coeff_type="custom", ns_coeffs=[(1.0, 2.0)]), ValueError, "(a, b, c)"),
+            # develop's plain asserts: AssertionError
+            (dict(ns_coeff_type="cubic"), AssertionError, "valid types"),
+            (dict(ns_coeff_type="custom"), AssertionError, "needs ns_coeffs"),
             (dict(ns_matmul_dtype="int8"), ValueError, "ns_matmul_dtype"),
             (dict(ns_matmul_dtype=paddle.int8), ValueError, "ns_matmul_dtype"),
             (dict(momentum=1.0), ValueError, "momentum"),
             (dict(adam_epsilon=-1.0), ValueError, "adam_epsilon"),
             (dict(weight_decay="0.1"), TypeError, "weight_decay"),
-            (dict(ns_steps=0), ValueError, "ns_steps"),
+            (dict(ns_steps=-1), ValueError, "ns_steps"),
             (dict(lr_ratio=0.5), TypeError, "lr_ratio"),
             (dict(muon_param_info_map={"bad.w": True}), TypeError, "MuonParamInfo"),
         ]
@@ -561,9 +577,9 @@ class TestConstructor(unittest.TestCase):
         self.assertEqual(opt._ns_matmul_dtype, expected)
         self.assertEqual(Muon(parameters=_params(), ns_matmul_dtype="float32")._ns_matmul_dtype,
                          paddle.float32)
-        if not paddle.is_compiled_with_cuda():
-            with self.assertRaisesRegex(ValueError, "no fp16/bf16 matmul kernel"):
-                Muon(parameters=_params(), ns_matmul_dtype=paddle.bfloat16)
+        # stored as given, like develop (a CPU build fails in the matmul)
+        self.assertEqual(Muon(parameters=_params(), ns_matmul_dtype=paddle.bfloat16)
+                         ._ns_matmul_dtype, paddle.bfloat16)
         self.assertEqual(Muon(1, _params()).get_lr(), 1.0)
 
 
@@ -589,7 +605,7 @@ class TestStateDict(unittest.TestCase):
         values = [bf16_round(v) for v in rng_arrays(19, *shapes, scale=0.5)]
         consts = rng_arrays(20, *shapes)
         params = [make_param(n, v, dtype) for n, v in zip(["w", "b"], values)]
-        opt = Muon(LR, params, multi_precision=dtype != "float32")
+        opt = Muon(LR, params, multi_precision=dtype != "float32", muon_exclude_patterns=[])
         train(opt, params, consts, steps)
         return params, opt
 
@@ -607,19 +623,24 @@ class TestStateDict(unittest.TestCase):
         np.testing.assert_allclose(sd["b_beta2_pow_acc_0"].numpy(), [0.95**3], rtol=1e-6)
 
     def test_master_weight_keys(self):
+        # develop keys the accumulators on the parameter, never the master
         with unique_name.guard():
             _, opt = self._trained("bfloat16", steps=1)
         sd = opt.state_dict()
         self.assertEqual(set(sd["master_weights"]), {"w", "b"})
-        self.assertIn("w_fp32_master_0_moment1_0", sd)
-        self.assertEqual(sd["w_fp32_master_0_moment1_0"].dtype, paddle.float32)
+        self.assertEqual(sd["master_weights"]["w"].name, "w_fp32_master_0")
+        self.assertEqual(set(sd) - {"master_weights"},
+                         {"w_moment1_0", "b_moment1_0", "b_moment2_0",
+                          "b_beta1_pow_acc_0", "b_beta2_pow_acc_0"})
+        self.assertEqual(sd["w_moment1_0"].dtype, paddle.float32)
+        self.assertEqual(list(sd["w_moment1_0"].shape), [24, 16])
 
     def test_sharded_state_dict(self):
         with unique_name.guard():
             w = make_param("w", np.ones((4, 6), np.float32), "bfloat16")
             b = make_param("b", np.ones((6,), np.float32), "bfloat16")
             e = make_param("e", np.ones((2, 3, 4), np.float32), "bfloat16")
-            opt = Muon(LR, [w, b, e], multi_precision=True)
+            opt = Muon(LR, [w, b, e], multi_precision=True, muon_exclude_patterns=[])
             train(opt, [w, b, e], rng_arrays(1, (4, 6), (6,), (2, 3, 4)), 1)
         model = {
             # a tensor-parallel-like slice: global (8, 6), this rank rows 4..8
@@ -716,7 +737,7 @@ class TestWrapperContract(unittest.TestCase):
         consts = rng_arrays(22, *shapes)
         with unique_name.guard():
             params = [make_param(n, v) for n, v in zip(["w", "b", "other"], values)]
-            opt = Muon(LR, params)
+            opt = Muon(LR, params, muon_exclude_patterns=[])
             grads = [paddle.to_tensor(c + v) for c, v in zip(consts, values)]
             opt._apply_optimize(None, None, [(params[1], grads[1]), (params[0], grads[0])])
         ref = RefMuon()
@@ -731,20 +752,33 @@ class TestWrapperContract(unittest.TestCase):
         with unique_name.guard():
             w = make_param("w", np.ones((4, 6), np.float32))
             b = make_param("b", np.ones((6,), np.float32))
-            opt = Muon(LR, [b, w])
+            opt = Muon(LR, [b, w], muon_exclude_patterns=[])
             order = []
-            with mock.patch.object(Muon, "_muon_update", lambda s, p, *a: order.append(p.name)), \
+            with mock.patch.object(Muon, "_muon_update_group",
+                                   lambda s, pg, *a: order.extend(p.name for p, _ in pg)), \
                     mock.patch.object(Muon, "_adamw_update", lambda s, p, *a: order.append(p.name)):
                 opt._apply_optimize(None, None, [(b, paddle.ones([6])), (w, paddle.ones([4, 6]))])
         self.assertEqual(order, ["w", "b"])
 
-    def test_grad_without_map_entry_is_an_error(self):
+    def test_param_without_map_entry_takes_default_rule_with_warning(self):
+        # develop (section 1.6): the default rule, and a warning on every call;
+        # muon_exclude_patterns=None makes the rule raise at the first step.
         with unique_name.guard():
             w = make_param("w", np.ones((4, 6), np.float32))
             stray = make_param("stray.w", np.ones((4, 6), np.float32))
-            opt = Muon(LR, [w])
-            with self.assertRaisesRegex(ValueError, r"stray\.w \[4, 6\].*muon_param_info_map"):
+            opt = Muon(LR, [w], muon_param_info_map={"w": MuonParamInfo()})
+            with self.assertRaisesRegex(ValueError, "exclude_patterns is None for parameter 'stray.w'"):
                 opt._apply_optimize(None, None, [(stray, paddle.ones([4, 6]))])
+            opt = Muon(LR, [w], muon_param_info_map={"w": MuonParamInfo()},
+                       muon_exclude_patterns=["stray"])
+            for _ in range(2):
+                with self.assertLogs(logger, level=logging.WARNING) as logs:
+                    opt._apply_optimize(None, None, [(stray, paddle.ones([4, 6])),
+                                                     (w, paddle.ones([4, 6]))])
+                self.assertEqual(len(logs.output), 1, "one warning per call, for stray.w only")
+                self.assertIn("'stray.w'", logs.output[0])
+                self.assertIn("use_muon=False", logs.output[0])
+        self.assertIn("stray.w_moment2_0", opt.state_dict(), "stray.w routed to AdamW")
 
     def test_slice_carrying_the_param_name_is_updated_elementwise(self):
         full_val, g_full = rng_arrays(23, (12, 10), (12, 10))
@@ -779,7 +813,7 @@ class TestWrapperContract(unittest.TestCase):
 
         with unique_name.guard():
             params = [make_param("w", values[0]), make_param("b", values[1])]
-            opt = Muon(LR, params)
+            opt = Muon(LR, params, muon_exclude_patterns=[])
             opt._grad_clip = NegateClip(1.0)
             quad_loss(params, consts).backward()
             opt.step()
@@ -797,7 +831,7 @@ class TestWrapperContract(unittest.TestCase):
         for use_minimize in (False, True):
             with unique_name.guard():
                 params = [make_param("w", values[0]), make_param("b", values[1])]
-                opt = Muon(LR, params)
+                opt = Muon(LR, params, muon_exclude_patterns=[])
                 loss = quad_loss(params, consts)
                 loss.backward()
                 opt.minimize(loss) if use_minimize else opt.step()
@@ -806,14 +840,17 @@ class TestWrapperContract(unittest.TestCase):
         for a, b in zip(*results):
             self.assertTrue(np.array_equal(a, b))
 
-    def test_step_skips_frozen_and_gradless_and_uses_main_grad(self):
+    def test_step_skips_frozen_and_gradless(self):
+        # develop's step(): trainable params whose _grad_ivar() is set; a
+        # main_grad alone (MixPrecisionOptimizer's business) is not a grad
         values = rng_arrays(27, (8, 12), (12,), (12,), scale=0.05)
         with unique_name.guard():
             w, b, frozen = [make_param(n, v) for n, v in zip(["w", "b", "frozen"], values)]
             frozen.stop_gradient = True
-            opt = Muon(LR, [w, b, frozen], weight_decay=0.0)
+            opt = Muon(LR, [w, b, frozen], weight_decay=0.0, muon_exclude_patterns=[])
             (g,) = rng_arrays(28, (8, 12))
-            w.main_grad = paddle.to_tensor(g)  # AMP-style fp32 master grad
+            paddle.sum(paddle.to_tensor(g) * w).backward()
+            b.main_grad = paddle.ones([12])
             opt.step()
         self.assertLessEqual(max_rel(w.numpy(), RefMuon(wd=0.0).step("w", values[0], g, True)),
                              RTOL)
@@ -824,17 +861,19 @@ class TestWrapperContract(unittest.TestCase):
     def test_step_time_errors(self):
         with unique_name.guard():
             w = make_param("w", np.ones((4, 6), np.float32))
-            opt = Muon(LR, [w])
+            opt = Muon(LR, [w], muon_exclude_patterns=[])
             # a 1-D tensor carrying a Muon matrix's name: slicing a Muon
             # param is a wrapper bug, never silently switched to AdamW
             piece = make_param("w.piece", np.ones((6,), np.float32))
             piece.name = "w"
-            with self.assertRaisesRegex(ValueError, "whole 2-D or 3-D"):
+            opt._muon_param_info_map["w"] = MuonParamInfo()
+            with self.assertRaisesRegex(AssertionError, "whole 2-D or 3-D"):
                 opt._apply_optimize(None, None, [(piece, paddle.ones([6]))])
             with self.assertRaisesRegex(TypeError, "parameter groups"):
                 opt._apply_optimize(None, None, {"params": [(w, paddle.ones([4, 6]))]})
-            with self.assertRaisesRegex(TypeError, "parameter groups"):
-                opt._create_accumulators(None, {"params": [w]})
+            # develop: a group dict goes through _update_param_group
+            opt._create_accumulators(None, {"params": [w]})
+            self.assertIn("w", opt._already_create_accumulator)
             paddle.enable_static()
             try:
                 with self.assertRaisesRegex(NotImplementedError, "dygraph"):
@@ -850,7 +889,8 @@ class TestWrapperContract(unittest.TestCase):
         with unique_name.guard():
             w = make_param("qkv", np.ones((4, 6), np.float32))
             opt = Muon(LR, [w], muon_param_info_map={"qkv": MuonParamInfo(True, split3_paddle)})
-            with mock.patch.dict(os.environ, {"MUON_DEBUG": "1"}), \
+            # develop reads MUON_DEBUG once at import
+            with mock.patch.object(muon_module, "MUON_DEBUG", True), \
                     self.assertLogs(logger, level=logging.INFO) as logs:
                 opt._apply_optimize(None, None, [(w, paddle.ones([4, 6]))])
         self.assertTrue(any("qkv" in m and "split_concat_func" in m for m in logs.output))
@@ -860,7 +900,7 @@ class TestWrapperContract(unittest.TestCase):
         # master weight is handed to it.
         with unique_name.guard():
             b = make_param("b", np.ones((8,), np.float32), "bfloat16")
-            opt = Muon(LR, [b], multi_precision=True)
+            opt = Muon(LR, [b], multi_precision=True, muon_exclude_patterns=[])
             self.assertFalse(Muon._has_low_precision_adamw_kernel(b))  # CPU
             with mock.patch.object(Muon, "_has_low_precision_adamw_kernel", return_value=True), \
                     mock.patch.object(Muon, "_adamw_kernel") as kernel:
@@ -870,6 +910,228 @@ class TestWrapperContract(unittest.TestCase):
         self.assertIs(param, b)
         self.assertIs(master, opt._master_weights["b"])
         self.assertEqual(weight_decay, 0.01)
+
+
+# --------------------------------------------------------------------------
+# Grouped (batched) Newton-Schulz and the staged API (develop #79482/#79537)
+# --------------------------------------------------------------------------
+def _group_sizes(opt):
+    """Wrap _muon_update_group and record the parameter names of each call."""
+    calls = []
+    original = Muon._muon_update_group
+
+    def spy(self, group, *args):
+        calls.append([p.name for p, _ in group])
+        return original(self, group, *args)
+
+    return calls, mock.patch.object(Muon, "_muon_update_group", spy)
+
+
+class TestGroupedUpdate(_Case):
+    # five 2-D [12, 20] (960 bytes at 4 bytes/element), three 3-D
+    # [2, 8, 12] (768 bytes), one tall [20, 12], one AdamW bias
+    NAMES = ["a0", "a1", "a2", "a3", "a4", "e0", "e1", "e2", "tall", "bias"]
+    SHAPES = [(12, 20)] * 5 + [(2, 8, 12)] * 3 + [(20, 12), (20,)]
+
+    def _run(self, max_bytes, steps=3):
+        calls, spy = _group_sizes(None)
+        with spy:
+            opt, _ = self.run_case(f"grouped, max_group_bytes={max_bytes}", self.SHAPES,
+                                   dict(muon_max_group_bytes=max_bytes, momentum=0.9),
+                                   dict(momentum=0.9), [True] * 9 + [False],
+                                   steps=steps, names=self.NAMES)
+        return opt, calls[: len(calls) // steps]
+
+    def test_splits_by_bytes_and_matches_per_matrix_reference(self):
+        # 1,920 bytes: two [12, 20] or two [2, 8, 12] per batch
+        _, calls = self._run(1920)
+        self.assertEqual(calls, [["a0", "a1"], ["a2", "a3"], ["a4"], ["e0", "e1"], ["e2"],
+                                 ["tall"]], "groups follow muon_group_key, split greedily")
+
+    def test_one_batch_per_key_without_limit(self):
+        for max_bytes in (None, 0, 2 * 1024**3):
+            with self.subTest(max_bytes=max_bytes):
+                _, calls = self._run(max_bytes, steps=1)
+                self.assertEqual(calls, [self.NAMES[:5], self.NAMES[5:8], ["tall"]])
+
+    def test_param_larger_than_limit_is_alone(self):
+        _, calls = self._run(100, steps=1)
+        self.assertEqual(calls, [[n] for n in self.NAMES[:9]])
+
+    def test_grouped_equals_ns_per_matrix(self):
+        results = []
+        for kwargs in ({}, {"ns_per_matrix": True}):
+            values = rng_arrays(40, *self.SHAPES, scale=0.05)
+            consts = rng_arrays(41, *self.SHAPES)
+            with unique_name.guard():
+                params = [make_param(n, v) for n, v in zip(self.NAMES, values)]
+                opt = Muon(LR, params, muon_exclude_patterns=[], **kwargs)
+                train(opt, params, consts, 2)
+            results.append([p.numpy() for p in params])
+        for name, a, b in zip(self.NAMES, *results):
+            # batched vs per-matrix fp32 GEMMs: summation order only
+            self.assertLessEqual(max_rel(a, b), 1e-6, f"{name}: grouped != per matrix")
+
+    def test_split_concat_func_sees_the_stacked_batch(self):
+        seen = []
+
+        def halves(update, ortho_fn):
+            seen.append(list(update.shape))
+            return paddle.concat([ortho_fn(b) for b in paddle.split(update, 2, axis=-2)],
+                                 axis=-2)
+
+        def halves_ref(u, ortho):
+            return np.concatenate([ortho(b) for b in np.split(u, 2, axis=-2)], axis=-2)
+
+        names = ["q0", "q1", "q2"]
+        info = {n: MuonParamInfo(True, functools.partial(halves)) for n in names}
+        self.run_case("split_concat_func on a stacked group", [(16, 12)] * 3,
+                      dict(muon_param_info_map=info),
+                      dict(split={n: halves_ref for n in names}), [True] * 3, names=names)
+        self.assertEqual(seen[0], [3, 16, 12], "2-D params are stacked to [n, H, I]")
+
+    def test_muon_group_key(self):
+        def f(u, o, k=1):
+            return o(u)
+
+        def g(u, o):
+            return o(u)
+
+        with unique_name.guard():
+            ps = [make_param(f"p{i}", np.ones((4, 6), np.float32)) for i in range(6)]
+            ps[5].original_shape = [2, 2, 6]
+        info = {
+            "p0": MuonParamInfo(True, functools.partial(f, k=[1, 2])),
+            "p1": MuonParamInfo(True, functools.partial(f, k=[1, 2])),
+            "p2": MuonParamInfo(True, functools.partial(f, k={"b": 1, "a": [2]})),
+            "p3": MuonParamInfo(True, g),
+        }
+        opt = Muon(LR, ps, muon_param_info_map=info, muon_exclude_patterns=[])
+        keys = [opt.muon_group_key(p) for p in ps]
+        self.assertEqual(keys[0], keys[1], "equal partials share a batch")
+        self.assertEqual(keys[0], ((f, (), (("k", (1, 2)),)), (4, 6)))
+        self.assertEqual(keys[2][0][2], (("k", (("a", (2,)), ("b", 1))),))
+        self.assertEqual(keys[3], (g, (4, 6)))
+        self.assertEqual(keys[4], (None, (4, 6)))
+        self.assertEqual(keys[5], (None, (2, 2, 6)), "original_shape keys the group")
+        self.assertEqual(len({hash(k) for k in keys}), 5)
+        self.assertEqual(_to_hashable([1, [2, 3], {"z": [4], "a": 5}]),
+                         (1, (2, 3), (("a", 5), ("z", (4,)))))
+        self.assertEqual(_to_hashable("s"), "s")
+
+    def test_split_group_by_bytes_generator(self):
+        with unique_name.guard():
+            ps = [make_param(f"p{i}", np.ones(s, np.float32))
+                  for i, s in enumerate([(2, 4), (2, 4), (4, 4), (2, 2)])]
+        pairs = [(p, None) for p in ps]  # 32, 32, 64, 16 bytes
+        for limit, expect in ((64, [[0, 1], [2], [3]]), (65, [[0, 1], [2], [3]]),
+                              (96, [[0, 1], [2, 3]]), (1, [[0], [1], [2], [3]]),
+                              (None, [[0, 1, 2, 3]]), (0, [[0, 1, 2, 3]])):
+            with self.subTest(limit=limit):
+                opt = Muon(LR, ps, muon_max_group_bytes=limit, muon_exclude_patterns=[])
+                got = [[int(p.name[1:]) for p, _ in sub]
+                       for sub in opt._split_group_by_bytes(pairs)]
+                self.assertEqual(got, expect)
+        self.assertEqual(list(opt._split_group_by_bytes([])), [[]])
+
+    def test_patched_muon_update_group_is_used(self):
+        # PaddleFormers patches Muon._muon_update_group on the class
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32))
+            opt = Muon(LR, [w], muon_exclude_patterns=[])
+            seen = []
+            with mock.patch.object(Muon, "_muon_update_group",
+                                   lambda self, group, lr, *rest: seen.append((group, lr, rest))):
+                paddle.sum(w * w).backward()
+                opt.step()
+        (group, lr, rest), = seen
+        self.assertIs(group[0][0], w)
+        self.assertIsInstance(lr, float, "the Muon path gets a Python float lr")
+        self.assertEqual(rest, (0.95, 5, True, 1e-9, 0.01, 1))
+
+
+class TestStagedApi(unittest.TestCase):
+    def _setup(self):
+        shapes = [(12, 20), (12, 20), (20,), (8, 8)]
+        names = ["w0", "w1", "b", "m"]
+        values = rng_arrays(50, *shapes, scale=0.05)
+        grads = rng_arrays(51, *shapes)
+        params = [make_param(n, v) for n, v in zip(names, values)]
+        return params, values, grads
+
+    def test_prepare_routes_in_order_and_creates_state_only(self):
+        with unique_name.guard():
+            params, values, grads = self._setup()
+            opt = Muon(LR, params, muon_exclude_patterns=[])
+            pairs = [(params[2], paddle.to_tensor(grads[2])), (params[3], None),
+                     (params[1], paddle.to_tensor(grads[1])),
+                     (params[0], paddle.to_tensor(grads[0]))]
+            muon, adamw = opt.prepare_optimize(pairs)
+        self.assertEqual([p.name for p, _ in muon], ["w1", "w0"])
+        self.assertEqual([p.name for p, _ in adamw], ["b"])
+        self.assertEqual(set(opt.state_dict()), {"w0_moment1_0", "w1_moment1_0", "b_moment1_0",
+                                                 "b_moment2_0", "b_beta1_pow_acc_0",
+                                                 "b_beta2_pow_acc_0"})
+        for p, v in zip(params, values):
+            self.assertTrue(np.array_equal(p.numpy(), v), f"{p.name} moved in prepare")
+
+    def test_apply_grad_clip(self):
+        with unique_name.guard():
+            params, _, grads = self._setup()
+            pairs = [(p, paddle.to_tensor(g)) for p, g in zip(params, grads)]
+            plain = Muon(LR, params, muon_exclude_patterns=[])
+            self.assertEqual(plain.apply_grad_clip(pairs), pairs)
+            clipped = Muon(LR, params, muon_exclude_patterns=[],
+                           grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0)).apply_grad_clip(pairs)
+        norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))
+        for (_, g), ref in zip(clipped, grads):
+            np.testing.assert_allclose(g.numpy(), ref / norm, rtol=1e-5,
+                                       err_msg="global-norm clip to 1.0")
+
+    def test_stages_in_two_calls_equal_apply_optimize(self):
+        results = []
+        for staged in (False, True):
+            with unique_name.guard():
+                params, _, grads = self._setup()
+                opt = Muon(LR, params, muon_exclude_patterns=[],
+                           grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5))
+                for _ in range(3):
+                    pairs = [(p, paddle.to_tensor(g) + p) for p, g in zip(params, grads)]
+                    if staged:
+                        muon, adamw = opt.prepare_optimize(opt.apply_grad_clip(pairs))
+                        # the sharding overlap: disjoint stages, keys never split
+                        opt.update_params(muon[:2], [])
+                        opt.update_params(muon[2:], adamw)
+                    else:
+                        opt._apply_optimize(None, None, pairs)
+            results.append([p.numpy() for p in params])
+        for a, b in zip(*results):
+            self.assertTrue(np.array_equal(a, b), "staged calls differ from _apply_optimize")
+
+    def test_update_params_adamw_lr_is_0d_fp64(self):
+        with unique_name.guard():
+            params, _, grads = self._setup()
+            opt = Muon(LR, params, muon_exclude_patterns=[])
+            muon, adamw = opt.prepare_optimize([(params[2], paddle.to_tensor(grads[2]))])
+            with mock.patch.object(Muon, "_adamw_update") as upd:
+                opt.update_params(muon, adamw)
+        (_, _, lr, wd), _ = upd.call_args
+        self.assertEqual((lr.dtype, list(lr.shape)), (paddle.float64, []))
+        self.assertAlmostEqual(float(lr), LR)
+
+    def test_bypass_flag_skips_everything(self):
+        with unique_name.guard():
+            params, values, grads = self._setup()
+            opt = Muon(LR, params, muon_exclude_patterns=[], multi_precision=True,
+                       grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+            pairs = [(p, paddle.to_tensor(g)) for p, g in zip(params, grads)]
+            with mock.patch.object(muon_module, "g_shard_bypass_dygraph_optimizer", 1), \
+                    mock.patch.object(Muon, "apply_grad_clip") as clip:
+                self.assertIsNone(opt._apply_optimize(None, None, pairs))
+        clip.assert_not_called()
+        self.assertEqual(opt.state_dict(), {})
+        for p, v in zip(params, values):
+            self.assertTrue(np.array_equal(p.numpy(), v))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
     MuonShardingOptimizer,
 )
 from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
-from paddle_muon_ext.optimizer import Muon, MuonParamInfo  # noqa: E402
+from paddle_muon_ext.optimizer import Muon, MuonParamInfo, build_muon_param_info_map  # noqa: E402
 
 TARGET = 1.15
 
@@ -164,7 +164,9 @@ def _rank_body(spec: Dict, reps: int, warmup: int, ns_steps: int, strategy):
                 p.no_sync = True
                 params.append(p)
 
-        opt = MuonShardingOptimizer(Muon(parameters=params, **_muon_kwargs(ns_steps)),
+        opt = MuonShardingOptimizer(Muon(parameters=params,
+                                         muon_param_info_map=build_muon_param_info_map(params),
+                                         **_muon_kwargs(ns_steps)),
                                     hcg=hcg, strategy=strategy)
         # Gradients: fused buffers already linked p.grad to their storage;
         # write into it in place (assign(output=...) keeps the view).

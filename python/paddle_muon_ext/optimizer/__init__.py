@@ -12,6 +12,18 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-from .muon import Muon, MuonParamInfo, MuonParamInfoMap  # noqa: F401
+from .muon import (  # noqa: F401
+    Muon,
+    MuonParamInfo,
+    MuonParamInfoMap,
+    build_muon_param_info_map,
+    keep_whole,
+)
 
-__all__ = ["Muon", "MuonParamInfo", "MuonParamInfoMap"]
+__all__ = [
+    "Muon",
+    "MuonParamInfo",
+    "MuonParamInfoMap",
+    "build_muon_param_info_map",
+    "keep_whole",
+]

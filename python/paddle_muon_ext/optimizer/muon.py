@@ -16,21 +16,26 @@
 Matrix parameters (2-D, or 3-D ``[experts, H, I]`` stacks of expert matrices)
 are updated with momentum followed by Newton-Schulz orthogonalisation; every
 other parameter is updated with AdamW. Same constructor, numbers, accumulator
-names and checkpoint keys as ``paddle.optimizer.Muon`` in Paddle develop.
+names and checkpoint keys as ``paddle.optimizer.Muon`` in Paddle develop,
+including the grouped (batched) Newton-Schulz update, the staged API
+(``apply_grad_clip`` / ``prepare_optimize`` / ``update_params``), symmetric
+GEMM, hyperball (MuonH / AdamH) and ``muon_epsilon``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import paddle
 from paddle import _C_ops
 from paddle.base import framework
 from paddle.base.dygraph import base as imperative_base
+from paddle.distributed.fleet.utils.log_util import logger
 from paddle.optimizer.lr import LRScheduler
 from paddle.optimizer.optimizer import Optimizer
 
@@ -43,19 +48,26 @@ __all__ = [
     "MuonParamInfo",
     "MuonParamInfoMap",
     "NS_COEFFS_PRESETS",
+    "build_muon_param_info_map",
+    "keep_whole",
     "muon_update_scale",
     "newton_schulz",
     "resolve_ns_coeffs",
 ]
+
+# Read once at import, as develop does.
+MUON_DEBUG = os.environ.get("MUON_DEBUG", "0") == "1"
+g_shard_bypass_dygraph_optimizer = int(
+    os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0)
+)
 
 NSCoeff = tuple[float, float, float]
 
 _SIMPLE = (3.4445, -4.7750, 2.0315)
 
 # (a, b, c) of X <- a*X + (b*A + c*A*A)*X with A = X*X^T; step i uses
-# table[i % len(table)]. The tables are Paddle develop's, so a preset gives
-# the same update here as there.
-NS_COEFFS_PRESETS: dict[str, list[NSCoeff]] = {
+# table[i % len(table)]. Develop's tables, keys in develop's order.
+_NS_COEFFICIENT_SETS: dict[str, list[NSCoeff]] = {
     "simple": [_SIMPLE],
     "quintic": [
         (4.0848, -6.8946, 2.9270),
@@ -83,14 +95,34 @@ NS_COEFFS_PRESETS: dict[str, list[NSCoeff]] = {
     # Meant for ns_steps=10: eight fast steps, then two that converge.
     "deepseekv4": [_SIMPLE] * 8 + [(2.0, -1.5, 0.5)] * 2,
 }
+# The name this package used before develop's; the same object.
+NS_COEFFS_PRESETS = _NS_COEFFICIENT_SETS
 
 # Muon's default adam_epsilon, also the floor of the Newton-Schulz norm.
 _DEFAULT_EPSILON = 1e-9
+# Develop's default muon_max_group_bytes: 2 GiB per batched Newton-Schulz.
+_DEFAULT_MAX_GROUP_BYTES = 2 * 1024 * 1024 * 1024
+# Develop sizes a group as if every element were fp32, whatever the dtype.
+_GROUP_BYTES_PER_ELEMENT = 4
+# Symmetric GEMM: develop's default thresholds, and the compute capability
+# majors quack-kernels ships kernels for.
+_SYRK_DEFAULT_MIN_SHORT_EDGE = 1024
+_SYRK_DEFAULT_MIN_STEP_FLOPS = 2e11
+_SYRK_CAPABILITY_MAJORS = (9, 10, 11)
+# Read at call time (develop's tests patch it).
+_SYRK_SUPPORTED_DTYPES = (paddle.bfloat16, paddle.float16)
+# Floor of the norms the hyperball update divides by (UNCONFIRMED in
+# develop: value and max-vs-add form; max keeps a zero update exactly w).
+_HYPERBALL_EPS = 1e-12
 
 # Optimizer state names as they appear in state_dict keys
-# ("<param>_moment1_0", "<param>_fp32_master_0_moment1_0", ...).
+# ("<param>_moment1_0"; "<param>_fp32_master_0_moment1_0" in checkpoints
+# written by earlier versions of this package, which keyed on the master).
 _STATE_KEY = re.compile(
     r"^(?P<param>.+?)(?:_fp32_master_0)?_(?P<state>(?:moment1|moment2|beta1_pow_acc|beta2_pow_acc)_\d+)$"
+)
+_LEGACY_MASTER_STATE_KEY = re.compile(
+    r"^(?P<param>.+?)_fp32_master_0_(?P<state>(?:moment1|moment2|beta1_pow_acc|beta2_pow_acc)_\d+)$"
 )
 
 
@@ -98,21 +130,41 @@ _STATE_KEY = re.compile(
 class MuonParamInfo:
     """How Muon treats one parameter.
 
+    ``use_muon`` / ``use_hyperball`` select one of four updates: Muon
+    (True, False), MuonH (True, True), AdamH (False, True), AdamW (False,
+    False). The hyperball variants keep each matrix's Frobenius norm (per
+    expert for 3-D) and apply no weight decay.
+
     Args:
-        use_muon (bool): Update the parameter with Muon (True) or AdamW (False).
+        use_muon (bool): Orthogonalised (Muon) direction, else Adam's.
         split_concat_func (Callable|None): For fused matrices (e.g. a QKV
             weight) whose blocks are orthogonalised separately. Called as
-            ``split_concat_func(update, ortho_fn)``; it splits the fp32
-            momentum update into blocks, applies ``ortho_fn`` (Newton-Schulz
-            then scaling) to each and returns them concatenated back to the
-            update's shape. None orthogonalises the whole matrix.
+            ``split_concat_func(update, ortho_fn)``; ``update`` is the
+            (possibly batched, 3-D) momentum update of the parameter's group.
+        use_hyperball (bool): Hyperball (norm-preserving) update.
     """
 
     use_muon: bool = True
     split_concat_func: Callable[..., Any] | None = None
+    use_hyperball: bool = False
 
 
 MuonParamInfoMap = dict[str, MuonParamInfo]
+
+
+def keep_whole(info: MuonParamInfo) -> bool:
+    """Whether a sharded optimizer must keep the parameter whole on one rank.
+
+    Muon and both hyperball updates need the whole matrix (orthogonalisation,
+    the matrix norm); only plain AdamW is element-wise.
+
+    Args:
+        info (MuonParamInfo): The parameter's routing.
+
+    Returns:
+        bool: ``use_muon or use_hyperball``.
+    """
+    return bool(info.use_muon or info.use_hyperball)
 
 
 def _default_should_use_muon(
@@ -141,6 +193,38 @@ def _default_should_use_muon(
     return not any(str(pattern).lower() in lowered for pattern in exclude_patterns)
 
 
+def build_muon_param_info_map(
+    parameters: Sequence[Tensor], exclude_patterns: Sequence[str] = ()
+) -> MuonParamInfoMap:
+    """A ``muon_param_info_map`` entry for every parameter, by the default rule.
+
+    ``MuonShardingOptimizer`` (like develop's) needs an entry for every
+    trainable parameter; ``Muon`` alone falls back to the default rule.
+
+    Args:
+        parameters (Sequence[Tensor]): The parameters.
+        exclude_patterns (Sequence[str]): As ``muon_exclude_patterns``.
+
+    Returns:
+        dict[str, MuonParamInfo]: name -> ``MuonParamInfo(use_muon=...)``.
+    """
+    return {
+        p.name: MuonParamInfo(
+            use_muon=_default_should_use_muon(p.name, _muon_shape(p), list(exclude_patterns))
+        )
+        for p in parameters
+    }
+
+
+def _to_hashable(value: Any) -> Any:
+    """Lists/tuples -> tuples and dicts -> sorted (key, value) tuples, recursively."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_to_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _to_hashable(v)) for k, v in sorted(value.items()))
+    return value
+
+
 def _muon_shape(param: Tensor) -> list[int]:
     # Expert stacks may be stored 2-D; Muon sees the shape they had.
     original = getattr(param, "original_shape", None)
@@ -150,91 +234,146 @@ def _muon_shape(param: Tensor) -> list[int]:
 def resolve_ns_coeffs(
     ns_coeff_type: str, ns_coeffs: Sequence[Sequence[float]] | None = None
 ) -> list[NSCoeff]:
-    """Return the Newton-Schulz coefficient table for a preset or custom list.
+    """The Newton-Schulz table of a preset, or ``ns_coeffs`` for ``"custom"``.
+
+    Raises AssertionError, as develop's constructor does, for ``"custom"``
+    without ``ns_coeffs`` and for an unknown type.
 
     Args:
-        ns_coeff_type (str): A key of ``NS_COEFFS_PRESETS`` or ``"custom"``.
-        ns_coeffs (Sequence|None): ``[(a, b, c), ...]``, required (non-empty)
-            when ``ns_coeff_type == "custom"``.
+        ns_coeff_type (str): A key of ``_NS_COEFFICIENT_SETS`` or ``"custom"``.
+        ns_coeffs (Sequence|None): ``[(a, b, c), ...]`` for ``"custom"``.
 
     Returns:
-        list[tuple[float, float, float]]: The table.
+        list: ``ns_coeffs`` itself for ``"custom"``, else the preset table.
     """
     if ns_coeff_type == "custom":
-        if not ns_coeffs:
-            raise ValueError(
-                f"ns_coeff_type='custom' needs a non-empty ns_coeffs list of "
-                f"(a, b, c) tuples, got ns_coeffs={ns_coeffs!r}."
+        if ns_coeffs is None:
+            raise AssertionError(
+                "ns_coeff_type='custom' needs ns_coeffs, a list of (a, b, c) tuples."
             )
-        table = []
-        for coeff in ns_coeffs:
-            if len(coeff) != 3:
-                raise ValueError(
-                    f"Each Newton-Schulz coefficient must be (a, b, c), got {coeff!r}."
-                )
-            table.append(tuple(float(v) for v in coeff))
-        return table
-    if ns_coeff_type not in NS_COEFFS_PRESETS:
-        valid = [*NS_COEFFS_PRESETS, "custom"]
-        raise ValueError(
-            f"Unknown ns_coeff_type {ns_coeff_type!r}; valid types: {valid}."
+        return ns_coeffs
+    if ns_coeff_type not in _NS_COEFFICIENT_SETS:
+        raise AssertionError(
+            f"Invalid ns_coeff_type {ns_coeff_type!r}; valid types: "
+            f"{[*_NS_COEFFICIENT_SETS, 'custom']}."
         )
-    return list(NS_COEFFS_PRESETS[ns_coeff_type])
+    return _NS_COEFFICIENT_SETS[ns_coeff_type]
+
+
+def _device_capability() -> tuple[int, int]:
+    # Looked up at call time: tests patch these paddle attributes.
+    if paddle.is_compiled_with_cuda():
+        major, minor = paddle.device.cuda.get_device_capability()
+        return int(major), int(minor)
+    return 0, 0
 
 
 def _auto_ns_matmul_dtype() -> paddle.dtype:
     # bf16 tensor cores start at compute capability 8 (Ampere).
-    if paddle.is_compiled_with_cuda():
-        try:
-            major, _ = paddle.device.cuda.get_device_capability()
-        except (RuntimeError, ValueError, OSError):
-            major = 0
-        if major >= 8:
-            return paddle.bfloat16
-    return paddle.float32
+    try:
+        major, _ = _device_capability()
+    except (RuntimeError, ValueError, OSError):
+        major = 0
+    return paddle.bfloat16 if major >= 8 else paddle.float32
+
+
+_NAMED_DTYPES = {
+    "float32": paddle.float32,
+    "bfloat16": paddle.bfloat16,
+    "float16": paddle.float16,
+    "float64": paddle.float64,
+}
 
 
 def _resolve_ns_matmul_dtype(value: str | paddle.dtype | None) -> paddle.dtype:
     if value is None:
         return _auto_ns_matmul_dtype()
-    named = {
-        "float32": paddle.float32,
-        "bfloat16": paddle.bfloat16,
-        "float16": paddle.float16,
-        "float64": paddle.float64,
-    }
     if isinstance(value, str):
-        if value not in named:
+        if value not in _NAMED_DTYPES:
             raise ValueError(
-                f"Unknown ns_matmul_dtype {value!r}; use one of {list(named)} "
+                f"Unknown ns_matmul_dtype {value!r}; use one of {list(_NAMED_DTYPES)} "
                 "or None (bfloat16 on CUDA devices of compute capability >= 8, "
                 "else float32)."
             )
-        value = named[value]
-    if value not in named.values():
+        return _NAMED_DTYPES[value]
+    if value not in _NAMED_DTYPES.values():
         raise ValueError(
-            f"Unknown ns_matmul_dtype {value!r}; use one of {list(named)} or None."
-        )
-    if value in (paddle.bfloat16, paddle.float16) and not _has_low_precision_matmul():
-        raise ValueError(
-            f"ns_matmul_dtype={value} needs an accelerator build of Paddle: the CPU "
-            "has no fp16/bf16 matmul kernel. Use ns_matmul_dtype='float32' or None."
+            f"Unknown ns_matmul_dtype {value!r}; use one of {list(_NAMED_DTYPES)} or None."
         )
     return value
 
 
-def _has_low_precision_matmul() -> bool:
-    return (
-        paddle.is_compiled_with_cuda()
-        or paddle.is_compiled_with_xpu()
-        or bool(paddle.device.get_all_custom_device_type())
-    )
+@functools.cache
+def _load_symmetric_gemm() -> Callable[..., Any]:
+    """quack-kernels' ``gemm_symmetric``, imported once (cached after success).
+
+    Returns:
+        Callable: ``gemm_symmetric(A, B, C=None, alpha=1.0, beta=1.0)`` with
+        ``out = beta * C + alpha * (A @ B)``, exactly symmetric.
+    """
+    try:
+        from quack.gemm_interface import gemm_symmetric
+    except ImportError as err:
+        raise RuntimeError(
+            "use_symmetric_gemm=True needs the quack-kernels package "
+            "(pip install quack-kernels, CUDA compute capability 9.x-11.x); "
+            "or pass use_symmetric_gemm=False."
+        ) from err
+    return gemm_symmetric
+
+
+def _symmetric_gemm_is_profitable(
+    shape: Sequence[int],
+    dtype: paddle.dtype,
+    min_short_edge: int,
+    min_step_flops: float,
+) -> bool:
+    """Whether one Newton-Schulz step on ``shape`` should use symmetric GEMM.
+
+    Args:
+        shape (Sequence[int]): ``[m, n]`` or ``[B, m, n]`` (either orientation).
+        dtype (paddle.dtype): The matmul dtype.
+        min_short_edge (int): Smallest ``min(m, n)`` worth it.
+        min_step_flops (float): Smallest ``B * (4 m^2 n + 2 m^3)`` worth it.
+
+    Returns:
+        bool: True when the dtype is supported, both edges are multiples of
+        8 (the kernel's alignment) and both thresholds are met.
+    """
+    if dtype not in _SYRK_SUPPORTED_DTYPES:
+        return False
+    m, n = sorted((int(shape[-2]), int(shape[-1])))
+    if m < min_short_edge or m % 8 or n % 8:
+        return False
+    batch = int(shape[0]) if len(shape) == 3 else 1
+    return batch * (4 * m * m * n + 2 * m**3) >= min_step_flops
+
+
+def _call_symmetric_gemm(gemm, A, B, C=None, alpha=1.0, beta=1.0):
+    # quack works on torch tensors: hand paddle's memory over by DLPack.
+    if getattr(gemm, "__module__", "").startswith("quack"):  # pragma: no cover - CUDA + quack only
+        import torch
+
+        def to_torch(t):
+            return torch.utils.dlpack.from_dlpack(paddle.utils.dlpack.to_dlpack(t.contiguous()))
+
+        out = gemm(to_torch(A), to_torch(B), C=None if C is None else to_torch(C),
+                   alpha=alpha, beta=beta)
+        return paddle.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(out))
+    if C is None:
+        return gemm(A, B)
+    return gemm(A, B, C=C, alpha=alpha, beta=beta)
 
 
 def _swap_last_two(x: Tensor) -> Tensor:
     perm = list(range(x.ndim))
     perm[-2], perm[-1] = perm[-1], perm[-2]
     return paddle.transpose(x, perm)
+
+
+def _fro(x: Tensor) -> Tensor:
+    """Frobenius norm over the last two axes, keepdim (per expert for 3-D)."""
+    return paddle.sqrt(paddle.sum(x * x, axis=[-2, -1], keepdim=True))
 
 
 def newton_schulz(
@@ -244,13 +383,14 @@ def newton_schulz(
     eps: float = _DEFAULT_EPSILON,
     matmul_dtype: paddle.dtype = paddle.float32,
 ) -> Tensor:
-    """Approximately orthogonalise a matrix (or a batch of matrices).
+    """Newton-Schulz orthogonalisation as a float32 result.
 
-    A 3-D input ``[E, H, I]`` is ``E`` independent matrices, processed in one
-    batched computation.
+    ``Muon._zeropower_via_newtonschulz5`` (develop's; it returns the matmul
+    dtype) followed by a cast to float32. A 3-D input ``[E, H, I]`` is ``E``
+    independent matrices, processed in one batched computation.
 
     Args:
-        x (Tensor): 2-D or 3-D tensor, any float dtype.
+        x (Tensor): 2-D or 3-D tensor.
         coeffs (Sequence): ``[(a, b, c), ...]``; step ``i`` uses
             ``coeffs[i % len(coeffs)]``.
         steps (int): Number of iterations (>= 0).
@@ -260,43 +400,12 @@ def newton_schulz(
     Returns:
         Tensor: float32 tensor with the shape of ``x``.
     """
-    if x.ndim not in (2, 3):
-        raise ValueError(
-            f"Newton-Schulz expects a 2-D or 3-D tensor, got shape {list(x.shape)}."
-        )
     if not coeffs:
         raise ValueError("Newton-Schulz needs at least one (a, b, c) coefficient.")
     if steps < 0:
         raise ValueError(f"Newton-Schulz steps must be >= 0, got {steps}.")
-    X = x if x.dtype == paddle.float32 else paddle.cast(x, "float32")
-    # Iterating on the wide orientation keeps A = X X^T at min(m, n)^2.
-    transposed = X.shape[-2] > X.shape[-1]
-    if transposed:
-        X = _swap_last_two(X)
-    # The iteration converges only for singular values <= 1; the Frobenius
-    # norm bounds the spectral norm.
-    norm = paddle.linalg.norm(X, p="fro", axis=[-2, -1], keepdim=True)
-    X = X / paddle.clip(norm, min=eps)
-    if X.dtype != matmul_dtype:
-        X = paddle.cast(X, matmul_dtype)
-    # addmm/baddbmm fold the scalar multiply-adds into the GEMMs (up to 50%
-    # faster, tools/bench/bench_newton_schulz.py); fp32 rounding only. Low
-    # precision keeps separate ops: the fused form would round differently
-    # (and CPU has no bf16 baddbmm).
-    fused = matmul_dtype in (paddle.float32, paddle.float64)
-    gemm = paddle.addmm if X.ndim == 2 else paddle.baddbmm
-    for i in range(steps):
-        a, b, c = coeffs[i % len(coeffs)]
-        A = paddle.matmul(X, X, transpose_y=True)
-        if fused:
-            B = gemm(A, A, A, beta=b, alpha=c)
-            X = gemm(X, B, X, beta=a, alpha=1.0)
-        else:
-            B = b * A + c * paddle.matmul(A, A)
-            X = a * X + paddle.matmul(B, X)
-    if transposed:
-        X = _swap_last_two(X)
-    return X if X.dtype == paddle.float32 else paddle.cast(X, "float32")
+    out = Muon._zeropower_via_newtonschulz5(x, steps, eps, coeffs, matmul_dtype)
+    return out if out.dtype == paddle.float32 else paddle.cast(out, "float32")
 
 
 def muon_update_scale(
@@ -304,10 +413,9 @@ def muon_update_scale(
 ) -> float:
     """Scale of the orthogonalised update of a matrix of ``shape``.
 
-    ``din, dout = shape[-2], shape[-1]`` (Paddle stores Linear weights as
-    ``[in, out]``): version 1 ``sqrt(max(1, dout/din))``, version 2
-    ``sqrt(dout/din)``, any other ``sqrt(max(din, dout))``; every version is
-    then multiplied by ``extra_scale_factor``.
+    ``din, dout = shape[-2], shape[-1]``: version 1 ``sqrt(max(1, dout/din))``,
+    version 2 ``sqrt(dout/din)``, any other ``sqrt(max(din, dout))``; times
+    ``extra_scale_factor``.
 
     Args:
         shape (Sequence[int]): Matrix shape (2-D or 3-D).
@@ -319,25 +427,28 @@ def muon_update_scale(
     """
     if len(shape) < 2:
         raise ValueError(f"muon_update_scale needs a matrix shape, got {list(shape)}.")
+    return _version_scale(shape, version) * float(extra_scale_factor)
+
+
+def _version_scale(shape: Sequence[int], version: int) -> float:
     din, dout = int(shape[-2]), int(shape[-1])
     if version == 1:
-        scale = math.sqrt(max(1.0, dout / din))
-    elif version == 2:
-        scale = math.sqrt(dout / din)
-    else:
-        scale = math.sqrt(max(dout, din))
-    return scale * float(extra_scale_factor)
+        return math.sqrt(max(1.0, dout / din))
+    if version == 2:
+        return math.sqrt(dout / din)
+    return math.sqrt(max(dout, din))
 
 
 class Muon(Optimizer):
     r"""
     Muon (MomentUm Orthogonalized by Newton-Schulz) with an AdamW fallback.
 
-    A parameter uses Muon when its ``muon_param_info_map`` entry says so;
-    without a map, when it is 2-D, or 3-D ``[E, H, I]`` (E expert matrices,
-    orthogonalised independently), and its name matches none of
-    ``muon_exclude_patterns``. For such a parameter with gradient ``g`` and
-    fp32 momentum ``m`` (accumulator ``moment1``):
+    Each parameter takes one of four updates, from its ``muon_param_info_map``
+    entry (``use_muon``, ``use_hyperball``) or, without one, from the default
+    rule (2-D, or 3-D ``[E, H, I]`` expert stacks, whose name matches none of
+    ``muon_exclude_patterns``; a warning names the parameter each step). For
+    a Muon parameter with gradient ``g`` and fp32 momentum ``m``
+    (accumulator ``moment1``):
 
     .. math::
 
@@ -345,11 +456,12 @@ class Muon(Optimizer):
         u &= g + \beta (m - g) \ \text{(nesterov) or } u = m \\
         p &= p (1 - lr \cdot wd) - lr \cdot s \cdot NS(u)
 
-    with ``s`` from :func:`muon_update_scale`. Every other parameter is
-    updated by Paddle's fused AdamW kernel with ``adam_beta1``,
-    ``adam_beta2``, ``adam_epsilon`` and ``weight_decay``. Weight decay
-    (both paths) applies where ``apply_decay_param_fun(param.name)`` is True
-    (or it is None).
+    with ``s`` from :func:`muon_update_scale`. Matrices with the same
+    :meth:`muon_group_key` are orthogonalised together in one batched
+    Newton-Schulz (at most ``muon_max_group_bytes`` per batch). AdamW
+    parameters use Paddle's fused AdamW kernel. MuonH / AdamH (hyperball)
+    move along the Muon / Adam direction on the sphere of the matrix's
+    current Frobenius norm, without weight decay.
 
     Args:
         learning_rate (float|LRScheduler, optional): Default 0.02.
@@ -357,35 +469,46 @@ class Muon(Optimizer):
         momentum (float, optional): Muon momentum ``beta``. Default 0.95.
         adam_beta1 (float, optional): Default 0.9.
         adam_beta2 (float, optional): Default 0.95.
-        weight_decay (float, optional): Decoupled weight decay, both paths.
-            Default 0.01.
+        weight_decay (float, optional): Decoupled weight decay, Muon and
+            AdamW paths. Default 0.01.
         ns_steps (int, optional): Newton-Schulz iterations. Default 5.
-        ns_coeff_type (str, optional): A key of ``NS_COEFFS_PRESETS`` or
+        ns_coeff_type (str, optional): A key of ``_NS_COEFFICIENT_SETS`` or
             ``"custom"``. Default ``"simple"``.
         ns_coeffs (list[tuple]|None, optional): ``[(a, b, c), ...]`` for
             ``"custom"``.
         nesterov (bool, optional): Default True.
-        adam_epsilon (float, optional): AdamW epsilon and the floor of the
-            Newton-Schulz normalisation. Default 1e-9.
+        adam_epsilon (float, optional): AdamW/AdamH epsilon; also the
+            Newton-Schulz norm floor when ``muon_epsilon`` is None. Default 1e-9.
         grad_clip (GradientClipBase|None, optional): Gradient clipping.
-        lr_ratio (Callable|None, optional): ``param -> float`` multiplying
-            the learning rate of AdamW parameters.
+        lr_ratio (Callable|None, optional): ``param -> float`` multiplying the
+            learning rate of that parameter (every update).
         apply_decay_param_fun (Callable|None, optional): ``name -> bool``;
             False turns weight decay off for that parameter.
         muon_version (int, optional): Scale rule, see
             :func:`muon_update_scale`. Default 1.
         muon_exclude_patterns (list[str]|None, optional): Case-insensitive
-            name substrings kept on AdamW. Default None (none).
+            name substrings kept on AdamW by the default rule. None: every
+            parameter needs a ``muon_param_info_map`` entry.
         muon_extra_scale_factor (float, optional): Default 0.2.
         muon_param_info_map (dict[str, MuonParamInfo]|None, optional): Per
-            parameter routing; parameters missing from it get the default
-            rule.
-        ns_matmul_dtype (str|paddle.dtype|None, optional): Dtype of the
-            Newton-Schulz matmuls; None: bfloat16 on CUDA devices of compute
-            capability >= 8, else float32.
+            parameter routing.
+        ns_matmul_dtype (paddle.dtype|str|None, optional): Dtype of the
+            Newton-Schulz matmuls (and of its result); None: bfloat16 on CUDA
+            devices of compute capability >= 8, else float32.
         multi_precision (bool, optional): fp32 master weights for fp16/bf16
             parameters. Default False.
-        name (str|None, optional): Unused, as in Paddle's optimizers.
+        name (str|None, optional): Prefix of the accumulator names.
+        muon_max_group_bytes (int|None, optional): Largest batched
+            Newton-Schulz, counted as 4 bytes per element; None or 0: no
+            limit. Default 2 GiB.
+        use_symmetric_gemm (bool, optional): Symmetric GEMM (quack-kernels)
+            for the two symmetric products of each step where
+            profitable; needs bf16/fp16 matmuls on a CUDA device of compute
+            capability 9.x-11.x. Default False.
+        symmetric_gemm_min_short_edge (int, optional): Default 1024.
+        symmetric_gemm_min_step_flops (float, optional): Default 2e11.
+        muon_epsilon (float|None, optional): Newton-Schulz norm floor; None:
+            ``adam_epsilon``.
 
     Examples:
         .. code-block:: python
@@ -393,7 +516,7 @@ class Muon(Optimizer):
             >>> import paddle
             >>> from paddle_muon_ext.optimizer import Muon
             >>> linear = paddle.nn.Linear(16, 8)
-            >>> opt = Muon(parameters=linear.parameters())
+            >>> opt = Muon(parameters=linear.parameters(), muon_exclude_patterns=[])
             >>> loss = linear(paddle.rand([4, 16])).mean()
             >>> loss.backward()
             >>> opt.step()
@@ -429,15 +552,26 @@ class Muon(Optimizer):
         ns_matmul_dtype: str | paddle.dtype | None = None,
         multi_precision: bool = False,
         name: str | None = None,
+        muon_max_group_bytes: int | None = _DEFAULT_MAX_GROUP_BYTES,
+        use_symmetric_gemm: bool = False,
+        symmetric_gemm_min_short_edge: int = _SYRK_DEFAULT_MIN_SHORT_EDGE,
+        symmetric_gemm_min_step_flops: float = _SYRK_DEFAULT_MIN_STEP_FLOPS,
+        muon_epsilon: float | None = None,
         **kwargs: Any,
     ) -> None:
-        self._check_arguments(
-            parameters, grad_clip, momentum, adam_beta1, adam_beta2,
-            adam_epsilon, weight_decay, ns_steps, lr_ratio,
-        )
+        self._check_parameters(parameters, grad_clip)
+        ns_table = resolve_ns_coeffs(ns_coeff_type, ns_coeffs)
+        ns_dtype = _resolve_ns_matmul_dtype(ns_matmul_dtype)
+        if use_symmetric_gemm:
+            self._check_symmetric_gemm(
+                ns_dtype, symmetric_gemm_min_short_edge, symmetric_gemm_min_step_flops
+            )
+        self._check_values(momentum, adam_beta1, adam_beta2, adam_epsilon,
+                           weight_decay, ns_steps, lr_ratio)
+        # An option of develop's FSDP Muon (PR #79781); anything else unknown
+        # is named, never dropped silently.
+        self._ns_per_matrix = bool(kwargs.pop("ns_per_matrix", False))
         if kwargs:
-            from paddle.distributed.fleet.utils.log_util import logger
-
             logger.warning(f"Muon ignores the keyword arguments {sorted(kwargs)}.")
         if isinstance(learning_rate, int):
             learning_rate = float(learning_rate)
@@ -451,47 +585,64 @@ class Muon(Optimizer):
             name=name,
         )
         self.type = "muon"
+        self._multi_precision = multi_precision
+        self._master_weights = {}
+        self._lr_ratio = lr_ratio
+        self._apply_decay_param_fun = apply_decay_param_fun
+        self._muon_split_logged = False
+        self._muon_exclude_patterns = muon_exclude_patterns
+        self._muon_extra_scale_factor = muon_extra_scale_factor
+        self._ns_coeff_type = ns_coeff_type
+        self._ns_coeffs = ns_table
+        self._muon_param_info_map = self._check_param_info_map(muon_param_info_map)
+        self._muon_max_group_bytes = muon_max_group_bytes
+        self._ns_matmul_dtype = ns_dtype
+        self._use_symmetric_gemm = bool(use_symmetric_gemm)
+        self._symmetric_gemm_min_short_edge = symmetric_gemm_min_short_edge
+        self._symmetric_gemm_min_step_flops = symmetric_gemm_min_step_flops
+        muon_eps = adam_epsilon if muon_epsilon is None else muon_epsilon
+        self._default_dict.update(
+            {
+                "momentum": momentum,
+                "adam_beta1": adam_beta1,
+                "adam_beta2": adam_beta2,
+                "weight_decay": weight_decay,
+                "ns_steps": ns_steps,
+                "nesterov": nesterov,
+                "epsilon": adam_epsilon,
+                "muon_version": muon_version,
+                "ns_coeff_type": ns_coeff_type,
+                "muon_epsilon": muon_eps,
+            }
+        )
+        # Short names this package's wrappers and tests read.
         self._momentum = float(momentum)
         self._beta1 = float(adam_beta1)
         self._beta2 = float(adam_beta2)
         self._weight_decay = float(weight_decay)
         self._ns_steps = ns_steps
-        self._ns_coeff_type = ns_coeff_type
-        self._ns_coeffs = resolve_ns_coeffs(ns_coeff_type, ns_coeffs)
         self._nesterov = bool(nesterov)
         self._epsilon = float(adam_epsilon)
-        self._lr_ratio = lr_ratio
-        self._apply_decay_param_fun = apply_decay_param_fun
+        self._muon_epsilon = float(muon_eps)
         self._muon_version = muon_version
-        self._muon_exclude_patterns = list(muon_exclude_patterns or [])
-        self._muon_extra_scale_factor = float(muon_extra_scale_factor)
-        self._ns_matmul_dtype = _resolve_ns_matmul_dtype(ns_matmul_dtype)
-        self._multi_precision = multi_precision
-        self._muon_param_info_map = self._build_param_info_map(
-            self._parameter_list, muon_param_info_map
-        )
 
+    # ------------------------------------------------------------ validation
     @staticmethod
-    def _check_arguments(
-        parameters, grad_clip, momentum, adam_beta1, adam_beta2, adam_epsilon,
-        weight_decay, ns_steps, lr_ratio,
-    ) -> None:
+    def _check_parameters(parameters, grad_clip) -> None:
         if parameters is None:
             raise ValueError(
-                "Muon needs parameters, got None; pass "
-                "parameters=model.parameters()."
+                "Muon needs parameters, got None; pass parameters=model.parameters()."
             )
         if not isinstance(parameters, list):
             raise TypeError(
                 f"Muon needs parameters as a list, got {type(parameters).__name__}; "
                 "pass parameters=list(...) or model.parameters()."
             )
-        if any(isinstance(p, dict) for p in parameters):
+        if parameters and isinstance(parameters[0], dict):
             raise TypeError(
                 "Muon does not support parameter groups (a list of dicts); "
                 "pass a flat list of parameters and use muon_param_info_map / "
-                "apply_decay_param_fun / param.optimize_attr['learning_rate'] "
-                "for per-parameter options."
+                "apply_decay_param_fun / lr_ratio for per-parameter options."
             )
         if grad_clip is not None and not isinstance(
             grad_clip, paddle.nn.clip.GradientClipBase
@@ -501,6 +652,32 @@ class Muon(Optimizer):
                 f"paddle.nn.ClipGradByGlobalNorm(1.0)) or None, got "
                 f"{type(grad_clip).__name__}."
             )
+
+    @staticmethod
+    def _check_symmetric_gemm(ns_dtype, min_short_edge, min_step_flops) -> None:
+        if ns_dtype not in _SYRK_SUPPORTED_DTYPES:
+            raise ValueError(
+                f"use_symmetric_gemm=True needs ns_matmul_dtype bfloat16 or float16, "
+                f"got {ns_dtype}; set ns_matmul_dtype=paddle.bfloat16 or "
+                "use_symmetric_gemm=False."
+            )
+        major, minor = _device_capability()
+        if major not in _SYRK_CAPABILITY_MAJORS:
+            raise ValueError(
+                "use_symmetric_gemm=True needs a CUDA device of compute capability "
+                f"9.x, 10.x or 11.x; this one reports \"{major}.{minor}\". "
+                "Set use_symmetric_gemm=False."
+            )
+        if min_short_edge <= 0 or min_step_flops <= 0:
+            raise ValueError(
+                "symmetric_gemm_min_short_edge and symmetric_gemm_min_step_flops "
+                f"must be positive, got {min_short_edge} and {min_step_flops}."
+            )
+        _load_symmetric_gemm()
+
+    @staticmethod
+    def _check_values(momentum, adam_beta1, adam_beta2, adam_epsilon, weight_decay,
+                      ns_steps, lr_ratio) -> None:
         for label, value in (
             ("momentum", momentum), ("adam_beta1", adam_beta1), ("adam_beta2", adam_beta2)
         ):
@@ -512,29 +689,17 @@ class Muon(Optimizer):
             raise TypeError(
                 f"weight_decay must be a float, got {type(weight_decay).__name__}."
             )
-        if not isinstance(ns_steps, int) or ns_steps < 1:
-            raise ValueError(f"ns_steps must be a positive int, got {ns_steps!r}.")
+        if not isinstance(ns_steps, int) or ns_steps < 0:
+            raise ValueError(f"ns_steps must be an int >= 0, got {ns_steps!r}.")
         if lr_ratio is not None and not callable(lr_ratio):
             raise TypeError(
                 f"lr_ratio must be a callable param -> float, got {type(lr_ratio).__name__}."
             )
 
-    def _build_param_info_map(
-        self, params: Sequence[Tensor], user_map: MuonParamInfoMap | None
-    ) -> MuonParamInfoMap:
-        # Every parameter gets an entry: MuonShardingOptimizer and the step
-        # read routing only from this map.
-        info_map = {
-            p.name: MuonParamInfo(
-                use_muon=_default_should_use_muon(
-                    p.name, _muon_shape(p), self._muon_exclude_patterns
-                )
-            )
-            for p in params
-        }
-        if not user_map:
-            return info_map
-        by_name = {p.name: p for p in params}
+    def _check_param_info_map(self, user_map: MuonParamInfoMap | None) -> MuonParamInfoMap:
+        if user_map is None:
+            return {}
+        by_name = {p.name: p for p in self._parameter_list}
         for key, info in user_map.items():
             if not isinstance(info, MuonParamInfo):
                 raise TypeError(
@@ -548,16 +713,49 @@ class Muon(Optimizer):
                     f"Muon needs a 2-D or 3-D parameter (shape {_muon_shape(param)}); "
                     "set MuonParamInfo(use_muon=False) for it."
                 )
-        info_map.update(user_map)
-        return info_map
+        return user_map
 
-    # ------------------------------------------------------------- accumulators
+    # --------------------------------------------------------------- routing
+    def _should_use_muon(self, param: Tensor) -> bool:
+        """The parameter's ``use_muon``: its map entry, else the default rule (warned)."""
+        info = self._muon_param_info_map.get(param.name)
+        if info is not None:
+            return bool(info.use_muon)
+        use_muon = _default_should_use_muon(
+            param.name, _muon_shape(param), self._muon_exclude_patterns
+        )
+        logger.warning(
+            f"Muon: muon_param_info_map has no entry for {param.name!r}; the default "
+            f"rule (shape {_muon_shape(param)}, muon_exclude_patterns) chose "
+            f"use_muon={use_muon}."
+        )
+        return use_muon
+
+    def _uses_hyperball(self, param: Tensor) -> bool:
+        # A parameter without a map entry takes the plain update (UNCONFIRMED).
+        info = self._muon_param_info_map.get(param.name)
+        return bool(info is not None and info.use_hyperball)
+
+    def _decays(self, param: Tensor) -> bool:
+        return self._apply_decay_param_fun is None or bool(
+            self._apply_decay_param_fun(param.name)
+        )
+
+    def _lr_ratio_of(self, param: Tensor) -> float:
+        return 1.0 if self._lr_ratio is None else float(self._lr_ratio(param))
+
+    def _master_weight(self, param: Tensor) -> Tensor | None:
+        if self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype):
+            return self._master_weights[param.name]
+        return None
+
+    # ---------------------------------------------------------- accumulators
+    def _update_param_group(self, parameters):
+        return parameters.get("params")
+
     def _create_accumulators(self, block, parameters):
         if isinstance(parameters, dict):
-            raise TypeError(
-                "Muon does not support parameter groups; pass params_grads as "
-                "a flat list of (param, grad) pairs."
-            )
+            parameters = self._update_param_group(parameters)
         for p in parameters:
             if p.name in self._already_create_accumulator:
                 continue
@@ -569,88 +767,164 @@ class Muon(Optimizer):
                     p.name, _muon_shape(p), self._muon_exclude_patterns
                 )
             )
-            target = p
+            hyperball = bool(info is not None and info.use_hyperball)
             if self._multi_precision and self._is_dtype_fp16_or_bf16(p.dtype):
-                target = self._create_master_weight(p)
-            # fp32 moments for low-precision params: bf16 moments lose most
-            # of the (1 - beta) * g contribution each step.
+                self._create_master_weight(p)
+            # Keyed on the parameter, master weight or not (develop's keys):
+            # "<param>_moment1_0". fp32 moments for low-precision params.
             acc_dtype = paddle.float32 if self._is_dtype_fp16_or_bf16(p.dtype) else p.dtype
-            self._add_accumulator(self._moment_acc_str, target, dtype=acc_dtype)
+            self._add_accumulator(self._moment_acc_str, p, dtype=acc_dtype)
             if not use_muon:
-                self._add_accumulator(self._moment2_acc_str, target, dtype=acc_dtype)
-                # Shape [1] on CPU, as paddle.optimizer.AdamW keeps them, so
-                # the adamw kernel reads them the same way.
+                self._add_accumulator(self._moment2_acc_str, p, dtype=acc_dtype)
+                # The fused adamw kernel reads beta pows of shape [1] on the
+                # CPU (as paddle.optimizer.AdamW keeps them); AdamH computes
+                # with them on the parameter's device.
+                device = None if hyperball else "cpu"
                 for acc, beta in (
-                    (self._beta1_pow_acc_str, self._beta1),
-                    (self._beta2_pow_acc_str, self._beta2),
+                    (self._beta1_pow_acc_str, self._default_dict["adam_beta1"]),
+                    (self._beta2_pow_acc_str, self._default_dict["adam_beta2"]),
                 ):
                     self._add_accumulator(
-                        acc, target, dtype=acc_dtype, fill_value=beta,
-                        shape=[1], device="cpu",
+                        acc, p, dtype=acc_dtype, fill_value=beta, shape=[1], device=device,
                     )
             self._already_create_accumulator.add(p.name)
 
-    # ------------------------------------------------------------------ updates
-    def _decays(self, param: Tensor) -> bool:
-        return self._apply_decay_param_fun is None or bool(
-            self._apply_decay_param_fun(param.name)
-        )
-
-    def _master_weight(self, param: Tensor) -> Tensor | None:
-        if self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype):
-            return self._master_weights[param.name]
-        return None
-
-    def _append_optimize_op(self, block, param_and_grad):
-        param, grad = param_and_grad
-        lr = self._create_param_lr(param_and_grad)
-        weight_decay = self._weight_decay if self._decays(param) else 0.0
-        if not self._muon_param_info_map[param.name].use_muon:
-            self._adamw_update(param, grad, lr, weight_decay)
-            return None
-        if len(_muon_shape(param)) not in (2, 3):
-            # A Muon matrix must be owned whole: a slice means a wrapper bug,
-            # and silently switching algorithm would hide it.
-            raise ValueError(
-                f"Parameter {param.name} is marked use_muon=True but has shape "
-                f"{list(param.shape)}; Muon needs the whole 2-D or 3-D matrix."
+    def _ensure_accumulators(self, params: Sequence[Tensor]) -> None:
+        todo = [p for p in params if p.name not in self._already_create_accumulator]
+        if todo:
+            self._create_accumulators(
+                framework.default_main_program().global_block(), todo
             )
-        self._muon_update(
-            param,
-            grad,
-            lr,
-            self._get_accumulator_master(self._moment_acc_str, param),
-            self._momentum,
-            self._ns_steps,
-            self._nesterov,
-            self._epsilon,
-            weight_decay,
-            self._muon_version,
-        )
-        return None
 
-    @staticmethod
-    def _zeropower_via_newtonschulz5(
-        X: Tensor,
-        steps: int,
-        eps: float,
-        ns_coeffs: Sequence[Sequence[float]],
-        ns_matmul_dtype: paddle.dtype,
-    ) -> Tensor:
-        """Newton-Schulz orthogonalisation, see :func:`newton_schulz`."""
-        return newton_schulz(X, ns_coeffs, steps, eps, ns_matmul_dtype)
+    # ------------------------------------------------------------ staged API
+    def apply_grad_clip(self, params_grads: list) -> list:
+        """Apply ``grad_clip`` (if any) to ``(param, grad)`` pairs.
 
-    @staticmethod
-    def _scaling_fn(update: Tensor, version: int, extra_scale_factor: float) -> Tensor:
-        """``update`` times :func:`muon_update_scale` of its last two dims."""
-        return update * muon_update_scale(update.shape, version, extra_scale_factor)
+        Args:
+            params_grads (list[tuple[Tensor, Tensor]]): Pairs to clip.
 
-    def _muon_update(
+        Returns:
+            list: The clipped pairs.
+        """
+        if self._grad_clip is not None:
+            params_grads = self._grad_clip(params_grads)
+        return list(params_grads)
+
+    def prepare_optimize(self, params_grads: list) -> tuple[list, list]:
+        """Route pairs to Muon or AdamW and create their state (no clip, no update).
+
+        MuonH parameters travel in the Muon list, AdamH in the AdamW list.
+
+        Args:
+            params_grads (list[tuple[Tensor, Tensor]]): Pairs; ``None`` grads
+                are skipped.
+
+        Returns:
+            tuple[list, list]: ``(muon_params_grads, adamw_params_grads)``,
+            each in input order.
+        """
+        self._maybe_refuse()
+        muon, adamw = [], []
+        for param, grad in params_grads:
+            if grad is None:
+                continue
+            (muon if self._should_use_muon(param) else adamw).append((param, grad))
+        self._ensure_accumulators([p for p, _ in muon] + [p for p, _ in adamw])
+        return muon, adamw
+
+    def update_params(self, muon_params_grads: list, adamw_params_grads: list) -> None:
+        """Update prepared pairs: every Muon group first, then AdamW.
+
+        No clipping and no state creation (see :meth:`prepare_optimize`);
+        wrappers may call it several times per step with disjoint subsets
+        that never split a :meth:`muon_group_key`.
+
+        Args:
+            muon_params_grads (list[tuple[Tensor, Tensor]]): Muon/MuonH pairs.
+            adamw_params_grads (list[tuple[Tensor, Tensor]]): AdamW/AdamH pairs.
+        """
+        lr = float(self.get_lr())
+        dd = self._default_dict
+        weight_decay = dd["weight_decay"]
+        groups: dict[Any, list] = {}
+        for param, grad in muon_params_grads:
+            if len(param.shape) not in (2, 3):
+                raise AssertionError(
+                    f"Muon parameter {param.name} has shape {list(param.shape)}; the "
+                    "Muon update needs the whole 2-D or 3-D matrix (a slice of it "
+                    "means a wrapper routed it wrongly)."
+                )
+            groups.setdefault(self.muon_group_key(param), []).append((param, grad))
+        for group in groups.values():
+            subgroups = [[pg] for pg in group] if self._ns_per_matrix else \
+                self._split_group_by_bytes(group)
+            for sub in subgroups:
+                self._muon_update_group(
+                    sub, lr, dd["momentum"], dd["ns_steps"], dd["nesterov"],
+                    dd["muon_epsilon"], weight_decay, dd.get("muon_version", 3),
+                )
+        if not adamw_params_grads:
+            return
+        # A 0-D fp64 tensor, as develop passes it (no host copy per param).
+        lr_tensor = paddle.full([], lr, "float64")
+        for param, grad in adamw_params_grads:
+            if self._uses_hyperball(param):
+                self._adamw_hyperball_update(param, grad, lr)
+            else:
+                wd = weight_decay if self._decays(param) else 0.0
+                self._adamw_update(param, grad, lr_tensor, wd)
+
+    def muon_group_key(self, param: Tensor) -> tuple:
+        """Parameters with equal keys are orthogonalised in one batch.
+
+        Args:
+            param (Tensor): A Muon parameter.
+
+        Returns:
+            tuple: ``(split function key, Muon shape)``; a
+            ``functools.partial`` is keyed by its function and (hashable)
+            arguments, so equal partials share a batch.
+        """
+        info = self._muon_param_info_map.get(param.name)
+        fn = info.split_concat_func if info is not None else None
+        if fn is None:
+            func_key = None
+        elif hasattr(fn, "func"):
+            keywords = getattr(fn, "keywords", None) or {}
+            func_key = (
+                fn.func,
+                tuple(_to_hashable(a) for a in getattr(fn, "args", ())),
+                tuple((k, _to_hashable(v)) for k, v in sorted(keywords.items())),
+            )
+        else:
+            func_key = fn
+        return (func_key, tuple(_muon_shape(param)))
+
+    def _split_group_by_bytes(self, group_params_grads: list) -> Iterator[list]:
+        """Consecutive sub-groups of at most ``muon_max_group_bytes`` (4 bytes/element).
+
+        A parameter larger than the limit forms a sub-group alone.
+        """
+        max_bytes = self._muon_max_group_bytes
+        if not max_bytes:
+            yield group_params_grads
+            return
+        current, size = [], 0
+        for pg in group_params_grads:
+            nbytes = math.prod(pg[0].shape) * _GROUP_BYTES_PER_ELEMENT
+            if current and size + nbytes > max_bytes:
+                yield current
+                current, size = [], 0
+            current.append(pg)
+            size += nbytes
+        if current:
+            yield current
+
+    @imperative_base.no_grad()
+    def _muon_update_group(
         self,
-        param: Tensor,
-        grad: Tensor,
-        lr: Tensor,
-        momentum_buffer: Tensor,
+        group_params_grads: list,
+        lr: float,
         momentum_beta: float,
         ns_steps: int,
         nesterov: bool,
@@ -658,65 +932,224 @@ class Muon(Optimizer):
         weight_decay: float,
         version: int,
     ) -> None:
-        """One Muon step of ``param`` in place (and of its master weight).
+        """Momentum, one batched Newton-Schulz and the update of same-key params.
 
         Args:
-            param (Tensor): The parameter.
-            grad (Tensor): Its gradient.
-            lr (Tensor): Its learning rate.
-            momentum_buffer (Tensor): Its fp32 ``moment1`` accumulator.
+            group_params_grads (list[tuple[Tensor, Tensor]]): Pairs sharing a
+                :meth:`muon_group_key`.
+            lr (float): Learning rate (times ``lr_ratio(param)`` per param).
             momentum_beta (float): Momentum coefficient.
             ns_steps (int): Newton-Schulz iterations.
             nesterov (bool): Nesterov momentum.
-            epsilon (float): Floor of the Newton-Schulz normalisation.
-            weight_decay (float): Decoupled decay; 0 turns it off.
+            epsilon (float): Newton-Schulz norm floor.
+            weight_decay (float): Decoupled decay (not for hyperball params).
             version (int): Scale rule of :func:`muon_update_scale`.
         """
-        g = grad if grad.dtype == momentum_buffer.dtype else paddle.cast(grad, momentum_buffer.dtype)
-        paddle.assign(paddle.lerp(momentum_buffer, g, 1.0 - momentum_beta), output=momentum_buffer)
-        update = paddle.lerp(g, momentum_buffer, momentum_beta) if nesterov else momentum_buffer
-        muon_shape = _muon_shape(param)
-        if list(update.shape) != muon_shape:
-            update = update.reshape(muon_shape)
+        first = group_params_grads[0][0]
+        param_shape = _muon_shape(first)
+        info = self._muon_param_info_map.get(first.name)
+        split_fn = info.split_concat_func if info is not None else None
 
-        def ortho_fn(block: Tensor) -> Tensor:
-            ortho = self._zeropower_via_newtonschulz5(
-                block, ns_steps, epsilon, self._ns_coeffs, self._ns_matmul_dtype
+        updates = []
+        for param, grad in group_params_grads:
+            moment = self._get_accumulator(self._moment_acc_str, param)
+            g = grad if grad.dtype == moment.dtype else paddle.cast(grad, moment.dtype)
+            paddle.assign(paddle.lerp(moment, g, 1.0 - momentum_beta), output=moment)
+            update = paddle.lerp(g, moment, momentum_beta) if nesterov else moment
+            if list(update.shape) != param_shape:
+                update = update.reshape(param_shape)
+            updates.append(update)
+
+        count = len(updates)
+        is_3d = len(param_shape) == 3
+        if count == 1:
+            batched = updates[0]
+        else:
+            batched = paddle.concat(updates, axis=0) if is_3d else paddle.stack(updates, axis=0)
+
+        def ortho(x: Tensor) -> Tensor:
+            o = self._zeropower_via_newtonschulz5(
+                x, ns_steps, epsilon, self._ns_coeffs, self._ns_matmul_dtype,
+                use_symmetric_gemm=self._use_symmetric_gemm,
+                symmetric_gemm_min_short_edge=self._symmetric_gemm_min_short_edge,
+                symmetric_gemm_min_step_flops=self._symmetric_gemm_min_step_flops,
             )
-            return self._scaling_fn(ortho, version, self._muon_extra_scale_factor)
+            return self._scaling_fn(o, version, self._muon_extra_scale_factor)
 
-        info = self._muon_param_info_map.get(param.name)
-        if info is not None and info.split_concat_func is not None:
-            if os.environ.get("MUON_DEBUG") == "1":
-                from paddle.distributed.fleet.utils.log_util import logger
-
+        if split_fn is not None:
+            if MUON_DEBUG and paddle.distributed.get_rank() == 0:
                 logger.info(
-                    f"Muon: {param.name} {muon_shape} orthogonalised by its split_concat_func"
+                    f"Muon: {[p.name for p, _ in group_params_grads]} {param_shape} "
+                    f"orthogonalised by split_concat_func "
+                    f"{getattr(getattr(split_fn, 'func', split_fn), '__name__', split_fn)} "
+                    f"args={getattr(split_fn, 'args', ())} "
+                    f"keywords={getattr(split_fn, 'keywords', {})}"
                 )
-            ortho = info.split_concat_func(update, ortho_fn)
-            if list(ortho.shape) != muon_shape:
+            out = split_fn(batched, ortho)
+            if list(out.shape) != list(batched.shape):
                 raise ValueError(
-                    f"split_concat_func of {param.name} returned shape "
-                    f"{list(ortho.shape)}, expected {muon_shape}."
+                    f"split_concat_func of {first.name} returned shape "
+                    f"{list(out.shape)}, expected {list(batched.shape)}."
                 )
         else:
-            ortho = ortho_fn(update)
+            out = ortho(batched)
+        if count == 1:
+            pieces = [out]
+        elif is_3d:
+            pieces = paddle.split(out, count, axis=0)
+        else:
+            pieces = paddle.unbind(out, axis=0)
+
+        for (param, _), o in zip(group_params_grads, pieces):
+            self._apply_muon_direction(param, o, lr * self._lr_ratio_of(param),
+                                       weight_decay, param_shape)
+
+    def _apply_muon_direction(self, param, ortho, lr, weight_decay, param_shape) -> None:
+        master = self._master_weight(param)
+        if self._uses_hyperball(param):
+            self._hyperball_into(param, master, ortho, lr, param_shape)
+            return
         if list(ortho.shape) != list(param.shape):
             ortho = ortho.reshape(param.shape)
-
-        master = self._master_weight(param)
         target = param if master is None else master
-        w = target if target.dtype == paddle.float32 else paddle.cast(target, "float32")
-        lr32 = lr if lr.dtype == paddle.float32 else paddle.cast(lr, "float32")
-        if weight_decay > 0.0:
-            w = w * (1.0 - lr32 * weight_decay)
-        w = w - lr32 * ortho
-        # assign(output=...) writes into the existing allocation, so params
-        # that are views into fused buffers stay views.
+        if self._decays(param) and weight_decay > 0.0:
+            target.scale_(1.0 - lr * weight_decay)
+        # The step is taken in the Newton-Schulz dtype (bf16 on GPUs by
+        # default), as develop does, then applied in the target's dtype.
+        step = ortho * lr
+        if step.dtype != target.dtype:
+            step = paddle.cast(step, target.dtype)
+        paddle.assign(target - step, output=target)
         if master is not None:
-            paddle.assign(w, output=master)
-        paddle.assign(w if param.dtype == w.dtype else paddle.cast(w, param.dtype), output=param)
+            paddle.assign(paddle.cast(master, param.dtype), output=param)
 
+    def _hyperball_into(self, param, master, direction, lr, shape) -> None:
+        # Norms per matrix: the Muon shape (per expert for 3-D); a 1-D AdamH
+        # parameter is one row.
+        shape = list(shape) if len(shape) >= 2 else [1, int(math.prod(shape))]
+        target = param if master is None else master
+        new = self._hyperball_apply(target.reshape(shape), direction.reshape(shape), lr)
+        paddle.assign(paddle.cast(new.reshape(target.shape), target.dtype), output=target)
+        if master is not None:
+            paddle.assign(paddle.cast(master, param.dtype), output=param)
+
+    # --------------------------------------------------------- Newton-Schulz
+    @staticmethod
+    def _zeropower_via_newtonschulz5(
+        X: Tensor,
+        steps: int = 5,
+        eps: float = _DEFAULT_EPSILON,
+        ns_coeffs: Sequence[Sequence[float]] | None = None,
+        ns_matmul_dtype: paddle.dtype = paddle.bfloat16,
+        use_symmetric_gemm: bool = False,
+        symmetric_gemm_min_short_edge: int = _SYRK_DEFAULT_MIN_SHORT_EDGE,
+        symmetric_gemm_min_step_flops: float = _SYRK_DEFAULT_MIN_STEP_FLOPS,
+    ) -> Tensor:
+        """Approximately orthogonalise a matrix, or a batch ``[B, m, n]`` of them.
+
+        Each matrix is divided by ``max(||X||_F, eps)`` in the input dtype,
+        cast to ``ns_matmul_dtype`` and iterated ``steps`` times.
+
+        Returns:
+            Tensor: The result in ``ns_matmul_dtype``, shape of ``X``.
+        """
+        if X.ndim not in (2, 3):
+            raise ValueError(
+                f"Newton-Schulz expects a 2-D or 3-D (batched) tensor, got shape "
+                f"{list(X.shape)}."
+            )
+        coeffs = ns_coeffs if ns_coeffs is not None else _NS_COEFFICIENT_SETS["simple"]
+        # Iterating on the wide orientation keeps A = X X^T at min(m, n)^2.
+        transposed = X.shape[-2] > X.shape[-1]
+        if transposed:
+            X = _swap_last_two(X)
+        shape = list(X.shape)
+        flat = X.reshape([-1]) if X.ndim == 2 else X.reshape([shape[0], -1])
+        # The iteration converges for singular values <= 1; the Frobenius
+        # norm bounds the spectral norm.
+        X = paddle.nn.functional.normalize(flat, p=2, axis=-1, epsilon=eps).reshape(shape)
+        if X.dtype != ns_matmul_dtype:
+            X = paddle.cast(X, ns_matmul_dtype)
+        symmetric = use_symmetric_gemm and _symmetric_gemm_is_profitable(
+            shape, ns_matmul_dtype, symmetric_gemm_min_short_edge,
+            symmetric_gemm_min_step_flops,
+        )
+        if X.ndim == 3:
+            step = (Muon._batched_newton_schulz_step_symmetric if symmetric
+                    else Muon._batched_newton_schulz_step)
+        else:
+            step = Muon._newton_schulz_step_symmetric if symmetric else Muon._newton_schulz_step
+        for i in range(steps):
+            a, b, c = coeffs[i % len(coeffs)]
+            X = step(X, a, b, c)
+        return _swap_last_two(X) if transposed else X
+
+    @staticmethod
+    def _newton_schulz_step(X: Tensor, a: float, b: float, c: float) -> Tensor:
+        """``a X + (b A + c A A) X`` with ``A = X X^T`` (addmm folds the scalars)."""
+        A = paddle.matmul(X, X, transpose_y=True)
+        B = paddle.addmm(A, A, A, beta=b, alpha=c)
+        return paddle.addmm(X, B, X, beta=a, alpha=1.0)
+
+    @staticmethod
+    def _batched_newton_schulz_step(X: Tensor, a: float, b: float, c: float) -> Tensor:
+        """:meth:`_newton_schulz_step` over a ``[B, m, n]`` batch (baddbmm)."""
+        A = paddle.matmul(X, X, transpose_y=True)
+        B = paddle.baddbmm(A, A, A, beta=b, alpha=c)
+        return paddle.baddbmm(X, B, X, beta=a, alpha=1.0)
+
+    @staticmethod
+    def _newton_schulz_step_symmetric(X: Tensor, a: float, b: float, c: float) -> Tensor:
+        """:meth:`_newton_schulz_step` with ``A`` and ``B`` from the symmetric GEMM kernel."""
+        gemm = _load_symmetric_gemm()
+        A = _call_symmetric_gemm(gemm, X, paddle.transpose(X, [1, 0]))
+        B = _call_symmetric_gemm(gemm, A, A, C=A, alpha=c, beta=b)
+        return paddle.addmm(X, B, X, beta=a, alpha=1.0)
+
+    @staticmethod
+    def _batched_newton_schulz_step_symmetric(
+        X: Tensor, a: float, b: float, c: float
+    ) -> Tensor:
+        """Batched :meth:`_newton_schulz_step_symmetric`."""
+        gemm = _load_symmetric_gemm()
+        A = _call_symmetric_gemm(gemm, X, paddle.transpose(X, [0, 2, 1]))
+        B = _call_symmetric_gemm(gemm, A, A, C=A, alpha=c, beta=b)
+        return paddle.baddbmm(X, B, X, beta=a, alpha=1.0)
+
+    @staticmethod
+    def _scaling_fn(
+        orthogonal_update: Tensor, version: int, extra_scale_factor: float = 1.0
+    ) -> Tensor:
+        """``orthogonal_update`` times the version scale, then times ``extra_scale_factor``.
+
+        Two multiplies in the update's dtype, as develop rounds them.
+        """
+        scale = _version_scale(orthogonal_update.shape, version)
+        return orthogonal_update * scale * extra_scale_factor
+
+    @staticmethod
+    def _fro(x: Tensor) -> Tensor:
+        """Frobenius norm over the last two axes (keepdim)."""
+        return _fro(x)
+
+    @staticmethod
+    def _hyperball_apply(w: Tensor, u: Tensor, lr: float) -> Tensor:
+        """One step on the sphere of radius ``||w||_F`` (per matrix of the last two axes).
+
+        ``trial = w - lr * R * u / ||u||``; result ``R * trial / ||trial||``
+        with ``R = ||w||_F``; computed in fp32, ``w`` is left unchanged.
+
+        Returns:
+            Tensor: The new weight (fp32).
+        """
+        w32 = w if w.dtype == paddle.float32 else paddle.cast(w, "float32")
+        u32 = u if u.dtype == paddle.float32 else paddle.cast(u, "float32")
+        radius = _fro(w32)
+        direction = u32 / paddle.clip(_fro(u32), min=_HYPERBALL_EPS)
+        trial = w32 - lr * radius * direction
+        return radius * trial / paddle.clip(_fro(trial), min=_HYPERBALL_EPS)
+
+    # ------------------------------------------------------------------ AdamW
     def _adamw_kernel(self, param, grad, lr, accs, master, weight_decay):
         moment1, moment2, beta1_pow, beta2_pow = accs
         _C_ops.adamw_(
@@ -729,10 +1162,10 @@ class Muon(Optimizer):
             beta1_pow,
             beta2_pow,
             master,
-            None,  # skip_update: found_inf is handled by the base class
-            self._beta1,
-            self._beta2,
-            self._epsilon,
+            None,  # skip_update
+            self._default_dict["adam_beta1"],
+            self._default_dict["adam_beta2"],
+            self._default_dict["epsilon"],
             1.0,  # lr_ratio: already folded into lr (the CPU kernel ignores it)
             weight_decay,
             weight_decay != 0.0,
@@ -749,9 +1182,9 @@ class Muon(Optimizer):
         place = param.place
         return place.is_gpu_place() or place.is_xpu_place()
 
-    def _adamw_update(self, param: Tensor, grad: Tensor, lr: Tensor, weight_decay: float) -> None:
-        accs = [
-            self._get_accumulator_master(name, param)
+    def _adamw_accumulators(self, param: Tensor) -> list:
+        return [
+            self._get_accumulator(name, param)
             for name in (
                 self._moment_acc_str,
                 self._moment2_acc_str,
@@ -759,14 +1192,20 @@ class Muon(Optimizer):
                 self._beta2_pow_acc_str,
             )
         ]
+
+    def _adamw_update(self, param: Tensor, grad: Tensor, lr: Tensor, weight_decay: float) -> None:
+        accs = self._adamw_accumulators(param)
         if self._lr_ratio is not None:
-            # The GPU kernel multiplies lr by lr_ratio in fp32 too.
-            lr = lr * float(self._lr_ratio(param))
+            lr = lr * self._lr_ratio_of(param)
+        accelerated = self._has_low_precision_adamw_kernel(param)
+        if not accelerated and lr.dtype != paddle.float32:
+            # The CPU kernel reads the learning rate as fp32 only.
+            lr = paddle.cast(lr, "float32")
         master = self._master_weight(param)
         if master is None:
             self._adamw_kernel(param, grad, lr, accs, None, weight_decay)
             return
-        if self._has_low_precision_adamw_kernel(param):
+        if accelerated:
             # The fused kernel updates master and param in one launch.
             self._adamw_kernel(param, grad, lr, accs, master, weight_decay)
             return
@@ -777,71 +1216,81 @@ class Muon(Optimizer):
         self._adamw_kernel(master, g32, lr, accs, None, weight_decay)
         paddle.assign(paddle.cast(master, param.dtype), output=param)
 
-    # --------------------------------------------------------------- entry points
+    def _adamw_hyperball_update(self, param: Tensor, grad: Tensor, lr: float) -> None:
+        """AdamH: the bias-corrected Adam direction, applied on the hyperball."""
+        moment1, moment2, beta1_pow, beta2_pow = self._adamw_accumulators(param)
+        beta1 = self._default_dict["adam_beta1"]
+        beta2 = self._default_dict["adam_beta2"]
+        g = grad if grad.dtype == moment1.dtype else paddle.cast(grad, moment1.dtype)
+        paddle.assign(moment1 * beta1 + (1.0 - beta1) * g, output=moment1)
+        paddle.assign(moment2 * beta2 + (1.0 - beta2) * g * g, output=moment2)
+        m_hat = moment1 / (1.0 - beta1_pow)
+        v_hat = moment2 / (1.0 - beta2_pow)
+        direction = m_hat / (paddle.sqrt(v_hat) + self._default_dict["epsilon"])
+        paddle.assign(beta1_pow * beta1, output=beta1_pow)
+        paddle.assign(beta2_pow * beta2, output=beta2_pow)
+        self._hyperball_into(param, self._master_weight(param), direction,
+                             lr * self._lr_ratio_of(param), _muon_shape(param))
+
+    # ----------------------------------------------------------- entry points
     @imperative_base.no_grad()
     def _apply_optimize(self, loss, startup_program, params_grads, param_group_idx=0):
-        """Clip, then update Muon parameters first and AdamW parameters second.
+        """Clip, prepare, update: the staged API in one call.
 
         Wrappers call this with their own subset of ``(param, grad)`` pairs.
+        With ``FLAGS_shard_bypass_dygraph_optimizer`` set (at import) it does
+        nothing.
 
         Args:
             loss (Tensor|None): Unused in dygraph.
             startup_program (Program|None): Unused in dygraph.
             params_grads (list[tuple[Tensor, Tensor]]): Pairs to update.
-            param_group_idx (int): Must be 0.
-
-        Returns:
-            list|None: What the base class returns (None in dygraph).
+            param_group_idx (int): Unused (no parameter groups).
         """
         if not framework.in_dygraph_mode():
             raise NotImplementedError(
                 "Muon supports dygraph mode only; call paddle.disable_static()."
             )
+        if g_shard_bypass_dygraph_optimizer:
+            return None
         if isinstance(params_grads, dict):
             raise TypeError(
                 "Muon does not support parameter groups; pass params_grads as "
                 "a flat list of (param, grad) pairs."
             )
-        if self._grad_clip is not None:
-            params_grads = self._grad_clip(params_grads)
-        params_grads = [(p, g) for p, g in params_grads if g is not None]
-        missing = [
-            f"{p.name} {list(p.shape)}"
-            for p, _ in params_grads
-            if p.name not in self._muon_param_info_map
-        ]
-        if missing:
-            raise ValueError(
-                f"Parameters {missing} have gradients but no entry in "
-                "muon_param_info_map; build Muon with these parameters or add "
-                "MuonParamInfo(use_muon=...) entries for them."
-            )
-        muon = [pg for pg in params_grads if self._muon_param_info_map[pg[0].name].use_muon]
-        adamw = [pg for pg in params_grads if not self._muon_param_info_map[pg[0].name].use_muon]
-        return self._create_optimization_pass(muon + adamw, param_group_idx=param_group_idx)
+        params_grads = self.apply_grad_clip(params_grads)
+        muon, adamw = self.prepare_optimize(params_grads)
+        self.update_params(muon, adamw)
+        return None
 
     @imperative_base.no_grad()
     @framework.non_static_only
     def step(self) -> None:
-        """Update every parameter of ``self._parameter_list`` that has a grad.
-
-        ``main_grad`` (AMP master gradients) is preferred over ``grad``.
-
-        Returns:
-            None
-        """
+        """Update every trainable parameter of ``self._parameter_list`` that has a grad."""
         params_grads = []
         for param in self._parameter_list:
             if param.stop_gradient:
-                continue
-            main_grad = getattr(param, "main_grad", None)
-            if main_grad is not None:
-                params_grads.append((param, main_grad))
                 continue
             grad = param._grad_ivar()
             if grad is not None:
                 params_grads.append((param, grad))
         self._apply_optimize(loss=None, startup_program=None, params_grads=params_grads)
+
+    def set_state_dict(self, state_dict: dict) -> None:
+        """Load optimizer state (develop's keys, ``<param>_moment1_0``).
+
+        Keys of earlier versions of this package
+        (``<param>_fp32_master_0_moment1_0``) are read as develop's.
+        """
+        renamed = {}
+        for key, value in state_dict.items():
+            match = _LEGACY_MASTER_STATE_KEY.match(key) if isinstance(key, str) else None
+            if match is not None:
+                key = f"{match['param']}_{match['state']}"
+                if key in state_dict:
+                    continue
+            renamed[key] = value
+        return super().set_state_dict(renamed)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
         """Describe the optimizer state for ``paddle.distributed.flex_checkpoint``.

@@ -31,7 +31,7 @@ import numpy as np
 
 import paddle
 
-from paddle_muon_ext.optimizer.muon import Muon
+from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
 
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
 LR, CLIP_NORM = 0.02, 0.5  # the global grad norm is ~1: clipping is active
@@ -84,7 +84,14 @@ def batch(step: int, rank: int) -> np.ndarray:
 
 
 def make_muon(params, clip: bool = True, **kwargs) -> Muon:
-    """The Muon configuration every run (sharded or reference) uses."""
+    """The Muon configuration every run (sharded or reference) uses.
+
+    Like develop's users, it passes a ``muon_param_info_map`` entry for
+    every parameter (the sharding optimizer requires one); by default the
+    shape rule with no exclusions.
+    """
+    if "muon_param_info_map" not in kwargs:
+        kwargs["muon_param_info_map"] = build_muon_param_info_map(params)
     return Muon(
         learning_rate=LR,
         parameters=params,

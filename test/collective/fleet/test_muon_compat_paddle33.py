@@ -200,9 +200,15 @@ def _fleet_body(use_amp: bool, develop_style: bool = False, distributed_optimize
                 MuonShardingOptimizer as Develop,
             )
 
+            from paddle.optimizer.muon import MuonParamInfo
+
+            # develop's sharding optimizer needs an entry for every parameter
+            info = {p.name: MuonParamInfo(use_muon=p.ndim in (2, 3))
+                    for p in net.parameters()}
             muon = paddle.optimizer.Muon(
                 learning_rate=LR, parameters=list(net.parameters()),
-                grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP_NORM))
+                grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP_NORM),
+                muon_param_info_map=info)
             opt = fleet.distributed_optimizer(muon)
             assert isinstance(opt._inner_opt, Develop)
         else:
