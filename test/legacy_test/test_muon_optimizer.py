@@ -15,12 +15,15 @@
 (constructor, numbers, names), checked with an independent float64 NumPy
 reference written from the specification, not from the implementation."""
 
+import dataclasses
 import functools
 import inspect
 import logging
 import math
 import os
+import sys
 import tempfile
+import types
 import unittest
 from unittest import mock
 
@@ -37,6 +40,7 @@ from paddle_muon_ext.optimizer.muon import (
     NS_COEFFS_PRESETS,
     _default_should_use_muon,
     _to_hashable,
+    keep_whole,
     muon_update_scale,
     newton_schulz,
 )
@@ -1132,6 +1136,264 @@ class TestStagedApi(unittest.TestCase):
         self.assertEqual(opt.state_dict(), {})
         for p, v in zip(params, values):
             self.assertTrue(np.array_equal(p.numpy(), v))
+
+
+# --------------------------------------------------------------------------
+# Develop's constructor, names and symmetric GEMM (sections 1, 2.1, 4)
+# --------------------------------------------------------------------------
+def fake_gemm_symmetric(calls):
+    """develop's test substitute: out = beta * C + alpha * (A @ B)."""
+
+    def gemm(A, B, C=None, alpha=1.0, beta=1.0):
+        calls.append((list(A.shape), C is not None, alpha, beta))
+        out = alpha * paddle.matmul(A, B)
+        return out if C is None else out + beta * C
+
+    return gemm
+
+
+class TestDevelopNames(unittest.TestCase):
+    def test_coefficient_sets(self):
+        sets = muon_module._NS_COEFFICIENT_SETS
+        self.assertEqual(list(sets), ["simple", "quintic", "polar_express", "aol", "deepseekv4"])
+        self.assertEqual({k: len(v) for k, v in sets.items()},
+                         {"simple": 1, "quintic": 5, "polar_express": 8, "aol": 4,
+                          "deepseekv4": 10})
+        for kind, table in sets.items():
+            self.assertIsInstance(table, list, kind)
+            self.assertTrue(all(isinstance(c, tuple) and len(c) == 3 for c in table), kind)
+            self.assertEqual(table, REF_PRESETS[kind])
+
+    def test_module_names(self):
+        self.assertEqual(muon_module._SYRK_SUPPORTED_DTYPES, (paddle.bfloat16, paddle.float16))
+        self.assertIsInstance(muon_module.MUON_DEBUG, bool)
+        self.assertIsInstance(muon_module.g_shard_bypass_dygraph_optimizer, int)
+        self.assertEqual([f.name for f in dataclasses.fields(MuonParamInfo)],
+                         ["use_muon", "split_concat_func", "use_hyperball"])
+        self.assertEqual(MuonParamInfo(), MuonParamInfo(True, None, False))
+        for name in ("_zeropower_via_newtonschulz5", "_newton_schulz_step",
+                     "_batched_newton_schulz_step", "_newton_schulz_step_symmetric",
+                     "_batched_newton_schulz_step_symmetric", "_scaling_fn",
+                     "_hyperball_apply"):
+            self.assertIsInstance(inspect.getattr_static(Muon, name), staticmethod, name)
+        for name in ("_newton_schulz_step", "_batched_newton_schulz_step_symmetric"):
+            self.assertEqual(list(inspect.signature(getattr(Muon, name)).parameters),
+                             ["X", "a", "b", "c"])
+        self.assertEqual(len(inspect.signature(
+            muon_module._symmetric_gemm_is_profitable).parameters), 4)
+        self.assertTrue(keep_whole(MuonParamInfo(False, use_hyperball=True)))
+        self.assertTrue(keep_whole(MuonParamInfo(True)))
+        self.assertFalse(keep_whole(MuonParamInfo(False)))
+
+    def test_default_dict_and_attributes(self):
+        p = _params()
+        opt = Muon(parameters=p, ns_coeff_type="custom", ns_coeffs=[(2.0, -1.5, 0.5)],
+                   adam_epsilon=1e-7)
+        dd = opt._default_dict
+        self.assertEqual({k: dd[k] for k in ("momentum", "adam_beta1", "adam_beta2",
+                                              "weight_decay", "ns_steps", "nesterov",
+                                              "epsilon", "muon_version", "ns_coeff_type",
+                                              "muon_epsilon")},
+                         {"momentum": 0.95, "adam_beta1": 0.9, "adam_beta2": 0.95,
+                          "weight_decay": 0.01, "ns_steps": 5, "nesterov": True,
+                          "epsilon": 1e-7, "muon_version": 1, "ns_coeff_type": "custom",
+                          "muon_epsilon": 1e-7})
+        self.assertIn("grad_clip", dd)
+        self.assertEqual(Muon(parameters=p, muon_epsilon=1e-4)._default_dict["muon_epsilon"],
+                         1e-4)
+        self.assertEqual(opt._ns_coeffs, [(2.0, -1.5, 0.5)])
+        self.assertEqual((opt._muon_param_info_map, opt._master_weights,
+                          opt._muon_split_logged, opt._muon_max_group_bytes),
+                         ({}, {}, False, 2 * 1024**3))
+        self.assertIsNone(opt._muon_exclude_patterns)
+        self.assertEqual((opt._use_symmetric_gemm, opt._symmetric_gemm_min_short_edge,
+                          opt._symmetric_gemm_min_step_flops), (False, 1024, 2e11))
+        off = Muon(parameters=p, symmetric_gemm_min_short_edge=0,
+                   symmetric_gemm_min_step_flops=-1)  # not validated when off
+        self.assertEqual(off._symmetric_gemm_min_short_edge, 0)
+
+    def test_unknown_kwargs_are_named(self):
+        with self.assertLogs(logger, level=logging.WARNING) as logs:
+            opt = Muon(parameters=_params(), ns_per_matrix=True, momentun=0.9)
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn("['momentun']", logs.output[0])
+        self.assertTrue(opt._ns_per_matrix)
+
+    def test_zeropower_defaults_and_dtype(self):
+        (x,) = rng_arrays(60, (12, 20))
+        # steps=0: normalise + cast only; ns_coeffs None = simple
+        out = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 0,
+                                                ns_matmul_dtype=paddle.float32)
+        np.testing.assert_allclose(out.numpy(), x / np.linalg.norm(x), rtol=1e-6)
+        out = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x),
+                                                ns_matmul_dtype=paddle.float32)
+        self.assertLessEqual(max_rel(out.numpy(), ns_ref(x, SIMPLE, 5)), RTOL)
+        # the result stays in the matmul dtype (develop does not cast back)
+        out64 = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 3, 1e-9, None,
+                                                  paddle.float64)
+        self.assertEqual(out64.dtype, paddle.float64)
+        # normalised in the input dtype (fp32) before the cast: fp32 accuracy
+        self.assertLessEqual(max_rel(out64.numpy(), ns_ref(x, SIMPLE, 3)), 1e-6)
+        x64 = paddle.to_tensor(x.astype(np.float64))
+        out64 = Muon._zeropower_via_newtonschulz5(x64, 3, 1e-9, None, paddle.float64)
+        # addmm's alpha/beta are fp32 attributes: the coefficients carry ~3e-8
+        self.assertLessEqual(max_rel(out64.numpy(), ns_ref(x, SIMPLE, 3)), 2e-7)
+        with self.assertRaisesRegex(ValueError, "2-D or 3-D"):
+            Muon._zeropower_via_newtonschulz5(paddle.ones([2, 2, 2, 2]))
+
+    def test_scaling_rounds_twice_in_the_update_dtype(self):
+        (o,) = rng_arrays(61, (16, 48))
+        ob = paddle.to_tensor(o).astype("bfloat16")
+        out = Muon._scaling_fn(ob, 1, 0.2)
+        self.assertEqual(out.dtype, paddle.bfloat16)
+        o16 = bf16_round(o)
+        # Paddle turns a Python scalar into the tensor's dtype before the
+        # multiply: bf16(scale), then each product rounded to bf16
+        s1, s2 = bf16_round(np.float32(math.sqrt(3.0))), bf16_round(np.float32(0.2))
+        expect = bf16_round(bf16_round(o16 * s1) * s2)
+        self.assertTrue(np.array_equal(to_np(out), expect),
+                        "scale then extra factor, each rounded to bf16")
+        self.assertTrue(np.array_equal(Muon._scaling_fn(paddle.to_tensor(o), 2).numpy(),
+                                       (o * np.float32(math.sqrt(3.0))) * np.float32(1.0)))
+
+
+# (shape, dtype, min_short_edge, min_step_flops) -> profitable, develop's table
+GATE = [
+    ([16, 2048, 2048], "bfloat16", None, True), ([16, 2048, 2048], "float16", None, True),
+    ([16, 2048, 2048], "float32", None, False), ([16, 2048, 2048], "float64", None, False),
+    ([16, 4096, 8192], "bfloat16", None, True), ([64, 2048, 2048], "bfloat16", None, True),
+    ([16, 1024, 4096], "bfloat16", None, True), ([4096, 8192], "bfloat16", None, True),
+    ([16, 8192, 2048], "bfloat16", None, True), ([4096, 4104], "bfloat16", None, True),
+    ([16, 4096, 512], "bfloat16", None, False), ([111, 512, 4096], "bfloat16", None, False),
+    ([16, 512, 1024], "bfloat16", None, False), ([6, 64, 1024], "bfloat16", None, False),
+    ([16, 1036, 8192], "bfloat16", None, False), ([4096, 4097], "bfloat16", None, False),
+    ([4096, 4100], "bfloat16", None, False), ([16, 2048, 4097], "bfloat16", None, False),
+    ([1, 1024, 1024], "bfloat16", None, False), ([1024, 4096], "bfloat16", None, False),
+    ([1024, 4096], "bfloat16", (512, 1), True), ([4096, 8192], "bfloat16", (8192, 2e11), False),
+    ([4096, 8192], "bfloat16", (1024, 1e30), False), ([1036, 8192], "bfloat16", (8, 1), False),
+    ([8, 16], "bfloat16", (8, 1), True),
+]
+
+
+class TestSymmetricGemm(unittest.TestCase):
+    def setUp(self):
+        muon_module._load_symmetric_gemm.cache_clear()
+        self.addCleanup(muon_module._load_symmetric_gemm.cache_clear)
+
+    def test_profitability_gate(self):
+        for shape, dtype, thresholds, expect in GATE:
+            with self.subTest(shape=shape, dtype=dtype, thresholds=thresholds):
+                edge, flops = thresholds or (1024, 2e11)
+                self.assertEqual(muon_module._symmetric_gemm_is_profitable(
+                    shape, getattr(paddle, dtype), edge, flops), expect)
+
+    def test_loader_caches_and_explains_a_missing_package(self):
+        quack = types.ModuleType("quack")
+        iface = types.ModuleType("quack.gemm_interface")
+        iface.gemm_symmetric = object()
+        quack.gemm_interface = iface
+        with mock.patch.dict(sys.modules, {"quack": quack, "quack.gemm_interface": iface}):
+            self.assertIs(muon_module._load_symmetric_gemm(), iface.gemm_symmetric)
+        # served from the cache after quack left sys.modules
+        self.assertIs(muon_module._load_symmetric_gemm(), iface.gemm_symmetric)
+        self.assertEqual(muon_module._load_symmetric_gemm.cache_info().currsize, 1)
+        muon_module._load_symmetric_gemm.cache_clear()
+        with mock.patch.dict(sys.modules, {"quack": None, "quack.gemm_interface": None}):
+            with self.assertRaisesRegex(RuntimeError, "quack-kernels") as ctx:
+                muon_module._load_symmetric_gemm()
+        self.assertIsInstance(ctx.exception.__cause__, ImportError)
+
+    def test_constructor_checks_in_develops_order(self):
+        p = _params()
+        with self.assertRaisesRegex(ValueError, "bfloat16 or float16"):
+            Muon(parameters=p, use_symmetric_gemm=True, ns_matmul_dtype=paddle.float32)
+        if not paddle.is_compiled_with_cuda():
+            with self.assertRaisesRegex(ValueError, r'compute capability.*"0\.0"'):
+                Muon(parameters=p, use_symmetric_gemm=True, ns_matmul_dtype=paddle.bfloat16)
+        with mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True), \
+                mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                  return_value=(8, 0)), \
+                self.assertRaisesRegex(ValueError, r'"8\.0"'):
+            Muon(parameters=p, use_symmetric_gemm=True, ns_matmul_dtype=paddle.bfloat16)
+        loader = mock.Mock(return_value=fake_gemm_symmetric([]))
+        with mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True), \
+                mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                  return_value=(9, 0)), \
+                mock.patch.object(muon_module, "_load_symmetric_gemm", loader):
+            for bad in (dict(symmetric_gemm_min_short_edge=0),
+                        dict(symmetric_gemm_min_step_flops=-1.0)):
+                with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "must be positive"):
+                    Muon(parameters=p, use_symmetric_gemm=True, **bad)
+            loader.assert_not_called()
+            opt = Muon(parameters=p, use_symmetric_gemm=True)  # auto dtype: bf16 on SM 9
+            loader.assert_called_once_with()
+        self.assertEqual(opt._ns_matmul_dtype, paddle.bfloat16)
+        self.assertTrue(opt._use_symmetric_gemm)
+        with mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True), \
+                mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                  return_value=(10, 0)), \
+                mock.patch.dict(sys.modules, {"quack": None, "quack.gemm_interface": None}), \
+                self.assertRaisesRegex(RuntimeError, "quack-kernels"):
+            Muon(parameters=p, use_symmetric_gemm=True)
+
+    def test_symmetric_step_equals_dense_step_with_fake_kernel(self):
+        # fp32 stands in for bf16 on this CPU: develop's tests patch the dtype list
+        for shape in ([16, 24], [3, 16, 24], [24, 16]):
+            with self.subTest(shape=shape):
+                (x,) = rng_arrays(62, shape)
+                calls = []
+                kw = dict(use_symmetric_gemm=True, symmetric_gemm_min_short_edge=8,
+                          symmetric_gemm_min_step_flops=1)
+                with mock.patch.object(muon_module, "_SYRK_SUPPORTED_DTYPES", (paddle.float32,)), \
+                        mock.patch.object(muon_module, "_load_symmetric_gemm",
+                                          return_value=fake_gemm_symmetric(calls)):
+                    sym = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 2, 1e-9, None,
+                                                            paddle.float32, **kw)
+                self.assertEqual(len(calls), 4, "two kernel calls per step")
+                self.assertEqual([c[1:] for c in calls[:2]],
+                                 [(False, 1.0, 1.0), (True, SIMPLE[0][2], SIMPLE[0][1])])
+                dense = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 2, 1e-9, None,
+                                                          paddle.float32)
+                np.testing.assert_allclose(sym.numpy(), dense.numpy(), rtol=1e-5, atol=1e-6)
+                self.assertLessEqual(max_rel(sym.numpy(), ns_ref(x, SIMPLE, 2)), RTOL)
+
+    def test_dense_fallbacks_leave_the_kernel_untouched(self):
+        (x,) = rng_arrays(63, (16, 24))
+        for kw in (dict(use_symmetric_gemm=False, symmetric_gemm_min_short_edge=8,
+                        symmetric_gemm_min_step_flops=1),
+                   dict(use_symmetric_gemm=True, symmetric_gemm_min_short_edge=32,
+                        symmetric_gemm_min_step_flops=1),
+                   dict(use_symmetric_gemm=True, symmetric_gemm_min_short_edge=8,
+                        symmetric_gemm_min_step_flops=1e30)):
+            with self.subTest(kw=kw):
+                calls = []
+                with mock.patch.object(muon_module, "_SYRK_SUPPORTED_DTYPES", (paddle.float32,)), \
+                        mock.patch.object(muon_module, "_load_symmetric_gemm",
+                                          return_value=fake_gemm_symmetric(calls)):
+                    Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 2, 1e-9, None,
+                                                      paddle.float32, **kw)
+                self.assertEqual(calls, [])
+
+    def test_optimizer_step_dispatches_through_the_kernel(self):
+        values = rng_arrays(64, (16, 24), (2, 16, 24), scale=0.05)
+        consts = rng_arrays(65, (16, 24), (2, 16, 24))
+        calls = []
+        with mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True), \
+                mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                  return_value=(9, 0)), \
+                mock.patch.object(muon_module, "_SYRK_SUPPORTED_DTYPES", (paddle.float32,)), \
+                mock.patch.object(muon_module, "_load_symmetric_gemm",
+                                  return_value=fake_gemm_symmetric(calls)), \
+                unique_name.guard():
+            params = [make_param(n, v) for n, v in zip(["w", "e"], values)]
+            opt = Muon(LR, params, muon_exclude_patterns=[], ns_matmul_dtype=paddle.float32,
+                       use_symmetric_gemm=True, symmetric_gemm_min_short_edge=8,
+                       symmetric_gemm_min_step_flops=1)
+            train(opt, params, consts, 2)
+        self.assertEqual(len(calls), 2 * 2 * 5 * 2, "2 kernels x 5 NS steps x 2 keys x 2 steps")
+        ref = ref_train(RefMuon(), ["w", "e"], values, consts, [True, True], 2)
+        for p, r in zip(params, ref):
+            self.assertLessEqual(max_rel(p.numpy(), r), RTOL, p.name)
 
 
 if __name__ == "__main__":

@@ -321,10 +321,8 @@ def reference_states(dense_dtype: str, steps: int, with_experts: bool) -> tuple[
 def opt_state_entries(net: CheckpointNet, opt: Muon):
     """(checkpoint key, fp32 numpy) of every state of a plain Muon optimizer."""
     masters = opt._master_weights
-    by_target = {}
-    for name, p in net.named_parameters():
-        target = masters.get(p.name, p)
-        by_target[target.name] = (name, p)
+    # accumulators are keyed on the parameter, master weight or not (develop)
+    by_target = {p.name: (name, p) for name, p in net.named_parameters()}
     for acc_name, per_target in opt._accumulators.items():
         for target_name, var in per_target.items():
             key, p = by_target[target_name]
