@@ -92,6 +92,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
     MuonShardingOptimizer,
 )
 from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (  # noqa: E402
+    OVERLAP_SYNC_ENV,
+)
 from paddle_muon_ext.optimizer import Muon, MuonParamInfo, build_muon_param_info_map  # noqa: E402
 
 TARGET = 1.15
@@ -164,10 +167,10 @@ def _rank_body(spec: Dict, reps: int, warmup: int, ns_steps: int, strategy):
                 p.no_sync = True
                 params.append(p)
 
-        opt = MuonShardingOptimizer(Muon(parameters=params,
-                                         muon_param_info_map=build_muon_param_info_map(params),
-                                         **_muon_kwargs(ns_steps)),
-                                    hcg=hcg, strategy=strategy)
+        opt = MuonShardingOptimizer(
+            Muon(parameters=params, muon_param_info_map=build_muon_param_info_map(params),
+                 **_muon_kwargs(ns_steps)),
+            hcg=hcg, strategy=strategy)
         # Gradients: fused buffers already linked p.grad to their storage;
         # write into it in place (assign(output=...) keeps the view).
         for p in params:
@@ -269,7 +272,17 @@ def bench_config(name: str, hidden: int = 512, inner: int = 256, reps: int = 7,
     set_muon_sharding_options(strategy, muon_partition_strategy="balanced")
     sim = SimulatedWorld(world, hcg_factory=make_hcg_factory(ep=ep, moe_sharding=ms),
                          strategy=strategy, mode="record")
-    ranks = sim.run(_rank_body(spec, reps, warmup, ns_steps, strategy))
+    # The breakdown times the sync on its own: keep develop's overlapped
+    # update+sync (on by default with the staged API) out of this bench.
+    previous = os.environ.get(OVERLAP_SYNC_ENV)
+    os.environ[OVERLAP_SYNC_ENV] = "0"
+    try:
+        ranks = sim.run(_rank_body(spec, reps, warmup, ns_steps, strategy))
+    finally:
+        if previous is None:
+            del os.environ[OVERLAP_SYNC_ENV]
+        else:
+            os.environ[OVERLAP_SYNC_ENV] = previous
     total_sharded = sum(r["sharded_ms"] for r in ranks)
     total_plain = sum(r["plain_ms"] for r in ranks)
     per_rank = [r["sharded_ms"] / r["plain_ms"] for r in ranks]
