@@ -1396,5 +1396,287 @@ class TestSymmetricGemm(unittest.TestCase):
             self.assertLessEqual(max_rel(p.numpy(), r), RTOL, p.name)
 
 
+# --------------------------------------------------------------------------
+# Hyperball (MuonH / AdamH), muon_epsilon (develop #79792)
+# --------------------------------------------------------------------------
+def fro_ref(x):
+    return np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, axis=(-2, -1), keepdims=True))
+
+
+def hyperball_ref(w, u, lr, eps=1e-12):
+    """R = ||w||; trial = w - lr R u/||u||; R trial/||trial|| (per matrix)."""
+    w, u = np.asarray(w, np.float64), np.asarray(u, np.float64)
+    radius = fro_ref(w)
+    trial = w - lr * radius * u / np.maximum(fro_ref(u), eps)
+    return radius * trial / np.maximum(fro_ref(trial), eps)
+
+
+class RefMuonH(RefMuon):
+    """RefMuon plus the hyperball modes: no weight decay, lr times lr_ratio."""
+
+    def step_mode(self, name, w, g, use_muon, hyper, lr=None):
+        if not hyper:
+            return self.step(name, w, g, use_muon, lr=lr)
+        lr = (self.lr if lr is None else lr) * (self.lr_ratio(name) if self.lr_ratio else 1.0)
+        w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)
+        st = self.state.setdefault(name, {"m": np.zeros_like(w), "v": np.zeros_like(w), "t": 0})
+        shape = self.original_shape.get(name, w.shape)
+        shape = shape if len(shape) >= 2 else (1, w.size)
+        if use_muon:
+            st["m"] = st["m"] + (1 - self.momentum) * (g - st["m"])
+            u = g + self.momentum * (st["m"] - g) if self.nesterov else st["m"]
+            d = self.ortho(u.reshape(shape))
+        else:
+            st["t"] += 1
+            t = st["t"]
+            st["m"] = self.beta1 * st["m"] + (1 - self.beta1) * g
+            st["v"] = self.beta2 * st["v"] + (1 - self.beta2) * g * g
+            d = (st["m"] / (1 - self.beta1**t)) / (
+                np.sqrt(st["v"] / (1 - self.beta2**t)) + self.eps)
+        return hyperball_ref(w.reshape(shape), d.reshape(shape), lr).reshape(w.shape)
+
+
+class TestHyperball(unittest.TestCase):
+    def test_apply_matches_formula_2d_and_3d(self):
+        for shape in ((16, 24), (24, 16), (3, 8, 12)):
+            with self.subTest(shape=shape):
+                w, u = rng_arrays(70, shape, shape)
+                out = Muon._hyperball_apply(paddle.to_tensor(w), paddle.to_tensor(u), 0.3)
+                ref = hyperball_ref(w, u, 0.3)
+                np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(fro_ref(out.numpy()), fro_ref(w), rtol=1e-5,
+                                           err_msg="norm kept per matrix")
+        # w is left unchanged, a new tensor comes back
+        wt = paddle.to_tensor(w)
+        Muon._hyperball_apply(wt, paddle.to_tensor(u), 0.3)
+        self.assertTrue(np.array_equal(wt.numpy(), w))
+
+    def test_experts_are_independent(self):
+        w, u = rng_arrays(71, (4, 8, 12), (4, 8, 12))
+        u2 = u.copy()
+        u2[0] *= -3.0
+        w2 = w.copy()
+        w2[2] *= 5.0
+        a = Muon._hyperball_apply(paddle.to_tensor(w), paddle.to_tensor(u), 0.2).numpy()
+        b = Muon._hyperball_apply(paddle.to_tensor(w2), paddle.to_tensor(u2), 0.2).numpy()
+        for e in (1, 3):
+            self.assertTrue(np.array_equal(a[e], b[e]), f"expert {e} saw another expert")
+        self.assertFalse(np.allclose(a[0], b[0]))
+
+    def test_zero_update_and_zero_lr(self):
+        (w,) = rng_arrays(72, (8, 12))
+        for u, lr in ((np.zeros_like(w), 0.5), (rng_arrays(73, (8, 12))[0], 0.0)):
+            out = Muon._hyperball_apply(paddle.to_tensor(w), paddle.to_tensor(u), lr).numpy()
+            self.assertTrue(np.all(np.isfinite(out)))
+            np.testing.assert_allclose(out, w, rtol=1e-5, atol=1e-6)
+
+    def _train_modes(self, modes, shapes, names, steps=3, wd=0.01, ratio=None,
+                     original=None):
+        values = rng_arrays(74, *shapes, scale=0.5)
+        consts = rng_arrays(75, *shapes)
+        info = {n: MuonParamInfo(use_muon=m, use_hyperball=h) for n, (m, h) in zip(names, modes)}
+        with unique_name.guard():
+            params = [make_param(n, v) for n, v in zip(names, values)]
+            for p in params:
+                if original and p.name in original:
+                    p.original_shape = list(original[p.name])
+            opt = Muon(LR, params, muon_param_info_map=info, weight_decay=wd,
+                       lr_ratio=None if ratio is None else (lambda p: ratio(p.name)))
+            train(opt, params, consts, steps)
+        ref = RefMuonH(wd=wd, lr_ratio=ratio, original_shape=original)
+        vals = [np.asarray(v, np.float64) for v in values]
+        for _ in range(steps):
+            vals = [ref.step_mode(n, w, c + w, m, h)
+                    for n, w, c, (m, h) in zip(names, vals, consts, modes)]
+        return opt, params, values, vals
+
+    def test_four_modes_match_reference_three_steps(self):
+        modes = [(True, True), (False, True), (True, False), (False, False),
+                 (True, True), (False, True)]
+        names = ["muonh", "adamh", "muon", "adamw", "muonh3d", "adamh1d"]
+        shapes = [(16, 24), (24, 16), (16, 24), (24,), (3, 8, 12), (24,)]
+        opt, params, values, ref = self._train_modes(modes, shapes, names,
+                                                     ratio=lambda n: 0.5 if "h" in n else 1.0)
+        for p, r, v, (m, h) in zip(params, ref, values, modes):
+            err = max_rel(p.numpy(), r)
+            MEASURED[f"hyperball mode {p.name}"] = (err, max_rel(p.numpy() - v, r - v))
+            self.assertLessEqual(err, RTOL, f"{p.name}: differs from the float64 reference")
+            self.assertFalse(np.allclose(p.numpy(), v), f"{p.name} did not move")
+            if h:
+                mat = r.shape if r.ndim >= 2 else (1, r.size)
+                np.testing.assert_allclose(fro_ref(p.numpy().reshape(mat)),
+                                           fro_ref(v.reshape(mat)),
+                                           rtol=1e-5, err_msg=f"{p.name} left its sphere")
+        sd = opt.state_dict()
+        self.assertEqual({k for k in sd if k.startswith("adamh_")},
+                         {"adamh_moment1_0", "adamh_moment2_0", "adamh_beta1_pow_acc_0",
+                          "adamh_beta2_pow_acc_0"})
+        np.testing.assert_allclose(sd["adamh_beta1_pow_acc_0"].numpy(), [0.9**4], rtol=1e-6)
+        self.assertEqual({k for k in sd if k.startswith("muonh_")}, {"muonh_moment1_0"})
+
+    def test_original_shape_norms_per_expert(self):
+        names = ["experts"]
+        opt, params, values, ref = self._train_modes(
+            [(True, True)], [(24, 12)], names, original={"experts": (3, 8, 12)})
+        self.assertLessEqual(max_rel(params[0].numpy(), ref[0]), RTOL)
+        np.testing.assert_allclose(fro_ref(params[0].numpy().reshape(3, 8, 12)),
+                                   fro_ref(values[0].reshape(3, 8, 12)), rtol=1e-5)
+
+    def test_no_weight_decay_and_lr_ratio_zero_freezes(self):
+        modes = [(True, True), (False, True)]
+        names, shapes = ["muonh", "adamh"], [(16, 24), (8, 12)]
+        _, a, _, _ = self._train_modes(modes, shapes, names, wd=0.0)
+        _, b, _, _ = self._train_modes(modes, shapes, names, wd=0.9)
+        for x, y in zip(a, b):
+            self.assertTrue(np.array_equal(x.numpy(), y.numpy()), "weight decay leaked in")
+        _, params, values, _ = self._train_modes(modes, shapes, names, ratio=lambda n: 0.0)
+        for p, v in zip(params, values):
+            np.testing.assert_allclose(p.numpy(), v, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{p.name}: lr_ratio 0 must freeze it")
+
+    def test_master_weights_bf16(self):
+        names, shapes = ["muonh", "adamh"], [(16, 24), (8, 12)]
+        modes = [(True, True), (False, True)]
+        values = [bf16_round(v) for v in rng_arrays(76, *shapes, scale=0.5)]
+        consts = rng_arrays(77, *shapes)
+        info = {n: MuonParamInfo(use_muon=m, use_hyperball=h) for n, (m, h) in zip(names, modes)}
+        with unique_name.guard():
+            params = [make_param(n, v, "bfloat16") for n, v in zip(names, values)]
+            opt = Muon(LR, params, muon_param_info_map=info, multi_precision=True)
+            train(opt, params, consts, 2)
+        ref, masters = RefMuonH(), [np.asarray(v, np.float64) for v in values]
+        for _ in range(2):
+            grads = [bf16_round((c + bf16_round(w)).astype(np.float32))
+                     for c, w in zip(consts, masters)]
+            masters = [ref.step_mode(n, w, g, m, h)
+                       for n, w, g, (m, h) in zip(names, masters, grads, modes)]
+        for p, r, v in zip(params, masters, values):
+            master = opt._master_weights[p.name].numpy()
+            self.assertLessEqual(max_rel(master, r), RTOL, p.name)
+            np.testing.assert_allclose(fro_ref(master), fro_ref(v), rtol=1e-5)
+            self.assertTrue(np.array_equal(to_np(p), bf16_round(master)))
+
+
+class TestMuonEpsilon(_Case):
+    def test_ns_floor_is_muon_epsilon_and_adamw_keeps_adam_epsilon(self):
+        # gradients of norm ~1e-5: the floor 1e-3 dominates the NS normalisation
+        shapes, names = [(16, 24), (2, 8, 12), (24,)], ["w", "e", "b"]
+        values = rng_arrays(80, *shapes, scale=1e-7)
+        consts = rng_arrays(81, *shapes, scale=1e-7)
+        runs = {}
+        for muon_eps in (None, 1e-3):
+            with unique_name.guard():
+                params = [make_param(n, v) for n, v in zip(names, values)]
+                opt = Muon(LR, params, muon_exclude_patterns=[], muon_epsilon=muon_eps,
+                           adam_epsilon=1e-9)
+                train(opt, params, consts, 3)
+            runs[muon_eps] = [p.numpy() for p in params]
+            ns_eps = 1e-9 if muon_eps is None else muon_eps
+            ref = RefMuon(eps=1e-9)
+            ref.ortho = lambda u, r=ref, e=ns_eps: ns_ref(u, r.coeffs, r.ns_steps, e) * \
+                scale_ref(u.shape, r.version, r.extra)
+            expect = ref_train(ref, names, values, consts, [True, True, False], 3)
+            for name, got, r, v in zip(names, runs[muon_eps], expect, values):
+                self.assertLessEqual(max_rel(got - v, r - v), RTOL,
+                                     f"{name}, muon_epsilon={muon_eps}: update differs")
+        self.assertGreater(max_rel(runs[1e-3][0], runs[None][0]), 1e-3,
+                           "muon_epsilon must change the Muon update")
+        self.assertTrue(np.array_equal(runs[1e-3][2], runs[None][2]),
+                        "muon_epsilon must not touch AdamW")
+
+
+# --------------------------------------------------------------------------
+# Rounding of the bf16 Newton-Schulz result (develop's GPU default) and
+# develop-keyed checkpoints
+# --------------------------------------------------------------------------
+class TestNumbersAndKeys(unittest.TestCase):
+    def test_bf16_ns_result_is_scaled_and_stepped_in_bf16(self):
+        # The CPU has no bf16 matmul: the NS is run in fp32 and its result
+        # rounded to bf16, which is what a bf16 NS hands back; everything
+        # after it (scaling, step, cast) is the optimizer's own arithmetic.
+        dense = Muon._zeropower_via_newtonschulz5
+
+        def bf16_ns(X, steps=5, eps=1e-9, ns_coeffs=None, ns_matmul_dtype=None, **kw):
+            return paddle.cast(dense(X, steps, eps, ns_coeffs, paddle.float32), "bfloat16")
+
+        (g,) = rng_arrays(90, (16, 48))
+        lr = 0.1
+        with unique_name.guard(), mock.patch.object(Muon, "_zeropower_via_newtonschulz5",
+                                                    staticmethod(bf16_ns)):
+            w = make_param("w", np.zeros((16, 48), np.float32))
+            opt = Muon(lr, [w], muon_exclude_patterns=[], weight_decay=0.0)
+            opt._apply_optimize(None, None, [(w, paddle.to_tensor(g))])
+        m = np.float32(0.05) * g  # lerp(0, g, 0.05), then nesterov lerp(g, m, 0.95)
+        u = g + np.float32(0.95) * (m - g)
+        o = bf16_round(dense(paddle.to_tensor(u), 5, 1e-9, None, paddle.float32).numpy())
+        scale = [bf16_round(np.float32(s)) for s in (math.sqrt(3.0), 0.2, lr)]
+        step = o
+        for s in scale:
+            step = bf16_round(step * s)
+        got = -w.numpy()
+        self.assertTrue(np.array_equal(bf16_round(got), got), "the step is a bf16 value")
+        self.assertGreater(np.mean(got == step), 0.99,
+                           "scale, extra factor and lr each rounded to bf16, as develop")
+        self.assertLessEqual(max_rel(got, step), 1e-2)
+
+    def _develop_state(self, ref, names, shapes, masters, t):
+        """A state_dict as develop writes it, from the float64 reference."""
+        sd, mw = {}, {}
+        for name in names:
+            st = ref.state[name]
+            sd[f"{name}_moment1_0"] = paddle.to_tensor(st["m"].astype(np.float32))
+            if st["t"]:
+                sd[f"{name}_moment2_0"] = paddle.to_tensor(st["v"].astype(np.float32))
+                sd[f"{name}_beta1_pow_acc_0"] = paddle.to_tensor([0.9 ** (t + 1)], "float32")
+                sd[f"{name}_beta2_pow_acc_0"] = paddle.to_tensor([0.95 ** (t + 1)], "float32")
+            master = paddle.to_tensor(masters[name].astype(np.float32))
+            master.name = f"{name}_fp32_master_0"
+            mw[name] = master
+        sd["master_weights"] = mw
+        return sd
+
+    def test_develop_keyed_bf16_master_checkpoint_resumes(self):
+        names, shapes = ["w", "e", "b"], [(16, 24), (2, 8, 12), (24,)]
+        use = [True, True, False]
+        values = [bf16_round(v) for v in rng_arrays(91, *shapes, scale=0.5)]
+        consts = rng_arrays(92, *shapes)
+        ref, masters = RefMuon(), [np.asarray(v, np.float64) for v in values]
+
+        def ref_steps(masters, n):
+            for _ in range(n):
+                grads = [bf16_round((c + bf16_round(w)).astype(np.float32))
+                         for c, w in zip(consts, masters)]
+                masters = [ref.step(nm, w, gr, um)
+                           for nm, w, gr, um in zip(names, masters, grads, use)]
+            return masters
+
+        masters = ref_steps(masters, 2)
+        for legacy in (False, True):
+            with self.subTest(legacy_keys=legacy):
+                sd = self._develop_state(ref, names, shapes, dict(zip(names, masters)), 2)
+                if legacy:  # this package's keys before develop's
+                    sd = {(k.replace("_moment", "_fp32_master_0_moment")
+                           .replace("_beta", "_fp32_master_0_beta") if k != "master_weights"
+                           else k): v for k, v in sd.items()}
+                with unique_name.guard():
+                    params = [make_param(n, bf16_round(m.astype(np.float32)), "bfloat16")
+                              for n, m in zip(names, masters)]
+                    opt = Muon(LR, params, multi_precision=True, muon_exclude_patterns=[])
+                    opt.set_state_dict(sd)
+                    train(opt, params, consts, 2)
+                    self.assertEqual(set(opt.state_dict()) - {"master_weights"},
+                                     {k for k in self._develop_state(
+                                         ref, names, shapes, dict(zip(names, masters)), 2)
+                                      if k != "master_weights"})
+                    got = {n: opt._master_weights[n].numpy() for n in names}
+                saved_state = {n: dict(ref.state[n]) for n in names}
+                expect = ref_steps(masters, 2)
+                for n in names:  # rewind the reference for the next subtest
+                    ref.state[n] = saved_state[n]
+                for n, e in zip(names, expect):
+                    self.assertLessEqual(max_rel(got[n], e), RTOL,
+                                         f"{n}: resumed run differs from the reference")
+
+
 if __name__ == "__main__":
     unittest.main()
