@@ -47,6 +47,14 @@ FEATURES, HIDDEN, CLASSES = 32, 64, 8
 TOLERANCE = 1e-4
 
 
+def muon_routing(model: paddle.nn.Layer) -> dict:
+    """Develop's Muon needs a routing entry per parameter (the sharding
+    optimizer asserts it): matrices on Muon, the rest on AdamW."""
+    from paddle.optimizer.muon import MuonParamInfo
+
+    return {p.name: MuonParamInfo(use_muon=p.ndim in (2, 3)) for p in model.parameters()}
+
+
 def build_model() -> paddle.nn.Layer:
     paddle.seed(2026)  # the same initial weights on every rank
     return paddle.nn.Sequential(
@@ -93,14 +101,16 @@ def main() -> int:
 
     model = build_model()
     opt = fleet.distributed_optimizer(
-        paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters())
+        paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters(),
+                              muon_param_info_map=muon_routing(model))
     )
     train(model, opt, rank, world)
 
     # The same steps in this process alone, on the whole batch.
     reference = build_model()
     train(reference, paddle.optimizer.Muon(learning_rate=0.02,
-                                           parameters=reference.parameters()), 0, 1)
+                                           parameters=reference.parameters(),
+                                           muon_param_info_map=muon_routing(reference)), 0, 1)
 
     got, want = values(model), values(reference)
     diff = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)

@@ -21,6 +21,7 @@ asserted: they belong to the benchmark's printed report.
 import math
 import os
 
+import pytest
 from tool_loader import load_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,3 +74,17 @@ def test_bench_newton_schulz_smoke(capsys):
     out = capsys.readouterr().out
     assert "RESULT ns_overall_ratio=" in out
     assert "RESULT ns_ratio[48x16]=" in out
+
+
+def test_bench_newton_schulz_grouped_smoke(capsys):
+    bench = _load("bench_newton_schulz")
+    res = bench.main(["--grouped", "3x16x24", "2x8x8", "--scale", "1", "--steps", "2",
+                      "--reps", "1", "--warmup", "0", "--max-group-bytes", "3100"])
+    # 16*24*4 = 1,536 bytes: two per 3,100-byte batch; the 8x8 pair fits once
+    assert res["splits"] == {"16x24": [2, 1], "8x8": [2]}, res["splits"]
+    assert _finite_positive(res["grouped_speedup"])
+    assert res["max_abs_diff"] < 1e-5, "grouped and per-matrix updates must agree"
+    assert "RESULT grouped_speedup=" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--grouped", "3x16"])
+    assert exit_info.value.code == 2

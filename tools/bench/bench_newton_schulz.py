@@ -37,8 +37,19 @@ one alternative formulation (the element-wise ops folded into
 numerically against newton_schulz, so the report says where the non-matmul
 time goes and what a change would buy.
 
+Grouped mode (``--grouped COUNTxMxN ...``): one MoE owner's Muon update,
+``Muon.update_params`` on the same matrices, per matrix
+(``ns_per_matrix=True``) against develop's grouped path (same-key matrices
+stacked into one batched Newton-Schulz, split at ``--max-group-bytes``),
+alternating repetitions in one run; prints ``grouped_speedup =
+per_matrix_ms / grouped_ms``, the sub-group sizes chosen and the largest
+difference between the two results. The default owner is 64 x [512, 1408]
+plus 4 x [2048, 2048] scaled by 1/4 per edge (``--scale 4``) so it finishes
+in about a minute on a CPU; ``--scale 1`` is the real size (GPU).
+
 Importable: ``bench(...)`` returns a dict with ``overall_ratio`` and per
-shape ``ratio``; ``main(argv)`` prints and returns it.
+shape ``ratio``; ``bench_grouped(...)`` the grouped figures; ``main(argv)``
+prints and returns one of them.
 """
 
 from __future__ import annotations
@@ -59,10 +70,18 @@ if _PY not in sys.path:
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from paddle_muon_ext.optimizer.muon import newton_schulz, resolve_ns_coeffs  # noqa: E402
+from paddle_muon_ext.optimizer.muon import (  # noqa: E402
+    Muon,
+    build_muon_param_info_map,
+    newton_schulz,
+    resolve_ns_coeffs,
+)
 
 TARGET = 1.10
 DEFAULT_SHAPES = ("1024x1024", "1024x4096", "16x512x1408")
+# A MoE owner: 64 expert matrices [512, 1408] and 4 dense [2048, 2048].
+DEFAULT_GROUPED = ("64x512x1408", "4x2048x2048")
+DEFAULT_GROUPED_SCALE = 4
 
 
 def parse_shape(text: str) -> List[int]:
@@ -204,6 +223,102 @@ def bench(shapes: Sequence[str] = DEFAULT_SHAPES, steps: int = 5, coeff_type: st
     return out
 
 
+def parse_group(text: str, scale: int = 1) -> List[int]:
+    """``COUNTxMxN`` -> ``[count, M // scale, N // scale]``."""
+    parts = [int(v) for v in text.lower().split("x")]
+    if len(parts) != 3 or min(parts) < 1 or scale < 1:
+        raise ValueError(f"grouped spec must be COUNTxMxN, got {text!r}")
+    return [parts[0], max(1, parts[1] // scale), max(1, parts[2] // scale)]
+
+
+def _owner(spec: Sequence[List[int]], seed: int):
+    rng = np.random.default_rng(seed)
+    params, grads = [], []
+    with paddle.utils.unique_name.guard():
+        for i, (count, m, n) in enumerate(spec):
+            for j in range(count):
+                value = rng.normal(0, 0.02, (m, n)).astype("float32")
+                p = paddle.create_parameter(
+                    [m, n], "float32", name=f"owner{i}_{j}",
+                    default_initializer=paddle.nn.initializer.Assign(value))
+                params.append(p)
+                grads.append(paddle.to_tensor(rng.normal(0, 1, (m, n)).astype("float32")))
+    return params, grads
+
+
+def bench_grouped(groups: Sequence[str] = DEFAULT_GROUPED, scale: int = DEFAULT_GROUPED_SCALE,
+                  steps: int = 5, reps: int = 3, warmup: int = 1,
+                  max_group_bytes: Optional[int] = 2 * 1024**3) -> Dict:
+    """Per-matrix vs grouped ``update_params`` of one owner, side by side."""
+    spec = [parse_group(g, scale) for g in groups]
+    runs = {}
+    for label, kwargs in (("per_matrix", {"ns_per_matrix": True}),
+                          ("grouped", {"muon_max_group_bytes": max_group_bytes})):
+        params, grads = _owner(spec, seed=0)
+        opt = Muon(learning_rate=0.02, parameters=params, ns_steps=steps,
+                   ns_matmul_dtype=paddle.float32 if not paddle.is_compiled_with_cuda()
+                   else None,
+                   muon_param_info_map=build_muon_param_info_map(params), **kwargs)
+        muon, _ = opt.prepare_optimize(list(zip(params, grads)))
+        runs[label] = (opt, params, muon)
+
+    def update(label):
+        opt, _, muon = runs[label]
+        return lambda: opt.update_params(muon, [])
+
+    def timed(fn):
+        t = _time(fn)
+        if paddle.is_compiled_with_cuda():
+            paddle.device.synchronize()
+        return t
+
+    samples = {"per_matrix": [], "grouped": []}
+    for i in range(warmup + reps):
+        for label in samples:  # alternate: both see the same machine load
+            t = timed(update(label))
+            if i >= warmup:
+                samples[label].append(t)
+    opt, _, muon = runs["grouped"]
+    by_key: Dict = {}
+    for pg in muon:
+        by_key.setdefault(opt.muon_group_key(pg[0]), []).append(pg)
+    splits = {"x".join(map(str, key[1])): [len(sub) for sub in opt._split_group_by_bytes(group)]
+              for key, group in by_key.items()}
+    diff = max(float(np.max(np.abs(a.numpy().astype("float64") - b.numpy())))
+               for a, b in zip(runs["per_matrix"][1], runs["grouped"][1]))
+    res = {
+        "groups": [f"{c}x{m}x{n}" for c, m, n in spec],
+        "scale": scale,
+        "steps": steps,
+        "max_group_bytes": max_group_bytes,
+        "per_matrix_ms": 1000.0 * statistics.median(samples["per_matrix"]),
+        "grouped_ms": 1000.0 * statistics.median(samples["grouped"]),
+        "splits": splits,
+        "max_abs_diff": diff,
+        "device": paddle.device.get_device(),
+    }
+    res["grouped_speedup"] = res["per_matrix_ms"] / res["grouped_ms"]
+    return res
+
+
+def _main_grouped(args, argv) -> Dict:
+    print("# bench_newton_schulz --grouped: Muon.update_params of one owner, per matrix "
+          "(ns_per_matrix=True) vs grouped (develop's batched Newton-Schulz)")
+    print(f"# command: python3 tools/bench/bench_newton_schulz.py "
+          f"{' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}".rstrip())
+    res = bench_grouped(args.grouped, args.scale, args.steps, args.reps, args.warmup,
+                        args.max_group_bytes or None)
+    print(f"# paddle {paddle.__version__}, device {res['device']}, steps={args.steps}, "
+          f"reps={args.reps} (median, alternating), warmup={args.warmup}, edges / {args.scale}"
+          f"{' (scaled down for a CPU)' if args.scale > 1 else ''}")
+    print(f"# owner {res['groups']}, muon_max_group_bytes={res['max_group_bytes']}: "
+          f"sub-group sizes per key {res['splits']}")
+    print(f"per_matrix {res['per_matrix_ms']:.1f} ms, grouped {res['grouped_ms']:.1f} ms, "
+          f"max |difference| {res['max_abs_diff']:.1e}")
+    print(f"RESULT grouped_speedup={res['grouped_speedup']:.3f}")
+    return res
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
@@ -212,7 +327,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--grouped", nargs="+", metavar="COUNTxMxN",
+                    help=f"grouped vs per-matrix update of one owner, e.g. "
+                         f"{' '.join(DEFAULT_GROUPED)}")
+    ap.add_argument("--scale", type=int, default=DEFAULT_GROUPED_SCALE,
+                    help="divide every --grouped edge by this (default %(default)s; 1 on a GPU)")
+    ap.add_argument("--max-group-bytes", type=int, default=2 * 1024**3,
+                    help="muon_max_group_bytes of the grouped run (0: no limit)")
     args = ap.parse_args(argv)
+    if args.grouped:
+        try:
+            return _main_grouped(args, argv)
+        except ValueError as err:
+            ap.error(str(err))
 
     coeffs = resolve_ns_coeffs(args.coeffs)
     print("# bench_newton_schulz: newton_schulz(x, coeffs, steps) vs its 3*steps matmuls alone")
