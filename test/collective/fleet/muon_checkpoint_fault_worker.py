@@ -21,7 +21,8 @@ printed as ``FAULT {json}``; the test asserts on them.
 
 Faults: a full disk on rank 1 (an injected ``OSError(ENOSPC)`` after half the
 shard is written), a different model B saved into the same directory, a
-truncated shard, a flipped byte in a shard and in the metadata, and last a
+truncated shard, a flipped byte in a shard and in the metadata, a real full
+disk (argv[2]: a small tmpfs, when the test could mount one), and last a
 rank killed while writing its shard (rank 1 exits; rank 0 must fail within
 the heartbeat timeout).
 """
@@ -211,7 +212,19 @@ def main() -> None:
             zeros_like(values("A", 2)), root, unique_id=uid))
         report(fault, file=name, **outcome, **previous_intact(root, good_hash))
 
-    # 6. rank 1 killed while writing its shard (last: it leaves the job)
+    # 6. a real full disk (a 256 KiB tmpfs the test mounted, where allowed)
+    if len(sys.argv) > 2 and sys.argv[2]:
+        disk = sys.argv[2]
+        save_sharded_checkpoint(state(values("A", 0)), disk)
+        dist.barrier()
+        disk_hash = tree_hash(os.path.join(disk, "checkpoint_0"))
+        big = state(dict(values("A", 4), w=np.ones((ROWS, 20000), "float32")))  # 640 KB
+        outcome = attempt(lambda: save_sharded_checkpoint(big, disk))
+        dist.barrier()
+        report("real_full_disk", **outcome, **previous_intact(disk, disk_hash),
+               left=leftover_files(disk))
+
+    # 7. rank 1 killed while writing its shard (last: it leaves the job)
     dist.barrier()
     last_before = sorted(os.listdir(root))
 

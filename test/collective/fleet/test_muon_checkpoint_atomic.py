@@ -75,6 +75,20 @@ def numpy_of(state: dict) -> dict[str, np.ndarray]:
     return {k: v.local_tensor.numpy() for k, v in state.items()}
 
 
+def mount_small_tmpfs(test: unittest.TestCase, size: str) -> str:
+    """A tmpfs of ``size`` for the test (skipped where mounting is not allowed)."""
+    import subprocess
+
+    path = tempfile.mkdtemp(prefix="muon_ckpt_tmpfs_")
+    test.addCleanup(shutil.rmtree, path, True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        test.skipTest(f"cannot mount a tmpfs here (not root?): {mounted.stderr.strip()}")
+    test.addCleanup(subprocess.run, ["umount", path], capture_output=True)
+    return path
+
+
 class _Dir(unittest.TestCase):
     def setUp(self) -> None:
         self.root = tempfile.mkdtemp(prefix="muon_ckpt_atomic_")
@@ -217,6 +231,29 @@ class TestSingleProcess(_Dir):
         directory = save_sharded_checkpoint(nested, self.root)
         self.assertIn("model.w", commit.read_marker(directory)["tensors"])
         self.assertEqual(os.listdir(self.root), ["checkpoint_0"])
+
+    def test_a_real_full_disk(self):
+        # a 256 KiB tmpfs (root only): the second save does not fit
+        disk = mount_small_tmpfs(self, "256k")
+        save_sharded_checkpoint(whole(arrays(1)), disk)
+        before = {n: commit.file_digest(os.path.join(disk, "checkpoint_0", n))
+                  for n in os.listdir(os.path.join(disk, "checkpoint_0"))}
+        big = whole({"w": np.ones((400, 400), "float32")})  # 640 KB
+        with self.assertRaisesRegex(CheckpointSaveError, r"(?s)saving .*checkpoint_1 failed; "
+                                    r"nothing was committed.*rank 0 could not write "
+                                    r"\S+: OSError: .*No space left on device"):
+            save_sharded_checkpoint(big, disk)
+        self.assertEqual({n: commit.file_digest(os.path.join(disk, "checkpoint_0", n))
+                          for n in os.listdir(os.path.join(disk, "checkpoint_0"))}, before,
+                         "the full disk changed the previous checkpoint")
+        (left,) = [n for n in os.listdir(disk) if n.startswith(".")]
+        self.assertEqual(os.listdir(os.path.join(disk, left)), [".status"],
+                         "the failed save's shards must be freed")
+        target = whole({k: np.zeros_like(v) for k, v in arrays(1).items()})
+        self.assertEqual(os.path.basename(load_sharded_checkpoint(target, disk)), "checkpoint_0")
+        self.assert_values(numpy_of(target), 1, "after a full disk")
+        self.assertEqual(os.path.basename(save_sharded_checkpoint(whole(arrays(2)), disk)),
+                         "checkpoint_1", "space freed: the next save fits")
 
     def test_concurrent_saves_of_one_id_never_corrupt(self):
         # both write at once into their own temporary directories; one rename wins

@@ -14,7 +14,10 @@
 # paddle_muon_ext: test-timeout=300
 """The checkpoint fault matrix on 2 real gloo ranks (one launch).
 
-Each fault must leave the previous checkpoint byte-for-byte intact and
+Faults: an injected ENOSPC on one rank, a real full disk (a 256 KiB tmpfs,
+where root may mount one), a different model into the same directory, a
+truncated shard, flipped bytes in a shard and in the metadata, a rank killed
+mid-save. Each fault must leave the previous checkpoint byte-for-byte intact and
 loadable bit-exact, commit nothing partial, and raise the same error on
 every rank naming the file - never hang (a killed rank is noticed within the
 heartbeat timeout). See ``muon_checkpoint_fault_worker.py``.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 
@@ -42,11 +46,17 @@ class TestCheckpointFaultMatrix(unittest.TestCase):
         from launch_utils import run_paddle_launch
 
         cls.tmp = tempfile.mkdtemp(prefix="muon_ckpt_faults_")
+        cls.disk = os.path.join(cls.tmp, "small_disk")
+        os.makedirs(cls.disk)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
+                                  cls.disk], capture_output=True, text=True)
+        cls.mount_error = mounted.stderr.strip() if mounted.returncode else None
         env = {"PYTHONPATH": os.pathsep.join([
             os.path.join(_REPO, "python"), HERE, os.path.join(_REPO, "test"),
             os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         cls.result = run_paddle_launch(WORKER, 2, env, timeout_s=240,
-                                       args=[os.path.join(cls.tmp, "ckpt")])
+                                       args=[os.path.join(cls.tmp, "ckpt"),
+                                             "" if cls.mount_error else cls.disk])
         cls.outcomes: dict[str, dict[int, dict]] = {}
         for rank, log in cls.result.worker_logs.items():
             for line in log.splitlines():
@@ -56,6 +66,8 @@ class TestCheckpointFaultMatrix(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        if cls.mount_error is None:
+            subprocess.run(["umount", cls.disk], capture_output=True)
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def outcome(self, fault: str, ranks=(0, 1)) -> dict[int, dict]:
@@ -125,6 +137,17 @@ class TestCheckpointFaultMatrix(unittest.TestCase):
         self.assert_same_error("flipped_metadata_byte", per_rank, "CheckpointCorruptError",
                                per_rank[0]["file"])
         self.assert_previous_intact("flipped_metadata_byte", per_rank)
+
+    def test_real_full_disk(self):
+        if self.mount_error is not None:
+            self.skipTest(f"cannot mount a small tmpfs here: {self.mount_error}")
+        per_rank = self.outcome("real_full_disk")
+        self.assert_same_error("real_full_disk", per_rank, "CheckpointSaveError",
+                               "No space left on device")
+        self.assertRegex(per_rank[0]["message"], r"rank \d could not write \S+",
+                         "the error must name the rank and the file")
+        self.assert_previous_intact("real_full_disk", per_rank)
+        self.assertEqual(per_rank[0]["left"], [], "a failed save must free its shards")
 
     def test_rank_killed_mid_save(self):
         data = self.outcome("killed_rank", ranks=(0,))[0]
