@@ -21,7 +21,8 @@ After one call, code written against Paddle develop runs unchanged:
   (``MuonShardingOptimizer``);
 * ``strategy.use_muon_sharding = True`` and
   ``strategy.hybrid_configs = {..., "sharding_configs": {"comm_group_call_opt":
-  True, "muon_partition_strategy": "balanced", ...}}`` -- accepted, read back
+  True, "muon_partition_strategy": "balanced", ...}}`` (every sharding_configs
+  option of the option table, ``muon_sharding_options.SHARDING_OPTIONS``) -- accepted, read back
   from ``strategy.hybrid_configs["sharding_configs"]`` and kept through the
   deepcopy fleet makes (3.3.1 rejects both, and even a nested
   ``sharding_configs`` dict of known fields);
@@ -54,6 +55,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.base import distributed_strategy as _ds
 from paddle.distributed.fleet.utils.log_util import logger
 
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import SHARDING_OPTIONS
 from .strategy_options import (
     get_muon_sharding_options,
     set_muon_sharding_options,
@@ -63,9 +65,10 @@ __all__ = ["is_patched", "patch_paddle", "unpatch_paddle"]
 
 MUON_MODULE = "paddle.optimizer.muon"
 SHARDING_MODULE = "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer"
-# sharding_configs fields develop has and 3.3.1's proto lacks (muon_partition_strategy
-# is this project's; the exported patch adds it to develop's proto).
-EXTRA_SHARDING_FIELDS = ("comm_group_call_opt", "muon_partition_strategy")
+# sharding_configs fields 3.3.1's proto lacks: the option table's (the exported
+# patch adds this project's ones to develop's proto).
+EXTRA_SHARDING_FIELDS = tuple(o.name for o in SHARDING_OPTIONS
+                              if o.config_key == "sharding_configs")
 _MISSING = object()
 
 

@@ -13,11 +13,13 @@
 # limitations under the License.
 """Sharding options that paddle 3.3.1's DygraphShardingConfig proto lacks.
 
-Upstream Paddle carries comm_group_call_opt and use_muon_sharding as
-fields of strategy.hybrid_configs['sharding_configs']. The 3.3.1 proto
-has neither and DistributedStrategy rejects unknown attributes, so the
-values are kept beside the strategy object. Where a Paddle build does have
-the proto field, the field is read (and written) instead.
+Upstream Paddle carries comm_group_call_opt, machine_balanced_2d_partition
+and use_muon_sharding as proto fields; this project adds
+muon_partition_strategy and overlap_sync_group_call (the option table,
+``muon_sharding_options.SHARDING_OPTIONS``, says which and their defaults).
+The 3.3.1 proto has none of them and DistributedStrategy rejects unknown
+attributes, so the values are kept beside the strategy object. Where a Paddle
+build does have the proto field, the field is read (and written) instead.
 """
 
 from __future__ import annotations
@@ -25,13 +27,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+    PARTITION_STRATEGIES,  # noqa: F401  (re-exported for callers of this module)
+    SHARDING_OPTIONS,
+    check_option_value,
+    option_default,
+)
+
 __all__ = [
     "MuonShardingOptions",
     "get_muon_sharding_options",
     "set_muon_sharding_options",
 ]
-
-PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
 
 # Kept as an instance attribute (bypassing DistributedStrategy.__setattr__,
 # which rejects unknown names) so the options survive the deepcopy that
@@ -43,32 +50,29 @@ _ATTR = "_paddle_muon_ext_sharding_options"
 class MuonShardingOptions:
     """Muon-sharding switches that paddle 3.3.1's strategy cannot hold.
 
+    One field per entry of the option table (``SHARDING_OPTIONS``: default,
+    choices and a one-line doc each); defaults are read from it.
+
     Attributes:
         use_muon_sharding (bool): build MuonShardingOptimizer instead of
             Paddle's DygraphShardingOptimizer in distributed_optimizer.
-        comm_group_call_opt (bool): route Muon-parameter reduces/broadcasts
-            hierarchically (intra-node, then across nodes among same-card ranks).
-        muon_partition_strategy (str): owner partition rule,
-            "upstream_greedy" (develop's rule, the default) or "balanced"
-            (largest first onto the least loaded rank; recommended).
+        comm_group_call_opt (bool): hierarchical Muon reduces/broadcasts.
+        machine_balanced_2d_partition (bool): develop's machine-balanced owners.
+        muon_partition_strategy (str): ``"upstream_greedy"`` (develop's rule,
+            the default) or ``"balanced"`` (recommended).
+        overlap_sync_group_call (bool): overlapped stage sync over the
+            hierarchical route.
     """
 
-    use_muon_sharding: bool = False
-    comm_group_call_opt: bool = False
-    muon_partition_strategy: str = "upstream_greedy"
+    use_muon_sharding: bool = option_default("use_muon_sharding")
+    comm_group_call_opt: bool = option_default("comm_group_call_opt")
+    machine_balanced_2d_partition: bool = option_default("machine_balanced_2d_partition")
+    muon_partition_strategy: str = option_default("muon_partition_strategy")
+    overlap_sync_group_call: bool = option_default("overlap_sync_group_call")
 
     def __post_init__(self) -> None:
-        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(
-                f"muon_partition_strategy={self.muon_partition_strategy!r} is not "
-                "supported; "
-                f"use one of {PARTITION_STRATEGIES}."
-            )
-        for name in ("use_muon_sharding", "comm_group_call_opt"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(
-                    f"{name} must be a bool, got {getattr(self, name)!r}."
-                )
+        for opt in SHARDING_OPTIONS:
+            check_option_value(opt.name, getattr(self, opt.name))
 
 
 def _sharding_configs(strategy: Any) -> Any:
@@ -116,9 +120,9 @@ def set_muon_sharding_options(strategy: Any, **options: Any) -> MuonShardingOpti
     opts = MuonShardingOptions(**current)
     object.__setattr__(strategy, _ATTR, opts)
     configs = _sharding_configs(strategy)
-    for name in ("use_muon_sharding", "comm_group_call_opt"):
-        if configs is not None and _proto_has(configs, name):
-            setattr(configs, name, getattr(opts, name))
+    for opt in SHARDING_OPTIONS:
+        if configs is not None and _proto_has(configs, opt.name):
+            setattr(configs, opt.name, getattr(opts, opt.name))
     return opts
 
 
@@ -137,7 +141,7 @@ def get_muon_sharding_options(strategy: Any) -> MuonShardingOptions:
     opts = getattr(strategy, _ATTR, None) if strategy is not None else None
     opts = dataclasses.replace(opts) if opts else MuonShardingOptions()
     configs = _sharding_configs(strategy)
-    for name in ("use_muon_sharding", "comm_group_call_opt"):
-        if configs is not None and _proto_has(configs, name):
-            setattr(opts, name, bool(getattr(configs, name)))
+    for opt in SHARDING_OPTIONS:
+        if configs is not None and _proto_has(configs, opt.name):
+            setattr(opts, opt.name, getattr(configs, opt.name))
     return opts

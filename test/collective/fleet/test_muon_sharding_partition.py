@@ -11,8 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Owner partition of Muon matrices: determinism, accounting, balance,
-upstream baseline, minority-dtype rule, rank_order, validation.
+"""Owner partition of Muon matrices: develop's per-dtype rule and its
+machine-balanced rule against references written from their descriptions;
+our balanced rule's determinism, accounting, balance, minority-dtype rule,
+rank_order, validation.
 
 The model presets and the benchmark targets are tools and are tested with
 them (test/tools/test_bench_partition.py).
@@ -28,8 +30,11 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition i
     OwnerPartition,
     balance_floor,
     balanced_partition,
+    develop_active_ranks,
+    machine_balanced_owner_indices,
     newton_schulz_cost,
     optimizer_state_bytes,
+    partition_2d_parameters,
     upstream_partition,
 )
 
@@ -230,28 +235,331 @@ class TestBalance(unittest.TestCase):
         self.assertEqual(balance_floor([], 4), (1.0, 1.0))
 
 
-class TestUpstreamRule(unittest.TestCase):
-    def test_upstream_fills_only_first_ranks(self):
-        # 10 x 1 MiB fp32 matrices, 3 MiB buffer: ceil(10/3) = 4 ranks own everything
+# ------------------------------------------------ develop's rules (reference)
+def _develop_reference(params, world, buffer_MB):
+    """Develop's legacy per-dtype rule, written from its description (naive:
+    list scans). ``params``: (name, numel, dtype) -> {rank: [names]}."""
+    mapping = {r: [] for r in range(world)}
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault(p[2], []).append(p)
+    for dtype in sorted(by_dtype, key=str):
+        ps = sorted(by_dtype[dtype], key=lambda p: p[1], reverse=True)
+        total_mb = sum(p[1] for p in ps) * 4 / 1024 / 1024
+        buf = buffer_MB if buffer_MB > 0 else 256
+        cap = 1 if total_mb == 0 else max(1, int(total_mb / buf) + 1)
+        loads = [0] * min(cap, world)
+        for name, numel, _ in ps:
+            r = loads.index(min(loads))
+            mapping[r].append(name)
+            loads[r] += numel
+    return mapping
+
+
+class _Param:
+    """What develop's partition reads of a parameter: name, shape, dtype."""
+
+    def __init__(self, name, shape, dtype):
+        # an int is a numel: a [1, numel] matrix
+        shape = [1, shape] if isinstance(shape, int) else list(shape)
+        self.name, self.shape, self.dtype = name, shape, dtype
+
+    def __repr__(self):
+        return f"_Param({self.name})"
+
+
+def _param_sets():
+    """Seven parameter sets: one dtype, develop's mixed-dtype case, three
+    dtypes, equal sizes, one huge matrix, many small ones, and none."""
+    rng = random.Random(7)
+    sets = {
+        "bf16_varied": [(f"w{i}", rng.choice([64, 256, 1024, 2048]) * 512,
+                         "paddle.bfloat16") for i in range(24)],
+        "mixed_dtype": [(f"low{i}", 512 * 512, "paddle.bfloat16") for i in range(4)]
+        + [(f"fp32_{i}", 256 * 256, "paddle.float32") for i in range(2)],
+        "three_dtypes": [(f"p{i}", rng.choice([128, 512, 4096]) * 1024,
+                          rng.choice(["paddle.float32", "paddle.float16",
+                                      "paddle.bfloat16"])) for i in range(30)],
+        "equal": [(f"e{i}", 1024 * 1024, "paddle.float32") for i in range(16)],
+        "one_huge": [("huge", 8192 * 8192, "paddle.bfloat16")]
+        + [(f"s{i}", 64 * 64, "paddle.bfloat16") for i in range(5)],
+        "many_small": [(f"m{i:03d}", rng.choice([16, 32]) * 64, "paddle.float32")
+                       for i in range(200)],
+        "empty": [],
+    }
+    return sets
+
+
+WORLD_SIZES = tuple(range(1, 33))
+BUFFER_SIZES = (0, 1, 64, 128, 256, 512)
+
+
+class TestDevelopRule(unittest.TestCase):
+    """Develop's legacy owner rule (per dtype, #79740) -- the default."""
+
+    def _grid(self):
+        for set_name, params in _param_sets().items():
+            for world in WORLD_SIZES:
+                for buf in BUFFER_SIZES:
+                    yield set_name, params, world, buf
+
+    def test_matches_reference_over_grid(self):
+        for set_name, params, world, buf in self._grid():
+            got = partition_2d_parameters([_Param(*p) for p in params], world, buf)
+            got = {r: [p.name for p in ps] for r, ps in got.items()}
+            want = _develop_reference(params, world, buf)
+            if got != want:
+                self.fail(f"{set_name}, world {world}, buffer {buf} MB: owners "
+                          f"{got} differ from develop's rule {want}")
+
+    def test_each_dtype_uses_first_active_ranks(self):
+        for set_name, params, world, buf in self._grid():
+            mapping = partition_2d_parameters([_Param(*p) for p in params], world, buf)
+            self.assertEqual(sorted(mapping), list(range(world)),
+                             f"{set_name}: every rank must be a key")
+            owner = {p.name: r for r, ps in mapping.items() for p in ps}
+            self.assertEqual(sorted(owner), sorted(p[0] for p in params),
+                             f"{set_name}: every parameter owned exactly once")
+            for dtype in {p[2] for p in params}:
+                numels = [p[1] for p in params if p[2] == dtype]
+                total_mb = sum(numels) * 4 / 2**20
+                expect = min(int(total_mb / (buf or 256)) + 1, world, len(numels))
+                used = sorted({owner[p[0]] for p in params if p[2] == dtype})
+                self.assertEqual(used, list(range(expect)),
+                                 f"{set_name}, world {world}, buffer {buf}: {dtype} "
+                                 f"should occupy ranks 0..{expect - 1}, got {used}")
+                self.assertEqual(develop_active_ranks(numels, world, buf),
+                                 min(int(total_mb / (buf or 256)) + 1, world))
+
+    def test_mixed_dtype_owners_like_develops_test(self):
+        # develop's mixed-dtype worker: 4 x [512,512] low precision + 2 x [256,256]
+        # fp32, comm_buffer_size_MB=1, 2 ranks
+        params = [_Param(f"low{i}", [512, 512], "paddle.bfloat16") for i in range(4)]
+        params += [_Param(f"fp32_{i}", [256, 256], "paddle.float32") for i in range(2)]
+        mapping = partition_2d_parameters(params, 2, 1)
+        owners = {p.name: r for r, ps in mapping.items() for p in ps}
+        self.assertEqual({owners[f"low{i}"] for i in range(4)}, {0, 1},
+                         "low-precision matrices must be spread over both ranks")
+        self.assertEqual({owners["fp32_0"], owners["fp32_1"]}, {0},
+                         "0.25 MB of fp32 under a 1 MB buffer must stay on rank 0")
+        # dtype by dtype (bfloat16 < float32), largest first, in assignment order
+        self.assertEqual([p.name for p in mapping[0]], ["low0", "low2", "fp32_0", "fp32_1"])
+
+    def test_input_not_modified_and_stable_for_equal_sizes(self):
+        params = [_Param(f"e{i}", [64, 64], "paddle.float32") for i in range(6)]
+        before = list(params)
+        mapping = partition_2d_parameters(params, 6, 0.01)
+        self.assertEqual(params, before, "the input list must not be reordered")
+        # equal sizes keep input order: e0 -> rank 0, e1 -> rank 1, ...
+        self.assertEqual([[p.name for p in mapping[r]] for r in range(6)],
+                         [[f"e{r}"] for r in range(6)])
+
+    def test_optimizer_method_on_a_stub(self):
+        """Develop's tests call the method on a stub with only these two fields."""
+        try:
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer \
+                import MuonShardingOptimizer
+        except ImportError as exc:  # pragma: no cover - only without paddle
+            self.skipTest(f"paddle unavailable: {exc}")
+
+        class Stub:
+            comm_buffer_size_MB = 1
+            _global_rank = 0
+
+        params = [_Param(f"low{i}", [512, 512], "paddle.bfloat16") for i in range(4)]
+        params += [_Param(f"fp32_{i}", [256, 256], "paddle.float32") for i in range(2)]
+        for label in ("", "default"):
+            mapping = MuonShardingOptimizer._partition_2d_parameters(
+                Stub(), params, 2, label=label)
+            self.assertEqual({r: [p.name for p in ps] for r, ps in mapping.items()},
+                             _develop_reference([(p.name, math.prod(p.shape), p.dtype)
+                                                 for p in params], 2, 1))
+        info = {(None, (0, 1)): [(p.name, math.prod(p.shape), p.dtype, 2) for p in params]}
+        stub = Stub()
+        for rank in (0, 1):
+            stub._global_rank = rank
+            got = MuonShardingOptimizer._partition_2d_parameters_machine_balanced(
+                stub, info, {0: 0, 1: 0})
+            self.assertEqual(got, {(None, (0, 1)): _develop_reference(
+                [(p.name, math.prod(p.shape), p.dtype) for p in params], 2, 1)})
+
+    def test_upstream_partition_figures(self):
+        # 10 x 1 MiB fp32, 3 MiB buffer: active = int(10 * 1 MiB * 4 / 2**20 / 3) + 1
         specs = [MatrixSpec(f"w{i}", (512, 512), "float32") for i in range(10)]
         part = upstream_partition(specs, 8, buffer_size_MB=3)
-        used = sorted(set(part.owners.values()))
-        self.assertEqual(used, [0, 1, 2, 3])
-        self.assertEqual(used, list(range(math.ceil(10 / 3))))
         self.assertEqual([len(part.params_of(r)) for r in range(8)],
-                         [3, 3, 3, 1, 0, 0, 0, 0])
+                         [3, 3, 2, 2, 0, 0, 0, 0])  # 4 active ranks, round robin
+        self.assertEqual(part.state_bytes[:4], [3 * 2**20, 3 * 2**20, 2**21, 2**21])
+        self.assertEqual(part.ns_cost[0], 3 * 512.0 ** 3)
         self.assertEqual(part.empty_ranks(), [4, 5, 6, 7])
-        # ours on the same case: every rank owns something
-        self.assertEqual(balanced_partition(specs, 8).empty_ranks(), [])
+        # buffer <= 0 is develop's 256 MB: 40 MiB of fp32 estimate -> one rank
+        self.assertEqual(set(upstream_partition(specs, 8, buffer_size_MB=0)
+                             .owners.values()), {0})
 
-    def test_upstream_last_rank_takes_remainder(self):
-        specs = [MatrixSpec(f"w{i}", (512, 512), "float32") for i in range(10)]
-        part = upstream_partition(specs, 2, buffer_size_MB=3)
-        self.assertEqual([len(part.params_of(r)) for r in range(2)], [3, 7])
 
-    def test_upstream_rejects_empty_buffer(self):
-        with self.assertRaisesRegex(ValueError, "buffer_size_MB"):
-            upstream_partition([MatrixSpec("a", (4, 4))], 4, buffer_size_MB=0)
+# ------------------------------------------------ machine-balanced (reference)
+def _machine_balanced_reference(info, rank_to_machine, buffer_MB):
+    """The machine-balanced rule, naive (candidate lists, no heaps)."""
+    buckets = []
+    for key, entries in info.items():
+        colour, ranks = key
+        by_dtype = {}
+        for e in entries:
+            by_dtype.setdefault(e[2], []).append(e)
+        for dtype, items in by_dtype.items():
+            volume = sum(e[1] * e[3] for e in items)
+            ckey = (0, "") if colour is None else (1, str(colour))
+            buckets.append(((-volume, ckey, dtype, tuple(ranks)), key, items))
+    buckets.sort(key=lambda b: b[0])
+    out = {key: {i: [] for i in range(len(key[1]))} for key in info}
+    mbytes = {m: 0 for m in rank_to_machine.values()}
+    mcount = {m: 0 for m in rank_to_machine.values()}
+    for _, key, items in buckets:
+        ranks = key[1]
+        items = sorted(items, key=lambda e: e[1], reverse=True)
+        total_mb = sum(e[1] for e in items) * 4 / 2**20
+        cap = 1 if total_mb == 0 else max(1, int(total_mb / (buffer_MB or 256)) + 1)
+        active = min(cap, len(ranks))
+        load, opened = [0] * len(ranks), []
+        for name, numel, _, size in items:
+            zero = [i for i in opened if load[i] == 0]
+            if zero:
+                cands = zero
+            elif len(opened) < active:
+                cands = [i for i in range(len(ranks)) if i not in opened]
+            else:
+                cands = opened
+            m_of = [rank_to_machine[ranks[i]] for i in range(len(ranks))]
+            best = min(cands, key=lambda i: (mbytes[m_of[i]], mcount[m_of[i]], load[i], i))
+            if best not in opened:
+                opened.append(best)
+            mbytes[m_of[best]] += numel * size
+            mcount[m_of[best]] += 1
+            load[best] += numel
+            out[key][best].append(name)
+    return out
+
+
+def _moe_job(pp=2, ep=4, ms=2, gpn=8, seed=0):
+    """PP x EP x moe_sharding job (topology order moe_sharding, pipe, expert):
+    per stage a dense sharding group of ep * ms ranks and one moe_sharding group
+    per expert rank, with bf16 matrices and fp32 router gates."""
+    rng = random.Random(seed)
+    info = {}
+    for p in range(pp):
+        dense = tuple(s * pp * ep + p * ep + e for s in range(ms) for e in range(ep))
+        entries = [(f"s{p}.attn{i}", rng.choice([1024, 2048]) * 1024, "paddle.bfloat16", 2)
+                   for i in range(12)]
+        entries += [(f"s{p}.gate{i}", 1024 * 16, "paddle.float32", 4) for i in range(3)]
+        info[(None, dense)] = entries
+        for e in range(ep):
+            group = tuple(s * pp * ep + p * ep + e for s in range(ms))
+            info[("moe_expert", group)] = [
+                (f"s{p}.e{e}.w{i}", 1024 * 512, "paddle.bfloat16", 2) for i in range(6)]
+    world = pp * ep * ms
+    return info, {r: r // gpn for r in range(world)}
+
+
+class TestMachineBalancedRule(unittest.TestCase):
+    """Develop's machine_balanced_2d_partition (#79763)."""
+
+    def _check_complete(self, info, result):
+        self.assertEqual(set(result), set(info), "one entry per (colour, group)")
+        for key, entries in info.items():
+            self.assertEqual(sorted(result[key]), list(range(len(key[1]))),
+                             f"{key}: every group index must be present")
+            owned = [n for names in result[key].values() for n in names]
+            self.assertEqual(sorted(owned), sorted(e[0] for e in entries),
+                             f"{key}: every matrix owned exactly once, inside its group")
+
+    def test_matches_reference_on_random_jobs(self):
+        rng = random.Random(3)
+        for trial in range(60):
+            world = rng.choice([2, 4, 8, 16])
+            gpn = rng.choice([1, 2, 4, 8])
+            machines = {r: r // gpn for r in range(world)}
+            info = {}
+            for g in range(rng.randint(1, 4)):
+                size = rng.choice([s for s in (1, 2, 4, 8) if s <= world])
+                ranks = tuple(sorted(rng.sample(range(world), size)))
+                colour = rng.choice([None, "moe_expert", "c1"])
+                info[(colour, ranks)] = [
+                    (f"t{trial}.g{g}.p{i}", rng.choice([0, 64, 4096, 65536, 262144]),
+                     *rng.choice([("paddle.bfloat16", 2), ("paddle.float32", 4)]))
+                    for i in range(rng.randint(0, 25))]
+            buf = rng.choice([0, 0.01, 0.1, 1])
+            got, _ = machine_balanced_owner_indices(info, machines, buf)
+            self._check_complete(info, got)
+            self.assertEqual(got, _machine_balanced_reference(info, machines, buf),
+                             f"trial {trial}: world {world}, gpn {gpn}, buffer {buf}")
+
+    def test_single_machine_single_dtype_is_develops_rule(self):
+        for set_name, params in _param_sets().items():
+            if len({p[2] for p in params}) > 1:
+                continue
+            for world in WORLD_SIZES:
+                for buf in BUFFER_SIZES:
+                    info = {(None, tuple(range(world))): [(*p, 2) for p in params]}
+                    got, _ = machine_balanced_owner_indices(
+                        info, dict.fromkeys(range(world), 0), buf)
+                    self.assertEqual(got[(None, tuple(range(world)))],
+                                     _develop_reference(params, world, buf),
+                                     f"{set_name}, world {world}, buffer {buf} MB")
+
+    def test_ranks_per_dtype_and_minority_not_scattered(self):
+        info, machines = _moe_job()
+        for buf in BUFFER_SIZES:
+            result, _ = machine_balanced_owner_indices(info, machines, buf)
+            self._check_complete(info, result)
+            for key, entries in info.items():
+                owner = {n: i for i, names in result[key].items() for n in names}
+                for dtype in {e[2] for e in entries}:
+                    numels = [e[1] for e in entries if e[2] == dtype]
+                    used = {owner[e[0]] for e in entries if e[2] == dtype}
+                    want = min(develop_active_ranks(numels, len(key[1]), buf), len(numels))
+                    self.assertEqual(len(used), want,
+                                     f"{key} {dtype} buffer {buf}: {len(used)} ranks used")
+            gates = {i for i, names in result[(None, (0, 1, 2, 3, 8, 9, 10, 11))].items()
+                     for n in names if "gate" in n}
+            self.assertEqual(len(gates), 1, "0.19 MB of fp32 gates must stay on one rank")
+
+    def test_independent_of_dict_and_dtype_order(self):
+        info, machines = _moe_job(seed=4)
+        base, _ = machine_balanced_owner_indices(info, machines, 1)
+        reordered = {}
+        for key in reversed(list(info)):
+            entries = info[key]
+            # dtypes interleaved differently, same order inside each dtype
+            fp32 = [e for e in entries if e[2] == "paddle.float32"]
+            low = [e for e in entries if e[2] != "paddle.float32"]
+            reordered[key] = fp32 + low
+        again, _ = machine_balanced_owner_indices(reordered, machines, 1)
+        self.assertEqual(again, base, "owners must not depend on dict or dtype order")
+
+    def test_two_machines_carry_equal_bytes(self):
+        info, machines = _moe_job(pp=2, ep=4, ms=2, gpn=8)
+        size = {e[0]: e[1] * e[3] for entries in info.values() for e in entries}
+        for buf in (1, 8, 64):
+            result, summary = machine_balanced_owner_indices(info, machines, buf)
+            per_machine = [0, 0]
+            for (_, ranks), owners in result.items():
+                for i, names in owners.items():
+                    per_machine[machines[ranks[i]]] += sum(size[n] for n in names)
+            self.assertEqual([summary[m][0] for m in (0, 1)], per_machine)
+            spread = (max(per_machine) - min(per_machine)) / max(per_machine)
+            self.assertLessEqual(spread, 0.05, f"buffer {buf}: machine bytes {per_machine}")
+            # develop's rule on the same job puts every group's owners on its rank 0
+            # side, i.e. all on machine 0
+            legacy = [0, 0]
+            for (_, ranks), entries in info.items():
+                for r, names in _develop_reference(
+                        [e[:3] for e in entries], len(ranks), buf).items():
+                    legacy[machines[ranks[r]]] += sum(size[n] for n in names)
+            self.assertGreater(legacy[0], legacy[1])
+
+    def test_missing_machine_refused(self):
+        with self.assertRaisesRegex(ValueError, "rank 3 of colour group"):
+            machine_balanced_owner_indices({(None, (2, 3)): []}, {2: 0}, 1)
 
 
 class TestMinorityDtype(unittest.TestCase):

@@ -38,6 +38,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
+from .muon_sharding_options import (
+    PARTITION_BALANCED,
+    PARTITION_DEVELOP,
+    PARTITION_STRATEGIES,
+    option_default,
+)
 from .muon_sharding_partition import (
     MatrixSpec,
     balanced_partition,
@@ -173,7 +179,8 @@ class LayoutSettings:
     Attributes:
         comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
         comm_overlap: backward hooks launch each buffer's first reduce.
-        partition_strategy: ``"balanced"`` or ``"upstream_greedy"`` (develop's rule).
+        partition_strategy: ``"upstream_greedy"`` (develop's rule, the default) or
+            ``"balanced"``.
         alignment_bytes: per-parameter padding of fused buffers.
         overlap_sync: develop's ``overlap_optimize_and_sync``: the step
             updates stage by stage and syncs each stage while the next one
@@ -184,7 +191,7 @@ class LayoutSettings:
 
     comm_buffer_size_MB: float = 256.0
     comm_overlap: bool = False
-    partition_strategy: str = "balanced"
+    partition_strategy: str = option_default("muon_partition_strategy")
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
     overlap_sync: bool = False
     overlap_sync_group_call: bool = False
@@ -368,13 +375,13 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
 def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
                       buffer_MB: float):
     # Group-local: every group of the same size and specs shares one result.
-    if strategy == "upstream_greedy":
-        return upstream_partition(list(specs), nranks, buffer_MB if buffer_MB > 0 else 256)
-    if strategy == "balanced":
+    if strategy == PARTITION_DEVELOP:
+        return upstream_partition(list(specs), nranks, buffer_MB)
+    if strategy == PARTITION_BALANCED:
         return balanced_partition(list(specs), nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
     raise ValueError(
-        f"partition_strategy={strategy!r} is not known; use 'balanced' or 'upstream_greedy'."
+        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
     )
 
 
@@ -382,7 +389,7 @@ def assign_muon_owners(
     specs: Sequence[MatrixSpec],
     group_ranks: Sequence[int],
     plan: HierarchicalCommPlan | None = None,
-    partition_strategy: str = "balanced",
+    partition_strategy: str = option_default("muon_partition_strategy"),
     buffer_size_MB: float = 256,
 ):
     """Choose the owning global rank of every Muon matrix of one colour group.
@@ -392,7 +399,7 @@ def assign_muon_owners(
         group_ranks: the colour group's global ranks, in group order.
         plan: hierarchical plan; with it, equally loaded ranks are preferred in
             an order alternating cards and nodes so owners spread over rails.
-        partition_strategy: ``"balanced"`` or ``"upstream_greedy"``.
+        partition_strategy: ``"upstream_greedy"`` (develop's rule) or ``"balanced"``.
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
@@ -402,7 +409,7 @@ def assign_muon_owners(
     """
     ranks = [int(r) for r in group_ranks]
     rank_order = None
-    if plan is not None and partition_strategy == "balanced":
+    if plan is not None and partition_strategy == PARTITION_BALANCED:
         index = {r: i for i, r in enumerate(ranks)}
         rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
     partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,

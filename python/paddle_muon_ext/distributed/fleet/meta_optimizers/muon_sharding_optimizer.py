@@ -51,6 +51,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_sharding_collectives as comm
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
+from .muon_sharding_partition import machine_balanced_owner_indices, partition_2d_parameters
 from .muon_sharding_layout import (
     NO_HOOK_COLOURS,
     ROUTE_HIERARCHICAL,
@@ -621,6 +622,43 @@ class MuonShardingOptimizer:
         )
         groups = {k: list(g.ranks) for k, g in self._colour_groups.items()}
         return ShardingLayout.build(metas, groups, self._rank, settings, self._plan)
+
+    def _partition_2d_parameters(self, params: list, world_size: int,
+                                 label: str = "") -> dict[int, list]:
+        """Develop's owner rule, per dtype: rank -> its whole-matrix parameters.
+
+        Reads only ``comm_buffer_size_MB`` and ``_global_rank`` (develop's tests
+        call it on a stub carrying those two).
+        """
+        mapping = partition_2d_parameters(params, world_size, self.comm_buffer_size_MB)
+        if self._global_rank == 0:
+            logger.debug(
+                f"Muon 2D partition{' ' + label if label else ''}: "
+                + ", ".join(f"rank {r}: {len(ps)}" for r, ps in mapping.items())
+            )
+        return mapping
+
+    def _partition_2d_parameters_machine_balanced(
+            self, color_group_info: dict, rank_to_machine: dict) -> dict:
+        """Develop's machine-balanced owner rule over every colour group of the job.
+
+        Args:
+            color_group_info: ``(colour key, tuple(group global ranks))`` ->
+                ``[(name, numel, dtype_str, itemsize), ...]``.
+            rank_to_machine: global rank -> machine id.
+
+        Returns:
+            dict: the same keys -> ``{group index: [names]}`` (every index present).
+        """
+        result, machines = machine_balanced_owner_indices(
+            color_group_info, rank_to_machine, self.comm_buffer_size_MB)
+        if self._global_rank == 0:
+            logger.info(
+                "Muon machine-balanced 2D partition: "
+                + ", ".join(f"machine {m}: {b / 2**20:.1f} MB in {n} matrices"
+                            for m, (b, n) in machines.items())
+            )
+        return result
 
     @property
     def sharding_layout(self) -> ShardingLayout:

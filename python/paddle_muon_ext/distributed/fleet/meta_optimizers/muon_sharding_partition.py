@@ -65,16 +65,20 @@ reduces/broadcasts.
 an order interleaving nodes and card indices so the owners spread across
 nodes and NIC rails); it defaults to ``0..nranks-1``.
 
-Upstream rule (:func:`upstream_partition`)
-------------------------------------------
-The baseline, kept only for side-by-side figures: walk the matrices in model
-order and fill rank 0 until its parameter bytes reach ``buffer_size_MB``, then
-rank 1, and so on (the last rank takes whatever is left). Only the first
-``ceil(total_MB / buffer_MB)`` ranks can own anything.
+Develop's rules (:func:`upstream_partition`, the default)
+----------------------------------------------------------
+Paddle develop's legacy rule, per dtype (#79740): dtype classes in
+``sorted(key=str)`` order; in each, matrices stably sorted largest first, each
+onto the first least-loaded (numel) of the class's first ``active`` ranks,
+``active = min(int(total_fp32_MB / buffer_MB) + 1, nranks)`` (buffer_MB = 256
+when ``comm_buffer_size_MB <= 0``). :func:`machine_balanced_owner_indices` is
+develop's ``machine_balanced_2d_partition`` (#79763): the same per-class rank
+budget, placed over the whole job so machines carry equal bytes.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -89,6 +93,11 @@ __all__ = [
     "param_bytes",
     "dtype_itemsize",
     "balance_floor",
+    "develop_active_ranks",
+    "develop_owner_indices",
+    "partition_2d_parameters",
+    "machine_balanced_owner_indices",
+    "DEVELOP_DEFAULT_BUFFER_MB",
 ]
 
 # itemsize in bytes of the dtype names we accept ("paddle." prefix allowed).
@@ -506,33 +515,101 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
 
 
 # --------------------------------------------------------------------------
-# upstream rule (baseline)
+# develop's rules (the default, and develop's machine-balanced switch)
 # --------------------------------------------------------------------------
+# The buffer size develop falls back to when comm_buffer_size_MB <= 0.
+DEVELOP_DEFAULT_BUFFER_MB = 256
+
+
+def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:
+    """How many ranks develop lets one dtype class use: its fp32-estimated
+    size over the buffer size, plus one, at most ``world_size``."""
+    buffer_MB = buffer_size_MB if buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
+    total_MB = sum(int(n) for n in numels) * 4 / 2**20
+    cap = 1 if total_MB == 0 else max(1, int(total_MB / buffer_MB) + 1)
+    return min(cap, world_size)
+
+
+def develop_owner_indices(
+    numels: Sequence[int],
+    dtype_keys: Sequence[str],
+    world_size: int,
+    buffer_size_MB: float,
+) -> List[List[int]]:
+    """Develop's legacy owner rule, per dtype (Paddle #79740).
+
+    Dtype classes are visited in ``sorted(key=str)`` order; inside a class the
+    matrices are stably sorted by numel (largest first) and each goes to the
+    first least-loaded of the class's first ``active`` ranks (fresh loads per
+    class, see :func:`develop_active_ranks`).
+
+    Returns:
+        list[list[int]]: for every rank ``0..world_size-1``, the input indices
+        it owns in assignment order.
+    """
+    world_size = _check_nranks(world_size)
+    by_dtype: Dict[str, List[int]] = {}
+    for i, key in enumerate(dtype_keys):
+        by_dtype.setdefault(str(key), []).append(i)
+    out: List[List[int]] = [[] for _ in range(world_size)]
+    for key in sorted(by_dtype):
+        idx = sorted(by_dtype[key], key=lambda i: -int(numels[i]))
+        active = develop_active_ranks([numels[i] for i in idx], world_size, buffer_size_MB)
+        # (load, rank) heap: the first index of the minimum load is the
+        # smallest (load, rank) pair, so a heap finds it in O(log active).
+        heap = [(0, r) for r in range(active)]
+        for i in idx:
+            load, r = heap[0]
+            out[r].append(i)
+            heapq.heapreplace(heap, (load + int(numels[i]), r))
+    return out
+
+
+def partition_2d_parameters(params: Sequence, world_size: int,
+                            buffer_size_MB: float) -> Dict[int, list]:
+    """Develop's ``_partition_2d_parameters`` on parameter objects.
+
+    Args:
+        params: objects with ``shape`` and ``dtype`` (paddle parameters).
+        world_size: ranks of the colour group.
+        buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256).
+
+    Returns:
+        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in
+        assignment order; ``params`` itself is not modified.
+    """
+    params = list(params)
+    numels = [math.prod(int(d) for d in p.shape) for p in params]
+    per_rank = develop_owner_indices(numels, [str(p.dtype) for p in params], world_size,
+                                     buffer_size_MB)
+    return {r: [params[i] for i in idx] for r, idx in enumerate(per_rank)}
+
+
 def upstream_partition(
     specs: Sequence[MatrixSpec],
     nranks: int,
-    buffer_size_MB: float = 256,
+    buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
     multi_precision: bool = True,
 ) -> OwnerPartition:
-    """Upstream's greedy fill, for comparison: in the given (model) order,
-    fill rank 0 until its parameter bytes reach ``buffer_size_MB``, then the
-    next rank; the last rank takes the remainder."""
+    """Develop's owner rule (:func:`develop_owner_indices`) on specs.
+
+    ``buffer_size_MB <= 0`` means develop's fallback of 256 MB.
+    """
     nranks = _check_nranks(nranks)
     items = _check_specs(specs)
-    if not buffer_size_MB > 0:
-        raise ValueError(f"buffer_size_MB must be > 0, got {buffer_size_MB}")
-    limit = buffer_size_MB * 2**20
+    per_rank = develop_owner_indices(
+        [s.numel for s in items], [s.dtype for s in items], nranks, buffer_size_MB
+    )
     owners: Dict[str, int] = {}
     state = [0] * nranks
     ns = [0] * nranks
-    cur, filled = 0, 0
-    for s in items:
-        owners[s.name] = cur
-        state[cur] += optimizer_state_bytes(s, multi_precision)
-        ns[cur] += _ns_cost_int(s.shape)
-        filled += param_bytes(s)
-        if filled >= limit and cur < nranks - 1:
-            cur, filled = cur + 1, 0
+    for r, idx in enumerate(per_rank):
+        for i in idx:
+            s = items[i]
+            state[r] += optimizer_state_bytes(s, multi_precision)
+            ns[r] += _ns_cost_int(s.shape)
+    owner_of = {i: r for r, idx in enumerate(per_rank) for i in idx}
+    owners = {s.name: owner_of[i] for i, s in enumerate(items)}
     return OwnerPartition(
         nranks=nranks,
         owners=owners,
@@ -541,3 +618,148 @@ def upstream_partition(
         dtypes={s.name: s.dtype for s in items},
         method=f"upstream(buffer={buffer_size_MB:g}MB)",
     )
+
+
+def _colour_sort_key(colour) -> Tuple[int, str]:
+    # None (the default group) first; other colours by their text, so keys of
+    # mixed types still sort the same way on every rank.
+    return (0, "") if colour is None else (1, str(colour))
+
+
+def machine_balanced_owner_indices(
+    color_group_info: Dict[Tuple, Sequence[Tuple]],
+    rank_to_machine: Dict[int, int],
+    buffer_size_MB: float,
+) -> Tuple[Dict[Tuple, Dict[int, List[str]]], Dict[int, Tuple[int, int]]]:
+    """Develop's machine-balanced owner rule (Paddle #79763), whole job at once.
+
+    Args:
+        color_group_info: ``(colour key, tuple(group global ranks))`` -> list of
+            ``(name, numel, dtype_str, itemsize)`` for every colour group of the
+            job (PP/EP give several groups per colour).
+        rank_to_machine: global rank -> machine id.
+        buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256, as develop).
+
+    Every (group, dtype) class is a bucket that may use develop's ``active``
+    number of its group's ranks. Buckets are placed largest first (ties by
+    colour, dtype, group ranks: the result ignores dict and dtype order); in
+    a bucket matrices go largest first (stable) onto (a) the least-loaded
+    machine (bytes, whole job), (b) then the one owning fewest matrices,
+    (c) then its least-loaded rank within the bucket, lowest group index
+    first. A bucket opens ranks until it uses ``min(active, matrices)`` of
+    them. On one machine this is exactly :func:`develop_owner_indices` per
+    dtype.
+
+    Returns:
+        tuple: ``key -> {group index: [names]}`` (every index present, names
+        in assignment order), and ``machine -> (bytes, matrices)`` it implies.
+    """
+    buckets = []
+    for key, entries in color_group_info.items():
+        colour, ranks = key
+        ranks = tuple(int(r) for r in ranks)
+        for r in ranks:
+            if r not in rank_to_machine:
+                raise ValueError(
+                    f"rank {r} of colour group {key!r} has no machine in rank_to_machine; "
+                    "gather every rank's machine before partitioning"
+                )
+        by_dtype: Dict[str, List[Tuple]] = {}
+        for entry in entries:
+            by_dtype.setdefault(str(entry[2]), []).append(entry)
+        for dtype, items in by_dtype.items():
+            volume = sum(int(e[1]) * int(e[3]) for e in items)
+            order = (-volume, _colour_sort_key(colour), dtype, ranks)
+            buckets.append((order, key, ranks, items))
+    buckets.sort(key=lambda b: b[0])
+
+    result: Dict[Tuple, Dict[int, List[str]]] = {
+        key: {i: [] for i in range(len(key[1]))} for key in color_group_info
+    }
+    machine_bytes: Dict[int, int] = {m: 0 for m in set(rank_to_machine.values())}
+    machine_count: Dict[int, int] = dict.fromkeys(machine_bytes, 0)
+    for _, key, ranks, items in buckets:
+        items = sorted(items, key=lambda e: -int(e[1]))
+        active = develop_active_ranks([e[1] for e in items], len(ranks), buffer_size_MB)
+        placed = _place_bucket(items, ranks, active, rank_to_machine, machine_bytes,
+                               machine_count)
+        for (name, _, _, _), i in zip(items, placed):
+            result[key][i].append(name)
+    summary = {m: (machine_bytes[m], machine_count[m]) for m in sorted(machine_bytes)}
+    return result, summary
+
+
+def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_count):
+    """Group index of every item of one bucket (items largest first).
+
+    Machines are kept in a heap keyed by ``(machine bytes, machine matrices,
+    best rank's bucket load, best rank's index)`` -- exactly the order of the
+    rule -- so a placement costs O(log machines + log ranks per machine).
+    """
+    machine_of = [rank_to_machine[r] for r in ranks]
+    unopened: Dict[int, List[int]] = {}  # machine -> group indices, ascending
+    for i, m in enumerate(machine_of):
+        unopened.setdefault(m, []).append(i)
+    for lst in unopened.values():
+        lst.reverse()  # pop() yields the lowest index
+    opened: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap (bucket load, index)
+    local_load = [0] * len(ranks)
+    n_open = 0
+    zero_open: List[int] = []  # opened ranks still at load 0 (numel-0 matrices)
+    placed: List[int] = []
+
+    def top(m: int, opening: bool) -> Tuple[int, int]:
+        if opening:
+            return (0, unopened[m][-1])
+        return opened[m][0]
+
+    def key_of(m: int, opening: bool) -> Tuple:
+        return (machine_bytes[m], machine_count[m]) + top(m, opening)
+
+    def build_heap(opening: bool) -> List[Tuple]:
+        pool = unopened if opening else opened
+        heap = [key_of(m, opening) + (m,) for m, lst in pool.items() if lst]
+        heapq.heapify(heap)
+        return heap
+
+    opening = active > 0
+    heap = build_heap(opening)
+    for _, numel, _, itemsize in items:
+        numel = int(numel)
+        if zero_open:  # develop's first-minimum reuses an opened rank still empty
+            i = min(zero_open, key=lambda j: (machine_bytes[machine_of[j]],
+                                               machine_count[machine_of[j]], j))
+            m = machine_of[i]
+        else:
+            while True:  # drop entries made stale by earlier placements
+                entry = heap[0]
+                m = entry[-1]
+                pool = unopened if opening else opened
+                if pool.get(m) and entry[:-1] == key_of(m, opening):
+                    break
+                heapq.heappop(heap)
+            if opening:
+                i = unopened[m].pop()
+                n_open += 1
+            else:
+                _, i = heapq.heappop(opened[m])
+        machine_bytes[m] += numel * int(itemsize)
+        machine_count[m] += 1
+        local_load[i] += numel
+        placed.append(i)
+        if opening and not zero_open:
+            if local_load[i] == 0:
+                zero_open.append(i)
+            heapq.heappush(opened.setdefault(m, []), (local_load[i], i))
+        elif zero_open:
+            pass  # load unchanged (numel 0); its heap entry stays valid
+        else:
+            heapq.heappush(opened[m], (local_load[i], i))
+        if opening and n_open == active:
+            opening = False
+            heap = build_heap(False)
+        elif not zero_open:
+            pool = unopened if opening else opened
+            if pool.get(m):
+                heapq.heappush(heap, key_of(m, opening) + (m,))
+    return placed

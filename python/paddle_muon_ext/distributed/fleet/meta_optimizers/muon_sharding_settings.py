@@ -27,6 +27,8 @@ from typing import Any
 
 import paddle
 
+from .muon_sharding_options import PARTITION_STRATEGIES, option_default
+
 # paddle_muon_ext: compat-begin
 from paddle_muon_ext.compat_paddle_3_3 import get_muon_sharding_options
 
@@ -74,10 +76,9 @@ def read_overlap_optimize_and_sync() -> bool:
         ) from None
 
 
-PARTITION_STRATEGIES = ("upstream_greedy", "balanced")
-
 # The sharding_configs / pp_configs fields this optimizer reads, as develop's
-# MuonShardingOptimizer does (muon_partition_strategy is ours).
+# MuonShardingOptimizer does (muon_partition_strategy and overlap_sync_group_call
+# are ours; defaults and choices of the options 3.3.1 lacks: muon_sharding_options).
 SHARDING_CONFIG_FIELDS = (
     "tensor_fusion",
     "accumulate_steps",
@@ -89,6 +90,7 @@ SHARDING_CONFIG_FIELDS = (
     "comm_group_call_opt",
     "muon_partition_strategy",
     "machine_balanced_2d_partition",
+    "overlap_sync_group_call",
 )
 PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
 
@@ -114,10 +116,10 @@ class ShardingSettings:
     release_gradients: bool = False
     tensor_fusion: bool = False
     enable_fuse_optimizer_states: bool = False
-    comm_group_call_opt: bool = False
-    muon_partition_strategy: str = "upstream_greedy"
-    machine_balanced_2d_partition: bool = False
-    overlap_sync_group_call: bool = False
+    comm_group_call_opt: bool = option_default("comm_group_call_opt")
+    muon_partition_strategy: str = option_default("muon_partition_strategy")
+    machine_balanced_2d_partition: bool = option_default("machine_balanced_2d_partition")
+    overlap_sync_group_call: bool = option_default("overlap_sync_group_call")
     pp_sharding_comm_overlap: bool = False
     pp_release_gradients: bool = False
     enable_optimizer_timer: bool = False
