@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Owner-partition balance: ours (balanced_partition) vs upstream's greedy fill.
+"""Owner-partition balance: ours (balanced_partition) vs develop's rule (upstream_partition).
 
     python tools/bench/bench_partition.py [--preset ernie-moe-small]
         [--nranks 8 16 64] [--buffer-mb 256] [--colour all|dense|expert]
@@ -106,10 +106,10 @@ def bench(
 def format_table(fig: Dict) -> str:
     lines = [
         f"preset={fig['preset']} colour={fig['colour']} matrices={fig['num_matrices']} "
-        f"upstream buffer={fig['buffer_size_MB']:g} MB  "
+        f"develop buffer={fig['buffer_size_MB']:g} MB  "
         f"targets: state<={TARGET_STATE} ns<={TARGET_NS}",
         f"{'nranks':>6} | {'ours state':>10} {'ours NS':>8} {'empty':>5} {'bufs':>5} | "
-        f"{'up state':>8} {'up NS':>8} {'empty':>5} {'bufs':>5} | "
+        f"{'dev state':>8} {'dev NS':>8} {'empty':>5} {'bufs':>5} | "
         f"{'floor st/NS':>11} | verdict",
         "-" * 104,
     ]

@@ -169,7 +169,9 @@ class TestBucketsAndRoutes(unittest.TestCase):
         rank = 5
         groups = {None: list(range(8)), "moe_expert": plan.moe_sharding_ranks(rank)}
         return plan, ShardingLayout.build(
-            metas, groups, rank, LayoutSettings(comm_overlap=overlap), plan)
+            metas, groups, rank,
+            # balanced: owners spread over both nodes, so rank 5 crosses nodes
+            LayoutSettings(comm_overlap=overlap, partition_strategy="balanced"), plan)
 
     def test_hierarchical_schedule_phases(self):
         plan, layout = self._hier(overlap=False)

@@ -562,6 +562,133 @@ class TestMachineBalancedRule(unittest.TestCase):
             machine_balanced_owner_indices({(None, (2, 3)): []}, {2: 0}, 1)
 
 
+# ------------------------------------------------ balanced: frozen reference
+def _frozen_balanced_owners(items, nranks, rank_order):
+    """The balanced rule as it was before its O(n log n) rewrite (frozen copy,
+    naive scans). ``items``: (name, state bytes, NS cost, dtype) -> owners."""
+    pref = [0] * nranks
+    for pos, r in enumerate(rank_order):
+        pref[r] = pos
+    bts = {k: b for k, b, _, _ in items}
+    nss = {k: c for k, _, c, _ in items}
+    tb = max(sum(bts[k] for k in sorted(bts)), 1)
+    tc = max(sum(nss[k] for k in sorted(nss)), 1)
+    lb, lc = [0] * nranks, [0] * nranks
+
+    def key(r, db=0, dc=0):
+        xb, xc = (lb[r] + db) * tc, (lc[r] + dc) * tb
+        return (max(xb, xc), xb + xc, pref[r])
+
+    def score(r, db=0, dc=0):
+        return max((lb[r] + db) * tc, (lc[r] + dc) * tb)
+
+    def add(r, db, dc):
+        lb[r] += db
+        lc[r] += dc
+
+    def size(k):
+        return bts[k] * tc + nss[k] * tb
+
+    classes = {}
+    for k, _, _, d in items:
+        classes.setdefault(d, []).append(k)
+    cls_order = sorted(classes, key=lambda d: (max(sum(bts[k] for k in classes[d]) * tc,
+                                                   sum(nss[k] for k in classes[d]) * tb), d))
+    owner, allowed_of = {}, {}
+    for d in cls_order:
+        names = sorted(classes[d], key=lambda k: (-size(k), k))
+        cb, cc = sum(bts[k] for k in names), sum(nss[k] for k in names)
+        cap = max(1, min(nranks, max(-(-cb * nranks // tb), -(-cc * nranks // tc))))
+        if cap >= nranks:
+            allowed, allowed_of[d] = list(range(nranks)), None
+        else:
+            allowed = sorted(range(nranks), key=key)[:cap]
+            allowed_of[d] = frozenset(allowed)
+        for k in names:
+            r = min(allowed, key=lambda r: key(r, bts[k], nss[k]))
+            owner[k] = r
+            add(r, bts[k], nss[k])
+    if nranks == 1:
+        return owner
+    dtype_of = {k: d for d, names in classes.items() for k in names}
+
+    def can_host(k, r):
+        return allowed_of[dtype_of[k]] is None or r in allowed_of[dtype_of[k]]
+
+    for _ in range(10000):
+        worst = max(range(nranks), key=lambda r: (score(r), -pref[r]))
+        worst_score = score(worst)
+        mine = sorted((k for k, r in owner.items() if r == worst), key=lambda k: (-size(k), k))
+        by_rank = {r: [] for r in range(nranks)}
+        for k, r in owner.items():
+            by_rank[r].append(k)
+        best = None
+        for k in mine:
+            bk, ck = bts[k], nss[k]
+            for r in rank_order:
+                if r == worst or not can_host(k, r):
+                    continue
+                new = max(score(worst, -bk, -ck), score(r, bk, ck))
+                if new < worst_score:
+                    cand = (new, 0, k, pref[r], "")
+                    best = cand if best is None or cand < best else best
+                for j in by_rank[r]:
+                    if not can_host(j, worst):
+                        continue
+                    bj, cj = bts[j], nss[j]
+                    if bj * tc + cj * tb >= bk * tc + ck * tb:
+                        continue
+                    new = max(score(worst, bj - bk, cj - ck), score(r, bk - bj, ck - cj))
+                    if new < worst_score:
+                        cand = (new, 1, k, pref[r], j)
+                        best = cand if best is None or cand < best else best
+        if best is None:
+            break
+        _, kind, k, rpos, j = best
+        r = rank_order[rpos]
+        add(worst, -bts[k], -nss[k])
+        add(r, bts[k], nss[k])
+        owner[k] = r
+        if kind == 1:
+            add(r, -bts[j], -nss[j])
+            add(worst, bts[j], nss[j])
+            owner[j] = worst
+    return owner
+
+
+def _random_model(rng, index):
+    """Small random model: shared shapes (ties), 3-D experts, up to 3 dtypes."""
+    shapes = [rng.choice([8, 16, 24, 32, 64, 96]) for _ in range(4)]
+    dtypes = rng.sample(["bfloat16", "float32", "float16"], rng.randint(1, 3))
+    out = []
+    for i in range(rng.randint(0, 36)):
+        m, n = rng.choice(shapes), rng.choice(shapes)
+        shape = (m, n) if rng.random() < 0.75 else (rng.choice([2, 3, 4]), m, n)
+        out.append(MatrixSpec(f"m{index}_{i:02d}", shape, rng.choice(dtypes)))
+    return out
+
+
+class TestBalancedMatchesFrozenCopy(unittest.TestCase):
+    def test_owners_bit_identical_on_random_models(self):
+        rng = random.Random(2026)
+        for index in range(3000):
+            specs = _random_model(rng, index)
+            nranks = rng.choice([1, 2, 3, 4, 5, 8, 12, 16])
+            mp = rng.random() < 0.7
+            order = list(range(nranks))
+            if rng.random() < 0.5:
+                rng.shuffle(order)
+            items = [(s.name, _state(s.shape, s.dtype, mp), _ns(s.shape), s.dtype)
+                     for s in specs]
+            want = _frozen_balanced_owners(items, nranks, order)
+            got = balanced_partition(specs, nranks, rank_order=order,
+                                     multi_precision=mp).owners
+            if got != want:
+                self.fail(f"model {index} ({len(specs)} matrices, {nranks} ranks, "
+                          f"rank_order {order}): owners {got} differ from the frozen "
+                          f"rule's {want}")
+
+
 class TestMinorityDtype(unittest.TestCase):
     def test_small_minority_dtype_gets_one_owner(self):
         specs = [MatrixSpec(f"w{i:02d}", (64, 64), "bfloat16") for i in range(64)]

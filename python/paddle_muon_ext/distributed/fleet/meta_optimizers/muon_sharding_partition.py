@@ -78,6 +78,7 @@ budget, placed over the whole job so machines carry equal bytes.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -315,10 +316,18 @@ def _check_rank_order(rank_order, nranks: int) -> List[int]:
 # --------------------------------------------------------------------------
 # balanced rule
 # --------------------------------------------------------------------------
+# Below this many allowed ranks a plain scan beats the score-ordered search.
+_DIRECT_SCAN = 32
+
+
 class _Loads:
     """Exact-integer rank loads. A rank's normalised byte load is
     ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
-    ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``."""
+    ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``.
+
+    ``by_score`` keeps ``(score, rank)`` sorted, so the searches below visit
+    only ranks whose score can still win instead of every rank.
+    """
 
     def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
         self.n = nranks
@@ -327,6 +336,8 @@ class _Loads:
         self.b = [0] * nranks
         self.c = [0] * nranks
         self.pref = pref  # pref[r] = position of rank r in rank_order
+        self.cur = [0] * nranks  # current score of each rank
+        self.by_score = [(0, r) for r in range(nranks)]
 
     def key(self, r: int, db: int = 0, dc: int = 0) -> Tuple[int, int, int]:
         xb = (self.b[r] + db) * self.tc
@@ -339,6 +350,43 @@ class _Loads:
     def add(self, r: int, db: int, dc: int) -> None:
         self.b[r] += db
         self.c[r] += dc
+        new = self.score(r)
+        old = self.cur[r]
+        if new != old:
+            del self.by_score[bisect.bisect_left(self.by_score, (old, r))]
+            bisect.insort(self.by_score, (new, r))
+            self.cur[r] = new
+
+    def best_rank(self, db: int, dc: int, allowed: Optional[frozenset]) -> int:
+        """``argmin key(r, db, dc)`` over ``allowed`` (None: every rank).
+
+        Adding the item raises a rank's score by at least ``min`` of its two
+        scaled sizes, so once ``score + that`` exceeds the best key found no
+        later rank (higher score) can win: exact, visiting ranks in score order.
+        """
+        grow = min(db * self.tc, dc * self.tb)
+        best = None
+        best_r = -1
+        for score, r in self.by_score:
+            if best is not None and score + grow > best[0]:
+                break
+            if allowed is not None and r not in allowed:
+                continue
+            k = self.key(r, db, dc)
+            if best is None or k < best:
+                best, best_r = k, r
+        return best_r
+
+    def worst_rank(self) -> int:
+        """Highest score; among equals the earliest in rank_order."""
+        top = self.by_score[-1][0]
+        i = len(self.by_score) - 1
+        best = self.by_score[i][1]
+        while i > 0 and self.by_score[i - 1][0] == top:
+            i -= 1
+            if self.pref[self.by_score[i][1]] < self.pref[best]:
+                best = self.by_score[i][1]
+        return best
 
 
 def _floor_ratio(values: List[int], nranks: int) -> float:
@@ -432,13 +480,16 @@ def balanced_partition(
         names = sorted(classes[d], key=lambda k: (-size(k), k))
         cap = class_cap(names)
         if cap >= nranks:
-            allowed = list(range(nranks))
+            allowed = None
             allowed_of[d] = None
         else:
             allowed = sorted(range(nranks), key=lambda r: loads.key(r))[:cap]
             allowed_of[d] = frozenset(allowed)
         for k in names:
-            r = min(allowed, key=lambda r: loads.key(r, bts[k], nss[k]))
+            if allowed is None or len(allowed) > _DIRECT_SCAN:
+                r = loads.best_rank(bts[k], nss[k], allowed_of[d])
+            else:
+                r = min(allowed, key=lambda r: loads.key(r, bts[k], nss[k]))
             owner[k] = r
             loads.add(r, bts[k], nss[k])
 
@@ -457,50 +508,87 @@ def balanced_partition(
 
 def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=10000):
     """Deterministic local search: lower the score of the most loaded rank by
-    moving one of its matrices, or swapping one with a matrix elsewhere."""
+    moving one of its matrices, or swapping one with a matrix elsewhere.
+
+    Each round takes the best improving move/swap (lowest new pair score, then
+    moves before swaps, matrix name, ``rank_order``, partner name). Only
+    candidates that can improve are visited: a move needs a rank whose score
+    is below ``W - min(item sizes)``; a swap partner's value in the worst
+    rank's dominant dimension lies in a window just below the matrix's (both
+    bounds follow from ``new < W``), found by bisection in the matrices sorted
+    by that dimension.
+    """
     n = loads.n
     if n == 1:
         return
     dtype_of = {k: d for d, names in classes.items() for k in names}
+    tb, tc = loads.tb, loads.tc
+    xs = {k: bts[k] * tc for k in bts}
+    ys = {k: nss[k] * tb for k in nss}
+    # all matrices sorted by scaled bytes and by scaled NS cost (static: only
+    # owners change)
+    by_x = sorted((xs[k], k) for k in xs)
+    by_y = sorted((ys[k], k) for k in ys)
+    x_keys = [x for x, _ in by_x]
+    y_keys = [y for y, _ in by_y]
+    by_rank: List[set] = [set() for _ in range(n)]
+    for k, r in owner.items():
+        by_rank[r].add(k)
 
     def can_host(k: str, r: int) -> bool:
         allowed = allowed_of[dtype_of[k]]
         return allowed is None or r in allowed
 
     for _ in range(max_iters):
-        worst = max(range(n), key=lambda r: (loads.score(r), -loads.pref[r]))
+        worst = loads.worst_rank()
         worst_score = loads.score(worst)
-        mine = sorted((k for k, r in owner.items() if r == worst), key=lambda k: (-size(k), k))
-        by_rank: Dict[int, List[str]] = {r: [] for r in range(n)}
-        for k, r in owner.items():
-            by_rank[r].append(k)
-        best = None  # (new pair max, tiebreak..., action)
+        # The worst rank's score is its bytes or its NS cost; a swap must
+        # lower that one, so the partner's value in it lies in a window
+        # (k's - (W - lowest rank's), k's) -- open on both sides.
+        if loads.b[worst] * tc == worst_score:
+            sizes, keys, items = xs, x_keys, by_x
+            floor_ = min(b * tc for b in loads.b)
+        else:
+            sizes, keys, items = ys, y_keys, by_y
+            floor_ = min(c * tb for c in loads.c)
+        mine = sorted(by_rank[worst], key=lambda k: (-size(k), k))
+        best = None  # (new pair max, kind, k, rank pos, partner)
         for k in mine:
             bk, ck = bts[k], nss[k]
-            for r in order:
+            xk, yk = xs[k], ys[k]
+            size_k = xk + yk
+            after = loads.score(worst, -bk, -ck)
+            # moves: k -> r
+            limit = worst_score - min(xk, yk)
+            stop = bisect.bisect_left(loads.by_score, (limit, -1))
+            for i in range(stop):
+                r = loads.by_score[i][1]
                 if r == worst or not can_host(k, r):
                     continue
-                # move k: worst -> r
-                new = max(loads.score(worst, -bk, -ck), loads.score(r, bk, ck))
+                new = max(after, loads.score(r, bk, ck))
                 if new < worst_score:
                     cand = (new, 0, k, loads.pref[r], "")
                     if best is None or cand < best:
                         best = cand
-                # swap k <-> j (j on r, smaller than k)
-                for j in by_rank[r]:
-                    if not can_host(j, worst):
-                        continue
-                    bj, cj = bts[j], nss[j]
-                    if bj * loads.tc + cj * loads.tb >= bk * loads.tc + ck * loads.tb:
-                        continue
-                    new = max(
-                        loads.score(worst, bj - bk, cj - ck),
-                        loads.score(r, bk - bj, ck - cj),
-                    )
-                    if new < worst_score:
-                        cand = (new, 1, k, loads.pref[r], j)
-                        if best is None or cand < best:
-                            best = cand
+            # swaps k <-> j (j smaller, on r)
+            lo = bisect.bisect_right(keys, sizes[k] - (worst_score - floor_))
+            hi = bisect.bisect_left(keys, sizes[k])
+            for i in range(lo, hi):
+                j = items[i][1]
+                r = owner[j]
+                if r == worst or not can_host(k, r) or not can_host(j, worst):
+                    continue
+                bj, cj = bts[j], nss[j]
+                if xs[j] + ys[j] >= size_k:
+                    continue
+                new = max(
+                    loads.score(worst, bj - bk, cj - ck),
+                    loads.score(r, bk - bj, ck - cj),
+                )
+                if new < worst_score:
+                    cand = (new, 1, k, loads.pref[r], j)
+                    if best is None or cand < best:
+                        best = cand
         if best is None:
             return
         _, kind, k, rpos, j = best
@@ -508,10 +596,14 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         loads.add(worst, -bts[k], -nss[k])
         loads.add(r, bts[k], nss[k])
         owner[k] = r
+        by_rank[worst].discard(k)
+        by_rank[r].add(k)
         if kind == 1:
             loads.add(r, -bts[j], -nss[j])
             loads.add(worst, bts[j], nss[j])
             owner[j] = worst
+            by_rank[r].discard(j)
+            by_rank[worst].add(j)
 
 
 # --------------------------------------------------------------------------
