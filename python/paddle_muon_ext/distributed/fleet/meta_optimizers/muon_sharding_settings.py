@@ -31,6 +31,9 @@ from .muon_sharding_options import PARTITION_STRATEGIES, option_default
 
 # paddle_muon_ext: compat-begin
 from paddle_muon_ext.compat_paddle_3_3 import get_muon_sharding_options
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options import (
+    SHARDING_OPTIONS,
+)
 
 # paddle_muon_ext: compat-end
 
@@ -77,8 +80,8 @@ def read_overlap_optimize_and_sync() -> bool:
 
 
 # The sharding_configs / pp_configs fields this optimizer reads, as develop's
-# MuonShardingOptimizer does (muon_partition_strategy and overlap_sync_group_call
-# are ours; defaults and choices of the options 3.3.1 lacks: muon_sharding_options).
+# MuonShardingOptimizer does (muon_partition_strategy is ours; defaults and
+# choices of the options 3.3.1 lacks: muon_sharding_options).
 SHARDING_CONFIG_FIELDS = (
     "tensor_fusion",
     "accumulate_steps",
@@ -90,7 +93,6 @@ SHARDING_CONFIG_FIELDS = (
     "comm_group_call_opt",
     "muon_partition_strategy",
     "machine_balanced_2d_partition",
-    "overlap_sync_group_call",
 )
 PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
 
@@ -155,13 +157,14 @@ class ShardingSettings:
         settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
         settings.pp_degree = int(hybrid["pp_degree"])
         # paddle_muon_ext: compat-begin
+        # Options the config object lacks (3.3.1's proto) come from the values
+        # kept beside the strategy; a field read above from the config wins.
         options = get_muon_sharding_options(strategy)
-        settings.comm_group_call_opt = options.comm_group_call_opt
-        settings.muon_partition_strategy = options.muon_partition_strategy
-        # Options another build of the table may lack keep their defaults.
-        for name in ("machine_balanced_2d_partition", "overlap_sync_group_call"):
-            if hasattr(options, name):
-                setattr(settings, name, bool(getattr(options, name)))
+        for opt in SHARDING_OPTIONS:
+            if opt.config_key != "sharding_configs" or (
+                    opt.name in SHARDING_CONFIG_FIELDS and hasattr(configs, opt.name)):
+                continue
+            setattr(settings, opt.name, getattr(options, opt.name))
         # paddle_muon_ext: compat-end
         return settings
 
