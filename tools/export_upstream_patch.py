@@ -51,12 +51,15 @@ Rules, applied to every file of this repository in this order:
 6. ``__init__.py`` of a package the target has is not touched; the imports /
    ``__all__`` names it lacks are listed in the notes.
 7. Everything else is added, or, where the target has the file, a
-   modification diff.  A modified module keeps every public top-level name and
-   class method of the target's version (else conflict); the names kept are
-   listed in the notes.
+   modification diff.  A modified module keeps every public top-level name,
+   class method and class attribute of the target's version (else conflict;
+   ``KEEP_EVERY_NAME`` modules keep private ones too -- develop's tests read
+   them); imported names and members inherited from a class of the same
+   module count as kept. The names kept are listed in the notes.
 8. Registry edits (``--paddle-root`` only): each ``STRATEGY_OPTIONS`` entry
-   becomes a field of its proto message in ``PROTO_PATH`` (default = develop's
-   behaviour, so nothing changes unless a user opts in) and a line in the
+   (the package's option table, ``OPTION_TABLE_PATH``, less the options
+   develop's proto has) becomes a field of its proto message in ``PROTO_PATH``
+   (default = develop's behaviour, so nothing changes unless a user opts in) and a line in the
    ``hybrid_configs`` docs of ``STRATEGY_DOC_PATH``; every exported test module
    of ``TESTSLIST_DIRS`` gets a ``testslist.csv`` row (timeout and labels from
    this repository's ``CMakeLists.txt``: label ``DIST`` -> launcher
@@ -169,14 +172,35 @@ class StrategyOption:
     doc: str
 
 
-STRATEGY_OPTIONS = (
-    StrategyOption(
-        "DygraphShardingConfig", "sharding_configs", "muon_partition_strategy",
-        "string", '"upstream_greedy"',
-        'owner rule of MuonShardingOptimizer for Muon (whole-matrix) parameters: '
-        '"upstream_greedy" (the current rule) or "balanced" (largest first onto the '
-        'least loaded rank, weighted by Newton-Schulz cost). Default "upstream_greedy".'),
+# The package's option table (name, default, choices, proto message/type,
+# doc): the one place options are defined. Loaded by path: the exporter runs
+# before (and without) an importable package.
+OPTION_TABLE_PATH = ("python/paddle_muon_ext/distributed/fleet/meta_optimizers/"
+                     "muon_sharding_options.py")
+
+
+def _load_option_table():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        OPTION_TABLE_PATH)
+    spec = importlib.util.spec_from_file_location("_muon_sharding_option_table", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+_OPTION_TABLE = _load_option_table()
+# Only the options develop's proto lacks become new fields.
+STRATEGY_OPTIONS = tuple(
+    StrategyOption(o.message, o.config_key, o.name, o.proto_type, o.proto_default,
+                   "%s Default %s." % (o.doc, o.proto_default))
+    for o in _OPTION_TABLE.added_options()
 )
+# Modules whose every develop name (private ones and class attributes too:
+# develop's tests read them) the export must keep.
+KEEP_EVERY_NAME = frozenset({
+    "python/paddle/distributed/fleet/meta_optimizers/muon_sharding_optimizer.py",
+})
 _PY_TYPE = {"string": "str", "bool": "bool", "int32": "int", "int64": "int",
             "float": "float", "double": "float"}
 
@@ -339,8 +363,24 @@ def imported_names(text: str) -> set:
     return names
 
 
+def _assigned_names(node) -> list:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
+def _class_members(node: ast.ClassDef) -> set:
+    members = set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            members.add(item.name)
+        elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+            members.update(_assigned_names(item))
+    return members
+
+
 def module_surface(text: str) -> set:
-    """Top-level names and ``Class.method`` names a module defines (not imports)."""
+    """Top-level names and ``Class.member`` names (methods and class
+    attributes) a module defines (not imports)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -351,11 +391,36 @@ def module_surface(text: str) -> set:
             names.add(node.name)
         elif isinstance(node, ast.ClassDef):
             names.add(node.name)
-            names.update("%s.%s" % (node.name, item.name) for item in node.body
-                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            names.update("%s.%s" % (node.name, m) for m in _class_members(node))
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
+            names.update(_assigned_names(node))
+    return names
+
+
+def module_namespace(text: str) -> set:
+    """What a module offers under each name: :func:`module_surface`, names
+    its top-level imports bind, and members classes inherit from classes of
+    the same module."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = module_surface(text) | imported_names(text)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+    def members(name, seen):
+        node = classes.get(name)
+        if node is None or name in seen:
+            return set()
+        seen.add(name)
+        out = set(_class_members(node))
+        for base in node.bases:
+            if isinstance(base, ast.Name):
+                out |= members(base.id, seen)
+        return out
+
+    for name in classes:
+        names.update("%s.%s" % (name, m) for m in members(name, set()))
     return names
 
 
@@ -838,11 +903,14 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
             ex.unchanged.append(dst)
             continue
         if old is not None and dst.endswith(".py") and not dst.startswith("test/"):
-            theirs, ours = module_surface(old), module_surface(text)
+            theirs, ours = module_surface(old), module_namespace(text)
             ex.kept_names[dst] = sorted(theirs & ours)
             for name in sorted(theirs - ours):
                 if _is_public(name):
                     ex.conflicts.append((dst, "would remove develop's public name %s" % name))
+                elif dst in KEEP_EVERY_NAME:
+                    ex.conflicts.append((dst, "would remove develop's name %s (develop's "
+                                              "tests read private names too)" % name))
                 else:
                     ex.warnings.append("%s: develop's private name %s is gone" % (dst, name))
         ex.changes[dst] = Change(dst, text, old, src, target.mode(dst))

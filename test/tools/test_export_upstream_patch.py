@@ -327,8 +327,10 @@ def test_modification_diff_applies_with_3way(tmp_path):
         assert f.read() == new
 
 
-# Fields develop's proto already has (UPSTREAM_API.md section 2).
-DEVELOP_STRATEGY_FIELDS = {"use_muon_sharding", "comm_group_call_opt"}
+# Fields develop's proto already has (UPSTREAM_API.md section 2, and #79763's
+# machine_balanced_2d_partition).
+DEVELOP_STRATEGY_FIELDS = {"use_muon_sharding", "comm_group_call_opt",
+                           "machine_balanced_2d_partition"}
 
 
 def test_strategy_options_are_the_package_options():
@@ -562,12 +564,16 @@ def test_export_against_develop_like_tree(tmp_path, capsys):
     assert "Stands in for develop" not in _read(tree, PM + "muon_sharding_optimizer.py")
     proto = _read(tree, ep.PROTO_PATH)
     assert ('  reserved 13 to 15;\n  optional string muon_partition_strategy = 16 '
-            '[ default = "upstream_greedy" ];\n}') in proto
+            '[ default = "upstream_greedy" ];\n  optional bool overlap_sync_group_call = 17 '
+            '[ default = false ];\n}') in proto
     strategy = _read(tree, ep.STRATEGY_DOC_PATH)
     assert "**sharding_configs.muon_partition_strategy(str)**:" in strategy
-    assert strategy.replace(
-        [l + "\n" for l in strategy.splitlines() if "muon_partition_strategy" in l][0],
-        "") == strategy_before
+    assert "**sharding_configs.overlap_sync_group_call(bool)**:" in strategy
+    added = [l + "\n" for l in strategy.splitlines()
+             if "**sharding_configs.muon_partition_strategy" in l
+             or "**sharding_configs.overlap_sync_group_call" in l]
+    assert len(added) == 2
+    assert strategy.replace(added[0], "").replace(added[1], "") == strategy_before
     rows = _read(tree, FLEET + "testslist.csv").splitlines()
     assert rows[:2] == [ep.TESTSLIST_HEADER, DEV_ROW.strip()]
     listed = {r.split(",")[0]: r.split(",") for r in rows[2:]}
@@ -618,6 +624,48 @@ def test_conflicts_write_nothing(tmp_path, capsys):
             "name develop_only_helper" % PM) in err
     assert "CONFLICT: %stestslist.csv: header is 'name,os,arch'" % FLEET in err
     assert "no patch written" in err
+
+
+def test_sharding_optimizer_keeps_every_develop_name(tmp_path, capsys):
+    """Cherry-pick keeps develop: a private name, class attribute or method of
+    develop's muon_sharding_optimizer.py that ours lacks is a conflict."""
+    develop_text = DEV_SHARDING + (
+        "\n    _NO_HOOK_COLORS = frozenset()\n"
+        "    _DEVELOP_ONLY_ATTR = 1\n\n"
+        "    def _develop_only_method(self):\n        pass\n\n\n"
+        "g_shard_bypass_dygraph_optimizer = 0\n"
+        "_develop_private_table = {}\n\n\n"
+        "def _develop_private_helper():\n    pass\n\n\n"
+        "def run_staged_update():\n    pass\n")
+    tree = str(tmp_path / "Paddle")
+    _write_tree(tree, dict(DEVELOP, **{PM + "muon_sharding_optimizer.py": develop_text,
+                                       ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
+    out = str(tmp_path / "muon.patch")
+    rc, patch, _, err = _export(REPO, out, capsys, "--include-untracked",
+                                "--paddle-root", tree)
+    assert rc == 1, "a removed develop name must refuse the export"
+    assert patch is None and not os.path.exists(ep.notes_path_for(out)), \
+        "nothing may be written on a conflict"
+    prefix = "CONFLICT: %smuon_sharding_optimizer.py: would remove develop's name " % PM
+    removed = sorted(line[len(prefix):].split(" ")[0] for line in err.splitlines()
+                     if line.startswith(prefix))
+    assert removed == ["MuonShardingOptimizer._DEVELOP_ONLY_ATTR",
+                       "MuonShardingOptimizer._develop_only_method",
+                       "_develop_private_helper", "_develop_private_table"], err
+    # ours defines _NO_HOOK_COLORS and the bypass flag, and imports run_staged_update
+    for kept in ("_NO_HOOK_COLORS", "g_shard_bypass_dygraph_optimizer", "run_staged_update"):
+        assert kept not in "\n".join(l for l in err.splitlines() if "CONFLICT" in l), kept
+
+
+def test_module_namespace_counts_imports_and_same_module_bases():
+    text = ("from x import helper\n\n\nclass Base:\n    LIMIT = 1\n\n"
+            "    def _shared(self):\n        pass\n\n\nclass Opt(Base):\n"
+            "    def step(self):\n        pass\n")
+    names = ep.module_namespace(text)
+    assert {"helper", "Opt.LIMIT", "Opt._shared", "Opt.step", "Base.LIMIT"} <= names
+    assert "helper" not in ep.module_surface(text)
+    assert "Opt.LIMIT" not in ep.module_surface(text)
+    assert ep.module_namespace("def broken(:\n") == set()
 
 
 # ------------------------------------------------ the real repo, in tree

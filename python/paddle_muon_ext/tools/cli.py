@@ -24,8 +24,12 @@ from typing import Optional, Sequence
 from . import limits
 from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, load_model
 from .cost_model import BACKENDS, AlphaBeta
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
 from .plan import PARTITION_RULES, predict_cluster
 from .verify import CheckoutMissing, add_verify_parser, cmd_verify
+
+# the optimizer's default owner rule (one table holds it)
+DEFAULT_PARTITION = option_default("muon_partition_strategy")
 
 __all__ = ["build_parser", "main"]
 
@@ -61,9 +65,10 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    "0 = one reduce per parameter; default 256)")
     p.add_argument("--comm-overlap", action="store_true",
                    help="sharding_configs.comm_overlap: hooks launch each buffer's reduce")
-    p.add_argument("--partition", choices=PARTITION_RULES, default="balanced",
-                   help="owner rule of the main figures (default balanced; the other rule's "
-                   "key figures are reported side by side)")
+    p.add_argument("--partition", choices=PARTITION_RULES, default=DEFAULT_PARTITION,
+                   help="owner rule of the main figures (sharding_configs."
+                   f"muon_partition_strategy; default {DEFAULT_PARTITION}, the optimizer's; "
+                   "the other rule's key figures are reported side by side)")
     p.add_argument("--backend", choices=BACKENDS, default="nccl",
                    help="collective algorithms: nccl rings (GPU, default) or gloo as "
                    "measured on the namespace cluster (CPU)")

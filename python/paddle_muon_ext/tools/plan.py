@@ -36,6 +36,10 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
     LayoutSettings,
     ShardingLayout,
 )
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+    PARTITION_STRATEGIES,
+    option_default,
+)
 from ..distributed.fleet.meta_optimizers.muon_sharding_partition import balance_floor
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
@@ -58,8 +62,9 @@ TARGET_HIER_RATIO = 1.01
 TARGET_RAIL_IMBALANCE = 1.05
 #: Colour key of expert parameters (the MoE models' convention).
 EXPERT_COLOUR = "moe_expert"
-#: Partition rules reported side by side: the plan's own, then develop's.
-PARTITION_RULES = ("balanced", "upstream_greedy")
+#: Partition rules reported side by side (the option table's choices; the
+#: default, as the optimizer's, is the option table's: develop's rule).
+PARTITION_RULES = PARTITION_STRATEGIES
 
 
 def _pbytes(p: presets.ParamSpec) -> int:
@@ -329,7 +334,7 @@ def compute_plan(
     buffer_size_MB: float = DEFAULT_BUFFER_MB,
     params: Optional[Sequence[presets.ParamSpec]] = None,
     comm_overlap: bool = False,
-    partition_strategy: str = "balanced",
+    partition_strategy: str = option_default("muon_partition_strategy"),
     compare_rules: bool = True,
     backend: str = "nccl",
 ) -> Dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
 from .cost_model import KINDS
 
 __all__ = ["format_table", "draw_png"]
@@ -53,7 +54,7 @@ def format_table(res: Dict[str, Any]) -> str:
         f"({ms['muon_dense']} dense, {ms['muon_expert']} expert per EP rank), "
         f"{ms['other_params']} other; grad buffers {c['buffer_size_MB']:g} MB; "
         f"comm_overlap {'on' if c.get('comm_overlap') else 'off'}; owners by "
-        f"{c.get('partition_strategy', 'balanced')} partition",
+        f"{c.get('partition_strategy', option_default('muon_partition_strategy'))} partition",
     ]
     g = res["groups"]
     lines.append(
