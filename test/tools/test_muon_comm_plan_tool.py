@@ -45,7 +45,10 @@ NORM = 64
 # ep=4, ms=2, gpn=2, pp=1, order moe_sharding,pp,ep: rank = 4*s + e, world 8,
 # 4 nodes (node = r // 2). Sharding group 0..7 spans 4 nodes; moe_sharding
 # groups {e, e+4} span 2 nodes ({0,4},{1,5} on nodes 0/2; {2,6},{3,7} on 1/3).
-HAND_ARGS = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2"]
+# The hand figures are for the balanced (recommended) rule; the default is
+# develop's, as the optimizer's (test_plan_default_rule_is_the_optimizers).
+HAND_ARGS = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+             "--partition", "balanced"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,20 @@ def plan_json(argv, capsys):
 @pytest.fixture(scope="module")
 def hand_result(hand_json):
     cfg = mc.MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=2, model=hand_json)
-    return mc.compute_plan(cfg)
+    return mc.compute_plan(cfg, partition_strategy="balanced")
+
+
+def test_plan_default_rule_is_the_optimizers(hand_json, capsys):
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+        ShardingSettings,
+    )
+
+    res = plan_json(["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                     "--model", hand_json], capsys)
+    optimizer_default = ShardingSettings().muon_partition_strategy
+    assert res["config"]["partition_strategy"] == optimizer_default == "upstream_greedy", (
+        "plan must describe the optimizer's default owner rule")
+    assert res["partition_rules"]["upstream_greedy"]["empty_ranks"] == 4
 
 
 # --------------------------------------------------------------------------
@@ -328,7 +344,7 @@ def test_config_api_shared_flags():
 @pytest.mark.parametrize("ep, ms", [(16, 2), (32, 4)])
 def test_preset_targets(model, ep, ms):
     cfg = mc.MuonCommConfig(ep=ep, moe_sharding=ms, pp=1, gpus_per_node=8, model=model)
-    res = mc.compute_plan(cfg)
+    res = mc.compute_plan(cfg, partition_strategy="balanced")  # the recommended rule
     h = res["hierarchical"]
     assert h["inter_node_ratio_to_bound"] <= mc.TARGET_HIER_RATIO
     assert h["rail_imbalance"] <= mc.TARGET_RAIL_IMBALANCE
