@@ -713,6 +713,70 @@ class TestMinorityDtype(unittest.TestCase):
         self.assertLessEqual(part.ns_cost_max_over_mean(), 1.10)
 
 
+class TestOptionTable(unittest.TestCase):
+    """The one table of Muon-sharding options and the consumers reading it."""
+
+    def test_entries(self):
+        from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_options as mso
+
+        names = [o.name for o in mso.SHARDING_OPTIONS]
+        self.assertEqual(len(names), len(set(names)), f"an option listed twice: {names}")
+        # develop's defaults (UPSTREAM_API_2026 section 8.2, 8.6): everything off,
+        # develop's own owner rule
+        self.assertEqual({o.name: o.default for o in mso.SHARDING_OPTIONS}, {
+            "use_muon_sharding": False, "comm_group_call_opt": False,
+            "machine_balanced_2d_partition": False,
+            "muon_partition_strategy": "upstream_greedy", "overlap_sync_group_call": False})
+        self.assertEqual(mso.option("muon_partition_strategy").choices,
+                         ("upstream_greedy", "balanced"))
+        self.assertEqual({o.name for o in mso.added_options()},
+                         {"muon_partition_strategy", "overlap_sync_group_call"},
+                         "only the options develop's proto lacks are added by the export")
+        self.assertEqual(mso.option("muon_partition_strategy").proto_default,
+                         '"upstream_greedy"')
+        self.assertEqual(mso.option("comm_group_call_opt").proto_default, "false")
+        with self.assertRaisesRegex(KeyError, "'nope' is not a Muon sharding option"):
+            mso.option("nope")
+        with self.assertRaisesRegex(TypeError, "comm_group_call_opt must be a bool, got 1"):
+            mso.check_option_value("comm_group_call_opt", 1)
+        with self.assertRaisesRegex(ValueError, r"sharding_configs\.muon_partition_strategy="
+                                                "'fast' is not supported"):
+            mso.check_option_value("muon_partition_strategy", "fast", "sharding_configs.")
+        mso.check_option_value("muon_partition_strategy", "balanced")
+
+    def test_consumers_read_the_table(self):
+        try:
+            import dataclasses
+
+            from paddle_muon_ext.compat_paddle_3_3.strategy_options import MuonShardingOptions
+            from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+                muon_sharding_options as mso,
+            )
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+                LayoutSettings,
+            )
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+                ShardingSettings,
+            )
+        except ImportError as exc:  # pragma: no cover - only without paddle
+            self.skipTest(f"paddle unavailable: {exc}")
+        kept = {f.name: f.default for f in dataclasses.fields(MuonShardingOptions)}
+        self.assertEqual(kept, {o.name: o.default for o in mso.SHARDING_OPTIONS},
+                         "MuonShardingOptions must hold exactly the table's options")
+        settings = ShardingSettings()
+        for o in mso.SHARDING_OPTIONS:
+            if o.config_key == "sharding_configs":
+                self.assertEqual(getattr(settings, o.name), o.default,
+                                 f"optimizer default of {o.name}")
+        self.assertEqual(LayoutSettings().partition_strategy,
+                         settings.muon_partition_strategy,
+                         "the layout (plan tool) and the optimizer default to one rule")
+        with self.assertRaisesRegex(ValueError, "muon_partition_strategy='x'"):
+            MuonShardingOptions(muon_partition_strategy="x")
+        with self.assertRaisesRegex(TypeError, "overlap_sync_group_call must be a bool"):
+            MuonShardingOptions(overlap_sync_group_call="yes")
+
+
 class TestValidation(unittest.TestCase):
     def test_validation_errors(self):
         specs = [MatrixSpec("a", (4, 4))]
