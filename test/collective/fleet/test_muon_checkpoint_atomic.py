@@ -249,6 +249,16 @@ class TestSingleProcess(_Dir):
         (left,) = [n for n in os.listdir(disk) if n.startswith(".")]
         self.assertEqual(os.listdir(os.path.join(disk, left)), [".status"],
                          "the failed save's shards must be freed")
+        filler = os.path.join(disk, "filler")
+        with open(filler, "wb") as f:  # no room left even to prepare
+            try:
+                f.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+        with self.assertRaisesRegex(CheckpointSaveError, r"rank 0 could not prepare .*"
+                                    r"No space left on device"):
+            save_sharded_checkpoint(whole(arrays(3)), disk)
+        os.remove(filler)
         target = whole({k: np.zeros_like(v) for k, v in arrays(1).items()})
         self.assertEqual(os.path.basename(load_sharded_checkpoint(target, disk)), "checkpoint_0")
         self.assert_values(numpy_of(target), 1, "after a full disk")
@@ -433,30 +443,35 @@ class TestRanksAsThreads(_Dir):
         self.assert_one_failure(results, (1, 2), "the coordinator, rank 0, stopped "
                                 "responding before committing")
 
-    def test_a_rank_that_cannot_prepare_still_takes_part(self):
+    def test_a_rank_that_cannot_prepare_fails_every_rank_at_once(self):
         real_start = commit.SaveHandshake.start
 
-        def start(self):
+        for failing, error in ((1, OSError(errno.ENOSPC, "No space left on device", "/d/r")),
+                               (0, OSError(errno.EACCES, "Permission denied"))):
+            def start(self, failing=failing, error=error):
+                if self.rank == failing:
+                    raise error
+                real_start(self)
+
+            with mock.patch.object(commit.SaveHandshake, "start", start):
+                t0 = time.monotonic()
+                results = self.save(3, timeout_s=60)
+            self.assert_one_failure(results, range(3), f"rank {failing} could not prepare",
+                                    error.strerror)
+            self.assertLess(time.monotonic() - t0, 30, "agreed at once, not after a timeout")
+            self.assertEqual(os.listdir(self.root), [], "the coordinator removes the attempt")
+
+    def test_a_rank_that_cannot_report(self):
+        real_report = commit.SaveHandshake.report
+
+        def report(self, ok, **info):
             if self.rank == 1:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            real_start(self)
+                raise OSError(errno.EIO, "Input/output error")
+            real_report(self, ok, **info)
 
-        with mock.patch.object(commit.SaveHandshake, "start", start):
+        with mock.patch.object(commit.SaveHandshake, "report", report):
             results = self.save(2)
-        self.assert_one_failure(results, (0, 1), "rank 1 stopped responding")
-
-    def test_a_coordinator_that_cannot_prepare(self):
-        real_start = commit.SaveHandshake.start
-
-        def start(self):
-            if self.rank == 0:
-                raise OSError(errno.EACCES, "Permission denied")
-            real_start(self)
-
-        with mock.patch.object(commit.SaveHandshake, "start", start):
-            results = self.save(2)
-        self.assertIn("rank 0 (coordinator) could not prepare", str(results[0]))
-        self.assertIn("the coordinator, rank 0, stopped responding", str(results[1]))
+        self.assert_one_failure(results, (0, 1), "rank 1 stopped responding while writing")
 
     def test_a_lost_commit_race_fails_every_rank(self):
         real_rename = os.rename

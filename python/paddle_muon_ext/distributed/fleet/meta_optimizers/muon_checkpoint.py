@@ -78,7 +78,7 @@ __all__ = [
 _METADATA = re.compile(r"^(\d+)\.metadata$")
 _LISTED = 8
 #: Seconds without a heartbeat after which a rank of a save counts as dead.
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 20.0
 
 
 class CheckpointMismatchError(ValueError):
@@ -286,7 +286,9 @@ def save_sharded_checkpoint(
         keep_last (int|None): after the commit, keep only the newest
             ``keep_last`` complete checkpoints.
         timeout_s (float): a rank that shows no sign of life this long during
-            the save counts as failed (default 30).
+            the save counts as failed (default 20: a killed rank fails the
+            save on every other rank within about 21 s). Raise it where the
+            file system shows other hosts' changes later (NFS attribute cache).
 
     Returns:
         str: the committed checkpoint directory (the same on every rank).
@@ -329,13 +331,19 @@ def save_sharded_checkpoint(
     try:
         try:
             handshake.start()
+            start_error = None
         except OSError as exc:
-            # cannot even report: the others see this rank's heartbeat missing
-            handshake.stop()
-            logger.error(f"checkpoint: rank {rank} could not prepare {tmp}: {exc}")
-            started = False
-        else:
-            started = True
+            start_error = (f"rank {rank} could not prepare {exc.filename or tmp}: "
+                           f"{type(exc).__name__}: {exc}")
+        # Every rank is still here (Paddle's collectives come next anyway): a
+        # rank that cannot even reserve room for its report fails the save now.
+        start_errors = [e for e in _gather(start_error, process_group, ranks) if e]
+        if start_errors:
+            if rank == coordinator:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointSaveError(
+                f"saving {final} failed; nothing was committed and the previous "
+                "checkpoints are untouched:\n  " + "\n  ".join(start_errors))
         try:
             # every rank takes part in Paddle's collectives inside, whatever happened
             _write_shards(state_dict, tmp, process_group, uid)
@@ -347,21 +355,16 @@ def save_sharded_checkpoint(
                                            f"{type(exc).__name__}: {exc}")
         else:
             outcome = dict(ok=True, file=own_file, size=size, sha256=digest)
-        if started:
-            try:
-                handshake.report(**outcome)
-            except OSError as exc:
-                # e.g. the coordinator gave up and removed the directory
-                handshake.stop()
-                logger.error(f"checkpoint: rank {rank} could not report to {tmp}: {exc}")
-        if rank == coordinator and started:
+        try:
+            handshake.report(**outcome)
+        except OSError as exc:
+            # the reserved room is gone (removed by hand?): the others see
+            # this rank's heartbeat stop and fail the save
+            handshake.stop()
+            logger.error(f"checkpoint: rank {rank} could not report to {tmp}: {exc}")
+        if rank == coordinator:
             message = _coordinate(handshake, tmp, final, uid, token,
                                   dict(outcome, rank=rank))
-        elif rank == coordinator:
-            message = (f"saving {final} failed; nothing was committed and the previous "
-                       f"checkpoints are untouched:\n  rank {rank} (coordinator) could not "
-                       f"prepare {tmp}")
-            shutil.rmtree(tmp, ignore_errors=True)
         else:
             message = handshake.wait_decision(final, token)
     finally:
