@@ -40,6 +40,7 @@ from paddle_muon_ext.optimizer.muon import (
     NS_COEFFS_PRESETS,
     _default_should_use_muon,
     _to_hashable,
+    build_muon_param_info_map,
     keep_whole,
     muon_update_scale,
     newton_schulz,
@@ -1211,6 +1212,22 @@ class TestDevelopNames(unittest.TestCase):
         off = Muon(parameters=p, symmetric_gemm_min_short_edge=0,
                    symmetric_gemm_min_step_flops=-1)  # not validated when off
         self.assertEqual(off._symmetric_gemm_min_short_edge, 0)
+
+    def test_auto_ns_dtype_and_full_map_helper(self):
+        cuda = mock.patch.object(paddle, "is_compiled_with_cuda", return_value=True)
+        for capability, expect in (((8, 0), paddle.bfloat16), ((7, 5), paddle.float32)):
+            with cuda, mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                         return_value=capability):
+                self.assertEqual(Muon(parameters=_params())._ns_matmul_dtype, expect)
+        with cuda, mock.patch.object(paddle.device.cuda, "get_device_capability",
+                                     side_effect=RuntimeError("no device")):
+            self.assertEqual(Muon(parameters=_params())._ns_matmul_dtype, paddle.float32)
+        with unique_name.guard():
+            ps = [make_param(n, np.ones(s, np.float32))
+                  for n, s in (("w", (4, 6)), ("emb.w", (4, 6)), ("b", (6,)))]
+        info = build_muon_param_info_map(ps, ["EMB"])
+        self.assertEqual({k: (v.use_muon, v.use_hyperball) for k, v in info.items()},
+                         {"w": (True, False), "emb.w": (False, False), "b": (False, False)})
 
     def test_unknown_kwargs_are_named(self):
         with self.assertLogs(logger, level=logging.WARNING) as logs:

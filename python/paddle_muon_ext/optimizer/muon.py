@@ -362,7 +362,8 @@ def _call_symmetric_gemm(gemm, A, B, C=None, alpha=1.0, beta=1.0):
         return paddle.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(out))
     if C is None:
         return gemm(A, B)
-    return gemm(A, B, C=C, alpha=alpha, beta=beta)
+    # C positionally: quack's third parameter, whatever a substitute names it
+    return gemm(A, B, C, alpha=alpha, beta=beta)
 
 
 def _swap_last_two(x: Tensor) -> Tensor:
