@@ -77,8 +77,9 @@ class TestInstalledPlan(unittest.TestCase):
                               cwd=self.cwd, env=self._env(), timeout=600)
 
     def test_plan_runs_from_the_installed_copy(self):
+        # the targets are the recommended (balanced) rule's; the default is develop's
         proc = self._run("plan", "--ep", "16", "--moe-sharding", "2", "--gpus-per-node", "8",
-                         "--json")
+                         "--partition", "balanced", "--json")
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         res = json.loads(proc.stdout)
         self.assertEqual((res["world_size"], res["num_nodes"]), (32, 4))

@@ -11,11 +11,20 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Owner-partition balance: ours (balanced_partition) vs develop's rule (upstream_partition).
+"""Owner-partition balance and speed: ours (balanced_partition) vs develop's
+rule (upstream_partition) and develop's machine-balanced rule.
 
     python tools/bench/bench_partition.py [--preset ernie-moe-small]
         [--nranks 8 16 64] [--buffer-mb 256] [--colour all|dense|expert]
         [--json FILE] [--no-fused]
+    python tools/bench/bench_partition.py --scale [--sizes 2000x8 200000x1024]
+        [--previous-up-to 2000] [--json-out]
+
+``--scale`` times each rule on synthetic MoE models (N matrices over R ranks;
+the machine-balanced rule sees the R ranks as R/8 machines), side by side with
+the balanced rule's previous implementation (the frozen copy the partition
+tests compare owners with) on the sizes it can still do, and checks that both
+give the same owners. Target: 200,000 matrices over 1,024 ranks <= 5 s each.
 
 Prints, per group size, max/mean optimizer-state bytes, max/mean Newton-Schulz
 cost, ranks owning nothing and (owner, dtype) buffers, for both rules. The
@@ -30,9 +39,13 @@ Importable: ``bench(...)`` returns the figures as a dict.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import random
 import sys
-from typing import Dict, Optional, Sequence
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
@@ -42,14 +55,26 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
 
 import moe_presets  # noqa: E402
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (  # noqa: E402
+    MatrixSpec,
     balance_floor,
     balanced_partition,
+    machine_balanced_owner_indices,
+    optimizer_state_bytes,
     upstream_partition,
 )
 
 TARGET_STATE = 1.05
 TARGET_NS = 1.10
 DEFAULT_NRANKS = (8, 16, 64)
+# --scale: target seconds per rule at 200,000 matrices over 1,024 ranks
+TARGET_SCALE_S = 5.0
+DEFAULT_SIZES = ((2000, 8), (2000, 64), (20000, 1024), (200000, 1024))
+DEFAULT_PREVIOUS_UP_TO = 2000
+GPUS_PER_MACHINE = 8
+# The partition tests hold the balanced rule's previous implementation (the
+# oracle its owners are compared with); the benchmark times that same copy.
+_PARTITION_TEST = os.path.join(_REPO, "test", "collective", "fleet",
+                               "test_muon_sharding_partition.py")
 
 
 def bench(
@@ -131,6 +156,114 @@ def format_table(fig: Dict) -> str:
     return "\n".join(lines)
 
 
+def moe_model(num_matrices: int) -> List[MatrixSpec]:
+    """Synthetic MoE model: per 200 matrices attention [4096, 4096] / [4096, 1024],
+    one fp32 router gate [4096, 64], a shared expert [4096, 3072] / [3072, 4096]
+    and routed experts [4096, 1536] / [1536, 4096], some fused 3-D [8, 4096, 1536]."""
+    out = []
+    for i in range(num_matrices):
+        layer, j = divmod(i, 200)
+        if j < 4:
+            shape, dtype = ((4096, 4096) if j % 2 else (4096, 1024)), "bfloat16"
+        elif j == 4:
+            shape, dtype = (4096, 64), "float32"
+        elif j < 7:
+            shape, dtype = ((4096, 3072) if j % 2 else (3072, 4096)), "bfloat16"
+        elif j % 25 == 0:
+            shape, dtype = (8, 4096, 1536), "bfloat16"
+        else:
+            shape, dtype = ((4096, 1536) if j % 2 else (1536, 4096)), "bfloat16"
+        out.append(MatrixSpec(f"l{layer}.m{j}", shape, dtype))
+    return out
+
+
+def random_model(num_matrices: int, seed: int = 0) -> List[MatrixSpec]:
+    """Seeded mix of many shapes ({256..2048} x {256..4096}, a fifth 3-D, a tenth
+    fp32): the case where the balanced rule's refinement works hardest."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(num_matrices):
+        m, n = rng.choice([256, 512, 1024, 2048]), rng.choice([256, 512, 1024, 4096])
+        shape = (m, n) if rng.random() < 0.8 else (rng.choice([4, 8]), m, n)
+        out.append(MatrixSpec(f"p{i}", shape, "bfloat16" if rng.random() < 0.9 else "float32"))
+    return out
+
+
+MODELS = {"moe": moe_model, "random": random_model}
+
+
+def _previous_balanced():
+    spec = importlib.util.spec_from_file_location("_partition_test_oracle", _PARTITION_TEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._frozen_balanced_owners
+
+
+def _timed(fn) -> Tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def scale(sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
+          previous_up_to: int = DEFAULT_PREVIOUS_UP_TO, models: Sequence[str] = ("moe",)) -> Dict:
+    """Seconds per rule on each model of ``MODELS`` for each (matrices, ranks)."""
+    previous = _previous_balanced() if previous_up_to > 0 else None
+    cases = []
+    for model, (num, nranks) in ((m, size) for m in models for size in sizes):
+        specs = MODELS[model](num)
+        row: Dict = {"model": model, "matrices": num, "ranks": nranks}
+        row["balanced_s"], part = _timed(lambda: balanced_partition(specs, nranks))
+        row["balanced_state_max_over_mean"] = part.state_bytes_max_over_mean()
+        if previous is not None and num <= previous_up_to:
+            items = [(s.name, optimizer_state_bytes(s), _ns(s.shape), s.dtype) for s in specs]
+            row["previous_balanced_s"], old = _timed(
+                lambda: previous(items, nranks, list(range(nranks))))
+            row["same_owners"] = old == part.owners
+        row["develop_s"], _ = _timed(lambda: upstream_partition(specs, nranks))
+        info = {(None, tuple(range(nranks))): [
+            (s.name, s.numel, s.dtype, 4 if s.dtype == "float32" else 2) for s in specs]}
+        machines = {r: r // GPUS_PER_MACHINE for r in range(nranks)}
+        row["machine_balanced_s"], _ = _timed(
+            lambda: machine_balanced_owner_indices(info, machines, 256))
+        cases.append(row)
+    return {"target_s": TARGET_SCALE_S, "cases": cases}
+
+
+def _ns(shape) -> int:
+    *lead, m, n = shape
+    e = 1
+    for d in lead:
+        e *= d
+    return e * max(m, n) * min(m, n) ** 2
+
+
+def format_scale(fig: Dict) -> str:
+    lines = [f"seconds per owner rule (synthetic MoE model; target <= {fig['target_s']:g} s "
+             "at 200,000 x 1,024)",
+             f"{'model':>6} {'matrices':>9} {'ranks':>6} | {'balanced':>9} {'previous':>9} {'same':>5} | "
+             f"{'develop':>8} {'machine-bal':>11} | {'state max/mean':>14}",
+             "-" * 93]
+    for c in fig["cases"]:
+        prev = f"{c['previous_balanced_s']:9.2f}" if "previous_balanced_s" in c else f"{'-':>9}"
+        same = {True: "yes", False: "NO"}.get(c.get("same_owners"), "-")
+        lines.append(
+            f"{c['model']:>6} {c['matrices']:>9} {c['ranks']:>6} | {c['balanced_s']:9.2f} {prev} {same:>5} | "
+            f"{c['develop_s']:8.2f} {c['machine_balanced_s']:11.2f} | "
+            f"{c['balanced_state_max_over_mean']:14.4f}")
+    return "\n".join(lines)
+
+
+def _size(text: str) -> Tuple[int, int]:
+    try:
+        num, nranks = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MATRICESxRANKS (e.g. 2000x8)")
+    if num < 1 or nranks < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: both numbers must be >= 1")
+    return num, nranks
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="ernie-moe-small", choices=moe_presets.list_presets())
@@ -141,7 +274,22 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--no-fused", action="store_true", help="skip the fused-3D illustration table"
     )
+    ap.add_argument("--scale", action="store_true",
+                    help="time the rules on synthetic models instead (see --sizes)")
+    ap.add_argument("--sizes", type=_size, nargs="+", default=list(DEFAULT_SIZES),
+                    help="MATRICESxRANKS cases of --scale (default %s)"
+                    % " ".join(f"{n}x{r}" for n, r in DEFAULT_SIZES))
+    ap.add_argument("--previous-up-to", type=int, default=DEFAULT_PREVIOUS_UP_TO,
+                    help="time the previous balanced implementation up to this many "
+                    "matrices (0: never)")
+    ap.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["moe", "random"],
+                    help="--scale: synthetic models (default: both)")
+    ap.add_argument("--json-out", action="store_true", help="--scale: print JSON only")
     args = ap.parse_args(argv)
+    if args.scale:
+        fig = scale(args.sizes, args.previous_up_to, args.models)
+        print(json.dumps(fig) if args.json_out else format_scale(fig))
+        return 0 if all(c.get("same_owners", True) for c in fig["cases"]) else 1
     fig = bench(args.preset, args.nranks, args.buffer_mb, args.colour, args.json)
     print(format_table(fig))
     if not args.no_fused and args.json is None and args.preset == "ernie-moe-small":
