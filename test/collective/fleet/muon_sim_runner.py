@@ -23,6 +23,8 @@ the optimizer and group-call suites and by ``tools/muon_comm.py verify``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import unittest
 import os
 import re
 from contextlib import contextmanager
@@ -43,8 +45,16 @@ from muon_test_compat import (
     set_muon_sharding_options,
     sharded_core,
 )
-from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
+from muon_tiny_moe import EXPERT_COLOUR, Reference, TinyMoE, batch, make_muon
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+    HierarchicalCommPlan,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
@@ -292,3 +302,133 @@ def raises(exc, match=None):
         info.value = err
     else:
         raise AssertionError(f"{exc.__name__} not raised")
+
+
+# --------------------------------------------------------------------------
+# The comm_group_call_opt rule (DESIGN section 3) as an independent oracle
+# --------------------------------------------------------------------------
+HIER_PHASES = {"intra_node_reduce", "intra_node_broadcast", "cross_node_reduce",
+               "cross_node_broadcast"}
+
+
+class LayoutOracle:
+    """DESIGN section 3 from rank coordinates alone (no topology object, no plan).
+
+    Ranks enumerate the MoE axes in topology order, the last axis fastest;
+    ``node(r) = r // gpn``, ``card(r) = r % gpn``; the sharding group of
+    stage p is every rank with pipe coordinate p.
+    """
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg, self.gpn, self.world = cfg, cfg.gpn, cfg.world
+        dims = {"moe_sharding": cfg.ms, "pipe": cfg.pp, "expert": cfg.ep}
+        self.coords = []
+        for rank in range(self.world):
+            coord, rest = {}, rank
+            for name in reversed(cfg.order):
+                coord[name], rest = rest % dims[name], rest // dims[name]
+            self.coords.append(coord)
+
+    def stage(self, rank: int) -> int:
+        return self.coords[rank]["pipe"]
+
+    def node(self, rank: int) -> tuple:
+        first = rank // self.gpn * self.gpn
+        return tuple(range(first, first + self.gpn))
+
+    def sharding_group(self, rank: int) -> tuple:
+        return tuple(q for q in range(self.world) if self.stage(q) == self.stage(rank))
+
+    def moe_group(self, rank: int) -> tuple:
+        return tuple(q for q in self.sharding_group(rank)
+                     if self.coords[q]["expert"] == self.coords[rank]["expert"])
+
+    def same_card(self, rank: int) -> tuple:
+        return tuple(q for q in self.sharding_group(rank) if q % self.gpn == rank % self.gpn)
+
+    def refusal(self) -> str | None:
+        """None when the hierarchical path applies, else the failed condition's words."""
+        if self.gpn < 2:
+            return "gpus_per_node=1"
+        if self.world % self.gpn:
+            return f"not a multiple of gpus_per_node={self.gpn}"
+        for first in range(0, self.world, self.gpn):
+            if len({self.stage(r) for r in self.node(first)}) > 1:
+                return "mixes pipeline stages"
+        for stage_first in {self.sharding_group(r)[0] for r in range(self.world)}:
+            if len({r // self.gpn for r in self.sharding_group(stage_first)}) < 2:
+                return "lies on a single node"
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_moe_metas() -> tuple:
+    """The tiny MoE's parameter metadata, as every rank's optimizer sees it."""
+    net = TinyMoE(0, None)
+    info = make_muon(list(net.parameters()), clip=False)._muon_param_info_map
+    metas = []
+    for p in net.parameters():
+        colour = p.color["color"] if isinstance(getattr(p, "color", None), dict) else None
+        metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), colour,
+                               info[p.name].use_muon))
+    return tuple(metas)
+
+
+def oracle_layout(cfg: SimConfig, oracle: LayoutOracle, plan, rank: int) -> ShardingLayout:
+    groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
+    settings = LayoutSettings(comm_buffer_size_MB=1 if cfg.fused else -1,
+                              comm_overlap=cfg.overlap,
+                              partition_strategy=cfg.partition or "upstream_greedy")
+    return ShardingLayout.build(_tiny_moe_metas(), groups, rank, settings, plan)
+
+
+def check_layouts_against_oracle(test: unittest.TestCase, name: str, cfg: SimConfig) -> dict:
+    """Every rank's layout schedule vs the oracle; returns rank -> layout."""
+    oracle = LayoutOracle(cfg)
+    plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn)
+    layouts = {r: oracle_layout(cfg, oracle, plan, r) for r in range(cfg.world)}
+    per_group: dict = {}
+    phases = set()
+    for rank, layout in layouts.items():
+        dense_owners = {layout.owners[p] for b in layout.muon_buckets if b.colour is None
+                        for p in b.params}
+        test.assertTrue(dense_owners <= set(oracle.sharding_group(rank)),
+                        f"[{name}] rank {rank}: dense owners {dense_owners} outside its stage")
+        cross = {b.owner for b in layout.muon_buckets
+                 if b.colour is None and b.owner % cfg.gpn == rank % cfg.gpn}
+        for op in layout.schedule():
+            phases.add(op.phase)
+            per_group.setdefault(tuple(sorted(op.group)), {}).setdefault(rank, []).append(
+                (op.phase, op.op, op.root, op.dtype, op.numel))
+            if op.phase.startswith("intra_node"):
+                test.assertEqual(tuple(sorted(op.group)), oracle.node(rank),
+                                 f"[{name}] rank {rank}: {op.phase} outside its node")
+                test.assertIn(op.root, oracle.node(rank),
+                              f"[{name}] rank {rank}: {op.phase} root {op.root} off-node")
+            if op.phase.startswith("cross_node"):
+                test.assertEqual(tuple(sorted(op.group)), oracle.same_card(rank),
+                                 f"[{name}] rank {rank}: {op.phase} outside its same-card group")
+                test.assertIn(op.root, cross,
+                              f"[{name}] rank {rank} (card {rank % cfg.gpn}) joined the "
+                              f"cross-node step of owner {op.root}")
+        # DESIGN 3: the intra-node hop ends on my node's rank with the owner's card.
+        expected_roots = {oracle.node(rank)[0] + b.owner % cfg.gpn
+                          for b in layout.muon_buckets if b.colour is None}
+        intra_roots = {op.root for op in layout.schedule() if op.phase.startswith("intra_node")}
+        test.assertEqual(intra_roots, expected_roots,
+                         f"[{name}] rank {rank}: intra-node roots {sorted(intra_roots)}, the "
+                         f"owners' cards on its node are {sorted(expected_roots)}")
+        crossing = [op for op in layout.schedule() if op.phase == "cross_node_reduce"]
+        test.assertEqual(sorted({op.root for op in crossing}), sorted(cross),
+                         f"[{name}] rank {rank}: cross-node reduces for owners "
+                         f"{sorted({op.root for op in crossing})}, its card's owners are "
+                         f"{sorted(cross)}")
+    test.assertTrue(HIER_PHASES <= phases, f"[{name}] phases {sorted(phases)}")
+    for group, by_rank in per_group.items():
+        test.assertEqual(sorted(by_rank), list(group),
+                         f"[{name}] group {group}: only ranks {sorted(by_rank)} issue on it")
+        first = by_rank[group[0]]
+        for rank, seq in by_rank.items():
+            test.assertEqual(seq, first, f"[{name}] group {group}: rank {rank}'s collectives "
+                                         f"differ from rank {group[0]}'s (a real backend hangs)")
+    return layouts

@@ -19,8 +19,8 @@ moe_sharding in {2, 4} x pp in {1, 2} x both MoE topology orders (120
 layouts, up to 256 ranks).
 
 * Which layouts are valid is decided by the rule of DESIGN section 3,
-  written here from rank coordinates (``_Oracle``), not by the plan under
-  test; the plan must accept exactly those and refuse the others naming the
+  written from rank coordinates (``muon_sim_runner.LayoutOracle``), not by
+  the plan under test; the plan must accept exactly those and refuse the others naming the
   failed condition.
 * Every valid layout: the ``ShardingLayout`` of every rank (no process group
   needed) is checked against the oracle's node / same-card groups and roots,
@@ -39,7 +39,6 @@ hierarchical and flat paths differ only in the order of fp32 additions.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import unittest
@@ -50,8 +49,12 @@ import paddle
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 from muon_sim_runner import (
+    HIER_PHASES,
+    LayoutOracle,
     TensorParallelHcg,
     SimConfig,
+    check_layouts_against_oracle,
+    oracle_layout,
     build_rank,
     max_abs_diff,
     raises,
@@ -59,7 +62,7 @@ from muon_sim_runner import (
     run_world,
     sharded_core,
 )
-from muon_tiny_moe import EXPERT_COLOUR, Reference, TinyMoE, batch, make_muon
+from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
@@ -67,16 +70,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
-    LayoutSettings,
-    ParamMeta,
-    ShardingLayout,
-)
 
 TOL = 1e-5
 ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
-HIER_PHASES = {"intra_node_reduce", "intra_node_broadcast", "cross_node_reduce",
-               "cross_node_broadcast"}
 # The largest layout the real optimizer still runs (schedule only).
 LARGE = "ep32-gpn8-ms4-pp2-ms_pp_ep"
 
@@ -92,56 +88,6 @@ def _grid():
         yield f"ep{ep}-gpn{gpn}-ms{ms}-pp{pp}-{order}", cfg
 
 
-class _Oracle:
-    """DESIGN section 3 from rank coordinates alone (no topology object, no plan).
-
-    Ranks enumerate the MoE axes in topology order, the last axis fastest;
-    ``node(r) = r // gpn``, ``card(r) = r % gpn``; the sharding group of
-    stage p is every rank with pipe coordinate p.
-    """
-
-    def __init__(self, cfg: SimConfig) -> None:
-        self.cfg, self.gpn, self.world = cfg, cfg.gpn, cfg.world
-        dims = {"moe_sharding": cfg.ms, "pipe": cfg.pp, "expert": cfg.ep}
-        self.coords = []
-        for rank in range(self.world):
-            coord, rest = {}, rank
-            for name in reversed(cfg.order):
-                coord[name], rest = rest % dims[name], rest // dims[name]
-            self.coords.append(coord)
-
-    def stage(self, rank: int) -> int:
-        return self.coords[rank]["pipe"]
-
-    def node(self, rank: int) -> tuple:
-        first = rank // self.gpn * self.gpn
-        return tuple(range(first, first + self.gpn))
-
-    def sharding_group(self, rank: int) -> tuple:
-        return tuple(q for q in range(self.world) if self.stage(q) == self.stage(rank))
-
-    def moe_group(self, rank: int) -> tuple:
-        return tuple(q for q in self.sharding_group(rank)
-                     if self.coords[q]["expert"] == self.coords[rank]["expert"])
-
-    def same_card(self, rank: int) -> tuple:
-        return tuple(q for q in self.sharding_group(rank) if q % self.gpn == rank % self.gpn)
-
-    def refusal(self) -> str | None:
-        """None when the hierarchical path applies, else the failed condition's words."""
-        if self.gpn < 2:
-            return "gpus_per_node=1"
-        if self.world % self.gpn:
-            return f"not a multiple of gpus_per_node={self.gpn}"
-        for first in range(0, self.world, self.gpn):
-            if len({self.stage(r) for r in self.node(first)}) > 1:
-                return "mixes pipeline stages"
-        for stage_first in {self.sharding_group(r)[0] for r in range(self.world)}:
-            if len({r // self.gpn for r in self.sharding_group(stage_first)}) < 2:
-                return "lies on a single node"
-        return None
-
-
 def _layout_class(cfg: SimConfig) -> tuple:
     """What changes the shape of the schedule: pp, the order (with pp > 1), rows vs nodes."""
     if cfg.ep % cfg.gpn == 0:
@@ -154,7 +100,7 @@ def _layout_class(cfg: SimConfig) -> tuple:
 
 
 GRID = dict(_grid())
-REFUSAL = {k: _Oracle(c).refusal() for k, c in GRID.items()}
+REFUSAL = {k: LayoutOracle(c).refusal() for k, c in GRID.items()}
 VALID = {k: c for k, c in GRID.items() if REFUSAL[k] is None}
 INVALID = {k: c for k, c in GRID.items() if k not in VALID}
 # One representative per class: the smallest world, then the name (stable).
@@ -164,71 +110,6 @@ for _name, _cfg in sorted(VALID.items(), key=lambda kv: (kv[1].world, kv[0])):
 RECORDED = sorted(set(REPRESENTATIVES.values()) | {LARGE})
 # Data-moving runs: the representatives up to 32 ranks.
 NUMERIC = sorted(n for n in REPRESENTATIVES.values() if VALID[n].world <= 32)
-
-
-@functools.lru_cache(maxsize=None)
-def _tiny_moe_metas() -> tuple:
-    """The tiny MoE's parameter metadata, as every rank's optimizer sees it."""
-    net = TinyMoE(0, None)
-    info = make_muon(list(net.parameters()), clip=False)._muon_param_info_map
-    metas = []
-    for p in net.parameters():
-        colour = p.color["color"] if isinstance(getattr(p, "color", None), dict) else None
-        metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), colour,
-                               info[p.name].use_muon))
-    return tuple(metas)
-
-
-def _oracle_layout(cfg: SimConfig, oracle: _Oracle, plan, rank: int) -> ShardingLayout:
-    groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
-    settings = LayoutSettings(comm_buffer_size_MB=1 if cfg.fused else -1,
-                              comm_overlap=cfg.overlap, partition_strategy=cfg.partition)
-    return ShardingLayout.build(_tiny_moe_metas(), groups, rank, settings, plan)
-
-
-def _check_against_oracle(test: unittest.TestCase, name: str, cfg: SimConfig) -> dict:
-    """Every rank's layout schedule vs the oracle; returns rank -> layout."""
-    oracle = _Oracle(cfg)
-    plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn)
-    layouts = {r: _oracle_layout(cfg, oracle, plan, r) for r in range(cfg.world)}
-    per_group: dict = {}
-    phases = set()
-    for rank, layout in layouts.items():
-        dense_owners = {layout.owners[p] for b in layout.muon_buckets if b.colour is None
-                        for p in b.params}
-        test.assertTrue(dense_owners <= set(oracle.sharding_group(rank)),
-                        f"[{name}] rank {rank}: dense owners {dense_owners} outside its stage")
-        cross = {b.owner for b in layout.muon_buckets
-                 if b.colour is None and b.owner % cfg.gpn == rank % cfg.gpn}
-        for op in layout.schedule():
-            phases.add(op.phase)
-            per_group.setdefault(tuple(sorted(op.group)), {}).setdefault(rank, []).append(
-                (op.phase, op.op, op.root, op.dtype, op.numel))
-            if op.phase.startswith("intra_node"):
-                test.assertEqual(tuple(sorted(op.group)), oracle.node(rank),
-                                 f"[{name}] rank {rank}: {op.phase} outside its node")
-                test.assertIn(op.root, oracle.node(rank),
-                              f"[{name}] rank {rank}: {op.phase} root {op.root} off-node")
-            if op.phase.startswith("cross_node"):
-                test.assertEqual(tuple(sorted(op.group)), oracle.same_card(rank),
-                                 f"[{name}] rank {rank}: {op.phase} outside its same-card group")
-                test.assertIn(op.root, cross,
-                              f"[{name}] rank {rank} (card {rank % cfg.gpn}) joined the "
-                              f"cross-node step of owner {op.root}")
-        crossing = [op for op in layout.schedule() if op.phase == "cross_node_reduce"]
-        test.assertEqual(sorted({op.root for op in crossing}), sorted(cross),
-                         f"[{name}] rank {rank}: cross-node reduces for owners "
-                         f"{sorted({op.root for op in crossing})}, its card's owners are "
-                         f"{sorted(cross)}")
-    test.assertTrue(HIER_PHASES <= phases, f"[{name}] phases {sorted(phases)}")
-    for group, by_rank in per_group.items():
-        test.assertEqual(sorted(by_rank), list(group),
-                         f"[{name}] group {group}: only ranks {sorted(by_rank)} issue on it")
-        first = by_rank[group[0]]
-        for rank, seq in by_rank.items():
-            test.assertEqual(seq, first, f"[{name}] group {group}: rank {rank}'s collectives "
-                                         f"differ from rank {group[0]}'s (a real backend hangs)")
-    return layouts
 
 
 def _recorded_ops(trace) -> list:
@@ -241,7 +122,7 @@ def _schedule_assertions(test: unittest.TestCase, name: str, cfg: SimConfig, wor
                          results=None) -> None:
     report = world.check_schedule()
     test.assertTrue(report.ok, f"[{name}] {report.summary()}")
-    oracle = _Oracle(cfg)
+    oracle = LayoutOracle(cfg)
     seen = set()
     for rank, trace in enumerate(world.traces):
         for rec in trace:
@@ -262,7 +143,7 @@ def _schedule_assertions(test: unittest.TestCase, name: str, cfg: SimConfig, wor
         return
     plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn)
     for res in results:
-        predicted = [op.key() for op in _oracle_layout(cfg, oracle, plan, res.rank).schedule()]
+        predicted = [op.key() for op in oracle_layout(cfg, oracle, plan, res.rank).schedule()]
         recorded = _recorded_ops(world.traces[res.rank])
         test.assertEqual(recorded, predicted * cfg.steps,
                          f"[{name}] rank {res.rank}: recorded collectives differ from the "
@@ -352,8 +233,8 @@ class TestGroupCallGrid(unittest.TestCase):
         ]
         for cfg, expected in cases:
             with self.subTest(cfg=(cfg.ep, cfg.ms, cfg.pp, cfg.gpn, cfg.order)):
-                self.assertEqual(_Oracle(cfg).refusal(), expected)
-        oracle = _Oracle(SimConfig(ep=4, ms=2, pp=2, gpn=2))  # rank = s*8 + p*4 + e
+                self.assertEqual(LayoutOracle(cfg).refusal(), expected)
+        oracle = LayoutOracle(SimConfig(ep=4, ms=2, pp=2, gpn=2))  # rank = s*8 + p*4 + e
         self.assertEqual(oracle.sharding_group(5), (4, 5, 6, 7, 12, 13, 14, 15))
         self.assertEqual(oracle.same_card(5), (5, 7, 13, 15))
         self.assertEqual(oracle.moe_group(5), (5, 13))
@@ -372,7 +253,7 @@ class TestGroupCallGrid(unittest.TestCase):
     def test_every_valid_layout_matches_the_oracle(self):
         for name in sorted(VALID):
             with self.subTest(case=name):
-                _check_against_oracle(self, name, VALID[name])
+                check_layouts_against_oracle(self, name, VALID[name])
 
     def test_optimizer_records_the_layout_schedule(self):
         for name in RECORDED:
@@ -383,7 +264,7 @@ class TestGroupCallGrid(unittest.TestCase):
                 for res in results:
                     self.assertEqual(
                         tuple(sorted(sharded_core(res.optimizer).sharding_layout.owners.items())),
-                        tuple(sorted(_oracle_layout(cfg, _Oracle(cfg), sharded_core(
+                        tuple(sorted(oracle_layout(cfg, LayoutOracle(cfg), sharded_core(
                             res.optimizer).comm_plan, res.rank).owners.items())),
                         f"[{name}] rank {res.rank}: owners differ from the oracle layout's")
 
@@ -515,7 +396,7 @@ class TestGroupCall(unittest.TestCase):
         for rank, created in enumerate(creations):
             self.assertEqual(created, creations[0],
                              f"rank {rank} created groups in another order than rank 0")
-        oracle = _Oracle(cfg)
+        oracle = LayoutOracle(cfg)
         created = {ranks for _, ranks in creations[0]}
         for rank in range(cfg.world):
             for group in (oracle.node(rank), oracle.same_card(rank)):

@@ -40,7 +40,13 @@ import unittest
 from paddle.distributed.fleet.base.topology import CommunicateTopology
 
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
-from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world
+from muon_sim_runner import (
+    SimConfig,
+    check_layouts_against_oracle,
+    max_abs_diff,
+    reference_values,
+    run_world,
+)
 from muon_test_compat import set_muon_sharding_options
 from muon_tiny_moe import H, init_dense
 
@@ -437,9 +443,21 @@ def _valid_by_rule(order, ms, pp, ep, gpn) -> bool:
 
 PP3 = _pp3_grid()
 PP3_VALID = {k: v for k, v in PP3.items() if _valid_by_rule(*v)}
-# Record-mode runs: every valid layout up to 72 ranks (the 144-rank ones
-# add nothing the 256-rank runs of the main grid do not cover).
-PP3_RUN = {k: v for k, v in PP3_VALID.items() if v[1] * v[2] * v[3] <= 72}
+
+
+def _rows_vs_nodes(ep: int, gpn: int) -> str:
+    if ep % gpn == 0:
+        return "node_within_row"
+    return "rows_within_node" if gpn % ep == 0 else "row_straddles_nodes"
+
+
+# Record-mode runs of the real optimizer: the smallest valid layout of each
+# class (order x how expert rows fall on nodes); every valid layout is checked
+# on its ShardingLayout against the oracle (test_every_valid_layout_...).
+PP3_RUN: dict = {}
+for _name, _v in sorted(PP3_VALID.items(), key=lambda kv: (kv[1][1] * kv[1][3], kv[0])):
+    PP3_RUN.setdefault((_v[0], _rows_vs_nodes(_v[3], _v[4])), (_name, _v))
+PP3_RUN = dict(PP3_RUN.values())
 
 
 class TestGroupCallGridPipelineThree(unittest.TestCase):
@@ -456,7 +474,15 @@ class TestGroupCallGridPipelineThree(unittest.TestCase):
                     accepted = False
                 self.assertEqual(accepted, name in PP3_VALID)
 
+    def test_every_valid_layout_matches_the_oracle(self):
+        for name, (order, ms, pp, ep, gpn) in sorted(PP3_VALID.items()):
+            with self.subTest(name):
+                check_layouts_against_oracle(self, name, CaseConfig(
+                    ep=ep, ms=ms, pp=pp, order=order, gpn=gpn, steps=1, clip=False,
+                    via_fleet=False))
+
     def test_schedule_is_consistent_and_hierarchical(self):
+        self.assertGreaterEqual(len(PP3_RUN), 3, f"classes run: {sorted(PP3_RUN)}")
         for name, (order, ms, pp, ep, gpn) in sorted(PP3_RUN.items()):
             cfg = CaseConfig(ep=ep, ms=ms, pp=pp, order=order, gpn=gpn, steps=1,
                              clip=False, via_fleet=False)
