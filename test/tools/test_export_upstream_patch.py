@@ -669,13 +669,14 @@ def test_module_namespace_counts_imports_and_same_module_bases():
 
 
 # ------------------------------------------------ the real repo, in tree
+# What only an in-tree run shows: the exported optimizer, plan, Muon and the
+# harness they run on work from python/paddle/ with the compat layer gone.
+# Suites of pure helpers that the export only re-imports (the other harness
+# self-tests, the partition) run in CI already; test_export_against_develop_
+# like_tree loads every exported test module in tree.
 IN_TREE_SUITES = (
-    FLEET + "test_muon_mock_checker.py",
-    FLEET + "test_muon_mock_collectives.py",
-    FLEET + "test_muon_mock_hcg.py",
     FLEET + "test_muon_mock_world.py",
     FLEET + "test_muon_comm_plan.py",
-    FLEET + "test_muon_sharding_partition.py",
     "test/legacy_test/test_muon_optimizer.py",
     FLEET + "test_muon_sharding_optimizer.py",
     # 6 of ~180 group-call tests: the option-off one must pass, the option-on
@@ -740,7 +741,7 @@ def test_real_repo_suites_run_in_tree(tmp_path, capsys):
                                                 summary.group(2))}
     assert counts.get("failed", 0) == counts.get("error", 0) == 0
     # a floor that only says the suites ran (the counts move as suites grow)
-    assert counts["passed"] >= 100, summary.group(2)
+    assert counts["passed"] >= 50, summary.group(2)
     skip_lines = [l for l in out.splitlines() if l.startswith("SKIPPED")]
     for line in skip_lines:
         assert any(reason in line for reason in ALLOWED_SKIPS), line
