@@ -894,15 +894,31 @@ class TestOptionsHonoured(unittest.TestCase):
                 _assert_matches_reference(self, cfg, [r[0] for r in results], name)
 
     def test_tensor_fusion_fuses_gradients(self):
+        # One fused gradient buffer, and one reduce per step, per (colour
+        # group, owner, dtype) of the Muon matrices: fewer than the matrices.
         cfg = SimConfig(ep=2, ms=2, steps=2)
 
         def body(cfg, strategy):
             state = _with_sharding_configs(tensor_fusion=True)(cfg, strategy)
             core = sharded_core(state.optimizer)
-            return state, bool(core.comm_buffer_2d) and core._settings.tensor_fusion
+            muon = {p.name: p for p in state.net.parameters()
+                    if core.owner_map.get(p.name) is not None}
+            colour = {n: (p.color["color"] if isinstance(getattr(p, "color", None), dict)
+                          else None) for n, p in muon.items()}
+            keys = {(colour[n], core.owner_map[n], str(p.dtype)) for n, p in muon.items()}
+            return state, len(core.comm_buffer_2d), len(keys), len(muon)
 
-        results, _ = run_world(cfg, body=body)
-        self.assertTrue(all(r[1] for r in results), "tensor_fusion=True must fuse gradients")
+        results, world = run_world(cfg, body=body)
+        for state, n_buffers, n_keys, n_muon in results:
+            self.assertEqual(n_buffers, n_keys, (
+                f"rank {state.rank}: {n_buffers} fused 2-D gradient buffers for {n_keys} "
+                "(colour, owner, dtype) groups of Muon matrices"))
+            self.assertLess(n_keys, n_muon, "the model should have matrices to fuse")
+            reduces = [r for r in world.traces[state.rank]
+                       if r.op == "reduce" and r.group_seq is not None]
+            self.assertEqual(len(reduces), n_keys * cfg.steps, (
+                f"rank {state.rank}: {len(reduces)} reduces in {cfg.steps} steps, expected "
+                f"one per fused buffer ({n_keys}) per step"))
         _assert_matches_reference(self, cfg, [r[0] for r in results], "tensor_fusion")
 
     def test_enable_fuse_optimizer_states_keeps_states_in_one_buffer(self):
@@ -1074,36 +1090,117 @@ class _RecordingHybrid(dict):
         return super().__getitem__(key)
 
 
-# Every option the optimizer reads: "honoured" names the test that shows its
-# effect; "refused" gives the value that must raise and the message fragment.
+def _option_outcomes(cfg: SimConfig, sharding=None, pp=None, want=None) -> dict:
+    """Observable outcomes of a build + backward (and, unless ``want`` is one
+    of those, of a whole step) on rank 0 of a recorded world.
+
+    ``sharding`` / ``pp``: fields set on sharding_configs / pp_configs first.
+    """
+
+    def body(cfg, strategy):
+        for key, value in (sharding or {}).items():
+            setattr(strategy.hybrid_configs["sharding_configs"], key, value)
+        for key, value in (pp or {}).items():
+            setattr(strategy.hybrid_configs["pp_configs"], key, value)
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        net(paddle.to_tensor(batch(0, _rank()))).backward()
+        return sharded_core(opt), net
+
+    results, world = run_world(cfg, mode="record", body=body)
+    core, net = results[0]
+    hook_launched = [r for r in world.traces[0] if r.op in ("reduce", "reduce_scatter")]
+    outcomes = {
+        "reduces launched by one backward": len(hook_launched),
+        "fused 2-D gradient buffers": len(core.comm_buffer_2d),
+        "owners": tuple(sorted(core.owner_map.items())),
+        "tensor_fusion mirror": core.tensor_fusion,
+        "pipeline mirror": core._use_pipeline_parallel,
+    }
+
+    if want in outcomes:
+        return outcomes
+
+    # the rest needs a whole step: a second world
+    def stepping(cfg, strategy):
+        for key, value in (sharding or {}).items():
+            setattr(strategy.hybrid_configs["sharding_configs"], key, value)
+        for key, value in (pp or {}).items():
+            setattr(strategy.hybrid_configs["pp_configs"], key, value)
+        hcg, net, opt, coord = build_rank(cfg, strategy)
+        train_steps(cfg, hcg, net, opt, steps=1)
+        core = sharded_core(opt)
+        return (len(core.fused_states_buffers),
+                all(b.grad_storage is None for b in core._rs_buffers))
+
+    results, world = run_world(cfg, mode="record", body=stepping)
+    ops = [r for r in world.traces[0] if r.op == "reduce" and r.group_seq is not None]
+    outcomes.update({
+        "fused optimizer-state buffers": results[0][0],
+        "1-D gradient buffers released": results[0][1],
+        "reduce ops": tuple(sorted({r.reduce_op for r in ops})),
+        "phases": tuple(sorted({str(r.phase) for r in ops})),
+    })
+    return outcomes
+
+
+_PROBE = SimConfig(ep=2, ms=2, steps=1, clip=False, via_fleet=False)
+
+
+def _probe(outcome, on=None, off=None, cfg_on=_PROBE, cfg_off=_PROBE, pp_on=None):
+    """The option set (``on``/``cfg_on``) and unset (``off``/``cfg_off``) must
+    differ in ``outcome`` (a key of :func:`_option_outcomes`)."""
+    return ("honoured", outcome, (cfg_on, on or {}, pp_on or {}), (cfg_off, off or {}, {}))
+
+
+# Every option the optimizer reads: "honoured" gives the observable outcome
+# that differs with the option set and unset (both runs are done here);
+# "refused" gives the value that must raise and the message fragment.
 OPTION_DISPOSITION = {
-    "sharding_configs.tensor_fusion": ("honoured", "test_tensor_fusion_fuses_gradients"),
-    "sharding_configs.accumulate_steps": ("honoured", "test_sharded_equals_single_process_reference"),
-    "sharding_configs.comm_overlap": ("honoured", "test_sharded_equals_single_process_reference"),
-    "sharding_configs.comm_buffer_size_MB": ("honoured", "test_small_buffer_limit_splits_buckets"),
-    "sharding_configs.use_reduce_avg": ("honoured", "test_use_reduce_avg_falls_back_to_sum_with_a_warning"),
-    "sharding_configs.enable_fuse_optimizer_states": (
-        "honoured", "test_enable_fuse_optimizer_states_keeps_states_in_one_buffer"),
-    "sharding_configs.release_gradients": ("honoured", "test_release_gradients_from_sharding_or_pp_configs"),
-    "sharding_configs.comm_group_call_opt": ("honoured", "test_group_call_matches_reference"),
-    "sharding_configs.muon_partition_strategy": (
-        "honoured", "test_upstream_partition_is_the_default_and_concentrates_owners"),
+    "sharding_configs.tensor_fusion": _probe(
+        "tensor_fusion mirror", {"tensor_fusion": True}, {"tensor_fusion": False}),
+    "sharding_configs.accumulate_steps": _probe(
+        "reduces launched by one backward", {"comm_overlap": True, "accumulate_steps": 1},
+        {"comm_overlap": True, "accumulate_steps": 2}),
+    "sharding_configs.comm_overlap": _probe(
+        "reduces launched by one backward", {"comm_overlap": True}, {"comm_overlap": False}),
+    "sharding_configs.comm_buffer_size_MB": _probe(
+        "fused 2-D gradient buffers", {"comm_buffer_size_MB": 256},
+        {"comm_buffer_size_MB": -1}),
+    "sharding_configs.use_reduce_avg": _probe(
+        "reduce ops", {"use_reduce_avg": True}, {"use_reduce_avg": False},
+        cfg_on=SimConfig(**{**_PROBE.__dict__, "use_reduce_avg": True}),
+        cfg_off=SimConfig(**{**_PROBE.__dict__, "use_reduce_avg": True})),
+    "sharding_configs.enable_fuse_optimizer_states": _probe(
+        "fused optimizer-state buffers", {"enable_fuse_optimizer_states": True},
+        {"enable_fuse_optimizer_states": False}),
+    "sharding_configs.release_gradients": _probe(
+        "1-D gradient buffers released", {"release_gradients": True},
+        {"release_gradients": False}),
+    "sharding_configs.comm_group_call_opt": _probe(
+        "phases", cfg_on=SimConfig(**{**_PROBE.__dict__, "gpn": 2})),
+    "sharding_configs.muon_partition_strategy": _probe(
+        "owners", cfg_on=SimConfig(**{**_PROBE.__dict__, "ep": 1, "ms": 4,
+                                      "partition": "balanced"}),
+        cfg_off=SimConfig(**{**_PROBE.__dict__, "ep": 1, "ms": 4,
+                             "partition": "upstream_greedy"})),
     "sharding_configs.machine_balanced_2d_partition": (
         "refused", {"machine_balanced_2d_partition": True},
         "machine_balanced_2d_partition=True is not supported"),
-    "pp_configs.release_gradients": ("honoured", "test_release_gradients_from_sharding_or_pp_configs"),
+    "pp_configs.release_gradients": _probe(
+        "1-D gradient buffers released", pp_on={"release_gradients": True}),
     "pp_configs.sharding_comm_overlap": ("refused", {"sharding_comm_overlap": True},
                                         "pp_configs.sharding_comm_overlap=True"),
     "hybrid_configs.enable_optimizer_timer": (
-        "honoured", "test_enable_optimizer_timer_times_develops_phases"),
-    "hybrid_configs.pp_degree": ("honoured", "test_misconfiguration_raises_at_construction"),
+        "refused_on_cpu", {"enable_optimizer_timer": True}, "needs a CUDA build"),
+    "hybrid_configs.pp_degree": _probe(
+        "pipeline mirror", cfg_on=SimConfig(**{**_PROBE.__dict__, "pp": 2})),
     "hybrid_configs.sharding_configs": ("section", None),
     "hybrid_configs.pp_configs": ("section", None),
 }
 
 
 class TestEveryOptionHonouredOrRefused(unittest.TestCase):
-    def _read(self, sharding=None, pp=None):
+    def _read(self, sharding=None, pp=None, hybrid=None):
         reads: set = set()
         defaults = ShardingSettings()
         sharding_values = {f: getattr(defaults, f) for f in mso.SHARDING_CONFIG_FIELDS}
@@ -1115,6 +1212,7 @@ class TestEveryOptionHonouredOrRefused(unittest.TestCase):
             "pp_configs": _RecordingConfig("pp_configs", reads, pp_values),
             "enable_optimizer_timer": False,
             "pp_degree": 1,
+            **(hybrid or {}),
         }))
         return reads, ShardingSettings.from_strategy(strategy)
 
@@ -1125,16 +1223,21 @@ class TestEveryOptionHonouredOrRefused(unittest.TestCase):
         self.assertFalse(unknown, (
             f"the optimizer reads {unknown} but no test shows them honoured or refused; "
             f"add them to OPTION_DISPOSITION with their test"))
-        import sys
-
-        module = sys.modules[__name__]
-        test_names = {name for cls in vars(module).values() if isinstance(cls, type)
-                      and issubclass(cls, unittest.TestCase) for name in dir(cls)}
         for option in sorted(reads):
             kind, what, *rest = OPTION_DISPOSITION[option]
             with self.subTest(option):
                 if kind == "honoured":
-                    self.assertIn(what, test_names, f"{option}: its test {what} is gone")
+                    (cfg_on, on, pp_on), (cfg_off, off, pp_off) = rest
+                    got_on = _option_outcomes(cfg_on, on, pp_on, what)[what]
+                    got_off = _option_outcomes(cfg_off, off, pp_off, what)[what]
+                    self.assertNotEqual(got_on, got_off, (
+                        f"{option}: '{what}' is {got_on!r} with the option set and unset"))
+                elif kind == "refused_on_cpu":
+                    if paddle.is_compiled_with_cuda():
+                        continue  # honoured there: test_enable_optimizer_timer_...
+                    _, bad = self._read(hybrid=what)
+                    with self.assertRaisesRegex(ValueError, rest[0]):
+                        bad.check(pp_world_size=1)
                 elif kind == "refused":
                     section = option.split(".")[0]
                     kwargs = {"pp": what} if section == "pp_configs" else {"sharding": what}
