@@ -63,7 +63,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition i
     newton_schulz_cost,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.optimizer.muon import Muon
+from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
 
 
 def _rank() -> int:
@@ -148,8 +148,10 @@ class TestSlicesKeepNeedClip(unittest.TestCase):
             coord = hcg.get_expert_parallel_rank()
             net = TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
             net.dense["b_in"].need_clip = False
-            muon = Muon(learning_rate=0.02, parameters=list(net.parameters()),
-                        grad_clip=paddle.nn.ClipGradByGlobalNorm(1e-12))
+            params = list(net.parameters())
+            muon = Muon(learning_rate=0.02, parameters=params,
+                        grad_clip=paddle.nn.ClipGradByGlobalNorm(1e-12),
+                        muon_param_info_map=build_muon_param_info_map(params))
             before = net.named_values()
             opt = MuonShardingOptimizer(muon, hcg, strategy)
             train_steps(cfg, hcg, net, opt)
@@ -181,7 +183,8 @@ class TestAdamEpsilonIsTheNewtonSchulzFloor(unittest.TestCase):
             w = paddle.create_parameter([8, 12], "float32",
                                         default_initializer=paddle.nn.initializer.Constant(0.0))
             kwargs = {} if eps is None else {"adam_epsilon": eps}
-            opt = Muon(learning_rate=0.02, parameters=[w], weight_decay=0.0, **kwargs)
+            opt = Muon(learning_rate=0.02, parameters=[w], weight_decay=0.0,
+                       muon_param_info_map=build_muon_param_info_map([w]), **kwargs)
             (w * paddle.to_tensor(g.astype("float32"))).sum().backward()
             opt.step()
             moved[eps] = float(np.linalg.norm(w.numpy()))
