@@ -205,6 +205,18 @@ class TestSingleProcess(_Dir):
                 self.load(unique_id=0)
             self.assertIn(f"{marker}: {expected}", str(info.exception))
 
+    def test_marker_layout_must_match_the_metadata(self):
+        directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        marker = os.path.join(directory, commit.MARKER)
+        with open(marker) as f:
+            data = json.load(f)
+        data["tensors"]["w"]["global_shape"] = [ROWS, COLS + 1]  # a flipped digit
+        with open(marker, "w") as f:
+            json.dump(data, f)
+        with self.assertRaisesRegex(CheckpointCorruptError, r"checkpoint.complete.json: layout "
+                                    r"summary differs from .*0.metadata for w"):
+            self.load()
+
     def test_other_model_is_refused_before_reading(self):
         save_sharded_checkpoint(whole(arrays(1)), self.root)
         other = whole({"w": np.zeros((2, 2), "float32")})
@@ -224,6 +236,7 @@ class TestSingleProcess(_Dir):
 
     def test_values_that_cannot_be_saved_are_refused_before_writing(self):
         for bad, expected in (({"w": np.zeros(3)}, r"state_dict\['w'\] is a ndarray"),
+                              ({1: whole(arrays(1))["w"]}, "state_dict key 1 is a int"),
                               ([1], "state_dict must be a dict")):
             with self.assertRaisesRegex(CheckpointSaveError, expected):
                 save_sharded_checkpoint(bad, self.root)

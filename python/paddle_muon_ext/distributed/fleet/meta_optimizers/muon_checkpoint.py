@@ -248,6 +248,8 @@ def _check_values(state_dict: dict) -> None:
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise TypeError(f"state_dict key {key!r} is a {type(key).__name__}; keys are str")
         if isinstance(value, dict):
             _check_values(value)
         elif not isinstance(value, (paddle.Tensor, ShardedWeight)):
@@ -518,6 +520,15 @@ def _verify(directory: str, rank: int, index: int, nranks: int) -> tuple[dict | 
             if digest != entry["sha256"]:
                 problems.append(f"{file_path}{writer}: SHA-256 differs from the marker's "
                                 "(the file was altered after the save)")
+    if not problems:
+        # the marker's layout summary must describe the metadata it vouches for
+        meta_path = os.path.join(directory, marker["metadata_file"])
+        summary = _layout_summary(paddle.load(meta_path))
+        if summary != marker["tensors"]:
+            changed = sorted(k for k in set(summary) | set(marker["tensors"])
+                             if summary.get(k) != marker["tensors"].get(k))
+            problems.append(f"{os.path.join(directory, MARKER)}: layout summary differs from "
+                            f"{meta_path} for {_listed(changed)}")
     return marker, problems
 
 
