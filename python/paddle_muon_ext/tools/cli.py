@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from typing import Optional, Sequence
@@ -25,6 +26,7 @@ from . import limits
 from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, load_model
 from .cost_model import BACKENDS, AlphaBeta
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
+from .guard import ArgumentParser, emit_result, guarded
 from .plan import PARTITION_RULES, predict_cluster
 from .verify import CheckoutMissing, add_verify_parser, cmd_verify
 
@@ -39,7 +41,7 @@ warnings.filterwarnings("ignore", message="No ccache found")
 
 def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     """The parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog, description="Communication plan of the sharded Muon optimizer."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,8 +74,14 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="nccl",
                    help="collective algorithms: nccl rings (GPU, default) or gloo as "
                    "measured on the namespace cluster (CPU)")
-    p.add_argument("--json", action="store_true", help="print a JSON dict instead of the table")
-    p.add_argument("--png", metavar="FILE", help="draw nodes x cards with owners and rails")
+    p.add_argument("--no-group-call", action="store_true",
+                   help="count the flat path alone (comm_group_call_opt off); works for "
+                   "every layout, a single node and --gpus-per-node 1 included")
+    p.add_argument("--json", action="store_true",
+                   help="print only a JSON dict on stdout (notes go to stderr)")
+    p.add_argument("--png", metavar="FILE",
+                   help="draw nodes x cards with owners and rails (needs matplotlib: "
+                   'pip install ".[plot]")')
     add_verify_parser(sub)
     sub.add_parser("hangs", help="name the rank(s) a hung job waits for, from the "
                    "flight-recorder dumps in LOG_DIR (hangs LOG_DIR)")
@@ -103,8 +111,28 @@ def check_plan_args(args: argparse.Namespace):
                        f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
                        positive=False, high=limits.LIMITS.buffer_mb)
     load_model(cfg.model)
-    png = limits.check_writable("--png", limits.png_path(args.png)) if args.png else None
+    png = None
+    if args.png is not None:
+        if not args.png.strip():
+            raise limits.InputError("--png", repr(args.png), "is an empty file name",
+                                    "pass a file such as plan.png")
+        png = limits.check_writable("--png", limits.png_path(args.png))
+        check_plotting()
     return cfg, png
+
+
+def check_plotting() -> None:
+    """matplotlib is importable (the ``[plot]`` extra), checked before any work.
+
+    Raises:
+        InputError: it is not, naming the extra that installs it.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise limits.InputError("--png", "", f"needs matplotlib ({exc})",
+                                'install it with pip install ".[plot]" (or pip install '
+                                "matplotlib), or drop --png") from None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -114,17 +142,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     from .cost_model import AlphaBeta
-    from .plan import compute_plan, json_ready
-    from .report import draw_png, format_table
+    from .plan import build_layout_plan, compute_plan, json_ready
+    from .report import format_table, render_png
 
+    group_call = not args.no_group_call
+    try:
+        build_layout_plan(cfg, group_call)
+    except ValueError as exc:
+        if not group_call:
+            raise
+        raise ValueError(f"{exc} (plan --no-group-call shows the flat path of this "
+                         "layout)") from None
     ab = AlphaBeta(args.alpha_nvlink, args.beta_nvlink, args.alpha_net, args.beta_net)
     res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB,
                        comm_overlap=args.comm_overlap, partition_strategy=args.partition,
-                       backend=args.backend)
+                       backend=args.backend, group_call=group_call)
     if png:
-        draw_png(res, png)
+        write_png(png, render_png(res))
     if args.json:
-        print(json.dumps(json_ready(res), indent=1))
+        emit_result(json.dumps(json_ready(res), indent=1))
     else:
         print(format_table(res))
         if png:
@@ -132,9 +168,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_png(path: str, data: bytes) -> None:
+    """Write the rendered picture; a full disk or a device error is one InputError."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        if os.path.isfile(path) and not os.path.getsize(path):
+            os.remove(path)  # leave no empty file behind
+        raise limits.InputError("--png", path, f"cannot be written ({exc.strerror or exc})",
+                                "free space or pick another path") from None
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "paddle-muon-ext") -> int:
-    """Parse ``argv`` and run the subcommand; exit status 0 / 1 (FAIL) / 2 (error)."""
+    """Parse ``argv`` and run the subcommand; exit status 0 / 1 (FAIL) / 2 (error).
+
+    Never raises: every failure is one ``error:`` line (:func:`guard.guarded`).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: _run(argv, prog), json_mode="--json" in argv)
+
+
+def _run(argv: list, prog: str) -> int:
     if argv[:1] == ["hangs"]:
         from .hangs import main as hangs_main
 

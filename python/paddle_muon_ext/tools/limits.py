@@ -118,6 +118,11 @@ def check_writable(what: str, path: str) -> str:
     parent = os.path.dirname(full)
     if os.path.isdir(full):
         raise InputError(what, path, "is a directory", "pass a file name")
+    if os.path.exists(full) and not os.path.isfile(full):
+        # a device or a pipe (/dev/null, a FIFO): written as it is
+        if not os.access(full, os.W_OK):
+            raise InputError(what, path, "is not writable", "pick a writable path")
+        return full
     if not os.path.isdir(parent):
         raise InputError(what, path, f"directory {parent} does not exist",
                          "create it or pick another path")
@@ -131,8 +136,21 @@ def check_writable(what: str, path: str) -> str:
 
 
 def png_path(path: str) -> str:
-    """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib does)."""
-    return path if os.path.splitext(path)[1] else path + ".png"
+    """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib does);
+    an existing device or pipe (``/dev/null``) keeps its name."""
+    if os.path.splitext(path)[1] or (os.path.exists(path) and not os.path.isfile(path)
+                                     and not os.path.isdir(path)):
+        return path
+    return path + ".png"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON text cut at ``limit`` characters; safe for hostile nesting."""
+    try:
+        text = json.dumps(value)
+    except (RecursionError, TypeError, ValueError):
+        return "<nested too deeply to show>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_shape(where: str, shape: Any, use_muon: Optional[bool]) -> tuple:
@@ -145,18 +163,18 @@ def check_shape(where: str, shape: Any, use_muon: Optional[bool]) -> tuple:
     """
     fix = "give a list of 1 to 3 positive integers, e.g. [1024, 4096]"
     if not isinstance(shape, (list, tuple)):
-        raise InputError(f"{where} shape", json.dumps(shape), "is not a list", fix)
+        raise InputError(f"{where} shape", _short(shape), "is not a list", fix)
     if not 1 <= len(shape) <= 3:
-        raise InputError(f"{where} shape", list(shape), f"has {len(shape)} dims", fix)
+        raise InputError(f"{where} shape", _short(shape), f"has {len(shape)} dims", fix)
     for d in shape:
         if isinstance(d, bool) or not isinstance(d, int):
-            raise InputError(f"{where} shape", list(shape), f"dimension {d!r} is not an "
-                             "integer", fix)
+            raise InputError(f"{where} shape", _short(shape),
+                             f"dimension {_short(d, 40)} is not an integer", fix)
         if not 1 <= d <= LIMITS.dim:
-            raise InputError(f"{where} shape", list(shape), f"dimension {d} is outside "
+            raise InputError(f"{where} shape", _short(shape), f"dimension {d} is outside "
                              f"1..{LIMITS.dim}", fix)
     if use_muon and len(shape) == 1:
-        raise InputError(f"{where} shape", list(shape), "is 1-D but use_muon is true "
+        raise InputError(f"{where} shape", _short(shape), "is 1-D but use_muon is true "
                          "(Muon needs a 2-D or 3-D matrix)", "drop use_muon or fix the shape")
     return tuple(shape)
 
@@ -175,7 +193,10 @@ def read_model_file(path: str) -> List[dict]:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise InputError(what, path, exc.strerror.lower(),
+        raise InputError(what, path, (exc.strerror or str(exc)).lower(),
+                         "pass a JSON parameter list or a preset name") from None
+    except ValueError as exc:  # e.g. an embedded NUL byte
+        raise InputError(what, repr(path), f"is not a usable path ({exc})",
                          "pass a JSON parameter list or a preset name") from None
     if stat.S_ISDIR(st.st_mode):
         raise InputError(what, path, "is a directory", "pass a JSON file")
@@ -192,6 +213,9 @@ def read_model_file(path: str) -> List[dict]:
     except json.JSONDecodeError as exc:
         raise InputError(what, path, f"is not valid JSON (line {exc.lineno}: {exc.msg})",
                          "fix the file") from None
+    except RecursionError:
+        raise InputError(what, path, "is nested too deeply to read",
+                         'give a flat list [{"name": ..., "shape": [...]}, ...]') from None
     if isinstance(data, dict):
         data = data.get("params")
     if not isinstance(data, list) or not data:
@@ -206,19 +230,20 @@ def read_model_file(path: str) -> List[dict]:
 def _entry(path: str, index: int, obj: Any) -> dict:
     where = f"model file {path} entry {index}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        raise InputError(where, json.dumps(obj)[:80], "needs a non-empty string 'name' "
+        raise InputError(where, _short(obj), "needs a non-empty string 'name' "
                          "and a 'shape'", 'write {"name": "w", "shape": [1024, 1024]}')
-    where = f"{where} ({obj['name']!r})"
+    name = obj["name"] if len(obj["name"]) <= 60 else obj["name"][:57] + "..."
+    where = f"{where} ({name!r})"
     if "shape" not in obj:
         raise InputError(where, "", "has no 'shape'", "add one, e.g. [1024, 1024]")
     use_muon = obj.get("use_muon")
     for key in ("is_expert", "use_muon"):
         if obj.get(key) is not None and not isinstance(obj[key], bool):
-            raise InputError(f"{where} {key}", json.dumps(obj[key]), "is not true/false",
+            raise InputError(f"{where} {key}", _short(obj[key]), "is not true/false",
                              "write true or false")
     dtype = obj.get("dtype", "float32")
-    if dtype not in _DTYPES:
-        raise InputError(f"{where} dtype", repr(dtype), "is not a known dtype",
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise InputError(f"{where} dtype", _short(dtype), "is not a known dtype",
                          f"use one of {', '.join(_DTYPES)}")
     return {"name": obj["name"], "shape": check_shape(where, obj["shape"], use_muon),
             "dtype": dtype, "is_expert": bool(obj.get("is_expert", False)),

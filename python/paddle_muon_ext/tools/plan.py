@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
     PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,
@@ -65,6 +66,36 @@ EXPERT_COLOUR = "moe_expert"
 #: Partition rules reported side by side (the option table's choices; the
 #: default, as the optimizer's, is the option table's: develop's rule).
 PARTITION_RULES = PARTITION_STRATEGIES
+
+
+class FlatPathPlan(HierarchicalCommPlan):
+    """The layout's groups without ``comm_group_call_opt``'s node preconditions.
+
+    The flat path reduces straight to each owner, so a single node or one
+    card per node is a valid layout for it; only the hierarchical path needs
+    several nodes of equal stages.
+    """
+
+    @staticmethod
+    def _check_nodes(*_args: Any) -> None:
+        return None
+
+
+def build_layout_plan(cfg: MuonCommConfig, group_call: bool = True) -> HierarchicalCommPlan:
+    """The plan of ``cfg``: validated for the hierarchical path, or flat-only.
+
+    Raises:
+        ValueError: the layout cannot be placed (the message says why and what works).
+    """
+    if group_call:
+        return cfg.build_plan()
+    if cfg.world_size % cfg.gpus_per_node:
+        raise ValueError(
+            f"world size {cfg.world_size} (pp x moe_sharding x ep = {cfg.pp} x "
+            f"{cfg.moe_sharding} x {cfg.ep}) is not a multiple of --gpus-per-node "
+            f"{cfg.gpus_per_node}, so the ranks do not fill whole nodes; pass the cards of "
+            "one node")
+    return FlatPathPlan.from_topology(cfg.build_topology(), cfg.gpus_per_node)
 
 
 def _pbytes(p: presets.ParamSpec) -> int:
@@ -315,8 +346,16 @@ def _group_facts(plan) -> Dict[str, Any]:
     }
 
 
-def _rule_figures(flat: Dict[str, Any], hier: Dict[str, Any]) -> Dict[str, Any]:
-    h, f = hier["summary"], flat["summary"]
+def _rule_figures(flat: Dict[str, Any], hier: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    f = flat["summary"]
+    if hier is None:  # --no-group-call: the flat path's figures only
+        return {
+            "optimizer_state_max_over_mean": f["optimizer_state_max_over_mean"],
+            "empty_ranks": sum(1 for n in flat["owned"] if n == 0),
+            "flat_estimated_time_s": f["estimated_time_s"],
+            "num_buckets": f["num_buckets"],
+        }
+    h = hier["summary"]
     return {
         "optimizer_state_max_over_mean": h["optimizer_state_max_over_mean"],
         "empty_ranks": sum(1 for n in hier["owned"] if n == 0),
@@ -337,6 +376,7 @@ def compute_plan(
     partition_strategy: str = option_default("muon_partition_strategy"),
     compare_rules: bool = True,
     backend: str = "nccl",
+    group_call: bool = True,
 ) -> Dict[str, Any]:
     """Build every rank's layout of ``cfg`` and count one step of both paths.
 
@@ -350,6 +390,9 @@ def compute_plan(
         compare_rules: also report the other rule's key figures (``partition_rules``).
         backend: collective algorithms, ``"nccl"`` rings or ``"gloo"`` as measured
             (:mod:`paddle_muon_ext.tools.gloo_model`).
+        group_call: also count the hierarchical path (``comm_group_call_opt``
+            on); False counts the flat path alone, for any layout (the
+            hierarchical keys are then None).
 
     Returns:
         dict: JSON-ready apart from keys starting with ``_``.
@@ -364,13 +407,16 @@ def compute_plan(
         )
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    plan = cfg.build_plan()
+    plan = build_layout_plan(cfg, group_call)
     if params is None:
         params = cfg.load_params()
     stages = split_stages(params, cfg.pp)
     settings = LayoutSettings(comm_buffer_size_MB=buffer_size_MB, comm_overlap=comm_overlap,
                               partition_strategy=partition_strategy)
     flat = _path(plan, stages, ab, settings, False, backend)
+    if not group_call:
+        return _flat_only(cfg, plan, params, stages, ab, settings, backend, flat,
+                          compare_rules)
     hier = _path(plan, stages, ab, settings, True, backend)
     f, h = flat["summary"], hier["summary"]
     muon = [p for p in params if p.use_muon]
@@ -380,6 +426,7 @@ def compute_plan(
             "gpus_per_node": plan.gpus_per_node, "order": list(cfg.order), "model": cfg.model,
             "buffer_size_MB": buffer_size_MB, "comm_overlap": comm_overlap,
             "partition_strategy": partition_strategy, "backend": backend,
+            "group_call": True,
         },
         "world_size": plan.world_size,
         "num_nodes": plan.num_nodes,
@@ -437,6 +484,58 @@ def compute_plan(
     res["plan_description"] = plan.describe()
     res["_plan"] = plan  # dropped before JSON output
     return res
+
+
+def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
+               settings: LayoutSettings, backend: str, flat: Dict[str, Any],
+               compare_rules: bool) -> Dict[str, Any]:
+    """compute_plan's result for the flat path alone (``group_call=False``)."""
+    f = flat["summary"]
+    muon = [p for p in params if p.use_muon]
+    rules = {settings.partition_strategy: _rule_figures(flat, None)}
+    if compare_rules:
+        for other in PARTITION_RULES:
+            if other not in rules:
+                o_settings = dataclasses.replace(settings, partition_strategy=other)
+                rules[other] = _rule_figures(
+                    _path(plan, stages, ab, o_settings, False, backend), None)
+    return {
+        "config": {
+            "ep": cfg.ep, "moe_sharding": cfg.moe_sharding, "pp": cfg.pp,
+            "gpus_per_node": plan.gpus_per_node, "order": list(cfg.order), "model": cfg.model,
+            "buffer_size_MB": settings.comm_buffer_size_MB,
+            "comm_overlap": settings.comm_overlap,
+            "partition_strategy": settings.partition_strategy, "backend": backend,
+            "group_call": False,
+        },
+        "world_size": plan.world_size,
+        "num_nodes": plan.num_nodes,
+        "model_summary": {
+            "params": len(params), "muon_params": len(muon),
+            "muon_dense": sum(1 for p in muon if not p.is_expert),
+            "muon_expert": sum(1 for p in muon if p.is_expert),
+            "other_params": len(params) - len(muon),
+        },
+        "groups": {k: v for k, v in _group_facts(plan).items()
+                   if k in ("sharding", "moe_sharding")},
+        "alpha_beta": {
+            "alpha_nvlink_s": ab.alpha_nvlink, "beta_nvlink_s_per_B": ab.beta_nvlink,
+            "alpha_net_s": ab.alpha_net, "beta_net_s_per_B": ab.beta_net,
+        },
+        "flat": f,
+        "hierarchical": None,
+        "optimizer_state_max_over_mean": f["optimizer_state_max_over_mean"],
+        "partitions": flat["partitions"],
+        "owners_per_rank": {"flat": flat["owned"], "hierarchical": None},
+        "owned_by_colour": {"flat": flat["owned_detail"], "hierarchical": None},
+        "buckets": {"flat": flat["buckets"], "hierarchical": None},
+        "hierarchical_over_flat": None,
+        "targets": None,
+        "partition_rules": rules,
+        "plan_description": None,
+        "_plan": plan,
+        "_layouts": {"flat": flat["layouts"], "hierarchical": None},
+    }
 
 
 def json_ready(res: Dict[str, Any]) -> Dict[str, Any]:

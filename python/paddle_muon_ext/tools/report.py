@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Tuple
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
 from .cost_model import KINDS
 
-__all__ = ["format_table", "draw_png"]
+__all__ = ["format_table", "draw_png", "render_png"]
 
 
 def _fmt_bytes(n: float) -> str:
@@ -39,9 +39,11 @@ def _fmt_time(t: float) -> str:
 
 
 def format_table(res: Dict[str, Any]) -> str:
-    """Human-readable report of :func:`compute_plan`'s result."""
+    """Human-readable report of :func:`compute_plan`'s result (one column per path)."""
     c = res["config"]
-    f, h = res["flat"], res["hierarchical"]
+    paths = [("flat", res["flat"])]
+    if res.get("hierarchical") is not None:
+        paths.append(("hierarchical", res["hierarchical"]))
     ms = res["model_summary"]
     order = ", ".join(
         f"{n}={ {'pipe': c['pp'], 'moe_sharding': c['moe_sharding'], 'expert': c['ep']}[n] }"
@@ -56,66 +58,56 @@ def format_table(res: Dict[str, Any]) -> str:
         f"comm_overlap {'on' if c.get('comm_overlap') else 'off'}; owners by "
         f"{c.get('partition_strategy', option_default('muon_partition_strategy'))} partition",
     ]
+    if len(paths) == 1:
+        lines.append("flat path only (--no-group-call: comm_group_call_opt off)")
     g = res["groups"]
     lines.append(
         "groups: " + "; ".join(
-            f"{k} {g[k]['count']} x {g[k]['size']} ranks" for k in KINDS
+            f"{k} {g[k]['count']} x {g[k]['size']} ranks" for k in KINDS if k in g
         )
     )
     lines.append("")
-    rows: List[Tuple[str, str, str]] = []
+    rows: List[Tuple[str, ...]] = []
 
-    def row(label, fv, hv):
-        rows.append((label, fv, hv))
+    def row(label: str, fn) -> None:
+        rows.append((label, *(fn(p) for _, p in paths)))
 
     row("Muon buckets (dense / moe)",
-        f"{f['num_buckets']['dense']} / {f['num_buckets']['moe']}",
-        f"{h['num_buckets']['dense']} / {h['num_buckets']['moe']}")
+        lambda p: f"{p['num_buckets']['dense']} / {p['num_buckets']['moe']}")
     for k in KINDS:
-        row(f"collectives/step: {k}", str(f["collectives_per_step"][k]),
-            str(h["collectives_per_step"][k]))
-    row("collectives/step: total", str(f["collectives_total"]), str(h["collectives_total"]))
-    row("coalesced launches/step", str(sum(f["coalesced_launches_per_step"].values())),
-        str(sum(h["coalesced_launches_per_step"].values())))
+        if k in g:
+            row(f"collectives/step: {k}", lambda p, k=k: str(p["collectives_per_step"][k]))
+    row("collectives/step: total", lambda p: str(p["collectives_total"]))
+    row("coalesced launches/step", lambda p: str(sum(p["coalesced_launches_per_step"].values())))
     for link, label in (("intra_node", "intra-node"), ("inter_node", "inter-node")):
         row(f"bytes/rank {label} max / mean",
-            f"{_fmt_bytes(f['bytes_per_rank'][link]['max'])} / "
-            f"{_fmt_bytes(f['bytes_per_rank'][link]['mean'])}",
-            f"{_fmt_bytes(h['bytes_per_rank'][link]['max'])} / "
-            f"{_fmt_bytes(h['bytes_per_rank'][link]['mean'])}")
-    row("inter-node bytes, Muon params", _fmt_bytes(f["inter_node_bytes"]),
-        _fmt_bytes(h["inter_node_bytes"]))
-    row("  lower bound (DESIGN 6)", _fmt_bytes(f["inter_node_bytes_bound"]),
-        _fmt_bytes(h["inter_node_bytes_bound"]))
-    row("  ratio to bound", f"{f['inter_node_ratio_to_bound']:.4f}",
-        f"{h['inter_node_ratio_to_bound']:.4f}")
-    row("inter-node bytes, all (+RS/AG)", _fmt_bytes(f["inter_node_bytes_all"]),
-        _fmt_bytes(h["inter_node_bytes_all"]))
-    row("rail imbalance (busiest/mean)", f"{f['rail_imbalance']:.4f}",
-        f"{h['rail_imbalance']:.4f}")
+            lambda p, link=link: f"{_fmt_bytes(p['bytes_per_rank'][link]['max'])} / "
+            f"{_fmt_bytes(p['bytes_per_rank'][link]['mean'])}")
+    row("inter-node bytes, Muon params", lambda p: _fmt_bytes(p["inter_node_bytes"]))
+    row("  lower bound", lambda p: _fmt_bytes(p["inter_node_bytes_bound"]))
+    row("  ratio to bound", lambda p: f"{p['inter_node_ratio_to_bound']:.4f}")
+    row("inter-node bytes, all (+RS/AG)", lambda p: _fmt_bytes(p["inter_node_bytes_all"]))
+    row("rail imbalance (busiest/mean)", lambda p: f"{p['rail_imbalance']:.4f}")
     for colour, label in (("dense", "dense colour"), ("moe", "MoE colour")):
-        fc, hc = f["by_colour"][colour], h["by_colour"][colour]
         row(f"  {label}: ratio / rail imbalance",
-            f"{fc['inter_node_ratio_to_bound']:.4f} / {fc['rail_imbalance']:.4f}",
-            f"{hc['inter_node_ratio_to_bound']:.4f} / {hc['rail_imbalance']:.4f}")
-    row("optimizer state max/mean", f"{f['optimizer_state_max_over_mean']:.4f}",
-        f"{h['optimizer_state_max_over_mean']:.4f}")
-    row("est. time Muon comm (a-b)", _fmt_time(f["estimated_muon_time_s"]),
-        _fmt_time(h["estimated_muon_time_s"]))
-    row("est. time step comm (a-b)", _fmt_time(f["estimated_time_s"]),
-        _fmt_time(h["estimated_time_s"]))
+            lambda p, colour=colour: f"{p['by_colour'][colour]['inter_node_ratio_to_bound']:.4f}"
+            f" / {p['by_colour'][colour]['rail_imbalance']:.4f}")
+    row("optimizer state max/mean", lambda p: f"{p['optimizer_state_max_over_mean']:.4f}")
+    row("est. time Muon comm (a-b)", lambda p: _fmt_time(p["estimated_muon_time_s"]))
+    row("est. time step comm (a-b)", lambda p: _fmt_time(p["estimated_time_s"]))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(max(len(r[1]) for r in rows), len("flat"))
-    lines.append(f"{'':<{w0}}  {'flat':>{w1}}  hierarchical")
-    for label, fv, hv in rows:
-        lines.append(f"{label:<{w0}}  {fv:>{w1}}  {hv}")
-    r = res["hierarchical_over_flat"]
+    lines.append(f"{'':<{w0}}  {'flat':>{w1}}" + ("  hierarchical" if len(paths) > 1 else ""))
+    for r in rows:
+        lines.append(f"{r[0]:<{w0}}  {r[1]:>{w1}}" + (f"  {r[2]}" if len(r) > 2 else ""))
+    r = res.get("hierarchical_over_flat")
     lines.append("")
-    lines.append(
-        f"hierarchical / flat: Muon inter-node bytes {r['inter_node_bytes']:.3f}, "
-        f"Muon comm time {r['estimated_muon_time_s']:.3f}, step comm time "
-        f"{r['estimated_time_s']:.3f}"
-    )
+    if r is not None:
+        lines.append(
+            f"hierarchical / flat: Muon inter-node bytes {r['inter_node_bytes']:.3f}, "
+            f"Muon comm time {r['estimated_muon_time_s']:.3f}, step comm time "
+            f"{r['estimated_time_s']:.3f}"
+        )
     for p in res["partitions"]:
         lines.append(
             f"partition {p['colour']} stage {p['stage']}: {p['num_params']} matrices over "
@@ -123,15 +115,18 @@ def format_table(res: Dict[str, Any]) -> str:
             f"{p['state_bytes_max_over_mean']:.3f} (floor {p['state_floor']:.3f})"
         )
     for rule, fig in res.get("partition_rules", {}).items():
-        lines.append(
-            f"partition rule {rule}: state max/mean "
-            f"{fig['optimizer_state_max_over_mean']:.3f}, {fig['empty_ranks']} ranks own "
-            f"nothing, hierarchical ratio to bound "
-            f"{fig['hierarchical_inter_node_ratio_to_bound']:.4f}, rail imbalance "
-            f"{fig['hierarchical_rail_imbalance']:.4f}, step comm time flat "
-            f"{_fmt_time(fig['flat_estimated_time_s'])} / hierarchical "
-            f"{_fmt_time(fig['hierarchical_estimated_time_s'])}"
-        )
+        text = (f"partition rule {rule}: state max/mean "
+                f"{fig['optimizer_state_max_over_mean']:.3f}, {fig['empty_ranks']} ranks own "
+                "nothing, ")
+        if "hierarchical_estimated_time_s" in fig:
+            text += (f"hierarchical ratio to bound "
+                     f"{fig['hierarchical_inter_node_ratio_to_bound']:.4f}, rail imbalance "
+                     f"{fig['hierarchical_rail_imbalance']:.4f}, step comm time flat "
+                     f"{_fmt_time(fig['flat_estimated_time_s'])} / hierarchical "
+                     f"{_fmt_time(fig['hierarchical_estimated_time_s'])}")
+        else:
+            text += f"step comm time flat {_fmt_time(fig['flat_estimated_time_s'])}"
+        lines.append(text)
     ab = res["alpha_beta"]
     lines.append(
         f"alpha-beta: NVLink alpha {ab['alpha_nvlink_s']:g} s, beta {ab['beta_nvlink_s_per_B']:.3g} "
@@ -139,7 +134,9 @@ def format_table(res: Dict[str, Any]) -> str:
         f"{ab['alpha_net_s']:g} s, beta {ab['beta_net_s_per_B']:.3g} s/B "
         f"({1 / ab['beta_net_s_per_B'] / 1e9:.0f} GB/s)"
     )
-    t = res["targets"]
+    t = res.get("targets")
+    if t is None:
+        return "\n".join(lines)
     lines.append(
         f"target hierarchical ratio to bound <= {t['hierarchical_ratio_to_bound_max']}: "
         f"{t['hierarchical_ratio_to_bound']:.4f} {'met' if t['ratio_met'] else 'MISSED'}"
@@ -156,54 +153,96 @@ def format_table(res: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def draw_png(res: Dict[str, Any], path: str) -> None:
-    """Nodes x cards grid of the hierarchical path: colour = dense Muon parameter
-    bytes owned by the rank (what crosses the rank's rail), text = rank and owned
-    matrices (dense ``D``, MoE colour ``E``); same-card groups as coloured lines,
-    pipeline stages as dashed outlines."""
+def render_png(res: Dict[str, Any]) -> bytes:
+    """The nodes x cards picture of :func:`compute_plan`'s result, as PNG bytes.
+
+    One cell per rank: its colour is the dense Muon parameter MiB the rank
+    owns (what crosses its rail), on a scale fitted to the data; its text is
+    ``r<rank>`` and ``D<n> E<m>``, the dense and expert (MoE colour) Muon
+    matrices it owns. On the hierarchical path each same-card group is a
+    line labelled with the Muon bytes its card's rail sends per step; every
+    pipeline stage (sharding group) is outlined. The legend says all of it.
+    """
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
 
     plan = res["_plan"]
     gpn, nodes = plan.gpus_per_node, plan.num_nodes
-    detail = res["owned_by_colour"]["hierarchical"]
-    mb = [b / 2**20 for b in detail["dense_param_bytes"]]
+    path = "hierarchical" if res.get("hierarchical") is not None else "flat"
+    summary = res[path]
+    detail = res["owned_by_colour"][path]
+    unit, scale = ("MiB", 2**20) if max(detail["dense_param_bytes"]) >= 2**20 else ("KiB", 2**10)
+    mb = [b / scale for b in detail["dense_param_bytes"]]
     grid = [[mb[n * gpn + c] for c in range(gpn)] for n in range(nodes)]
-    top = max(max(mb), 1e-9)
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.5 + 0.95 * gpn), max(3.5, 1.6 + 0.55 * nodes)))
-    img = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=0, vmax=top)
+    low, high = min(mb), max(mb)
+    if high - low < 1e-9:  # every rank owns the same: one flat colour, centred
+        low, high = low - 0.5, high + 0.5
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.5 + 0.95 * gpn), max(4.5, 2.8 + 0.55 * nodes)))
+    img = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=low, vmax=high)
     for n in range(nodes):
         for c in range(gpn):
             r = n * gpn + c
+            shade = (mb[r] - low) / (high - low)
             ax.text(c - 0.08, n, f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}",
                     ha="center", va="center", fontsize=6.5,
-                    color="white" if mb[r] > 0.6 * top else "black")
-    cmap = plt.get_cmap("tab10" if gpn <= 10 else "tab20")
+                    color="white" if shade > 0.6 else "black")
+    rails = summary["rail_bytes"]
+    handles = [Patch(facecolor="none", edgecolor="none",
+                     label="cell: r<rank>, D<n> dense / E<n> expert Muon matrices owned")]
+    if path == "hierarchical":
+        cmap = plt.get_cmap("tab10" if gpn <= 10 else "tab20")
+        for stage in range(plan.pp_degree):
+            for c in range(gpn):
+                ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
+                ax.plot([c + 0.36] * len(ys), ys, "-o", color=cmap(c % cmap.N), lw=1.8, ms=3,
+                        alpha=0.9)
+                ax.text(c + 0.42, (min(ys) + max(ys)) / 2, _fmt_bytes(rails[c]), rotation=90,
+                        ha="left", va="center", fontsize=5.5, color=cmap(c % cmap.N))
+        handles.append(Line2D([], [], color="tab:blue", marker="o", ms=3, lw=1.8,
+                              label="same-card group; label: Muon bytes its rail sends/step"
+                              + (" (all stages)" if plan.pp_degree > 1 else "")))
     for stage in range(plan.pp_degree):
-        for c in range(gpn):
-            ranks = plan.same_card_ranks(stage, c)
-            ys = [r // gpn for r in ranks]
-            ax.plot([c + 0.36] * len(ys), ys, "-o", color=cmap(c % cmap.N), lw=1.5, ms=3,
-                    alpha=0.85)
         stage_nodes = plan.nodes_of_stage(stage)
-        ax.add_patch(plt.Rectangle((-0.5, min(stage_nodes) - 0.5), gpn, len(stage_nodes),
-                                   fill=False, ec="red", lw=1.2, ls="--"))
+        # inset so the outline is not hidden under the axes frame
+        ax.add_patch(Rectangle((-0.46, min(stage_nodes) - 0.46), gpn - 0.08,
+                               len(stage_nodes) - 0.08, fill=False, ec="crimson", lw=2.2,
+                               ls="--", zorder=5))
+    handles.append(Line2D([], [], color="crimson", lw=2.2, ls="--",
+                          label="pipeline stage (its sharding group)"))
     ax.set_xticks(range(gpn))
-    ax.set_xticklabels([f"card {c}" for c in range(gpn)], fontsize=7)
+    ax.set_xticklabels([f"card {c}\n{_fmt_bytes(rails[c])}" for c in range(gpn)], fontsize=6.5)
+    ax.set_xlabel("card; below it: Muon bytes its rail sends across nodes per step", fontsize=7)
     ax.set_yticks(range(nodes))
     ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=7)
-    h = res["hierarchical"]
     c = res["config"]
-    ax.set_title(
-        f"ep={c['ep']} ms={c['moe_sharding']} pp={c['pp']} gpn={gpn} (hierarchical path)\n"
-        f"ratio to bound {h['inter_node_ratio_to_bound']:.3f}, rail imbalance "
-        f"{h['rail_imbalance']:.3f} (dense {h['by_colour']['dense']['rail_imbalance']:.3f}); "
-        "lines: same-card groups",
-        fontsize=8,
-    )
-    fig.colorbar(img, ax=ax, fraction=0.04, label="dense Muon MiB owned")
+    title = f"ep={c['ep']} ms={c['moe_sharding']} pp={c['pp']} gpn={gpn} ({path} path)\n"
+    if path == "hierarchical":
+        title += (f"ratio to bound {summary['inter_node_ratio_to_bound']:.3f}, rail imbalance "
+                  f"{summary['rail_imbalance']:.3f} (dense "
+                  f"{summary['by_colour']['dense']['rail_imbalance']:.3f})")
+    else:
+        title += (f"comm_group_call_opt off; rail imbalance {summary['rail_imbalance']:.3f}, "
+                  f"inter-node Muon bytes {_fmt_bytes(summary['inter_node_bytes'])}/step")
+    ax.set_title(title, fontsize=8)
+    fig.colorbar(img, ax=ax, fraction=0.04,
+                 label=f"dense Muon {unit} owned (scale {min(mb):.3g}..{max(mb):.3g})")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1,
+              fontsize=6.5, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    return buf.getvalue()
+
+
+def draw_png(res: Dict[str, Any], path: str) -> None:
+    """Write :func:`render_png`'s picture to ``path``."""
+    data = render_png(res)
+    with open(path, "wb") as f:
+        f.write(data)

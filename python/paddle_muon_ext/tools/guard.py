@@ -1,0 +1,177 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""What makes every subcommand behave like a command-line tool.
+
+* :func:`guarded` runs a subcommand and turns every failure into one
+  ``error: ...`` line on stderr and an exit status: a missing Paddle (naming
+  ``pip install ".[cpu]"``), stdout that cannot be written (``> /dev/full``,
+  a closed pipe), an interrupt, and - as a last resort - any unexpected
+  exception (``PADDLE_MUON_EXT_TRACEBACK=1`` shows its traceback).
+* With ``--json`` everything a subcommand prints goes to stderr while it
+  works; only :func:`emit_result` writes to stdout, so stdout is the JSON.
+* :class:`ArgumentParser` reports a bad flag in one ``error:`` line (exit 2)
+  instead of argparse's usage block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import traceback
+from typing import Any, Callable, List, Optional
+
+__all__ = ["ArgumentParser", "TRACEBACK_ENV", "emit_result", "guarded", "missing_package"]
+
+#: Set (to anything) to print the traceback of an unexpected error.
+TRACEBACK_ENV = "PADDLE_MUON_EXT_TRACEBACK"
+#: Optional packages -> what installs them.
+_INSTALL_HINTS = {
+    "paddle": ("PaddlePaddle is not installed", 'pip install ".[cpu]" in the checkout '
+               "(CPU wheel) or pip install paddlepaddle-gpu on a GPU node"),
+    "matplotlib": ("matplotlib is not installed", 'pip install ".[plot]" (or pip install '
+                   "matplotlib)"),
+}
+
+_RESULT: List[Any] = []  # the stdout of the innermost guarded call
+
+
+class _StdoutFailed(Exception):
+    """Writing the command's stdout failed (full device, closed pipe)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _CheckedStream:
+    """A stdout whose write errors are told apart from every other OSError."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _StdoutFailed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as one ``error:`` line (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def emit_result(text: str) -> None:
+    """Write a subcommand's result (its JSON) to the real stdout."""
+    stream = _RESULT[-1] if _RESULT else sys.stdout
+    if stream is not None:  # stdout closed at start (``>&-``): nothing to write to
+        stream.write(text + "\n")
+
+
+def missing_package(exc: BaseException) -> Optional[str]:
+    """``"paddle"`` / ``"matplotlib"`` when ``exc`` says that package is missing."""
+    if not isinstance(exc, ImportError):
+        return None
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return name if name in _INSTALL_HINTS else None
+
+
+def _silence(stream: Any) -> None:
+    # Python flushes stdout again at exit; pointing the fd at /dev/null keeps
+    # that flush from printing "Exception ignored ... BrokenPipeError".
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _error(text: str) -> None:
+    try:
+        print(f"error: {text}", file=sys.stderr, flush=True)
+    except (OSError, AttributeError, ValueError):  # stderr gone too: nothing left to tell
+        pass
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    _error(str(code))
+    return 1
+
+
+def guarded(call: Callable[[], int], json_mode: bool = False) -> int:
+    """Run ``call`` (a subcommand) and return its exit status; never raises.
+
+    Args:
+        call: runs the subcommand, returns its exit status.
+        json_mode: ``--json`` was given: while ``call`` runs, ``print`` goes to
+            stderr; :func:`emit_result` writes to stdout.
+    """
+    if _RESULT:  # nested (the console script calls the tools' main): the outer one guards
+        return call()
+    out = sys.stdout
+    checked = _CheckedStream(out) if out is not None else None
+    _RESULT.append(checked)
+    try:
+        with contextlib.redirect_stdout(sys.stderr if json_mode else checked):
+            code = _exit_code(call())
+        if checked is not None:
+            checked.flush()
+        return code
+    except _StdoutFailed as exc:
+        _silence(out)
+        _error(f"cannot write to stdout ({exc.error.strerror or exc.error}); "
+               "write to a file or a device with space")
+        return 2
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
+        package = missing_package(exc)
+        if package is not None:
+            what, fix = _INSTALL_HINTS[package]
+            _error(f"{what} ({exc}); install it: {fix}")
+        elif isinstance(exc, RecursionError):
+            _error("input nested too deeply to read (RecursionError); flatten it")
+        elif isinstance(exc, MemoryError):
+            _error("out of memory; model a smaller input")
+        else:
+            _error(f"unexpected {type(exc).__name__}: {exc}; this is a bug, rerun with "
+                   f"{TRACEBACK_ENV}=1 and report the traceback")
+        if os.environ.get(TRACEBACK_ENV):
+            traceback.print_exc()
+        return 2
+    finally:
+        _RESULT.pop()
