@@ -18,6 +18,8 @@ setup(
     install_requires=["numpy"],
     extras_require={
         "cpu": ["paddlepaddle>=3.2,<3.4"],
+        # plan --png draws with matplotlib; checked before any work
+        "plot": ["matplotlib"],
         "test": ["pytest>=7", "pytest-mock", "coverage[toml]>=7", "matplotlib", "setuptools>=61", "wheel"],
     },
     entry_points={"console_scripts": ["paddle-muon-ext=paddle_muon_ext.cli:main"]},

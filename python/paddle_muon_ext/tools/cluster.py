@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -64,6 +65,12 @@ DEFAULT_INNER = 64
 #: comm_buffer_size_MB of the worker's strategy (fused gradient buffers).
 WORKER_BUFFER_MB = 1.0
 MASTER_PORT = 36170
+#: Largest inputs: nodes fit one /24 of 198.18.0.0/15; the rest keeps a run on
+#: one box within minutes.
+MAX_NODES = 200
+MAX_PROCS = 64
+MAX_STEPS = 1000
+MAX_DIM = 8192
 _SUBNET_PREFIX = "198.18.0."
 _FIRST_HOST = 10
 _NS_RE = re.compile(r"^pmc-([0-9a-f]+)p?-(br|n\d+)$")
@@ -144,8 +151,8 @@ class ClusterNames:
 
     @classmethod
     def for_this_process(cls, nodes: int) -> ClusterNames:
-        if not 1 <= nodes <= 200:
-            raise ValueError(f"--nodes must be in 1..200 (one /24 of 198.18.0.0/15), got {nodes}")
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"--nodes must be in 1..{MAX_NODES} (one /24 of 198.18.0.0/15), got {nodes}")
         return cls(f"{os.getpid():x}", nodes)
 
 
@@ -320,12 +327,31 @@ class ClusterConfig:
         return self.nodes * self.procs_per_node
 
     def validate(self) -> None:
-        for flag, value in (("--nodes", self.nodes), ("--procs-per-node", self.procs_per_node),
-                            ("--ep", self.ep), ("--moe-sharding", self.moe_sharding),
-                            ("--steps", self.steps), ("--hidden", self.hidden),
-                            ("--inner", self.inner)):
+        """Every value checked before anything is built (ValueError naming the flag).
+
+        A layout the ``comm_group_call_opt`` pass cannot run (one node, one
+        process per node, ...) is refused here, with ``--group-call 0`` as
+        the way to train it, rather than after the flat pass has trained.
+        """
+        for flag, value, high in (("--nodes", self.nodes, MAX_NODES),
+                                  ("--procs-per-node", self.procs_per_node, MAX_PROCS),
+                                  ("--ep", self.ep, MAX_PROCS * MAX_NODES),
+                                  ("--moe-sharding", self.moe_sharding, MAX_PROCS * MAX_NODES),
+                                  ("--steps", self.steps, MAX_STEPS),
+                                  ("--hidden", self.hidden, MAX_DIM),
+                                  ("--inner", self.inner, MAX_DIM)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{flag} must be an integer, got {value!r}")
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
+            if value > high:
+                raise ValueError(f"{flag} {value}: above the limit {high} of this tool")
+        for flag, value, high in (("--link-mbit", self.link_mbit, 1e5),
+                                  ("--timeout", self.timeout_s, 86400.0)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} must be a finite number > 0, got {value!r}")
+            if value > high:
+                raise ValueError(f"{flag} {value:g}: above the limit {high:g}")
         if self.ep * self.moe_sharding != self.world_size:
             raise ValueError(
                 f"--ep {self.ep} x --moe-sharding {self.moe_sharding} = "
@@ -333,6 +359,25 @@ class ClusterConfig:
                 f"--procs-per-node {self.procs_per_node} = {self.world_size}")
         if self.group_call not in ("0", "1", "both"):
             raise ValueError(f"--group-call must be 0, 1 or both, got {self.group_call!r}")
+        why = self.group_call_refusal() if self.group_call != "0" else None
+        if why:
+            raise ValueError(
+                f"--nodes {self.nodes} --procs-per-node {self.procs_per_node}: the "
+                f"comm_group_call_opt pass cannot run on this layout ({why}); pass "
+                "--group-call 0 to train the flat path alone")
+
+    def group_call_refusal(self) -> Optional[str]:
+        """Why the optimizer would refuse ``comm_group_call_opt`` here, or None."""
+        if self.mode != "train":
+            return None
+        from .args import MuonCommConfig
+
+        try:
+            MuonCommConfig(ep=self.ep, moe_sharding=self.moe_sharding, pp=1,
+                           gpus_per_node=self.procs_per_node).build_plan()
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     def passes(self) -> List[int]:
         return {"0": [0], "1": [1], "both": [0, 1]}[self.group_call]
@@ -664,19 +709,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"hidden size of the tiny MoE (default {DEFAULT_HIDDEN})")
     c.add_argument("--inner", type=int, default=DEFAULT_INNER,
                    help=f"expert inner size of the tiny MoE (default {DEFAULT_INNER})")
-    c.add_argument("--group-call", default="both", choices=("0", "1", "both"),
-                   help="comm_group_call_opt passes (default both: off, then on)")
-    c.add_argument("--timeout", type=float, default=900.0, help="seconds (default 900)")
+    c.add_argument("--group-call", default=None, choices=("0", "1", "both"),
+                   help="comm_group_call_opt passes (default both: off, then on; 0 alone "
+                   "where the option cannot run, e.g. --procs-per-node 1)")
+    c.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds, > 0 (default 900)")
     c.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
-    c.add_argument("--json", action="store_true", help="also print a JSON summary")
+    c.add_argument("--json", action="store_true",
+                   help="print only a JSON summary on stdout (progress and verdict go to stderr)")
     return c
 
 
 def config_from_args(args: argparse.Namespace) -> ClusterConfig:
+    """The checked configuration (ValueError naming the flag).
+
+    Without ``--group-call``, a layout the option cannot run on (one node,
+    one process per node) trains the flat path alone, with a note.
+    """
     cfg = ClusterConfig(nodes=args.nodes, procs_per_node=args.procs_per_node, ep=args.ep,
                         moe_sharding=args.moe_sharding, steps=args.steps,
                         link_mbit=args.link_mbit, hidden=args.hidden, inner=args.inner,
-                        group_call=args.group_call, timeout_s=args.timeout)
+                        group_call=args.group_call or "both", timeout_s=args.timeout)
+    if args.group_call is None and cfg.ep * cfg.moe_sharding == cfg.world_size:
+        why = cfg.group_call_refusal()
+        if why:
+            print(f"note: comm_group_call_opt cannot run on this layout ({why}); training "
+                  "the flat path alone (--group-call 0)", file=sys.stderr)
+            cfg = ClusterConfig(**{**cfg.__dict__, "group_call": "0"})
     cfg.validate()
     return cfg
 
@@ -726,7 +785,14 @@ def summary_line(result: ClusterResult) -> str:
 
 def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], Dict]] = None,
          ) -> int:
-    """Run the ``cluster`` subcommand; returns the exit status."""
+    """Run the ``cluster`` subcommand; returns the exit status.
+
+    Every accepted layout ends with a ``PASS`` / ``FAIL`` line (exit 0 / 1);
+    a bad value or a box that cannot build namespaces is one ``error:`` line
+    (exit 2). With ``--json`` the JSON is the only thing on stdout.
+    """
+    from .guard import emit_result
+
     try:
         cfg = config_from_args(args)
     except ValueError as exc:
@@ -736,17 +802,24 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
         try:
             result = run_cluster(cfg, keep_logs=args.keep_logs)
         except ClusterUnavailable as exc:
-            print(f"cluster unavailable: {exc}")
+            print(f"error: cluster unavailable: {exc}", file=sys.stderr)
+            if args.json:
+                emit_result(json.dumps({"status": "UNAVAILABLE", "reason": str(exc),
+                                        "config": cfg.__dict__}, indent=1))
             return EXIT_UNAVAILABLE
         except ClusterInterrupted as exc:
             print(f"[cluster] {exc}; namespaces, links and processes removed", file=sys.stderr)
             return 130
     if predict is not None and result.status == "PASS":
-        result.prediction = predict(cfg)
-        for line in comparison_lines(result):
-            print(line)
+        try:
+            result.prediction = predict(cfg)
+        except ValueError as exc:  # the run passed; a missing prediction does not fail it
+            print(f"note: no plan-tool prediction for this layout ({exc})", file=sys.stderr)
+        else:
+            for line in comparison_lines(result):
+                print(line)
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        emit_result(json.dumps(result.to_json(), indent=1))
     for problem in result.problems:
         print(f"  {problem}")
     print(summary_line(result))

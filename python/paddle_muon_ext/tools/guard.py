@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 import traceback
@@ -37,6 +38,8 @@ __all__ = ["ArgumentParser", "TRACEBACK_ENV", "emit_result", "guarded", "missing
 
 #: Set (to anything) to print the traceback of an unexpected error.
 TRACEBACK_ENV = "PADDLE_MUON_EXT_TRACEBACK"
+#: Exit status when the reader of stdout went away (128 + SIGPIPE, as a shell reports).
+EXIT_BROKEN_PIPE = 141
 #: Optional packages -> what installs them.
 _INSTALL_HINTS = {
     "paddle": ("PaddlePaddle is not installed", 'pip install ".[cpu]" in the checkout '
@@ -150,6 +153,8 @@ def guarded(call: Callable[[], int], json_mode: bool = False) -> int:
         return code
     except _StdoutFailed as exc:
         _silence(out)
+        if exc.error.errno == errno.EPIPE:  # the reader left (``| head``): not an error
+            return EXIT_BROKEN_PIPE
         _error(f"cannot write to stdout ({exc.error.strerror or exc.error}); "
                "write to a file or a device with space")
         return 2

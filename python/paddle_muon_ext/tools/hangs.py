@@ -11,46 +11,159 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``paddle-muon-ext hangs LOG_DIR``: who the ranks of a hung job wait for.
+"""``paddle-muon-ext hangs LOG_DIR``: whom a hung job waits for, or what a crashed job raised.
 
 Reads every ``muon_flight_rank<R>.json`` the Muon sharding optimizer's flight
 recorder dumped into LOG_DIR (the launcher's ``--log_dir``, or
-``PADDLE_MUON_FLIGHT_DIR``), prints one line per rank (why it dumped, its
-phase, the collective it is in) and then names the rank(s) the others wait
-for and the collective they are stuck before. Exit 0 with a report, 2 on bad
-input (``error: ...``).
+``PADDLE_MUON_FLIGHT_DIR``), checks each dump field by field, prints one line
+per rank (why it dumped, its phase, the collective it is in) and then the
+verdict:
+
+* a crash - ranks dumped because an exception was raised (in a collective,
+  or uncaught): ``not a hang: every rank raised X in op Y`` (or which ranks
+  raised and who waits for them);
+* a hang - no rank raised: the rank(s) the others wait for and the
+  collective they are stuck before (:func:`diagnose`).
+
+Exit 0 with a report, 2 on bad input (one ``error: ...`` line naming the file
+and the field). ``--json`` prints the report as JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
+import math
 import os
+import re
 import sys
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder import (
     DUMP_FORMAT,
     DUMP_PREFIX,
+    FIELDS,
     RankState,
     describe_collective,
     diagnose,
+    phase_text,
 )
 
-__all__ = ["load_dumps", "report", "main"]
+from .guard import ArgumentParser, emit_result, guarded
+
+__all__ = ["DumpError", "classify", "load_dumps", "main", "report", "validate_dump"]
 
 #: Dumps of one hang are written within seconds of each other (a timed-out
 #: rank asks the others); a wider spread means files from another job.
 STALE_SPREAD_S = 300.0
+#: Largest dump read (a ring buffer of the default 2048 entries is < 1 MB).
+MAX_DUMP_BYTES = 256 << 20
+
+# "<op> on group [..] (phase ..) raised <Type>: msg" (a collective raised) and
+# "uncaught <Type>: msg" (the process died of it); a peer's request quotes them.
+_RAISED_RE = re.compile(r"^(?P<op>\w+) on group \[[^\]]*\] \(phase [^)]*\) raised "
+                        r"(?P<exc>[\w.]+)(?::|$)")
+_UNCAUGHT_RE = re.compile(r"^uncaught (?P<exc>[\w.]+)(?::|$)")
 
 
 class DumpError(ValueError):
-    """A dump directory or file that cannot be read; the message is the error line."""
+    """A dump directory or file that cannot be used; the message is the error line."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(float(v)))
+
+
+def _ranks_ok(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(r) and r >= 0 for r in v)
+
+
+def _opt(check):
+    return lambda v: v is None or check(v)
+
+
+_ENTRY_CHECKS = {
+    "seq": (_opt(_is_int), "an integer or null"),
+    "group_seq": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "phase": (_opt(lambda v: isinstance(v, str)), "a string or null"),
+    "op": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "group_id": (lambda v: _is_int(v) or isinstance(v, str), "an integer"),
+    "group_ranks": (lambda v: _ranks_ok(v) and bool(v), "a non-empty list of ranks"),
+    "root": (_opt(lambda v: _is_int(v) and v >= 0), "a rank or null"),
+    "dtype": (_opt(lambda v: isinstance(v, str)), "a string or null"),
+    "numel": (_opt(lambda v: _is_int(v) and v >= 0), "an integer >= 0 or null"),
+    "start": (_opt(_is_num), "a number or null"),
+    "finish": (_opt(_is_num), "a number or null"),
+}
+_TOP_CHECKS = {
+    "rank": (lambda v: _is_int(v) and v >= 0, "an integer >= 0", True),
+    "world_size": (lambda v: _is_int(v) and v >= 0, "an integer >= 0", False),
+    "pid": (_opt(_is_int), "an integer", False),
+    "host": (_opt(lambda v: isinstance(v, str)), "a string", False),
+    "time": (_opt(_is_num), "a number", False),
+    "reason": (lambda v: isinstance(v, str), "a string", True),
+    "phase": (_opt(lambda v: isinstance(v, str)), "a string or null", False),
+    "entries": (lambda v: isinstance(v, list), "a list", True),
+    "issued": (lambda v: isinstance(v, list), "a list", True),
+}
+
+
+def _show(v: Any) -> str:
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError, RecursionError):
+        text = "<unprintable>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_dump(data: Any) -> Optional[str]:
+    """The first malformed field of a dump, as ``field 'x' is V, expected ...``; None if sound."""
+    if not isinstance(data, dict):
+        return f"is {type(data).__name__} JSON, expected an object"
+    if data.get("format") != DUMP_FORMAT:
+        return f"field 'format' is {_show(data.get('format'))}, expected {DUMP_FORMAT!r}"
+    for key, (ok, want, required) in _TOP_CHECKS.items():
+        if key not in data:
+            if required:
+                return f"field {key!r} is missing, expected {want}"
+            continue
+        if not ok(data[key]):
+            return f"field {key!r} is {_show(data[key])}, expected {want}"
+    for i, e in enumerate(data["entries"]):
+        if not isinstance(e, dict):
+            return f"field 'entries[{i}]' is {_show(e)}, expected an object"
+        for key in FIELDS:
+            ok, want = _ENTRY_CHECKS[key]
+            if key not in e:
+                if key in ("group_seq", "op", "group_id", "group_ranks"):
+                    return f"field 'entries[{i}].{key}' is missing, expected {want}"
+                continue
+            if not ok(e[key]):
+                return f"field 'entries[{i}].{key}' is {_show(e[key])}, expected {want}"
+    for i, item in enumerate(data["issued"]):
+        if not isinstance(item, dict):
+            return f"field 'issued[{i}]' is {_show(item)}, expected an object"
+        for key, ok, want in (("group_id", lambda v: _is_int(v) or isinstance(v, str),
+                               "an integer"),
+                              ("group_ranks", _ranks_ok, "a list of ranks"),
+                              ("count", lambda v: _is_int(v) and v >= 0, "an integer >= 0")):
+            if key not in item or not ok(item[key]):
+                return (f"field 'issued[{i}].{key}' is "
+                        f"{_show(item.get(key)) if key in item else 'missing'}, "
+                        f"expected {want}")
+    world = data.get("world_size") or 0
+    if world and data["rank"] >= world:
+        return f"field 'rank' is {data['rank']}, expected < world_size {world}"
+    return None
 
 
 def load_dumps(log_dir: str) -> dict[int, dict]:
-    """Read every rank's dump in ``log_dir``.
+    """Read and check every rank's dump in ``log_dir``.
 
     Args:
         log_dir (str): the directory the ranks dumped into.
@@ -59,33 +172,115 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
         dict: rank -> the dump's data.
 
     Raises:
-        DumpError: missing directory, no dumps, or an unreadable dump.
+        DumpError: missing directory, no dumps, an unreadable or malformed
+            dump (naming the file and the field), or two dumps of one rank.
     """
     if not os.path.isdir(log_dir):
         raise DumpError(f"log dir {log_dir!r}: not a directory, pass the launcher's --log_dir "
                         "(or PADDLE_MUON_FLIGHT_DIR) of the hung job")
-    paths = sorted(glob.glob(os.path.join(log_dir, f"{DUMP_PREFIX}*.json")))
+    paths = sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{DUMP_PREFIX}*.json")))
     if not paths:
         raise DumpError(
             f"log dir {log_dir!r}: no {DUMP_PREFIX}<R>.json dumps; ranks dump when a collective "
             "raises and, once armed (launch with PADDLE_MUON_FLIGHT_RECORDER_ARM=1), on a "
             "collective timeout, an uncaught exception or SIGUSR1 (kill -USR1 <pid> on every rank)")
     dumps: dict[int, dict] = {}
+    where: dict[int, str] = {}
+    fix = "remove it or re-dump that rank with SIGUSR1"
     for path in paths:
         try:
-            with open(path) as f:
+            if os.path.getsize(path) > MAX_DUMP_BYTES:
+                raise DumpError(f"dump {path!r}: larger than {MAX_DUMP_BYTES} bytes, {fix}")
+            with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            if data.get("format") != DUMP_FORMAT:
-                raise ValueError(f"format {data.get('format')!r} is not {DUMP_FORMAT!r}")
-            dumps[int(data["rank"])] = data
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DumpError(f"dump {path!r}: unreadable ({exc}), remove it or re-dump "
-                            "that rank with SIGUSR1") from exc
+        except DumpError:
+            raise
+        except RecursionError:
+            raise DumpError(f"dump {path!r}: nested too deeply to be a dump, {fix}") from None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
+            raise DumpError(f"dump {path!r}: unreadable ({exc}), {fix}") from None
+        problem = validate_dump(data)
+        if problem:
+            raise DumpError(f"dump {path!r}: {problem}; {fix}")
+        rank = data["rank"]
+        if rank in dumps:
+            raise DumpError(f"dump {path!r}: rank {rank} again (also in {where[rank]!r}); "
+                            "remove the dump of the other job")
+        dumps[rank], where[rank] = data, path
     return dumps
 
 
+def _raised(reason: str) -> Optional[tuple[str, Optional[str]]]:
+    """(exception type, op or None) when the dump says the rank raised."""
+    m = _RAISED_RE.match(reason)
+    if m:
+        return m.group("exc"), m.group("op")
+    m = _UNCAUGHT_RE.match(reason)
+    if m:
+        return m.group("exc"), None
+    return None
+
+
+def classify(dumps: dict[int, dict]) -> dict:
+    """Crash or hang, from every rank's dump reason and in-flight collectives.
+
+    Returns:
+        dict: ``kind`` (``"crash"`` / ``"hang"`` / ``"none"``), ``raised``
+        (rank -> {"exception", "op", "collective"}) and ``lines`` (the verdict).
+    """
+    states = {rank: RankState.from_dump(d) for rank, d in dumps.items()}
+    world = max([int(d.get("world_size") or 0) for d in dumps.values()] + [0])
+    raised = {}
+    for rank, data in sorted(dumps.items()):
+        hit = _raised(data["reason"])
+        if hit is None:
+            continue
+        state = states[rank]
+        coll = describe_collective(state.in_flight[0]) if state.in_flight else None
+        op = state.in_flight[0]["op"] if state.in_flight else hit[1]
+        raised[rank] = {"exception": hit[0], "op": op, "collective": coll}
+    if not raised:
+        lines = diagnose(states, world or None)
+        kind = "none" if lines[:1] == ["no rank is waiting in a collective of the optimizer"] \
+            else "hang"
+        return {"kind": kind, "raised": {}, "lines": lines}
+    groups: dict[tuple, list[int]] = {}
+    for rank, r in raised.items():
+        groups.setdefault((r["exception"], r["op"]), []).append(rank)
+
+    def what(exc: str, op: Optional[str]) -> str:
+        return f"{exc} in op {op}" if op else f"{exc} outside any collective"
+
+    everyone = len(raised) == len(dumps) and (not world or len(dumps) == world)
+    if everyone and len(groups) == 1:
+        (exc, op), _ = next(iter(groups.items()))
+        lines = [f"not a hang: every rank raised {what(exc, op)}"]
+    else:
+        parts = "; ".join(f"{_ranks(ranks)} raised {what(exc, op)}"
+                          for (exc, op), ranks in groups.items())
+        lines = [f"not a hang: {'every rank raised' if everyone else 'a crash'}: {parts}"]
+    for rank, r in raised.items():
+        lines.append(f"  rank {rank} raised {r['exception']}"
+                     + (f" in {r['collective']}" if r["collective"] else "")
+                     + f"; its dump: {dumps[rank]['reason']}")
+    rest = {rank: st for rank, st in states.items() if rank not in raised}
+    waiting = [rank for rank, st in sorted(rest.items()) if st.in_flight]
+    if waiting:
+        lines.append(f"  {_ranks(waiting)} then wait(s) in a collective for the rank(s) that "
+                     "raised; fix the exception, the rest follows from it")
+    if world:
+        missing = [r for r in range(world) if r not in dumps]
+        if missing:
+            lines.append(f"  no dump from {_ranks(missing)}")
+    return {"kind": "crash", "raised": raised, "lines": lines}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
 def report(dumps: dict[int, dict]) -> list[str]:
-    """Per-rank lines followed by :func:`diagnose`'s verdict.
+    """Per-rank lines followed by the verdict (:func:`classify`).
 
     Args:
         dumps (dict): rank -> dump data, as :func:`load_dumps` returns.
@@ -93,40 +288,64 @@ def report(dumps: dict[int, dict]) -> list[str]:
     Returns:
         list[str]: the report lines.
     """
+    return _report(dumps)[0]
+
+
+def _report(dumps: dict[int, dict]) -> tuple[list[str], dict]:
     world = max([int(d.get("world_size") or 0) for d in dumps.values()] + [0])
     lines = [f"flight recorder dumps: {len(dumps)} rank(s)"
              + (f" of {world}" if world else "")]
-    states = {}
     for rank, data in sorted(dumps.items()):
         state = RankState.from_dump(data)
-        states[rank] = state
         where = (f"in {describe_collective(state.in_flight[0])}" if state.in_flight
                  else "outside any collective")
         lines.append(f"  rank {rank} (pid {data.get('pid')}, {data.get('host')}): "
-                     f"phase {state.phase!r}, {where}; dumped on: {data.get('reason')}")
+                     f"{phase_text(state.phase)}, {where}; dumped on: {data.get('reason')}")
     times = [float(d.get("time") or 0.0) for d in dumps.values()]
     if max(times) - min(times) > STALE_SPREAD_S:
         lines.append(f"  note: the dumps were written {max(times) - min(times):.0f} s apart; "
                      "remove dumps left by an earlier job from the log dir")
-    lines.extend(diagnose(states, world or None))
-    return lines
+    verdict = classify(dumps)
+    lines.extend(verdict["lines"])
+    return lines, verdict
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "paddle-muon-ext hangs") -> int:
     """Entry point of ``paddle-muon-ext hangs``; returns the exit status."""
-    parser = argparse.ArgumentParser(
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: _main(argv, prog), json_mode="--json" in argv)
+
+
+def _main(argv: list, prog: str) -> int:
+    parser = ArgumentParser(
         prog=prog,
-        description="Name the rank(s) a hung job waits for, from the Muon optimizer's "
-                    "flight-recorder dumps.")
+        description="Name the rank(s) a hung job waits for - or, when ranks raised, the "
+                    "exception that ended the job - from the Muon optimizer's "
+                    "flight-recorder dumps. Exit 0 with a report, 2 on bad input.")
     parser.add_argument("log_dir", metavar="LOG_DIR",
                         help="directory the ranks dumped into (the launcher's --log_dir)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON on stdout")
     args = parser.parse_args(argv)
     try:
         dumps = load_dumps(args.log_dir)
     except DumpError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print("\n".join(report(dumps)))
+    lines, verdict = _report(dumps)
+    if args.json:
+        emit_result(json.dumps({
+            "verdict": verdict["kind"],
+            "raised": {str(r): v for r, v in verdict["raised"].items()},
+            "ranks": {str(r): {"pid": d.get("pid"), "host": d.get("host"),
+                               "phase": d.get("phase"), "reason": d["reason"],
+                               "in_flight": [e for e in d["entries"] if e.get("finish") is None]}
+                      for r, d in sorted(dumps.items())},
+            "world_size": max([int(d.get("world_size") or 0) for d in dumps.values()] + [0]),
+            "report": lines,
+        }, indent=1))
+    else:
+        print("\n".join(lines))
     return 0
 
 

@@ -77,6 +77,11 @@ class FlatPathPlan(HierarchicalCommPlan):
     """
 
     @staticmethod
+    def _check_gpus_per_node(gpus_per_node: Any) -> int:
+        # one card per node is a valid flat layout (the tools checked >= 1)
+        return int(gpus_per_node)
+
+    @staticmethod
     def _check_nodes(*_args: Any) -> None:
         return None
 
@@ -548,7 +553,8 @@ def predict_cluster(ccfg) -> Dict[str, Any]:
 
     Returns:
         dict: ``{"off": {...}, "on": {...}}`` with ``inter_node_bytes`` (every
-        collective of a step) and the Muon bytes per path.
+        collective of a step) and the Muon bytes per path; no ``"on"`` when
+        the run trains the flat path alone (``--group-call 0``).
     """
     from . import cluster
 
@@ -557,12 +563,15 @@ def predict_cluster(ccfg) -> Dict[str, Any]:
     params = [presets.ParamSpec(p["name"], tuple(p["shape"]), "float32", p["is_expert"],
                                 p["use_muon"])
               for p in cluster.tiny_moe_params(ccfg.hidden, ccfg.inner)]
+    group_call = getattr(ccfg, "group_call", "both") != "0"
     res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=cluster.WORKER_BUFFER_MB,
-                       params=params, backend="gloo", compare_rules=False)
+                       params=params, backend="gloo", compare_rules=False,
+                       group_call=group_call)
+    paths = (("off", "flat"), ("on", "hierarchical")) if group_call else (("off", "flat"),)
     return {
         tag: {"inter_node_bytes": res[path]["inter_node_bytes_all"],
               "muon_bytes": res[path]["inter_node_bytes"],
               "dense_muon_bytes": res[path]["by_colour"]["dense"]["inter_node_bytes"],
               "moe_muon_bytes": res[path]["by_colour"]["moe"]["inter_node_bytes"]}
-        for tag, path in (("off", "flat"), ("on", "hierarchical"))
+        for tag, path in paths
     }

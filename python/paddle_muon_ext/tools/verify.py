@@ -108,7 +108,8 @@ def add_verify_parser(sub) -> None:
                    help="sharding_configs.comm_overlap: backward hooks launch the reduces")
     v.add_argument("--unfused", action="store_true",
                    help="comm_buffer_size_MB <= 0: one reduce per parameter")
-    v.add_argument("--json", action="store_true", help="also print a JSON summary")
+    v.add_argument("--json", action="store_true",
+                   help="print only a JSON summary on stdout (progress and verdict go to stderr)")
 
 
 def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
@@ -449,7 +450,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
                          comm_overlap=args.comm_overlap, unfused=args.unfused)
     if args.json:
-        print(json.dumps(summary, indent=1))
+        from .guard import emit_result
+
+        emit_result(json.dumps(summary, indent=1))
     for problem in summary["problems"]:
         print(f"  {problem}")
     mode = "" if summary["mode"] == "data" else " mode=schedule-only"

@@ -359,7 +359,7 @@ class TestClusterHelpers(unittest.TestCase):
         with mock.patch.object(cluster, "probe_capability", return_value="needs root"), \
                 mock.patch("builtins.print") as printed:
             self.assertEqual(cluster.main(args), cluster.EXIT_UNAVAILABLE)
-        printed.assert_called_once_with("cluster unavailable: needs root")
+        printed.assert_called_once_with("error: cluster unavailable: needs root", file=sys.stderr)
         bad = parser.parse_args(["cluster", "--nodes", "2", "--procs-per-node", "2",
                                  "--ep", "3", "--moe-sharding", "2"])
         with mock.patch("builtins.print"):

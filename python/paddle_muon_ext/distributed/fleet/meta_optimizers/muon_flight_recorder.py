@@ -532,10 +532,15 @@ class RankState:
         )
 
 
+def phase_text(phase: str | None) -> str:
+    """``phase 'x'``, or ``outside any phase`` for None."""
+    return "outside any phase" if phase is None else f"phase {phase!r}"
+
+
 def describe_collective(e: Mapping) -> str:
     """``reduce #3 on group 7 [1, 3] (root 3, float32, numel 4096, phase 'x')``."""
     extra = [f"root {e['root']}"] if e.get("root") is not None else []
-    extra += [str(e.get("dtype")), f"numel {e.get('numel')}", f"phase {e.get('phase')!r}"]
+    extra += [str(e.get("dtype")), f"numel {e.get('numel')}", phase_text(e.get("phase"))]
     return (f"{e['op']} #{e['group_seq']} on group {e['group_id']} "
             f"{list(e['group_ranks'])} ({', '.join(extra)})")
 
@@ -586,7 +591,8 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         last = (describe_collective(state.last_finished) if state.last_finished
                 else "none recorded")
         note = f", {state.note}" if state.note else ""
-        lines.append(f"rank {p} is the rank the others wait for: in phase {state.phase!r}"
+        where = "outside any phase" if state.phase is None else f"in phase {state.phase!r}"
+        lines.append(f"rank {p} is the rank the others wait for: {where}"
                      f"{note}, it has not issued {describe_collective(awaited)}; "
                      f"its last finished collective: {last}")
     if not culprits:
