@@ -238,7 +238,8 @@ def classify(dumps: dict[int, dict]) -> dict:
         state = states[rank]
         coll = describe_collective(state.in_flight[0]) if state.in_flight else None
         op = state.in_flight[0]["op"] if state.in_flight else hit[1]
-        raised[rank] = {"exception": hit[0], "op": op, "collective": coll}
+        phase = state.in_flight[0].get("phase") if state.in_flight else None
+        raised[rank] = {"exception": hit[0], "op": op, "phase": phase, "collective": coll}
     if not raised:
         lines = diagnose(states, world or None)
         kind = "none" if lines[:1] == ["no rank is waiting in a collective of the optimizer"] \
@@ -246,18 +247,19 @@ def classify(dumps: dict[int, dict]) -> dict:
         return {"kind": kind, "raised": {}, "lines": lines}
     groups: dict[tuple, list[int]] = {}
     for rank, r in raised.items():
-        groups.setdefault((r["exception"], r["op"]), []).append(rank)
+        groups.setdefault((r["exception"], r["op"], r["phase"]), []).append(rank)
 
-    def what(exc: str, op: Optional[str]) -> str:
-        return f"{exc} in op {op}" if op else f"{exc} outside any collective"
+    def what(exc: str, op: Optional[str], phase: Optional[str]) -> str:
+        if not op:
+            return f"{exc} outside any collective"
+        return f"{exc} in op {op}" + (f" ({phase_text(phase)})" if phase else "")
 
     everyone = len(raised) == len(dumps) and (not world or len(dumps) == world)
     if everyone and len(groups) == 1:
-        (exc, op), _ = next(iter(groups.items()))
-        lines = [f"not a hang: every rank raised {what(exc, op)}"]
+        lines = [f"not a hang: every rank raised {what(*next(iter(groups)))}"]
     else:
-        parts = "; ".join(f"{_ranks(ranks)} raised {what(exc, op)}"
-                          for (exc, op), ranks in groups.items())
+        parts = "; ".join(f"{_ranks(ranks)} raised {what(*key)}"
+                          for key, ranks in groups.items())
         lines = [f"not a hang: {'every rank raised' if everyone else 'a crash'}: {parts}"]
     for rank, r in raised.items():
         lines.append(f"  rank {rank} raised {r['exception']}"

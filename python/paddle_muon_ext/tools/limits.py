@@ -169,7 +169,8 @@ def check_shape(where: str, shape: Any, use_muon: Optional[bool]) -> tuple:
     for d in shape:
         if isinstance(d, bool) or not isinstance(d, int):
             raise InputError(f"{where} shape", _short(shape),
-                             f"dimension {_short(d, 40)} is not an integer", fix)
+                             f"dimension {_short(d, 40) if isinstance(d, (list, dict)) else repr(d)[:40]} "
+                             "is not an integer", fix)
         if not 1 <= d <= LIMITS.dim:
             raise InputError(f"{where} shape", _short(shape), f"dimension {d} is outside "
                              f"1..{LIMITS.dim}", fix)
@@ -243,7 +244,8 @@ def _entry(path: str, index: int, obj: Any) -> dict:
                              "write true or false")
     dtype = obj.get("dtype", "float32")
     if not isinstance(dtype, str) or dtype not in _DTYPES:
-        raise InputError(f"{where} dtype", _short(dtype), "is not a known dtype",
+        raise InputError(f"{where} dtype", repr(dtype) if isinstance(dtype, str) and
+                         len(dtype) <= 40 else _short(dtype), "is not a known dtype",
                          f"use one of {', '.join(_DTYPES)}")
     return {"name": obj["name"], "shape": check_shape(where, obj["shape"], use_muon),
             "dtype": dtype, "is_expert": bool(obj.get("is_expert", False)),

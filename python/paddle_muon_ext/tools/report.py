@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Tuple
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
 from .cost_model import KINDS
 
-__all__ = ["format_table", "draw_png", "render_png"]
+__all__ = ["format_table", "draw_png", "plan_figure", "render_png"]
 
 
 def _fmt_bytes(n: float) -> str:
@@ -154,7 +154,24 @@ def format_table(res: Dict[str, Any]) -> str:
 
 
 def render_png(res: Dict[str, Any]) -> bytes:
-    """The nodes x cards picture of :func:`compute_plan`'s result, as PNG bytes.
+    """:func:`plan_figure` as PNG bytes (written by the caller, so a full disk
+    is reported by the caller as one error line)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed: the figure goes to a file
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(res)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plan_figure(res: Dict[str, Any]):
+    """The nodes x cards picture of :func:`compute_plan`'s result (a matplotlib Figure).
 
     One cell per rank: its colour is the dense Muon parameter MiB the rank
     owns (what crosses its rail), on a scale fitted to the data; its text is
@@ -163,11 +180,6 @@ def render_png(res: Dict[str, Any]) -> bytes:
     line labelled with the Muon bytes its card's rail sends per step; every
     pipeline stage (sharding group) is outlined. The legend says all of it.
     """
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch, Rectangle
@@ -202,17 +214,22 @@ def render_png(res: Dict[str, Any]) -> bytes:
                 ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
                 ax.plot([c + 0.36] * len(ys), ys, "-o", color=cmap(c % cmap.N), lw=1.8, ms=3,
                         alpha=0.9)
-                ax.text(c + 0.42, (min(ys) + max(ys)) / 2, _fmt_bytes(rails[c]), rotation=90,
-                        ha="left", va="center", fontsize=5.5, color=cmap(c % cmap.N))
+                if plan.pp_degree == 1:  # with stages the rail total is under the card
+                    ax.text(c + 0.42, (min(ys) + max(ys)) / 2, _fmt_bytes(rails[c]),
+                            rotation=90, ha="left", va="center", fontsize=5.5,
+                            color=cmap(c % cmap.N))
         handles.append(Line2D([], [], color="tab:blue", marker="o", ms=3, lw=1.8,
-                              label="same-card group; label: Muon bytes its rail sends/step"
-                              + (" (all stages)" if plan.pp_degree > 1 else "")))
+                              label="same-card group (cross-node step); bytes: what its "
+                              "card's rail sends per step"))
     for stage in range(plan.pp_degree):
         stage_nodes = plan.nodes_of_stage(stage)
         # inset so the outline is not hidden under the axes frame
         ax.add_patch(Rectangle((-0.46, min(stage_nodes) - 0.46), gpn - 0.08,
                                len(stage_nodes) - 0.08, fill=False, ec="crimson", lw=2.2,
                                ls="--", zorder=5))
+        if plan.pp_degree > 1:
+            ax.text(-0.44, min(stage_nodes) - 0.44, f"stage {stage}", ha="left", va="top",
+                    fontsize=6, color="crimson", zorder=6)
     handles.append(Line2D([], [], color="crimson", lw=2.2, ls="--",
                           label="pipeline stage (its sharding group)"))
     ax.set_xticks(range(gpn))
@@ -235,10 +252,7 @@ def render_png(res: Dict[str, Any]) -> bytes:
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1,
               fontsize=6.5, frameon=False)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def draw_png(res: Dict[str, Any], path: str) -> None:
