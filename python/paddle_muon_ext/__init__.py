@@ -22,12 +22,18 @@ training script imports Muon; from then on code written for Paddle develop
 import importlib
 import importlib.util
 
-if importlib.util.find_spec("paddle") is None:  # pragma: no cover - only without paddle
-    raise ImportError(
-        "paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
-        "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel."
-    )
 
+def _paddle_missing() -> bool:
+    try:
+        return importlib.util.find_spec("paddle") is None
+    except (ImportError, ValueError):  # a broken or blocked paddle entry
+        return True
+
+
+# Without Paddle the package still imports, so that ``paddle-muon-ext --help``
+# works anywhere; the first name that needs Paddle raises this message.
+_NEEDS_PADDLE = ("paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
+                 "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel.")
 # Importing paddle takes seconds: the names below load on first use, so the
 # command-line tools answer a bad argument before paddle is imported.
 _LAZY = {
@@ -46,6 +52,8 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'paddle_muon_ext' has no attribute {name!r}")
+    if _paddle_missing():
+        raise ImportError(_NEEDS_PADDLE, name="paddle")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -1,0 +1,363 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``paddle-muon-ext`` behaves like a command-line tool (issue 18, item 5).
+
+Run as a user would, in a fresh process: help anywhere (no checkout, no
+Paddle), one ``error:`` line for a missing Paddle or matplotlib, ``--json``
+that parses, stdout that cannot be written, ``plan --no-group-call`` on any
+layout, and a plan picture that explains itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stderr, redirect_stdout
+from unittest import mock
+
+from tool_loader import REPO_ROOT
+
+from paddle_muon_ext import cli
+from paddle_muon_ext.tools import cluster, guard
+
+PACKAGE = os.path.join(REPO_ROOT, "python")
+LAYOUT = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--model", "tiny"]
+# Starts the console script with some modules made unimportable (as when
+# they are not installed): ``python -c BOOT "paddle,matplotlib" ARGS...``.
+BOOT = ("import sys\n"
+        "for name in sys.argv[1].split(','):\n"
+        "    if name:\n"
+        "        sys.modules[name] = None\n"
+        "from paddle_muon_ext.cli import main\n"
+        "sys.exit(main(sys.argv[2:]))\n")
+
+
+def console(*argv: str, blocked: str = "", path: str = PACKAGE, stdout=subprocess.PIPE,
+            cwd: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PADDLE_LOCAL_SIZE"}
+    env["PYTHONPATH"] = path
+    return subprocess.run([sys.executable, "-c", BOOT, blocked, *argv], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=300, env=env, cwd=cwd)
+
+
+def error_lines(stderr: str) -> list:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+
+
+class TestHelpAnywhere(unittest.TestCase):
+    def test_top_level_help_lists_every_command_once(self) -> None:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(cli.main(["--help"]), 0)
+        lines = out.getvalue().splitlines()
+        for name in ("plan", "verify", "cluster", "hangs", "demo"):
+            rows = [ln for ln in lines if ln.split()[:1] == [name]]
+            self.assertEqual(len(rows), 1, f"{name} must have one line in --help:\n{out.getvalue()}")
+            self.assertGreater(len(rows[0].split()), 3, f"{name} has no description")
+        with redirect_stdout(io.StringIO()), redirect_stderr(err):
+            self.assertEqual(cli.main([]), 2, "no command is a usage error")
+        self.assertIn("commands:", err.getvalue())
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(cli.main(["plam"]), 2)
+        self.assertEqual(error_lines(err.getvalue()), [
+            "error: unknown command 'plam'; use one of plan, verify, cluster, hangs, demo "
+            "(paddle-muon-ext --help)"])
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(cli.main(["--version"]), 0)
+        self.assertTrue(out.getvalue().startswith("paddle-muon-ext "), out.getvalue())
+
+    def test_every_subcommand_help_without_checkout_or_paddle(self) -> None:
+        # The package alone, outside the checkout (as a wheel installs it),
+        # with Paddle not importable.
+        site = tempfile.mkdtemp(prefix="muon_cli_site_")
+        self.addCleanup(shutil.rmtree, site, True)
+        shutil.copytree(os.path.join(PACKAGE, "paddle_muon_ext"),
+                        os.path.join(site, "paddle_muon_ext"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for command in ("plan", "verify", "cluster", "hangs", "demo"):
+            with self.subTest(command=command):
+                proc = console(command, "--help", blocked="paddle", path=site, cwd=site)
+                self.assertEqual(proc.returncode, 0, f"{command} --help: {proc.stderr}")
+                self.assertIn("usage:", proc.stdout, command)
+                self.assertNotIn("Traceback", proc.stderr, command)
+        proc = console("verify", "--ep", "2", path=site, cwd=site)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("needs a source checkout", proc.stderr)
+
+
+class TestMissingPackages(unittest.TestCase):
+    def test_missing_paddle_is_one_line_naming_the_extra(self) -> None:
+        proc = console("plan", *LAYOUT, blocked="paddle")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertEqual(proc.stdout, "")
+        self.assertNotIn("Traceback", proc.stderr)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("error: PaddlePaddle is not installed"), lines)
+        self.assertIn('pip install ".[cpu]"', lines[0])
+
+    def test_png_without_matplotlib_is_refused_before_any_work(self) -> None:
+        d = tempfile.mkdtemp(prefix="muon_cli_png_")
+        self.addCleanup(shutil.rmtree, d, True)
+        proc = console("plan", *LAYOUT, "--png", os.path.join(d, "p.png"), blocked="matplotlib")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertEqual(proc.stdout, "", "no table: the refusal comes before the work")
+        self.assertEqual(len(error_lines(proc.stderr)), 1, proc.stderr)
+        self.assertIn('pip install ".[plot]"', proc.stderr)
+        self.assertEqual(os.listdir(d), [], "nothing written")
+
+    def test_setup_declares_the_plot_extra(self) -> None:
+        with open(os.path.join(REPO_ROOT, "setup.py")) as f:
+            text = f.read()
+        self.assertRegex(text, r'"plot":\s*\["matplotlib"\]')
+
+
+class TestJsonIsPure(unittest.TestCase):
+    def test_plan_and_hangs_json_parse_from_a_fresh_process(self) -> None:
+        for argv in (["plan", *LAYOUT, "--json"],
+                     ["plan", *LAYOUT, "--no-group-call", "--json"]):
+            with self.subTest(argv=argv):
+                proc = console(*argv)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                res = json.loads(proc.stdout)
+                self.assertEqual(res["world_size"], 8)
+
+    def test_verify_json_is_the_only_stdout(self) -> None:
+        proc = console("verify", "--ep", "2", "--moe-sharding", "2", "--gpus-per-node", "2",
+                       "--steps", "1", "--json")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        summary = json.loads(proc.stdout)
+        self.assertEqual(summary["status"], "PASS")
+        self.assertIn("[verify] schedule", proc.stderr, "progress goes to stderr")
+        self.assertIn("PASS ranks=4", proc.stderr, "the verdict line goes to stderr")
+
+    def test_cluster_json_when_unavailable_or_refused(self) -> None:
+        argv = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
+                "--moe-sharding", "2", "--json"]
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(cluster, "probe_capability", return_value="needs root"), \
+                redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(cli.main(argv), cluster.EXIT_UNAVAILABLE)
+        self.assertEqual(json.loads(out.getvalue())["status"], "UNAVAILABLE")
+        self.assertEqual(error_lines(err.getvalue()), ["error: cluster unavailable: needs root"])
+
+    def test_cluster_json_of_a_run_is_the_only_stdout(self) -> None:
+        argv = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
+                "--moe-sharding", "2", "--steps", "2", "--json"]
+
+        def fake_run(cfg, keep_logs=False):
+            print("[cluster] progress line")
+            result = cluster.ClusterResult(cfg, status="PASS")
+            result.steps = {(g, s): {"seconds": 0.5, "tx": 100, "rx": 0, "loss": 1.0}
+                            for g in (0, 1) for s in (1, 2)}
+            return result
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(cluster, "run_cluster", fake_run), \
+                redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(cli.main(argv), 0)
+        res = json.loads(out.getvalue())
+        self.assertEqual((res["status"], res["prediction"]["on"]["inter_node_bytes"] > 0),
+                         ("PASS", True))
+        self.assertIn("[cluster] progress line", err.getvalue())
+        self.assertTrue(err.getvalue().rstrip().endswith(
+            "on_predicted=" + str(round(res["prediction"]["on"]["inter_node_bytes"]))),
+            err.getvalue()[-300:])
+
+
+class TestStdoutThatCannotBeWritten(unittest.TestCase):
+    def test_full_device_is_one_error_line(self) -> None:
+        for argv in (["plan", *LAYOUT], ["plan", *LAYOUT, "--json"], ["--help"]):
+            with self.subTest(argv=argv), open("/dev/full", "w") as full:
+                proc = console(*argv, stdout=full)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertNotIn("Traceback", proc.stderr)
+                self.assertNotIn("Exception ignored", proc.stderr)
+                self.assertEqual(error_lines(proc.stderr), [
+                    "error: cannot write to stdout (No space left on device); write to a "
+                    "file or a device with space"])
+
+    def test_closed_stdout_and_broken_pipe_raise_nothing(self) -> None:
+        env = {**os.environ, "PYTHONPATH": PACKAGE}
+        closed = subprocess.run(
+            [sys.executable, "-c", BOOT, "", "plan", *LAYOUT, "--json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300,
+            env=env, preexec_fn=lambda: os.close(1))
+        self.assertNotIn("Traceback", closed.stderr)
+        self.assertEqual(closed.returncode, 0, closed.stderr)
+        reader = subprocess.Popen([sys.executable, "-c", BOOT, "", "plan", *LAYOUT],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        reader.stdout.close()  # the reader leaves at once, like `| head -0`
+        err = reader.stderr.read().decode()
+        reader.stderr.close()
+        self.assertEqual(reader.wait(timeout=300), guard.EXIT_BROKEN_PIPE, err)
+        self.assertNotIn("Traceback", err)
+        self.assertNotIn("Exception ignored", err)
+
+    def test_unexpected_exception_is_one_line(self) -> None:
+        def boom() -> int:
+            raise KeyError("x")
+
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(guard.guarded(boom), 2)
+        lines = err.getvalue().splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith("error: unexpected KeyError: 'x'; this is a bug"))
+        for exc, text in ((RecursionError(), "nested too deeply"),
+                          (MemoryError(), "out of memory"),
+                          (KeyboardInterrupt(), "interrupted")):
+            err = io.StringIO()
+
+            def raise_it(exc=exc) -> int:
+                raise exc
+
+            with redirect_stderr(err):
+                code = guard.guarded(raise_it)
+            self.assertEqual(code, 130 if isinstance(exc, KeyboardInterrupt) else 2)
+            self.assertIn(text, err.getvalue())
+        err = io.StringIO()
+        with redirect_stderr(err), mock.patch.dict(os.environ, {guard.TRACEBACK_ENV: "1"}):
+            guard.guarded(boom)
+        self.assertIn("Traceback", err.getvalue(), "the opt-in traceback for a bug report")
+        with redirect_stderr(io.StringIO()):
+            self.assertEqual(guard.guarded(lambda: "failed"), 1, "sys.exit('text') is 1")
+
+
+class TestPlanAnyLayout(unittest.TestCase):
+    def _plan(self, *argv: str) -> dict:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli.main(["plan", *argv, "--json"])
+        self.assertEqual(code, 0, err.getvalue())
+        return json.loads(out.getvalue())
+
+    def test_flat_path_of_single_node_and_one_card_layouts(self) -> None:
+        base = ["--ep", "4", "--moe-sharding", "2", "--model", "tiny"]
+        spread = self._plan(*base, "--gpus-per-node", "2")  # 4 nodes: both paths
+        one_node = self._plan(*base, "--gpus-per-node", "8", "--no-group-call")
+        one_card = self._plan(*base, "--gpus-per-node", "1", "--no-group-call")
+        for res, nodes in ((one_node, 1), (one_card, 8)):
+            self.assertEqual(res["num_nodes"], nodes)
+            self.assertIsNone(res["hierarchical"])
+            self.assertFalse(res["config"]["group_call"])
+            # The flat path ignores the node layout: same collectives, same bytes.
+            for key in ("collectives_per_step", "collectives_total"):
+                self.assertEqual(res["flat"][key], spread["flat"][key], (nodes, key))
+        total = spread["flat"]["inter_node_bytes_all"] + spread["flat"]["intra_node_bytes_all"]
+        self.assertGreater(total, 0)
+        # One node: no byte leaves it. One card per node: every byte does.
+        self.assertEqual(one_node["flat"]["inter_node_bytes_all"], 0)
+        self.assertEqual(one_node["flat"]["intra_node_bytes_all"], total)
+        self.assertEqual(one_card["flat"]["intra_node_bytes_all"], 0)
+        self.assertEqual(one_card["flat"]["inter_node_bytes_all"], total)
+
+    def test_table_of_the_flat_path_and_the_refusal_names_the_flag(self) -> None:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(cli.main(["plan", "--ep", "4", "--moe-sharding", "2",
+                                       "--gpus-per-node", "1", "--model", "tiny",
+                                       "--no-group-call"]), 0)
+        text = out.getvalue()
+        self.assertIn("flat path only (--no-group-call", text)
+        self.assertNotIn("hierarchical", text.split("flat path only")[1].split("\n", 1)[1])
+        self.assertIn("partition rule upstream_greedy", text)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(cli.main(["plan", "--ep", "4", "--moe-sharding", "2",
+                                       "--gpus-per-node", "8", "--model", "tiny"]), 2)
+        self.assertIn("plan --no-group-call shows the flat path", err.getvalue())
+
+
+class TestPlanPicture(unittest.TestCase):
+    def setUp(self) -> None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:  # pragma: no cover - the [test] extra installs it
+            self.skipTest("matplotlib not installed")
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        self.res = compute_plan(MuonCommConfig(ep=8, moe_sharding=2, pp=2, gpus_per_node=4,
+                                               order=("pipe", "moe_sharding", "expert"),
+                                               model="tiny"))
+
+    def _figure(self, res):
+        import matplotlib.pyplot as plt
+
+        from paddle_muon_ext.tools.report import plan_figure
+
+        fig = plan_figure(res)
+        self.addCleanup(plt.close, fig)
+        return fig
+
+    def test_legend_scale_outlines_and_rail_bytes(self) -> None:
+        from matplotlib.patches import Rectangle
+
+        fig = self._figure(self.res)
+        ax = fig.axes[0]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        self.assertTrue(any("D<n> dense / E<n> expert" in t for t in legend), legend)
+        self.assertTrue(any("pipeline stage" in t for t in legend), legend)
+        self.assertTrue(any("same-card group" in t for t in legend), legend)
+        owned = self.res["owned_by_colour"]["hierarchical"]["dense_param_bytes"]
+        scale = 2**10 if max(owned) < 2**20 else 2**20
+        low, high = ax.images[0].get_clim()
+        self.assertAlmostEqual(low, min(owned) / scale, places=9, msg="scale starts at the data")
+        self.assertAlmostEqual(high, max(owned) / scale, places=9, msg="scale ends at the data")
+        outlines = [p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
+        self.assertEqual(len(outlines), 2, "one outline per pipeline stage")
+        for p in outlines:  # inside the axes, so the frame does not hide it
+            self.assertGreater(p.get_x(), -0.5)
+            self.assertGreaterEqual(p.get_linewidth(), 2)
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        rails = self.res["hierarchical"]["rail_bytes"]
+        self.assertEqual(len(ticks), 4)
+        for c, text in enumerate(ticks):
+            kib = rails[c] / 1024
+            self.assertEqual(text, f"card {c}\n{kib:.2f} KiB", "rail bytes under each card")
+        cells = [t.get_text() for t in ax.texts if t.get_text().startswith("r")]
+        detail = self.res["owned_by_colour"]["hierarchical"]
+        self.assertIn(f"r5\nD{detail['dense'][5]} E{detail['moe'][5]}", cells)
+
+    def test_same_card_lines_carry_their_bytes_and_flat_has_none(self) -> None:
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        res = compute_plan(MuonCommConfig(ep=8, moe_sharding=2, pp=1, gpus_per_node=4,
+                                          model="tiny"))
+        ax = self._figure(res).axes[0]
+        labels = [t.get_text() for t in ax.texts if t.get_rotation() == 90]
+        want = [f"{b / 1024:.2f} KiB" for b in res["hierarchical"]["rail_bytes"]]
+        self.assertEqual(labels, want, "each same-card line labelled with its rail bytes")
+        flat = compute_plan(MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=8,
+                                           model="tiny"), group_call=False)
+        ax = self._figure(flat).axes[0]
+        self.assertEqual(ax.get_lines(), [], "no same-card lines on the flat path")
+        self.assertIn("flat path", ax.get_title())
+        data = __import__("paddle_muon_ext.tools.report", fromlist=["render_png"]).render_png(
+            flat)
+        self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
