@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
@@ -33,6 +34,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_record
 from paddle_muon_ext.tools import hangs
 
 CULPRIT = "is the rank the others wait for"
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB_WORKER = os.path.join(HERE, "hangs_job_worker.py")
+RAISED = "reduce on group [0, 1] (phase 'cross_node_reduce') raised RuntimeError: boom"
 
 
 def _entry(op, gid, ranks, group_seq, phase, finished, root=None, seq=0):
@@ -59,9 +63,10 @@ class TestHangsTool(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
 
     def _write(self, rank: int, state: fr.RankState, reason: str = "SIGUSR1",
-               when: float = 1000.0) -> None:
+               when: float = 1000.0, world: int = 4) -> None:
         entries = list(state.in_flight) + ([state.last_finished] if state.last_finished else [])
-        data = {"format": fr.DUMP_FORMAT, "rank": rank, "world_size": 4, "pid": 1, "host": "h",
+        data = {"format": fr.DUMP_FORMAT, "rank": rank, "world_size": world, "pid": 1,
+                "host": "h",
                 "reason": reason, "phase": state.phase, "entries": entries, "time": when,
                 "issued": [{"group_id": k[0], "group_ranks": list(k[1]), "count": n}
                            for k, n in state.issued.items()]}
@@ -102,6 +107,61 @@ class TestHangsTool(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("unreadable", err)
 
+    def test_every_rank_raised_is_a_crash_not_a_deadlock(self) -> None:
+        # Both ranks sit in the same reduce, which every peer issued: the old
+        # verdict called this "ranks wait on each other".
+        e = _entry("reduce", 1, [0, 1], 3, "cross_node_reduce", False, root=0)
+        for rank in (0, 1):
+            self._write(rank, fr.RankState(rank, None, [dict(e)], {(1, (0, 1)): 4}),
+                        reason="uncaught RuntimeError: boom", world=2)
+        code, out, _ = self._run([self.dir])
+        self.assertEqual(code, 0)
+        self.assertIn("not a hang: every rank raised RuntimeError in op reduce "
+                      "(phase 'cross_node_reduce')", out)
+        self.assertNotIn("wait on each other", out)
+        self.assertNotIn("phase None", out)
+        self.assertIn("rank 0 (pid 1, h): outside any phase, in reduce #3", out)
+        code, out, _ = self._run([self.dir, "--json"])
+        res = json.loads(out)
+        self.assertEqual(res["verdict"], "crash")
+        self.assertEqual(res["raised"]["1"]["exception"], "RuntimeError")
+        self.assertEqual(res["raised"]["1"]["op"], "reduce")
+
+    def test_one_rank_raised_the_others_wait(self) -> None:
+        e = _entry("reduce", 1, [0, 1], 3, "cross_node_reduce", False, root=0)
+        self._write(0, fr.RankState(0, "cross_node_reduce", [dict(e)], {(1, (0, 1)): 4}),
+                    reason=RAISED)
+        self._write(1, fr.RankState(1, "cross_node_reduce", [dict(e)], {(1, (0, 1)): 4}),
+                    reason=f"requested by rank 0: {RAISED}")
+        self._write(2, fr.RankState(2, None, [], {}), reason="uncaught ValueError: bad")
+        code, out, _ = self._run([self.dir])
+        self.assertEqual(code, 0)
+        self.assertIn("not a hang: a crash: rank 0 raised RuntimeError in op reduce "
+                      "(phase 'cross_node_reduce'); rank 2 raised ValueError outside any "
+                      "collective", out)
+        self.assertIn("rank 1 then wait(s) in a collective", out)
+        self.assertIn("no dump from rank 3", out)
+
+    def test_every_rank_raised_different_things(self) -> None:
+        for rank, reason in ((0, "uncaught KeyError: 'x'"), (1, "uncaught OSError: gone")):
+            self._write(rank, fr.RankState(rank, None, [], {}), reason=reason, world=2)
+        with mock.patch.object(hangs, "STALE_SPREAD_S", 1e9):
+            out = "\n".join(hangs.report(hangs.load_dumps(self.dir)))
+        self.assertIn("not a hang: every rank raised: rank 0 raised KeyError outside any "
+                      "collective; rank 1 raised OSError outside any collective", out)
+
+    def test_nobody_waiting_and_hang_json(self) -> None:
+        self._write(0, fr.RankState(0, None, [], {}))
+        code, out, _ = self._run([self.dir, "--json"])
+        self.assertEqual((code, json.loads(out)["verdict"]), (0, "none"))
+        for rank, state in _two_rank_states().items():
+            self._write(rank, state)
+        os.remove(fr.dump_path(self.dir, 0))
+        code, out, _ = self._run([self.dir, "--json"])
+        res = json.loads(out)
+        self.assertEqual((res["verdict"], res["raised"]), ("hang", {}))
+        self.assertTrue(any(CULPRIT in line for line in res["report"]), res["report"])
+
     def test_entry_points(self) -> None:
         for rank, state in _two_rank_states().items():
             self._write(rank, state)
@@ -116,6 +176,60 @@ class TestHangsTool(unittest.TestCase):
                 [os.path.join(REPO_ROOT, "python"), os.environ.get("PYTHONPATH", "")])})
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn(f"rank 3 {CULPRIT}", proc.stdout)
+
+
+class TestRealGlooJobs(unittest.TestCase):
+    """``hangs`` on the dumps of real gloo jobs (2 and 4 processes) that crash or hang."""
+
+    def _job(self, mode: str, nproc: int) -> tuple:
+        sys.path.insert(0, os.path.join(REPO_ROOT, "test", "collective", "fleet"))
+        from launch_utils import run_paddle_launch
+
+        log_dir = tempfile.mkdtemp(prefix=f"muon_hangs_{mode}{nproc}_")
+        self.addCleanup(shutil.rmtree, log_dir, True)
+        env = {"HANGS_JOB_MODE": mode, fr.ENV_TIMEOUT: "3",
+               "PYTHONPATH": os.pathsep.join([os.path.join(REPO_ROOT, "python"),
+                                              os.environ.get("PYTHONPATH", "")])}
+        if nproc == 4:
+            env["PADDLE_LOCAL_SIZE"] = "2"  # 2 emulated nodes x 2 cards: option on
+
+        def every_rank_dumped(d: str) -> bool:
+            return mode == "hang" and len(glob.glob(
+                os.path.join(d, f"{fr.DUMP_PREFIX}*.json"))) >= nproc
+
+        result = run_paddle_launch(JOB_WORKER, nproc, env=env, timeout_s=240, log_dir=log_dir,
+                                   stop_when=every_rank_dumped, keep_log_dir=True)
+        if mode == "hang":
+            self.assertTrue(result.stopped, result.failure_message())
+            import time
+
+            time.sleep(0.5)  # a dump still being renamed into place
+        else:
+            self.assertNotEqual(result.returncode, 0, "the job must fail")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            code = hangs.main([log_dir])
+        self.assertEqual(code, 0, out.getvalue())
+        return out.getvalue(), result
+
+    def test_crash_and_hang_on_2_and_4_processes(self) -> None:
+        for nproc in (2, 4):
+            with self.subTest(mode="crash", nproc=nproc):
+                out, result = self._job("crash", nproc)
+                verdicts = [ln for ln in out.splitlines() if not ln.startswith(" ")][1:]
+                self.assertEqual(len(verdicts), 1, out)
+                self.assertTrue(verdicts[0].startswith(
+                    "not a hang: every rank raised RuntimeError in op reduce (phase '"), out)
+                self.assertNotIn(CULPRIT, out)
+                self.assertNotIn("wait on each other", out)
+                self.assertNotIn("phase None", out)
+            with self.subTest(mode="hang", nproc=nproc):
+                out, result = self._job("hang", nproc)
+                self.assertNotIn("not a hang", out)
+                culprit = [ln for ln in out.splitlines() if CULPRIT in ln]
+                self.assertEqual(len(culprit), 1, out)
+                self.assertTrue(culprit[0].startswith(f"rank {nproc - 1} {CULPRIT}"), out)
+                self.assertIn(f"rank {nproc - 1} stalls", result.worker_logs[nproc - 1])
 
 
 if __name__ == "__main__":

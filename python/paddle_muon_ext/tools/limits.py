@@ -138,9 +138,8 @@ def check_writable(what: str, path: str) -> str:
 def png_path(path: str) -> str:
     """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib does);
     an existing device or pipe (``/dev/null``) keeps its name."""
-    if os.path.splitext(path)[1] or (os.path.exists(path) and not os.path.isfile(path)
-                                     and not os.path.isdir(path)):
-        return path
+    if os.path.splitext(path)[1] or (os.path.exists(path) and not os.path.isfile(path)):
+        return path  # a directory is refused by check_writable
     return path + ".png"
 
 

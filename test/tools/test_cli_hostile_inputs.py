@@ -1,0 +1,238 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""A table of hostile inputs to every subcommand: each is refused with exactly
+one ``error:`` line on stderr, exit 2, nothing on stdout and no traceback.
+
+Run in-process through the console script's ``main`` (the same path as the
+installed ``paddle-muon-ext``); none of them starts any work.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+import unittest
+from contextlib import redirect_stderr, redirect_stdout
+from unittest import mock
+
+from paddle_muon_ext import cli
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+
+LAYOUT = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2"]
+CLUSTER = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
+           "--moe-sharding", "2"]
+
+
+def _dump(rank: int = 0, **change) -> dict:
+    entry = {"seq": 0, "group_seq": 0, "phase": "p", "op": "reduce", "group_id": 1,
+             "group_ranks": [0, 1], "root": 0, "dtype": "float32", "numel": 8,
+             "start": 1.0, "finish": None}
+    data = {"format": fr.DUMP_FORMAT, "rank": rank, "world_size": 2, "pid": 1, "host": "h",
+            "time": 1.0, "reason": "SIGUSR1", "phase": None, "entries": [entry],
+            "issued": [{"group_id": 1, "group_ranks": [0, 1], "count": 1}]}
+    for key, value in change.items():
+        if key.startswith("entry_"):
+            entry[key[len("entry_"):]] = value
+        elif key.startswith("issued_"):
+            data["issued"][0][key[len("issued_"):]] = value
+        else:
+            data[key] = value
+    return data
+
+
+class TestHostileInputs(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="muon_hostile_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        env = mock.patch.dict(os.environ)
+        env.start()
+        self.addCleanup(env.stop)
+        os.environ.pop("PADDLE_LOCAL_SIZE", None)
+
+    def _file(self, name: str, content, binary: bool = False) -> str:
+        path = os.path.join(self.dir, name)
+        with open(path, "wb" if binary else "w") as f:
+            f.write(content if binary or isinstance(content, str) else json.dumps(content))
+        return path
+
+    def _dumps(self, name: str, *dumps, raw: str | None = None) -> str:
+        d = os.path.join(self.dir, name)
+        os.makedirs(d)
+        if raw is not None:
+            with open(fr.dump_path(d, 0), "w") as f:
+                f.write(raw)
+        for i, data in enumerate(dumps):
+            with open(os.path.join(d, f"{fr.DUMP_PREFIX}{i}.json"), "w") as f:
+                json.dump(data, f)
+        return d
+
+    def assert_refused(self, argv, fragment: str) -> None:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli.main(argv)
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        self.assertEqual(code, 2, f"{argv}: exit {code}, stderr {err.getvalue()[-500:]}")
+        self.assertEqual(out.getvalue(), "", f"{argv}: stdout must stay empty")
+        self.assertNotIn("Traceback", err.getvalue(), argv)
+        self.assertEqual(len(lines), 1, f"{argv}: one line expected, got {lines}")
+        self.assertTrue(lines[0].startswith("error: "), f"{argv}: {lines[0]}")
+        self.assertIn(fragment, lines[0], f"{argv}: {lines[0]}")
+        self.last_error = lines[0]
+
+    def test_plan(self) -> None:
+        deep = self._file("deep.json", "[" * 100000 + "]" * 100000)
+        deep_name = self._file("deep_name.json", '[{"name": ' + "[" * 900 + "]" * 900 + "}]")
+        deep_shape = self._file("deep_shape.json",
+                                '[{"name": "w", "shape": ' + "[" * 900 + "]" * 900 + "}]")
+        long_name = self._file("long.json", [{"name": "w" * 100000, "shape": [0]}])
+        cases = [
+            (["plan", "--ep", "x", *LAYOUT[2:]], "argument --ep: invalid int value: 'x'"),
+            (["plan", *LAYOUT, "--bogus"], "unrecognized arguments: --bogus"),
+            (["plan", "--moe-sharding", "2", "--gpus-per-node", "2"], "required: --ep"),
+            (["plan", *LAYOUT, "--ep", "0"], "--ep 0: must be >= 1"),
+            (["plan", *LAYOUT, "--gpus-per-node", "-8"], "--gpus-per-node -8: must be >= 1"),
+            (["plan", *LAYOUT, "--order", "ep,ep,pp"], "must name each of"),
+            (["plan", *LAYOUT, "--order", "dp"], "unknown axis 'dp'"),
+            (["plan", *LAYOUT, "--nodes", "0"], "--nodes must be >= 1"),
+            (["plan", *LAYOUT, "--nodes", "3"], "--nodes 3 x --gpus-per-node 2 = 6 ranks"),
+            (["plan", *LAYOUT, "--model", "nope"], "--model 'nope': is neither a preset"),
+            (["plan", *LAYOUT, "--model", ""], "--model '': is neither a preset"),
+            (["plan", *LAYOUT, "--model", "a\x00b.json"], "is not a usable path"),
+            (["plan", *LAYOUT, "--model", deep], "is nested too deeply to read"),
+            (["plan", *LAYOUT, "--model", deep_name], "needs a non-empty string 'name'"),
+            (["plan", *LAYOUT, "--model", deep_shape], "is not an integer"),
+            (["plan", *LAYOUT, "--model", long_name], "w" * 50 + "...'"),
+            (["plan", *LAYOUT, "--model", self._file("e.json", "")], "is not valid JSON"),
+            (["plan", *LAYOUT, "--model", self._file("n.json", "null")], "holds no parameter"),
+            (["plan", *LAYOUT, "--model", self._file("b.json", b"\xff\xfe", True)],
+             "is not UTF-8 text"),
+            (["plan", *LAYOUT, "--model", self._file("d.json", [{"name": "w", "shape": [2],
+                                                                  "dtype": ["x"]}])],
+             'dtype ["x"]: is not a known dtype'),
+            (["plan", *LAYOUT, "--png", ""], "--png '': is an empty file name"),
+            (["plan", *LAYOUT, "--png", "   "], "is an empty file name"),
+            (["plan", *LAYOUT, "--png", self.dir], "is a directory"),
+            (["plan", *LAYOUT, "--png", "/nonexistent_dir/p.png"], "does not exist"),
+            (["plan", *LAYOUT, "--alpha-net", "inf"], "must be a finite number"),
+            (["plan", *LAYOUT, "--beta-net=-1e-9"], "must be > 0"),
+            (["plan", *LAYOUT, "--buffer-size-MB", "-1"], "--buffer-size-MB -1: must be >= 0"),
+            (["plan", *LAYOUT, "--buffer-size-MB", "0", "--comm-overlap"],
+             "--comm-overlap needs fused gradient buffers"),
+            (["plan", *LAYOUT, "--partition", "random"], "invalid choice: 'random'"),
+            (["plan", *LAYOUT, "--backend", "mpi"], "invalid choice: 'mpi'"),
+            (["plan", *LAYOUT, "--gpus-per-node", "8"], "plan --no-group-call shows"),
+            (["plan", *LAYOUT, "--gpus-per-node", "3", "--no-group-call"],
+             "is not a multiple of --gpus-per-node 3"),
+        ]
+        for argv, fragment in cases:
+            with self.subTest(argv=argv[:12]):
+                self.assert_refused(argv, fragment)
+
+    def test_png_onto_a_full_disk(self) -> None:
+        self.assert_refused(["plan", *LAYOUT, "--model", "tiny", "--png", "/dev/full"],
+                            "--png /dev/full: cannot be written (No space left on device)")
+
+        def full(*_a, **_k):
+            raise OSError(28, "No space left on device")
+
+        png = os.path.join(self.dir, "p.png")
+        with mock.patch("paddle_muon_ext.tools.cli.open", full, create=True):
+            self.assert_refused(["plan", *LAYOUT, "--model", "tiny", "--png", png],
+                                f"--png {png}: cannot be written (No space left on device)")
+
+    def test_verify(self) -> None:
+        cases = [
+            (["verify", *LAYOUT, "--steps", "0"], "--steps 0: must be >= 1"),
+            (["verify", *LAYOUT, "--steps", "1e3"], "invalid int value: '1e3'"),
+            (["verify", *LAYOUT, "--data-max-ranks", "-1"], "must be >= 0"),
+            (["verify", *LAYOUT, "--model", "tiny"], "verify trains only"),
+            (["verify", *LAYOUT, "--comm-overlap", "--unfused"], "needs fused buffers"),
+            (["verify", *LAYOUT, "--gpus-per-node", "8"], "lies on a single node"),
+        ]
+        for argv, fragment in cases:
+            with self.subTest(argv=argv):
+                self.assert_refused(argv, fragment)
+
+    def test_cluster(self) -> None:
+        cases = [
+            ([*CLUSTER, "--timeout", "-5"], "--timeout must be a finite number > 0, got -5.0"),
+            ([*CLUSTER, "--timeout", "nan"], "--timeout must be a finite number > 0"),
+            ([*CLUSTER, "--timeout", "1e9"], "--timeout 1e+09: above the limit"),
+            ([*CLUSTER, "--link-mbit", "0"], "--link-mbit must be a finite number > 0"),
+            ([*CLUSTER, "--steps", "0"], "--steps must be >= 1"),
+            ([*CLUSTER, "--hidden", "100000"], "--hidden 100000: above the limit"),
+            ([*CLUSTER, "--inner", "-1"], "--inner must be >= 1"),
+            ([*CLUSTER, "--nodes", "0"], "--nodes must be >= 1"),
+            ([*CLUSTER, "--nodes", "1000", "--ep", "1000"], "--nodes 1000: above the limit"),
+            ([*CLUSTER, "--ep", "3"], "--ep 3 x --moe-sharding 2 = 6 ranks"),
+            ([*CLUSTER, "--group-call", "2"], "invalid choice: '2'"),
+            (["cluster", "--nodes", "4", "--procs-per-node", "1", "--ep", "2",
+              "--moe-sharding", "2", "--group-call", "1"], "pass --group-call 0"),
+        ]
+        for argv, fragment in cases:
+            with self.subTest(argv=argv):
+                self.assert_refused(argv, fragment)
+
+    def test_hangs(self) -> None:
+        ok = _dump(0)
+        cases = [
+            (os.path.join(self.dir, "missing"), "not a directory"),
+            (self._dumps("none"), "no muon_flight_rank<R>.json dumps"),
+            (self._dumps("text", raw="{not json"), "unreadable"),
+            (self._dumps("empty", raw=""), "unreadable"),
+            (self._dumps("deep", raw="[" * 100000 + "]" * 100000), "nested too deeply"),
+            (self._dumps("list", [ok]), "is list JSON, expected an object"),
+            (self._dumps("format", _dump(format="other/1")), "field 'format' is \"other/1\""),
+            (self._dumps("norank", {k: v for k, v in ok.items() if k != "rank"}),
+             "field 'rank' is missing"),
+            (self._dumps("strrank", _dump(rank="3")), "field 'rank' is \"3\""),
+            (self._dumps("boolrank", _dump(rank=True)), "field 'rank' is true"),
+            (self._dumps("bigrank", _dump(rank=7)), "field 'rank' is 7, expected < world_size 2"),
+            (self._dumps("world", _dump(world_size="4")), "field 'world_size' is \"4\""),
+            (self._dumps("time", _dump(time="yesterday")), "field 'time' is \"yesterday\""),
+            (self._dumps("reason", _dump(reason=None)), "field 'reason' is null"),
+            (self._dumps("entries", _dump(entries={"a": 1})), "field 'entries' is {\"a\": 1}"),
+            (self._dumps("entry", _dump(entries=[3])), "field 'entries[0]' is 3"),
+            (self._dumps("granks", _dump(entry_group_ranks="x")),
+             "field 'entries[0].group_ranks' is \"x\", expected a non-empty list of ranks"),
+            (self._dumps("gseq", _dump(entry_group_seq=None)),
+             "field 'entries[0].group_seq' is null"),
+            (self._dumps("op", _dump(entry_op=None)), "field 'entries[0].op' is null"),
+            (self._dumps("finish", _dump(entry_finish="soon")),
+             "field 'entries[0].finish' is \"soon\""),
+            (self._dumps("noop", _dump(entries=[{"group_seq": 0}])),
+             "field 'entries[0].op' is missing"),
+            (self._dumps("issued", _dump(issued=[[1, 2]])), "field 'issued[0]' is [1, 2]"),
+            (self._dumps("count", _dump(issued_count=-1)), "field 'issued[0].count' is -1"),
+            (self._dumps("nocount", _dump(issued=[{"group_id": 1, "group_ranks": [0]}])),
+             "field 'issued[0].count' is missing"),
+            (self._dumps("twice", ok, _dump(0)), "rank 0 again"),
+            (self._dumps("phase", _dump(phase=5)), "field 'phase' is 5"),
+        ]
+        for path, fragment in cases:
+            with self.subTest(case=os.path.basename(path)):
+                self.assert_refused(["hangs", path], fragment)
+                self.assertIn(path, self.last_error, "the directory / file is named")
+
+    def test_top_level(self) -> None:
+        self.assert_refused(["nope"], "unknown command 'nope'")
+        self.assert_refused(["hangs"], "the following arguments are required: LOG_DIR")
+        self.assert_refused(["hangs", "a", "b"], "unrecognized arguments: b")
+
+
+if __name__ == "__main__":
+    unittest.main()
