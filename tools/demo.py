@@ -21,14 +21,17 @@ parameters against a single-process Muon reference. Rank 0's ``[demo]``
 lines (loss and step time per step, then a summary) are streamed here; the
 last line is the verdict. Exit status 0 when every rank passed.
 
-    python tools/demo.py [--steps 5] [--timeout 170]
+    python tools/demo.py [--steps 5] [--timeout 170] [--json]
 
 ``--steps`` must be 1..200 and ``--timeout`` > 0 (``error: ...``, exit 2).
+``--json`` prints only the verdict as JSON on stdout (the rest on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
 import sys
@@ -39,8 +42,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLEET_TESTS = os.path.join(REPO, "test", "collective", "fleet")
 sys.path.insert(0, FLEET_TESTS)
+if os.path.join(REPO, "python") not in sys.path:  # fallback when PYTHONPATH is unset
+    sys.path.append(os.path.join(REPO, "python"))
 
 from launch_utils import run_paddle_launch  # noqa: E402
+
+from paddle_muon_ext.tools.guard import ArgumentParser, emit_result  # noqa: E402
 
 WORKER = os.path.join(FLEET_TESTS, "hybrid_parallel_sharding_muon_moe_model.py")
 NPROC, EP, MS, CARDS_PER_NODE = 8, 4, 2, 2
@@ -101,16 +108,28 @@ def parse_ok_lines(worker_logs: dict) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="demo", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5,
                         help=f"training steps per pass (1..{MAX_STEPS})")
     parser.add_argument("--timeout", type=float, default=170.0,
                         help="launch timeout in seconds (> 0)")
+    parser.add_argument("--json", action="store_true",
+                        help="print only the verdict as JSON on stdout (progress on stderr)")
     args = parser.parse_args(argv)
     error = check_args(args)
     if error is not None:
         print(error, file=sys.stderr)
         return 2
+    if not args.json:
+        return run(args)[0]
+    with contextlib.redirect_stdout(sys.stderr):
+        code, verdict = run(args)
+    emit_result(json.dumps(verdict, indent=1))  # the real stdout, also under the console script
+    return code
+
+
+def run(args: argparse.Namespace) -> tuple[int, dict]:
+    """Launch the demo; returns (exit status, the verdict as a dict)."""
 
     print(f"Running {NPROC} CPU processes (gloo) as {NPROC // CARDS_PER_NODE} emulated nodes x "
           f"{CARDS_PER_NODE} cards, ep={EP}, moe_sharding={MS}: {args.steps} Muon steps with "
@@ -140,14 +159,16 @@ def main(argv: list[str] | None = None) -> int:
               f"comm_group_call_opt off and on: {steps} steps x 2 passes, {NPROC} ranks, "
               f"{values} parameter values compared ({result.wall_s:.1f}s)")
         shutil.rmtree(log_dir, ignore_errors=True)
-        return 0
+        return 0, {"status": "PASS", "ranks": NPROC, "steps": steps, "passes": 2,
+                   "values_compared": values, "wall_s": result.wall_s}
     print(result.failure_message(), file=sys.stderr)
     why = "timed out" if result.timed_out else f"returncode {result.returncode}"
     if result.ok and ok_ranks == list(range(NPROC)):
         why = f"only {steps} steps / {values} values were checked"
     print(f"VERDICT: FAIL - {why}; ranks with MUON_OK: {ok_ranks} "
           f"({result.wall_s:.1f}s, logs in {log_dir})")
-    return 1
+    return 1, {"status": "FAIL", "why": why, "ranks_ok": ok_ranks, "steps": steps,
+               "values_compared": values, "wall_s": result.wall_s, "log_dir": log_dir}
 
 
 if __name__ == "__main__":

@@ -150,6 +150,25 @@ class TestJsonIsPure(unittest.TestCase):
         self.assertIn("[verify] schedule", proc.stderr, "progress goes to stderr")
         self.assertIn("PASS ranks=4", proc.stderr, "the verdict line goes to stderr")
 
+    def test_demo_json_through_the_console_script(self) -> None:
+        def fake_demo(path, run_name):
+            demo = {"__name__": "demo", "__file__": path}
+            with open(path) as f:
+                exec(compile(f.read(), path, "exec"), demo)  # noqa: S102 - the checkout's script
+            logs = {r: "MUON_OK rank=0 steps=1 values=10\n" for r in range(demo["NPROC"])}
+            launched = mock.MagicMock(ok=True, worker_logs=logs, wall_s=1.0,
+                                      workers_printing=lambda m: sorted(logs))
+            demo["run_paddle_launch"] = lambda *a, **k: launched
+            demo["follow"] = lambda *a, **k: None
+            raise SystemExit(demo["main"](sys.argv[1:]))
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(cli.runpy, "run_path", fake_demo), \
+                redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(cli.main(["demo", "--steps", "1", "--json"]), 0, err.getvalue())
+        self.assertEqual(json.loads(out.getvalue())["status"], "PASS")
+        self.assertIn("VERDICT: PASS", err.getvalue())
+
     def test_cluster_json_when_unavailable_or_refused(self) -> None:
         argv = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
                 "--moe-sharding", "2", "--json"]
@@ -241,6 +260,84 @@ class TestStdoutThatCannotBeWritten(unittest.TestCase):
         self.assertIn("Traceback", err.getvalue(), "the opt-in traceback for a bug report")
         with redirect_stderr(io.StringIO()):
             self.assertEqual(guard.guarded(lambda: "failed"), 1, "sys.exit('text') is 1")
+
+
+class _Full:
+    """A stdout whose writes (or flushes) fail with ``errno``."""
+
+    def __init__(self, errno_: int, on: str = "write") -> None:
+        self.errno, self.on = errno_, on
+
+    def write(self, text: str) -> int:
+        if self.on == "write":
+            raise OSError(self.errno, os.strerror(self.errno))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.on == "flush":
+            raise OSError(self.errno, os.strerror(self.errno))
+
+
+class TestGuardInProcess(unittest.TestCase):
+    def _guarded(self, stdout, call, json_mode: bool = False):
+        err = io.StringIO()
+        with mock.patch("sys.stdout", stdout), redirect_stderr(err):
+            code = guard.guarded(call, json_mode=json_mode)
+        return code, err.getvalue()
+
+    def test_stdout_errors(self) -> None:
+        import errno
+
+        def talk() -> int:
+            print("table")
+            return 0
+
+        for on in ("write", "flush"):
+            code, err = self._guarded(_Full(errno.ENOSPC, on), talk)
+            self.assertEqual(code, 2, on)
+            self.assertEqual(err, "error: cannot write to stdout (No space left on device); "
+                             "write to a file or a device with space\n")
+        code, err = self._guarded(_Full(errno.EPIPE), talk)
+        self.assertEqual((code, err), (guard.EXIT_BROKEN_PIPE, ""), "a reader that left is quiet")
+        code, err = self._guarded(_Full(errno.ENOSPC),
+                                  lambda: guard.emit_result("{}") or 0, json_mode=True)
+        self.assertEqual(code, 2)
+        self.assertIn("cannot write to stdout", err)
+
+    def test_broken_pipe_on_a_real_descriptor_is_silenced(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.close(read_fd)
+        stream = os.fdopen(write_fd, "w")
+        self.addCleanup(stream.close)
+        code, err = self._guarded(stream, lambda: print("x" * 100000) or 0)
+        self.assertEqual((code, err), (guard.EXIT_BROKEN_PIPE, ""))
+        stream.write("late")
+        stream.flush()  # the fd now points at /dev/null: the exit-time flush cannot fail
+
+    def test_closed_stdout_and_missing_packages(self) -> None:
+        code, err = self._guarded(None, lambda: guard.emit_result("{}") or print("x") or 0,
+                                  json_mode=True)
+        self.assertEqual((code, err), (0, "x\n"), "print goes to stderr with --json")
+        for name, fix in (("paddle", 'pip install ".[cpu]"'), ("matplotlib", 'pip install ".[plot]"')):
+            def missing(name=name) -> int:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=f"{name}.sub")
+
+            code, err = self._guarded(io.StringIO(), missing)
+            self.assertEqual(code, 2)
+            self.assertEqual(len(err.splitlines()), 1, err)
+            self.assertIn(fix, err)
+        self.assertIsNone(guard.missing_package(ImportError("other", name="numpy")))
+        self.assertIsNone(guard.missing_package(ValueError("paddle")))
+
+    def test_package_imports_without_paddle(self) -> None:
+        import paddle_muon_ext
+
+        with mock.patch("importlib.util.find_spec", side_effect=ValueError("blocked")):
+            self.assertTrue(paddle_muon_ext._paddle_missing())
+        with mock.patch.object(paddle_muon_ext, "_paddle_missing", return_value=True), \
+                self.assertRaisesRegex(ImportError, "needs PaddlePaddle 3.3.x") as caught:
+            paddle_muon_ext.__getattr__("Muon")
+        self.assertEqual(caught.exception.name, "paddle", "the guard names the install line")
 
 
 class TestPlanAnyLayout(unittest.TestCase):

@@ -17,6 +17,7 @@ no PASS without work (the verdict says how many steps, ranks and values)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,24 @@ class TestDemoArguments(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertIn(f"3 steps x 2 passes, {demo.NPROC} ranks, {100 * demo.NPROC} parameter "
                       "values compared", out)
+
+    def test_json_is_the_only_stdout(self) -> None:
+        logs = {r: f"MUON_OK rank={r} max_abs_diff_hier_vs_flat=0.0 steps=3 values=100\n"
+                for r in range(demo.NPROC)}
+        code, out, err = _run(["--steps", "3", "--json"], _Result(logs))
+        self.assertEqual(code, 0, err)
+        verdict = json.loads(out)
+        self.assertEqual((verdict["status"], verdict["values_compared"]),
+                         ("PASS", 100 * demo.NPROC))
+        self.assertIn("VERDICT: PASS", err, "the human verdict goes to stderr")
+        code, out, err = _run(["--steps", "3", "--json"], _Result({0: "nothing"}))
+        self.assertEqual((code, json.loads(out)["status"]), (1, "FAIL"))
+        err = io.StringIO()
+        with redirect_stderr(err), self.assertRaises(SystemExit) as done:
+            demo.main(["--stepz", "3"])
+        self.assertEqual(done.exception.code, 2)
+        self.assertEqual(err.getvalue().splitlines(), [
+            "error: demo: unrecognized arguments: --stepz 3 (see demo --help)"])
 
     def test_no_pass_without_values(self) -> None:
         logs = {r: f"MUON_OK rank={r} max_abs_diff_hier_vs_flat=0.0\n" for r in range(demo.NPROC)}

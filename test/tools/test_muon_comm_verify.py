@@ -145,9 +145,7 @@ def test_console_alias_routes_demo_and_reports_missing_checkout(monkeypatch, tmp
 
 
 def _json_summary(out: str) -> dict:
-    start = out.index("{")
-    end = out.rindex("}") + 1
-    return json.loads(out[start:end])
+    return json.loads(out)  # --json: stdout is the JSON alone (progress goes to stderr)
 
 
 def test_verify_comm_overlap_reports_both_hops(capsys):
