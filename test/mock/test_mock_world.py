@@ -177,7 +177,7 @@ class TestSimulatedWorld(unittest.TestCase):
         assert "group 0 [0..3], per-group seq 1, reduce(root=0, op=AVG" in text, text
         assert "ranks [0, 1, 3] are waiting" in text and "rank 2 (already returned)" in text, text
         # The flight recorder's words (paddle-muon-ext hangs) for the same state.
-        assert "rank 2 is the rank the others wait for: in phase None, already returned, it " \
+        assert "rank 2 is the rank the others wait for: outside any phase, already returned, it " \
             "has not issued reduce #1 on group 0 [0, 1, 2, 3]" in text, text
 
     def test_stalled_rank_triggers_the_timeout_with_a_report(self) -> None:
