@@ -539,7 +539,6 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
         "partition_rules": rules,
         "plan_description": None,
         "_plan": plan,
-        "_layouts": {"flat": flat["layouts"], "hierarchical": None},
     }
 
 
