@@ -183,9 +183,12 @@ def _default_should_use_muon(
     """
     if exclude_patterns is None:
         raise ValueError(
-            f"exclude_patterns is None for parameter {name!r}; pass a list of "
-            "name substrings to keep on AdamW (e.g. ['embedding', 'lm_head']), "
-            "or [] to route every 2-D/3-D parameter to Muon."
+            f"exclude_patterns is None for parameter {name!r}, which has no "
+            "muon_param_info_map entry; pass Muon(muon_exclude_patterns=[...]) "
+            "with the name substrings to keep on AdamW (e.g. ['embedding', "
+            "'lm_head'], or [] to route every 2-D/3-D parameter to Muon), or a "
+            "muon_param_info_map with an entry per parameter "
+            "(paddle_muon_ext.optimizer.build_muon_param_info_map builds one)."
         )
     if len(shape) not in (2, 3):
         return False
