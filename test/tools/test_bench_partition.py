@@ -114,3 +114,30 @@ def test_benchmark_flags_impossible_case(bench_mod):
     c = fig["cases"][64]
     assert not c["achievable"]
     assert "IMPOSSIBLE" in bench_mod.format_table(fig)
+
+
+# ---------------------------------------------------------------- --scale
+def test_scale_times_every_rule_and_matches_the_previous_owners(bench_mod, capsys):
+    fig = bench_mod.scale([(300, 8), (40, 64)], previous_up_to=300, models=("moe", "random"))
+    assert [(c["model"], c["matrices"], c["ranks"]) for c in fig["cases"]] == [
+        ("moe", 300, 8), ("moe", 40, 64), ("random", 300, 8), ("random", 40, 64)]
+    for c in fig["cases"]:
+        assert c["same_owners"] is True, c  # rewritten balanced rule == previous owners
+        for key in ("balanced_s", "previous_balanced_s", "develop_s", "machine_balanced_s"):
+            assert c[key] >= 0, (key, c)
+    assert "random       300      8" in bench_mod.format_scale(fig)
+    # the CLI: JSON only on stdout
+    assert bench_mod.main(["--scale", "--sizes", "50x4", "--previous-up-to", "0",
+                           "--json-out"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "previous_balanced_s" not in out["cases"][0] and out["target_s"] == 5.0
+
+
+def test_scale_models(bench_mod):
+    moe = bench_mod.moe_model(400)
+    assert len(moe) == 400 and len({s.name for s in moe}) == 400
+    assert sum(s.dtype == "float32" for s in moe) == 2  # one router gate per 200
+    assert any(len(s.shape) == 3 for s in moe)
+    assert bench_mod.random_model(50) == bench_mod.random_model(50)  # seeded
+    with pytest.raises(SystemExit):
+        bench_mod.main(["--scale", "--sizes", "12by4"])

@@ -510,13 +510,16 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
     """Deterministic local search: lower the score of the most loaded rank by
     moving one of its matrices, or swapping one with a matrix elsewhere.
 
-    Each round takes the best improving move/swap (lowest new pair score, then
-    moves before swaps, matrix name, ``rank_order``, partner name). Only
-    candidates that can improve are visited: a move needs a rank whose score
-    is below ``W - min(item sizes)``; a swap partner's value in the worst
-    rank's dominant dimension lies in a window just below the matrix's (both
-    bounds follow from ``new < W``), found by bisection in the matrices sorted
-    by that dimension.
+    Each round takes the best improving move/swap (lowest new pair score ``B``,
+    then moves before swaps, matrix name, ``rank_order``, partner name). Only
+    candidates that can reach the best ``B`` found so far are visited: a move
+    needs a rank whose score is at most ``B - min(item sizes)``; a swap partner
+    on rank ``r`` has its value in the worst rank's dominant dimension in
+    ``[s_k - (B - L_r), s_k - (W - B)]`` (``L_r`` the rank's load there), so
+    ranks with ``L_r > 2B - W`` are skipped and the rest are searched by
+    bisection in per-rank sorted lists. A first pass probes each rank's
+    partner nearest the ideal value to make ``B`` small early. Exact: every
+    candidate reaching the final ``B`` is visited.
     """
     n = loads.n
     if n == 1:
@@ -525,85 +528,120 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
     tb, tc = loads.tb, loads.tc
     xs = {k: bts[k] * tc for k in bts}
     ys = {k: nss[k] * tb for k in nss}
-    # all matrices sorted by scaled bytes and by scaled NS cost (static: only
-    # owners change)
-    by_x = sorted((xs[k], k) for k in xs)
-    by_y = sorted((ys[k], k) for k in ys)
-    x_keys = [x for x, _ in by_x]
-    y_keys = [y for y, _ in by_y]
-    by_rank: List[set] = [set() for _ in range(n)]
-    for k, r in owner.items():
-        by_rank[r].add(k)
+    # Matrices of equal (bytes, NS cost, dtype) are interchangeable: they give
+    # equal pair scores everywhere, so the name tie-break picks the smallest
+    # name of such a group. Each rank keeps its groups (name lists sorted) and
+    # the group keys sorted by scaled bytes and by scaled NS cost.
+    gkey = {k: (xs[k], ys[k], dtype_of[k]) for k in xs}
+    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
+    for k in sorted(owner):
+        groups[owner[k]].setdefault(gkey[k], []).append(k)
+    sorted_x = [sorted(g) for g in groups]
+    sorted_y = [sorted((y, x, d) for x, y, d in g) for g in groups]
 
     def can_host(k: str, r: int) -> bool:
         allowed = allowed_of[dtype_of[k]]
         return allowed is None or r in allowed
 
+    free = all(a is None for a in allowed_of.values())  # no capped class
+
+    def relocate(k: str, src: int, dst: int) -> None:
+        loads.add(src, -bts[k], -nss[k])
+        loads.add(dst, bts[k], nss[k])
+        owner[k] = dst
+        g = gkey[k]
+        names = groups[src][g]
+        del names[bisect.bisect_left(names, k)]
+        if not names:
+            del groups[src][g]
+            del sorted_x[src][bisect.bisect_left(sorted_x[src], g)]
+            del sorted_y[src][bisect.bisect_left(sorted_y[src], (g[1], g[0], g[2]))]
+        if g in groups[dst]:
+            bisect.insort(groups[dst][g], k)
+        else:
+            groups[dst][g] = [k]
+            bisect.insort(sorted_x[dst], g)
+            bisect.insort(sorted_y[dst], (g[1], g[0], g[2]))
+
     for _ in range(max_iters):
         worst = loads.worst_rank()
-        worst_score = loads.score(worst)
-        # The worst rank's score is its bytes or its NS cost; a swap must
-        # lower that one, so the partner's value in it lies in a window
-        # (k's - (W - lowest rank's), k's) -- open on both sides.
-        if loads.b[worst] * tc == worst_score:
-            sizes, keys, items = xs, x_keys, by_x
-            floor_ = min(b * tc for b in loads.b)
+        W = loads.score(worst)
+        if loads.b[worst] * tc == W:  # bytes decide the worst rank's score
+            sizes, per_rank, swap_xy = xs, sorted_x, False
+            load_of = [b * tc for b in loads.b]
         else:
-            sizes, keys, items = ys, y_keys, by_y
-            floor_ = min(c * tb for c in loads.c)
-        mine = sorted(by_rank[worst], key=lambda k: (-size(k), k))
+            sizes, per_rank, swap_xy = ys, sorted_y, True
+            load_of = [c * tb for c in loads.c]
+        mine = sorted((names[0] for names in groups[worst].values()),
+                      key=lambda k: (-size(k), k))
         best = None  # (new pair max, kind, k, rank pos, partner)
-        for k in mine:
+
+        def offer(cand):
+            nonlocal best
+            if best is None or cand < best:
+                best = cand
+
+        def bound() -> int:
+            return W if best is None else best[0]
+
+        for k in mine:  # moves k -> r
             bk, ck = bts[k], nss[k]
-            xk, yk = xs[k], ys[k]
-            size_k = xk + yk
             after = loads.score(worst, -bk, -ck)
-            # moves: k -> r
-            limit = worst_score - min(xk, yk)
-            stop = bisect.bisect_left(loads.by_score, (limit, -1))
+            stop = bisect.bisect_right(loads.by_score, (bound() - min(xs[k], ys[k]), n))
             for i in range(stop):
                 r = loads.by_score[i][1]
                 if r == worst or not can_host(k, r):
                     continue
                 new = max(after, loads.score(r, bk, ck))
-                if new < worst_score:
-                    cand = (new, 0, k, loads.pref[r], "")
-                    if best is None or cand < best:
-                        best = cand
-            # swaps k <-> j (j smaller, on r)
-            lo = bisect.bisect_right(keys, sizes[k] - (worst_score - floor_))
-            hi = bisect.bisect_left(keys, sizes[k])
-            for i in range(lo, hi):
-                j = items[i][1]
-                r = owner[j]
-                if r == worst or not can_host(k, r) or not can_host(j, worst):
+                if new < W:
+                    offer((new, 0, k, loads.pref[r], ""))
+
+        ranks = sorted((r for r in range(n) if r != worst), key=lambda r: load_of[r])
+
+        xw, yw = loads.b[worst] * tc, loads.c[worst] * tb
+        pref = loads.pref
+
+        def swaps(k: str, probe: bool) -> None:
+            xk, yk, sk = xs[k], ys[k], sizes[k]
+            size_k = xk + yk
+            # scaled loads of the worst rank without k, of a rank r with k
+            xw_k, yw_k = xw - xk, yw - yk
+            for r in ranks:
+                B = bound()
+                if load_of[r] > 2 * B - W:
+                    break
+                if not (free or can_host(k, r)):
                     continue
-                bj, cj = bts[j], nss[j]
-                if xs[j] + ys[j] >= size_k:
-                    continue
-                new = max(
-                    loads.score(worst, bj - bk, cj - ck),
-                    loads.score(r, bk - bj, ck - cj),
-                )
-                if new < worst_score:
-                    cand = (new, 1, k, loads.pref[r], j)
-                    if best is None or cand < best:
-                        best = cand
+                xr_k, yr_k = loads.b[r] * tc + xk, loads.c[r] * tb + yk
+                lst = per_rank[r]
+                if probe:  # the partner nearest the value that evens the pair
+                    mid = bisect.bisect_left(lst, (sk - (W - load_of[r]) // 2,))
+                    lo, hi = max(0, mid - 1), min(len(lst), mid + 1)
+                else:
+                    lo = bisect.bisect_left(lst, (sk - (B - load_of[r]),))
+                    hi = bisect.bisect_left(lst, (sk - (W - B) + 1,))
+                for i in range(lo, hi):
+                    a, b_, _ = g = lst[i]
+                    xj, yj = (b_, a) if swap_xy else (a, b_)
+                    if xj + yj >= size_k:
+                        continue
+                    j = groups[r][(xj, yj, g[2])][0]
+                    if not (free or can_host(j, worst)):
+                        continue
+                    new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
+                    if new < W:
+                        offer((new, 1, k, pref[r], j))
+
+        for probe in (True, False):
+            for k in mine:
+                swaps(k, probe)
         if best is None:
             return
         _, kind, k, rpos, j = best
         r = order[rpos]
-        loads.add(worst, -bts[k], -nss[k])
-        loads.add(r, bts[k], nss[k])
-        owner[k] = r
-        by_rank[worst].discard(k)
-        by_rank[r].add(k)
+        relocate(k, worst, r)
         if kind == 1:
-            loads.add(r, -bts[j], -nss[j])
-            loads.add(worst, bts[j], nss[j])
-            owner[j] = worst
-            by_rank[r].discard(j)
-            by_rank[worst].add(j)
+            relocate(j, r, worst)
 
 
 # --------------------------------------------------------------------------
