@@ -42,7 +42,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.optimizer.muon import Muon
+from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
 
 register_cpu_tensor_fusion()
 
@@ -92,7 +92,10 @@ class Net(paddle.nn.Layer):
 
 
 def muon_for(net: Net) -> Muon:
-    return Muon(learning_rate=0.02, parameters=list(net.parameters()))
+    params = list(net.parameters())
+    # w, v: Muon (2-D); b: AdamW
+    return Muon(learning_rate=0.02, parameters=params,
+                muon_param_info_map=build_muon_param_info_map(params))
 
 
 def reference(world: int) -> tuple[dict, np.ndarray]:
