@@ -16,6 +16,10 @@
 Launch (CPU or GPU; on CPU paddle.distributed.launch uses gloo)::
 
     python -m paddle.distributed.launch --nproc_per_node 2 examples/train_tiny.py
+    python -m paddle.distributed.launch --nproc_per_node 4 examples/train_tiny.py --dp 2
+
+``--dp N`` splits the processes into N data-parallel replicas of a
+``world / N``-rank sharding group (default 1: every process shards).
 
 Only the ``patch_paddle()`` line names paddle_muon_ext; on a Paddle that has
 Muon sharding itself, drop those two lines. Every rank trains its slice of
@@ -25,6 +29,7 @@ then repeats the same steps in one process on the whole batch and prints
 ``PASS`` when every parameter agrees, else ``FAIL`` (exit code 1).
 """
 
+import argparse
 import os
 import sys
 
@@ -85,21 +90,33 @@ def train(model: paddle.nn.Layer, opt, rank: int, world: int) -> None:
         opt.clear_grad()
 
 
-def values(model: paddle.nn.Layer) -> dict:
-    return {name: p.numpy().astype("float64") for name, p in model.named_parameters()}
+def values(model: paddle.nn.Layer) -> list:
+    # by position: fleet.distributed_model prefixes the parameter names
+    return [p.numpy().astype("float64") for p in model.parameters()]
 
 
-def main() -> int:
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--dp", type=int, default=1,
+                        help="data-parallel replicas (must divide the process count)")
+    args = parser.parse_args(argv)
     world = dist.get_world_size()
+    if args.dp < 1 or world % args.dp:
+        parser.error(f"--dp {args.dp} must be >= 1 and divide the {world} processes")
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {
-        "dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": world,
+        "dp_degree": args.dp, "mp_degree": 1, "pp_degree": 1,
+        "sharding_degree": world // args.dp,
     }
     strategy.use_muon_sharding = True
     fleet.init(is_collective=True, strategy=strategy)
     rank = dist.get_rank()
 
     model = build_model()
+    if world > 1:
+        # Paddle's model wrapper: the data-parallel replicas start from one
+        # copy (it refuses a one-process job)
+        model = fleet.distributed_model(model)
     opt = fleet.distributed_optimizer(
         paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters(),
                               muon_param_info_map=muon_routing(model))
@@ -113,9 +130,9 @@ def main() -> int:
                                            muon_param_info_map=muon_routing(reference)), 0, 1)
 
     got, want = values(model), values(reference)
-    diff = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    diff = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
     ok = diff <= TOLERANCE and np.isfinite(diff)
-    print(f"{'PASS' if ok else 'FAIL'}: rank {rank} of {world} "
+    print(f"{'PASS' if ok else 'FAIL'}: rank {rank} of {world} (dp {args.dp}) "
           f"({type(opt).__name__}), {STEPS} steps, max |parameter - "
           f"single-process| = {diff:.2e} (tolerance {TOLERANCE:g})", flush=True)
     return 0 if ok else 1

@@ -44,17 +44,25 @@ def readme_script() -> str:
 
 
 class TestTrainTinyExample(unittest.TestCase):
-    def test_two_cpu_processes_pass_the_self_check(self):
+    def _launch(self, nproc: int, args=()):
         # A user's environment: no test-side switches, only the launcher's.
         env = {"CUDA_VISIBLE_DEVICES": "", "GLOO_COMPAT": "", "GLOO_COMPAT_LOCAL_SIZE": ""}
-        result = run_paddle_launch(EXAMPLE, 2, env=env, timeout_s=180)
-        print(f"train_tiny on 2 processes: {result.wall_s:.1f}s")
+        result = run_paddle_launch(EXAMPLE, nproc, env=env, timeout_s=240, args=args)
+        print(f"train_tiny on {nproc} processes {list(args)}: {result.wall_s:.1f}s")
         result.check()
         passed = result.workers_printing("PASS: rank")
-        self.assertEqual(passed, [0, 1], "PASS missing from some rank\n"
+        self.assertEqual(passed, list(range(nproc)), "PASS missing from some rank\n"
                          + result.failure_message())
         self.assertIn("MuonHybridParallelOptimizer", result.worker_logs[0],
                       "the example did not train through Muon sharding")
+
+    def test_two_cpu_processes_pass_the_self_check(self):
+        self._launch(2)
+
+    def test_data_parallel_replicas_of_a_sharding_group_pass(self):
+        # dp=2 x sharding=2: the 1-D slices must reach the data-parallel
+        # all-reduce (they trained 0.13 away from the reference before).
+        self._launch(4, ("--dp", "2"))
 
     def test_the_self_check_reports_a_difference(self):
         # One process; the distributed run (first call of train) skips its
@@ -82,7 +90,7 @@ class TestTrainTinyExample(unittest.TestCase):
         proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=180,
                               capture_output=True, text=True)
         self.assertEqual(proc.returncode, 1, proc.stdout[-2000:] + proc.stderr[-2000:])
-        self.assertRegex(proc.stdout, r"FAIL: rank 0 of 1 .* max \|parameter - "
+        self.assertRegex(proc.stdout, r"FAIL: rank 0 of 1 \(dp 1\) .* max \|parameter - "
                          r"single-process\| = \S+ \(tolerance 0.0001\)")
 
     def test_the_readme_script_runs_as_written(self):

@@ -111,6 +111,11 @@ class MuonHybridParallelOptimizer(_hpo.HybridParallelOptimizer):
         dp_parameter_list = parameter_list
         if self._sharding_enable:
             self._inner_opt.reduce_gradients(parameter_list, self._hcg)
+            if self._dp_enable or self._sep_enable:
+                # The element-wise slices get their gradient (a view into the
+                # reduce-scatter buffer) only in step(); without it now the
+                # data-parallel all-reduce below skips every 1-D slice.
+                self._inner_opt._assign_slice_grad()
             dp_parameter_list = self._inner_opt.filter_parameters(
                 parameter_list, self._hcg
             )
