@@ -113,6 +113,7 @@ def main(argv: list | None = None) -> int:
     rank = dist.get_rank()
 
     model = build_model()
+    initial = values(model)
     if world > 1:
         # Paddle's model wrapper: the data-parallel replicas start from one
         # copy (it refuses a one-process job)
@@ -131,7 +132,11 @@ def main(argv: list | None = None) -> int:
 
     got, want = values(model), values(reference)
     diff = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
-    ok = diff <= TOLERANCE and np.isfinite(diff)
+    # a run that changed nothing would match a reference that changed nothing
+    moved = min(float(np.max(np.abs(g - i))) for g, i in zip(got, initial))
+    ok = diff <= TOLERANCE and np.isfinite(diff) and moved > 0
+    if moved == 0:
+        print(f"FAIL: rank {rank}: a parameter never changed in {STEPS} steps", flush=True)
     print(f"{'PASS' if ok else 'FAIL'}: rank {rank} of {world} (dp {args.dp}) "
           f"({type(opt).__name__}), {STEPS} steps, max |parameter - "
           f"single-process| = {diff:.2e} (tolerance {TOLERANCE:g})", flush=True)
