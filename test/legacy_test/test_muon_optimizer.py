@@ -1468,6 +1468,15 @@ class TestHyperball(unittest.TestCase):
         Muon._hyperball_apply(wt, paddle.to_tensor(u), 0.3)
         self.assertTrue(np.array_equal(wt.numpy(), w))
 
+    def test_frobenius_helper_agrees_with_linalg_norm(self):
+        for dtype, tol in (("float32", 1e-5), ("float64", 1e-12)):
+            (x,) = rng_arrays(78, (3, 8, 12))
+            t = paddle.to_tensor(x.astype(dtype))
+            ref = paddle.linalg.norm(t, p="fro", axis=[-2, -1], keepdim=True)
+            np.testing.assert_allclose(Muon._fro(t).numpy(), ref.numpy(), rtol=tol,
+                                       err_msg=f"{dtype} Frobenius norm")
+            np.testing.assert_allclose(Muon._fro(t).numpy(), fro_ref(x.astype(dtype)), rtol=tol)
+
     def test_experts_are_independent(self):
         w, u = rng_arrays(71, (4, 8, 12), (4, 8, 12))
         u2 = u.copy()

@@ -91,12 +91,20 @@ def parse_shape(text: str) -> List[int]:
     return shape
 
 
+def _sync() -> None:
+    # GPU kernels run asynchronously: time them to completion.
+    if paddle.is_compiled_with_cuda():
+        paddle.device.synchronize()
+
+
 def _time(fn: Callable[[], object]) -> float:
+    _sync()
     t0 = time.perf_counter()
     out = fn()
     # Touch the result so lazily scheduled work (none on CPU today) is done.
     if isinstance(out, paddle.Tensor):
         out._is_initialized()
+    _sync()
     return time.perf_counter() - t0
 
 
@@ -266,16 +274,10 @@ def bench_grouped(groups: Sequence[str] = DEFAULT_GROUPED, scale: int = DEFAULT_
         opt, _, muon = runs[label]
         return lambda: opt.update_params(muon, [])
 
-    def timed(fn):
-        t = _time(fn)
-        if paddle.is_compiled_with_cuda():
-            paddle.device.synchronize()
-        return t
-
     samples = {"per_matrix": [], "grouped": []}
     for i in range(warmup + reps):
         for label in samples:  # alternate: both see the same machine load
-            t = timed(update(label))
+            t = _time(update(label))
             if i >= warmup:
                 samples[label].append(t)
     opt, _, muon = runs["grouped"]
