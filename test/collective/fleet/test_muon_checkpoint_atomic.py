@@ -187,6 +187,20 @@ class TestSingleProcess(_Dir):
         with self.assertRaisesRegex(FileNotFoundError, "no complete checkpoint under"):
             self.load()
 
+    def test_latest_verified_skips_a_flipped_byte(self):
+        good = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        flipped = save_sharded_checkpoint(whole(arrays(2)), self.root)
+        victim = os.path.join(flipped, "0_1.distcp")
+        with open(victim, "r+b") as f:
+            f.seek(30)
+            byte = f.read(1)
+            f.seek(30)
+            f.write(bytes([byte[0] ^ 4]))
+        self.assertEqual(latest_complete_checkpoint(self.root), flipped, "sizes alone pass")
+        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+            self.assertEqual(latest_complete_checkpoint(self.root, verify=True), good)
+        self.assertIn(f"{victim}: SHA-256 differs", "\n".join(logs.output))
+
     def test_marker_problems_name_the_marker(self):
         directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
         marker = os.path.join(directory, commit.MARKER)

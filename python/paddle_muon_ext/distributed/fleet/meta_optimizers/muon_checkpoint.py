@@ -134,8 +134,9 @@ def _committed(path: str) -> list[tuple[int, str]]:
     return sorted(((i, d) for i, d in found if i is not None), reverse=True)
 
 
-def _incomplete_reason(directory: str) -> str | None:
-    """Why ``directory`` is not a complete checkpoint (cheap checks), or None."""
+def _incomplete_reason(directory: str, verify: bool = False) -> str | None:
+    """Why ``directory`` is not a complete checkpoint, or None (sizes; with
+    ``verify`` also checksums)."""
     try:
         marker = read_marker(directory)
     except ValueError as exc:
@@ -148,18 +149,22 @@ def _incomplete_reason(directory: str) -> str | None:
             return f"{path}: missing"
         if size != entry["size"]:
             return f"{path}: {size} bytes, the marker says {entry['size']}"
+        if verify and file_digest(path)[1] != entry["sha256"]:
+            return f"{path}: SHA-256 differs from the marker's"
     return None
 
 
-def latest_complete_checkpoint(path: str) -> str | None:
+def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
     """The newest committed checkpoint under ``path``, or None.
 
     A ``checkpoint_<id>`` without a valid completion marker, or with a file
     missing or of the wrong size, is skipped with a warning saying why, and
-    so are saves that never committed. Checksums are checked on load.
+    so are saves that never committed. Checksums are checked on load, or
+    here with ``verify=True`` (this process reads every file it considers).
 
     Args:
         path (str): the directory :func:`save_sharded_checkpoint` saved into.
+        verify (bool): also skip checkpoints whose files fail their SHA-256.
 
     Returns:
         str|None: e.g. ``"<path>/checkpoint_7"``.
@@ -174,7 +179,7 @@ def latest_complete_checkpoint(path: str) -> str | None:
         logger.warning(f"checkpoint: skipping {os.path.join(path, name)}: a save that never "
                        f"committed ({what})")
     for _, directory in _committed(path):
-        reason = _incomplete_reason(directory)
+        reason = _incomplete_reason(directory, verify)
         if reason is None:
             return directory
         logger.warning(f"checkpoint: skipping incomplete {directory}: {reason}")
