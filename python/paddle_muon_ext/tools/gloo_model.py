@@ -29,8 +29,8 @@ A group's ranks form a ring in the group's rank order (index i sends to i+1):
 * ``all_reduce(S)``: ring, every edge carries ``2 (p-1)/p * S``.
 * ``all_gather`` (``S`` = gathered size): ring, every edge ``(p-1)/p * S``.
 
-Emulations of the test-side gloo compat layer (``gloo_compat.py``), which the
-cluster workers run: ``reduce_scatter`` is an ``all_reduce`` of the whole
+Emulations of the gloo layer (``distributed/fleet/utils/gloo_compat.py``,
+installed by ``patch_paddle()`` on gloo jobs), which the cluster workers run: ``reduce_scatter`` is an ``all_reduce`` of the whole
 buffer, then a local slice; ``ReduceOp.AVG`` is a local pre-scale then SUM
 (no extra bytes).
 """

@@ -32,7 +32,7 @@ Every parameter is compared after each step with a single-process
 
 ``TestMuonNccl`` (skipped unless >= 8 GPUs are visible): 8 GPUs ep=4,
 moe_sharding=2, PADDLE_LOCAL_SIZE=4; 16+ GPUs: ep=8, PADDLE_LOCAL_SIZE=8.
-On CPU the test-side ``gloo_compat`` layer is active; on GPU it is off
+On CPU the package's ``gloo_compat`` layer is active; on GPU it is off
 (``GLOO_COMPAT=0``). Run with ``-s`` to see wall times and max |d|.
 """
 
