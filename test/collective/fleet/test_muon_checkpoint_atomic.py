@@ -500,6 +500,28 @@ class TestRanksAsThreads(_Dir):
             results = self.save(2)
         self.assert_one_failure(results, (0, 1), "rank 1 stopped responding while writing")
 
+    def test_after_the_rename_the_save_counts_as_committed(self):
+        real_fsync = commit.fsync_path
+
+        def parent_fails(path):
+            if os.path.basename(path) == os.path.basename(self.root):
+                raise OSError(errno.EIO, "Input/output error")
+            real_fsync(path)
+
+        with mock.patch.object(ckpt, "fsync_path", parent_fails):
+            results = self.save(2)
+        final = os.path.join(self.root, "checkpoint_0")
+        self.assertEqual(results, {0: final, 1: final})
+
+    def test_a_coordinator_that_cannot_publish_the_failure(self):
+        def no_room(self, message):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with mock.patch.object(commit.SaveHandshake, "decide_failure", no_room):
+            results = self.save(2, {1: OSError(errno.EIO, "Input/output error")})
+        self.assertIn("rank 1 could not write", str(results[0]))
+        self.assertIn("the coordinator, rank 0, stopped responding", str(results[1]))
+
     def test_a_lost_commit_race_fails_every_rank(self):
         real_rename = os.rename
 

@@ -238,8 +238,12 @@ def _commit(handshake: SaveHandshake, statuses: dict, tmp: str, final: str,
     except OSError as exc:
         raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save of "
                            f"the same id?): {exc}") from None
-    fsync_path(os.path.dirname(final))
-    shutil.rmtree(os.path.join(final, ".status"), ignore_errors=True)
+    # committed: what follows must not turn the commit into a reported failure
+    try:
+        fsync_path(os.path.dirname(final))
+    except OSError as exc:
+        logger.warning(f"checkpoint: could not flush {os.path.dirname(final)}: {exc}")
+    shutil.rmtree(os.path.join(final, STATUS_DIR), ignore_errors=True)
 
 
 def _retain(path: str, keep_last: int) -> None:
@@ -401,7 +405,12 @@ def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
                        f"could not commit: {type(exc).__name__}: {exc}")
     if message is None:
         message = _failure_message(final, statuses)
-    handshake.decide_failure(message)
+    try:
+        handshake.decide_failure(message)
+    except OSError as exc:  # the others then see this rank's heartbeat stop
+        handshake.stop()
+        logger.error(f"checkpoint: could not publish the failure in {tmp}: {exc}")
+        return message
     handshake.wait_acks([r for r, s in statuses.items()
                          if r != handshake.rank and not s.get("dead")])
     # Free the space now; the decision stays for a rank still to read it
