@@ -673,18 +673,33 @@ class TestBroadcastHelpers(unittest.TestCase):
                 net.dense["w_out"].set_value(paddle.full(net.dense["w_out"].shape, 5.0))
             for task in opt._broadcast_2d_params(rank2params, group):
                 task.wait()
+            first = (float(net.dense["w_in"].astype("float32").numpy().max()),
+                     float(net.dense["w_out"].numpy().min()))
             packed = opt.reorder_params([(rank2params, group)])
-            return (float(net.dense["w_in"].astype("float32").numpy().max()),
-                    float(net.dense["w_out"].numpy().min()),
+            # develop-style stage dicts (no plan phases) sync as develop does
+            net.dense["w_out"].set_value(paddle.full(net.dense["w_out"].shape, 7.0)
+                                         if rank == 0 else paddle.zeros(net.dense["w_out"].shape))
+            hand = {"kind": "2d", "world_size": 2, "group": group,
+                    "rank2params": {0: [net.dense["w_out"]]}}
+            for task in opt._launch_stage_sync(hand):
+                task.wait()
+            one_rank = opt._launch_stage_sync(dict(hand, world_size=1))
+            for task in opt._launch_stage_sync({"kind": "1d", "buffer": opt._comm_buffer_list[0]}):
+                task.wait()
+            return (*first,
                     [(str(d["param_buffer"].dtype), d["src_rank"], d["param_buffer"] is p)
-                     for d, p in zip(packed, (net.dense["w_in"], net.dense["w_out"]))])
+                     for d, p in zip(packed, (net.dense["w_in"], net.dense["w_out"]))],
+                    float(net.dense["w_out"].numpy().max()), one_rank)
 
         results, _ = run_world(cfg, body=body)
-        for w_in, w_out, packed in results:
+        for w_in, w_out, packed, *_ in results:
             self.assertEqual((w_in, w_out), (3.0, 5.0),
                              "owner 0's bf16 and fp32 matrices both arrive intact")
             self.assertEqual(packed, [("paddle.bfloat16", 0, True), ("paddle.float32", 0, True)],
                              "one buffer per dtype; an owner's only param of a dtype is sent as is")
+        for out in results:
+            self.assertEqual(out[3], 7.0, "a develop-style 2-D stage broadcasts from its owner")
+            self.assertEqual(out[4], [], "a one-rank stage syncs nothing")
 
 
 class TestLayoutStagesMatchOptimizer(unittest.TestCase):
@@ -707,6 +722,64 @@ class TestLayoutStagesMatchOptimizer(unittest.TestCase):
         bcasts = [op for op in layouts[0].schedule() if op.op == "broadcast"]
         self.assertEqual(sum(op.numel for op in bcasts), sum(m.numel for m in metas[:9]),
                          "the staged broadcasts carry every matrix exactly once")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _DefaultsConfig(SimConfig):
+    """A strategy that sets no Muon option but use_muon_sharding: every default."""
+
+    def strategy(self):
+        from mock.fake_hcg import make_hybrid_strategy
+
+        strategy = make_hybrid_strategy(self.ep, self.ms, self.pp, order=self.order,
+                                        comm_buffer_size_MB=1)
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        return strategy
+
+
+@unittest.skipUnless(_has_staged_api(), "the optimizer's default needs Muon's staged API")
+class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
+    """The plan tool's layout (model described as ParamSpecs, LayoutSettings
+    defaults) and the optimizer built from a default strategy agree on the Muon
+    rule, the owners and the whole phase list of every rank."""
+
+    def test_same_owners_and_phases(self):
+        from paddle_muon_ext.tools import presets
+
+        cfg = _DefaultsConfig(ep=2, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
+            specs = [presets.ParamSpec(p.name, tuple(p.shape), "float32",
+                                       isinstance(getattr(p, "color", None), dict),
+                                       presets.muon_applies(p.name, p.shape))
+                     for p in net.parameters()]
+            groups = {None: tuple(hcg.get_sharding_parallel_group().ranks),
+                      "moe_expert": tuple(hcg.get_moe_sharding_parallel_group().ranks)}
+            rank = paddle.distributed.get_rank()
+            tool = ShardingLayout.build([s.to_meta("moe_expert") for s in specs], groups, rank,
+                                        LayoutSettings(comm_buffer_size_MB=1))
+            mine = opt.sharding_layout
+
+            def phases(layout):
+                return [(ph.trigger, ph.label, ph.op, ph.route, ph.group, ph.items)
+                        for ph in layout.step_plan()]
+
+            return {"muon_rule": {s.name: s.use_muon for s in specs}
+                    == {n: m.use_muon for n, m in mine.params.items()},
+                    "owners": (tool.owners, mine.owners),
+                    "phases": (phases(tool), phases(mine)),
+                    "n_phases": len(mine.step_plan())}
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for rank, out in enumerate(results):
+            self.assertTrue(out["muon_rule"], f"rank {rank}: the plan tool's Muon rule differs")
+            self.assertEqual(*out["owners"], f"rank {rank}: owners differ")
+            self.assertEqual(*out["phases"], f"rank {rank}: the phase lists differ")
+            self.assertGreater(out["n_phases"], 3)
 
 
 if __name__ == "__main__":

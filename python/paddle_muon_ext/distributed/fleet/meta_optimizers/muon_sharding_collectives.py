@@ -44,9 +44,7 @@ _batch_isend_irecv = importlib.import_module(
 )
 from .muon_sharding_layout import (
     PHASE_ALL_GATHER,
-    PHASE_CROSS_NODE_BROADCAST,
     PHASE_CROSS_NODE_REDUCE,
-    PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,
     PHASE_REDUCE_SCATTER,
 )
@@ -65,13 +63,11 @@ __all__ = [
     "fused_buffer_scaling",
     "broadcast_from",
     "launch_broadcast",
-    "launch_hierarchical_broadcast",
     "launch_all_gather",
     "PendingCollective",
     "hierarchical_reduce",
     "intra_node_reduce",
     "cross_node_reduce",
-    "hierarchical_broadcast",
     "reduce_scatter_slices",
     "all_gather_slices",
     "PHASE_REDUCE_SCATTER",
@@ -281,28 +277,6 @@ def launch_broadcast(routes: Sequence[Route], group,
     )
 
 
-def launch_hierarchical_broadcast(
-    routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
-    then: Callable[[], None] | None = None,
-) -> PendingCollective:
-    """:func:`hierarchical_broadcast` whose second (intra-node) hop is left in flight.
-
-    The cross-node hop completes first (the intra-node roots forward what
-    it delivered); the intra-node hop is returned pending.
-    """
-    with comm_phase(PHASE_CROSS_NODE_BROADCAST):
-        broadcast_from(
-            [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
-            groups.same_card_group,
-        )
-    with comm_phase(PHASE_INTRA_NODE_BROADCAST):
-        return launch_broadcast(
-            [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
-            groups.node_group,
-            then,
-        )
-
-
 def hierarchical_reduce(
     routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int, op
 ) -> None:
@@ -347,29 +321,6 @@ def cross_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, group
             [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
             groups.same_card_group,
             op,
-        )
-
-
-def hierarchical_broadcast(
-    routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int
-) -> None:
-    """Reverse of :func:`hierarchical_reduce`: across nodes, then inside nodes.
-
-    Args:
-        routes (Sequence[tuple[Tensor, int]]): buffer and owner global rank.
-        plan (HierarchicalCommPlan): the routing plan.
-        groups: the groups created from ``plan`` for ``rank``.
-        rank (int): this process's global rank.
-    """
-    with comm_phase(PHASE_CROSS_NODE_BROADCAST):
-        broadcast_from(
-            [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
-            groups.same_card_group,
-        )
-    with comm_phase(PHASE_INTRA_NODE_BROADCAST):
-        broadcast_from(
-            [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
-            groups.node_group,
         )
 
 

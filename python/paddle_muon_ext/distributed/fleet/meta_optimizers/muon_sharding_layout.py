@@ -61,6 +61,7 @@ __all__ = [
     "MuonBucketSpec",
     "SliceBufferSpec",
     "SyncStageSpec",
+    "StepPhase",
     "CommOp",
     "ShardingLayout",
     "assign_muon_owners",
@@ -96,6 +97,12 @@ PHASE_INTRA_NODE_BROADCAST = "intra_node_broadcast"
 TRIGGER_BACKWARD = "backward"
 TRIGGER_REDUCE = "reduce_gradients"
 TRIGGER_STEP = "step"
+TRIGGER_SYNC = "sync"
+
+# How a phase reaches its group (StepPhase.route).
+ROUTE_INTRA_NODE = "intra_node"
+ROUTE_CROSS_NODE = "cross_node"
+ROUTE_SLICES = "slices"
 
 # Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
 # uses 256 for gpu/npu/xpu; the CPU compat registers the same).
@@ -193,7 +200,8 @@ class LayoutSettings:
     comm_overlap: bool = False
     partition_strategy: str = option_default("muon_partition_strategy")
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
-    overlap_sync: bool = False
+    # develop's default (FLAGS_muon_sharding_overlap_optimize_and_sync=1)
+    overlap_sync: bool = True
     overlap_sync_group_call: bool = False
 
     @property
@@ -322,6 +330,36 @@ class SyncStageSpec:
     owners: tuple = ()
     local_params: tuple = ()
     buffer_index: int = -1
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """One phase of the step plan: one collective pattern on one group.
+
+    Attributes:
+        trigger: when it runs: ``"backward"`` (a buffer's hook),
+            ``"reduce_gradients"``, ``"step"`` (the parameter sync), or
+            ``"sync[k]"`` (the sync of update stage k, overlapped update).
+        label: the phase name (profiler, flight recorder, recorder comparison).
+        op: ``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather``.
+        route: ``flat`` (the colour group), ``intra_node`` / ``cross_node``
+            (the hierarchical groups) or ``slices`` (each element-wise
+            buffer's own group).
+        group: global ranks of the group (empty for ``slices``).
+        items: ``(buffer ref, root global rank)``; refs are ``("muon", i)``
+            (``muon_buckets[i]``: its gradient parts or broadcast buffer),
+            ``("slice", i)`` (``slice_buffers[i]``), ``("stage", k, j)``
+            (owner buffer j of sync stage k).
+        ops: the collectives this rank issues for the phase.
+    """
+
+    trigger: str
+    label: str
+    op: str
+    route: str
+    group: tuple
+    items: tuple
+    ops: tuple
 
 
 @dataclass(frozen=True)
@@ -654,34 +692,50 @@ class ShardingLayout:
         self.__dict__["_sync_stage_cache"] = tuple(stages)
         return self.__dict__["_sync_stage_cache"]
 
-    def _staged_sync_ops(self) -> list:
-        """The step's collectives when it syncs stage by stage (one stage after another)."""
-        ops: list = []
+    def _staged_sync_phases(self) -> list:
+        """The sync phases of the overlapped update: stage k's, after stage k's update.
+
+        Items of a 2-D stage are ``("stage", k, j)`` (its j-th owner buffer).
+        """
+        phases: list = []
         plan, rank = self.plan, self.rank
-        for stage in self.sync_stages():
+        for k, stage in enumerate(self.sync_stages()):
+            trigger = f"{TRIGGER_SYNC}[{k}]"
             if stage.kind == "1d":
                 buf = self.slice_buffers[stage.buffer_index]
-                ops.append(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
-                                  buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
+                phases.append(StepPhase(
+                    trigger, PHASE_ALL_GATHER, "all_gather", ROUTE_SLICES, buf.group,
+                    ((("slice", stage.buffer_index), None),),
+                    (CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
+                            buf.dtype, buf.shard_numel, buf.colour, False, buf.payload),)))
                 continue
-            def bcast(phase, group, root, dtype, numel):
-                return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, dtype, numel,
+
+            def bcast(label, group, root, dtype, numel):
+                return CommOp(TRIGGER_STEP, label, "broadcast", group, root, dtype, numel,
                               stage.colour, True, numel * itemsize(dtype))
 
+            entries = list(enumerate(stage.owners))
             if plan is not None and stage.colour is None:
                 node, same_card = self._hier_groups()
-                for owner, dtype, _, numel in stage.owners:
-                    if plan.in_cross_node_step(owner, rank):
-                        ops.append(bcast(PHASE_CROSS_NODE_BROADCAST, same_card, owner, dtype,
-                                         numel))
-                for owner, dtype, _, numel in stage.owners:
-                    ops.append(bcast(PHASE_INTRA_NODE_BROADCAST, node,
-                                     plan.intra_node_root(owner, rank), dtype, numel))
+                cross = [(j, o) for j, o in entries if plan.in_cross_node_step(o[0], rank)]
+                phases.append(StepPhase(
+                    trigger, PHASE_CROSS_NODE_BROADCAST, "broadcast", ROUTE_CROSS_NODE,
+                    same_card, tuple((("stage", k, j), o[0]) for j, o in cross),
+                    tuple(bcast(PHASE_CROSS_NODE_BROADCAST, same_card, o[0], o[1], o[3])
+                          for _, o in cross)))
+                roots = [plan.intra_node_root(o[0], rank) for _, o in entries]
+                phases.append(StepPhase(
+                    trigger, PHASE_INTRA_NODE_BROADCAST, "broadcast", ROUTE_INTRA_NODE, node,
+                    tuple((("stage", k, j), r) for (j, _), r in zip(entries, roots)),
+                    tuple(bcast(PHASE_INTRA_NODE_BROADCAST, node, r, o[1], o[3])
+                          for (_, o), r in zip(entries, roots))))
             else:
-                for owner, dtype, _, numel in stage.owners:
-                    ops.append(bcast(flat_broadcast_phase(stage.group), stage.group, owner,
-                                     dtype, numel))
-        return ops
+                label = flat_broadcast_phase(stage.group)
+                phases.append(StepPhase(
+                    trigger, label, "broadcast", ROUTE_FLAT, stage.group,
+                    tuple((("stage", k, j), o[0]) for j, o in entries),
+                    tuple(bcast(label, stage.group, o[0], o[1], o[3]) for _, o in entries)))
+        return phases
 
     # ----------------------------------------------------------- schedule
     def comm_groups(self) -> list:
@@ -704,8 +758,140 @@ class ShardingLayout:
             order.setdefault(b.group, []).append(b)
         return list(order.items())
 
+    def step_plan(self) -> list:
+        """The step as data: ordered phases, each one collective pattern on one group.
+
+        Every rank derives the same sequence from replicated metadata (its own
+        roots and routes differ). The optimizer's hooks, ``reduce_gradients``
+        and parameter sync walk the phases of their trigger; :meth:`schedule`
+        lists their collectives.
+
+        Returns:
+            list[StepPhase]: backward-hook phases (model order of their
+            buffers; the real order follows the backward pass), then
+            ``reduce_gradients``, then the parameter sync of ``step``.
+        """
+        cached = self.__dict__.get("_step_plan_cache")
+        if cached is not None:
+            return list(cached)
+        rank, plan = self.rank, self.plan
+        phases: list = []
+        index = {id(b): i for i, b in enumerate(self.muon_buckets)}
+        hier = [b for b in self.muon_buckets if b.route == ROUTE_HIERARCHICAL]
+        flat = [b for b in self.muon_buckets if b.route == ROUTE_FLAT]
+        node = same_card = None
+        if hier:
+            node, same_card = self._hier_groups()
+
+        def reduce_ops(trigger, label, group, b, root, coalesced):
+            return tuple(CommOp(trigger, label, "reduce", group, root, b.dtype, n, b.colour,
+                                coalesced, payload) for n, payload in b.reduce_parts())
+
+        def rs_op(trigger, buf):
+            return CommOp(trigger, PHASE_REDUCE_SCATTER, "reduce_scatter", buf.group, None,
+                          buf.dtype, buf.shard_numel, buf.colour, False, buf.payload)
+
+        # backward: hooks launch each hooked buffer's first hop, one op per buffer
+        hooked_rs = [i for i, s in enumerate(self.slice_buffers)
+                     if s.overlap and len(s.group) > 1]
+        for i in hooked_rs:
+            buf = self.slice_buffers[i]
+            phases.append(StepPhase(TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER, "reduce_scatter",
+                                    ROUTE_SLICES, buf.group, ((("slice", i), None),),
+                                    (rs_op(TRIGGER_BACKWARD, buf),)))
+        for b in self.muon_buckets:
+            if not b.overlap:
+                continue
+            if b.route == ROUTE_HIERARCHICAL:
+                label, route, group = PHASE_INTRA_NODE_REDUCE, ROUTE_INTRA_NODE, node
+                root = plan.intra_node_root(b.owner, rank)
+            else:
+                label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, \
+                    b.owner
+            phases.append(StepPhase(TRIGGER_BACKWARD, label, "reduce", route, group,
+                                    ((("muon", index[id(b)]), root),),
+                                    reduce_ops(TRIGGER_BACKWARD, label, group, b, root, False)))
+        # reduce_gradients: what the hooks did not launch (and waits for what
+        # they did), then the second hop
+        hooked = set(hooked_rs)
+        phases.append(StepPhase(
+            TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, "reduce_scatter", ROUTE_SLICES, (),
+            tuple((("slice", i), None) for i in range(len(self.slice_buffers))),
+            tuple(rs_op(TRIGGER_REDUCE, buf) for i, buf in enumerate(self.slice_buffers)
+                  if i not in hooked)))
+        intra = [b for b in hier if not b.overlap]
+        if intra:
+            items = tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
+                          for b in intra)
+            phases.append(StepPhase(
+                TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, "reduce", ROUTE_INTRA_NODE, node, items,
+                tuple(op for b, (_, root) in zip(intra, items)
+                      for op in reduce_ops(TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, node, b,
+                                           root, True))))
+        cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
+        if hier:
+            phases.append(StepPhase(
+                TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, "reduce", ROUTE_CROSS_NODE, same_card,
+                tuple((("muon", index[id(b)]), b.owner) for b in cross),
+                tuple(op for b in cross
+                      for op in reduce_ops(TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, same_card,
+                                           b, b.owner, True))))
+        for group, buckets in self._flat_groups([b for b in flat if not b.overlap]):
+            label = flat_reduce_phase(group)
+            phases.append(StepPhase(
+                TRIGGER_REDUCE, label, "reduce", ROUTE_FLAT, group,
+                tuple((("muon", index[id(b)]), b.owner) for b in buckets),
+                tuple(op for b in buckets
+                      for op in reduce_ops(TRIGGER_REDUCE, label, group, b, b.owner, True))))
+        if self.staged_sync:
+            phases.extend(self._staged_sync_phases())
+        else:
+            phases.extend(self._sync_phases(hier, flat, node, same_card, index))
+        self.__dict__["_step_plan_cache"] = tuple(phases)
+        return list(phases)
+
+    def _sync_phases(self, hier, flat, node, same_card, index) -> list:
+        """step: the parameter sync, the reduce's mirror."""
+        rank, plan = self.rank, self.plan
+        phases: list = []
+
+        def bcast(b, label, group, root):
+            return CommOp(TRIGGER_STEP, label, "broadcast", group, root, b.dtype, b.numel,
+                          b.colour, True, b.numel * itemsize(b.dtype))
+
+        if hier:
+            cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
+            phases.append(StepPhase(
+                TRIGGER_STEP, PHASE_CROSS_NODE_BROADCAST, "broadcast", ROUTE_CROSS_NODE,
+                same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross),
+                tuple(bcast(b, PHASE_CROSS_NODE_BROADCAST, same_card, b.owner)
+                      for b in cross)))
+            items = tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
+                          for b in hier)
+            phases.append(StepPhase(
+                TRIGGER_STEP, PHASE_INTRA_NODE_BROADCAST, "broadcast", ROUTE_INTRA_NODE, node,
+                items, tuple(bcast(b, PHASE_INTRA_NODE_BROADCAST, node, root)
+                             for b, (_, root) in zip(hier, items))))
+        for group, buckets in self._flat_groups(flat):
+            label = flat_broadcast_phase(group)
+            phases.append(StepPhase(
+                TRIGGER_STEP, label, "broadcast", ROUTE_FLAT, group,
+                tuple((("muon", index[id(b)]), b.owner) for b in buckets),
+                tuple(bcast(b, label, group, b.owner) for b in buckets)))
+        phases.append(StepPhase(
+            TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", ROUTE_SLICES, (),
+            tuple((("slice", i), None) for i in range(len(self.slice_buffers))),
+            tuple(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
+                         buf.dtype, buf.shard_numel, buf.colour, False, buf.payload)
+                  for buf in self.slice_buffers)))
+        return phases
+
+    def phases_of(self, trigger: str) -> list:
+        """The phases of one trigger, in plan order."""
+        return [ph for ph in self.step_plan() if ph.trigger == trigger]
+
     def schedule(self) -> list:
-        """Ordered collectives this rank issues in one step.
+        """Ordered collectives this rank issues in one step (the plan's ops).
 
         Hook-launched ops (``trigger == "backward"``) are listed in model order
         of their buffers; their real order follows the backward pass.
@@ -713,76 +899,8 @@ class ShardingLayout:
         Returns:
             list[CommOp]: the step's collectives.
         """
-        rank, plan = self.rank, self.plan
-        ops: list = []
-        hier = [b for b in self.muon_buckets if b.route == ROUTE_HIERARCHICAL]
-        flat = [b for b in self.muon_buckets if b.route == ROUTE_FLAT]
-        node = same_card = None
-        if hier:
-            node, same_card = self._hier_groups()
-        hooked_rs = [s for s in self.slice_buffers if s.overlap and len(s.group) > 1]
-        hooked_ids = {id(s) for s in hooked_rs}
-
-        # backward: hooks launch each hooked buffer's first hop, one op per buffer
-        for buf in hooked_rs:
-            ops.append(CommOp(TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER, "reduce_scatter",
-                              buf.group, None, buf.dtype, buf.shard_numel, buf.colour, False,
-                              buf.payload))
-        for b in self.muon_buckets:
-            if not b.overlap:
-                continue
-            if b.route == ROUTE_HIERARCHICAL:
-                phase, group, root = PHASE_INTRA_NODE_REDUCE, node, plan.intra_node_root(
-                    b.owner, rank)
-            else:
-                phase, group, root = flat_reduce_phase(b.group), b.group, b.owner
-            for n, payload in b.reduce_parts():
-                ops.append(CommOp(TRIGGER_BACKWARD, phase, "reduce", group, root, b.dtype, n,
-                                  b.colour, False, payload))
-        # reduce_gradients: what the hooks did not launch, then the second hop
-        for buf in self.slice_buffers:
-            if id(buf) not in hooked_ids:
-                ops.append(CommOp(TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, "reduce_scatter",
-                                  buf.group, None, buf.dtype, buf.shard_numel, buf.colour,
-                                  False, buf.payload))
-        for b in hier:
-            if not b.overlap:
-                root = plan.intra_node_root(b.owner, rank)
-                for n, payload in b.reduce_parts():
-                    ops.append(CommOp(TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, "reduce", node,
-                                      root, b.dtype, n, b.colour, True, payload))
-        for b in hier:
-            if plan.in_cross_node_step(b.owner, rank):
-                for n, payload in b.reduce_parts():
-                    ops.append(CommOp(TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, "reduce",
-                                      same_card, b.owner, b.dtype, n, b.colour, True, payload))
-        for group, buckets in self._flat_groups([b for b in flat if not b.overlap]):
-            for b in buckets:
-                for n, payload in b.reduce_parts():
-                    ops.append(CommOp(TRIGGER_REDUCE, flat_reduce_phase(group), "reduce",
-                                      group, b.owner, b.dtype, n, b.colour, True, payload))
-        if self.staged_sync:
-            ops.extend(self._staged_sync_ops())
-            return [op for op in ops if len(op.group) > 1]
-        # step: parameter sync, the reduce's mirror.
-        def bcast(b, phase, group, root):
-            return CommOp(TRIGGER_STEP, phase, "broadcast", group, root, b.dtype, b.numel,
-                          b.colour, True, b.numel * itemsize(b.dtype))
-
-        for b in hier:
-            if plan.in_cross_node_step(b.owner, rank):
-                ops.append(bcast(b, PHASE_CROSS_NODE_BROADCAST, same_card, b.owner))
-        for b in hier:
-            ops.append(bcast(b, PHASE_INTRA_NODE_BROADCAST, node,
-                             plan.intra_node_root(b.owner, rank)))
-        for group, buckets in self._flat_groups(flat):
-            for b in buckets:
-                ops.append(bcast(b, flat_broadcast_phase(group), group, b.owner))
-        for buf in self.slice_buffers:
-            ops.append(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
-                              buf.dtype, buf.shard_numel, buf.colour, False, buf.payload))
         # One-rank groups (e.g. moe_sharding_degree=1) hold the result already.
-        return [op for op in ops if len(op.group) > 1]
+        return [op for ph in self.step_plan() for op in ph.ops if len(op.group) > 1]
 
     def to_dict(self) -> dict:
         """JSON-ready summary (owners, buckets, slice ranges, schedule) for tools and tests."""

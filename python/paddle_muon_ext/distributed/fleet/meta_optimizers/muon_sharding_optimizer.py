@@ -54,7 +54,11 @@ from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_partition import machine_balanced_owner_indices, partition_2d_parameters
 from .muon_sharding_layout import (
     NO_HOOK_COLOURS,
+    ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
+    ROUTE_INTRA_NODE,
+    TRIGGER_STEP,
+    TRIGGER_SYNC,
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
@@ -311,6 +315,8 @@ class MuonShardingOptimizer:
             log = logger.info if self._rank == 0 else logger.debug
             log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
         by_name = {p.name: p for p in self._parameter_list if _is_trainable(p)}
+        self._param_by_name = by_name
+        self._group_of_ranks = {tuple(g.ranks): g for g in self._colour_groups.values()}
         self._build_2d_comm_buffers(by_name)
         self._build_1d_comm_buffers(by_name)
         self._names_longest_first: list[str] | None = None
@@ -1072,15 +1078,35 @@ class MuonShardingOptimizer:
                            "world_size": info["world_size"], "rank2params": rank2params,
                            "keys": list(spec.keys), "spec": spec,
                            "local_params": [by_name[n] for n in spec.local_params]})
+        for k, stage in enumerate(stages):
+            stage["phases"] = self._layout.phases_of(f"{TRIGGER_SYNC}[{k}]")
         return stages
 
     def _launch_stage_sync(self, stage: dict) -> list:
-        """Launch one stage's parameter sync; returns what to wait on."""
-        if stage["kind"] == "1d":
-            return [comm.launch_all_gather(stage["buffer"])]
-        if stage["world_size"] <= 1:
-            return []
-        return self._broadcast_2d_params(stage["rank2params"], stage["group"])
+        """Launch one stage's parameter sync; returns what to wait on.
+
+        A stage of :meth:`_build_sync_stages` walks its plan phases: every
+        phase but the last completes (the hierarchical route's cross-node hop
+        feeds the intra-node one), the last stays in flight. A stage dict
+        built by hand (develop's form, no ``'phases'``) is synced as develop does.
+        """
+        phases = stage.get("phases")
+        if phases is None:
+            if stage["kind"] == "1d":
+                return [comm.launch_all_gather(stage["buffer"])]
+            if stage["world_size"] <= 1:
+                return []
+            return self._broadcast_2d_params(stage["rank2params"], stage["group"])
+        cache, unpack, pending = {}, [], []
+        for i, phase in enumerate(phases):
+            pending += self._run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1)
+
+        def copy_back():
+            for buffer, params in unpack:
+                comm.unflatten_from(buffer, params)
+
+        # waited after the stage's collectives: the received values land then
+        return pending + [comm.PendingCollective([], [], "copy back", copy_back)]
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """Clip and prepare once; per stage update, then launch its sync; wait all."""
@@ -1119,9 +1145,6 @@ class MuonShardingOptimizer:
             for buffer, params in unpack:
                 comm.unflatten_from(buffer, params)
 
-        if self._plan is not None and group is self._default_group:
-            return [comm.launch_hierarchical_broadcast(
-                routes, self._plan, self._plan_groups, self._rank, copy_back)]
         with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
             return [comm.launch_broadcast(routes, group, copy_back)]
 
@@ -1199,26 +1222,55 @@ class MuonShardingOptimizer:
             self._sync_parameters()
 
     def _sync_parameters(self) -> None:
-        pairs, unpack = [], []
-        for bucket in self._muon_buckets:
-            numel = sum(int(p.numel()) for p in bucket.params)
-            buffer = paddle.empty([numel], dtype=bucket.dtype)
-            if bucket.owner == self._rank:
-                comm.flatten_into(bucket.params, buffer)
-            else:
-                unpack.append((buffer, bucket.params))
-            pairs.append((bucket, buffer))
-        hierarchical, flat = self._split_routes(pairs)
-        if hierarchical:
-            comm.hierarchical_broadcast(
-                hierarchical, self._plan, self._plan_groups, self._rank
-            )
-        for group, routes in flat:
-            with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
-                comm.broadcast_from(routes, group)
+        # The plan's sync phases: the step's, or every stage's one after another.
+        cache, unpack = {}, []
+        for phase in self._layout.step_plan():
+            if phase.trigger == TRIGGER_STEP or phase.trigger.startswith(TRIGGER_SYNC):
+                self._run_sync_phase(phase, cache, unpack, launch=False)
         for buffer, params in unpack:
             comm.unflatten_from(buffer, params)
-        comm.all_gather_slices(self._rs_buffers)
+
+    def _phase_group(self, phase):
+        """The process group a plan phase runs on."""
+        if phase.route == ROUTE_INTRA_NODE:
+            return self._plan_groups.node_group
+        if phase.route == ROUTE_CROSS_NODE:
+            return self._plan_groups.same_card_group
+        return self._group_of_ranks[tuple(phase.group)]
+
+    def _sync_buffer(self, ref: tuple, cache: dict, unpack: list):
+        """The flat broadcast buffer of a plan item; the owner fills it, others unpack it."""
+        if ref in cache:
+            return cache[ref]
+        if ref[0] == "muon":
+            bucket = self._muon_buckets[ref[1]]
+            owner, params = bucket.owner, bucket.params
+        else:  # ("stage", k, j): owner buffer j of sync stage k
+            owner, _, names, _ = self._layout.sync_stages()[ref[1]].owners[ref[2]]
+            params = [self._param_by_name[n] for n in names]
+        buffer = paddle.empty([sum(int(p.numel()) for p in params)], dtype=params[0].dtype)
+        if owner == self._rank:
+            comm.flatten_into(params, buffer)
+        else:
+            unpack.append((buffer, params))
+        cache[ref] = buffer
+        return buffer
+
+    def _run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool) -> list:
+        """Issue one sync phase of the plan; with ``launch`` leave it in flight."""
+        if phase.op == "all_gather":
+            buffers = [self._rs_buffers[ref[1]] for ref, _ in phase.items]
+            if launch:
+                return [comm.launch_all_gather(b) for b in buffers]
+            comm.all_gather_slices(buffers)
+            return []
+        routes = [(self._sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
+        group = self._phase_group(phase)
+        with comm.comm_phase(phase.label):
+            if launch:
+                return [comm.launch_broadcast(routes, group)]
+            comm.broadcast_from(routes, group)
+        return []
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
         """Clear every gradient this optimizer manages.
