@@ -187,7 +187,7 @@ class TestRealGlooJobs(unittest.TestCase):
 
         log_dir = tempfile.mkdtemp(prefix=f"muon_hangs_{mode}{nproc}_")
         self.addCleanup(shutil.rmtree, log_dir, True)
-        env = {"HANGS_JOB_MODE": mode, fr.ENV_TIMEOUT: "3",
+        env = {"HANGS_JOB_MODE": mode, fr.ENV_TIMEOUT: "3", fr.ENV_ARM: "1",
                "PYTHONPATH": os.pathsep.join([os.path.join(REPO_ROOT, "python"),
                                               os.environ.get("PYTHONPATH", "")])}
         if nproc == 4:
