@@ -30,7 +30,6 @@ from unittest import mock
 import numpy as np
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
-from paddle.distributed.fleet.utils.log_util import logger
 from paddle.utils import unique_name
 
 from paddle_muon_ext.optimizer import muon as muon_module
@@ -42,6 +41,7 @@ from paddle_muon_ext.optimizer.muon import (
     _to_hashable,
     build_muon_param_info_map,
     keep_whole,
+    logger,
     muon_update_scale,
     newton_schulz,
 )
@@ -1166,6 +1166,7 @@ class TestDevelopNames(unittest.TestCase):
             self.assertEqual(table, REF_PRESETS[kind])
 
     def test_module_names(self):
+        self.assertEqual(logger.name, "paddle.optimizer.muon", "develop's module logger")
         self.assertEqual(muon_module._SYRK_SUPPORTED_DTYPES, (paddle.bfloat16, paddle.float16))
         self.assertIsInstance(muon_module.MUON_DEBUG, bool)
         self.assertIsInstance(muon_module.g_shard_bypass_dygraph_optimizer, int)

@@ -25,6 +25,7 @@ GEMM, hyperball (MuonH / AdamH) and ``muon_epsilon``.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -35,7 +36,6 @@ import paddle
 from paddle import _C_ops
 from paddle.base import framework
 from paddle.base.dygraph import base as imperative_base
-from paddle.distributed.fleet.utils.log_util import logger
 from paddle.optimizer.lr import LRScheduler
 from paddle.optimizer.optimizer import Optimizer
 
@@ -54,6 +54,17 @@ __all__ = [
     "newton_schulz",
     "resolve_ns_coeffs",
 ]
+
+# The module logger under develop's module path (this module is
+# paddle.optimizer.muon after patch_paddle() and in the exported patch), set
+# up like Paddle's get_logger, once.
+logger = logging.getLogger("paddle.optimizer.muon")
+if not logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s-%(levelname)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 # Read once at import, as develop does.
 MUON_DEBUG = os.environ.get("MUON_DEBUG", "0") == "1"
