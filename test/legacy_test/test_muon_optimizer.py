@@ -1646,6 +1646,30 @@ class TestNumbersAndKeys(unittest.TestCase):
                            "scale, extra factor and lr each rounded to bf16, as develop")
         self.assertLessEqual(max_rel(got, step), 1e-2)
 
+    def test_bf16_param_without_master_rounds_decay_then_step(self):
+        # develop (section 6): param.scale_(1 - lr*wd) rounds to bf16, then the
+        # step (fp32 NS here) is cast to bf16 and subtracted in bf16. Paddle
+        # turns the Python scale factor into bf16 first, as for multiplies.
+        lr, wd = 0.1, 0.37
+        (w0,) = rng_arrays(93, (32, 48), scale=0.5)
+        (g,) = rng_arrays(94, (32, 48))
+        w0 = bf16_round(w0)
+        with unique_name.guard():
+            w = make_param("w", w0, "bfloat16")
+            opt = Muon(lr, [w], muon_exclude_patterns=[], weight_decay=wd)
+            opt._apply_optimize(None, None, [(w, paddle.to_tensor(g).astype("bfloat16"))])
+        g16 = bf16_round(g).astype(np.float64)
+        u = g16 + 0.95 * (0.05 * g16 - g16)
+        step = (ns_ref(u, SIMPLE, 5) * scale_ref(u.shape, 1) * lr).astype(np.float32)
+        decayed = bf16_round(w0 * bf16_round(np.float32(1.0 - lr * wd)))
+        expect = bf16_round(decayed - bf16_round(step))
+        one_rounding = bf16_round((w0 * np.float32(1.0 - lr * wd) - step).astype(np.float32))
+        got = to_np(w)
+        exact = np.mean(got == expect)
+        self.assertGreater(exact, 0.99, "decay rounded to bf16, then the bf16 step subtracted")
+        self.assertGreater(exact, np.mean(got == one_rounding) + 0.05,
+                           "the emulation must tell the rounding orders apart")
+
     def _develop_state(self, ref, names, shapes, masters, t):
         """A state_dict as develop writes it, from the float64 reference."""
         sd, mw = {}, {}
