@@ -368,6 +368,20 @@ class TestPlanAnyLayout(unittest.TestCase):
         self.assertEqual(one_card["flat"]["intra_node_bytes_all"], 0)
         self.assertEqual(one_card["flat"]["inter_node_bytes_all"], total)
 
+    def test_flat_path_of_stages_sharing_a_node(self) -> None:
+        # pp=2 on one node of 4 cards: both stages' sharding groups on node 0.
+        base = ["--ep", "2", "--moe-sharding", "1", "--pp", "2", "--model", "tiny",
+                "--no-group-call"]
+        one_node = self._plan(*base, "--gpus-per-node", "4")
+        one_card = self._plan(*base, "--gpus-per-node", "1")
+        self.assertEqual(one_node["flat"]["collectives_per_step"],
+                         one_card["flat"]["collectives_per_step"])
+        self.assertGreater(one_node["flat"]["collectives_total"], 0)
+        self.assertEqual(one_node["flat"]["inter_node_bytes_all"], 0)
+        self.assertEqual(one_card["flat"]["intra_node_bytes_all"], 0)
+        self.assertEqual(one_node["flat"]["intra_node_bytes_all"],
+                         one_card["flat"]["inter_node_bytes_all"])
+
     def test_table_of_the_flat_path_and_the_refusal_names_the_flag(self) -> None:
         out = io.StringIO()
         with redirect_stdout(out):

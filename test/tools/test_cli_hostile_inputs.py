@@ -203,6 +203,8 @@ class TestHostileInputs(unittest.TestCase):
             (self._dumps("boolrank", _dump(rank=True)), "field 'rank' is true"),
             (self._dumps("bigrank", _dump(rank=7)), "field 'rank' is 7, expected < world_size 2"),
             (self._dumps("world", _dump(world_size="4")), "field 'world_size' is \"4\""),
+            (self._dumps("hugeworld", _dump(world_size=10**15)),
+             "field 'world_size' is 1000000000000000, expected an integer in 0..1048576"),
             (self._dumps("time", _dump(time="yesterday")), "field 'time' is \"yesterday\""),
             (self._dumps("reason", _dump(reason=None)), "field 'reason' is null"),
             (self._dumps("entries", _dump(entries={"a": 1})), "field 'entries' is {\"a\": 1}"),

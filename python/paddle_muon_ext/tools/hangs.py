@@ -56,6 +56,8 @@ __all__ = ["DumpError", "classify", "load_dumps", "main", "report", "validate_du
 #: Dumps of one hang are written within seconds of each other (a timed-out
 #: rank asks the others); a wider spread means files from another job.
 STALE_SPREAD_S = 300.0
+#: Largest world a dump may name (the report lists the ranks without a dump).
+MAX_RANKS = 1 << 20
 #: Largest dump read (a ring buffer of the default 2048 entries is < 1 MB).
 MAX_DUMP_BYTES = 256 << 20
 
@@ -101,8 +103,10 @@ _ENTRY_CHECKS = {
     "finish": (_opt(_is_num), "a number or null"),
 }
 _TOP_CHECKS = {
-    "rank": (lambda v: _is_int(v) and v >= 0, "an integer >= 0", True),
-    "world_size": (lambda v: _is_int(v) and v >= 0, "an integer >= 0", False),
+    "rank": (lambda v: _is_int(v) and 0 <= v < MAX_RANKS, f"an integer in 0..{MAX_RANKS - 1}",
+             True),
+    "world_size": (lambda v: _is_int(v) and 0 <= v <= MAX_RANKS, f"an integer in 0..{MAX_RANKS}",
+                   False),
     "pid": (_opt(_is_int), "an integer", False),
     "host": (_opt(lambda v: isinstance(v, str)), "a string", False),
     "time": (_opt(_is_num), "a number", False),

@@ -204,8 +204,10 @@ class WorldByClass:
             templates = {m[0][0]: m for m in members.values()}  # leader -> members
             node_class: List[tuple] = []
             moe_class: Dict[int, List[tuple]] = {t: [] for t in templates}
-            leaders = set(node0 if hierarchical else node0[:1]) | {min(m[0]) for m in
-                                                                  members.values()}
+            # the sharding group's leader is its lowest rank; on the flat path a
+            # node may hold several stages (--no-group-call), so not node0[0]
+            leaders = set(node0 if hierarchical else (min(dense),)) | {min(m[0]) for m in
+                                                                      members.values()}
             lay0 = None
             # id(group tuple) -> (the tuple, kept alive so its id stays unique; its lowest rank)
             lowest: Dict[int, Tuple[tuple, int]] = {}
