@@ -289,8 +289,56 @@ class TestSingleProcess(_Dir):
         target = whole({k: np.zeros_like(v) for k, v in arrays(1).items()})
         self.assertEqual(os.path.basename(load_sharded_checkpoint(target, disk)), "checkpoint_0")
         self.assert_values(numpy_of(target), 1, "after a full disk")
+        # id 1 stays claimed by the failed save's record until this commit sweeps it
         self.assertEqual(os.path.basename(save_sharded_checkpoint(whole(arrays(2)), disk)),
-                         "checkpoint_1", "space freed: the next save fits")
+                         "checkpoint_2", "space freed: the next save fits")
+        self.assertEqual(sorted(os.listdir(disk)), ["checkpoint_0", "checkpoint_2"])
+
+    def test_concurrent_saves_with_automatic_ids_both_commit(self):
+        # two jobs saving into one directory at the same moment claim distinct ids
+        start = threading.Barrier(4)
+        real_propose = ckpt._propose
+
+        def propose_together(path, unique_id):
+            start.wait(timeout=30)
+            return real_propose(path, unique_id)
+
+        outcomes: dict = {}
+
+        def run(seed: int) -> None:
+            try:
+                outcomes[seed] = save_sharded_checkpoint(whole(arrays(seed)), self.root)
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                outcomes[seed] = exc
+
+        with mock.patch.object(ckpt, "_propose", propose_together):
+            threads = [threading.Thread(target=run, args=(s,)) for s in (1, 2, 3, 4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        self.assertEqual(sorted(os.path.basename(str(o)) for o in outcomes.values()),
+                         ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"],
+                         f"every concurrent save must commit its own id: {outcomes}")
+        for seed, directory in outcomes.items():
+            target = whole({k: np.zeros_like(v) for k, v in arrays(0).items()})
+            load_sharded_checkpoint(target, directory)
+            self.assert_values(numpy_of(target), seed, f"{directory} (save {seed})")
+
+    def test_a_save_seeing_a_rival_for_its_id_takes_the_next(self):
+        real_mkdir = os.mkdir
+        rival = os.path.join(self.root, commit.tmp_name(0, "rival"))
+
+        def mkdir_with_rival(path, *args, **kwargs):
+            real_mkdir(path, *args, **kwargs)
+            if not os.path.exists(rival):  # another job claims id 0 at the same moment
+                real_mkdir(rival)
+
+        with mock.patch.object(ckpt.os, "mkdir", mkdir_with_rival):
+            directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertEqual(os.path.basename(directory), "checkpoint_1")
+        self.assertEqual(sorted(os.listdir(self.root)), [os.path.basename(rival),
+                                                         "checkpoint_1"])
 
     def test_concurrent_saves_of_one_id_never_corrupt(self):
         # both write at once into their own temporary directories; one rename wins
@@ -453,8 +501,9 @@ class TestRanksAsThreads(_Dir):
             self.assertIsNone(latest_complete_checkpoint(self.root))
         self.assertIn(f"{left}: a save that never committed (failed)", "\n".join(logs.output))
         self.save(3)
-        self.assertEqual(os.listdir(self.root), ["checkpoint_0"],
-                         "the next commit sweeps what the failed save left")
+        self.assertEqual(os.listdir(self.root), ["checkpoint_1"],
+                         "the next commit (past the id the failed save claimed) sweeps "
+                         "what the failed save left")
 
     def test_a_dead_rank_is_noticed_within_the_timeout(self):
         t0 = time.monotonic()

@@ -39,6 +39,7 @@ agree through files there, so a dead rank cannot hang the others).
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import time
@@ -76,6 +77,7 @@ __all__ = [
 ]
 
 _METADATA = re.compile(r"^(\d+)\.metadata$")
+_TMP = re.compile(r"^\.checkpoint_(\d+)\.tmp-(\w+)$")
 _LISTED = 8
 #: Seconds without a heartbeat after which a rank of a save counts as dead.
 DEFAULT_TIMEOUT_S = 20.0
@@ -187,18 +189,47 @@ def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
 
 
 # ---------------------------------------------------------------- saving
+def _ids_in_use(path: str) -> tuple[set, dict]:
+    """(ids of ``checkpoint_<id>`` entries, id -> tokens of saves in progress or left)."""
+    committed, saving = set(), {}
+    for name in os.listdir(path):
+        uid = checkpoint_id(name)
+        if uid is not None:
+            committed.add(uid)
+            continue
+        match = _TMP.match(name)
+        if match:
+            saving.setdefault(int(match.group(1)), set()).add(match.group(2))
+    return committed, saving
+
+
 def _propose(path: str, unique_id: int | None) -> dict:
-    """The coordinator's choice of id and temporary directory (or the error)."""
-    existing = _committed(path)
-    uid = (existing[0][0] + 1 if existing else 0) if unique_id is None else unique_id
-    target = os.path.join(path, checkpoint_name(uid))
-    proposal = {"id": uid, "token": uuid.uuid4().hex, "error": None}
-    if os.path.lexists(target):
-        proposal["error"] = (
-            f"{target} exists; a save never overwrites a checkpoint: pass another "
-            f"unique_id (None takes the next, "
-            f"{existing[0][0] + 1 if existing else 0}) or remove it first")
-    return proposal
+    """The coordinator's choice of id (or the error); creates the save's directory.
+
+    With ``unique_id=None`` concurrent saves into ``path`` claim distinct ids:
+    each creates its temporary directory, then yields the id (and tries the
+    next) if it sees another save's directory for the same id. Of two saves
+    the one that looks second always sees the first, so both never keep it.
+    """
+    token = uuid.uuid4().hex
+    for attempt in range(1000):
+        committed, saving = _ids_in_use(path)
+        uid = unique_id
+        if uid is None:
+            uid = max(committed | set(saving), default=-1) + 1
+        target = os.path.join(path, checkpoint_name(uid))
+        if os.path.lexists(target):
+            nxt = max(committed | set(saving), default=-1) + 1
+            return {"id": uid, "token": token, "error": (
+                f"{target} exists; a save never overwrites a checkpoint: pass another "
+                f"unique_id (None takes the next, {nxt}) or remove it first")}
+        tmp = os.path.join(path, tmp_name(uid, token))
+        os.mkdir(tmp)
+        if unique_id is not None or not _ids_in_use(path)[1].get(uid, set()) - {token}:
+            return {"id": uid, "token": token, "error": None}
+        os.rmdir(tmp)
+        time.sleep(random.uniform(0.0, 0.01) * min(attempt + 1, 10))
+    raise RuntimeError(f"could not claim a checkpoint id under {path} (1000 attempts)")
 
 
 def _layout_summary(metadata) -> dict:
@@ -329,6 +360,9 @@ def save_sharded_checkpoint(
     agreed = _gather((proposal, local_error), process_group, ranks)
     errors = [e for _, e in agreed if e]
     if errors:
+        if proposal is not None and not proposal["error"]:
+            shutil.rmtree(os.path.join(path, tmp_name(proposal["id"], proposal["token"])),
+                          ignore_errors=True)
         raise CheckpointSaveError(f"saving under {path} refused; nothing was written:\n  "
                                   + "\n  ".join(errors))
     proposal = agreed[0][0]
