@@ -154,7 +154,7 @@ class TestScheduleChecker(unittest.TestCase):
 
         first = find_divergences(_record(body)).first
         assert first is not None and first.kind == KIND_COALESCING, first
-        assert "ranks [0, 1, 2] opened 1 block(s)" in first.message and "rank" in first.message
+        assert "ranks [0, 1, 2] opened 1 block(s)" in first.message, first.message
         assert first.ranks == (3,), first.message
 
     def test_group_creation_order_mismatch_is_reported_first(self) -> None:

@@ -222,8 +222,11 @@ class TestFakeCollectives(FakeDistMixin, unittest.TestCase):
         comm = fake_dist(4, rank=1)
         solo = dist.new_group([1])
         other = dist.new_group([2, 3])
-        assert solo.rank == -1 and not solo.is_member() and solo.process_group is None
-        assert other.rank == -1 and other.process_group is None
+        assert (solo.rank, solo.is_member(), solo.process_group) == (-1, False, None), (
+            f"a one-rank group is no group in Paddle: rank {solo.rank}, member "
+            f"{solo.is_member()}, process group {solo.process_group}")
+        assert (other.rank, other.process_group) == (-1, None), (
+            f"a non-member sees rank {other.rank}, process group {other.process_group}")
         t = paddle.ones([2])
         assert dist.reduce(t, dst=1, group=solo) is None
         assert dist.all_reduce(t, group=other) is None
@@ -235,7 +238,8 @@ class TestFakeCollectives(FakeDistMixin, unittest.TestCase):
         comm = fake_dist(4, rank=3)
         t = paddle.full([5], 3.0)
         task = dist.reduce(t, dst=0, op=dist.ReduceOp.AVG, sync_op=False)
-        assert isinstance(task, CompletedTask) and task.is_completed() and task.wait()
+        assert isinstance(task, CompletedTask), f"sync_op=True returned {task!r}"
+        assert task.is_completed() and task.wait(), "a completed task must report completion"
         gathered: list = []
         dist.all_gather(gathered, t)
         assert len(gathered) == 4

@@ -124,7 +124,9 @@ class TestFakeHcg(FakeDistMixin, unittest.TestCase):
         for s, p, e in itertools.product(range(ms), range(pp), range(ep)):
             rank = s * pp * ep + p * ep + e
             layout = _expected_layout(rank, ep, ms, pp, DEFAULT)
-            assert layout["stage_id"] == p and layout["moe_sharding_rank"] == s and layout["expert_rank"] == e
+            got = (layout["stage_id"], layout["moe_sharding_rank"], layout["expert_rank"])
+            assert got == (p, s, e), (f"rank {rank}: (stage, moe_sharding rank, expert rank) "
+                                      f"is {got}, the formula gives {(p, s, e)}")
 
     def test_fake_layer_does_not_change_what_paddle_builds(self) -> None:
         for ep, ms, pp, mp, order in PADDLE_OK:

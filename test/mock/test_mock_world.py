@@ -114,7 +114,8 @@ class TestSimulatedWorld(unittest.TestCase):
             unpatched = [a for (o, a), x, y in zip(patch_points(), before, active)
                          if x is y and a != "_HYBRID_PARALLEL_GROUP"]
             assert not unpatched, f"patch points not replaced while active: {unpatched}"
-            assert dist.get_rank() == 3 and dist.get_world_size() == 8 and comm.current_rank() == 3
+            seen = (dist.get_rank(), dist.get_world_size(), comm.current_rank())
+            assert seen == (3, 8, 3), f"(rank, world size, bound rank) {seen} inside rank 3"
         _assert_restored(before, "after normal exit")
 
         with self.assertRaises(KeyError):

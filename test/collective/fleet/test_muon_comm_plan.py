@@ -47,8 +47,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
 MS_FIRST, PIPE_FIRST = DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
 
-
-
 @functools.lru_cache(maxsize=None)
 def make_topo(order: tuple[str, ...], ms: int, pp: int, ep: int) -> CommunicateTopology:
     dims = {"moe_sharding": ms, "pipe": pp, "expert": ep}
@@ -88,7 +86,8 @@ def check_valid_plan(plan: HierarchicalCommPlan, topo: CommunicateTopology, gpn:
     world = topo.world_size()
     pp = topo.get_dim("pipe")
     ms, ep = topo.get_dim("moe_sharding"), topo.get_dim("expert")
-    assert plan.world_size == world and plan.num_nodes == world // gpn
+    assert plan.world_size == world, f"world_size {plan.world_size}, topology has {world}"
+    assert plan.num_nodes == world // gpn, f"num_nodes {plan.num_nodes} for {world} ranks / {gpn}"
 
     # Node groups partition the world.
     node_members = [r for n in range(plan.num_nodes) for r in plan.node_ranks(n)]
@@ -176,88 +175,8 @@ def _grid_plan_is_valid_or_rejected(case):
     check_valid_plan(plan, topo, gpn)
 
 
-def _grid_has_both_valid_and_invalid_cases_in_each_order():
-    outcomes = defaultdict(set)
-    for order, ep, gpn, ms, pp in GRID:
-        outcomes[order].add(oracle(make_topo(order, ms, pp, ep), gpn))
-    for order in (MS_FIRST, PIPE_FIRST):
-        assert None in outcomes[order] and "lies on a single node" in outcomes[order]
-    assert "mixes pipeline stages" in outcomes[MS_FIRST]
-    # pipe-first stages are contiguous blocks of ms*ep ranks: never mixed here.
-    assert "mixes pipeline stages" not in outcomes[PIPE_FIRST]
-
-
-def _ep12_on_8_card_nodes_covers_every_rank():
-    """Upstream bug 1: ranks beyond floor(ep/8)*8 were in no same-card group."""
-    topo = make_topo(MS_FIRST, 2, 1, 12)
-    plan = HierarchicalCommPlan.from_topology(topo, 8)
-    assert plan.world_size == 24 and plan.num_nodes == 3
-    count = defaultdict(int)
-    for spec in plan.group_specs():
-        if spec.kind == "same_card":
-            for r in spec.ranks:
-                count[r] += 1
-    assert all(count[r] == 1 for r in range(24)), (
-        f"ranks not in exactly one same-card group: "
-        f"{[r for r in range(24) if count[r] != 1]}"
-    )
-    upstream_dropped = [r for r in range(24) if topo.get_coord(r).expert >= 8]
-    assert upstream_dropped, "case must contain ranks upstream left out"
-    for r in upstream_dropped:
-        group = plan.same_card_ranks(0, r % 8)
-        assert r in group and len(group) == 3
-    check_valid_plan(plan, topo, 8)
-
-
 def hard_coded_rank(s: int, p: int, e: int, pp: int, ep: int) -> int:
     return s * pp * ep + p * ep + e
-
-
-def _topology_order_changes_groups_and_formula_is_wrong():
-    """Upstream bug 2: a hard-coded rank formula silently builds wrong groups."""
-    ms, pp, ep, gpn = 2, 2, 8, 4
-    pipe_first = make_topo(PIPE_FIRST, ms, pp, ep)
-    ms_first = make_topo(MS_FIRST, ms, pp, ep)
-    plan_pf = HierarchicalCommPlan.from_topology(pipe_first, gpn)
-    plan_mf = HierarchicalCommPlan.from_topology(ms_first, gpn)
-
-    formula_stage0 = sorted(
-        hard_coded_rank(s, 0, e, pp, ep) for s in range(ms) for e in range(ep)
-    )
-    topo_pf_stage0 = sorted(
-        pipe_first.get_rank(pipe=0, moe_sharding=s, expert=e)
-        for s in range(ms)
-        for e in range(ep)
-    )
-    # The formula matches the moe_sharding-first layout ...
-    assert list(plan_mf.sharding_group_ranks(0)) == formula_stage0
-    # ... but not pipe-first: it would mix stages, the plan does not.
-    assert formula_stage0 != topo_pf_stage0
-    assert list(plan_pf.sharding_group_ranks(0)) == topo_pf_stage0 == list(range(16))
-    assert {pipe_first.get_coord(r).pipe for r in formula_stage0} == {0, 1}, (
-        "the formula's 'stage 0' group should contain ranks of both stages"
-    )
-    assert plan_pf.same_card_ranks(0, 1) != plan_mf.same_card_ranks(0, 1)
-    assert plan_pf.same_card_ranks(0, 1) == (1, 5, 9, 13)
-    assert plan_mf.same_card_ranks(0, 1) == (1, 5, 17, 21)
-    check_valid_plan(plan_pf, pipe_first, gpn)
-    check_valid_plan(plan_mf, ms_first, gpn)
-
-
-def _topology_without_pipe_axis_is_one_stage():
-    topo = CommunicateTopology(["moe_sharding", "expert"], [2, 8])
-    plan = HierarchicalCommPlan.from_topology(topo, 4)
-    assert plan.pp_degree == 1 and plan.sharding_group_ranks(0) == tuple(range(16))
-    assert plan.same_card_ranks(0, 3) == (3, 7, 11, 15)
-    assert plan.moe_sharding_ranks(9) == (1, 9)
-
-
-def _moe_sharding_groups_come_from_comm_lists():
-    topo = make_topo(PIPE_FIRST, 2, 2, 8)
-    plan = HierarchicalCommPlan.from_topology(topo, 4)
-    for lst in topo.get_comm_list("moe_sharding"):
-        for r in lst:
-            assert list(plan.moe_sharding_ranks(r)) == lst, f"rank {r}: wrong moe_sharding group"
 
 
 # ----------------------------------------------------------------- gpus per node
@@ -268,29 +187,6 @@ def _resolve_rejects_bad_local_size(raw):
     with raises(ValueError, match="PADDLE_LOCAL_SIZE") as info:
         resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": raw}, device_count=lambda: 8)
     assert repr(raw) in str(info.value), "message should show the offending value"
-
-
-def _resolve_reads_local_size_before_device_count():
-    def must_not_run():
-        raise AssertionError("device_count used although PADDLE_LOCAL_SIZE is set")
-
-    assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": "4"}, must_not_run) == 4
-    assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": " 16 "}, must_not_run) == 16
-    assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": "+2"}, must_not_run) == 2
-
-
-def _resolve_defaults_to_os_environ():
-    with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "4"}):
-        assert resolve_gpus_per_node() == 4
-        del os.environ["PADDLE_LOCAL_SIZE"]
-        assert resolve_gpus_per_node(device_count=lambda: 2) == 2
-
-
-def _resolve_uses_device_count_when_unset():
-    calls = []
-    assert resolve_gpus_per_node({}, lambda: calls.append(1) or 8) == 8
-    assert calls == [1]
-    assert resolve_gpus_per_node({}, lambda: np.int64(4)) == 4
 
 
 BAD_DEVICE_COUNTS = [
@@ -304,42 +200,6 @@ BAD_DEVICE_COUNTS = [
 def _resolve_rejects_bad_device_count(count, exc, fragment):
     with raises(exc, match=fragment):
         resolve_gpus_per_node({}, lambda: count)
-
-
-def _resolve_default_device_count_is_paddle_cuda():
-    with mock.patch.object(paddle.device.cuda, "device_count", lambda: 8):
-        assert resolve_gpus_per_node({}) == 8
-
-    def no_cuda():
-        raise RuntimeError("no CUDA in this build")
-
-    with mock.patch.object(paddle.device.cuda, "device_count", no_cuda), raises(ValueError, match="set PADDLE_LOCAL_SIZE|PADDLE_LOCAL_SIZE is not set"):
-        resolve_gpus_per_node({})
-
-
-def _import_and_construction_resolve_nothing():
-    """Upstream bug 3: GPUs per node resolved with the option off."""
-    calls = []
-
-    def exploding_device_count():
-        calls.append(1)
-        raise RuntimeError("CUDA touched")
-
-    env = {k: v for k, v in os.environ.items() if k != "PADDLE_LOCAL_SIZE"}
-    # Fresh copy of the module under another name (leaves sys.modules' copy alone).
-    spec = importlib.util.spec_from_file_location("_muon_comm_plan_fresh", mcp.__file__)
-    fresh = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = fresh
-    try:
-        with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(
-                paddle.device.cuda, "device_count", exploding_device_count):
-            spec.loader.exec_module(fresh)
-            plan = fresh.HierarchicalCommPlan.from_topology(make_topo(MS_FIRST, 2, 1, 8), 4)
-            plan.create_groups(0, new_group=lambda ranks: tuple(ranks))
-            plan.describe()
-    finally:
-        del sys.modules[spec.name]
-    assert calls == [], "import/construction must not query the device count"
 
 
 # ------------------------------------------------------------------ invalid table
@@ -428,74 +288,12 @@ INVALID = [
 ]
 
 
-def _invalid_table_is_large_enough():
-    assert len(INVALID) >= 20
-
-
 def _invalid_settings_raise_clear_errors(thunk, exc, fragment):
     with raises(exc, match=fragment):
         thunk()
 
 
 # ------------------------------------------------------------------ groups
-def _from_hcg_reads_moe_topo_and_mp():
-    topo = make_topo(PIPE_FIRST, 2, 2, 8)
-    plan = HierarchicalCommPlan.from_hcg(FakeHcg(topo, nranks=32), 4)
-    assert plan.sharding_group_ranks(1) == tuple(range(16, 32))
-    plan = HierarchicalCommPlan.from_hcg(FakeHcg(topo), 4)  # no nranks attribute
-    assert plan.world_size == 32
-
-
-def _group_specs_order_is_rank_independent_and_deterministic():
-    topo = make_topo(PIPE_FIRST, 2, 2, 8)
-    specs = [HierarchicalCommPlan.from_topology(topo, 4).group_specs() for _ in range(3)]
-    assert specs[0] == specs[1] == specs[2]
-    kinds = [s.kind for s in specs[0]]
-    assert kinds == ["node"] * 8 + ["same_card"] * 8, "node groups first, then same-card"
-    assert [s.key for s in specs[0][8:]] == [(p, c) for p in range(2) for c in range(4)]
-    assert all(isinstance(s, GroupSpec) and list(s.ranks) == sorted(s.ranks) for s in specs[0])
-
-
-def _create_groups_calls_new_group_for_every_spec_in_order():
-    plan = GOOD
-    specs = plan.group_specs()
-    per_rank_calls = {}
-    for rank in range(plan.world_size):
-        calls = []
-
-        def recorder(ranks, _calls=calls):
-            assert isinstance(ranks, list), "new_group must get a list of ranks"
-            _calls.append(tuple(ranks))
-            return ("group", tuple(ranks))
-
-        groups = plan.create_groups(rank, new_group=recorder)
-        per_rank_calls[rank] = calls
-        assert calls == [s.ranks for s in specs], f"rank {rank} created groups out of order"
-        assert isinstance(groups, HierarchicalGroups)
-        assert rank in groups.node_group[1], f"rank {rank} not in its node group"
-        stage = plan.stage_of(rank)
-        assert groups.stage == stage
-        assert groups.same_card_group == ("group", plan.same_card_ranks(stage, rank % 4))
-        assert rank in groups.same_card_group[1], f"rank {rank} not in its same-card group"
-        for owner in plan.sharding_group_ranks(stage):
-            if plan.in_cross_node_step(owner, rank):
-                assert owner in groups.same_card_group[1], (
-                    f"rank {rank} would join owner {owner}'s cross-node step on "
-                    f"group {groups.same_card_group[1]} that lacks the owner"
-                )
-    assert len({tuple(c) for c in per_rank_calls.values()}) == 1
-
-
-def _create_groups_defaults_to_paddle_new_group():
-    calls = []
-    with mock.patch.object(paddle.distributed, "new_group",
-                           lambda ranks: calls.append(ranks) or len(calls)):
-        groups = plan_for(ms=2, ep=8, gpn=4).create_groups(5)
-    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15],
-                     [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
-    assert groups.node_group == 2 and groups.same_card_group == 6
-
-
 # ------------------------------------------------------------------ spread order
 SPREAD_CASES = [
     (MS_FIRST, 2, 1, 12, 8),  # 3 nodes x 8 cards (gcd 1)
@@ -543,16 +341,6 @@ def _spread_rank_order_interleaves_cards_and_nodes(order, ms, pp, ep, gpn):
             )
 
 
-def _describe_names_nodes_stages_and_groups():
-    text = plan_for(MS_FIRST, ms=2, pp=1, ep=12, gpn=8).describe()
-    assert "world 24 = 3 nodes x 8 cards" in text
-    assert "node 2: ranks 16-23, stage 0" in text
-    assert "same-card group (stage 0, card 7): [7, 15, 23]" in text
-    assert "order [moe_sharding=2, pipe=1, expert=12]" in text
-    assert "HierarchicalCommPlan(world_size=32" in repr(GOOD)
-    assert "stage 1: sharding group [8, 9, 10" in GOOD.describe()
-
-
 class TestHierarchicalCommPlan(unittest.TestCase):
     """Each case of the tables above runs as a subtest."""
 
@@ -562,19 +350,83 @@ class TestHierarchicalCommPlan(unittest.TestCase):
                 _grid_plan_is_valid_or_rejected(case)
 
     def test_grid_has_both_valid_and_invalid_cases_in_each_order(self):
-        _grid_has_both_valid_and_invalid_cases_in_each_order()
+        outcomes = defaultdict(set)
+        for order, ep, gpn, ms, pp in GRID:
+            outcomes[order].add(oracle(make_topo(order, ms, pp, ep), gpn))
+        for order in (MS_FIRST, PIPE_FIRST):
+            assert None in outcomes[order], f"{order}: no valid layout in the grid"
+            assert "lies on a single node" in outcomes[order], (
+                f"{order}: no single-node refusal in the grid: {outcomes[order]}")
+        assert "mixes pipeline stages" in outcomes[MS_FIRST]
+        # pipe-first stages are contiguous blocks of ms*ep ranks: never mixed here.
+        assert "mixes pipeline stages" not in outcomes[PIPE_FIRST]
 
     def test_ep12_on_8_card_nodes_covers_every_rank(self):
-        _ep12_on_8_card_nodes_covers_every_rank()
+        """Upstream bug 1: ranks beyond floor(ep/8)*8 were in no same-card group."""
+        topo = make_topo(MS_FIRST, 2, 1, 12)
+        plan = HierarchicalCommPlan.from_topology(topo, 8)
+        self.assertEqual((plan.world_size, plan.num_nodes), (24, 3), "ep=12 x ms=2 on 8-card nodes")
+        count = defaultdict(int)
+        for spec in plan.group_specs():
+            if spec.kind == "same_card":
+                for r in spec.ranks:
+                    count[r] += 1
+        assert all(count[r] == 1 for r in range(24)), (
+            f"ranks not in exactly one same-card group: "
+            f"{[r for r in range(24) if count[r] != 1]}"
+        )
+        upstream_dropped = [r for r in range(24) if topo.get_coord(r).expert >= 8]
+        assert upstream_dropped, "case must contain ranks upstream left out"
+        for r in upstream_dropped:
+            group = plan.same_card_ranks(0, r % 8)
+            self.assertIn(r, group, f"rank {r} is not in its own same-card group")
+            self.assertEqual(len(group), 3, f"rank {r}: same-card group {group}, one per node")
+        check_valid_plan(plan, topo, 8)
 
     def test_topology_order_changes_groups_and_formula_is_wrong(self):
-        _topology_order_changes_groups_and_formula_is_wrong()
+        """Upstream bug 2: a hard-coded rank formula silently builds wrong groups."""
+        ms, pp, ep, gpn = 2, 2, 8, 4
+        pipe_first = make_topo(PIPE_FIRST, ms, pp, ep)
+        ms_first = make_topo(MS_FIRST, ms, pp, ep)
+        plan_pf = HierarchicalCommPlan.from_topology(pipe_first, gpn)
+        plan_mf = HierarchicalCommPlan.from_topology(ms_first, gpn)
+
+        formula_stage0 = sorted(
+            hard_coded_rank(s, 0, e, pp, ep) for s in range(ms) for e in range(ep)
+        )
+        topo_pf_stage0 = sorted(
+            pipe_first.get_rank(pipe=0, moe_sharding=s, expert=e)
+            for s in range(ms)
+            for e in range(ep)
+        )
+        # The formula matches the moe_sharding-first layout ...
+        assert list(plan_mf.sharding_group_ranks(0)) == formula_stage0
+        # ... but not pipe-first: it would mix stages, the plan does not.
+        assert formula_stage0 != topo_pf_stage0
+        assert list(plan_pf.sharding_group_ranks(0)) == topo_pf_stage0 == list(range(16))
+        assert {pipe_first.get_coord(r).pipe for r in formula_stage0} == {0, 1}, (
+            "the formula's 'stage 0' group should contain ranks of both stages"
+        )
+        assert plan_pf.same_card_ranks(0, 1) != plan_mf.same_card_ranks(0, 1)
+        assert plan_pf.same_card_ranks(0, 1) == (1, 5, 9, 13)
+        assert plan_mf.same_card_ranks(0, 1) == (1, 5, 17, 21)
+        check_valid_plan(plan_pf, pipe_first, gpn)
+        check_valid_plan(plan_mf, ms_first, gpn)
 
     def test_topology_without_pipe_axis_is_one_stage(self):
-        _topology_without_pipe_axis_is_one_stage()
+        topo = CommunicateTopology(["moe_sharding", "expert"], [2, 8])
+        plan = HierarchicalCommPlan.from_topology(topo, 4)
+        self.assertEqual(plan.pp_degree, 1, "no pipe axis: one stage")
+        self.assertEqual(plan.sharding_group_ranks(0), tuple(range(16)), "the stage holds every rank")
+        assert plan.same_card_ranks(0, 3) == (3, 7, 11, 15)
+        assert plan.moe_sharding_ranks(9) == (1, 9)
 
     def test_moe_sharding_groups_come_from_comm_lists(self):
-        _moe_sharding_groups_come_from_comm_lists()
+        topo = make_topo(PIPE_FIRST, 2, 2, 8)
+        plan = HierarchicalCommPlan.from_topology(topo, 4)
+        for lst in topo.get_comm_list("moe_sharding"):
+            for r in lst:
+                assert list(plan.moe_sharding_ranks(r)) == lst, f"rank {r}: wrong moe_sharding group"
 
     def test_resolve_rejects_bad_local_size(self):
         for raw in BAD_LOCAL_SIZES:
@@ -582,13 +434,24 @@ class TestHierarchicalCommPlan(unittest.TestCase):
                 _resolve_rejects_bad_local_size(raw)
 
     def test_resolve_reads_local_size_before_device_count(self):
-        _resolve_reads_local_size_before_device_count()
+        def must_not_run():
+            raise AssertionError("device_count used although PADDLE_LOCAL_SIZE is set")
+
+        assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": "4"}, must_not_run) == 4
+        assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": " 16 "}, must_not_run) == 16
+        assert resolve_gpus_per_node({"PADDLE_LOCAL_SIZE": "+2"}, must_not_run) == 2
 
     def test_resolve_defaults_to_os_environ(self):
-        _resolve_defaults_to_os_environ()
+        with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "4"}):
+            assert resolve_gpus_per_node() == 4
+            del os.environ["PADDLE_LOCAL_SIZE"]
+            assert resolve_gpus_per_node(device_count=lambda: 2) == 2
 
     def test_resolve_uses_device_count_when_unset(self):
-        _resolve_uses_device_count_when_unset()
+        calls = []
+        assert resolve_gpus_per_node({}, lambda: calls.append(1) or 8) == 8
+        assert calls == [1]
+        assert resolve_gpus_per_node({}, lambda: np.int64(4)) == 4
 
     def test_resolve_rejects_bad_device_count(self):
         for count, exc, fragment in BAD_DEVICE_COUNTS:
@@ -596,13 +459,41 @@ class TestHierarchicalCommPlan(unittest.TestCase):
                 _resolve_rejects_bad_device_count(count, exc, fragment)
 
     def test_resolve_default_device_count_is_paddle_cuda(self):
-        _resolve_default_device_count_is_paddle_cuda()
+        with mock.patch.object(paddle.device.cuda, "device_count", lambda: 8):
+            assert resolve_gpus_per_node({}) == 8
+
+        def no_cuda():
+            raise RuntimeError("no CUDA in this build")
+
+        with mock.patch.object(paddle.device.cuda, "device_count", no_cuda), raises(ValueError, match="set PADDLE_LOCAL_SIZE|PADDLE_LOCAL_SIZE is not set"):
+            resolve_gpus_per_node({})
 
     def test_import_and_construction_resolve_nothing(self):
-        _import_and_construction_resolve_nothing()
+        """Upstream bug 3: GPUs per node resolved with the option off."""
+        calls = []
+
+        def exploding_device_count():
+            calls.append(1)
+            raise RuntimeError("CUDA touched")
+
+        env = {k: v for k, v in os.environ.items() if k != "PADDLE_LOCAL_SIZE"}
+        # Fresh copy of the module under another name (leaves sys.modules' copy alone).
+        spec = importlib.util.spec_from_file_location("_muon_comm_plan_fresh", mcp.__file__)
+        fresh = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = fresh
+        try:
+            with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(
+                    paddle.device.cuda, "device_count", exploding_device_count):
+                spec.loader.exec_module(fresh)
+                plan = fresh.HierarchicalCommPlan.from_topology(make_topo(MS_FIRST, 2, 1, 8), 4)
+                plan.create_groups(0, new_group=lambda ranks: tuple(ranks))
+                plan.describe()
+        finally:
+            del sys.modules[spec.name]
+        assert calls == [], "import/construction must not query the device count"
 
     def test_invalid_table_is_large_enough(self):
-        _invalid_table_is_large_enough()
+        assert len(INVALID) >= 20
 
     def test_invalid_settings_raise_clear_errors(self):
         for case_id, thunk, exc, fragment in INVALID:
@@ -610,16 +501,59 @@ class TestHierarchicalCommPlan(unittest.TestCase):
                 _invalid_settings_raise_clear_errors(thunk, exc, fragment)
 
     def test_from_hcg_reads_moe_topo_and_mp(self):
-        _from_hcg_reads_moe_topo_and_mp()
+        topo = make_topo(PIPE_FIRST, 2, 2, 8)
+        plan = HierarchicalCommPlan.from_hcg(FakeHcg(topo, nranks=32), 4)
+        assert plan.sharding_group_ranks(1) == tuple(range(16, 32))
+        plan = HierarchicalCommPlan.from_hcg(FakeHcg(topo), 4)  # no nranks attribute
+        assert plan.world_size == 32
 
     def test_group_specs_order_is_rank_independent_and_deterministic(self):
-        _group_specs_order_is_rank_independent_and_deterministic()
+        topo = make_topo(PIPE_FIRST, 2, 2, 8)
+        specs = [HierarchicalCommPlan.from_topology(topo, 4).group_specs() for _ in range(3)]
+        assert specs[0] == specs[1] == specs[2]
+        kinds = [s.kind for s in specs[0]]
+        assert kinds == ["node"] * 8 + ["same_card"] * 8, "node groups first, then same-card"
+        assert [s.key for s in specs[0][8:]] == [(p, c) for p in range(2) for c in range(4)]
+        assert all(isinstance(s, GroupSpec) and list(s.ranks) == sorted(s.ranks) for s in specs[0])
 
     def test_create_groups_calls_new_group_for_every_spec_in_order(self):
-        _create_groups_calls_new_group_for_every_spec_in_order()
+        plan = GOOD
+        specs = plan.group_specs()
+        per_rank_calls = {}
+        for rank in range(plan.world_size):
+            calls = []
+
+            def recorder(ranks, _calls=calls):
+                assert isinstance(ranks, list), "new_group must get a list of ranks"
+                _calls.append(tuple(ranks))
+                return ("group", tuple(ranks))
+
+            groups = plan.create_groups(rank, new_group=recorder)
+            per_rank_calls[rank] = calls
+            assert calls == [s.ranks for s in specs], f"rank {rank} created groups out of order"
+            assert isinstance(groups, HierarchicalGroups)
+            assert rank in groups.node_group[1], f"rank {rank} not in its node group"
+            stage = plan.stage_of(rank)
+            assert groups.stage == stage
+            assert groups.same_card_group == ("group", plan.same_card_ranks(stage, rank % 4))
+            assert rank in groups.same_card_group[1], f"rank {rank} not in its same-card group"
+            for owner in plan.sharding_group_ranks(stage):
+                if plan.in_cross_node_step(owner, rank):
+                    assert owner in groups.same_card_group[1], (
+                        f"rank {rank} would join owner {owner}'s cross-node step on "
+                        f"group {groups.same_card_group[1]} that lacks the owner"
+                    )
+        assert len({tuple(c) for c in per_rank_calls.values()}) == 1
 
     def test_create_groups_defaults_to_paddle_new_group(self):
-        _create_groups_defaults_to_paddle_new_group()
+        calls = []
+        with mock.patch.object(paddle.distributed, "new_group",
+                               lambda ranks: calls.append(ranks) or len(calls)):
+            groups = plan_for(ms=2, ep=8, gpn=4).create_groups(5)
+        assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15],
+                         [0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+        self.assertEqual((groups.node_group, groups.same_card_group), (2, 6),
+                         "create_groups must hand back the node and same-card groups of this rank")
 
     def test_spread_rank_order_interleaves_cards_and_nodes(self):
         for case in SPREAD_CASES:
@@ -627,7 +561,13 @@ class TestHierarchicalCommPlan(unittest.TestCase):
                 _spread_rank_order_interleaves_cards_and_nodes(*case)
 
     def test_describe_names_nodes_stages_and_groups(self):
-        _describe_names_nodes_stages_and_groups()
+        text = plan_for(MS_FIRST, ms=2, pp=1, ep=12, gpn=8).describe()
+        assert "world 24 = 3 nodes x 8 cards" in text
+        assert "node 2: ranks 16-23, stage 0" in text
+        assert "same-card group (stage 0, card 7): [7, 15, 23]" in text
+        assert "order [moe_sharding=2, pipe=1, expert=12]" in text
+        assert "HierarchicalCommPlan(world_size=32" in repr(GOOD)
+        assert "stage 1: sharding group [8, 9, 10" in GOOD.describe()
 
 
 if __name__ == "__main__":
