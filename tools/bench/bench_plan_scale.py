@@ -20,10 +20,12 @@
 Each size is ``pp x moe_sharding x ep`` ranks with ``moe_sharding = size / (pp x ep)``.
 Every (size, method) runs in a fresh process (unless ``--in-process``), which
 imports Paddle first, so the time is ``compute_plan`` alone (both paths, both
-partition rules) and the peak is the process's maximum resident set. The
+partition rules): wall seconds and the process's CPU seconds (on a shared
+machine the wall time mostly measures the other jobs); the peak is the
+process's maximum resident set. The
 per-rank method (``test/tools/plan_per_rank.py``, the tool's method before it
 went by class) runs up to ``--per-rank-max`` ranks. The growth exponent is the
-least-squares slope of log(time) over log(ranks); target <= 1.2. Timings on a
+least-squares slope of log(CPU time) over log(ranks); target <= 1.2. Timings on a
 shared machine are noisy: read the ratio and the exponent.
 """
 
@@ -79,10 +81,10 @@ def measure(size: int, method: str, args: argparse.Namespace) -> Dict:
     patch = mock.patch.object(plan_mod, "_path", _per_rank_path()) if method == "per_rank" \
         else mock.patch.object(plan_mod, "_path", plan_mod._path)
     with patch:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         res = plan_mod.compute_plan(cfg)
-        seconds = time.perf_counter() - start
-    return {"ranks": size, "method": method, "seconds": seconds,
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"ranks": size, "method": method, "seconds": seconds, "cpu_seconds": cpu,
             "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "collectives": res["hierarchical"]["collectives_total"]}
 
@@ -100,12 +102,12 @@ def _child(size: int, method: str, args: argparse.Namespace) -> Dict:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        return {"ranks": size, "method": method, "seconds": None, "peak_rss_MiB": None,
-                "note": f"killed after {args.timeout:g} s"}
+        return {"ranks": size, "method": method, "seconds": None, "cpu_seconds": None,
+                "peak_rss_MiB": None, "note": f"killed after {args.timeout:g} s"}
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ranks": size, "method": method, "seconds": None, "peak_rss_MiB": None,
-                "note": f"failed: {tail}"}
+        return {"ranks": size, "method": method, "seconds": None, "cpu_seconds": None,
+                "peak_rss_MiB": None, "note": f"failed: {tail}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -120,16 +122,17 @@ def bench(args: argparse.Namespace) -> Dict:
                 continue
             row[method] = (measure(size, method, args) if args.in_process
                            else _child(size, method, args))
-            print(f"[bench] {size} ranks {method}: {_fmt_s(row[method]['seconds'])}",
-                  file=sys.stderr)
+            print(f"[bench] {size} ranks {method}: {_fmt_s(row[method]['seconds'])} wall, "
+                  f"{_fmt_s(row[method]['cpu_seconds'])} CPU", file=sys.stderr)
         by, per = row["by_class"], row["per_rank"]
-        row["per_rank_over_by_class"] = (per["seconds"] / by["seconds"]
-                                         if per and per["seconds"] and by["seconds"] else None)
+        row["per_rank_over_by_class"] = (per["cpu_seconds"] / by["cpu_seconds"]
+                                         if per and per["cpu_seconds"] and by["cpu_seconds"]
+                                         else None)
         rows.append(row)
 
     def fit(method: str) -> Optional[float]:
-        done = [(r["ranks"], r[method]["seconds"]) for r in rows
-                if r[method] and r[method]["seconds"]]
+        done = [(r["ranks"], r[method]["cpu_seconds"]) for r in rows
+                if r[method] and r[method]["cpu_seconds"]]
         return growth_exponent([n for n, _ in done], [t for _, t in done])
 
     exponent = fit("by_class")
@@ -152,21 +155,22 @@ def format_table(fig: Dict) -> str:
     lay = fig["layout"]
     lines = [f"plan scale: ep={lay['ep']} pp={lay['pp']} gpus_per_node={lay['gpus_per_node']} "
              f"model={lay['model']} (moe_sharding = ranks / (pp x ep))",
-             f"{'ranks':>6} | {'by class':>9} {'peak':>9} | {'per rank':>9} {'peak':>9} | "
-             "per rank / by class"]
+             f"{'ranks':>6} | {'by class':>9} {'CPU':>9} {'peak':>9} | {'per rank':>9} "
+             f"{'CPU':>9} {'peak':>9} | per rank / by class (CPU)"]
     for r in fig["rows"]:
         by, per = r["by_class"], r["per_rank"] or {}
         ratio = r["per_rank_over_by_class"]
         note = by.get("note") or per.get("note") or ""
         lines.append(f"{r['ranks']:>6} | {_fmt_s(by['seconds']):>9} "
-                     f"{_fmt_mb(by['peak_rss_MiB']):>9} | {_fmt_s(per.get('seconds')):>9} "
+                     f"{_fmt_s(by['cpu_seconds']):>9} {_fmt_mb(by['peak_rss_MiB']):>9} | "
+                     f"{_fmt_s(per.get('seconds')):>9} {_fmt_s(per.get('cpu_seconds')):>9} "
                      f"{_fmt_mb(per.get('peak_rss_MiB')):>9} | "
                      f"{'-' if ratio is None else f'{ratio:.1f}x'} {note}".rstrip())
 
     def exp(x: Optional[float]) -> str:
         return "n/a" if x is None else f"{x:.2f}"
 
-    lines.append(f"growth exponent (log time / log ranks): by class "
+    lines.append(f"growth exponent (log CPU time / log ranks): by class "
                  f"{exp(fig['exponent_by_class'])} (target <= {TARGET_EXPONENT}: "
                  f"{'met' if fig['exponent_met'] else 'MISSED'}), per rank "
                  f"{exp(fig['exponent_per_rank'])}")
