@@ -43,7 +43,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 )
 from paddle_muon_ext.tools import plan as plan_mod  # noqa: E402
 from paddle_muon_ext.tools.args import MuonCommConfig  # noqa: E402
-from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath  # noqa: E402
+from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, Rings  # noqa: E402
 from tool_loader import load_tool  # noqa: E402
 
 bench = load_tool(os.path.join("bench", "bench_plan_scale.py"), "_bench_plan_scale")
@@ -175,6 +175,53 @@ class TestReplayClass(unittest.TestCase):
         path = CostPath("x", 8, 2, AlphaBeta())
         with self.assertRaisesRegex(ValueError, "unequal size"):
             path.replay_class([], [(0, 1), (2, 3, 4)])
+
+
+def listed_rings(ranks, gpn):
+    """The cost model's channel rings written out: node by node, channel j
+    rotating each node's ranks by j mod k + 1."""
+    nodes = {}
+    for r in sorted(ranks):
+        nodes.setdefault(r // gpn, []).append(r)
+    blocks = [nodes[n] for n in sorted(nodes)]
+    rings = []
+    for j in range(max(len(b) for b in blocks)):
+        ring = []
+        for b in blocks:
+            cut = j % len(b) + 1
+            ring += b[cut:] + b[:cut]
+        rings.append(ring)
+    return rings
+
+
+class TestRings(unittest.TestCase):
+    """Ring neighbours and send counts without listing the rings."""
+
+    GROUPS = [((0, 1, 2, 3, 4, 5, 6, 7), 4), ((0, 1, 2, 5, 6, 9), 4), ((3, 4, 5, 6, 7, 8, 9), 3),
+              ((0, 1, 2, 3), 4), ((2, 10, 18), 8), ((0, 1, 2, 3, 4, 6, 8, 9), 5)]
+
+    def test_neighbours_and_sends_match_the_listed_rings(self) -> None:
+        for ranks, gpn in self.GROUPS:
+            rings = Rings(ranks, gpn)
+            listed = listed_rings(ranks, gpn)
+            self.assertEqual(rings.channels, len(listed), f"{ranks} gpn {gpn}: channel count")
+            self.assertEqual(rings.ring0, listed[0], f"{ranks} gpn {gpn}: ring 0")
+            sends = {r: [0, 0] for r in ranks}
+            cards = [0] * gpn
+            for ch, ring in enumerate(listed):
+                self.assertEqual(rings.ring(ch), ring, f"{ranks} gpn {gpn}: ring {ch}")
+                for i, r in enumerate(ring):
+                    nxt, prv = ring[(i + 1) % len(ring)], ring[i - 1]
+                    self.assertEqual(rings.next(ch, r), nxt, f"{ranks}: next of {r} in ring {ch}")
+                    self.assertEqual(rings.prev(ch, r), prv, f"{ranks}: prev of {r} in ring {ch}")
+                    inter = r // gpn != nxt // gpn
+                    sends[r][inter] += 1
+                    cards[r % gpn] += inter
+            senders, by_card, n_inter, n_intra = rings.senders
+            self.assertEqual({r: [a, e] for r, a, e in senders}, sends,
+                             f"{ranks} gpn {gpn}: hops each rank sends (intra, inter)")
+            self.assertEqual(by_card, cards, f"{ranks} gpn {gpn}: inter-node hops per card")
+            self.assertEqual((n_inter, n_intra), (sum(cards), sum(a for a, _ in sends.values())))
 
 
 class TestBenchPlanScale(unittest.TestCase):

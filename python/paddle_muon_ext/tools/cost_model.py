@@ -115,40 +115,75 @@ class _Phase:
         return max(self.latency.values(), default=0.0) + bw
 
 
-@functools.lru_cache(maxsize=512)
-def _ring_structure(ranks: Tuple[int, ...], gpn: int) -> tuple:
-    """The channel rings of a group (ascending ranks) and how often each rank sends.
+class Rings:
+    """The channel rings of one group (module docstring), without listing them.
 
-    Returns:
-        tuple: ``(rings, senders)``; ``senders`` is ``([(rank, intra hops,
-        inter hops)], inter hops per card, inter hops, intra hops)`` over all
-        rings. Every rank sends once per ring, so charging a whole group costs
-        O(group), not O(group x channels). Cached: the flat and hierarchical
-        paths of both partition rules share their groups.
+    Ranks are taken node by node (ascending); channel ``j`` visits each node's
+    ranks rotated by ``j mod k + 1`` (``k`` ranks on that node), so a group of
+    ``p`` ranks on nodes of ``C`` ranks has ``C`` rings of ``p`` entries. Only
+    channel 0 is listed (latency); neighbours and how often each rank sends
+    are arithmetic, so a group costs O(p), not O(p x C) (16,384 ranks on
+    1,024-card nodes would otherwise list 16 M entries).
     """
-    by_node: Dict[int, List[int]] = {}
-    for r in ranks:  # ascending = node by node, card by card
-        by_node.setdefault(r // gpn, []).append(r)
-    members = [by_node[n] for n in sorted(by_node)]
-    channels = max(len(m) for m in members)
-    rings = []
-    for j in range(channels):
-        ring = []
-        for mem in members:
-            cut = j % len(mem) + 1
-            ring.extend(mem[cut:] + mem[:cut])
-        rings.append(ring)
-    hops: Dict[int, List[int]] = {}
-    cards = [0] * gpn
-    for ring in rings:
-        for a, b in zip(ring, ring[1:] + ring[:1]):
-            inter = a // gpn != b // gpn
-            hops.setdefault(a, [0, 0])[inter] += 1
-            if inter:
-                cards[a % gpn] += 1
-    senders = ([(r, h[0], h[1]) for r, h in hops.items()], cards, sum(cards),
-               sum(h[0] for h in hops.values()))
-    return rings, senders
+
+    def __init__(self, ranks: Tuple[int, ...], gpn: int) -> None:
+        by_node: Dict[int, List[int]] = {}
+        for r in ranks:  # ascending = node by node, card by card
+            by_node.setdefault(r // gpn, []).append(r)
+        self.blocks: List[List[int]] = [by_node[n] for n in sorted(by_node)]
+        self.channels = max(len(m) for m in self.blocks)
+        self.where: Dict[int, Tuple[int, int]] = {
+            r: (b, j) for b, mem in enumerate(self.blocks) for j, r in enumerate(mem)}
+        self.ring0 = [r for mem in self.blocks for r in mem[1:] + mem[:1]]
+        self.index0 = {r: i for i, r in enumerate(self.ring0)}
+        n_blocks = len(self.blocks)
+        senders = []
+        cards = [0] * gpn
+        channels = self.channels
+        for mem in self.blocks:
+            k = len(mem)
+            for j, r in enumerate(mem):
+                # r ends its node's run in channel ch iff ch mod k == j; that hop
+                # leaves the node when the group spans more than one node.
+                last = channels // k + (1 if j < channels % k else 0)
+                inter = last if n_blocks > 1 else 0
+                senders.append((r, channels - inter, inter))
+                cards[r % gpn] += inter
+        self.senders = (senders, cards, sum(cards), sum(s[1] for s in senders))
+
+    def next(self, channel: int, rank: int) -> int:
+        """The rank after ``rank`` in ring ``channel``."""
+        b, j = self.where[rank]
+        mem = self.blocks[b]
+        k = len(mem)
+        if j != channel % k:  # not the last of its node's run
+            return mem[(j + 1) % k]
+        nxt = self.blocks[(b + 1) % len(self.blocks)]
+        return nxt[(channel % len(nxt) + 1) % len(nxt)]
+
+    def prev(self, channel: int, rank: int) -> int:
+        """The rank before ``rank`` in ring ``channel``."""
+        b, j = self.where[rank]
+        mem = self.blocks[b]
+        k = len(mem)
+        if j != (channel % k + 1) % k:  # not the first of its node's run
+            return mem[(j - 1) % k]
+        before = self.blocks[b - 1]
+        return before[channel % len(before)]
+
+    def ring(self, channel: int) -> List[int]:
+        """Ring ``channel`` listed (for tests and small groups)."""
+        out: List[int] = []
+        for mem in self.blocks:
+            cut = channel % len(mem) + 1
+            out.extend(mem[cut:] + mem[:cut])
+        return out
+
+
+@functools.lru_cache(maxsize=512)
+def _ring_structure(ranks: Tuple[int, ...], gpn: int) -> Rings:
+    # Cached: the flat and hierarchical paths of both partition rules share groups.
+    return Rings(ranks, gpn)
 
 
 class _Group:
@@ -158,14 +193,12 @@ class _Group:
     every look-up.
     """
 
-    __slots__ = ("ranks", "rings", "where", "latency", "senders")
+    __slots__ = ("ranks", "rings", "latency")
 
     def __init__(self, ranks: Tuple[int, ...]) -> None:
         self.ranks = ranks
-        self.rings: Optional[List[List[int]]] = None
-        self.where: Optional[List[Dict[int, int]]] = None
+        self.rings: Optional[Rings] = None
         self.latency: Optional[Tuple[float, List[float]]] = None
-        self.senders: Optional[tuple] = None
 
 
 class CostPath:
@@ -224,11 +257,11 @@ class CostPath:
         self._by_id[id(group)] = (group, handle)
         return handle
 
-    def rings(self, group: Any) -> List[List[int]]:
-        """One ring per channel (see the module docstring)."""
+    def rings(self, group: Any) -> Rings:
+        """The group's channel rings (see the module docstring)."""
         g = self._group(group)
         if g.rings is None:
-            g.rings, g.senders = _ring_structure(g.ranks, self.gpn)
+            g.rings = _ring_structure(g.ranks, self.gpn)
         return g.rings
 
     def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
@@ -271,21 +304,20 @@ class CostPath:
             self._gloo(ph, what, group, nbytes, colour, root, coalesced)
             return
         rings = self.rings(group)
-        share = nbytes / len(rings)
+        share = nbytes / rings.channels
         # A chain from/to the root is its ring minus one edge: charge the whole
         # ring once per (phase, group, colour) at the end and take the missing
         # edge off here, so an op costs O(channels), not O(group x channels).
         self._charge_rings(ph, group, share, colour)
-        for ch, ring in enumerate(rings):
-            i = self._position(group, ch, root)
+        for ch in range(rings.channels):
             if what == "reduce":  # the chain ends at the root: no root -> next
-                a, b = root, ring[(i + 1) % len(ring)]
+                a, b = root, rings.next(ch, root)
             else:  # the chain starts at the root: no prev -> root
-                a, b = ring[i - 1], root
+                a, b = rings.prev(ch, root), root
             self._send(ph, a, b, -share, colour)
         if not coalesced:
             full, alphas = self._ring_latency(group)
-            i = self._position(group, 0, root)
+            i = rings.index0[root]
             missing = alphas[i] if what == "reduce" else alphas[i - 1]
             ph.latency[group] = ph.latency.get(group, 0.0) + full - missing
 
@@ -302,7 +334,7 @@ class CostPath:
             self._gloo(ph, what, group, nbytes, None, None, False)
             return
         rings = self.rings(group)
-        share = nbytes * (p - 1) / p / len(rings)
+        share = nbytes * (p - 1) / p / rings.channels
         self._charge_rings(ph, group, share, None)
         full, alphas = self._ring_latency(group)
         # every channel-0 hop but the one closing the ring (into ring[0])
@@ -314,9 +346,7 @@ class CostPath:
         self._deferred[key] = self._deferred.get(key, 0.0) + share
 
     def _ring_senders(self, group: _Group) -> tuple:
-        if group.senders is None:
-            self.rings(group)
-        return group.senders
+        return self.rings(group).senders
 
     def _flush(self) -> None:
         """Send every deferred ring charge: each edge of each channel ring once."""
@@ -353,15 +383,10 @@ class CostPath:
                 self.other_intra += n_intra * share * m
         self._deferred.clear()
 
-    def _position(self, group: _Group, channel: int, rank: int) -> int:
-        if group.where is None:
-            group.where = [{r: i for i, r in enumerate(ring)} for ring in self.rings(group)]
-        return group.where[channel][rank]
-
     def _ring_latency(self, group: _Group) -> Tuple[float, List[float]]:
         """Channel 0: the alpha of each hop ring[i] -> ring[i + 1], and their sum."""
         if group.latency is None:
-            ring, gpn = self.rings(group)[0], self.gpn
+            ring, gpn = self.rings(group).ring0, self.gpn
             alphas = [self._alpha(a // gpn != b // gpn) for a, b in zip(ring, ring[1:] + ring[:1])]
             group.latency = (sum(alphas), alphas)
         return group.latency

@@ -204,18 +204,31 @@ class WorldByClass:
             templates = {m[0][0]: m for m in members.values()}  # leader -> members
             node_class: List[tuple] = []
             moe_class: Dict[int, List[tuple]] = {t: [] for t in templates}
-            # the sharding group's leader is its lowest rank; on the flat path a
-            # node may hold several stages (--no-group-call), so not node0[0]
-            leaders = set(node0 if hierarchical else (min(dense),)) | {min(m[0]) for m in
-                                                                      members.values()}
+            # Full layouts where a stage's sharding group or a moe_sharding class is
+            # led; the other ranks of the first node only lead their same-card
+            # group, whose collectives the default colour alone decides: they
+            # take the stage's default-colour layout renamed (ranks of one group
+            # share it, as the optimizer's layouts do). The sharding group's leader
+            # is its lowest rank: on the flat path a node may hold several stages
+            # (--no-group-call), so not node0[0].
+            full = {min(dense)} | {min(m[0]) for m in members.values()}
+            dense_only = sorted(set(node0) - full) if hierarchical else []
+            dense_layout = None
             lay0 = None
             # id(group tuple) -> (the tuple, kept alive so its id stays unique; its lowest rank)
             lowest: Dict[int, Tuple[tuple, int]] = {}
-            for rank in sorted(leaders):
+            for rank in sorted(full | set(dense_only)):
                 moe = plan.moe_sharding_ranks(rank)
-                lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
-                                           settings, plan if hierarchical else None)
-                lay0 = lay0 or lay
+                if rank in full:
+                    lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
+                                               settings, plan if hierarchical else None)
+                    lay0 = lay0 or lay
+                else:
+                    if dense_layout is None:
+                        dense_layout = ShardingLayout.build(
+                            [m for m in metas if m.colour is None], {None: dense}, min(dense),
+                            settings, plan)
+                    lay = dataclasses.replace(dense_layout, rank=rank)
                 for idx, op in enumerate(lay.schedule()):
                     seen = lowest.get(id(op.group))
                     if seen is None:
@@ -230,7 +243,7 @@ class WorldByClass:
                         world.ops.append(item)  # the sharding group or a same-card group
                     elif moe[0] in moe_class:
                         moe_class[moe[0]].append(item)
-                if moe[0] in templates and rank == min(moe):
+                if rank in full and moe[0] in templates and rank == min(moe):
                     t_index = {r: i for i, r in enumerate(moe)}
                     t_buckets = [b for b in lay.muon_buckets if b.colour is not None]
                     for group in templates[moe[0]]:
