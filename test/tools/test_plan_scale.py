@@ -106,19 +106,21 @@ class TestPlanByClass(unittest.TestCase):
             want = plan_mod.json_ready(plan_mod.compute_plan(cfg, compare_rules=False))
         assert_close(self, got, want)
 
-    def test_class_key_is_cards_and_node_pattern(self) -> None:
+    def test_class_key_is_the_node_pattern(self) -> None:
         key = plan_mod.group_class_key
-        # a shift by whole nodes keeps cards and the node pattern
+        # a shift by whole nodes, or onto other cards, keeps the pattern
         self.assertEqual(key((1, 5, 9), 4), key((13, 17, 21), 4),
                          "groups one node apart on every entry must share a class")
-        # a shift by one card changes every rail
-        self.assertNotEqual(key((0, 4, 8), 4), key((1, 5, 9), 4),
-                            "groups on different cards must not share a class")
-        # same cards, but two entries share a node in one group only
+        self.assertEqual(key((0, 4, 8), 4), key((1, 5, 9), 4),
+                         "groups on other cards, one rank per node, must share a class")
+        # two entries share a node in one group only
         self.assertNotEqual(key((3, 4), 8), key((7, 8), 8),
                             "a group inside one node and one across two must differ")
-        self.assertEqual(key((2, 10), 8), ((0, 2), (1, 2)),
-                         "key: (node number within the group, card) per entry")
+        # same nodes, but the order of the entries within a node differs
+        self.assertNotEqual(key((1, 2, 5), 4), key((2, 1, 5), 4),
+                            "entries swapped within a node must not share a class")
+        self.assertEqual(key((2, 10, 3), 8), ((0, 0), (1, 0), (0, 1)),
+                         "key: (node number within the group, place on that node) per entry")
 
 
 def _intra_reduce(node: int, gpn: int, root_card: int, numel: int) -> CommOp:
@@ -159,8 +161,8 @@ class TestReplayClass(unittest.TestCase):
                 assert_close(self, got, want, f"summary[{backend}]")
 
     def test_groups_across_nodes_charged_as_copies(self) -> None:
-        # one rank per node on card 1; the second group four nodes further
-        members = [(1, 5, 9, 13), (17, 21, 25, 29)]
+        # one rank per node: card 1, four nodes further, and card 2
+        members = [(1, 5, 9, 13), (17, 21, 25, 29), (2, 6, 10, 14)]
 
         def ops(m):
             return [_moe_reduce(m, 2, 4096), _moe_reduce(m, 0, 100)]
@@ -168,8 +170,9 @@ class TestReplayClass(unittest.TestCase):
         want, got = self._both(members, ops, world=32)
         self.assertGreater(want["inter_node_bytes"], 0, "nothing charged across nodes")
         assert_close(self, got, want, "summary")
-        self.assertEqual(got["collectives_per_step"]["moe_sharding"], 4,
-                         "two ops for each of two members")
+        self.assertEqual(got["collectives_per_step"]["moe_sharding"], 6,
+                         "two ops for each of three members")
+        self.assertGreater(got["rail_bytes"][2], 0, "the card-2 copy's bytes left its own rail")
 
     def test_members_of_unequal_size_are_refused(self) -> None:
         path = CostPath("x", 8, 2, AlphaBeta())

@@ -236,6 +236,8 @@ class CostPath:
         # and where per-rank bytes go (None: the phases' world arrays).
         self._mult = 1
         self._local: Optional[Dict[str, Tuple[Dict[int, float], Dict[int, float]]]] = None
+        # and inter-node bytes per (template rank, colour): a member's rail is its own card
+        self._local_rails: Dict[Tuple[int, Optional[str]], float] = {}
         self._blocks: List[tuple] = []
 
     def phase(self, name: str) -> _Phase:
@@ -274,12 +276,14 @@ class CostPath:
             per_rank[src] = per_rank.get(src, 0.0) + nbytes
         total = nbytes * self._mult
         if inter:
-            self.rail_all[src % gpn] += total
+            if self._local is None:
+                self._rail(src % gpn, nbytes, muon)
+            else:
+                key = (src, muon)
+                self._local_rails[key] = self._local_rails.get(key, 0.0) + nbytes
             if muon:
                 self.muon_inter += total
-                self.rail_muon[src % gpn] += total
                 self.colour_inter[muon] += total
-                self.colour_rail[muon][src % gpn] += total
             else:
                 self.other_inter += total
             return True
@@ -288,6 +292,12 @@ class CostPath:
         else:
             self.other_intra += total
         return False
+
+    def _rail(self, card: int, nbytes: float, muon: Optional[str]) -> None:
+        self.rail_all[card] += nbytes
+        if muon:
+            self.rail_muon[card] += nbytes
+            self.colour_rail[muon][card] += nbytes
 
     def _alpha(self, inter: bool) -> float:
         return self.ab.alpha_net if inter else self.ab.alpha_nvlink
@@ -368,12 +378,15 @@ class CostPath:
                     if k_inter:
                         inter[r] = inter.get(r, 0.0) + k_inter * share
             m = self._mult
-            for card, k in enumerate(cards):
-                if k:
-                    self.rail_all[card] += k * share * m
-                    if colour:
-                        self.rail_muon[card] += k * share * m
-                        self.colour_rail[colour][card] += k * share * m
+            if self._local is None:
+                for card, k in enumerate(cards):
+                    if k:
+                        self._rail(card, k * share, colour)
+            else:
+                rails = self._local_rails
+                for r, _, k_inter in senders:
+                    if k_inter:
+                        rails[(r, colour)] = rails.get((r, colour), 0.0) + k_inter * share
             if colour:
                 self.muon_inter += n_inter * share * m
                 self.colour_inter[colour] += n_inter * share * m
@@ -454,24 +467,32 @@ class CostPath:
             members: rank tuples, the template first; entry ``i`` of every
                 member plays the template's entry ``i``. The caller guarantees
                 the renaming keeps each rank's card and the node pattern
-                (which entries share a node, in node order), so every copy
-                moves the same bytes on the same rails.
+                (which entries share a node, in node order) and each entry's
+                order among its node's entries, so every copy moves the same
+                bytes; each copy's inter-node bytes go to its own ranks' rails.
         """
         template = tuple(members[0])
         if any(len(m) != len(template) for m in members):
             raise ValueError(f"replay_class: members of unequal size for template {template}")
-        saved = (self._mult, self._local, self._deferred)
-        self._mult, self._local, self._deferred = len(members), {}, {}
+        saved = (self._mult, self._local, self._deferred, self._local_rails)
+        self._mult, self._local, self._deferred, self._local_rails = len(members), {}, {}, {}
         try:
             self.replay(ops)
             self._flush()
-            self._blocks.append((template, [tuple(m) for m in members], self._local))
+            self._blocks.append((template, [tuple(m) for m in members], self._local,
+                                 self._local_rails))
         finally:
-            self._mult, self._local, self._deferred = saved
+            self._mult, self._local, self._deferred, self._local_rails = saved
 
     def _expand_blocks(self) -> None:
         """Copy each class template's per-rank bytes onto every member."""
-        for template, members, local in self._blocks:
+        gpn = self.gpn
+        for template, members, local, rails in self._blocks:
+            index = {r: i for i, r in enumerate(template)}
+            for (r, muon), nbytes in rails.items():
+                i = index[r]
+                for m in members:
+                    self._rail(m[i] % gpn, nbytes, muon)
             for name, (intra, inter) in local.items():
                 ph = self.phases[name]
                 for i, r in enumerate(template):

@@ -141,15 +141,21 @@ def _bucket(b, group=None, owner=None) -> _Bucket:
 
 
 def group_class_key(group: Sequence[int], gpn: int) -> tuple:
-    """Card of each entry and which entries share a node (nodes numbered in order).
+    """Which entries share a node (nodes numbered in order) and each entry's
+    place among its node's entries.
 
     Two groups with the same key issue the same collectives up to renaming
-    entry ``i`` onto entry ``i``, and the renaming keeps every byte's rail
-    (the sender's card) and whether it crosses nodes; a shift by a whole
-    number of nodes always keeps the key.
+    entry ``i`` onto entry ``i``, and the renaming keeps whether each byte
+    crosses nodes and the order of the cost model's rings; the rail of a byte
+    is the sender's own card (:meth:`CostPath.replay_class` charges each copy
+    to its own ranks' rails).
     """
-    order = {n: i for i, n in enumerate(sorted({r // gpn for r in group}))}
-    return tuple((order[r // gpn], r % gpn) for r in group)
+    nodes: Dict[int, List[int]] = {}
+    for r in sorted(group):
+        nodes.setdefault(r // gpn, []).append(r)
+    order = {n: i for i, n in enumerate(sorted(nodes))}
+    place = {r: j for members in nodes.values() for j, r in enumerate(members)}
+    return tuple((order[r // gpn], place[r]) for r in group)
 
 
 @dataclasses.dataclass
