@@ -21,7 +21,8 @@ trap 'rm -rf "$LOGS"' EXIT
 run() {  # run NAME PYTEST-ARGS...: one group, its output to $LOGS/NAME.log
   local name="$1"; shift
   local start=$SECONDS status=0
-  python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q "$@" \
+  python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q \
+    --durations=10 "$@" \
     >"$LOGS/$name.log" 2>&1 || status=$?
   echo "[$name] exit $status after $((SECONDS - start)) s" >>"$LOGS/$name.log"
   return "$status"
