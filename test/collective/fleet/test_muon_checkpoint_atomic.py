@@ -613,6 +613,17 @@ class TestRanksAsThreads(_Dir):
             self.assertIn("rank 1: TypeError: state_dict['bad'] is a int", str(results[rank]))
         self.assertEqual(os.listdir(self.root), [])
 
+    def test_a_rank_missing_at_the_start_is_an_error_not_a_hang(self):
+        def gloo_timeout(obj, process_group, ranks):
+            raise RuntimeError("[gloo] Timed out waiting 30000ms for recv operation")
+
+        with mock.patch.object(ckpt, "_ranks", lambda g: (0, [0, 1])), \
+                mock.patch.object(ckpt, "_gather", gloo_timeout):
+            with self.assertRaisesRegex(CheckpointSaveError, r"the ranks \[0, 1\] could not "
+                                        r"agree before writing \(RuntimeError: \[gloo\] Timed"):
+                save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertEqual(os.listdir(self.root), [], "the claimed directory must be removed")
+
     def test_ranks_that_resolve_different_checkpoints_refuse(self):
         save_sharded_checkpoint(whole(arrays(0)), self.root)
         other = os.path.join(self.root, "elsewhere")

@@ -284,6 +284,16 @@ def _retain(path: str, keep_last: int) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _agree(obj: Any, process_group, ranks: list[int], what: str) -> list:
+    try:
+        return _gather(obj, process_group, ranks)
+    except Exception as exc:  # noqa: BLE001 - e.g. gloo's timeout: a rank is gone
+        raise CheckpointSaveError(
+            f"saving {what}: the ranks {ranks} could not agree before writing "
+            f"({type(exc).__name__}: {exc}); is a rank missing or not calling "
+            "save_sharded_checkpoint? Nothing was committed.") from exc
+
+
 def _check_values(state_dict: dict) -> None:
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
@@ -357,12 +367,18 @@ def save_sharded_checkpoint(
         local_error = None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         local_error = f"rank {rank}: {type(exc).__name__}: {exc}"
-    agreed = _gather((proposal, local_error), process_group, ranks)
-    errors = [e for _, e in agreed if e]
-    if errors:
+    failure = None
+    try:
+        agreed = _agree((proposal, local_error), process_group, ranks, path)
+        errors = [e for _, e in agreed if e]
+    except CheckpointSaveError as exc:
+        failure, errors = exc, []
+    if failure is not None or errors:
         if proposal is not None and not proposal["error"]:
             shutil.rmtree(os.path.join(path, tmp_name(proposal["id"], proposal["token"])),
                           ignore_errors=True)
+        if failure is not None:
+            raise failure
         raise CheckpointSaveError(f"saving under {path} refused; nothing was written:\n  "
                                   + "\n  ".join(errors))
     proposal = agreed[0][0]
@@ -382,7 +398,7 @@ def save_sharded_checkpoint(
                            f"{type(exc).__name__}: {exc}")
         # Every rank is still here (Paddle's collectives come next anyway): a
         # rank that cannot even reserve room for its report fails the save now.
-        start_errors = [e for e in _gather(start_error, process_group, ranks) if e]
+        start_errors = [e for e in _agree(start_error, process_group, ranks, final) if e]
         if start_errors:
             if rank == coordinator:
                 shutil.rmtree(tmp, ignore_errors=True)
