@@ -203,6 +203,50 @@ class TestJsonIsPure(unittest.TestCase):
             err.getvalue()[-300:])
 
 
+class TestClusterLayouts(unittest.TestCase):
+    def _args(self, *extra: str):
+        parser = guard.ArgumentParser(prog="t")
+        cluster.add_parser(parser.add_subparsers(dest="command"))
+        return parser.parse_args(["cluster", "--ep", "2", "--moe-sharding", "2", *extra])
+
+    def test_a_layout_the_option_cannot_run_trains_the_flat_pass(self) -> None:
+        from paddle_muon_ext.tools.plan import predict_cluster
+
+        for nodes, procs in (("4", "1"), ("1", "4")):
+            err = io.StringIO()
+            with redirect_stderr(err):
+                cfg = cluster.config_from_args(self._args("--nodes", nodes,
+                                                          "--procs-per-node", procs))
+            self.assertEqual((cfg.group_call, cfg.passes()), ("0", [0]))
+            self.assertIn("training the flat path alone (--group-call 0)", err.getvalue())
+            pred = predict_cluster(cfg)
+            self.assertEqual(set(pred), {"off"}, "no prediction for a pass that does not run")
+            if nodes == "1":
+                self.assertEqual(pred["off"]["inter_node_bytes"], 0, "one node: nothing crosses")
+            else:
+                self.assertGreater(pred["off"]["inter_node_bytes"], 0)
+            with self.assertRaisesRegex(ValueError, "pass --group-call 0"):
+                cluster.config_from_args(self._args("--nodes", nodes, "--procs-per-node", procs,
+                                                    "--group-call", "both"))
+        cfg = cluster.config_from_args(self._args("--nodes", "2", "--procs-per-node", "2"))
+        self.assertEqual(cfg.group_call, "both")
+        self.assertEqual(set(predict_cluster(cfg)), {"off", "on"})
+
+    def test_prediction_failure_does_not_fail_a_passed_run(self) -> None:
+        args = self._args("--nodes", "2", "--procs-per-node", "2")
+        result = cluster.ClusterResult(cluster.config_from_args(args), status="PASS")
+
+        def no_prediction(cfg):
+            raise ValueError("no model")
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(cluster, "run_cluster", return_value=result), \
+                redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(cluster.main(args, predict=no_prediction), 0)
+        self.assertIn("note: no plan-tool prediction for this layout (no model)", err.getvalue())
+        self.assertTrue(out.getvalue().rstrip().splitlines()[-1].startswith("PASS"))
+
+
 class TestStdoutThatCannotBeWritten(unittest.TestCase):
     def test_full_device_is_one_error_line(self) -> None:
         for argv in (["plan", *LAYOUT], ["plan", *LAYOUT, "--json"], ["--help"]):
