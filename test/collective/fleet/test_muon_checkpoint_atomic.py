@@ -151,6 +151,10 @@ class TestSingleProcess(_Dir):
         os.makedirs(os.path.join(self.root, "checkpoint_0"))  # incomplete: not counted
         self.assertEqual(sorted(os.listdir(self.root)),
                          ["checkpoint_0", "checkpoint_2", "checkpoint_3"])
+        # an explicit older id: kept although two newer ones exist
+        save_sharded_checkpoint(whole(arrays(5)), self.root, unique_id=1, keep_last=1)
+        self.assertEqual(sorted(os.listdir(self.root)),
+                         ["checkpoint_0", "checkpoint_1", "checkpoint_3"])
         for bad in (0, -1, 1.5, "2"):
             with self.assertRaisesRegex(ValueError, "keep_last"):
                 save_sharded_checkpoint(whole(arrays(0)), self.root, keep_last=bad)

@@ -277,9 +277,13 @@ def _commit(handshake: SaveHandshake, statuses: dict, tmp: str, final: str,
     shutil.rmtree(os.path.join(final, STATUS_DIR), ignore_errors=True)
 
 
-def _retain(path: str, keep_last: int) -> None:
+def _retain(path: str, keep_last: int, just_saved: str) -> None:
     complete = [(i, d) for i, d in _committed(path) if _incomplete_reason(d) is None]
+    # never the one just committed: the other ranks may still be looking for it
+    # (a concurrent save may have committed a newer id meanwhile)
     for _, directory in complete[keep_last:]:
+        if directory == just_saved:
+            continue
         logger.info(f"checkpoint: removing {directory} (keep_last={keep_last})")
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -435,7 +439,7 @@ def save_sharded_checkpoint(
     if rank == coordinator:
         _sweep_failed(path)
         if keep_last is not None:
-            _retain(path, keep_last)
+            _retain(path, keep_last, final)
     logger.info(f"checkpoint: rank {rank} saved {final}")
     return final
 
