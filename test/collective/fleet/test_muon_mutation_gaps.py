@@ -264,6 +264,50 @@ class TestNewestCheckpointLoads(unittest.TestCase):
             self.assertEqual(got, [5.0], f"loaded out.bias {got}: not the newest checkpoint")
 
 
+class _Buffer:
+    """A fused 1-D buffer under main_grad: fp32 gradients, bf16 parameters."""
+
+    class _Group:
+        id, ranks, nranks = 5, [0, 1], 2
+
+    def __init__(self) -> None:
+        self._comm_group = self._Group()
+        self.grad_storage = paddle.zeros([24], dtype="float32")
+        self.param_storage = paddle.zeros([16], dtype="bfloat16")
+        self.calls = []
+
+    def sync_params(self) -> None:
+        self.calls.append("all_gather")
+
+    def _comm_grads(self) -> None:
+        self.calls.append("reduce_scatter")
+
+    def scale_grads(self) -> None:
+        pass
+
+
+class TestRecordedBuffersUnderMainGrad(unittest.TestCase):
+    def test_all_gather_records_the_parameter_buffer(self):
+        # Bug: the all-gather is recorded with the gradient buffer, which under
+        # main_grad is fp32 while the parameters (what is gathered) are bf16.
+        from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+            muon_sharding_collectives as comm,
+        )
+
+        with mock.patch.dict(os.environ, {fr.ENV_ARM: "0"}):  # no handlers, no watchdog
+            recorder = fr.FlightRecorder(enabled=True)
+        buf = _Buffer()
+        with mock.patch.object(comm, "get_flight_recorder", lambda: recorder):
+            comm.reduce_scatter_slices([buf], launched_by_hook=lambda b: False)
+            comm.all_gather_slices([buf])
+        self.assertEqual(buf.calls, ["reduce_scatter", "all_gather"])
+        entries = {e["op"]: e for e in recorder.snapshot("test")["entries"]}
+        self.assertEqual((entries["reduce_scatter"]["dtype"], entries["reduce_scatter"]["numel"]),
+                         ("float32", 24), "reduce_scatter moves the fp32 gradient buffer")
+        self.assertEqual((entries["all_gather"]["dtype"], entries["all_gather"]["numel"]),
+                         ("bfloat16", 16), "all_gather moves the bf16 parameter buffer")
+
+
 class TestFlightRecorderDirectory(unittest.TestCase):
     def test_explicit_directory_wins_over_the_launcher_log_dir(self):
         # Bug: PADDLE_LOG_DIR read first when both are set.
