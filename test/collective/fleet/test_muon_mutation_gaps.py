@@ -40,7 +40,7 @@ from muon_sim_runner import (
     sharded_core,
     train_steps,
 )
-from muon_tiny_moe import TinyMoE, batch, make_muon
+from muon_tiny_moe import TinyMoE, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_flight_recorder as fr,
