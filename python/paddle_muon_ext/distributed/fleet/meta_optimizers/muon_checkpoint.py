@@ -638,10 +638,14 @@ def load_sharded_checkpoint(
     directory, verified = _resolve(path, unique_id)
     index = ranks.index(rank) if rank in ranks else 0
     if verified:
-        marker, corrupt = _verify(directory, rank, index, len(ranks))
+        try:
+            marker, corrupt = _verify(directory, rank, index, len(ranks))
+        except Exception as exc:  # noqa: BLE001 - reported on every rank, never a hang
+            marker, corrupt = None, [f"{directory}: could not be checked "
+                                     f"({type(exc).__name__}: {exc})"]
         uid = marker["unique_id"] if marker else None
         saved = ({k: tuple(v["global_shape"]) for k, v in marker["tensors"].items()}
-                 if marker else {})
+                 if marker and not corrupt else {})
     else:
         metadata_file, uid = _metadata_path(directory, unique_id)
         corrupt = []
