@@ -20,7 +20,9 @@ fields, a CPU entry in the tensor-fusion device table, a
 HybridParallelOptimizer that accepts a Muon sharding optimizer) lives in
 this package and nowhere else, so tools/export_upstream_patch.py drops it
 whole when the code is exported into Paddle itself. ``patch_paddle()``
-installs all of it under develop's names.
+installs all of it under develop's names, and on a launched gloo (CPU) job
+also the collectives gloo lacks (``distributed/fleet/utils/gloo_compat.py``,
+which is exported: Paddle's CPU tests need it too).
 """
 
 from .strategy_options import (  # noqa: F401
