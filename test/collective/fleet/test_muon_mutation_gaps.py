@@ -308,6 +308,45 @@ class TestRecordedBuffersUnderMainGrad(unittest.TestCase):
                          ("bfloat16", 16), "all_gather moves the bf16 parameter buffer")
 
 
+class TestConcurrentDumps(unittest.TestCase):
+    def test_two_threads_writing_one_dump_both_succeed(self):
+        # Bug (seen as a flaky CI failure under load): both threads wrote the
+        # same temporary file, the second os.replace found it gone and the
+        # dump with its peer request was lost. Each writer here waits inside
+        # json.dump until the other one has opened its temporary file.
+        import json
+        import threading
+
+        opened = threading.Barrier(2, timeout=10)
+        real_dump = json.dump
+
+        def slow_dump(data, f):
+            opened.wait()
+            real_dump(data, f)
+
+        errors = []
+
+        def write(n):
+            try:
+                fr._write_json(path, {"writer": n})
+            except OSError as exc:
+                errors.append(exc)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "muon_flight.rank0.json")
+            with mock.patch.object(fr.json, "dump", slow_dump):
+                threads = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(20)
+            self.assertEqual(errors, [], "a concurrent dump failed")
+            with open(path) as f:
+                self.assertIn(json.load(f)["writer"], (0, 1))
+            self.assertEqual(os.listdir(tmp), ["muon_flight.rank0.json"],
+                             "temporary files left behind")
+
+
 class TestFlightRecorderDirectory(unittest.TestCase):
     def test_explicit_directory_wins_over_the_launcher_log_dir(self):
         # Bug: PADDLE_LOG_DIR read first when both are set.

@@ -459,7 +459,10 @@ def _signal_pipe() -> tuple[int, int] | None:
 
 
 def _write_json(path: str, data: Mapping) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # Per thread too: the watchdog and the main thread may dump at once (a
+    # SIGUSR1 and an uncaught exception); a shared temporary name made one
+    # os.replace fail and that dump (and its peer request) was lost.
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
