@@ -122,6 +122,8 @@ _DTYPE_ALIASES: Dict[str, str] = {
 
 
 def _canonical_dtype(dtype) -> str:
+    if type(dtype) is str and dtype in _DTYPE_SIZES:
+        return dtype
     text = str(dtype).strip().lower()
     for prefix in ("paddle.", "vartype.", "datatype."):
         if text.startswith(prefix):
@@ -154,6 +156,9 @@ class MatrixSpec:
 
 
 def _check_shape(shape) -> Tuple[int, ...]:
+    if type(shape) is tuple and len(shape) >= 2 and all(type(d) is int and d >= 0
+                                                         for d in shape):
+        return shape  # the common case (a MatrixSpec's shape), checked fast
     try:
         dims = tuple(shape)
     except TypeError:
@@ -286,6 +291,12 @@ def _check_specs(specs) -> List[MatrixSpec]:
     out: List[MatrixSpec] = []
     seen = set()
     for s in specs:
+        if type(s) is MatrixSpec and type(s.name) is str and s.name \
+                and s.name not in seen and _check_shape(s.shape) is s.shape \
+                and type(s.dtype) is str and s.dtype in _DTYPE_SIZES:
+            seen.add(s.name)  # already canonical: kept as is
+            out.append(s)
+            continue
         for attr in ("name", "shape", "dtype"):
             if not hasattr(s, attr):
                 raise TypeError(
@@ -316,17 +327,13 @@ def _check_rank_order(rank_order, nranks: int) -> List[int]:
 # --------------------------------------------------------------------------
 # balanced rule
 # --------------------------------------------------------------------------
-# Below this many allowed ranks a plain scan beats the score-ordered search.
-_DIRECT_SCAN = 32
-
-
 class _Loads:
     """Exact-integer rank loads. A rank's normalised byte load is
     ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
     ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``.
 
-    ``by_score`` keeps ``(score, rank)`` sorted, so the searches below visit
-    only ranks whose score can still win instead of every rank.
+    ``by_score`` keeps ``(score, rank)`` sorted: the refinement finds the
+    worst rank and the ranks a move can go to without scanning every rank.
     """
 
     def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
@@ -356,26 +363,6 @@ class _Loads:
             del self.by_score[bisect.bisect_left(self.by_score, (old, r))]
             bisect.insort(self.by_score, (new, r))
             self.cur[r] = new
-
-    def best_rank(self, db: int, dc: int, allowed: Optional[frozenset]) -> int:
-        """``argmin key(r, db, dc)`` over ``allowed`` (None: every rank).
-
-        Adding the item raises a rank's score by at least ``min`` of its two
-        scaled sizes, so once ``score + that`` exceeds the best key found no
-        later rank (higher score) can win: exact, visiting ranks in score order.
-        """
-        grow = min(db * self.tc, dc * self.tb)
-        best = None
-        best_r = -1
-        for score, r in self.by_score:
-            if best is not None and score + grow > best[0]:
-                break
-            if allowed is not None and r not in allowed:
-                continue
-            k = self.key(r, db, dc)
-            if best is None or k < best:
-                best, best_r = k, r
-        return best_r
 
     def worst_rank(self) -> int:
         """Highest score; among equals the earliest in rank_order."""
@@ -439,8 +426,16 @@ def balanced_partition(
     if not items:
         return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {}, "balanced")
 
-    bts = {s.name: optimizer_state_bytes(s, multi_precision) for s in items}
-    nss = {s.name: _ns_cost_int(s.shape) for s in items}
+    # specs are validated: sizes straight from the dims
+    bts = {}
+    nss = {}
+    for s in items:
+        *lead, m, n = s.shape
+        numel = math.prod(s.shape)
+        wide = multi_precision and _DTYPE_SIZES[s.dtype] < 4
+        bts[s.name] = numel * (8 if wide else 4)
+        lo, hi = (m, n) if m <= n else (n, m)
+        nss[s.name] = math.prod(lead) * hi * lo * lo
     # totals summed in name order: identical on every rank whatever the input order
     names_sorted = sorted(bts)
     total_b = sum(bts[k] for k in names_sorted)
@@ -476,22 +471,36 @@ def balanced_partition(
 
     owner: Dict[str, int] = {}
     allowed_of: Dict[str, Optional[frozenset]] = {}
+    version = [0] * nranks  # bumped whenever a rank's load grows
     for d in cls_order:
         names = sorted(classes[d], key=lambda k: (-size(k), k))
         cap = class_cap(names)
         if cap >= nranks:
-            allowed = None
+            allowed = list(range(nranks))
             allowed_of[d] = None
         else:
             allowed = sorted(range(nranks), key=lambda r: loads.key(r))[:cap]
             allowed_of[d] = frozenset(allowed)
+        # One heap of (key, rank, version) per matrix size: loads only grow
+        # while placing, so a stale entry's key is a lower bound of its
+        # current key; a fresh top is the exact argmin. Equal matrices (a
+        # model's experts) then cost O(log nranks) each.
+        heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
-            if allowed is None or len(allowed) > _DIRECT_SCAN:
-                r = loads.best_rank(bts[k], nss[k], allowed_of[d])
-            else:
-                r = min(allowed, key=lambda r: loads.key(r, bts[k], nss[k]))
+            item = (bts[k], nss[k])
+            heap = heaps.get(item)
+            if heap is None:
+                heap = [(loads.key(r, *item), r, version[r]) for r in allowed]
+                heapq.heapify(heap)
+                heaps[item] = heap
+            while heap[0][2] != version[heap[0][1]]:
+                r = heap[0][1]
+                heapq.heapreplace(heap, (loads.key(r, *item), r, version[r]))
+            r = heap[0][1]
             owner[k] = r
-            loads.add(r, bts[k], nss[k])
+            loads.add(r, *item)
+            version[r] += 1
+            heapq.heapreplace(heap, (loads.key(r, *item), r, version[r]))
 
     _refine(owner, loads, bts, nss, classes, allowed_of, size, order)
 
@@ -504,6 +513,10 @@ def balanced_partition(
         dtypes=dtype_of,
         method="balanced",
     )
+
+
+# Ranks (least loaded first) the refinement's probe pass tries per matrix.
+_PROBE_RANKS = 16
 
 
 def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=10000):
@@ -575,66 +588,66 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         mine = sorted((names[0] for names in groups[worst].values()),
                       key=lambda k: (-size(k), k))
         best = None  # (new pair max, kind, k, rank pos, partner)
-
-        def offer(cand):
-            nonlocal best
-            if best is None or cand < best:
-                best = cand
-
-        def bound() -> int:
-            return W if best is None else best[0]
+        B = W  # best pair score so far (a candidate needs new < W, ties kept)
+        pref = loads.pref
+        xl = [b * tc for b in loads.b]
+        yl = [c * tb for c in loads.c]
+        xw, yw = xl[worst], yl[worst]
 
         for k in mine:  # moves k -> r
-            bk, ck = bts[k], nss[k]
-            after = loads.score(worst, -bk, -ck)
-            stop = bisect.bisect_right(loads.by_score, (bound() - min(xs[k], ys[k]), n))
+            xk, yk = xs[k], ys[k]
+            allowed_k = allowed_of[dtype_of[k]]
+            after = max(xw - xk, yw - yk)
+            stop = bisect.bisect_right(loads.by_score, (B - min(xk, yk), n))
             for i in range(stop):
                 r = loads.by_score[i][1]
-                if r == worst or not can_host(k, r):
+                if r == worst or not (allowed_k is None or r in allowed_k):
                     continue
-                new = max(after, loads.score(r, bk, ck))
+                new = max(after, xl[r] + xk, yl[r] + yk)
                 if new < W:
-                    offer((new, 0, k, loads.pref[r], ""))
+                    cand = (new, 0, k, pref[r], "")
+                    if best is None or cand < best:
+                        best, B = cand, new
 
         ranks = sorted((r for r in range(n) if r != worst), key=lambda r: load_of[r])
-
-        xw, yw = loads.b[worst] * tc, loads.c[worst] * tb
-        pref = loads.pref
-
-        def swaps(k: str, probe: bool) -> None:
-            xk, yk, sk = xs[k], ys[k], sizes[k]
-            size_k = xk + yk
-            # scaled loads of the worst rank without k, of a rank r with k
-            xw_k, yw_k = xw - xk, yw - yk
-            for r in ranks:
-                B = bound()
-                if load_of[r] > 2 * B - W:
-                    break
-                if not (free or can_host(k, r)):
-                    continue
-                xr_k, yr_k = loads.b[r] * tc + xk, loads.c[r] * tb + yk
-                lst = per_rank[r]
-                if probe:  # the partner nearest the value that evens the pair
-                    mid = bisect.bisect_left(lst, (sk - (W - load_of[r]) // 2,))
-                    lo, hi = max(0, mid - 1), min(len(lst), mid + 1)
-                else:
-                    lo = bisect.bisect_left(lst, (sk - (B - load_of[r]),))
-                    hi = bisect.bisect_left(lst, (sk - (W - B) + 1,))
-                for i in range(lo, hi):
-                    a, b_, _ = g = lst[i]
-                    xj, yj = (b_, a) if swap_xy else (a, b_)
-                    if xj + yj >= size_k:
-                        continue
-                    j = groups[r][(xj, yj, g[2])][0]
-                    if not (free or can_host(j, worst)):
-                        continue
-                    new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
-                    if new < W:
-                        offer((new, 1, k, pref[r], j))
-
         for probe in (True, False):
+            # the probe pass tries, on the least loaded ranks, the partner
+            # nearest the value that evens the pair, so B drops early
+            scan = ranks[:_PROBE_RANKS] if probe else ranks
             for k in mine:
-                swaps(k, probe)
+                xk, yk, sk = xs[k], ys[k], sizes[k]
+                size_k = xk + yk
+                allowed_k = allowed_of[dtype_of[k]]
+                xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
+                for r in scan:
+                    lr = load_of[r]
+                    if lr > 2 * B - W:
+                        break
+                    if not (allowed_k is None or r in allowed_k):
+                        continue
+                    lst = per_rank[r]
+                    if probe:
+                        mid = bisect.bisect_left(lst, (sk - (W - lr) // 2,))
+                        lo, hi = max(0, mid - 1), min(len(lst), mid + 1)
+                    else:
+                        lo = bisect.bisect_left(lst, (sk - (B - lr),))
+                        hi = bisect.bisect_left(lst, (sk - (W - B) + 1,))
+                    if lo >= hi:
+                        continue
+                    xr_k, yr_k = xl[r] + xk, yl[r] + yk  # rank r with k
+                    for i in range(lo, hi):
+                        a, b_, d = lst[i]
+                        xj, yj = (b_, a) if swap_xy else (a, b_)
+                        if xj + yj >= size_k:
+                            continue
+                        j = groups[r][(xj, yj, d)][0]
+                        if not (free or can_host(j, worst)):
+                            continue
+                        new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
+                        if new < W:
+                            cand = (new, 1, k, pref[r], j)
+                            if best is None or cand < best:
+                                best, B = cand, new
         if best is None:
             return
         _, kind, k, rpos, j = best
