@@ -80,6 +80,17 @@ class TestHostileInputs(unittest.TestCase):
                 json.dump(data, f)
         return d
 
+    def _fifo(self, name: str) -> str:
+        path = os.path.join(self.dir, name)
+        os.mkfifo(path)
+        return path
+
+    def _fifo_dump(self) -> str:
+        d = os.path.join(self.dir, "fifo")
+        os.makedirs(d)
+        os.mkfifo(fr.dump_path(d, 0))  # reading it would block forever
+        return d
+
     def assert_refused(self, argv, fragment: str) -> None:
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
@@ -117,6 +128,7 @@ class TestHostileInputs(unittest.TestCase):
             (["plan", *LAYOUT, "--model", deep_shape], "is not an integer"),
             (["plan", *LAYOUT, "--model", long_name], "w" * 50 + "...'"),
             (["plan", *LAYOUT, "--model", self._file("e.json", "")], "is not valid JSON"),
+            (["plan", *LAYOUT, "--model", "/proc/self/mem"], "cannot be read"),
             (["plan", *LAYOUT, "--model", self._file("n.json", "null")], "holds no parameter"),
             (["plan", *LAYOUT, "--model", self._file("b.json", b"\xff\xfe", True)],
              "is not UTF-8 text"),
@@ -126,6 +138,8 @@ class TestHostileInputs(unittest.TestCase):
             (["plan", *LAYOUT, "--png", ""], "--png '': is an empty file name"),
             (["plan", *LAYOUT, "--png", "   "], "is an empty file name"),
             (["plan", *LAYOUT, "--png", self.dir], "is a directory"),
+            (["plan", *LAYOUT, "--png", self._fifo("p.png")],
+             "is neither a regular file nor a device"),
             (["plan", *LAYOUT, "--png", "/nonexistent_dir/p.png"], "does not exist"),
             (["plan", *LAYOUT, "--alpha-net", "inf"], "must be a finite number"),
             (["plan", *LAYOUT, "--beta-net=-1e-9"], "must be > 0"),
@@ -224,6 +238,7 @@ class TestHostileInputs(unittest.TestCase):
              "field 'issued[0].count' is missing"),
             (self._dumps("twice", ok, _dump(0)), "rank 0 again"),
             (self._dumps("phase", _dump(phase=5)), "field 'phase' is 5"),
+            (self._fifo_dump(), "not a regular file"),
         ]
         for path, fragment in cases:
             with self.subTest(case=os.path.basename(path)):

@@ -193,6 +193,8 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
     fix = "remove it or re-dump that rank with SIGUSR1"
     for path in paths:
         try:
+            if not os.path.isfile(path):  # a FIFO would block the read forever
+                raise DumpError(f"dump {path!r}: not a regular file, {fix}")
             if os.path.getsize(path) > MAX_DUMP_BYTES:
                 raise DumpError(f"dump {path!r}: larger than {MAX_DUMP_BYTES} bytes, {fix}")
             with open(path, encoding="utf-8") as f:

@@ -119,7 +119,11 @@ def check_writable(what: str, path: str) -> str:
     if os.path.isdir(full):
         raise InputError(what, path, "is a directory", "pass a file name")
     if os.path.exists(full) and not os.path.isfile(full):
-        # a device or a pipe (/dev/null, a FIFO): written as it is
+        # a character device (/dev/null) is written as it is; a FIFO without a
+        # reader would block the write forever
+        if not stat.S_ISCHR(os.stat(full).st_mode):
+            raise InputError(what, path, "is neither a regular file nor a device",
+                             "pass a file name")
         if not os.access(full, os.W_OK):
             raise InputError(what, path, "is not writable", "pick a writable path")
         return full
@@ -210,6 +214,9 @@ def read_model_file(path: str) -> List[dict]:
             data = json.load(f)
     except UnicodeDecodeError:
         raise InputError(what, path, "is not UTF-8 text", "pass a JSON file") from None
+    except OSError as exc:  # unreadable: permissions, a device that refuses reads
+        raise InputError(what, path, f"cannot be read ({exc.strerror or exc})",
+                         "pass a readable JSON file") from None
     except json.JSONDecodeError as exc:
         raise InputError(what, path, f"is not valid JSON (line {exc.lineno}: {exc.msg})",
                          "fix the file") from None
