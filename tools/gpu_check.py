@@ -101,7 +101,7 @@ def _muon_ref_steps(values, grads_of, steps, lr=0.02, wd=0.01, beta=0.95):
 
 
 def part_numerics(dry: bool) -> list[str]:
-    from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
+    from paddle_muon_ext.optimizer import Muon, build_muon_param_info_map
 
     dtype = paddle.float32 if dry else paddle.bfloat16
     lines, rng = [], np.random.default_rng(0)
@@ -209,7 +209,7 @@ def part_smoke(dry: bool) -> list[str]:
     from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
         MuonShardingOptimizer,
     )
-    from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
+    from paddle_muon_ext.optimizer import Muon, build_muon_param_info_map
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1,

@@ -70,7 +70,7 @@ if _PY not in sys.path:
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from paddle_muon_ext.optimizer.muon import (  # noqa: E402
+from paddle_muon_ext.optimizer import (  # noqa: E402
     Muon,
     build_muon_param_info_map,
     newton_schulz,

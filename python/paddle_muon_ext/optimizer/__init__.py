@@ -12,18 +12,32 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-from .muon import (  # noqa: F401
-    Muon,
-    MuonParamInfo,
-    MuonParamInfoMap,
-    build_muon_param_info_map,
-    keep_whole,
-)
+from .muon import Muon, MuonParamInfo, MuonParamInfoMap  # noqa: F401
 
 __all__ = [
     "Muon",
     "MuonParamInfo",
     "MuonParamInfoMap",
+]
+
+# Package-only helpers (develop's paddle.optimizer has none of them): not
+# exported, so an exported tree's paddle.optimizer stays as develop has it.
+# paddle_muon_ext: compat-begin
+from .muon_helpers import (  # noqa: E402, F401
+    NS_COEFFS_PRESETS,
+    build_muon_param_info_map,
+    keep_whole,
+    muon_update_scale,
+    newton_schulz,
+    resolve_ns_coeffs,
+)
+
+__all__ += [
+    "NS_COEFFS_PRESETS",
     "build_muon_param_info_map",
     "keep_whole",
+    "muon_update_scale",
+    "newton_schulz",
+    "resolve_ns_coeffs",
 ]
+# paddle_muon_ext: compat-end

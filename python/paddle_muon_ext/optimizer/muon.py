@@ -43,16 +43,14 @@ if TYPE_CHECKING:
     from paddle import Tensor
     from paddle.nn.clip import GradientClipBase
 
+# Only develop's names live here: the exported tests and modules import from
+# develop's paddle.optimizer.muon. The package's extra helpers
+# (build_muon_param_info_map, keep_whole, newton_schulz, ...) are in
+# muon_helpers.py.
 __all__ = [
     "Muon",
     "MuonParamInfo",
     "MuonParamInfoMap",
-    "NS_COEFFS_PRESETS",
-    "build_muon_param_info_map",
-    "keep_whole",
-    "muon_update_scale",
-    "newton_schulz",
-    "resolve_ns_coeffs",
 ]
 
 # The module logger under develop's module path (this module is
@@ -106,9 +104,6 @@ _NS_COEFFICIENT_SETS: dict[str, list[NSCoeff]] = {
     # Meant for ns_steps=10: eight fast steps, then two that converge.
     "deepseekv4": [_SIMPLE] * 8 + [(2.0, -1.5, 0.5)] * 2,
 }
-# The name this package used before develop's; the same object.
-NS_COEFFS_PRESETS = _NS_COEFFICIENT_SETS
-
 # Muon's default adam_epsilon, also the floor of the Newton-Schulz norm.
 _DEFAULT_EPSILON = 1e-9
 # Develop's default muon_max_group_bytes: 2 GiB per batched Newton-Schulz.
@@ -163,21 +158,6 @@ class MuonParamInfo:
 MuonParamInfoMap = dict[str, MuonParamInfo]
 
 
-def keep_whole(info: MuonParamInfo) -> bool:
-    """Whether a sharded optimizer must keep the parameter whole on one rank.
-
-    Muon and both hyperball updates need the whole matrix (orthogonalisation,
-    the matrix norm); only plain AdamW is element-wise.
-
-    Args:
-        info (MuonParamInfo): The parameter's routing.
-
-    Returns:
-        bool: ``use_muon or use_hyperball``.
-    """
-    return bool(info.use_muon or info.use_hyperball)
-
-
 def _default_should_use_muon(
     name: str, shape: Sequence[int], exclude_patterns: Sequence[str] | None
 ) -> bool:
@@ -198,36 +178,12 @@ def _default_should_use_muon(
             "muon_param_info_map entry; pass Muon(muon_exclude_patterns=[...]) "
             "with the name substrings to keep on AdamW (e.g. ['embedding', "
             "'lm_head'], or [] to route every 2-D/3-D parameter to Muon), or a "
-            "muon_param_info_map with an entry per parameter "
-            "(paddle_muon_ext.optimizer.build_muon_param_info_map builds one)."
+            "muon_param_info_map with an entry per parameter."
         )
     if len(shape) not in (2, 3):
         return False
     lowered = name.lower()
     return not any(str(pattern).lower() in lowered for pattern in exclude_patterns)
-
-
-def build_muon_param_info_map(
-    parameters: Sequence[Tensor], exclude_patterns: Sequence[str] = ()
-) -> MuonParamInfoMap:
-    """A ``muon_param_info_map`` entry for every parameter, by the default rule.
-
-    ``MuonShardingOptimizer`` (like develop's) needs an entry for every
-    trainable parameter; ``Muon`` alone falls back to the default rule.
-
-    Args:
-        parameters (Sequence[Tensor]): The parameters.
-        exclude_patterns (Sequence[str]): As ``muon_exclude_patterns``.
-
-    Returns:
-        dict[str, MuonParamInfo]: name -> ``MuonParamInfo(use_muon=...)``.
-    """
-    return {
-        p.name: MuonParamInfo(
-            use_muon=_default_should_use_muon(p.name, _muon_shape(p), list(exclude_patterns))
-        )
-        for p in parameters
-    }
 
 
 def _to_hashable(value: Any) -> Any:
@@ -245,7 +201,7 @@ def _muon_shape(param: Tensor) -> list[int]:
     return list(original) if original else list(param.shape)
 
 
-def resolve_ns_coeffs(
+def _resolve_ns_coeffs(
     ns_coeff_type: str, ns_coeffs: Sequence[Sequence[float]] | None = None
 ) -> list[NSCoeff]:
     """The Newton-Schulz table of a preset, or ``ns_coeffs`` for ``"custom"``.
@@ -391,60 +347,6 @@ def _fro(x: Tensor) -> Tensor:
     return paddle.sqrt(paddle.sum(x * x, axis=[-2, -1], keepdim=True))
 
 
-def newton_schulz(
-    x: Tensor,
-    coeffs: Sequence[Sequence[float]],
-    steps: int,
-    eps: float = _DEFAULT_EPSILON,
-    matmul_dtype: paddle.dtype = paddle.float32,
-) -> Tensor:
-    """Newton-Schulz orthogonalisation as a float32 result.
-
-    ``Muon._zeropower_via_newtonschulz5`` (develop's; it returns the matmul
-    dtype) followed by a cast to float32. A 3-D input ``[E, H, I]`` is ``E``
-    independent matrices, processed in one batched computation.
-
-    Args:
-        x (Tensor): 2-D or 3-D tensor.
-        coeffs (Sequence): ``[(a, b, c), ...]``; step ``i`` uses
-            ``coeffs[i % len(coeffs)]``.
-        steps (int): Number of iterations (>= 0).
-        eps (float): Floor of the norm ``x`` is divided by.
-        matmul_dtype (paddle.dtype): Dtype of the iteration's matmuls.
-
-    Returns:
-        Tensor: float32 tensor with the shape of ``x``.
-    """
-    if not coeffs:
-        raise ValueError("Newton-Schulz needs at least one (a, b, c) coefficient.")
-    if steps < 0:
-        raise ValueError(f"Newton-Schulz steps must be >= 0, got {steps}.")
-    out = Muon._zeropower_via_newtonschulz5(x, steps, eps, coeffs, matmul_dtype)
-    return out if out.dtype == paddle.float32 else paddle.cast(out, "float32")
-
-
-def muon_update_scale(
-    shape: Sequence[int], version: int = 1, extra_scale_factor: float = 0.2
-) -> float:
-    """Scale of the orthogonalised update of a matrix of ``shape``.
-
-    ``din, dout = shape[-2], shape[-1]``: version 1 ``sqrt(max(1, dout/din))``,
-    version 2 ``sqrt(dout/din)``, any other ``sqrt(max(din, dout))``; times
-    ``extra_scale_factor``.
-
-    Args:
-        shape (Sequence[int]): Matrix shape (2-D or 3-D).
-        version (int): ``muon_version``.
-        extra_scale_factor (float): ``muon_extra_scale_factor``.
-
-    Returns:
-        float: The scale.
-    """
-    if len(shape) < 2:
-        raise ValueError(f"muon_update_scale needs a matrix shape, got {list(shape)}.")
-    return _version_scale(shape, version) * float(extra_scale_factor)
-
-
 def _version_scale(shape: Sequence[int], version: int) -> float:
     din, dout = int(shape[-2]), int(shape[-1])
     if version == 1:
@@ -471,7 +373,7 @@ class Muon(Optimizer):
         u &= g + \beta (m - g) \ \text{(nesterov) or } u = m \\
         p &= p (1 - lr \cdot wd) - lr \cdot s \cdot NS(u)
 
-    with ``s`` from :func:`muon_update_scale`. Matrices with the same
+    with ``s`` from :meth:`_scaling_fn`. Matrices with the same
     :meth:`muon_group_key` are orthogonalised together in one batched
     Newton-Schulz (at most ``muon_max_group_bytes`` per batch). AdamW
     parameters use Paddle's fused AdamW kernel. MuonH / AdamH (hyperball)
@@ -500,7 +402,7 @@ class Muon(Optimizer):
         apply_decay_param_fun (Callable|None, optional): ``name -> bool``;
             False turns weight decay off for that parameter.
         muon_version (int, optional): Scale rule, see
-            :func:`muon_update_scale`. Default 1.
+            :meth:`_scaling_fn`. Default 1.
         muon_exclude_patterns (list[str]|None, optional): Case-insensitive
             name substrings kept on AdamW by the default rule. None: every
             parameter needs a ``muon_param_info_map`` entry.
@@ -575,7 +477,7 @@ class Muon(Optimizer):
         **kwargs: Any,
     ) -> None:
         self._check_parameters(parameters, grad_clip)
-        ns_table = resolve_ns_coeffs(ns_coeff_type, ns_coeffs)
+        ns_table = _resolve_ns_coeffs(ns_coeff_type, ns_coeffs)
         ns_dtype = _resolve_ns_matmul_dtype(ns_matmul_dtype)
         if use_symmetric_gemm:
             self._check_symmetric_gemm(
@@ -958,7 +860,7 @@ class Muon(Optimizer):
             nesterov (bool): Nesterov momentum.
             epsilon (float): Newton-Schulz norm floor.
             weight_decay (float): Decoupled decay (not for hyperball params).
-            version (int): Scale rule of :func:`muon_update_scale`.
+            version (int): Scale rule of :meth:`_scaling_fn`.
         """
         first = group_params_grads[0][0]
         param_shape = _muon_shape(first)

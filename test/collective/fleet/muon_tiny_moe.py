@@ -30,8 +30,9 @@ from collections import Counter
 import numpy as np
 
 import paddle
+from muon_param_map import build_muon_param_info_map
 
-from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
+from paddle_muon_ext.optimizer.muon import Muon
 
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
 LR, CLIP_NORM = 0.02, 0.5  # the global grad norm is ~1: clipping is active

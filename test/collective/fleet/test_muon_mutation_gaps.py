@@ -30,6 +30,7 @@ import numpy as np
 import paddle
 
 from muon_checkpoint_model import CheckpointNet
+from muon_param_map import build_muon_param_info_map
 from muon_sim_runner import (
     SimConfig,
     build_rank,
@@ -63,7 +64,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition i
     newton_schulz_cost,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
+from paddle_muon_ext.optimizer.muon import Muon
 
 
 def _rank() -> int:

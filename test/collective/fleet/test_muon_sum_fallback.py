@@ -33,6 +33,7 @@ from paddle.distributed import fleet
 
 from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy
 from mock.simulated_world import SimulatedWorld
+from muon_param_map import build_muon_param_info_map
 from muon_sim_runner import local_size
 from muon_test_compat import register_cpu_tensor_fusion, set_muon_sharding_options
 
@@ -42,7 +43,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.optimizer.muon import Muon, build_muon_param_info_map
+from paddle_muon_ext.optimizer.muon import Muon
 
 register_cpu_tensor_fusion()
 

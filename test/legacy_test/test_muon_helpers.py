@@ -1,0 +1,193 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+# paddle_muon_ext: compat-only  (tests of the package-only muon_helpers; not exported)
+"""The package's Muon helpers (paddle_muon_ext.optimizer.muon_helpers).
+
+Develop's ``paddle.optimizer.muon`` has none of these names, so neither the
+module nor this test travels with the export; the exported Muon suite
+(test_muon_optimizer.py) tests develop's names only.
+"""
+
+from __future__ import annotations
+
+import math
+import unittest
+
+import numpy as np
+import paddle
+from paddle.utils import unique_name
+
+import paddle_muon_ext.optimizer as muon_optimizer
+from paddle_muon_ext.optimizer import muon as muon_module
+from paddle_muon_ext.optimizer.muon import Muon, MuonParamInfo
+from paddle_muon_ext.optimizer.muon_helpers import (
+    NS_COEFFS_PRESETS,
+    build_muon_param_info_map,
+    keep_whole,
+    muon_update_scale,
+    newton_schulz,
+    resolve_ns_coeffs,
+)
+
+SIMPLE = [(3.4445, -4.7750, 2.0315)]
+# develop's tables, typed in again (Paddle develop python/paddle/optimizer/muon.py)
+REF_PRESETS = {
+    "simple": SIMPLE,
+    "quintic": [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
+                (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
+                (2.8366, -3.0525, 1.2012)],
+    "polar_express": [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184),
+                      (3.9096, -2.8234, 0.5250), (3.2856, -2.4153, 0.4853),
+                      (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+                      (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)],
+    "aol": [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959),
+            (2.7573, -3.2939, 1.4254), (2.7215, -3.0494, 1.3169)],
+    "deepseekv4": [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2,
+}
+# float32 Newton-Schulz against a float64 reference: a few float32 ulps
+# amplified by at most 10 iterations of cubic polynomials.
+RTOL = 1e-5
+
+
+def ns_ref(x, coeffs, steps, eps=1e-9):
+    """float64 Newton-Schulz, one matrix at a time (3-D: loop over experts)."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 3:
+        return np.stack([ns_ref(e, coeffs, steps, eps) for e in x])
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / max(np.linalg.norm(x), eps)
+    for i in range(steps):
+        a, b, c = coeffs[i % len(coeffs)]
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.T if tall else x
+
+
+def max_rel(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def param(name, shape, original_shape=None):
+    with unique_name.guard():
+        p = paddle.create_parameter(list(shape), "float32", name=name)
+    if original_shape is not None:
+        p.original_shape = list(original_shape)
+    return p
+
+
+class TestMuonHelpers(unittest.TestCase):
+    def test_package_reexports_the_helpers(self):
+        for name in ("build_muon_param_info_map", "keep_whole", "newton_schulz",
+                     "muon_update_scale", "resolve_ns_coeffs", "NS_COEFFS_PRESETS"):
+            self.assertIn(name, muon_optimizer.__all__, name)
+            self.assertFalse(hasattr(muon_module, name),
+                             f"{name} is back in muon.py, which must hold develop's names only")
+        self.assertIs(muon_optimizer.keep_whole, keep_whole)
+
+    def test_presets_are_develops_tables(self):
+        self.assertIs(NS_COEFFS_PRESETS, muon_module._NS_COEFFICIENT_SETS)
+        self.assertEqual(list(NS_COEFFS_PRESETS), list(REF_PRESETS))
+        for kind, table in REF_PRESETS.items():
+            self.assertEqual([tuple(c) for c in NS_COEFFS_PRESETS[kind]], table, kind)
+            self.assertEqual(resolve_ns_coeffs(kind), table, kind)
+
+    def test_resolve_custom_and_errors(self):
+        custom = [(2.0, -1.5, 0.5)]
+        self.assertIs(resolve_ns_coeffs("custom", custom), custom)
+        with self.assertRaisesRegex(AssertionError, "needs ns_coeffs"):
+            resolve_ns_coeffs("custom")
+        with self.assertRaisesRegex(AssertionError, "'cubic'.*'custom'"):
+            resolve_ns_coeffs("cubic")
+
+    def test_keep_whole(self):
+        cases = {(True, False): True, (True, True): True, (False, True): True,
+                 (False, False): False}
+        for (use_muon, use_hyperball), expect in cases.items():
+            info = MuonParamInfo(use_muon=use_muon, use_hyperball=use_hyperball)
+            self.assertIs(keep_whole(info), expect, (use_muon, use_hyperball))
+
+    def test_build_map_follows_develops_rule(self):
+        ps = [param("w", (4, 6)), param("emb.w", (4, 6)), param("b", (6,)),
+              param("experts", (8, 6), original_shape=(2, 4, 6)),
+              param("flat", (24, 1), original_shape=(24,))]
+        info = build_muon_param_info_map(ps, ["EMB"])
+        self.assertEqual({k: (v.use_muon, v.use_hyperball) for k, v in info.items()},
+                         {"w": (True, False), "emb.w": (False, False), "b": (False, False),
+                          "experts": (True, False), "flat": (False, False)})
+        # no patterns: every 2-D/3-D parameter on Muon
+        self.assertTrue(build_muon_param_info_map(ps)["emb.w"].use_muon)
+
+    def test_newton_schulz_matches_reference(self):
+        rng = np.random.default_rng(5)
+        for shape, coeffs, steps in (((20, 12), SIMPLE, 5), ((12, 20), REF_PRESETS["aol"], 6),
+                                     ((3, 12, 8), SIMPLE, 5)):
+            with self.subTest(shape=shape):
+                x = rng.standard_normal(shape).astype(np.float32)
+                out = newton_schulz(paddle.to_tensor(x), coeffs, steps)
+                self.assertEqual(out.dtype, paddle.float32)
+                self.assertLessEqual(max_rel(out.numpy(), ns_ref(x, coeffs, steps)), RTOL)
+        # eps floors the norm: a tiny matrix is divided by eps, not by its norm
+        x = np.full((4, 6), 1e-6 / math.sqrt(24), np.float32)
+        out = newton_schulz(paddle.to_tensor(x), SIMPLE, 1, eps=1e-3).numpy()
+        self.assertLessEqual(max_rel(out, ns_ref(x, SIMPLE, 1, eps=1e-3)), RTOL)
+
+    def test_newton_schulz_casts_low_precision_back_to_float32(self):
+        # steps=0 is normalise + cast: runs on CPU without bf16 matmul kernels
+        x = np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4)
+        out = newton_schulz(paddle.to_tensor(x), SIMPLE, 0, matmul_dtype=paddle.bfloat16)
+        self.assertEqual(out.dtype, paddle.float32)
+        # bf16 keeps 8 mantissa bits: relative error <= 2**-8
+        np.testing.assert_allclose(out.numpy(), x / np.linalg.norm(x), rtol=2**-8)
+
+    def test_newton_schulz_bad_inputs(self):
+        x = paddle.ones([4, 4])
+        with self.assertRaisesRegex(ValueError, "at least one"):
+            newton_schulz(x, [], 5)
+        with self.assertRaisesRegex(ValueError, "steps must be >= 0, got -1"):
+            newton_schulz(x, SIMPLE, -1)
+        with self.assertRaises(ValueError):
+            newton_schulz(paddle.ones([4]), SIMPLE, 5)
+
+    def test_update_scale_matches_formula_and_scaling_fn(self):
+        for shape in ((64, 32), (32, 64), (4, 48, 16), (4, 16, 48)):
+            din, dout = shape[-2], shape[-1]
+            expect = {1: math.sqrt(max(1.0, dout / din)), 2: math.sqrt(dout / din),
+                      3: math.sqrt(max(din, dout)), 7: math.sqrt(max(din, dout))}
+            for version, scale in expect.items():
+                with self.subTest(shape=shape, version=version):
+                    got = muon_update_scale(shape, version, 0.3)
+                    self.assertAlmostEqual(got, scale * 0.3, places=12)
+                    applied = Muon._scaling_fn(paddle.ones(list(shape)), version, 0.3)
+                    np.testing.assert_allclose(applied.numpy(), got, rtol=1e-6)
+        self.assertAlmostEqual(muon_update_scale((8, 8)), 0.2, places=12,
+                               msg="defaults: version 1, extra_scale_factor 0.2")
+        with self.assertRaisesRegex(ValueError, r"matrix shape.*\[4\]"):
+            muon_update_scale((4,), 1)
+
+    def test_frobenius_helper_agrees_with_linalg_norm(self):
+        # Muon._fro is this package's (develop's hyperball norm is inline)
+        rng = np.random.default_rng(78)
+        x = rng.standard_normal((3, 8, 12))
+        for dtype, tol in (("float32", 1e-5), ("float64", 1e-12)):
+            t = paddle.to_tensor(x.astype(dtype))
+            ref = np.sqrt(np.sum(x.astype(dtype).astype(np.float64) ** 2, axis=(-2, -1),
+                                 keepdims=True))
+            np.testing.assert_allclose(Muon._fro(t).numpy(), ref, rtol=tol,
+                                       err_msg=f"{dtype} Frobenius norm")
+
+
+if __name__ == "__main__":
+    unittest.main()
