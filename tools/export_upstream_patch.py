@@ -44,7 +44,11 @@ Rules, applied to every file of this repository in this order:
    ``paddle_muon_ext`` imports (and dotted names in strings) -> ``paddle``;
    harness imports ``mock.X`` -> ``muon_mock.X``.
 4. Develop-owned (``UPSTREAM_OWNED``): files whose behaviour develop already
-   has.  Exported only when the target lacks them, else left out untouched.
+   has.  Exported only when the target lacks them, else left out untouched;
+   then every exported file may use only names the target's version defines
+   (``from paddle.optimizer.muon import X``, relative imports, ``muon.X``,
+   ``mock.patch`` targets), else ``CONFLICT: <file>: imports X which
+   develop's paddle/optimizer/muon.py does not define``.
 5. Develop's tests are kept: a test-tree file the target already has is
    exported beside it as ``<name>_extended.<ext>`` (``RENAMED_TEST_SUFFIX``);
    references to it in our test files follow the rename.
@@ -833,6 +837,126 @@ def _drop_tool_tests(candidates, ex):
     return keep
 
 
+# ------------------------------------------- names of develop-owned modules
+def _dotted(node) -> str | None:
+    """``a.b.c`` of a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _absolute_module(dst: str, node: ast.ImportFrom) -> str | None:
+    """The module an ImportFrom names, relative ones resolved for python/ files."""
+    if not node.level:
+        return node.module
+    if not dst.startswith("python/"):
+        return None
+    package = os.path.dirname(dst[len("python/"):]).split("/")
+    if node.level - 1 >= len(package):
+        return None
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def module_names_used(text: str, dst: str, module: str) -> list:
+    """(line, name) for each name of ``module`` the exported file relies on.
+
+    ``from module import X`` (relative too), ``alias.X`` where alias is the
+    module (``from pkg import mod [as alias]``, ``import module as alias``,
+    or the full dotted ``module.X``), ``getattr``/``setattr``/
+    ``mock.patch.object(alias, "X")`` and ``"module.X[...]"`` strings
+    (``mock.patch`` targets).  Dunder names are not reported.
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    parent, leaf = module.rpartition(".")[::2]
+    aliases, used = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute_module(dst, node)
+            for a in node.names:
+                if source == module and a.name != "*":
+                    used.append((node.lineno, a.name))
+                elif source == parent and a.name == leaf:
+                    aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.name == module and a.asname)
+    string_re = re.compile(r"^%s\.([A-Za-z_]\w*)(\.\w+)*$" % re.escape(module))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (
+                _dotted(node.value) == module
+                or (isinstance(node.value, ast.Name) and node.value.id in aliases)):
+            used.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases \
+                and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) \
+                and (_dotted(node.func) in ("getattr", "setattr")
+                     or (isinstance(node.func, ast.Attribute)
+                         and node.func.attr == "object")):
+            used.append((node.lineno, node.args[1].value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = string_re.match(node.value)
+            if m:
+                used.append((node.lineno, m.group(1)))
+    return sorted((no, name) for no, name in set(used)
+                  if not (name.startswith("__") and name.endswith("__")))
+
+
+def module_defined_names(text: str) -> set:
+    """Every name a module binds at top level, inside if/try/with blocks too."""
+    names = module_namespace(text)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return names
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for field in ("body", "orelse", "finalbody"):
+                todo.extend(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                todo.extend(handler.body)
+    return names
+
+
+def _check_owned_module_names(ex, candidates, target) -> None:
+    """Exported files may use only names a develop-owned module the target
+    keeps (left out of the patch) defines; any other is a conflict."""
+    for owned in sorted(UPSTREAM_OWNED):
+        text = target.read(owned) if owned.endswith(".py") else None
+        if text is None:
+            continue
+        module = owned[len("python/"):-len(".py")].replace("/", ".")
+        defined = module_defined_names(text)
+        for _src, dst, body in candidates:
+            if not dst.endswith(".py"):
+                continue
+            missing = []
+            for _no, name in module_names_used(body, dst, module):
+                if name not in defined and name not in missing:
+                    missing.append(name)
+            for name in missing:
+                ex.conflicts.append((dst, "imports %s which develop's %s does not define"
+                                     % (name, owned[len("python/"):])))
+
+
 def _check_python(ex, dst, text):
     try:
         compile(text, dst, "exec", dont_inherit=True)
@@ -890,6 +1014,7 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
         for cand in candidates:
             if cand[1].startswith("test/"):
                 cand[2] = pattern.sub(lambda m: module_renames[m.group(1)], cand[2])
+    _check_owned_module_names(ex, candidates, target)
     registry = read_test_registry(repo_root)
     for src, dst, text in candidates:
         if dst.endswith(".py"):

@@ -657,6 +657,161 @@ def test_sharding_optimizer_keeps_every_develop_name(tmp_path, capsys):
         assert kept not in "\n".join(l for l in err.splitlines() if "CONFLICT" in l), kept
 
 
+# develop's paddle/optimizer/muon.py, reduced to its module-level names
+# (UPSTREAM_API_2026.md section 1.5) and the Muon static methods tests call
+DEV_MUON = '''\
+"""Stands in for develop's paddle/optimizer/muon.py."""
+import logging
+import os
+from dataclasses import dataclass
+
+from paddle.optimizer.optimizer import Optimizer
+
+logger = logging.getLogger(__name__)
+MUON_DEBUG = os.environ.get("MUON_DEBUG", "0") == "1"
+g_shard_bypass_dygraph_optimizer = int(os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0))
+_NS_COEFFICIENT_SETS = {"simple": [(3.4445, -4.7750, 2.0315)]}
+_SYRK_SUPPORTED_DTYPES = ()
+try:
+    from quack.gemm_interface import gemm_symmetric as _develop_try_name
+except ImportError:
+    _develop_try_name = None
+
+
+@dataclass
+class MuonParamInfo:
+    use_muon: bool = True
+    split_concat_func: object = None
+    use_hyperball: bool = False
+
+
+MuonParamInfoMap = dict
+
+
+def _default_should_use_muon(name, shape, exclude_patterns):
+    return len(shape) in (2, 3)
+
+
+def _to_hashable(value):
+    return value
+
+
+def _load_symmetric_gemm():
+    return None
+
+
+def _symmetric_gemm_is_profitable(shape, dtype, min_short_edge, min_step_flops):
+    return False
+
+
+class Muon(Optimizer):
+    @staticmethod
+    def _zeropower_via_newtonschulz5(X, steps=5, eps=1e-9, ns_coeffs=None, ns_matmul_dtype=None):
+        return X
+
+    @staticmethod
+    def _scaling_fn(orthogonal_update, version, extra_scale_factor=1.0):
+        return orthogonal_update
+'''
+MUON_CONFLICT = "imports %s which develop's paddle/optimizer/muon.py does not define"
+
+
+def test_module_names_used_unit():
+    """Every way an exported file can rely on a name of develop's muon module."""
+    text = ("import paddle.optimizer.muon\nimport paddle.optimizer.muon as m2\n"
+            "from paddle.optimizer import muon as m1\nfrom paddle.optimizer.muon import A0\n"
+            "from unittest import mock\n"
+            "x = paddle.optimizer.muon.A1\ny = m2.A2\nz = m1.A3\n"
+            "mock.patch.object(m1, 'A4', 1)\ngetattr(m2, 'A5')\n"
+            "mock.patch('paddle.optimizer.muon.A6.attr')\nhasattr(m1, 'probe')\n"
+            "m1.__file__\nother.A7\n'paddle.optimizer.muonic.A8'\n")
+    used = ep.module_names_used(text, "test/x.py", "paddle.optimizer.muon")
+    assert [n for _, n in used] == ["A0", "A1", "A2", "A3", "A4", "A5", "A6"], used
+    assert used[0] == (4, "A0")
+    rel = ("from .muon import B1\nfrom . import muon\nmuon.B2\n"
+           "from ..optimizer.muon import B3\nfrom ....too_far import x\n")
+    for dst in ("python/paddle/optimizer/__init__.py", "python/paddle/optimizer/adam.py"):
+        assert [n for _, n in ep.module_names_used(rel, dst, "paddle.optimizer.muon")] == \
+            ["B1", "B2", "B3"], dst
+    # relative imports of test files are not package imports
+    assert ep.module_names_used(rel, "test/legacy_test/t.py", "paddle.optimizer.muon") == []
+    assert ep.module_names_used("def broken(:\n", "test/x.py", "paddle.optimizer.muon") == []
+    names = ep.module_defined_names(DEV_MUON)
+    assert {"logger", "_develop_try_name", "MuonParamInfo", "Muon",
+            "Muon._scaling_fn", "_NS_COEFFICIENT_SETS"} <= names
+    assert not {"build_muon_param_info_map", "gemm_symmetric"} & names
+    assert ep.module_defined_names("def broken(:\n") == set()
+
+
+def test_package_only_muon_names_refuse_the_export(tmp_path, capsys):
+    """A synthetic package whose exported files use names develop's muon.py
+    lacks, in every form: one CONFLICT per file and name, nothing written."""
+    repo = str(tmp_path / "ext")
+    _write_tree(repo, {
+        "python/paddle_muon_ext/optimizer/muon.py": DEV_MUON + "\ndef keep_whole(info):\n"
+                                                               "    return True\n",
+        "python/paddle_muon_ext/optimizer/adam_ext.py":
+            "from .muon import Muon, keep_whole\nfrom . import muon\nX = muon.newton_schulz\n",
+        "python/paddle_muon_ext/optimizer/helpers_ext.py":
+            "# paddle_muon_ext: compat-only\nfrom .muon import keep_whole\n",
+        FLEET + "test_muon_uses.py":
+            "import unittest\nfrom unittest import mock\n\n"
+            "from paddle_muon_ext.optimizer import muon as muon_module\n"
+            "from paddle_muon_ext.optimizer.muon import MuonParamInfo, "
+            "build_muon_param_info_map\n\n\nclass T(unittest.TestCase):\n"
+            "    def test_x(self):\n"
+            "        with mock.patch.object(muon_module, 'MUON_DEBUG', True), \\\n"
+            "                mock.patch('paddle_muon_ext.optimizer.muon.NS_COEFFS_PRESETS', {}):\n"
+            "            muon_module.muon_update_scale((2, 2))\n",
+    })
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "package")
+    tree = str(tmp_path / "Paddle")
+    _write_tree(tree, dict(DEVELOP, **{"python/paddle/optimizer/muon.py": DEV_MUON,
+                                       ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
+    out = str(tmp_path / "muon.patch")
+    rc, patch, _, err = _export(repo, out, capsys, "--paddle-root", tree)
+    assert rc == 1, "a package-only muon name must refuse the export"
+    assert patch is None and not os.path.exists(ep.notes_path_for(out)), \
+        "nothing may be written on a conflict"
+    got = sorted(l for l in err.splitlines() if "develop's paddle/optimizer/muon.py" in l)
+    expect = sorted("CONFLICT: %s: %s" % (dst, MUON_CONFLICT % name) for dst, name in (
+        ("python/paddle/optimizer/adam_ext.py", "keep_whole"),
+        ("python/paddle/optimizer/adam_ext.py", "newton_schulz"),
+        (FLEET + "test_muon_uses.py", "build_muon_param_info_map"),
+        (FLEET + "test_muon_uses.py", "NS_COEFFS_PRESETS"),
+        (FLEET + "test_muon_uses.py", "muon_update_scale")))
+    assert got == expect, err
+    # against a target without develop's muon.py, ours travels and nothing conflicts
+    del_tree = str(tmp_path / "Paddle_no_muon")
+    _write_tree(del_tree, dict(DEVELOP, **{ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
+    rc, patch, _, err = _export(repo, str(tmp_path / "b.patch"), capsys,
+                                "--paddle-root", del_tree)
+    assert "develop's paddle/optimizer/muon.py" not in err
+    assert rc == 0 and "python/paddle/optimizer/muon.py" in _sections(patch), err
+
+
+def test_real_repo_imports_only_develops_muon_names(tmp_path, capsys):
+    """This repository's exported files use develop's muon names only: against
+    DEV_MUON less one name, that name is the only muon conflict."""
+    tree = str(tmp_path / "Paddle")
+    dev_muon = DEV_MUON.replace("def _default_should_use_muon(", "def _renamed_rule(")
+    _write_tree(tree, dict(DEVELOP, **{"python/paddle/optimizer/muon.py": dev_muon,
+                                       ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
+    out = str(tmp_path / "muon.patch")
+    rc, patch, _, err = _export(REPO, out, capsys, "--include-untracked",
+                                "--paddle-root", tree)
+    assert rc == 1 and patch is None, err
+    conflicts = [l for l in err.splitlines() if l.startswith("CONFLICT: ")]
+    muon = sorted(l for l in conflicts if "develop's paddle/optimizer/muon.py" in l)
+    assert muon and all(l.endswith(": " + MUON_CONFLICT % "_default_should_use_muon")
+                        for l in muon), muon
+    assert "CONFLICT: %smuon_param_map.py: %s" % (
+        FLEET, MUON_CONFLICT % "_default_should_use_muon") in muon, muon
+    assert conflicts == muon, "only the muon name may conflict: %s" % conflicts
+
+
 def test_module_namespace_counts_imports_and_same_module_bases():
     text = ("from x import helper\n\n\nclass Base:\n    LIMIT = 1\n\n"
             "    def _shared(self):\n        pass\n\n\nclass Opt(Base):\n"
