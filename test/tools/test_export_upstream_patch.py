@@ -607,6 +607,9 @@ def test_conflicts_write_nothing(tmp_path, capsys):
     """Unresolvable target text: exit 1, every conflict named, no files written."""
     tree = str(tmp_path / "Paddle")
     _write_tree(tree, dict(DEVELOP, **{
+        # develop's muon.py names less one (see DEV_MUON)
+        "python/paddle/optimizer/muon.py": DEV_MUON.replace(
+            "def _default_should_use_muon(", "def _renamed_rule("),
         ep.PROTO_PATH: PROTO.replace("message DygraphShardingConfig", "message Renamed"),
         PM + "muon_sharding_optimizer.py": DEV_SHARDING + "\n\ndef develop_only_helper():\n"
                                                           "    pass\n",
@@ -624,6 +627,13 @@ def test_conflicts_write_nothing(tmp_path, capsys):
             "name develop_only_helper" % PM) in err
     assert "CONFLICT: %stestslist.csv: header is 'name,os,arch'" % FLEET in err
     assert "no patch written" in err
+    # this repository's exported files use develop's muon names only: the one
+    # DEV_MUON lacks is the only muon conflict
+    muon = [l for l in err.splitlines() if "develop's paddle/optimizer/muon.py" in l]
+    assert muon and all(l.endswith(": " + MUON_CONFLICT % "_default_should_use_muon")
+                        for l in muon), muon
+    assert "CONFLICT: %smuon_param_map.py: %s" % (
+        FLEET, MUON_CONFLICT % "_default_should_use_muon") in muon, muon
 
 
 def test_sharding_optimizer_keeps_every_develop_name(tmp_path, capsys):
@@ -790,26 +800,6 @@ def test_package_only_muon_names_refuse_the_export(tmp_path, capsys):
                                 "--paddle-root", del_tree)
     assert "develop's paddle/optimizer/muon.py" not in err
     assert rc == 0 and "python/paddle/optimizer/muon.py" in _sections(patch), err
-
-
-def test_real_repo_imports_only_develops_muon_names(tmp_path, capsys):
-    """This repository's exported files use develop's muon names only: against
-    DEV_MUON less one name, that name is the only muon conflict."""
-    tree = str(tmp_path / "Paddle")
-    dev_muon = DEV_MUON.replace("def _default_should_use_muon(", "def _renamed_rule(")
-    _write_tree(tree, dict(DEVELOP, **{"python/paddle/optimizer/muon.py": dev_muon,
-                                       ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
-    out = str(tmp_path / "muon.patch")
-    rc, patch, _, err = _export(REPO, out, capsys, "--include-untracked",
-                                "--paddle-root", tree)
-    assert rc == 1 and patch is None, err
-    conflicts = [l for l in err.splitlines() if l.startswith("CONFLICT: ")]
-    muon = sorted(l for l in conflicts if "develop's paddle/optimizer/muon.py" in l)
-    assert muon and all(l.endswith(": " + MUON_CONFLICT % "_default_should_use_muon")
-                        for l in muon), muon
-    assert "CONFLICT: %smuon_param_map.py: %s" % (
-        FLEET, MUON_CONFLICT % "_default_should_use_muon") in muon, muon
-    assert conflicts == muon, "only the muon name may conflict: %s" % conflicts
 
 
 def test_module_namespace_counts_imports_and_same_module_bases():
