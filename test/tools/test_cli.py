@@ -132,7 +132,7 @@ class TestMissingPackages(unittest.TestCase):
 
 
 class TestJsonIsPure(unittest.TestCase):
-    def test_plan_and_hangs_json_parse_from_a_fresh_process(self) -> None:
+    def test_plan_json_parses_from_a_fresh_process(self) -> None:
         for argv in (["plan", *LAYOUT, "--json"],
                      ["plan", *LAYOUT, "--no-group-call", "--json"]):
             with self.subTest(argv=argv):
