@@ -249,7 +249,8 @@ class TestClusterLayouts(unittest.TestCase):
 
 class TestStdoutThatCannotBeWritten(unittest.TestCase):
     def test_full_device_is_one_error_line(self) -> None:
-        for argv in (["plan", *LAYOUT], ["plan", *LAYOUT, "--json"], ["--help"]):
+        for argv in (["plan", *LAYOUT], ["plan", *LAYOUT, "--json"], ["--help"],
+                     ["plan", "--help"], ["hangs", "--help"]):
             with self.subTest(argv=argv), open("/dev/full", "w") as full:
                 proc = console(*argv, stdout=full)
                 self.assertEqual(proc.returncode, 2, proc.stderr)

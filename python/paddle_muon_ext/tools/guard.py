@@ -146,9 +146,12 @@ def guarded(call: Callable[[], int], json_mode: bool = False) -> int:
     checked = _CheckedStream(out) if out is not None else None
     _RESULT.append(checked)
     try:
-        with contextlib.redirect_stdout(sys.stderr if json_mode else checked):
-            code = _exit_code(call())
-        if checked is not None:
+        try:
+            with contextlib.redirect_stdout(sys.stderr if json_mode else checked):
+                code = _exit_code(call())
+        except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)
+            code = _exit_code(exc.code)
+        if checked is not None:  # here, not at exit, so a full stdout is reported
             checked.flush()
         return code
     except _StdoutFailed as exc:
@@ -158,8 +161,6 @@ def guarded(call: Callable[[], int], json_mode: bool = False) -> int:
         _error(f"cannot write to stdout ({exc.error.strerror or exc.error}); "
                "write to a file or a device with space")
         return 2
-    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)
-        return _exit_code(exc.code)
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
