@@ -20,7 +20,9 @@ on). ``HANGS_JOB_MODE``:
 * ``crash``: every rank's ``paddle.distributed.reduce`` raises RuntimeError
   in step 1, as a failing device or transport would;
 * ``hang``: the last rank sleeps before its reduces of step 1 (a stuck
-  kernel or host thread) while the others block in theirs.
+  kernel or host thread) while the others block in theirs;
+* ``crash_one``: the last rank raises ValueError before its reduces of
+  step 1 (a bug on one rank) while the others block in theirs.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def main() -> None:
 
         def stalled(*args, **kwargs):
             if rank == world - 1 and step_box[0] == FAIL_STEP:
+                if mode == "crash_one":
+                    raise ValueError("simulated bug on one rank")
                 print(f"[hangs job] rank {rank} stalls", flush=True)
                 time.sleep(300)
             return real_reduce_onto(*args, **kwargs)

@@ -150,6 +150,34 @@ class TestHangsTool(unittest.TestCase):
         self.assertIn("not a hang: every rank raised: rank 0 raised KeyError outside any "
                       "collective; rank 1 raised OSError outside any collective", out)
 
+    def test_gloo_timeouts_are_a_hang_and_lost_peers_a_death(self) -> None:
+        # What a real 2-process gloo job dumped when rank 1 stalled and rank
+        # 0's reduce hit gloo's timeout before the flight recorder's.
+        timeout = ("uncaught RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/"
+                   "unbound_buffer.cc:80] TIMEOUT self_rank = none pair_rank = -1")
+        e = _entry("reduce", 21, [0, 1], 5, "reduce_to_owner", False, root=0)
+        last = _entry("reduce_scatter", 21, [0, 1], 4, "reduce_scatter", True)
+        self._write(0, fr.RankState(0, None, [dict(e)], {(21, (0, 1)): 6}), reason=timeout,
+                    world=2)
+        self._write(1, fr.RankState(1, "reduce_to_owner", [], {(21, (0, 1)): 5}, last),
+                    reason=f"requested by rank 0: {timeout}", world=2)
+        code, out, _ = self._run([self.dir, "--json"])
+        res = json.loads(out)
+        self.assertEqual((code, res["verdict"]), (0, "hang"), res["report"])
+        self.assertTrue(res["report"][3].startswith(f"rank 1 {CULPRIT}: in phase "
+                                                    "'reduce_to_owner'"), res["report"])
+        self.assertEqual(res["raised"]["0"]["kind"], "timeout")
+        self.assertIn("  rank 0 raised when a collective timed out: a symptom of the hang, "
+                      "not its cause", res["report"])
+        # The peer is gone instead (its process died without a dump).
+        os.remove(fr.dump_path(self.dir, 1))
+        self._write(0, fr.RankState(0, None, [dict(e)], {(21, (0, 1)): 6}), world=2,
+                    reason="reduce on group [0, 1] (phase 'reduce_to_owner') raised "
+                    "RuntimeError: [pair.cc:598] Connection closed by peer [127.0.0.1]:4021")
+        code, out, _ = self._run([self.dir])
+        self.assertIn("not a hang: a rank died: rank 0 lost a peer (RuntimeError in op reduce "
+                      "(phase 'reduce_to_owner')); rank 1 left no dump", out)
+
     def test_nobody_waiting_and_hang_json(self) -> None:
         self._write(0, fr.RankState(0, None, [], {}))
         code, out, _ = self._run([self.dir, "--json"])
@@ -206,11 +234,19 @@ class TestRealGlooJobs(unittest.TestCase):
             time.sleep(0.5)  # a dump still being renamed into place
         else:
             self.assertNotEqual(result.returncode, 0, "the job must fail")
+            self.assertFalse(result.timed_out, result.failure_message())
         out = io.StringIO()
         with redirect_stdout(out):
             code = hangs.main([log_dir])
         self.assertEqual(code, 0, out.getvalue())
         return out.getvalue(), result
+
+    def test_one_rank_raising_is_named_over_the_peers_it_fails(self) -> None:
+        out, result = self._job("crash_one", 2)
+        self.assertIn("not a hang: a crash: rank 1 raised ValueError outside any collective",
+                      out)
+        self.assertIn("rank 0 then failed in a collective", out)
+        self.assertNotIn(CULPRIT, out)
 
     def test_crash_and_hang_on_2_and_4_processes(self) -> None:
         for nproc in (2, 4):

@@ -216,23 +216,39 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
     return dumps
 
 
-def _raised(reason: str) -> Optional[tuple[str, Optional[str]]]:
-    """(exception type, op or None) when the dump says the rank raised."""
-    m = _RAISED_RE.match(reason)
-    if m:
-        return m.group("exc"), m.group("op")
-    m = _UNCAUGHT_RE.match(reason)
-    if m:
-        return m.group("exc"), None
-    return None
+#: An exception that only says the rank waited too long (a symptom of a hang),
+#: or that a peer went away (a symptom of another rank's death).
+_TIMEOUT_RE = re.compile(r"time ?out|timed out|deadline exceeded", re.IGNORECASE)
+_PEER_LOST_RE = re.compile(r"connection (closed|reset|refused|aborted)|closed by peer|"
+                           r"broken pipe|end of file|socket closed", re.IGNORECASE)
+
+
+def _raised(reason: str) -> Optional[dict]:
+    """What the rank raised, when its own dump says it raised: ``exception``,
+    ``op`` (from the text, or None) and ``kind`` - ``"error"``, ``"timeout"``
+    (it waited too long: a hang's symptom) or ``"peer_lost"`` (a peer died)."""
+    m = _RAISED_RE.match(reason) or _UNCAUGHT_RE.match(reason)
+    if m is None:
+        return None
+    message = reason[m.end():]
+    kind = ("timeout" if _TIMEOUT_RE.search(message) else
+            "peer_lost" if _PEER_LOST_RE.search(message) else "error")
+    return {"exception": m.group("exc"), "op": m.groupdict().get("op"), "kind": kind}
 
 
 def classify(dumps: dict[int, dict]) -> dict:
     """Crash or hang, from every rank's dump reason and in-flight collectives.
 
+    A rank whose own exception is an error (not a collective timing out, not
+    a lost peer) crashed the job: the verdict names it (``not a hang: every
+    rank raised X in op Y``). Ranks that only lost a peer say a rank died.
+    Timeouts are what a hang looks like on gloo: those ranks count as
+    waiting, and :func:`diagnose` names the rank they wait for.
+
     Returns:
         dict: ``kind`` (``"crash"`` / ``"hang"`` / ``"none"``), ``raised``
-        (rank -> {"exception", "op", "collective"}) and ``lines`` (the verdict).
+        (rank -> {"exception", "kind", "op", "phase", "collective"}) and
+        ``lines`` (the verdict).
     """
     states = {rank: RankState.from_dump(d) for rank, d in dumps.items()}
     world = max([int(d.get("world_size") or 0) for d in dumps.values()] + [0])
@@ -242,17 +258,25 @@ def classify(dumps: dict[int, dict]) -> dict:
         if hit is None:
             continue
         state = states[rank]
-        coll = describe_collective(state.in_flight[0]) if state.in_flight else None
-        op = state.in_flight[0]["op"] if state.in_flight else hit[1]
-        phase = state.in_flight[0].get("phase") if state.in_flight else None
-        raised[rank] = {"exception": hit[0], "op": op, "phase": phase, "collective": coll}
-    if not raised:
+        first = state.in_flight[0] if state.in_flight else None
+        raised[rank] = {**hit, "op": first["op"] if first else hit["op"],
+                        "phase": first.get("phase") if first else None,
+                        "collective": describe_collective(first) if first else None}
+    missing = [r for r in range(world) if r not in dumps] if world else []
+    errors = {r: v for r, v in raised.items() if v["kind"] == "error"}
+    lost = {r: v for r, v in raised.items() if v["kind"] == "peer_lost"}
+    timeouts = sorted(r for r, v in raised.items() if v["kind"] == "timeout")
+    if not errors and not lost:
         lines = diagnose(states, world or None)
         kind = "none" if lines[:1] == ["no rank is waiting in a collective of the optimizer"] \
             else "hang"
-        return {"kind": kind, "raised": {}, "lines": lines}
+        if timeouts:
+            lines.append(f"  {_ranks(timeouts)} raised when a collective timed out: a "
+                         "symptom of the hang, not its cause")
+        return {"kind": kind, "raised": raised, "lines": lines}
+    culprits = errors or lost
     groups: dict[tuple, list[int]] = {}
-    for rank, r in raised.items():
+    for rank, r in culprits.items():
         groups.setdefault((r["exception"], r["op"], r["phase"]), []).append(rank)
 
     def what(exc: str, op: Optional[str], phase: Optional[str]) -> str:
@@ -260,26 +284,33 @@ def classify(dumps: dict[int, dict]) -> dict:
             return f"{exc} outside any collective"
         return f"{exc} in op {op}" + (f" ({phase_text(phase)})" if phase else "")
 
-    everyone = len(raised) == len(dumps) and (not world or len(dumps) == world)
-    if everyone and len(groups) == 1:
+    everyone = len(culprits) == len(dumps) and not missing
+    if errors and everyone and len(groups) == 1:
         lines = [f"not a hang: every rank raised {what(*next(iter(groups)))}"]
-    else:
+    elif errors:
         parts = "; ".join(f"{_ranks(ranks)} raised {what(*key)}"
                           for key, ranks in groups.items())
         lines = [f"not a hang: {'every rank raised' if everyone else 'a crash'}: {parts}"]
-    for rank, r in raised.items():
+    else:
+        parts = "; ".join(f"{_ranks(ranks)} lost a peer ({what(*key)})"
+                          for key, ranks in groups.items())
+        lines = [f"not a hang: a rank died: {parts}"
+                 + (f"; {_ranks(missing)} left no dump" if missing else "")]
+    for rank, r in culprits.items():
         lines.append(f"  rank {rank} raised {r['exception']}"
                      + (f" in {r['collective']}" if r["collective"] else "")
                      + f"; its dump: {dumps[rank]['reason']}")
-    rest = {rank: st for rank, st in states.items() if rank not in raised}
-    waiting = [rank for rank, st in sorted(rest.items()) if st.in_flight]
+    followers = sorted(r for r in raised if r not in culprits)
+    if followers:
+        lines.append(f"  {_ranks(followers)} then failed in a collective (a timeout or a "
+                     "lost peer): a consequence, not the cause")
+    waiting = [rank for rank, st in sorted(states.items())
+               if st.in_flight and rank not in raised]
     if waiting:
         lines.append(f"  {_ranks(waiting)} then wait(s) in a collective for the rank(s) that "
                      "raised; fix the exception, the rest follows from it")
-    if world:
-        missing = [r for r in range(world) if r not in dumps]
-        if missing:
-            lines.append(f"  no dump from {_ranks(missing)}")
+    if missing and errors:
+        lines.append(f"  no dump from {_ranks(missing)}")
     return {"kind": "crash", "raised": raised, "lines": lines}
 
 
