@@ -32,8 +32,11 @@ indistinguishable from a good one. Here:
   a problem is one error on every rank, naming the file.
 * :func:`latest_complete_checkpoint` finds the newest committed checkpoint.
 
-``path`` must be on a file system every rank of the save sees (the ranks
-agree through files there, so a dead rank cannot hang the others).
+``path`` must be on a file system every rank of the save sees: once the
+shards are being written the ranks agree through files there, so a rank that
+dies while writing cannot hang the others. Before that, two small all_gathers
+and Paddle's metadata exchange are ordinary collectives (a rank dead there
+is noticed after the process group's timeout, as anywhere else).
 """
 
 from __future__ import annotations
