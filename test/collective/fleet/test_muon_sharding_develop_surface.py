@@ -583,6 +583,26 @@ class TestDevelopAttributes(unittest.TestCase):
         with self.assertRaisesRegex(AssertionError, r"fc1\.w \(shape \[512, 384\]\)"):
             run_world(cfg, body=body, reraise_original=True)
 
+    def test_dict_colours_default_like_develop(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            params = _overlap_model_params()
+            params[0].color = {"color": NO_HOOK}  # no group: the sharding group
+            params[2].color = {"group": hcg.get_sharding_parallel_group()}  # no colour: default
+            params[4].color = {"color": -1}
+            opt = MuonShardingOptimizer(make_muon(params), hcg, strategy)
+            return (list(opt._params_2d_by_color),
+                    [p.name for p in opt._params_2d_by_color[NO_HOOK]],
+                    list(opt._color_to_group_info[NO_HOOK]["group"].ranks))
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for colours, shared, ranks in results:
+            self.assertEqual(colours, [NO_HOOK, None])
+            self.assertEqual(shared, ["fc0.w"])
+            self.assertEqual(ranks, [0, 1])
+
     def test_hyperball_parameters_are_kept_whole(self):
         cfg = SimConfig(ep=1, ms=2, steps=1)
 

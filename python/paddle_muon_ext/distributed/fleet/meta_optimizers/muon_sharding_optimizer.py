@@ -570,12 +570,17 @@ class MuonShardingOptimizer:
         color = getattr(param, "color", None)
         if color is None or (isinstance(color, int) and color == -1):
             return _DEFAULT_COLOUR, self._default_group
-        if not isinstance(color, dict) or "color" not in color or "group" not in color:
+        if not isinstance(color, dict):
             raise ValueError(
                 f"parameter {param.name} has color={color!r}; expected None, -1 or "
                 "a dict {'color': key, 'group': paddle.distributed.Group}."
             )
-        group = color["group"]
+        # develop: a dict without 'color' (or with -1/None) is the default
+        # colour; a dict without 'group' uses the sharding group
+        key = color.get("color", _DEFAULT_RAW_COLOUR)
+        if key is None or (isinstance(key, int) and key == _DEFAULT_RAW_COLOUR):
+            return _DEFAULT_COLOUR, self._default_group
+        group = color.get("group", self._default_group)
         if not hasattr(group, "ranks") or not hasattr(group, "nranks"):
             raise TypeError(
                 f"parameter {param.name}: color group {group!r} is not a "
@@ -587,7 +592,7 @@ class MuonShardingOptimizer:
                 f"group {list(group.ranks)}; every rank must hold the parameters "
                 "of the colour groups it belongs to."
             )
-        return color["color"], group
+        return key, group
 
     def _collect_colour_groups(self) -> dict[str | None, Any]:
         """Colour key -> group, in first-seen order; one group per key."""
