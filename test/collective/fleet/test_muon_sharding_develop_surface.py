@@ -537,6 +537,11 @@ class TestDevelopAttributes(unittest.TestCase):
                     == sorted(opt._param2rank_2d_by_color[c][p.name] for p in ps)
                     for c, ps in opt._params_2d_by_color.items()),
                 "collect": opt._collect_comm_buffers() is opt._comm_buffer_list,
+                # hooks go on the plan's backward phases: develop's overlap
+                # buffers less one-rank groups
+                "hooked": {id(b) for b, _ in opt._hooked_buffers()}
+                == {id(b) for b in opt._overlap_comm_buffers if b._comm_group.nranks > 1},
+                "n_hooked": len(opt._hooked_buffers()),
                 "clear_color": opt.clear_color,
             }
 
@@ -551,6 +556,8 @@ class TestDevelopAttributes(unittest.TestCase):
                              "1-D buffers are keyed by the raw colour (-1 for the default)")
             self.assertTrue(out["owner_sorted"], "develop sorts each colour's 2-D list by owner")
             self.assertTrue(out["collect"])
+            self.assertTrue(out["hooked"] and out["n_hooked"] > 0,
+                            "hooked buffers must be develop's overlap buffers")
             self.assertEqual(out["clear_color"], set())
 
     def test_trainer_comms_are_the_group_call_groups(self):

@@ -57,6 +57,8 @@ from .muon_sharding_layout import (
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
+    TRIGGER_BACKWARD,
+    TRIGGER_REDUCE,
     TRIGGER_STEP,
     TRIGGER_SYNC,
     LayoutSettings,
@@ -64,7 +66,6 @@ from .muon_sharding_layout import (
     ShardingLayout,
     assign_muon_owners,
     flat_broadcast_phase,
-    flat_reduce_phase,
 )
 
 from .muon_sharding_stages import run_staged_update
@@ -130,7 +131,6 @@ class MuonBucket:
     params: list
     hierarchical: bool
     buffers: list = dataclasses.field(default_factory=list)
-    phase: str = ""
 
 
 _WARNED: set = set()
@@ -698,10 +698,8 @@ class MuonShardingOptimizer:
         if hierarchical:
             buf_group = self._plan_groups.node_group
             buf_dst = self._plan.intra_node_root(spec.owner, self._rank)
-            bucket.phase = comm.PHASE_INTRA_NODE_REDUCE
         else:
             buf_group, buf_dst = group, spec.owner
-            bucket.phase = flat_reduce_phase(tuple(group.ranks))
         bucket.buffers = [
             tensor_fusion_helper.FusedCommBuffer(
                 f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
@@ -755,18 +753,25 @@ class MuonShardingOptimizer:
         return slice_param
 
     def _hooked_buffers(self) -> list:
-        """(buffer, phase) whose first hop the overlap hooks launch.
+        """(buffer, phase label) of the plan's backward phases.
 
-        develop's overlap buffers, less one-rank groups (nothing to send).
+        The same buffers as develop's ``_overlap_comm_buffers``, less those of
+        one-rank groups (nothing to send).
         """
-        phase_of = {id(b): bucket.phase for bucket in self._muon_buckets for b in bucket.buffers}
-        return [(b, phase_of.get(id(b), comm.PHASE_REDUCE_SCATTER))
-                for b in self._overlap_comm_buffers if b._comm_group.nranks > 1]
+        out = []
+        for phase in self._layout.phases_of(TRIGGER_BACKWARD):
+            if len(phase.group) <= 1:
+                continue  # a one-rank group holds its result already
+            for ref, _ in phase.items:
+                buffers = ([self._rs_buffers[ref[1]]] if ref[0] == "slice"
+                           else self._muon_buckets[ref[1]].buffers)
+                out.extend((b, phase.label) for b in buffers)
+        return out
 
     def _register_reduce_overlap_hook(self) -> None:
-        for buffer, phase in self._hooked_buffers():
+        for buffer, label in self._hooked_buffers():
             for param in buffer.params:
-                param._register_backward_hook(self._create_backward_hook(buffer, param, phase))
+                param._register_backward_hook(self._create_backward_hook(buffer, param, label))
 
     @staticmethod
     def _create_backward_hook(buffer, param, phase: str = comm.PHASE_REDUCE_SCATTER):
@@ -921,73 +926,35 @@ class MuonShardingOptimizer:
             self._reduce_gradients()
 
     def _reduce_gradients(self) -> None:
-        overlap = self._settings.comm_overlap
+        # The plan's reduce_gradients phases; hooked buffers (the backward
+        # phases) were launched during backward and are waited for first.
         op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
         self._copy_released_grads_in()
-        # No-hook buffers are reduced here even under overlap.
-        comm.reduce_scatter_slices(
-            self._rs_buffers,
-            lambda b: overlap and id(b) not in self._sync_only_buffer_ids,
-        )
-        buckets = self._muon_buckets
-        if overlap:
-            self._finish_overlapped_reduce(op)
-            buckets = [b for b in buckets if self._is_sync_only(b)]
-        hierarchical, flat = self._split_routes(
-            (bucket, tensor) for bucket in buckets for tensor in self._grad_tensors(bucket)
-        )
-        if hierarchical:
-            comm.hierarchical_reduce(
-                hierarchical, self._plan, self._plan_groups, self._rank, op
-            )
-        for group, routes in flat:
-            with comm.comm_phase(flat_reduce_phase(tuple(group.ranks))):
-                comm.mean_onto(routes, group, op)
-
-    def _finish_overlapped_reduce(self, op) -> None:
-        # The hooks launched every hooked buffer's first hop: flat ones are
-        # done after the wait; hierarchical ones now hold node means on the
-        # ranks with the owner's card, which reduce them across nodes.
-        hierarchical = []
-        for bucket in self._muon_buckets:
-            if self._is_sync_only(bucket):
+        hooked_slices = set()
+        for phase in self._layout.phases_of(TRIGGER_BACKWARD):
+            for ref, _ in phase.items:
+                if ref[0] == "slice":
+                    hooked_slices.add(ref[1])
+                else:
+                    for buffer in self._muon_buckets[ref[1]].buffers:
+                        buffer.scale_grads()
+        for phase in self._layout.phases_of(TRIGGER_REDUCE):
+            if phase.op == "reduce_scatter":
+                slices = [ref[1] for ref, _ in phase.items]
+                launched = {id(self._rs_buffers[i]) for i in slices if i in hooked_slices}
+                comm.reduce_scatter_slices([self._rs_buffers[i] for i in slices],
+                                           lambda b: id(b) in launched)
                 continue
-            for buffer in bucket.buffers:
-                buffer.scale_grads()
-                if bucket.hierarchical:
-                    hierarchical.append((buffer.grad_storage, bucket.owner))
-        if not hierarchical:
-            return
-        comm.cross_node_reduce(hierarchical, self._plan, self._plan_groups, self._rank, op)
+            routes = [(tensor, root) for ref, root in phase.items
+                      for tensor in self._grad_tensors(self._muon_buckets[ref[1]])]
+            with comm.comm_phase(phase.label):
+                comm.mean_onto(routes, self._phase_group(phase), op)
 
     _get_param_grad = staticmethod(_get_param_grad)
 
     def _collect_comm_buffers(self) -> list:
         """develop's name: the element-wise buffers (built in ``__init__`` here)."""
         return self._comm_buffer_list
-
-    def _is_sync_only(self, bucket: MuonBucket) -> bool:
-        """A bucket of a shared colour: its buffers are never launched by hooks."""
-        return any(id(b) in self._sync_only_buffer_ids for b in bucket.buffers)
-
-    @staticmethod
-    def _split_routes(pairs) -> tuple[list, list]:
-        """Route (bucket, tensor) pairs: hierarchical ones, and flat ones per group.
-
-        Returns:
-            tuple: ``[(tensor, owner)]`` for the hierarchical path and
-            ``[(group, [(tensor, owner)])]`` for flat collectives, one entry
-            per colour group in first-seen order (identical on every rank).
-        """
-        hierarchical, flat = [], OrderedDict()
-        for bucket, tensor in pairs:
-            if bucket.hierarchical:
-                hierarchical.append((tensor, bucket.owner))
-            else:
-                flat.setdefault(id(bucket.group), (bucket.group, []))[1].append(
-                    (tensor, bucket.owner)
-                )
-        return hierarchical, list(flat.values())
 
     def _copy_released_grads_in(self) -> None:
         if not self._settings.release_grads:
