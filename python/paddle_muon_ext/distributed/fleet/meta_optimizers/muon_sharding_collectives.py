@@ -52,7 +52,6 @@ from .muon_sharding_layout import (
 if TYPE_CHECKING:
     from paddle import Tensor
 
-    from .muon_comm_plan import HierarchicalCommPlan
 
 __all__ = [
     "comm_phase",
@@ -65,9 +64,6 @@ __all__ = [
     "launch_broadcast",
     "launch_all_gather",
     "PendingCollective",
-    "hierarchical_reduce",
-    "intra_node_reduce",
-    "cross_node_reduce",
     "reduce_scatter_slices",
     "all_gather_slices",
     "PHASE_REDUCE_SCATTER",
@@ -275,53 +271,6 @@ def launch_broadcast(routes: Sequence[Route], group,
         "broadcast",
         then,
     )
-
-
-def hierarchical_reduce(
-    routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int, op
-) -> None:
-    """Two-phase reduce of dense buffers onto their owners.
-
-    Phase 1 reduces inside ``rank``'s node onto the card that matches the
-    owner's card; phase 2 reduces across nodes among that card's ranks only.
-    Each hop takes a mean (:func:`mean_onto`); the mean of per-node means is
-    the group mean because every node holds the same number of the sharding
-    group's ranks (checked when the plan was built).
-
-    Args:
-        routes (Sequence[tuple[Tensor, int]]): buffer and owner global rank.
-        plan (HierarchicalCommPlan): the routing plan.
-        groups: the groups created from ``plan`` for ``rank``.
-        rank (int): this process's global rank.
-        op (ReduceOp): ``ReduceOp.AVG`` or ``ReduceOp.SUM``.
-    """
-    intra_node_reduce(routes, plan, groups, rank, op)
-    cross_node_reduce(routes, plan, groups, rank, op)
-
-
-def intra_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
-                      op) -> None:
-    """First hop: reduce inside ``rank``'s node onto the rank with the owner's card."""
-    with comm_phase(PHASE_INTRA_NODE_REDUCE):
-        mean_onto(
-            [(t, plan.intra_node_root(owner, rank)) for t, owner in routes],
-            groups.node_group,
-            op,
-        )
-
-
-def cross_node_reduce(routes: Sequence[Route], plan: HierarchicalCommPlan, groups, rank: int,
-                      op) -> None:
-    """Second hop: reduce the node partials across nodes onto the owner.
-
-    Only ranks with the owner's card take part (they hold the node partials).
-    """
-    with comm_phase(PHASE_CROSS_NODE_REDUCE):
-        mean_onto(
-            [(t, o) for t, o in routes if plan.in_cross_node_step(o, rank)],
-            groups.same_card_group,
-            op,
-        )
 
 
 def _recorded_buffer_ops(buffers, op: str, run) -> None:

@@ -21,10 +21,11 @@ all-gather). With ``comm_group_call_opt`` the dense Muon traffic is routed
 hierarchically (inside each node, then across nodes among same-card ranks),
 following a :class:`HierarchicalCommPlan` built once at construction.
 
-Structure: *what* is communicated is data built in ``__init__`` (owner map,
-buckets, routing plan); *how* lives in ``muon_sharding_collectives``;
-``reduce_gradients`` / ``step`` / ``_sharding_sync_parameters`` only walk the
-buckets.
+Structure: *what* is communicated, and when, is data built once by
+``ShardingLayout`` (owners, buckets, routes, and the step plan: ordered
+phases per trigger); *how* lives in ``muon_sharding_collectives``. The
+backward hooks, ``reduce_gradients``, the (overlapped) update and the
+parameter sync only walk the plan's phases of their trigger.
 """
 
 from __future__ import annotations
