@@ -33,9 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import math
 import os
-import re
 from collections import OrderedDict
 from typing import Any, Iterator
 
@@ -51,6 +49,7 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_sharding_collectives as comm
+from . import muon_sharding_state as _state
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_partition import machine_balanced_owner_indices, partition_2d_parameters
 from .muon_sharding_layout import (
@@ -105,10 +104,6 @@ _STAGED_API = ("apply_grad_clip", "prepare_optimize", "update_params", "muon_gro
 # Elements per sync stage when comm_buffer_size_MB <= 0 (develop: 256 MB of fp32).
 _DEFAULT_STAGE_MB = 256
 
-# Checkpoint naming shared with Paddle develop's optimizers.
-_SCALAR_STATES = frozenset({"beta1_pow_acc_0", "beta2_pow_acc_0"})
-_MASTER_WEIGHT_STATE = "w_0"
-_MASTER_PREFIX = re.compile(r"^fp32_master_\d+_")
 
 
 @dataclasses.dataclass
@@ -1354,31 +1349,7 @@ class MuonShardingOptimizer:
         step, a resumed checkpoint) are moved into a fresh buffer; when every
         state already lives in one, nothing happens.
         """
-        base = self._base_opt
-        states = [
-            t
-            for per_param in base._accumulators.values()
-            for t in per_param.values()
-            if int(t._numel()) > 1
-        ] + list(base._master_weights.values())
-        by_dtype: dict[str, list] = OrderedDict()
-        for t in states:
-            by_dtype.setdefault(str(t.dtype), []).append(t)
-        for dtype, tensors in by_dtype.items():
-            fused = self._fused_state_buffers.get(dtype)
-            if fused is not None and all(t._is_shared_buffer_with(fused) for t in tensors):
-                continue
-            total = sum(int(t._numel()) for t in tensors)
-            fused = paddle.empty([total], dtype=tensors[0].dtype)
-            offset = 0
-            for t in tensors:
-                numel, shape = int(t._numel()), list(t.shape)
-                view = fused._slice(offset, offset + numel)
-                paddle.assign(t.reshape([-1]), output=view)
-                view._share_buffer_to(t)
-                t.get_tensor()._set_dims(shape)
-                offset += numel
-            self._fused_state_buffers[dtype] = fused
+        _state.fuse_optimizer_states(self)
 
     @property
     def fused_states_buffers(self) -> dict[str, Any]:
@@ -1402,24 +1373,7 @@ class MuonShardingOptimizer:
             state_dict (dict): ``<param name>_<state>`` keys,
                 ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
         """
-        local = {p.name: p for p in self._local_parameter_list}
-        inner_state = {}
-        for key, value in state_dict.items():
-            if key == "master_weights":
-                base = self._base_opt
-                kept = {}
-                for name, weight in value.items():
-                    if name in local:
-                        weight.name = base._gen_master_weight_var_name(local[name])
-                        kept[name] = weight
-                inner_state[key] = kept
-            elif key == "LR_Scheduler":
-                inner_state[key] = value
-            else:
-                owner = self._state_owner(key)
-                if owner is not None and owner[0] in local:
-                    inner_state[key] = value
-        self._inner_opt.set_state_dict(inner_state)
+        _state.set_state_dict(self, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
         """Describe this rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
@@ -1442,96 +1396,16 @@ class MuonShardingOptimizer:
         Returns:
             dict: structured key -> ShardedWeight, for the states this rank holds.
         """
-        from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
-            ShardedWeight,
-        )
-
-        self._create_local_states()
-        # Shared weights appear under several keys; like develop, the first
-        # key in sorted order carries the optimizer state.
-        model_key_of: dict[str, str] = {}
-        for key in sorted(model_sharded_state_dict):
-            name = model_sharded_state_dict[key].local_tensor.name
-            model_key_of.setdefault(name, key)
-
-        states = self._inner_opt.state_dict()
-        master_weights = states.pop("master_weights", None) or {}
-        entries = []
-        for state_key, tensor in states.items():
-            if not isinstance(tensor, paddle.Tensor):
-                continue  # LR_Scheduler and other plain values
-            owner = self._state_owner(state_key)
-            if owner is None:
-                raise ValueError(
-                    f"optimizer state {state_key!r} belongs to no trainable "
-                    "parameter of this optimizer; cannot place it in a checkpoint."
-                )
-            entries.append((*owner, tensor))
-        entries.extend(
-            (name, _MASTER_WEIGHT_STATE, tensor) for name, tensor in master_weights.items()
-        )
-
-        result = {}
-        for name, state, tensor in entries:
-            model_key = model_key_of.get(name)
-            if model_key is None:
-                raise KeyError(
-                    f"parameter {name} has optimizer state {state!r} but no entry "
-                    "in model_sharded_state_dict (matched by local_tensor.name); "
-                    "pass the sharded state dict of the model this optimizer trains."
-                )
-            weight = model_sharded_state_dict[model_key]
-            key = f"{model_key}.{state}"
-            if state in _SCALAR_STATES:
-                result[key] = ShardedWeight(key, tensor, (1,), (1,), (0,))
-                continue
-            local_shape = tuple(weight.local_shape)
-            if math.prod(local_shape) != int(self._param_numel(name)):
-                raise ValueError(
-                    f"model sharded weight {model_key!r} has local shape "
-                    f"{list(local_shape)} but parameter {name} has "
-                    f"{self._param_numel(name)} elements; the model's sharded "
-                    "state dict must describe the parameter this rank holds."
-                )
-            if name in self._slice_params:
-                begin, end = (int(i) for i in self.local_range(name))
-                if end <= begin:
-                    continue  # this rank's share is alignment padding only
-                result[key] = ShardedWeight(
-                    key,
-                    tensor[: end - begin],  # a view: loading writes the state
-                    local_shape,
-                    tuple(weight.global_shape),
-                    tuple(weight.global_offset),
-                    is_flattened=True,
-                    flattened_range=slice(begin, end),
-                )
-            else:
-                local = tensor if tuple(tensor.shape) == local_shape else tensor.reshape(local_shape)
-                result[key] = ShardedWeight(
-                    key, local, local_shape, tuple(weight.global_shape),
-                    tuple(weight.global_offset),
-                )
-        return result
+        return _state.sharded_state_dict(self, model_sharded_state_dict)
 
     def _param_numel(self, name: str) -> int:
-        if self._numel_of is None:
-            self._numel_of = {
-                p.name: int(p.numel()) for p in self._parameter_list if _is_trainable(p)
-            }
-        return self._numel_of[name]
+        return _state.param_numel(self, name)
 
     @framework.no_grad()
     def _create_local_states(self) -> None:
         # Slice parameters get their storage at the first step; accumulators
         # and master weights are created lazily by the inner optimizer.
-        for buffer in self._rs_buffers:
-            for p in buffer.params:
-                view = buffer._sharding_param_grad_view[p.name]
-                if view.has_effective_slice_param:
-                    view.fill_slice_param(self._slice_params[p.name])
-        block = paddle.static.default_main_program().global_block()
-        self._inner_opt._create_accumulators(block, self._inner_opt._parameter_list)
+        _state.create_local_states(self)
 
     def _state_owner(self, state_key: str) -> tuple[str, str] | None:
         """Split a state key into (parameter name, develop's state name).
@@ -1544,15 +1418,7 @@ class MuonShardingOptimizer:
         Returns:
             tuple|None: None when no trainable parameter's name prefixes the key.
         """
-        if self._names_longest_first is None:
-            self._names_longest_first = sorted(
-                set(self._owner_of) | set(self._slice_params), key=len, reverse=True
-            )
-        for name in self._names_longest_first:
-            if state_key.startswith(name + "_"):
-                state = state_key[len(name) + 1 :]
-                return name, _MASTER_PREFIX.sub("", state, count=1)
-        return None
+        return _state.state_owner(self, state_key)
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for attributes this wrapper does not define.
