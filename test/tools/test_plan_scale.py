@@ -174,6 +174,18 @@ class TestReplayClass(unittest.TestCase):
                          "two ops for each of three members")
         self.assertGreater(got["rail_bytes"][2], 0, "the card-2 copy's bytes left its own rail")
 
+    def test_groups_with_uneven_nodes_charged_as_copies(self) -> None:
+        # two ranks on one node, one on the next: two channels, and the lone
+        # rank leaves its node in both (the rings' per-rank hop counts matter)
+        members = [(0, 1, 4), (8, 9, 12), (2, 3, 6)]
+
+        def ops(m):
+            return [_moe_reduce(m, 1, 3000), _moe_reduce(m, 2, 500)]
+
+        want, got = self._both(members, ops, world=16)
+        self.assertGreater(want["bytes_per_rank"]["inter_node"]["max"], 0, "nothing crossed")
+        assert_close(self, got, want, "summary")
+
     def test_members_of_unequal_size_are_refused(self) -> None:
         path = CostPath("x", 8, 2, AlphaBeta())
         with self.assertRaisesRegex(ValueError, "unequal size"):

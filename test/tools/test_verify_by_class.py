@@ -90,6 +90,9 @@ class TestVerifyByClass(unittest.TestCase):
                              "those every rank records")
             self.assertLess(summary["rank_classes"][label], 16,
                             f"{label}: every rank is its own class: nothing was saved")
+            self.assertEqual(summary["ranks_recorded"][label], summary["rank_classes"][label],
+                             f"{label}: not every class had its representative's recording "
+                             "compared with its layout")
 
     def test_world_layouts_are_the_optimizers(self) -> None:
         plan, layouts, _ = _Layouts.get()
@@ -111,6 +114,29 @@ class TestVerifyByClass(unittest.TestCase):
                     self.assertNotEqual(sig[a], sig[b], f"ranks {a} and {b} own different "
                                         "matrices but share a class")
         self.assertLess(len(set(sig.values())), len(sig), "no two ranks share a class")
+
+    def test_signature_separates_the_root_of_a_collective(self) -> None:
+        def fake(rank: int, root: int):
+            op = CommOp("step", "broadcast_from_owner[[0, 1]]", "broadcast", (0, 1) if rank < 2
+                        else (2, 3), root, "float32", 8)
+
+            class Fake:
+                slice_buffers = []
+
+                def schedule(self):
+                    return [op]
+
+                def owned_params(self):
+                    return []
+
+            lay = Fake()
+            lay.rank = rank
+            return lay
+
+        self.assertNotEqual(verify.rank_signature(fake(0, 0)), verify.rank_signature(fake(1, 0)),
+                            "the root of a broadcast and a receiver must be different classes")
+        self.assertEqual(verify.rank_signature(fake(1, 0)), verify.rank_signature(fake(3, 2)),
+                         "receivers of renamed groups must share a class")
 
     def test_a_rank_that_issues_nothing_on_its_group_is_named(self) -> None:
         _, layouts, _ = _Layouts.get()

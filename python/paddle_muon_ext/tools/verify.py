@@ -308,7 +308,12 @@ def _record_by_class(sim, plan, steps: int, label: str, progress: Callable) -> T
     if not creations.ok:
         problems.append(creations.summary())
     mismatches = []
+    compared = 0
     for r in reps:
+        if not traces.get(r):
+            mismatches.append(f"rank {r}: represents a class but recorded nothing")
+            continue
+        compared += 1
         lay = _layout_of(results[r].optimizer)
         if lay is None or lay.to_dict() != layouts[r].to_dict():
             mismatches.append(f"rank {r}: the optimizer's layout differs from the one "
@@ -319,7 +324,7 @@ def _record_by_class(sim, plan, steps: int, label: str, progress: Callable) -> T
              f"optimizer on {len(reps)} of them")
     return ({"ok": not problems, "layout_ok": not mismatches, "collectives": per_step * steps,
              "phases": {k: v * steps for k, v in sorted(phases.items())},
-             "classes": len(classes)},
+             "classes": len(classes), "compared": compared},
             problems + mismatches)
 
 
@@ -373,6 +378,7 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
                                               + got.get("collectives", 0))
             summary["phase_counts"][label] = got.get("phases", {})
             summary.setdefault("rank_classes", {})[label] = got.get("classes", 0)
+            summary.setdefault("ranks_recorded", {})[label] = got.get("compared", 0)
             ok = got["ok"] and got["layout_ok"]
             progress(f"[verify] schedule {label}: {base.world} ranks, "
                      f"{'consistent and as the layout predicts' if ok else 'MISMATCH'} "
