@@ -48,7 +48,9 @@ Rules, applied to every file of this repository in this order:
    then every exported file may use only names the target's version defines
    (``from paddle.optimizer.muon import X``, relative imports, ``muon.X``,
    ``mock.patch`` targets), else ``CONFLICT: <file>: imports X which
-   develop's paddle/optimizer/muon.py does not define``.
+   develop's paddle/optimizer/muon.py does not define``; members read on its
+   classes (``Muon._x``, inherited ones count where the target has the base)
+   likewise (``uses Muon._x which ...``).
 5. Develop's tests are kept: a test-tree file the target already has is
    exported beside it as ``<name>_extended.<ext>`` (``RENAMED_TEST_SUFFIX``);
    references to it in our test files follow the rename.
@@ -870,44 +872,117 @@ def module_names_used(text: str, dst: str, module: str) -> list:
     module (``from pkg import mod [as alias]``, ``import module as alias``,
     or the full dotted ``module.X``), ``getattr``/``setattr``/
     ``mock.patch.object(alias, "X")`` and ``"module.X[...]"`` strings
-    (``mock.patch`` targets).  Dunder names are not reported.
+    (``mock.patch`` targets).  A member read from such a name the same ways
+    (``X.m``, ``alias.X.m``, ``mock.patch.object(X, "m")``,
+    ``"module.X.m"``) is reported as ``"X.m"``.  Dunder names are not
+    reported.
     """
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return []
     parent, leaf = module.rpartition(".")[::2]
-    aliases, used = set(), []
+    aliases, names_of, used = set(), {}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             source = _absolute_module(dst, node)
             for a in node.names:
                 if source == module and a.name != "*":
                     used.append((node.lineno, a.name))
+                    names_of[a.asname or a.name] = a.name
                 elif source == parent and a.name == leaf:
                     aliases.add(a.asname or a.name)
         elif isinstance(node, ast.Import):
             aliases.update(a.asname for a in node.names if a.name == module and a.asname)
-    string_re = re.compile(r"^%s\.([A-Za-z_]\w*)(\.\w+)*$" % re.escape(module))
+
+    def is_module(node):
+        return _dotted(node) == module or (isinstance(node, ast.Name)
+                                           and node.id in aliases)
+
+    def name_of(node):
+        """The module-level name ``node`` refers to, else None."""
+        if isinstance(node, ast.Name) and node.id in names_of:
+            return names_of[node.id]
+        if isinstance(node, ast.Attribute) and is_module(node.value):
+            return node.attr
+        return None
+
+    string_re = re.compile(r"^%s\.([A-Za-z_]\w*)(?:\.(\w+))?(\.\w+)*$" % re.escape(module))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and (
-                _dotted(node.value) == module
-                or (isinstance(node.value, ast.Name) and node.value.id in aliases)):
-            used.append((node.lineno, node.attr))
+        if isinstance(node, ast.Attribute):
+            if is_module(node.value):
+                used.append((node.lineno, node.attr))
+            elif name_of(node.value):
+                used.append((node.lineno, "%s.%s" % (name_of(node.value), node.attr)))
         elif isinstance(node, ast.Call) and len(node.args) >= 2 \
-                and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases \
                 and isinstance(node.args[1], ast.Constant) \
                 and isinstance(node.args[1].value, str) \
                 and (_dotted(node.func) in ("getattr", "setattr")
                      or (isinstance(node.func, ast.Attribute)
                          and node.func.attr == "object")):
-            used.append((node.lineno, node.args[1].value))
+            if is_module(node.args[0]):
+                used.append((node.lineno, node.args[1].value))
+            elif name_of(node.args[0]):
+                used.append((node.lineno, "%s.%s" % (name_of(node.args[0]),
+                                                     node.args[1].value)))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             m = string_re.match(node.value)
             if m:
                 used.append((node.lineno, m.group(1)))
+                if m.group(2):
+                    used.append((node.lineno, "%s.%s" % m.group(1, 2)))
     return sorted((no, name) for no, name in set(used)
-                  if not (name.startswith("__") and name.endswith("__")))
+                  if not (name.rsplit(".", 1)[-1].startswith("__")
+                          and name.endswith("__")))
+
+
+def _module_file(target, module: str) -> str | None:
+    """The target's text of a dotted module (``python/`` tree), None if absent."""
+    rel = "python/" + module.replace(".", "/")
+    return target.read(rel + ".py") or target.read(rel + "/__init__.py")
+
+
+def class_member_names(text: str, cls: str, target=None, _seen=None) -> set | None:
+    """Members of class ``cls`` of a module, inherited ones included.
+
+    Bases defined in the same module, or imported (``from m import Base``)
+    from a module the target has, are followed; ``object`` adds nothing.
+    None when ``cls`` is not a class of the module or a base cannot be
+    followed (its members are then unknown).
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if cls not in classes:
+        return None
+    seen = _seen if _seen is not None else set()
+    if (id(text), cls) in seen:
+        return set()
+    seen.add((id(text), cls))
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                imported[a.asname or a.name] = (node.module, a.name)
+    members = set(_class_members(classes[cls]))
+    for base in classes[cls].bases:
+        if isinstance(base, ast.Name) and base.id == "object":
+            continue
+        if isinstance(base, ast.Name) and base.id in classes:
+            inherited = class_member_names(text, base.id, target, seen)
+        elif isinstance(base, ast.Name) and base.id in imported and target is not None:
+            base_module, base_name = imported[base.id]
+            base_text = _module_file(target, base_module)
+            inherited = None if base_text is None else class_member_names(
+                base_text, base_name, target, seen)
+        else:
+            inherited = None
+        if inherited is None:
+            return None
+        members |= inherited
+    return members
 
 
 def module_defined_names(text: str) -> set:
@@ -938,7 +1013,9 @@ def module_defined_names(text: str) -> set:
 
 def _check_owned_module_names(ex, candidates, target) -> None:
     """Exported files may use only names a develop-owned module the target
-    keeps (left out of the patch) defines; any other is a conflict."""
+    keeps (left out of the patch) defines; any other is a conflict.  So are
+    members of its classes read on the class (``Muon._x``), where the
+    class's bases can be followed in the target."""
     for owned in sorted(UPSTREAM_OWNED):
         text = target.read(owned) if owned.endswith(".py") else None
         if text is None:
@@ -948,13 +1025,22 @@ def _check_owned_module_names(ex, candidates, target) -> None:
         for _src, dst, body in candidates:
             if not dst.endswith(".py"):
                 continue
-            missing = []
+            missing, members = [], {}
             for _no, name in module_names_used(body, dst, module):
-                if name not in defined and name not in missing:
+                top, _, member = name.partition(".")
+                if member and top in defined:
+                    if top not in members:
+                        members[top] = class_member_names(text, top, target)
+                    if members[top] is None or member in members[top]:
+                        continue
+                elif member or name in defined:
+                    continue
+                if name not in missing:
                     missing.append(name)
             for name in missing:
-                ex.conflicts.append((dst, "imports %s which develop's %s does not define"
-                                     % (name, owned[len("python/"):])))
+                ex.conflicts.append((dst, "%s %s which develop's %s does not define"
+                                     % ("uses" if "." in name else "imports", name,
+                                        owned[len("python/"):])))
 
 
 def _check_python(ex, dst, text):

@@ -11,18 +11,21 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-# paddle_muon_ext: compat-only  (tests of the package-only muon_helpers; not exported)
-"""The package's Muon helpers (paddle_muon_ext.optimizer.muon_helpers).
+# paddle_muon_ext: compat-only  (tests of package-only Muon code; not exported)
+"""The package's Muon helpers (paddle_muon_ext.optimizer.muon_helpers) and
+the private ``Muon`` members develop's class lacks (``_fro``, the low-precision
+AdamW dispatch).
 
 Develop's ``paddle.optimizer.muon`` has none of these names, so neither the
 module nor this test travels with the export; the exported Muon suite
-(test_muon_optimizer.py) tests develop's names only.
+(test_muon_optimizer.py) uses develop's names only.
 """
 
 from __future__ import annotations
 
 import math
 import unittest
+from unittest import mock
 
 import numpy as np
 import paddle
@@ -187,6 +190,24 @@ class TestMuonHelpers(unittest.TestCase):
                                  keepdims=True))
             np.testing.assert_allclose(Muon._fro(t).numpy(), ref, rtol=tol,
                                        err_msg=f"{dtype} Frobenius norm")
+
+
+    def test_low_precision_adamw_dispatch_on_accelerators(self):
+        # The fused fp16/bf16 adamw kernel exists only on GPU/XPU; there the
+        # master weight is handed to it.
+        with unique_name.guard():
+            b = paddle.create_parameter([8], "bfloat16", name="b",
+                                        default_initializer=paddle.nn.initializer.Constant(1.0))
+            opt = Muon(0.1, [b], multi_precision=True, muon_exclude_patterns=[])
+            self.assertFalse(Muon._has_low_precision_adamw_kernel(b), "CPU has no bf16 adamw")
+            with mock.patch.object(Muon, "_has_low_precision_adamw_kernel", return_value=True), \
+                    mock.patch.object(Muon, "_adamw_kernel") as kernel:
+                opt._apply_optimize(None, None, [(b, paddle.ones([8]).astype("bfloat16"))])
+        (args, _), = kernel.call_args_list
+        param, _, _, _, master, weight_decay = args
+        self.assertIs(param, b, "the kernel got another parameter")
+        self.assertIs(master, opt._master_weights["b"], "the kernel did not get the master weight")
+        self.assertEqual(weight_decay, 0.01)
 
 
 if __name__ == "__main__":

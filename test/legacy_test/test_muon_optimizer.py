@@ -892,22 +892,6 @@ class TestWrapperContract(unittest.TestCase):
                 opt._apply_optimize(None, None, [(w, paddle.ones([4, 6]))])
         self.assertTrue(any("qkv" in m and "split_concat_func" in m for m in logs.output))
 
-    def test_low_precision_adamw_dispatch_on_accelerators(self):
-        # The fused fp16/bf16 adamw kernel exists only on GPU/XPU; there the
-        # master weight is handed to it.
-        with unique_name.guard():
-            b = make_param("b", np.ones((8,), np.float32), "bfloat16")
-            opt = Muon(LR, [b], multi_precision=True, muon_exclude_patterns=[])
-            self.assertFalse(Muon._has_low_precision_adamw_kernel(b))  # CPU
-            with mock.patch.object(Muon, "_has_low_precision_adamw_kernel", return_value=True), \
-                    mock.patch.object(Muon, "_adamw_kernel") as kernel:
-                opt._apply_optimize(None, None, [(b, paddle.ones([8]).astype("bfloat16"))])
-        (args, _), = kernel.call_args_list
-        param, _, _, _, master, weight_decay = args
-        self.assertIs(param, b)
-        self.assertIs(master, opt._master_weights["b"])
-        self.assertEqual(weight_decay, 0.01)
-
 
 # --------------------------------------------------------------------------
 # Grouped (batched) Newton-Schulz and the staged API (develop #79482/#79537)

@@ -736,8 +736,13 @@ def test_module_names_used_unit():
             "mock.patch('paddle.optimizer.muon.A6.attr')\nhasattr(m1, 'probe')\n"
             "m1.__file__\nother.A7\n'paddle.optimizer.muonic.A8'\n")
     used = ep.module_names_used(text, "test/x.py", "paddle.optimizer.muon")
-    assert [n for _, n in used] == ["A0", "A1", "A2", "A3", "A4", "A5", "A6"], used
+    assert [n for _, n in used] == ["A0", "A1", "A2", "A3", "A4", "A5", "A6", "A6.attr"], used
     assert used[0] == (4, "A0")
+    # members read on a name of the module: "Name.member"
+    members = ("from paddle.optimizer.muon import Muon as M\nfrom paddle.optimizer import muon\n"
+               "M._a\nmuon.Muon._b\nmock.patch.object(M, '_c')\nM.__init__\n")
+    assert ep.module_names_used(members, "test/x.py", "paddle.optimizer.muon") == [
+        (1, "Muon"), (3, "Muon._a"), (4, "Muon"), (4, "Muon._b"), (5, "Muon._c")]
     rel = ("from .muon import B1\nfrom . import muon\nmuon.B2\n"
            "from ..optimizer.muon import B3\nfrom ....too_far import x\n")
     for dst in ("python/paddle/optimizer/__init__.py", "python/paddle/optimizer/adam.py"):
@@ -751,6 +756,23 @@ def test_module_names_used_unit():
             "Muon._scaling_fn", "_NS_COEFFICIENT_SETS"} <= names
     assert not {"build_muon_param_info_map", "gemm_symmetric"} & names
     assert ep.module_defined_names("def broken(:\n") == set()
+
+
+def test_class_member_names_follow_bases():
+    class Target:  # the base's module in the target tree
+        def read(self, rel):
+            return {"python/pkg/base.py": "class Base(object):\n    def step(self):\n"
+                                          "        pass\n"}.get(rel)
+
+    text = ("from pkg.base import Base\nfrom pkg.gone import Gone\nimport pkg\n\n\n"
+            "class Mid(Base):\n    X = 1\n\n\nclass Top(Mid):\n    def _own(self):\n"
+            "        pass\n\n\nclass Lost(Gone):\n    pass\n\n\n"
+            "class Dotted(pkg.Base):\n    pass\n")
+    assert ep.class_member_names(text, "Top", Target()) == {"_own", "X", "step"}
+    assert ep.class_member_names(text, "Top") is None, "imported base, no target: unknown"
+    for unknown in ("Lost", "Dotted", "missing_class"):
+        assert ep.class_member_names(text, unknown, Target()) is None, unknown
+    assert ep.class_member_names("def broken(:\n", "Top") is None
 
 
 def test_package_only_muon_names_refuse_the_export(tmp_path, capsys):
@@ -772,13 +794,20 @@ def test_package_only_muon_names_refuse_the_export(tmp_path, capsys):
             "    def test_x(self):\n"
             "        with mock.patch.object(muon_module, 'MUON_DEBUG', True), \\\n"
             "                mock.patch('paddle_muon_ext.optimizer.muon.NS_COEFFS_PRESETS', {}):\n"
-            "            muon_module.muon_update_scale((2, 2))\n",
+            "            muon_module.muon_update_scale((2, 2))\n"
+            "        muon_module.Muon._scaling_fn(1, 1)\n"
+            "        muon_module.Muon.step(None)\n"
+            "        muon_module.Muon._fro(1)\n",
     })
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "package")
     tree = str(tmp_path / "Paddle")
     _write_tree(tree, dict(DEVELOP, **{"python/paddle/optimizer/muon.py": DEV_MUON,
+                                       # Muon's base: its members count as Muon's
+                                       "python/paddle/optimizer/optimizer.py":
+                                           "class Optimizer:\n    def step(self):\n"
+                                           "        pass\n",
                                        ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
     out = str(tmp_path / "muon.patch")
     rc, patch, _, err = _export(repo, out, capsys, "--paddle-root", tree)
@@ -792,7 +821,9 @@ def test_package_only_muon_names_refuse_the_export(tmp_path, capsys):
         (FLEET + "test_muon_uses.py", "build_muon_param_info_map"),
         (FLEET + "test_muon_uses.py", "NS_COEFFS_PRESETS"),
         (FLEET + "test_muon_uses.py", "muon_update_scale")))
-    assert got == expect, err
+    expect.append("CONFLICT: %stest_muon_uses.py: uses Muon._fro which develop's "
+                  "paddle/optimizer/muon.py does not define" % FLEET)
+    assert got == sorted(expect), err
     # against a target without develop's muon.py, ours travels and nothing conflicts
     del_tree = str(tmp_path / "Paddle_no_muon")
     _write_tree(del_tree, dict(DEVELOP, **{ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
