@@ -77,22 +77,26 @@ class TestVerifyByClass(unittest.TestCase):
         logger.setLevel(logging.ERROR)
 
     def test_by_class_counts_what_every_rank_records(self) -> None:
-        cfg = MuonCommConfig(model=verify.VERIFY_MODEL, **LAYOUT)
-        summary = verify.run_verify(cfg, steps=STEPS, data_max_ranks=0, progress=_quiet)
-        self.assertEqual(summary["status"], "PASS", summary["problems"])
-        self.assertEqual(summary["mode"], "schedule-only")
-        for label, gpn in (("hierarchical", 4), ("flat", None)):
-            sim = SimConfig(ep=4, ms=4, pp=1, gpn=gpn, steps=STEPS, clip=True)
-            _, world = run_world(sim, mode="record")
-            recorded = verify._phase_counts(world)
-            self.assertEqual(summary["phase_counts"][label], recorded,
-                             f"{label}: collectives per phase checked by class differ from "
-                             "those every rank records")
-            self.assertLess(summary["rank_classes"][label], 16,
-                            f"{label}: every rank is its own class: nothing was saved")
-            self.assertEqual(summary["ranks_recorded"][label], summary["rank_classes"][label],
-                             f"{label}: not every class had its representative's recording "
-                             "compared with its layout")
+        # LAYOUT; and ep=1 (no expert colour: a stage's ranks share one layout)
+        for layout in (LAYOUT, dict(ep=1, moe_sharding=8, pp=1, gpus_per_node=4)):
+            cfg = MuonCommConfig(model=verify.VERIFY_MODEL, **layout)
+            summary = verify.run_verify(cfg, steps=STEPS, data_max_ranks=0, progress=_quiet)
+            self.assertEqual(summary["status"], "PASS", f"{layout}: {summary['problems']}")
+            self.assertEqual(summary["mode"], "schedule-only")
+            for label, gpn in (("hierarchical", cfg.gpus_per_node), ("flat", None)):
+                sim = SimConfig(ep=cfg.ep, ms=cfg.moe_sharding, pp=1, gpn=gpn, steps=STEPS,
+                                clip=True)
+                _, world = run_world(sim, mode="record")
+                recorded = verify._phase_counts(world)
+                self.assertEqual(summary["phase_counts"][label], recorded,
+                                 f"{layout} {label}: collectives per phase checked by class "
+                                 "differ from those every rank records")
+                self.assertLess(summary["rank_classes"][label], cfg.world_size,
+                                f"{layout} {label}: every rank is its own class: nothing saved")
+                self.assertEqual(summary["ranks_recorded"][label],
+                                 summary["rank_classes"][label],
+                                 f"{layout} {label}: not every class had its representative's "
+                                 "recording compared with its layout")
 
     def test_world_layouts_are_the_optimizers(self) -> None:
         plan, layouts, _ = _Layouts.get()

@@ -224,7 +224,10 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
         if rank in layouts:
             continue
         first = ShardingLayout.build(params, groups_of(rank), rank, rep.settings, rep.plan)
-        for r in plan.moe_sharding_ranks(rank) if len(rep.groups) > 1 else (rank,):
+        # the ranks that share every group of ``rank`` share its layout
+        sharers = (plan.moe_sharding_ranks(rank) if any(k is not None for k in rep.groups)
+                   else plan.sharding_group_ranks(plan.stage_of(rank)))
+        for r in sharers:
             layouts[r] = first if r == rank else dataclasses.replace(first, rank=r)
     return layouts
 
