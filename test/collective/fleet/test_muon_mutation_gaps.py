@@ -318,7 +318,7 @@ class TestConcurrentDumps(unittest.TestCase):
         import json
         import threading
 
-        opened = threading.Barrier(2, timeout=10)
+        opened = threading.Barrier(2, timeout=60)
         real_dump = json.dump
 
         def slow_dump(data, f):
@@ -340,7 +340,7 @@ class TestConcurrentDumps(unittest.TestCase):
                 for t in threads:
                     t.start()
                 for t in threads:
-                    t.join(20)
+                    t.join(120)
             self.assertEqual(errors, [], "a concurrent dump failed")
             with open(path) as f:
                 self.assertIn(json.load(f)["writer"], (0, 1))
