@@ -495,6 +495,18 @@ class TestPlanPicture(unittest.TestCase):
         detail = self.res["owned_by_colour"]["hierarchical"]
         self.assertIn(f"r5\nD{detail['dense'][5]} E{detail['moe'][5]}", cells)
 
+    def test_large_pictures_leave_labels_out_and_thin_ticks(self) -> None:
+        from paddle_muon_ext.tools import report
+
+        with mock.patch.object(report, "MAX_LABELLED_CELLS", 31), \
+                mock.patch.object(report, "MAX_TICKS", 2):
+            ax = self._figure(self.res).axes[0]  # 8 nodes x 4 cards = 32 cells
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        self.assertIn("cell: one rank (32 ranks: labels left out above 31)", legend)
+        self.assertEqual([t for t in ax.texts if t.get_text().startswith("r")], [])
+        self.assertEqual(list(ax.get_xticks()), [0, 2])
+        self.assertEqual(list(ax.get_yticks()), [0, 4])
+
     def test_same_card_lines_carry_their_bytes_and_flat_has_none(self) -> None:
         from paddle_muon_ext.tools.args import MuonCommConfig
         from paddle_muon_ext.tools.plan import compute_plan

@@ -22,6 +22,11 @@ from .cost_model import KINDS
 
 __all__ = ["format_table", "draw_png", "plan_figure", "render_png"]
 
+#: Largest picture whose cells carry their rank / matrix labels.
+MAX_LABELLED_CELLS = 512
+#: Most node / card ticks on an axis (every k-th beyond it).
+MAX_TICKS = 32
+
 
 def _fmt_bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -195,9 +200,13 @@ def plan_figure(res: Dict[str, Any]):
     low, high = min(mb), max(mb)
     if high - low < 1e-9:  # every rank owns the same: one flat colour, centred
         low, high = low - 0.5, high + 0.5
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.5 + 0.95 * gpn), max(4.5, 2.8 + 0.55 * nodes)))
+    # Beyond a few hundred cells labels cannot be read: the picture keeps a
+    # bounded size and the legend says the labels are left out.
+    labelled = nodes * gpn <= MAX_LABELLED_CELLS
+    fig, ax = plt.subplots(figsize=(min(24.0, max(7.0, 2.5 + 0.95 * gpn)),
+                                    min(24.0, max(4.5, 2.8 + 0.55 * nodes))))
     img = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=low, vmax=high)
-    for n in range(nodes):
+    for n in range(nodes if labelled else 0):
         for c in range(gpn):
             r = n * gpn + c
             shade = (mb[r] - low) / (high - low)
@@ -206,7 +215,9 @@ def plan_figure(res: Dict[str, Any]):
                     color="white" if shade > 0.6 else "black")
     rails = summary["rail_bytes"]
     handles = [Patch(facecolor="none", edgecolor="none",
-                     label="cell: r<rank>, D<n> dense / E<n> expert Muon matrices owned")]
+                     label="cell: r<rank>, D<n> dense / E<n> expert Muon matrices owned"
+                     if labelled else f"cell: one rank ({nodes * gpn} ranks: labels left out "
+                     "above " f"{MAX_LABELLED_CELLS})")]
     if path == "hierarchical":
         cmap = plt.get_cmap("tab10" if gpn <= 10 else "tab20")
         for stage in range(plan.pp_degree):
@@ -214,7 +225,7 @@ def plan_figure(res: Dict[str, Any]):
                 ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
                 ax.plot([c + 0.36] * len(ys), ys, "-o", color=cmap(c % cmap.N), lw=1.8, ms=3,
                         alpha=0.9)
-                if plan.pp_degree == 1:  # with stages the rail total is under the card
+                if plan.pp_degree == 1 and labelled:  # else the rail total is under the card
                     ax.text(c + 0.42, (min(ys) + max(ys)) / 2, _fmt_bytes(rails[c]),
                             rotation=90, ha="left", va="center", fontsize=5.5,
                             color=cmap(c % cmap.N))
@@ -232,11 +243,13 @@ def plan_figure(res: Dict[str, Any]):
                     fontsize=6, color="crimson", zorder=6)
     handles.append(Line2D([], [], color="crimson", lw=2.2, ls="--",
                           label="pipeline stage (its sharding group)"))
-    ax.set_xticks(range(gpn))
-    ax.set_xticklabels([f"card {c}\n{_fmt_bytes(rails[c])}" for c in range(gpn)], fontsize=6.5)
+    cards = range(0, gpn, -(-gpn // MAX_TICKS))
+    ax.set_xticks(list(cards))
+    ax.set_xticklabels([f"card {c}\n{_fmt_bytes(rails[c])}" for c in cards], fontsize=6.5)
     ax.set_xlabel("card; below it: Muon bytes its rail sends across nodes per step", fontsize=7)
-    ax.set_yticks(range(nodes))
-    ax.set_yticklabels([f"node {n}" for n in range(nodes)], fontsize=7)
+    rows = range(0, nodes, -(-nodes // MAX_TICKS))
+    ax.set_yticks(list(rows))
+    ax.set_yticklabels([f"node {n}" for n in rows], fontsize=7)
     c = res["config"]
     title = f"ep={c['ep']} ms={c['moe_sharding']} pp={c['pp']} gpn={gpn} ({path} path)\n"
     if path == "hierarchical":
