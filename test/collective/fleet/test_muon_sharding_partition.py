@@ -777,6 +777,28 @@ class TestOptionTable(unittest.TestCase):
             MuonShardingOptions(overlap_sync_group_call="yes")
 
 
+class TestMinorityCapExact(unittest.TestCase):
+    def test_cap_is_the_ceiling_of_the_class_share(self):
+        """A minority class may use ceil(its larger share of bytes / NS cost,
+        in rank units) owners -- not the floor, not the rounded share."""
+        from fractions import Fraction
+
+        for m in (20, 26, 40):
+            specs = [MatrixSpec(f"b{i:02d}", (64, 64), "bfloat16") for i in range(64)]
+            specs += [MatrixSpec(f"f{i:02d}", (64, 64), "float32") for i in range(m)]
+            bytes_ = {s.name: _state(s.shape, s.dtype) for s in specs}
+            ns = {s.name: _ns(s.shape) for s in specs}
+            fp32 = [s.name for s in specs if s.dtype == "float32"]
+            share = max(Fraction(sum(bytes_[k] for k in fp32) * 8, sum(bytes_.values())),
+                        Fraction(sum(ns[k] for k in fp32) * 8, sum(ns.values())))
+            cap = math.ceil(share)
+            owners = balanced_partition(specs, 8).owners_by_dtype()["float32"]
+            with self.subTest(m=m, share=float(share)):
+                self.assertEqual(len(owners), cap,
+                                 f"{m} fp32 matrices ({float(share):.3f} rank shares) "
+                                 f"should use {cap} owners, got {owners}")
+
+
 class TestValidation(unittest.TestCase):
     def test_validation_errors(self):
         specs = [MatrixSpec("a", (4, 4))]
