@@ -30,6 +30,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.profiler import RecordEvent
 
+from . import muon_fused_buffer as fused
 from .muon_flight_recorder import (
     enter_phase,
     exit_phase,
@@ -278,7 +279,7 @@ def _recorded_buffer_ops(buffers, op: str, run) -> None:
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     for buffer in buffers:
-        group = buffer._comm_group
+        group = fused.comm_group(buffer)
         tensor = buffer.grad_storage if op == "reduce_scatter" else buffer.param_storage
         entry = (recorder.start(op, group, None, tensor, phase)
                  if group.nranks > 1 and tensor is not None else None)
@@ -302,8 +303,8 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: Callable[[Any], b
 
     def run(buffer) -> None:
         # a one-rank group holds the result already: no collective
-        if not launched_by_hook(buffer) and buffer._comm_group.nranks > 1:
-            buffer._comm_grads()
+        if not launched_by_hook(buffer) and fused.comm_group(buffer).nranks > 1:
+            fused.comm_grads(buffer)
         buffer.scale_grads()
 
     with comm_phase(PHASE_REDUCE_SCATTER):
@@ -326,7 +327,7 @@ def launch_all_gather(buffer) -> PendingCollective:
     Develop's ``sync_params(sync=False, param2task={})``: the buffer's task is
     taken over by the returned object (a one-rank group launches nothing).
     """
-    group = buffer._comm_group
+    group = fused.comm_group(buffer)
     recorder = get_flight_recorder()
     with comm_phase(PHASE_ALL_GATHER):
         phase = phase_of_thread()

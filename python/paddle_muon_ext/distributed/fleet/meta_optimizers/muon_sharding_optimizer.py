@@ -48,6 +48,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_
 from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
+from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_state as _state
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
@@ -797,7 +798,7 @@ class MuonShardingOptimizer:
         result = []
         for buffer in self._rs_buffers:
             for p in buffer.params:
-                if buffer._sharding_param_grad_view[p.name].has_effective_slice_param:
+                if fused.has_local_slice(buffer, p.name):
                     result.append(self._slice_params[p.name])
         return result
 
@@ -957,8 +958,7 @@ class MuonShardingOptimizer:
             return
         for buffer in self._rs_buffers:
             if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
-                for param in buffer.params:
-                    buffer._copy_grad_to_buffer(param)
+                fused.copy_grads_in(buffer)
 
     @staticmethod
     def _grad_tensors(bucket: MuonBucket) -> list:
@@ -1271,7 +1271,7 @@ class MuonShardingOptimizer:
                 if buffer.grad_storage is not None:
                     for p in buffer.params:
                         p.clear_gradient(False)
-                    buffer._clear_grad_storage()
+                    fused.release_grad_storage(buffer)
 
     # ------------------------------------------------------------------
     # parameter storage (FP8 paths free a colour between steps)
@@ -1296,15 +1296,13 @@ class MuonShardingOptimizer:
             if self._rs_colour[id(buffer)] != color:
                 continue
             for p in buffer.params:
-                view = buffer._sharding_param_grad_view[p.name]
-                if view._param_begin < view._param_end:
-                    saved[p.name] = view._param_buffer._slice(
-                        view._param_begin, view._param_end
-                    ).clone()
+                kept = fused.save_local_slice(buffer, p.name)
+                if kept is not None:
+                    saved[p.name] = kept
                 slice_param = self._slice_params[p.name]
                 if slice_param._is_initialized():
                     slice_param._clear_dataptr()
-            buffer._clear_param_storage()
+            fused.release_param_storage(buffer)
         for bucket in self._muon_buckets:
             if bucket.colour == color and bucket.owner != self._rank:
                 for p in bucket.params:
@@ -1322,16 +1320,10 @@ class MuonShardingOptimizer:
             for buffer in self._rs_buffers:
                 if self._rs_colour[id(buffer)] != color:
                     continue
-                buffer._reset_param_storage()
+                fused.restore_param_storage(buffer)
                 for p in buffer.params:
                     if p.name in saved:
-                        view = buffer._sharding_param_grad_view[p.name]
-                        paddle.assign(
-                            saved[p.name],
-                            output=buffer.param_storage._slice(
-                                view._param_begin, view._param_end
-                            ),
-                        )
+                        fused.restore_local_slice(buffer, p.name, saved[p.name])
             for bucket in self._muon_buckets:
                 if bucket.colour == color and bucket.owner != self._rank:
                     for p in bucket.params:

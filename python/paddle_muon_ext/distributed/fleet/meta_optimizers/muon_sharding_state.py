@@ -26,6 +26,8 @@ from collections import OrderedDict
 
 import paddle
 
+from . import muon_fused_buffer as fused
+
 __all__ = [
     "fuse_optimizer_states",
     "set_state_dict",
@@ -179,9 +181,8 @@ def param_numel(opt, name: str) -> int:
 def create_local_states(opt) -> None:
     for buffer in opt._rs_buffers:
         for p in buffer.params:
-            view = buffer._sharding_param_grad_view[p.name]
-            if view.has_effective_slice_param:
-                view.fill_slice_param(opt._slice_params[p.name])
+            if fused.has_local_slice(buffer, p.name):
+                fused.fill_local_slice(buffer, p.name, opt._slice_params[p.name])
     block = paddle.static.default_main_program().global_block()
     opt._inner_opt._create_accumulators(block, opt._inner_opt._parameter_list)
 
