@@ -729,6 +729,33 @@ class TestBroadcastHelpers(unittest.TestCase):
             self.assertEqual(out[4], [], "a one-rank stage syncs nothing")
 
 
+class TestMixedDtypeOwners(unittest.TestCase):
+    """T-MD: 4 x [512, 512] low precision + 2 x [256, 256] fp32, 1 MB buffers, 2 ranks."""
+
+    def test_owners_and_buffers_per_dtype(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            rng = np.random.RandomState(3)
+            params = [_param(f"low{i}", rng.rand(512, 512).astype("float32"), "bfloat16")
+                      for i in range(4)]
+            params += [_param(f"fp32_{i}", rng.rand(256, 256).astype("float32"))
+                       for i in range(2)]
+            opt = MuonShardingOptimizer(make_muon(params, multi_precision=True), hcg, strategy)
+            owners = opt._param2rank_2d_by_color[None]
+            return ({owners[f"low{i}"] for i in range(4)}, {owners["fp32_0"], owners["fp32_1"]},
+                    sum(1 for b in opt.comm_buffer_2d if b._params[0].dtype == paddle.float32),
+                    dict(owners))
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for low, fp32, n_fp32_buffers, owners in results:
+            self.assertEqual(low, {0, 1}, "develop's per-dtype rule spreads the bf16 matrices")
+            self.assertEqual(fp32, {0}, "the fp32 minority is not scattered")
+            self.assertEqual(n_fp32_buffers, 1, "exactly one fp32 2-D buffer")
+            self.assertEqual(owners, results[0][3], "identical owner maps on every rank")
+
+
 class TestLayoutStagesMatchOptimizer(unittest.TestCase):
     """The layout's stages (plan tool) are the optimizer's stages."""
 
