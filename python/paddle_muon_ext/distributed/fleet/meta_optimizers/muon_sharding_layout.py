@@ -111,6 +111,12 @@ DEFAULT_ALIGNMENT_BYTES = 256
 _NON_FLOAT_SIZES = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
+@functools.lru_cache(maxsize=64)
+def _group_index(group: tuple) -> dict:
+    """Global rank -> index in ``group`` (shared by every rank's layout; do not mutate)."""
+    return {r: i for i, r in enumerate(group)}
+
+
 @functools.lru_cache(maxsize=4096)
 def flat_reduce_phase(group: tuple) -> str:
     """Phase label of a flat reduce onto owners in ``group``."""
@@ -655,11 +661,13 @@ class ShardingLayout:
         sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
         for colour, metas in by_colour.items():
             ranks = self.groups[colour]
-            index = {r: i for i, r in enumerate(ranks)}
-            by_rank = OrderedDict((i, []) for i in range(len(ranks)))
+            index = _group_index(tuple(ranks))
+            # owners only, in group order: a rank owning nothing has no stage
+            # entry, and a per-rank table would cost O(group) on every rank
+            by_rank: dict = {}
             for m in metas:
-                by_rank[index[self.owners[m.name]]].append(m)
-            rank2params[colour] = by_rank
+                by_rank.setdefault(index[self.owners[m.name]], []).append(m)
+            rank2params[colour] = OrderedDict(sorted(by_rank.items()))
             sorted_by_colour[colour] = sorted(metas, key=lambda m: index[self.owners[m.name]])
             info[colour] = {"group": ranks, "world_size": len(ranks),
                             "rank": index[self.rank] if len(ranks) > 1 else -1}
