@@ -729,6 +729,33 @@ class TestBroadcastHelpers(unittest.TestCase):
             self.assertEqual(out[4], [], "a one-rank stage syncs nothing")
 
 
+class TestReduce2dGrads(unittest.TestCase):
+    def test_owner_gets_the_group_mean(self):
+        cfg = SimConfig(ep=1, ms=2, steps=1, fused=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(None, None)
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False), hcg,
+                                        strategy)
+            rank = paddle.distributed.get_rank()
+            net(paddle.to_tensor(batch(0, rank))).backward()
+            before = {k: p.grad.numpy().astype("float64") for k, p in net.dense.items()
+                      if k.startswith("w_")}
+            opt._reduce_2d_grads()
+            after = {k: net.dense[k].grad.numpy() for k in before}
+            return rank, before, after, {k: opt.owner_map[f"dense.{k}"] for k in before}
+
+        results, _ = run_world(cfg, body=body)
+        for rank, _, after, owners in results:
+            for key, owner in owners.items():
+                if owner != rank:
+                    continue  # a non-owner's buffer is not trusted after a reduce
+                mean = (results[0][1][key] + results[1][1][key]) / 2
+                np.testing.assert_allclose(after[key], mean, rtol=1e-6, atol=1e-7,
+                                           err_msg=f"owner {rank} of {key}: not the group mean")
+
+
 class TestMixedDtypeOwners(unittest.TestCase):
     """T-MD: 4 x [512, 512] low precision + 2 x [256, 256] fp32, 1 MB buffers, 2 ranks."""
 

@@ -941,6 +941,20 @@ class MuonShardingOptimizer:
                 launched = {id(self._rs_buffers[i]) for i in slices if i in hooked_slices}
                 comm.reduce_scatter_slices([self._rs_buffers[i] for i in slices],
                                            lambda b: id(b) in launched)
+        self._reduce_2d_grads(op)
+
+    @framework.no_grad()
+    def _reduce_2d_grads(self, op=None) -> None:
+        """Reduce the Muon gradients onto their owners: the plan's 2-D reduce phases.
+
+        Args:
+            op (ReduceOp|None): AVG, or SUM where the build has no AVG (default:
+                what this optimizer chose at construction).
+        """
+        if op is None:
+            op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
+        for phase in self._layout.phases_of(TRIGGER_REDUCE):
+            if phase.op != "reduce":
                 continue
             routes = [(tensor, root) for ref, root in phase.items
                       for tensor in self._grad_tensors(self._muon_buckets[ref[1]])]
