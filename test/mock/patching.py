@@ -30,9 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 from typing import Any, Callable, Iterator, Optional
 from unittest import mock
 
+import numpy as np
+
+import paddle
 import paddle.distributed as dist
 import paddle.distributed.collective as dist_collective
 import paddle.distributed.communication.batch_isend_irecv as dist_batch
@@ -74,7 +78,8 @@ def patch_points() -> list[tuple[Any, str]]:
     """
     points: list[tuple[Any, str]] = []
     for name in ("reduce", "broadcast", "all_reduce", "all_gather", "reduce_scatter",
-                 "new_group", "get_rank", "get_world_size", "is_initialized"):
+                 "new_group", "get_rank", "get_world_size", "is_initialized",
+                 "all_gather_object"):
         points.append((dist, name))
     for name in ("reduce", "broadcast", "all_reduce", "all_gather", "reduce_scatter"):
         points.append((dist_stream, name))
@@ -147,6 +152,27 @@ def _replacements(comm: FakeComm, strategy: Any) -> dict[tuple[int, str], Any]:
     def d_all_gather(tensor_list, tensor, group=None, sync_op=True):
         return comm.all_gather(tensor_list, tensor, group, sync_op, api="dist.all_gather")
 
+    def d_all_gather_object(object_list, obj, group=None):
+        # Paddle's own calls the module-level all_gather, which this layer
+        # does not patch; the same two steps here: lengths, then padded pickles.
+        if comm.mode != "data":
+            raise FakeCommError(
+                "dist.all_gather_object needs real data movement; run the world in "
+                "mode='data' (record mode moves nothing)"
+            )
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths: list = []
+        comm.all_gather(lengths, paddle.to_tensor([data.size], dtype="int64"), group, True,
+                        api="dist.all_gather_object")
+        sizes = [int(t.item()) for t in lengths]
+        padded = np.zeros(max(sizes), dtype=np.uint8)
+        padded[:data.size] = data
+        parts: list = []
+        comm.all_gather(parts, paddle.to_tensor(padded), group, True,
+                        api="dist.all_gather_object")
+        for part, size in zip(parts, sizes):
+            object_list.append(pickle.loads(part.numpy().astype(np.uint8)[:size].tobytes()))
+
     def d_reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_op=True):
         return comm.reduce_scatter(tensor, tensor_list, op, group, sync_op, api="dist.reduce_scatter")
 
@@ -208,6 +234,7 @@ def _replacements(comm: FakeComm, strategy: Any) -> dict[tuple[int, str], Any]:
         (dist, "broadcast"): d_broadcast,
         (dist, "all_reduce"): d_all_reduce,
         (dist, "all_gather"): d_all_gather,
+        (dist, "all_gather_object"): d_all_gather_object,
         (dist, "reduce_scatter"): d_reduce_scatter,
         (dist, "new_group"): comm.new_group,
         (dist, "get_rank"): comm.get_rank,

@@ -248,6 +248,23 @@ class TestFakeCollectives(FakeDistMixin, unittest.TestCase):
         assert (rec.op, rec.root, rec.reduce_op, rec.dtype, rec.numel, rec.sync_op) == (
             "reduce", 0, "AVG", "float32", 5, False), rec
 
+    def test_all_gather_object_moves_objects_of_different_sizes(self) -> None:
+        def body(rank: int):
+            gathered: list = []
+            dist.all_gather_object(gathered, {"rank": rank, "names": ["w"] * (rank * 7)})
+            return gathered
+
+        world = SimulatedWorld(WORLD, mode="data")
+        results = world.run(body)
+        want = [{"rank": r, "names": ["w"] * (r * 7)} for r in range(WORLD)]
+        for rank, got in enumerate(results):
+            assert got == want, f"rank {rank} gathered {got}, expected {want}"
+
+    def test_all_gather_object_refuses_record_mode(self) -> None:
+        self.fake_dist(4, rank=0)
+        with self.assertRaisesRegex(Exception, "needs real data movement"):
+            dist.all_gather_object([], {"a": 1})
+
     def test_invalid_arguments_fail_like_paddle(self) -> None:
         fake_dist = self.fake_dist
         fake_dist(4, rank=0)

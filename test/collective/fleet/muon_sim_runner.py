@@ -90,6 +90,11 @@ class SimConfig:
         partition: ``muon_partition_strategy``; the suites assert the
             balanced owner spread, so they ask for it (develop's rule is the
             optimizer's default).
+        machine_balanced: ``machine_balanced_2d_partition`` (develop's
+            machine-balanced owners; needs a data-mode world: it gathers).
+        local_size: ``PADDLE_LOCAL_SIZE`` without comm_group_call_opt (the
+            machine count the machine-balanced rule sees); ``gpn`` wins.
+        overlap_sync_group_call: the option of that name.
     """
 
     ep: int = 4
@@ -106,6 +111,9 @@ class SimConfig:
     via_fleet: bool = True
     use_reduce_avg: bool = False
     partition: str = "balanced"
+    machine_balanced: bool = False
+    local_size: int | None = None
+    overlap_sync_group_call: bool = False
 
     @property
     def world(self) -> int:
@@ -139,6 +147,8 @@ class SimConfig:
         set_muon_sharding_options(
             strategy, use_muon_sharding=True, comm_group_call_opt=self.gpn is not None,
             partition_strategy=self.partition,
+            overlap_sync_group_call=self.overlap_sync_group_call or None,
+            machine_balanced_2d_partition=self.machine_balanced or None,
         )
         return strategy
 
@@ -241,7 +251,7 @@ def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
         deadlock_timeout=deadlock_timeout,
         reraise_original=reraise_original,
     )
-    with local_size(cfg.gpn), _avg_supported(cfg.use_reduce_avg):
+    with local_size(cfg.gpn or cfg.local_size), _avg_supported(cfg.use_reduce_avg):
         try:
             results = world.run(lambda rank: fn(cfg, strategy), ranks=ranks)
         except Exception as error:

@@ -102,6 +102,7 @@ _SHARDING_FIELD_OF = {
     "comm_group_call_opt": "comm_group_call_opt",
     "partition_strategy": "muon_partition_strategy",
     "overlap_sync_group_call": "overlap_sync_group_call",
+    "machine_balanced_2d_partition": "machine_balanced_2d_partition",
 }
 # develop's owner rule: what MuonShardingOptimizer uses where the build has no
 # muon_partition_strategy field, so asking for it needs no field
@@ -129,7 +130,8 @@ def _missing(reason: str) -> None:
 def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None = None,
                               comm_group_call_opt: bool | None = None,
                               partition_strategy: str | None = None,
-                              overlap_sync_group_call: bool | None = None) -> None:
+                              overlap_sync_group_call: bool | None = None,
+                              machine_balanced_2d_partition: bool | None = None) -> None:
     """Set the Muon sharding switches on ``strategy`` (after its hybrid_configs).
 
     A switch left as None keeps its current value. Turning
@@ -138,7 +140,9 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
     options = {k: v for k, v in (("use_muon_sharding", use_muon_sharding),
                                  ("comm_group_call_opt", comm_group_call_opt),
                                  ("partition_strategy", partition_strategy),
-                                 ("overlap_sync_group_call", overlap_sync_group_call))
+                                 ("overlap_sync_group_call", overlap_sync_group_call),
+                                 ("machine_balanced_2d_partition",
+                                  machine_balanced_2d_partition))
                if v is not None}
     if _compat is not None:
         _compat.set_muon_sharding_options(
@@ -163,6 +167,9 @@ def set_muon_sharding_options(strategy: Any, *, use_muon_sharding: bool | None =
         elif name == "overlap_sync_group_call" and value:
             _missing("overlap_sync_group_call: this Paddle build's sharding_configs has no "
                      "such field and the 3.3.1 compat layer is absent (in-tree run)")
+        elif name == "machine_balanced_2d_partition" and value:
+            _missing("machine_balanced_2d_partition: this Paddle build's sharding_configs "
+                     "has no such field and the 3.3.1 compat layer is absent (in-tree run)")
         elif name == "partition_strategy" and value != _DEVELOP_PARTITION_STRATEGY:
             _missing("partition_strategy: no such sharding_configs field "
                      f"({field}) in this Paddle build and the 3.3.1 compat layer is "

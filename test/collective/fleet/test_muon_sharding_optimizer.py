@@ -1106,15 +1106,20 @@ def _option_outcomes(cfg: SimConfig, sharding=None, pp=None, want=None) -> dict:
         net(paddle.to_tensor(batch(0, _rank()))).backward()
         return sharded_core(opt), net
 
-    results, world = run_world(cfg, mode="record", body=body)
+    # the machine-balanced rule gathers every rank's groups: only a data-mode
+    # world moves that
+    results, world = run_world(cfg, mode="data" if cfg.machine_balanced else "record",
+                               body=body)
     core, net = results[0]
     hook_launched = [r for r in world.traces[0] if r.op in ("reduce", "reduce_scatter")]
     outcomes = {
         "reduces launched by one backward": len(hook_launched),
         "fused 2-D gradient buffers": len(core.comm_buffer_2d),
         "owners": tuple(sorted(core.owner_map.items())),
+        "owners on every rank": tuple(tuple(sorted(c.owner_map.items())) for c, _ in results),
         "tensor_fusion mirror": core.tensor_fusion,
         "pipeline mirror": core._use_pipeline_parallel,
+        "overlapped update": core.overlap_optimize_and_sync,
     }
 
     if want in outcomes:
@@ -1183,9 +1188,16 @@ OPTION_DISPOSITION = {
                                       "partition": "balanced"}),
         cfg_off=SimConfig(**{**_PROBE.__dict__, "ep": 1, "ms": 4,
                              "partition": "upstream_greedy"})),
-    "sharding_configs.machine_balanced_2d_partition": (
-        "refused", {"machine_balanced_2d_partition": True},
-        "machine_balanced_2d_partition=True is not supported"),
+    # 4 ranks on 2 emulated machines: develop's rule fills one machine first
+    "sharding_configs.machine_balanced_2d_partition": _probe(
+        "owners on every rank", cfg_on=SimConfig(**{**_PROBE.__dict__, "partition": "upstream_greedy",
+                                      "local_size": 2, "machine_balanced": True}),
+        cfg_off=SimConfig(**{**_PROBE.__dict__, "partition": "upstream_greedy",
+                             "local_size": 2})),
+    "sharding_configs.overlap_sync_group_call": _probe(
+        "overlapped update", cfg_on=SimConfig(**{**_PROBE.__dict__, "gpn": 2,
+                                                 "overlap_sync_group_call": True}),
+        cfg_off=SimConfig(**{**_PROBE.__dict__, "gpn": 2})),
     "pp_configs.release_gradients": _probe(
         "1-D gradient buffers released", pp_on={"release_gradients": True}),
     "pp_configs.sharding_comm_overlap": ("refused", {"sharding_comm_overlap": True},

@@ -47,6 +47,7 @@ from .muon_sharding_options import (
 from .muon_sharding_partition import (
     MatrixSpec,
     balanced_partition,
+    partition_from_owners,
     dtype_itemsize,
     upstream_partition,
 )
@@ -497,6 +498,7 @@ class ShardingLayout:
         rank: int,
         settings: LayoutSettings = LayoutSettings(),
         plan: HierarchicalCommPlan | None = None,
+        fixed_owners: Mapping[str, int] | None = None,
     ) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
@@ -508,12 +510,17 @@ class ShardingLayout:
             settings: placement options.
             plan: with it, default-colour (``None``) Muon buckets route
                 hierarchically.
+            fixed_owners: Muon parameter name -> owning global rank, decided
+                beforehand for the whole job (develop's machine-balanced
+                rule); None: ``settings.partition_strategy`` per colour group.
 
         Returns:
             ShardingLayout: the layout.
 
         Raises:
-            ValueError: a colour without a group, or a group without ``rank``.
+            ValueError: a colour without a group, a group without ``rank``, or
+                ``fixed_owners`` lacking a Muon parameter or naming a rank outside
+                its colour group.
         """
         groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
         for p in params:
@@ -540,8 +547,10 @@ class ShardingLayout:
         buckets: list = []
         for colour, cparams in muon_by_colour.items():
             hier_plan = plan if colour is None else None
+            fixed = None if fixed_owners is None else _fixed_owners(
+                colour, groups[colour], cparams, fixed_owners)
             owner_of, partition, cbuckets = _colour_muon_layout(
-                colour, groups[colour], tuple(cparams), hier_plan, settings)
+                colour, groups[colour], tuple(cparams), hier_plan, settings, fixed)
             owners.update(owner_of)
             partitions[colour] = partition
             buckets.extend(cbuckets)
@@ -936,11 +945,37 @@ class ShardingLayout:
 
 # Ranks sharing a colour group and its parameters share its layout: computed
 # once per (group, parameters, settings), so a 512-rank plan stays fast.
+def _fixed_owners(colour, group: tuple, params: Sequence[ParamMeta],
+                  owners: Mapping[str, int]) -> tuple:
+    """``((name, group index), ...)`` of owners chosen beforehand, checked."""
+    out = []
+    for p in params:
+        if p.name not in owners:
+            raise ValueError(
+                f"fixed_owners has no entry for Muon parameter {p.name} (colour "
+                f"{colour!r}); pass an owner for every keep-whole parameter, or None."
+            )
+        owner = int(owners[p.name])
+        if owner not in group:
+            raise ValueError(
+                f"fixed_owners gives parameter {p.name} to rank {owner}, outside its colour "
+                f"group {list(group)} (colour {colour!r}); an owner must be a member."
+            )
+        out.append((p.name, group.index(owner)))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1024)
-def _colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings):
+def _colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
+                        fixed: tuple | None = None):
     specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
-    owner_of, partition = assign_muon_owners(
-        specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
+    if fixed is None:
+        owner_of, partition = assign_muon_owners(
+            specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
+    else:
+        partition = partition_from_owners(specs, len(group), dict(fixed),
+                                          method="machine_balanced")
+        owner_of = {name: group[idx] for name, idx in fixed}
     buckets = ShardingLayout._muon_buckets(colour, group, params, owner_of, plan is not None,
                                            settings)
     return owner_of, partition, buckets

@@ -52,7 +52,11 @@ from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_state as _state
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_partition import machine_balanced_owner_indices, partition_2d_parameters
+from .muon_sharding_partition import (
+    dtype_itemsize,
+    machine_balanced_owner_indices,
+    partition_2d_parameters,
+)
 from .muon_sharding_layout import (
     NO_HOOK_COLOURS,
     ROUTE_CROSS_NODE,
@@ -629,7 +633,53 @@ class MuonShardingOptimizer:
             overlap_sync_group_call=s.overlap_sync_group_call,
         )
         groups = {k: list(g.ranks) for k, g in self._colour_groups.items()}
-        return ShardingLayout.build(metas, groups, self._rank, settings, self._plan)
+        return ShardingLayout.build(metas, groups, self._rank, settings, self._plan,
+                                    fixed_owners=self._machine_balanced_owners())
+
+    def _machine_balanced_owners(self) -> dict[str, int] | None:
+        """Owners from develop's machine-balanced rule (None with the option off).
+
+        Every rank gathers every rank's machine and keep-whole parameters over
+        the global group (PP/EP give colours several groups a rank cannot see),
+        then applies the rule to the same job-wide input, so owners agree on
+        every rank. Collective when on.
+        """
+        if not self._settings.machine_balanced_2d_partition:
+            return None
+        mine: dict = OrderedDict()
+        for p in self._parameter_list:
+            if not (_is_trainable(p) and self._uses_muon(p)):
+                continue
+            colour, group = self._colour_key(p)
+            numel = 1
+            for d in p.shape:
+                numel *= int(d)
+            mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
+                (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
+        # develop's node numbering: global rank // GPUs per node
+        machine = self._rank // resolve_gpus_per_node()
+        gathered: list = []
+        if dist.get_world_size() > 1:
+            dist.all_gather_object(gathered, (self._rank, machine, mine))
+        else:
+            gathered.append((self._rank, machine, mine))
+        rank_to_machine: dict[int, int] = {}
+        info: dict = {}
+        for rank, rank_machine, groups in gathered:
+            rank_to_machine[int(rank)] = int(rank_machine)
+            for key, entries in groups.items():
+                seen = info.setdefault(key, entries)
+                if seen != entries:
+                    raise ValueError(
+                        f"machine_balanced_2d_partition: ranks of colour group {key[1]} "
+                        f"(colour {key[0]!r}) hold different keep-whole parameters "
+                        f"({[e[0] for e in seen]} vs {[e[0] for e in entries]}); every "
+                        "member must build the same parameters for its colour groups."
+                    )
+        placed = self._partition_2d_parameters_machine_balanced(info, rank_to_machine)
+        # Only this rank's own groups: parameter names repeat across groups.
+        return {name: key[1][index] for key in mine
+                for index, names in placed[key].items() for name in names}
 
     def _partition_2d_parameters(self, params: list, world_size: int,
                                  label: str = "") -> dict[int, list]:

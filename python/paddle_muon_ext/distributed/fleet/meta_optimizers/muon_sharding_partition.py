@@ -98,6 +98,7 @@ __all__ = [
     "develop_owner_indices",
     "partition_2d_parameters",
     "machine_balanced_owner_indices",
+    "partition_from_owners",
     "DEVELOP_DEFAULT_BUFFER_MB",
 ]
 
@@ -760,6 +761,40 @@ def upstream_partition(
         ns_cost=[float(c) for c in ns],
         dtypes={s.name: s.dtype for s in items},
         method=f"upstream(buffer={buffer_size_MB:g}MB)",
+    )
+
+
+def partition_from_owners(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    owners: Dict[str, int],
+    method: str,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """The :class:`OwnerPartition` (loads included) of owners chosen elsewhere.
+
+    Args:
+        specs: the group's Muon matrices.
+        nranks: ranks of the group.
+        owners: name -> group index, for every spec.
+        method: the rule that chose them (reported by ``summary``).
+        multi_precision: count fp32 master weights of sub-32-bit dtypes.
+    """
+    nranks = _check_nranks(nranks)
+    items = _check_specs(specs)
+    state = [0] * nranks
+    ns = [0] * nranks
+    for s in items:
+        r = owners[s.name]
+        state[r] += optimizer_state_bytes(s, multi_precision)
+        ns[r] += _ns_cost_int(s.shape)
+    return OwnerPartition(
+        nranks=nranks,
+        owners={s.name: owners[s.name] for s in items},
+        state_bytes=state,
+        ns_cost=[float(c) for c in ns],
+        dtypes={s.name: s.dtype for s in items},
+        method=method,
     )
 
 

@@ -80,8 +80,8 @@ def read_overlap_optimize_and_sync() -> bool:
 
 
 # The sharding_configs / pp_configs fields this optimizer reads, as develop's
-# MuonShardingOptimizer does (muon_partition_strategy is ours; defaults and
-# choices of the options 3.3.1 lacks: muon_sharding_options).
+# MuonShardingOptimizer does (muon_partition_strategy and overlap_sync_group_call
+# are ours; defaults and choices of the options 3.3.1 lacks: muon_sharding_options).
 SHARDING_CONFIG_FIELDS = (
     "tensor_fusion",
     "accumulate_steps",
@@ -93,6 +93,7 @@ SHARDING_CONFIG_FIELDS = (
     "comm_group_call_opt",
     "muon_partition_strategy",
     "machine_balanced_2d_partition",
+    "overlap_sync_group_call",
 )
 PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
 
@@ -179,12 +180,6 @@ class ShardingSettings:
                 f"sharding_configs.muon_partition_strategy="
                 f"{self.muon_partition_strategy!r} is not supported; use one of "
                 f"{PARTITION_STRATEGIES}."
-            )
-        if self.machine_balanced_2d_partition:
-            raise ValueError(
-                "sharding_configs.machine_balanced_2d_partition=True is not supported "
-                "by this MuonShardingOptimizer yet; set it False (the default) and, "
-                "for owners spread over machines, muon_partition_strategy='balanced'."
             )
         if self.pp_sharding_comm_overlap:
             raise ShardingAssertionError(
