@@ -870,6 +870,8 @@ IN_TREE_K = (
 ALLOWED_SKIPS = (
     "comm_group_call_opt: this Paddle build's sharding_configs has no such field",
     "partition_strategy: no such sharding_configs field",
+    # develop's field (#79763): the patch adds none for it, the 3.3.1 proto lacks it
+    "machine_balanced_2d_partition: this Paddle build's sharding_configs has no such field",
     # CPU wheel
     "bf16 matmul kernels exist only on accelerators",
 )

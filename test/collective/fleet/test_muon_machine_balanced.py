@@ -147,6 +147,10 @@ class TestMachineBalancedOwners(unittest.TestCase):
         # pp2: each stage has its own default-colour group; 4 machines of 2
         self._check(_cfg(pp=2, clip=False), "ep2 ms2 pp2, 4 machines")
 
+    def test_with_comm_group_call_opt(self):
+        # the default colour then routes hierarchically, from any owner
+        self._check(_cfg(gpn=GPN, local_size=None), "ep2 ms2 group call, 2 machines")
+
     def test_option_off_gathers_nothing(self):
         def body(cfg, strategy):
             build_rank(cfg, strategy)
