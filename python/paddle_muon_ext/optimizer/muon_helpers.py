@@ -37,6 +37,7 @@ from .muon import (
     MuonParamInfo,
     MuonParamInfoMap,
     _default_should_use_muon,
+    _resolve_ns_coeffs,
 )
 
 if TYPE_CHECKING:
@@ -94,33 +95,9 @@ def build_muon_param_info_map(
     return out
 
 
-def resolve_ns_coeffs(
-    ns_coeff_type: str, ns_coeffs: Sequence[Sequence[float]] | None = None
-) -> list:
-    """The Newton-Schulz table of a preset, or ``ns_coeffs`` for ``"custom"``.
-
-    Raises AssertionError, as develop's constructor does, for ``"custom"``
-    without ``ns_coeffs`` and for an unknown type.
-
-    Args:
-        ns_coeff_type (str): A key of ``NS_COEFFS_PRESETS`` or ``"custom"``.
-        ns_coeffs (Sequence|None): ``[(a, b, c), ...]`` for ``"custom"``.
-
-    Returns:
-        list: ``ns_coeffs`` itself for ``"custom"``, else the preset table.
-    """
-    if ns_coeff_type == "custom":
-        if ns_coeffs is None:
-            raise AssertionError(
-                "ns_coeff_type='custom' needs ns_coeffs, a list of (a, b, c) tuples."
-            )
-        return ns_coeffs
-    if ns_coeff_type not in _NS_COEFFICIENT_SETS:
-        raise AssertionError(
-            f"Invalid ns_coeff_type {ns_coeff_type!r}; valid types: "
-            f"{[*_NS_COEFFICIENT_SETS, 'custom']}."
-        )
-    return _NS_COEFFICIENT_SETS[ns_coeff_type]
+# The package's old public name for the constructor's own table lookup (one
+# implementation: the constructor's, with its AssertionErrors).
+resolve_ns_coeffs = _resolve_ns_coeffs
 
 
 def newton_schulz(
