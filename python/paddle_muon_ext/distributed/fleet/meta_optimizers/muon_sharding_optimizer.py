@@ -51,6 +51,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_state as _state
+from . import muon_sharding_sync as _sync
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_partition import (
     dtype_itemsize,
@@ -59,18 +60,13 @@ from .muon_sharding_partition import (
 )
 from .muon_sharding_layout import (
     NO_HOOK_COLOURS,
-    ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
-    ROUTE_INTRA_NODE,
     TRIGGER_BACKWARD,
     TRIGGER_REDUCE,
-    TRIGGER_STEP,
-    TRIGGER_SYNC,
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
     assign_muon_owners,
-    flat_broadcast_phase,
 )
 
 from .muon_sharding_stages import run_staged_update
@@ -1093,26 +1089,7 @@ class MuonShardingOptimizer:
             'rank2params', 'keys', 'local_params'}`` then ``{'kind': '1d',
             'buffer', 'local_params'}``; each also carries its ``'spec'``.
         """
-        by_name = {p.name: p for p in self._parameter_list}
-        stages = []
-        for spec in self._layout.sync_stages():
-            if spec.kind == "1d":
-                buffer = self._rs_buffers[spec.buffer_index]
-                stages.append({"kind": "1d", "buffer": buffer, "spec": spec,
-                               "local_params": [self._slice_params[n] for n in spec.local_params]})
-                continue
-            info = self._color_to_group_info[spec.colour]
-            ranks = list(spec.group)
-            rank2params: dict = OrderedDict()
-            for owner, _, names, _ in spec.owners:
-                rank2params.setdefault(ranks.index(owner), []).extend(by_name[n] for n in names)
-            stages.append({"kind": "2d", "color": spec.colour, "group": info["group"],
-                           "world_size": info["world_size"], "rank2params": rank2params,
-                           "keys": list(spec.keys), "spec": spec,
-                           "local_params": [by_name[n] for n in spec.local_params]})
-        for k, stage in enumerate(stages):
-            stage["phases"] = self._layout.phases_of(f"{TRIGGER_SYNC}[{k}]")
-        return stages
+        return _sync.build_stage_dicts(self)
 
     def _launch_stage_sync(self, stage: dict) -> list:
         """Launch one stage's parameter sync; returns what to wait on.
@@ -1122,23 +1099,7 @@ class MuonShardingOptimizer:
         feeds the intra-node one), the last stays in flight. A stage dict
         built by hand (develop's form, no ``'phases'``) is synced as develop does.
         """
-        phases = stage.get("phases")
-        if phases is None:
-            if stage["kind"] == "1d":
-                return [comm.launch_all_gather(stage["buffer"])]
-            if stage["world_size"] <= 1:
-                return []
-            return self._broadcast_2d_params(stage["rank2params"], stage["group"])
-        cache, unpack, pending = {}, [], []
-        for i, phase in enumerate(phases):
-            pending += self._run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1)
-
-        def copy_back():
-            for buffer, params in unpack:
-                comm.unflatten_from(buffer, params)
-
-        # waited after the stage's collectives: the received values land then
-        return pending + [comm.PendingCollective([], [], "copy back", copy_back)]
+        return _sync.launch_stage_sync(self, stage)
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """Clip and prepare once; per stage update, then launch its sync; wait all."""
@@ -1167,18 +1128,7 @@ class MuonShardingOptimizer:
             list: pending broadcasts; waiting on one also copies the received
             values into the non-owners' parameters.
         """
-        routes, unpack = [], []
-        for owner, flat in self._owner_dtype_buffers(rank2params, group, single_as_is=False):
-            routes.append((flat["param_buffer"], owner))
-            if owner != self._rank:
-                unpack.append((flat["param_buffer"], flat["params"]))
-
-        def copy_back():
-            for buffer, params in unpack:
-                comm.unflatten_from(buffer, params)
-
-        with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
-            return [comm.launch_broadcast(routes, group, copy_back)]
+        return _sync.broadcast_2d_params(self, rank2params, group)
 
     def reorder_params(self, comm_list) -> list:
         """develop's group-call packing: per (rank2params, group) and owner and dtype.
@@ -1190,11 +1140,7 @@ class MuonShardingOptimizer:
             list[dict]: ``{'param_buffer', 'src_rank', 'params'}``; an owner's
             only parameter of a dtype is sent as is, others in one flat buffer.
         """
-        out = []
-        for rank2params, group in comm_list:
-            for owner, flat in self._owner_dtype_buffers(rank2params, group, single_as_is=True):
-                out.append(dict(flat, src_rank=owner))
-        return out
+        return _sync.reorder_params(self, comm_list)
 
     def _owner_dtype_buffers(self, rank2params: dict, group, single_as_is: bool):
         """Yield (owner global rank, {'param_buffer', 'params'}) per owner and dtype.
@@ -1202,21 +1148,7 @@ class MuonShardingOptimizer:
         The owner's buffer holds its parameters back to back; elsewhere it is
         empty until the broadcast lands.
         """
-        ranks = list(group.ranks)
-        for index, params in rank2params.items():
-            by_dtype: dict = OrderedDict()
-            for p in params:
-                by_dtype.setdefault(str(p.dtype), []).append(p)
-            owner = ranks[index]
-            for members in by_dtype.values():
-                if single_as_is and len(members) == 1:
-                    yield owner, {"param_buffer": members[0], "params": members}
-                    continue
-                buffer = paddle.empty([sum(int(p.numel()) for p in members)],
-                                      dtype=members[0].dtype)
-                if owner == self._rank:
-                    comm.flatten_into(members, buffer)
-                yield owner, {"param_buffer": buffer, "params": members}
+        yield from _sync.owner_dtype_buffers(self, rank2params, group, single_as_is)
 
     def _ensure_global_clip(self) -> None:
         # Each rank holds only its owned matrices and slices: a plain global
@@ -1255,54 +1187,19 @@ class MuonShardingOptimizer:
 
     def _sync_parameters(self) -> None:
         # The plan's sync phases: the step's, or every stage's one after another.
-        cache, unpack = {}, []
-        for phase in self._layout.step_plan():
-            if phase.trigger == TRIGGER_STEP or phase.trigger.startswith(TRIGGER_SYNC):
-                self._run_sync_phase(phase, cache, unpack, launch=False)
-        for buffer, params in unpack:
-            comm.unflatten_from(buffer, params)
+        _sync.sync_parameters(self)
 
     def _phase_group(self, phase):
         """The process group a plan phase runs on."""
-        if phase.route == ROUTE_INTRA_NODE:
-            return self._plan_groups.node_group
-        if phase.route == ROUTE_CROSS_NODE:
-            return self._plan_groups.same_card_group
-        return self._group_of_ranks[tuple(phase.group)]
+        return _sync.phase_group(self, phase)
 
     def _sync_buffer(self, ref: tuple, cache: dict, unpack: list):
         """The flat broadcast buffer of a plan item; the owner fills it, others unpack it."""
-        if ref in cache:
-            return cache[ref]
-        if ref[0] == "muon":
-            bucket = self._muon_buckets[ref[1]]
-            owner, params = bucket.owner, bucket.params
-        else:  # ("stage", k, j): owner buffer j of sync stage k
-            owner, _, names, _ = self._layout.sync_stages()[ref[1]].owners[ref[2]]
-            params = [self._param_by_name[n] for n in names]
-        buffer = paddle.empty([sum(int(p.numel()) for p in params)], dtype=params[0].dtype)
-        if owner == self._rank:
-            comm.flatten_into(params, buffer)
-        else:
-            unpack.append((buffer, params))
-        cache[ref] = buffer
-        return buffer
+        return _sync.sync_buffer(self, ref, cache, unpack)
 
     def _run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool) -> list:
         """Issue one sync phase of the plan; with ``launch`` leave it in flight."""
-        if phase.op == "all_gather":
-            buffers = [self._rs_buffers[ref[1]] for ref, _ in phase.items]
-            if launch:
-                return [comm.launch_all_gather(b) for b in buffers]
-            comm.all_gather_slices(buffers)
-            return []
-        routes = [(self._sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
-        group = self._phase_group(phase)
-        with comm.comm_phase(phase.label):
-            if launch:
-                return [comm.launch_broadcast(routes, group)]
-            comm.broadcast_from(routes, group)
-        return []
+        return _sync.run_sync_phase(self, phase, cache, unpack, launch)
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
         """Clear every gradient this optimizer manages.
