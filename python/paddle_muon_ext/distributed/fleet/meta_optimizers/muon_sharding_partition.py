@@ -595,13 +595,16 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         yl = [c * tb for c in loads.c]
         xw, yw = xl[worst], yl[worst]
 
+        by_score = loads.by_score
         for k in mine:  # moves k -> r
             xk, yk = xs[k], ys[k]
-            allowed_k = allowed_of[dtype_of[k]]
             after = max(xw - xk, yw - yk)
-            stop = bisect.bisect_right(loads.by_score, (B - min(xk, yk), n))
+            if after > B:  # the worst rank alone already ends above the best
+                continue
+            allowed_k = allowed_of[dtype_of[k]]
+            stop = bisect.bisect_right(by_score, (B - min(xk, yk), n))
             for i in range(stop):
-                r = loads.by_score[i][1]
+                r = by_score[i][1]
                 if r == worst or not (allowed_k is None or r in allowed_k):
                     continue
                 new = max(after, xl[r] + xk, yl[r] + yk)
@@ -610,6 +613,16 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
                     if best is None or cand < best:
                         best, B = cand, new
 
+        # a swap keeps the pair's sum in each dimension, so the new pair
+        # score is at least half of it: ranks above 2B - W (dominant) or
+        # 2B - (other load of the worst) are out of reach
+        if swap_xy:
+            other_of, ow = xl, xw
+        else:
+            other_of, ow = yl, yw
+        # dtypes the worst rank may take back (capped classes keep their owners)
+        host_ok = None if free else {d for d, a in allowed_of.items()
+                                     if a is None or worst in a}
         ranks = sorted((r for r in range(n) if r != worst), key=lambda r: load_of[r])
         for probe in (True, False):
             # the probe pass tries, on the least loaded ranks, the partner
@@ -617,13 +630,19 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
             scan = ranks[:_PROBE_RANKS] if probe else ranks
             for k in mine:
                 xk, yk, sk = xs[k], ys[k], sizes[k]
-                size_k = xk + yk
-                allowed_k = allowed_of[dtype_of[k]]
                 xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
+                if xw_k > B or yw_k > B:  # partners only add to the worst rank
+                    continue
+                size_k = xk + yk
+                ok = xk if swap_xy else yk  # k in the other dimension
+                ow_k = ow - ok
+                allowed_k = allowed_of[dtype_of[k]]
                 for r in scan:
                     lr = load_of[r]
                     if lr > 2 * B - W:
                         break
+                    if other_of[r] > 2 * B - ow:
+                        continue
                     if not (allowed_k is None or r in allowed_k):
                         continue
                     lst = per_rank[r]
@@ -636,19 +655,30 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
                     if lo >= hi:
                         continue
                     xr_k, yr_k = xl[r] + xk, yl[r] + yk  # rank r with k
+                    # the partner's other-dimension value must keep both
+                    # ranks at or below B there
+                    q_lo = other_of[r] + ok - B
+                    q_hi = B - ow_k
                     for i in range(lo, hi):
-                        a, b_, d = lst[i]
-                        xj, yj = (b_, a) if swap_xy else (a, b_)
+                        a, q, d = lst[i]
+                        if q < q_lo or q > q_hi:
+                            continue
+                        if swap_xy:
+                            xj, yj = q, a
+                        else:
+                            xj, yj = a, q
                         if xj + yj >= size_k:
                             continue
-                        j = groups[r][(xj, yj, d)][0]
-                        if not (free or can_host(j, worst)):
+                        if host_ok is not None and d not in host_ok:
                             continue
                         new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
                         if new < W:
+                            j = groups[r][(xj, yj, d)][0]
                             cand = (new, 1, k, pref[r], j)
                             if best is None or cand < best:
                                 best, B = cand, new
+                        # B may have dropped: the window bounds stay valid
+                        # (looser), every accepted candidate is checked exactly
         if best is None:
             return
         _, kind, k, rpos, j = best
