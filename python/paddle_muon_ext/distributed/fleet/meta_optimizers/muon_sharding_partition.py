@@ -552,6 +552,9 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         groups[owner[k]].setdefault(gkey[k], []).append(k)
     sorted_x = [sorted(g) for g in groups]
     sorted_y = [sorted((y, x, d) for x, y, d in g) for g in groups]
+    # the first field of those lists alone: bisected on plain ints
+    vals_x = [[t[0] for t in lst] for lst in sorted_x]
+    vals_y = [[t[0] for t in lst] for lst in sorted_y]
 
     def can_host(k: str, r: int) -> bool:
         allowed = allowed_of[dtype_of[k]]
@@ -568,23 +571,31 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         del names[bisect.bisect_left(names, k)]
         if not names:
             del groups[src][g]
-            del sorted_x[src][bisect.bisect_left(sorted_x[src], g)]
-            del sorted_y[src][bisect.bisect_left(sorted_y[src], (g[1], g[0], g[2]))]
+            i = bisect.bisect_left(sorted_x[src], g)
+            del sorted_x[src][i], vals_x[src][i]
+            gy = (g[1], g[0], g[2])
+            i = bisect.bisect_left(sorted_y[src], gy)
+            del sorted_y[src][i], vals_y[src][i]
         if g in groups[dst]:
             bisect.insort(groups[dst][g], k)
         else:
             groups[dst][g] = [k]
-            bisect.insort(sorted_x[dst], g)
-            bisect.insort(sorted_y[dst], (g[1], g[0], g[2]))
+            i = bisect.bisect_left(sorted_x[dst], g)
+            sorted_x[dst].insert(i, g)
+            vals_x[dst].insert(i, g[0])
+            gy = (g[1], g[0], g[2])
+            i = bisect.bisect_left(sorted_y[dst], gy)
+            sorted_y[dst].insert(i, gy)
+            vals_y[dst].insert(i, g[1])
 
     for _ in range(max_iters):
         worst = loads.worst_rank()
         W = loads.score(worst)
         if loads.b[worst] * tc == W:  # bytes decide the worst rank's score
-            sizes, per_rank, swap_xy = xs, sorted_x, False
+            sizes, per_rank, per_vals, swap_xy = xs, sorted_x, vals_x, False
             load_of = [b * tc for b in loads.b]
         else:
-            sizes, per_rank, swap_xy = ys, sorted_y, True
+            sizes, per_rank, per_vals, swap_xy = ys, sorted_y, vals_y, True
             load_of = [c * tb for c in loads.c]
         mine = sorted((names[0] for names in groups[worst].values()),
                       key=lambda k: (-size(k), k))
@@ -624,40 +635,45 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         host_ok = None if free else {d for d, a in allowed_of.items()
                                      if a is None or worst in a}
         ranks = sorted((r for r in range(n) if r != worst), key=lambda r: load_of[r])
+        # per matrix of the worst rank: what every rank's check needs
+        swappable = []
+        for k in mine:
+            xk, yk = xs[k], ys[k]
+            xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
+            ok = xk if swap_xy else yk  # k in the other dimension
+            swappable.append((k, xk, yk, sizes[k], xk + yk, xw_k, yw_k, ok, ow - ok,
+                              allowed_of[dtype_of[k]]))
         for probe in (True, False):
             # the probe pass tries, on the least loaded ranks, the partner
             # nearest the value that evens the pair, so B drops early
             scan = ranks[:_PROBE_RANKS] if probe else ranks
-            for k in mine:
-                xk, yk, sk = xs[k], ys[k], sizes[k]
-                xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
-                if xw_k > B or yw_k > B:  # partners only add to the worst rank
+            for r in scan:
+                lr = load_of[r]
+                if lr > 2 * B - W:
+                    break
+                o_r = other_of[r]
+                if o_r > 2 * B - ow:
                     continue
-                size_k = xk + yk
-                ok = xk if swap_xy else yk  # k in the other dimension
-                ow_k = ow - ok
-                allowed_k = allowed_of[dtype_of[k]]
-                for r in scan:
-                    lr = load_of[r]
-                    if lr > 2 * B - W:
-                        break
-                    if other_of[r] > 2 * B - ow:
+                lst = per_rank[r]
+                vals = per_vals[r]
+                xr, yr = xl[r], yl[r]
+                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in swappable:
+                    if xw_k > B or yw_k > B:  # partners only add to the worst rank
                         continue
                     if not (allowed_k is None or r in allowed_k):
                         continue
-                    lst = per_rank[r]
                     if probe:
-                        mid = bisect.bisect_left(lst, (sk - (W - lr) // 2,))
-                        lo, hi = max(0, mid - 1), min(len(lst), mid + 1)
+                        mid = bisect.bisect_left(vals, sk - (W - lr) // 2)
+                        lo, hi = max(0, mid - 1), min(len(vals), mid + 1)
                     else:
-                        lo = bisect.bisect_left(lst, (sk - (B - lr),))
-                        hi = bisect.bisect_left(lst, (sk - (W - B) + 1,))
+                        lo = bisect.bisect_left(vals, sk - (B - lr))
+                        hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
                     if lo >= hi:
                         continue
-                    xr_k, yr_k = xl[r] + xk, yl[r] + yk  # rank r with k
+                    xr_k, yr_k = xr + xk, yr + yk  # rank r with k
                     # the partner's other-dimension value must keep both
                     # ranks at or below B there
-                    q_lo = other_of[r] + ok - B
+                    q_lo = o_r + ok - B
                     q_hi = B - ow_k
                     for i in range(lo, hi):
                         a, q, d = lst[i]
@@ -677,8 +693,6 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
                             cand = (new, 1, k, pref[r], j)
                             if best is None or cand < best:
                                 best, B = cand, new
-                        # B may have dropped: the window bounds stay valid
-                        # (looser), every accepted candidate is checked exactly
         if best is None:
             return
         _, kind, k, rpos, j = best
