@@ -562,9 +562,25 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
 
     free = all(a is None for a in allowed_of.values())  # no capped class
 
+    # scaled loads per rank, and the ranks sorted by each (load, rank): kept
+    # up to date by relocate instead of rebuilt every round
+    xl = [b * tc for b in loads.b]
+    yl = [c * tb for c in loads.c]
+    rank_x = sorted((v, r) for r, v in enumerate(xl))
+    rank_y = sorted((v, r) for r, v in enumerate(yl))
+
+    def shift(r: int, dx: int, dy: int) -> None:
+        for lst, vals, dv in ((rank_x, xl, dx), (rank_y, yl, dy)):
+            if dv:
+                del lst[bisect.bisect_left(lst, (vals[r], r))]
+                vals[r] += dv
+                bisect.insort(lst, (vals[r], r))
+
     def relocate(k: str, src: int, dst: int) -> None:
         loads.add(src, -bts[k], -nss[k])
         loads.add(dst, bts[k], nss[k])
+        shift(src, -xs[k], -ys[k])
+        shift(dst, xs[k], ys[k])
         owner[k] = dst
         g = gkey[k]
         names = groups[src][g]
@@ -593,17 +609,15 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         W = loads.score(worst)
         if loads.b[worst] * tc == W:  # bytes decide the worst rank's score
             sizes, per_rank, per_vals, swap_xy = xs, sorted_x, vals_x, False
-            load_of = [b * tc for b in loads.b]
+            load_of, by_load = xl, rank_x
         else:
             sizes, per_rank, per_vals, swap_xy = ys, sorted_y, vals_y, True
-            load_of = [c * tb for c in loads.c]
+            load_of, by_load = yl, rank_y
         mine = sorted((names[0] for names in groups[worst].values()),
                       key=lambda k: (-size(k), k))
         best = None  # (new pair max, kind, k, rank pos, partner)
         B = W  # best pair score so far (a candidate needs new < W, ties kept)
         pref = loads.pref
-        xl = [b * tc for b in loads.b]
-        yl = [c * tb for c in loads.c]
         xw, yw = xl[worst], yl[worst]
 
         by_score = loads.by_score
@@ -634,7 +648,8 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         # dtypes the worst rank may take back (capped classes keep their owners)
         host_ok = None if free else {d for d, a in allowed_of.items()
                                      if a is None or worst in a}
-        ranks = sorted((r for r in range(n) if r != worst), key=lambda r: load_of[r])
+        # ascending load, ties by rank id
+        ranks = [r for _, r in by_load if r != worst]
         # per matrix of the worst rank: what every rank's check needs
         swappable = []
         for k in mine:
@@ -647,7 +662,11 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
             # the probe pass tries, on the least loaded ranks, the partner
             # nearest the value that evens the pair, so B drops early
             scan = ranks[:_PROBE_RANKS] if probe else ranks
+            live_at = None
             for r in scan:
+                if live_at != B:  # B dropped: forget k that cannot reach it
+                    live = [t for t in swappable if t[5] <= B and t[6] <= B]
+                    live_at = B
                 lr = load_of[r]
                 if lr > 2 * B - W:
                     break
@@ -657,9 +676,9 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
                 lst = per_rank[r]
                 vals = per_vals[r]
                 xr, yr = xl[r], yl[r]
-                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in swappable:
-                    if xw_k > B or yw_k > B:  # partners only add to the worst rank
-                        continue
+                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
+                    # (partners only add to the worst rank: a k leaving it
+                    # above B is out, and B only drops within a rank's loop)
                     if not (allowed_k is None or r in allowed_k):
                         continue
                     if probe:
