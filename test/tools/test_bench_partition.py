@@ -141,3 +141,24 @@ def test_scale_models(bench_mod):
     assert bench_mod.random_model(50) == bench_mod.random_model(50)  # seeded
     with pytest.raises(SystemExit):
         bench_mod.main(["--scale", "--sizes", "12by4"])
+
+
+def test_scale_against_a_revision(bench_mod, capsys):
+    """--against REV times the module as committed at REV in the same run and
+    compares its owners; a bad revision is one error line and exit 2."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probe = subprocess.run(["git", "-C", repo, "cat-file", "-e",
+                            "HEAD:" + bench_mod._MODULE_PATH], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("not a git checkout holding the partition module")
+    fig = bench_mod.scale([(120, 8)], previous_up_to=0, models=("random",), against="HEAD")
+    case = fig["cases"][0]
+    assert case["against_same_owners"] is True, f"HEAD's rule gave other owners: {case}"
+    assert case["speedup_vs_against"] == case["against_s"] / max(case["balanced_s"], 1e-9)
+    text = bench_mod.format_scale(fig)
+    assert "at revision HEAD" in text and "random       120      8" in text.split("(same run)")[1]
+    assert bench_mod.main(["--scale", "--sizes", "20x2", "--against", "no-such-rev-xyz"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no-such-rev-xyz" in err and err.count("\n") == 1, err

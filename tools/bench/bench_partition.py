@@ -18,13 +18,15 @@ rule (upstream_partition) and develop's machine-balanced rule.
         [--nranks 8 16 64] [--buffer-mb 256] [--colour all|dense|expert]
         [--json FILE] [--no-fused]
     python tools/bench/bench_partition.py --scale [--sizes 2000x8 200000x1024]
-        [--previous-up-to 2000] [--json-out]
+        [--previous-up-to 2000] [--against REV] [--json-out]
 
 ``--scale`` times each rule on synthetic MoE models (N matrices over R ranks;
 the machine-balanced rule sees the R ranks as R/8 machines), side by side with
 the balanced rule's previous implementation (the frozen copy the partition
 tests compare owners with) on the sizes it can still do, and checks that both
-give the same owners. Target: 200,000 matrices over 1,024 ranks <= 5 s each.
+give the same owners; ``--against REV`` also times the balanced rule as
+committed at git revision REV (e.g. ``main``) in the same run, for a
+before/after ratio on a loaded machine. Target: 200,000 matrices over 1,024 ranks <= 5 s each.
 
 Prints, per group size, max/mean optimizer-state bytes, max/mean Newton-Schulz
 cost, ranks owning nothing and (owner, dtype) buffers, for both rules. The
@@ -199,6 +201,35 @@ def _previous_balanced():
     return module._frozen_balanced_owners
 
 
+_MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sharding_partition.py"
+
+
+def load_revision(rev: str):
+    """The partition module as committed at git revision ``rev`` (imported
+    from a temporary copy), or ValueError naming the revision."""
+    import subprocess
+    import tempfile
+
+    try:
+        text = subprocess.run(["git", "-C", _REPO, "show", f"{rev}:{_MODULE_PATH}"],
+                              capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ValueError(f"cannot read the partition module at revision {rev!r} "
+                         f"({(getattr(exc, 'stderr', '') or str(exc)).strip()}); pass a git revision "
+                         "of this repository, e.g. main") from None
+    name = "_partition_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(text)
+    try:
+        spec = importlib.util.spec_from_file_location(name, f.name)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(f.name)
+    return module
+
+
 def _timed(fn) -> Tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
@@ -206,9 +237,12 @@ def _timed(fn) -> Tuple[float, object]:
 
 
 def scale(sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
-          previous_up_to: int = DEFAULT_PREVIOUS_UP_TO, models: Sequence[str] = ("moe",)) -> Dict:
-    """Seconds per rule on each model of ``MODELS`` for each (matrices, ranks)."""
+          previous_up_to: int = DEFAULT_PREVIOUS_UP_TO, models: Sequence[str] = ("moe",),
+          against: Optional[str] = None) -> Dict:
+    """Seconds per rule on each model of ``MODELS`` for each (matrices, ranks);
+    with ``against``, also the balanced rule at that git revision."""
     previous = _previous_balanced() if previous_up_to > 0 else None
+    other = load_revision(against) if against else None
     cases = []
     for model, (num, nranks) in ((m, size) for m in models for size in sizes):
         specs = MODELS[model](num)
@@ -220,6 +254,10 @@ def scale(sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
             row["previous_balanced_s"], old = _timed(
                 lambda: previous(items, nranks, list(range(nranks))))
             row["same_owners"] = old == part.owners
+        if other is not None:
+            row["against_s"], old_part = _timed(lambda: other.balanced_partition(specs, nranks))
+            row["against_same_owners"] = old_part.owners == part.owners
+            row["speedup_vs_against"] = row["against_s"] / max(row["balanced_s"], 1e-9)
         row["develop_s"], _ = _timed(lambda: upstream_partition(specs, nranks))
         info = {(None, tuple(range(nranks))): [
             (s.name, s.numel, s.dtype, 4 if s.dtype == "float32" else 2) for s in specs]}
@@ -227,7 +265,7 @@ def scale(sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
         row["machine_balanced_s"], _ = _timed(
             lambda: machine_balanced_owner_indices(info, machines, 256))
         cases.append(row)
-    return {"target_s": TARGET_SCALE_S, "cases": cases}
+    return {"target_s": TARGET_SCALE_S, "against": against, "cases": cases}
 
 
 def _ns(shape) -> int:
@@ -251,6 +289,15 @@ def format_scale(fig: Dict) -> str:
             f"{c['model']:>6} {c['matrices']:>9} {c['ranks']:>6} | {c['balanced_s']:9.2f} {prev} {same:>5} | "
             f"{c['develop_s']:8.2f} {c['machine_balanced_s']:11.2f} | "
             f"{c['balanced_state_max_over_mean']:14.4f}")
+    if fig.get("against"):
+        lines += ["", f"balanced rule now vs at revision {fig['against']} (same run)",
+                  f"{'model':>6} {'matrices':>9} {'ranks':>6} | {'now':>9} {'then':>9} "
+                  f"{'then/now':>8} {'same':>5}"]
+        for c in fig["cases"]:
+            same = "yes" if c["against_same_owners"] else "NO"
+            lines.append(f"{c['model']:>6} {c['matrices']:>9} {c['ranks']:>6} | "
+                         f"{c['balanced_s']:9.2f} {c['against_s']:9.2f} "
+                         f"{c['speedup_vs_against']:8.1f} {same:>5}")
     return "\n".join(lines)
 
 
@@ -284,12 +331,21 @@ def main(argv=None) -> int:
                     "matrices (0: never)")
     ap.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["moe", "random"],
                     help="--scale: synthetic models (default: both)")
+    ap.add_argument("--against", default=None, metavar="REV",
+                    help="--scale: also time the balanced rule as committed at this git "
+                    "revision (e.g. main) and check it gives the same owners")
     ap.add_argument("--json-out", action="store_true", help="--scale: print JSON only")
     args = ap.parse_args(argv)
     if args.scale:
-        fig = scale(args.sizes, args.previous_up_to, args.models)
+        try:
+            fig = scale(args.sizes, args.previous_up_to, args.models, args.against)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(json.dumps(fig) if args.json_out else format_scale(fig))
-        return 0 if all(c.get("same_owners", True) for c in fig["cases"]) else 1
+        same = all(c.get("same_owners", True) and c.get("against_same_owners", True)
+                   for c in fig["cases"])
+        return 0 if same else 1
     fig = bench(args.preset, args.nranks, args.buffer_mb, args.colour, args.json)
     print(format_table(fig))
     if not args.no_fused and args.json is None and args.preset == "ernie-moe-small":
