@@ -35,7 +35,7 @@ COMMANDS = {
     "verify": "check a layout's schedule and values in a simulated world (source checkout)",
     "cluster": "train on a multi-node gloo cluster of network namespaces (root, checkout)",
     "hangs": "whom a hung job waits for, or what a crashed job raised (flight-recorder dumps)",
-    "demo": "train the tiny MoE on 4 CPU processes, option off and on (source checkout)",
+    "demo": "train the tiny MoE on 8 CPU processes, option off and on (source checkout)",
 }
 VERSION = "0.1.0"
 
