@@ -50,6 +50,8 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
+from . import muon_sharding_build as _build
+from . import muon_sharding_runtime as _runtime
 from . import muon_sharding_state as _state
 from . import muon_sharding_sync as _sync
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
@@ -241,197 +243,22 @@ class MuonShardingOptimizer:
     _NO_HOOK_COLORS = frozenset(NO_HOOK_COLOURS)
 
     def __init__(self, optimizer, hcg=None, strategy=None) -> None:
-        self._inner_opt = optimizer
-        self._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
-        if strategy is None:
-            strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
-        self._settings = ShardingSettings.from_strategy(strategy)
-        self._rank = dist.get_rank()
-        self._check_supported_config(optimizer)
-        self._settings.check(self._hcg.get_pipe_parallel_world_size())
-
-        # paddle_muon_ext: compat-begin
-        register_cpu_tensor_fusion()
-        # paddle_muon_ext: compat-end
-
-        self._parameter_list = list(optimizer._parameter_list)
-        self._origin_parameter_list = self._parameter_list
-        self._muon_info = optimizer._muon_param_info_map
-        self._muon_param_info_map = self._muon_info
-        self._default_group = self._hcg.get_sharding_parallel_group()
-        self._global_rank = self._rank
-        self._sharding_world_size = self._hcg.get_sharding_parallel_world_size()
-        self._sharding_rank = self._hcg.get_sharding_parallel_rank()
-        self._use_avg = self._settings.use_reduce_avg and (
-            _reduce_module.is_avg_reduce_op_supported()
-        )
-        self._mirror_config()
-        if (self._settings.use_reduce_avg and not self._use_avg
-                and _user_set_sharding_config(strategy, "use_reduce_avg")
-                and _warn_once("reduce_avg")):
-            logger.warning(
-                "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
-                "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "
-                "with each addend divided by nranks first instead."
-            )
-        self.timers = None
-        self._enable_timer = self._settings.enable_optimizer_timer
-        if self._enable_timer:
-            if not timer_helper.is_timer_initialized():
-                timer_helper.set_timers()
-            self.timers = timer_helper.get_timers()
-
-        # 1. data: colours, groups, plan and the layout; nothing allocated yet
-        self._colour_groups: dict[str | None, Any] = self._collect_colour_groups()
-        muon_by_colour: dict[str | None, list] = OrderedDict()
-        other_by_colour: dict[str | None, list] = OrderedDict()
-        for param in self._parameter_list:
-            if _is_trainable(param):
-                target = muon_by_colour if self._uses_muon(param) else other_by_colour
-                target.setdefault(self._colour_key(param)[0], []).append(param)
-        # Resolved only with the option on: upstream resolved the node size
-        # unconditionally and crashed on hosts without a launcher or CUDA.
-        self._plan = None
-        self._plan_groups = None
-        self.trainer_comms: list = []
-        self.trainer_same_card_comms: list = []
-        if self._settings.comm_group_call_opt:
-            self._plan = HierarchicalCommPlan.from_hcg(
-                self._hcg, resolve_gpus_per_node()
-            )
-            self._check_plan_matches_sharding_group()
-        self.overlap_optimize_and_sync = self._resolve_overlap_optimize_and_sync(optimizer)
-        self._layout = self._build_layout()
-        self._owner_of: dict[str, int] = dict(self._layout.owners)
-        self._partitions: dict[str | None, Any] = dict(self._layout.partitions)
-
-        # 2. allocation: groups and buffers, exactly as the layout says
-        if self._plan is not None:
-            self._create_group_call_groups()
-            # Once per job is enough to see the layout; other ranks log at debug.
-            log = logger.info if self._rank == 0 else logger.debug
-            log("MuonShardingOptimizer: comm_group_call_opt on\n%s", self._plan.describe())
-        by_name = {p.name: p for p in self._parameter_list if _is_trainable(p)}
-        self._param_by_name = by_name
-        self._group_of_ranks = {tuple(g.ranks): g for g in self._colour_groups.values()}
-        self._build_2d_comm_buffers(by_name)
-        self._build_1d_comm_buffers(by_name)
-        self._names_longest_first: list[str] | None = None
-        self._numel_of: dict[str, int] | None = None
-
-        self._describe_like_develop(muon_by_colour, other_by_colour)
-        self._select_overlap_buffers()
-        # clear_param_storage(color): colour -> this rank's saved 1-D slices
-        self._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
-        self._fused_state_buffers: dict[str, Any] = {}
-        self._sync_stages: list | None = None
-
-        if self.comm_overlap and not self.pp_overlap:
-            self._register_reduce_overlap_hook()
-        self._set_inner_parameter_list()
-        logger.debug(
-            "MuonShardingOptimizer rank %d owns %d of %d Muon params; "
-            "%d Muon buckets, %d reduce-scatter buffers",
-            self._rank,
-            sum(1 for o in self._owner_of.values() if o == self._rank),
-            len(self._owner_of),
-            len(self._muon_buckets),
-            len(self._rs_buffers),
-        )
+        _build.init_optimizer(self, optimizer, hcg, strategy)
 
     def _mirror_config(self) -> None:
         """develop's config attributes, so callers read them here, not from Muon."""
-        s = self._settings
-        self.tensor_fusion = s.tensor_fusion
-        self.accumulate_steps = s.accumulate_steps
-        self.comm_overlap = s.comm_overlap
-        self.comm_buffer_size_MB = s.comm_buffer_size_MB
-        self.use_reduce_avg = self._use_avg
-        self.enable_fuse_optimizer_states = s.enable_fuse_optimizer_states
-        self.use_group_call_opt = s.comm_group_call_opt
-        self.pp_overlap = s.pp_sharding_comm_overlap
-        self._use_pipeline_parallel = s.pp_degree > 1
-        self.sd_release_grads = s.release_grads
-        self._use_main_grad = hasattr(self._parameter_list[0], "main_grad")
-        self._use_fuse_gradients = s.fused
-        self.machine_balanced_2d_partition = s.machine_balanced_2d_partition
+        _build.mirror_config(self)
 
     def _resolve_overlap_optimize_and_sync(self, optimizer) -> bool:
-        # develop: env flag, on by default; off (with a warning) under
-        # comm_group_call_opt or without Muon's staged API. Ours: the
-        # overlap_sync_group_call option keeps it on under group call.
-        if not read_overlap_optimize_and_sync():
-            return False
-        missing = [n for n in _STAGED_API if not callable(getattr(optimizer, n, None))]
-        if missing:
-            logger.warning(
-                "MuonShardingOptimizer: overlap_optimize_and_sync disabled: the inner "
-                "optimizer %s lacks %s (Muon's staged update API).",
-                type(optimizer).__name__, ", ".join(missing))
-            return False
-        if self.use_group_call_opt and not self._settings.overlap_sync_group_call:
-            logger.warning(
-                "MuonShardingOptimizer: overlap_optimize_and_sync disabled under "
-                "comm_group_call_opt (as in develop); set sharding option "
-                "overlap_sync_group_call=True to overlap the hierarchical sync.")
-            return False
-        return True
+        return _build.resolve_overlap_optimize_and_sync(self, optimizer)
 
     def _create_group_call_groups(self) -> None:
         """Create every node / same-card group (collective, one order on all ranks)."""
-        created: list = []
-
-        def new_group(ranks):
-            group = dist.new_group(ranks)
-            created.append(group)
-            return group
-
-        self._plan_groups = self._plan.create_groups(self._rank, new_group)
-        # develop's names: trainer_comms[machine], trainer_same_card_comms[stage][card]
-        n_nodes = self._plan.num_nodes
-        self.trainer_comms = created[:n_nodes]
-        gpn = self._plan.gpus_per_node
-        same_card = created[n_nodes:]
-        self.trainer_same_card_comms = [
-            same_card[i:i + gpn] for i in range(0, len(same_card), gpn)
-        ]
+        _build.create_group_call_groups(self)
 
     def _describe_like_develop(self, muon_by_colour: dict, other_by_colour: dict) -> None:
-        """Fill the attributes develop's callers and tests read (data only).
-
-        Rank numbers are positions inside the colour's group, as in develop.
-        """
-        self._color_to_group_info = self._build_color_to_group_info_from_params(
-            self._parameter_list, self._default_group)
-        self._params_2d_by_color = OrderedDict()
-        self._params_1d = [p for params in other_by_colour.values() for p in params]
-        self._rank2params_2d_by_color = OrderedDict()
-        self._param2rank_2d_by_color = OrderedDict()
-        for colour, params in muon_by_colour.items():
-            ranks = list(self._colour_groups[colour].ranks)
-            by_rank = OrderedDict((i, []) for i in range(len(ranks)))
-            to_rank = OrderedDict()
-            for p in params:
-                local = ranks.index(self._owner_of[p.name])
-                by_rank[local].append(p)
-                to_rank[p.name] = local
-            self._rank2params_2d_by_color[colour] = by_rank
-            self._param2rank_2d_by_color[colour] = to_rank
-            # develop keeps each colour's list sorted (stably) by owner
-            self._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
-        self._local_2d = self._owned_muon_params()
-        self.comm_buffer_2d = [b for bucket in self._muon_buckets for b in bucket.buffers]
-        # develop's name for the element-wise (reduce-scatter) buffers
-        self._comm_buffer_list = self._rs_buffers
-        self._color_to_comm_buffer_list: dict = OrderedDict()
-        for buffer in self._rs_buffers:
-            colour = self._rs_colour[id(buffer)]
-            raw = _DEFAULT_RAW_COLOUR if colour is _DEFAULT_COLOUR else colour
-            self._color_to_comm_buffer_list.setdefault(raw, []).append(buffer)
-        self.param2bucket: dict[str, list] = OrderedDict()
-        for buffer in self.comm_buffer_2d + self._rs_buffers:
-            for p in buffer.params:
-                self.param2bucket.setdefault(p.name, []).append(buffer)
+        """Fill the attributes develop's callers and tests read (data only)."""
+        _build.describe_like_develop(self, muon_by_colour, other_by_colour)
 
     @staticmethod
     def _build_color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
@@ -491,18 +318,7 @@ class MuonShardingOptimizer:
 
     def _select_overlap_buffers(self) -> None:
         """Split buffers into sync-only (shared colours) and hook-launched, as develop."""
-        self._shared_colors = self._compute_shared_colors(self._parameter_list)
-        fused_2d = self.comm_buffer_2d if self._use_fuse_gradients else []
-        self._sync_only_buffers = self._select_sync_only_buffers(
-            fused_2d, self._shared_colors
-        ) + self._select_sync_only_buffers(self._comm_buffer_list, self._shared_colors)
-        self._sync_only_buffer_ids = {id(b) for b in self._sync_only_buffers}
-        overlap_2d = []
-        if self._use_fuse_gradients and (not self.use_group_call_opt or self.comm_overlap):
-            overlap_2d = [b for b in fused_2d if id(b) not in self._sync_only_buffer_ids]
-        self._overlap_comm_buffers = overlap_2d + [
-            b for b in self._comm_buffer_list if id(b) not in self._sync_only_buffer_ids
-        ]
+        _build.select_overlap_buffers(self)
 
     def _build_2d_comm_buffers(self, by_name: dict) -> None:
         self._muon_buckets: list[MuonBucket] = [
@@ -517,165 +333,29 @@ class MuonShardingOptimizer:
             self._build_reduce_scatter_buffer(spec, by_name)
 
     def _check_plan_matches_sharding_group(self) -> None:
-        stage_ranks = list(self._plan.sharding_group_ranks(self._plan.stage_of(self._rank)))
-        group_ranks = list(self._default_group.ranks)
-        if sorted(stage_ranks) != sorted(group_ranks):
-            raise ValueError(
-                f"comm_group_call_opt: the default sharding group of rank "
-                f"{self._rank} is {group_ranks}, but the routing plan's stage "
-                f"group for it is {stage_ranks}. The hcg and its topology "
-                "(hcg._moe_topo) disagree; build both from the same "
-                "hybrid_configs, or set comm_group_call_opt=False."
-            )
+        _build.check_plan_matches_sharding_group(self)
 
     # ------------------------------------------------------------------
     # construction
     # ------------------------------------------------------------------
     def _check_supported_config(self, optimizer) -> None:
-        params = getattr(optimizer, "_parameter_list", None)
-        if not params:
-            raise ValueError(
-                "MuonShardingOptimizer needs an optimizer built with "
-                "parameters=model.parameters(); got none."
-            )
-        if isinstance(params[0], dict):
-            raise TypeError(
-                "MuonShardingOptimizer does not support parameter groups; pass a "
-                "flat list (parameters=model.parameters())."
-            )
-        if not hasattr(optimizer, "_muon_param_info_map"):
-            raise TypeError(
-                f"MuonShardingOptimizer wraps a Muon optimizer; got "
-                f"{type(optimizer).__name__}, which has no _muon_param_info_map."
-            )
-        if not callable(getattr(optimizer, "_apply_optimize", None)):
-            raise ShardingTypeError(
-                f"MuonShardingOptimizer needs an inner optimizer with "
-                f"_apply_optimize (paddle.optimizer.Muon, optionally inside "
-                f"MixPrecisionOptimizer); {type(optimizer).__name__} has none."
-            )
-        mp = self._hcg.get_model_parallel_world_size()
-        if mp > 1:
-            raise ShardingAssertionError(
-                f"MuonShardingOptimizer does not support tensor parallel "
-                f"(mp_degree={mp}): Newton-Schulz needs whole matrices. Set "
-                f"mp_degree=1."
-            )
+        _build.check_supported_config(self, optimizer)
 
     def _colour_key(self, param) -> tuple[str | None, Any]:
         """(colour key, group) of a parameter; checks it, registers nothing."""
-        color = getattr(param, "color", None)
-        if color is None or (isinstance(color, int) and color == -1):
-            return _DEFAULT_COLOUR, self._default_group
-        if not isinstance(color, dict):
-            raise ValueError(
-                f"parameter {param.name} has color={color!r}; expected None, -1 or "
-                "a dict {'color': key, 'group': paddle.distributed.Group}."
-            )
-        # develop: a dict without 'color' (or with -1/None) is the default
-        # colour; a dict without 'group' uses the sharding group
-        key = color.get("color", _DEFAULT_RAW_COLOUR)
-        if key is None or (isinstance(key, int) and key == _DEFAULT_RAW_COLOUR):
-            return _DEFAULT_COLOUR, self._default_group
-        group = color.get("group", self._default_group)
-        if not hasattr(group, "ranks") or not hasattr(group, "nranks"):
-            raise TypeError(
-                f"parameter {param.name}: color group {group!r} is not a "
-                "paddle.distributed Group (it needs .ranks and .nranks)."
-            )
-        if self._rank not in group.ranks:
-            raise ValueError(
-                f"parameter {param.name}: rank {self._rank} is not in its colour "
-                f"group {list(group.ranks)}; every rank must hold the parameters "
-                "of the colour groups it belongs to."
-            )
-        return key, group
+        return _build.colour_key(self, param)
 
     def _collect_colour_groups(self) -> dict[str | None, Any]:
         """Colour key -> group, in first-seen order; one group per key."""
-        groups: dict[str | None, Any] = OrderedDict()
-        for param in self._parameter_list:
-            if not _is_trainable(param):
-                continue
-            key, group = self._colour_key(param)
-            known = groups.get(key)
-            if known is not None and list(known.ranks) != list(group.ranks):
-                raise ValueError(
-                    f"colour {key!r} is used with two different groups "
-                    f"({list(known.ranks)} and {list(group.ranks)})."
-                )
-            groups.setdefault(key, group)
-        return groups
+        return _build.collect_colour_groups(self)
 
     def _build_layout(self) -> ShardingLayout:
         """Where every parameter goes: the one placement decision, as data."""
-        # Sync stages group matrices by Muon's own key, so the layout asks for it.
-        key_of = self._inner_opt.muon_group_key if self._stages_in_use() else None
-        metas = []
-        for p in self._parameter_list:
-            if not _is_trainable(p):
-                continue
-            whole = self._uses_muon(p)
-            metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), self._colour_key(p)[0],
-                                   whole, key_of(p) if key_of and whole else None))
-        s = self._settings
-        settings = LayoutSettings(
-            comm_buffer_size_MB=s.comm_buffer_size_MB,
-            comm_overlap=s.comm_overlap,
-            partition_strategy=s.muon_partition_strategy,
-            alignment_bytes=tensor_fusion_helper.alignment[
-                tensor_fusion_helper.get_current_device_type()],
-            overlap_sync=self._stages_in_use(),
-            overlap_sync_group_call=s.overlap_sync_group_call,
-        )
-        groups = {k: list(g.ranks) for k, g in self._colour_groups.items()}
-        return ShardingLayout.build(metas, groups, self._rank, settings, self._plan,
-                                    fixed_owners=self._machine_balanced_owners())
+        return _build.build_layout(self)
 
     def _machine_balanced_owners(self) -> dict[str, int] | None:
-        """Owners from develop's machine-balanced rule (None with the option off).
-
-        Every rank gathers every rank's machine and keep-whole parameters over
-        the global group (PP/EP give colours several groups a rank cannot see),
-        then applies the rule to the same job-wide input, so owners agree on
-        every rank. Collective when on.
-        """
-        if not self._settings.machine_balanced_2d_partition:
-            return None
-        mine: dict = OrderedDict()
-        for p in self._parameter_list:
-            if not (_is_trainable(p) and self._uses_muon(p)):
-                continue
-            colour, group = self._colour_key(p)
-            numel = 1
-            for d in p.shape:
-                numel *= int(d)
-            mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
-                (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
-        # develop's node numbering: global rank // GPUs per node
-        machine = self._rank // resolve_gpus_per_node()
-        gathered: list = []
-        if dist.get_world_size() > 1:
-            dist.all_gather_object(gathered, (self._rank, machine, mine))
-        else:
-            gathered.append((self._rank, machine, mine))
-        rank_to_machine: dict[int, int] = {}
-        info: dict = {}
-        for rank, rank_machine, groups in gathered:
-            rank_to_machine[int(rank)] = int(rank_machine)
-            for key, entries in groups.items():
-                seen = info.setdefault(key, entries)
-                if seen != entries:
-                    raise ValueError(
-                        f"machine_balanced_2d_partition: ranks of colour group {key[1]} "
-                        f"(colour {key[0]!r}) hold different keep-whole parameters "
-                        f"({[e[0] for e in seen]} vs {[e[0] for e in entries]}); every "
-                        "member must build the same parameters for its colour groups."
-                    )
-        placed = self._partition_2d_parameters_machine_balanced(info, rank_to_machine)
-        # Only this rank's own groups: parameter names repeat across groups.
-        return {name: key[1][index] for key in mine
-                for index, names in placed[key].items() for name in names}
+        """Owners from develop's machine-balanced rule (None with the option off)."""
+        return _build.machine_balanced_owners(self)
 
     def _partition_2d_parameters(self, params: list, world_size: int,
                                  label: str = "") -> dict[int, list]:
@@ -694,25 +374,9 @@ class MuonShardingOptimizer:
 
     def _partition_2d_parameters_machine_balanced(
             self, color_group_info: dict, rank_to_machine: dict) -> dict:
-        """Develop's machine-balanced owner rule over every colour group of the job.
-
-        Args:
-            color_group_info: ``(colour key, tuple(group global ranks))`` ->
-                ``[(name, numel, dtype_str, itemsize), ...]``.
-            rank_to_machine: global rank -> machine id.
-
-        Returns:
-            dict: the same keys -> ``{group index: [names]}`` (every index present).
-        """
-        result, machines = machine_balanced_owner_indices(
-            color_group_info, rank_to_machine, self.comm_buffer_size_MB)
-        if self._global_rank == 0:
-            logger.info(
-                "Muon machine-balanced 2D partition: "
-                + ", ".join(f"machine {m}: {b / 2**20:.1f} MB in {n} matrices"
-                            for m, (b, n) in machines.items())
-            )
-        return result
+        """Develop's machine-balanced owner rule over every colour group of the job."""
+        return _build.partition_2d_parameters_machine_balanced(self, color_group_info,
+                                                               rank_to_machine)
 
     @property
     def sharding_layout(self) -> ShardingLayout:
@@ -720,43 +384,10 @@ class MuonShardingOptimizer:
         return self._layout
 
     def _uses_muon(self, param) -> bool:
-        info = self._muon_info.get(param.name)
-        if info is None:
-            raise ShardingAssertionError(
-                f"parameter {param.name} (shape {list(param.shape)}) has no entry "
-                "in the Muon optimizer's muon_param_info_map; build Muon with "
-                "these parameters, or add MuonParamInfo(use_muon=...) for it."
-            )
-        # develop's keep_whole: hyperball parameters are owned whole too
-        return bool(info.use_muon or getattr(info, "use_hyperball", False))
+        return _build.uses_muon(self, param)
 
     def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
-        group = self._colour_groups[spec.colour]
-        params = [by_name[n] for n in spec.params]
-        hierarchical = spec.route == ROUTE_HIERARCHICAL
-        bucket = MuonBucket(colour=spec.colour, group=group, owner=spec.owner,
-                            dtype=params[0].dtype, params=params, hierarchical=hierarchical)
-        # A hierarchical buffer's own reduce (launched by the overlap hooks) is
-        # its first hop: inside the node, onto the rank with the owner's card.
-        if hierarchical:
-            buf_group = self._plan_groups.node_group
-            buf_dst = self._plan.intra_node_root(spec.owner, self._rank)
-        else:
-            buf_group, buf_dst = group, spec.owner
-        bucket.buffers = [
-            tensor_fusion_helper.FusedCommBuffer(
-                f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
-                [by_name[n] for n in chunk],
-                buf_group,
-                acc_steps=self._buffer_acc_steps(spec.colour),
-                act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
-                dst=buf_dst,
-                release_grads=False,
-                **comm.fused_buffer_scaling(self._use_avg),
-            )
-            for i, chunk in enumerate(spec.chunks)
-        ]
-        return bucket
+        return _build.build_muon_bucket(self, spec, by_name)
 
     def _buffer_acc_steps(self, colour) -> int:
         # Without hooks the buffers never count check-ins: grads accumulate
@@ -765,24 +396,7 @@ class MuonShardingOptimizer:
         return self._settings.accumulate_steps if hooked else 1
 
     def _build_reduce_scatter_buffer(self, spec, by_name: dict) -> None:
-        chunk = [by_name[n] for n in spec.params]
-        buffer = tensor_fusion_helper.FusedCommBuffer(
-            f"slice_{spec.colour}_{spec.dtype}_{len(self._rs_buffers)}",
-            chunk,
-            self._colour_groups[spec.colour],
-            acc_steps=self._buffer_acc_steps(spec.colour),
-            act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-            release_grads=self._settings.release_grads,
-            **comm.fused_buffer_scaling(self._use_avg),
-        )
-        # FusedCommBuffer leaves a weakref for Paddle's own sharding
-        # optimizer to collect; this optimizer keeps its buffers.
-        if hasattr(chunk[0], "comm_buffer_ref"):
-            del chunk[0].comm_buffer_ref
-        self._rs_buffers.append(buffer)
-        self._rs_colour[id(buffer)] = spec.colour
-        for p in chunk:
-            self._slice_params[p.name] = self._create_slice_param(p)
+        _build.build_reduce_scatter_buffer(self, spec, by_name)
 
     @staticmethod
     def _create_slice_param(param) -> EagerParamBase:
@@ -796,20 +410,8 @@ class MuonShardingOptimizer:
         return slice_param
 
     def _hooked_buffers(self) -> list:
-        """(buffer, phase label) of the plan's backward phases.
-
-        The same buffers as develop's ``_overlap_comm_buffers``, less those of
-        one-rank groups (nothing to send).
-        """
-        out = []
-        for phase in self._layout.phases_of(TRIGGER_BACKWARD):
-            if len(phase.group) <= 1:
-                continue  # a one-rank group holds its result already
-            for ref, _ in phase.items:
-                buffers = ([self._rs_buffers[ref[1]]] if ref[0] == "slice"
-                           else self._muon_buckets[ref[1]].buffers)
-                out.extend((b, phase.label) for b in buffers)
-        return out
+        """(buffer, phase label) of the plan's backward phases."""
+        return _build.hooked_buffers(self)
 
     def _register_reduce_overlap_hook(self) -> None:
         for buffer, label in self._hooked_buffers():
@@ -919,27 +521,8 @@ class MuonShardingOptimizer:
             raise KeyError(f"{name} is not a trainable parameter of this optimizer") from None
 
     def filter_parameters(self, parameter_list, hcg) -> list:
-        """Return the parameters whose gradients this rank holds after reduction.
-
-        A global-norm clip sums these locally, then across the sharding group,
-        so every parameter is counted exactly once.
-
-        Args:
-            parameter_list (list): the model parameters.
-            hcg: hybrid communicate group (unused; kept for Paddle's interface).
-
-        Returns:
-            list: owned Muon parameters and this rank's initialized 1-D slices.
-        """
-        result = []
-        for p in parameter_list:
-            if self._owner_of.get(p.name) == self._rank:
-                result.append(p)
-            elif p.name in self._slice_params:
-                sp = self._slice_params[p.name]
-                if sp._is_initialized():
-                    result.append(sp)
-        return result
+        """Return the parameters whose gradients this rank holds after reduction."""
+        return _build.filter_parameters(self, parameter_list, hcg)
 
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
@@ -969,43 +552,12 @@ class MuonShardingOptimizer:
             self._reduce_gradients()
 
     def _reduce_gradients(self) -> None:
-        # The plan's reduce_gradients phases; hooked buffers (the backward
-        # phases) were launched during backward and are waited for first.
-        op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
-        self._copy_released_grads_in()
-        hooked_slices = set()
-        for phase in self._layout.phases_of(TRIGGER_BACKWARD):
-            for ref, _ in phase.items:
-                if ref[0] == "slice":
-                    hooked_slices.add(ref[1])
-                else:
-                    for buffer in self._muon_buckets[ref[1]].buffers:
-                        buffer.scale_grads()
-        for phase in self._layout.phases_of(TRIGGER_REDUCE):
-            if phase.op == "reduce_scatter":
-                slices = [ref[1] for ref, _ in phase.items]
-                launched = {id(self._rs_buffers[i]) for i in slices if i in hooked_slices}
-                comm.reduce_scatter_slices([self._rs_buffers[i] for i in slices],
-                                           lambda b: id(b) in launched)
-        self._reduce_2d_grads(op)
+        _runtime.reduce_gradients(self)
 
     @framework.no_grad()
     def _reduce_2d_grads(self, op=None) -> None:
-        """Reduce the Muon gradients onto their owners: the plan's 2-D reduce phases.
-
-        Args:
-            op (ReduceOp|None): AVG, or SUM where the build has no AVG (default:
-                what this optimizer chose at construction).
-        """
-        if op is None:
-            op = dist.ReduceOp.AVG if self._use_avg else dist.ReduceOp.SUM
-        for phase in self._layout.phases_of(TRIGGER_REDUCE):
-            if phase.op != "reduce":
-                continue
-            routes = [(tensor, root) for ref, root in phase.items
-                      for tensor in self._grad_tensors(self._muon_buckets[ref[1]])]
-            with comm.comm_phase(phase.label):
-                comm.mean_onto(routes, self._phase_group(phase), op)
+        """Reduce the Muon gradients onto their owners: the plan's 2-D reduce phases."""
+        _runtime.reduce_2d_grads(self, op)
 
     _get_param_grad = staticmethod(_get_param_grad)
 
@@ -1028,52 +580,8 @@ class MuonShardingOptimizer:
 
     @framework.no_grad()
     def step(self) -> list:
-        """Update owned matrices (Muon) and local slices (AdamW), then sync.
-
-        Colours freed by :meth:`clear_param_storage` get their storage back
-        first, as in develop.
-
-        Returns:
-            list: the (param, grad) pairs this rank updated.
-        """
-        storage_was_cleared = bool(self._cleared_colours)
-        self.reset_param_storage()
-        self._assign_slice_grad()
-        params_grads = []
-        for p in self._local_parameter_list:
-            grad = getattr(p, "main_grad", None)
-            if grad is None:
-                grad = p._grad_ivar()
-            if grad is not None:
-                params_grads.append((p, grad))
-        self._ensure_global_clip()
-        # AMP: HybridParallelGradScaler reaches minimize even after an
-        # overflow; found_inf is identical on all ranks (all-reduced MAX).
-        found_inf = self._inner_opt._get_auxiliary_var("found_inf")
-        if found_inf is not None and bool(found_inf):
-            logger.warning("MuonShardingOptimizer: found inf/nan, step skipped")
-            if storage_was_cleared:
-                self._sharding_sync_parameters()  # refill the freed colours
-            return params_grads
-        staged = self._stages_in_use()
-        if staged:
-            # develop's overlap_optimize_and_sync: the sync travels with the update
-            if self._sync_stages is None:
-                self._sync_stages = self._build_sync_stages()
-            with self._timed("apply-optimize"):
-                self._step_with_sync_overlap(params_grads)
-        else:
-            # A phase too: a rank stuck in the clip's all-reduce or in
-            # Newton-Schulz shows it in the profiler and the flight recorder.
-            with self._timed("apply-optimize"), comm.comm_phase("optimizer_step"):
-                self._inner_opt._apply_optimize(
-                    loss=None, startup_program=None, params_grads=params_grads
-                )
-        if self._settings.enable_fuse_optimizer_states:
-            self._fuse_optimizer_states()
-        if not staged:
-            self._sharding_sync_parameters()
-        return params_grads
+        """Update owned matrices (Muon) and local slices (AdamW), then sync."""
+        return _runtime.step(self)
 
     # ------------------------------------------------------------------
     # overlapped update: stage k's sync travels while stage k+1 computes
@@ -1103,19 +611,7 @@ class MuonShardingOptimizer:
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """Clip and prepare once; per stage update, then launch its sync; wait all."""
-
-        def label(index, stage):
-            return comm.comm_phase(f"optimizer_step[{index}]")
-
-        def wait_all(pending):
-            # what the sync still costs once the updates are done
-            with self._timed("sync-parameters"):
-                for task in pending:
-                    task.wait()
-
-        with comm.comm_phase("optimizer_step"):
-            run_staged_update(self._inner_opt, params_grads, self._sync_stages,
-                              self._launch_stage_sync, label, wait_all)
+        _runtime.step_with_sync_overlap(self, params_grads)
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:
         """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687).
@@ -1202,94 +698,21 @@ class MuonShardingOptimizer:
         return _sync.run_sync_phase(self, phase, cache, unpack, launch)
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Clear every gradient this optimizer manages.
-
-        Args:
-            set_to_zero (bool): True zeroes gradients in place. False frees
-                what is not linked to a fused buffer (per-parameter Muon
-                gradients, ``main_grad`` of unfused parameters); fused buffers
-                stay allocated and are zeroed, since the parameters' gradients
-                are views into them, unless ``release_gradients`` releases the
-                1-D buffers.
-        """
-        for buffer in self._all_buffers():
-            if buffer.grad_storage is not None:
-                buffer.grad_storage.zero_()
-        for bucket in self._muon_buckets:
-            if not bucket.buffers:
-                for p in bucket.params:
-                    _clear_gradient_of(p, set_to_zero)
-        release = self._settings.release_grads
-        for sp in self._slice_params.values():
-            if sp._is_initialized() and sp.grad is not None:
-                # A slice's gradient is a view into its 1-D buffer (nothing to
-                # free); a released buffer is rebuilt, so the slice must re-link.
-                sp.clear_gradient(not release)
-        if release:
-            # Released buffers are rebuilt from the parameters' own grads at
-            # the next reduce_gradients, so unlink those grads first.
-            for buffer in self._rs_buffers:
-                if buffer.grad_storage is not None:
-                    for p in buffer.params:
-                        p.clear_gradient(False)
-                    fused.release_grad_storage(buffer)
+        """Clear every gradient this optimizer manages."""
+        _runtime.clear_grad(self, set_to_zero)
 
     # ------------------------------------------------------------------
     # parameter storage (FP8 paths free a colour between steps)
     # ------------------------------------------------------------------
     @framework.no_grad()
     def clear_param_storage(self, color) -> None:
-        """Free the parameter storage of colour ``color`` until the next step.
-
-        Freed: every element-wise parameter of the colour (this rank's slice
-        is kept aside) and every Muon matrix of the colour this rank does not
-        own (the owner's broadcast refills it). Owned matrices are kept: the
-        owner updates them whole. :meth:`step` restores the storage first,
-        then the update and the parameter sync make every value exact again.
-
-        Args:
-            color: the colour key (None for the default sharding group).
-        """
-        if color in self._cleared_colours:
-            return
-        saved = {}
-        for buffer in self._rs_buffers:
-            if self._rs_colour[id(buffer)] != color:
-                continue
-            for p in buffer.params:
-                kept = fused.save_local_slice(buffer, p.name)
-                if kept is not None:
-                    saved[p.name] = kept
-                slice_param = self._slice_params[p.name]
-                if slice_param._is_initialized():
-                    slice_param._clear_dataptr()
-            fused.release_param_storage(buffer)
-        for bucket in self._muon_buckets:
-            if bucket.colour == color and bucket.owner != self._rank:
-                for p in bucket.params:
-                    p._clear_to_zero_allocation()
-        self._cleared_colours[color] = saved
+        """Free the parameter storage of colour ``color`` until the next step."""
+        _runtime.clear_param_storage(self, color)
 
     @framework.no_grad()
     def reset_param_storage(self) -> None:
-        """Give every colour freed by :meth:`clear_param_storage` its storage back.
-
-        Element-wise parameters get this rank's slice back; other values are
-        refilled by the next parameter sync.
-        """
-        for color, saved in self._cleared_colours.items():
-            for buffer in self._rs_buffers:
-                if self._rs_colour[id(buffer)] != color:
-                    continue
-                fused.restore_param_storage(buffer)
-                for p in buffer.params:
-                    if p.name in saved:
-                        fused.restore_local_slice(buffer, p.name, saved[p.name])
-            for bucket in self._muon_buckets:
-                if bucket.colour == color and bucket.owner != self._rank:
-                    for p in bucket.params:
-                        paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
-        self._cleared_colours.clear()
+        """Give every colour freed by :meth:`clear_param_storage` its storage back."""
+        _runtime.reset_param_storage(self)
 
     # ------------------------------------------------------------------
     # optimizer state
