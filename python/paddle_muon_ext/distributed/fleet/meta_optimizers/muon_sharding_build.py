@@ -23,6 +23,8 @@ are read through ``_mso`` at call time, so a patch there still applies.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import OrderedDict
 from typing import Any
 from typing import TYPE_CHECKING
@@ -49,7 +51,30 @@ from .muon_sharding_settings import read_overlap_optimize_and_sync
 from . import muon_sharding_optimizer as _mso
 
 if TYPE_CHECKING:
-    from .muon_sharding_optimizer import MuonBucket, MuonShardingOptimizer
+    from .muon_sharding_optimizer import MuonShardingOptimizer
+
+
+@dataclasses.dataclass
+class MuonBucket:
+    """The Muon parameters of one (colour group, owner, dtype).
+
+    Attributes:
+        colour (str|None): colour key (None for the default sharding group).
+        group (Group): the colour's communication group.
+        owner (int): global rank that owns and updates these parameters.
+        dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
+        params (list): parameters, in model order.
+        hierarchical (bool): routed through the node / same-card groups.
+        buffers (list): fused gradient buffers (empty: per-parameter reduces).
+    """
+
+    colour: str | None
+    group: Any
+    owner: int
+    dtype: Any
+    params: list
+    hierarchical: bool
+    buffers: list = dataclasses.field(default_factory=list)
 
 
 def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:
@@ -472,7 +497,7 @@ def build_muon_bucket(opt: MuonShardingOptimizer, spec, by_name: dict) -> MuonBu
     group = opt._colour_groups[spec.colour]
     params = [by_name[n] for n in spec.params]
     hierarchical = spec.route == ROUTE_HIERARCHICAL
-    bucket = _mso.MuonBucket(colour=spec.colour, group=group, owner=spec.owner,
+    bucket = MuonBucket(colour=spec.colour, group=group, owner=spec.owner,
                         dtype=params[0].dtype, params=params, hierarchical=hierarchical)
     # A hierarchical buffer's own reduce (launched by the overlap hooks) is
     # its first hop: inside the node, onto the rank with the owner's card.
@@ -557,3 +582,33 @@ def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
             if sp._is_initialized():
                 result.append(sp)
     return result
+
+
+def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+    def entry(group) -> dict:
+        return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
+
+    info = OrderedDict([(_mso._DEFAULT_COLOUR, entry(sharding_group))])
+    for param in params:
+        color = getattr(param, "color", None)
+        if not isinstance(color, dict):
+            continue
+        key = color.get("color", _mso._DEFAULT_RAW_COLOUR)
+        if key is None or key == _mso._DEFAULT_RAW_COLOUR or key in info:
+            continue
+        info[key] = entry(color.get("group", sharding_group))
+    return info
+
+
+def buffer_color(buffer):
+    # A dict colour gives its 'color' value (None when absent, the raw value
+    # otherwise); any other colour gives None for -1/None, else itself.
+    params = buffer.params
+    if not params:
+        return None
+    color = getattr(params[0], "color", None)
+    if isinstance(color, dict):
+        return color.get("color")
+    if color is None or (isinstance(color, int) and color == _mso._DEFAULT_RAW_COLOUR):
+        return None
+    return color

@@ -13,25 +13,16 @@
 # limitations under the License.
 """Sharding optimizer for Muon: whole-matrix owners, element-wise 1-D shards.
 
-Every Muon parameter (2-D, or 3-D ``[experts, H, I]``) is owned whole by one
-rank of its colour's group: gradients are reduced onto the owner, the owner
-runs Newton-Schulz, and the updated weights are broadcast back. Every other
-parameter is split element-wise (reduce-scatter, AdamW on the local slice,
-all-gather). With ``comm_group_call_opt`` the dense Muon traffic is routed
-hierarchically (inside each node, then across nodes among same-card ranks),
-following a :class:`HierarchicalCommPlan` built once at construction.
-
-Structure: *what* is communicated, and when, is data built once by
-``ShardingLayout`` (owners, buckets, routes, and the step plan: ordered
-phases per trigger); *how* lives in ``muon_sharding_collectives``. The
-backward hooks, ``reduce_gradients``, the (overlapped) update and the
-parameter sync only walk the plan's phases of their trigger.
+Each Muon parameter is owned whole by one rank of its colour's group (reduce to
+the owner, Newton-Schulz there, broadcast back); every other parameter is split
+element-wise (reduce-scatter, AdamW on the slice, all-gather). ``ShardingLayout``
+decides what moves when (data); the build/runtime/sync/state modules hold the
+bodies, so this file keeps develop's names as thin methods.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import os
 from collections import OrderedDict
@@ -51,6 +42,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_build as _build
+from .muon_sharding_build import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_runtime as _runtime
 from . import muon_sharding_state as _state
 from . import muon_sharding_sync as _sync
@@ -80,6 +72,9 @@ from .muon_sharding_settings import (  # noqa: F401  (re-exported: callers impor
     ShardingSettings,
     ShardingTypeError,
     read_overlap_optimize_and_sync,
+    _WARNED,
+    _user_set_sharding_config,
+    _warn_once,
 )
 
 # paddle_muon_ext: compat-begin
@@ -107,52 +102,6 @@ _STAGED_API = ("apply_grad_clip", "prepare_optimize", "update_params", "muon_gro
 # Elements per sync stage when comm_buffer_size_MB <= 0 (develop: 256 MB of fp32).
 _DEFAULT_STAGE_MB = 256
 
-
-
-@dataclasses.dataclass
-class MuonBucket:
-    """The Muon parameters of one (colour group, owner, dtype).
-
-    Attributes:
-        colour (str|None): colour key (None for the default sharding group).
-        group (Group): the colour's communication group.
-        owner (int): global rank that owns and updates these parameters.
-        dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
-        params (list): parameters, in model order.
-        hierarchical (bool): routed through the node / same-card groups.
-        buffers (list): fused gradient buffers (empty: per-parameter reduces).
-    """
-
-    colour: str | None
-    group: Any
-    owner: int
-    dtype: Any
-    params: list
-    hierarchical: bool
-    buffers: list = dataclasses.field(default_factory=list)
-
-
-_WARNED: set = set()
-
-
-def _warn_once(key: str) -> bool:
-    """True the first time ``key`` is seen in this process (one warning per job)."""
-    if key in _WARNED:
-        return False
-    _WARNED.add(key)
-    return True
-
-
-def _user_set_sharding_config(strategy: Any, field: str) -> bool:
-    """Whether the user assigned ``sharding_configs.<field>`` (not just its default).
-
-    The fallback from a default the user never chose is not worth a warning on
-    every CPU run; a strategy that cannot tell counts as set.
-    """
-    try:
-        return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return True
 
 
 def _is_trainable(param) -> bool:
@@ -194,28 +143,13 @@ def get_same_card_rank(group_ranks, rank: int, gpus_per_node: int) -> int:
     return -1
 
 
-def _clear_gradient_of(param, set_to_zero: bool) -> None:
-    if not hasattr(param, "main_grad"):
-        param.clear_gradient(set_to_zero)
-    elif param.main_grad is not None:
-        if set_to_zero:
-            param.main_grad.zero_()
-        else:
-            param.main_grad._clear()
-            param.main_grad = None
-
-
 class MuonShardingOptimizer:
     """Shard a :class:`~paddle.optimizer.Muon` optimizer across ranks.
 
-    Develop's surface: built as ``MuonShardingOptimizer(optimizer, hcg)``
-    (``fleet.distributed_optimizer`` does it when ``strategy.use_muon_sharding``
-    is on), options read from fleet's strategy (``ShardingSettings``), and the
-    attributes develop's callers read (``_params_2d_by_color``,
-    ``_rank2params_2d_by_color``, ``_param2rank_2d_by_color``, ``_local_2d``,
-    ``_color_to_group_info``, ``comm_buffer_2d``, ``_comm_buffer_list``,
-    ``_slice_params``, ``param2bucket``, ``_local_parameter_list``; colour key
-    None for the default group, ranks counted inside each colour's group).
+    Built as ``MuonShardingOptimizer(optimizer, hcg)`` (``fleet.distributed_optimizer``
+    does it when ``strategy.use_muon_sharding`` is on); options come from fleet's
+    strategy; develop's attributes (``_params_2d_by_color``, ``comm_buffer_2d``,
+    ``_slice_params``, ...) are filled with colour key None for the default group.
 
     Args:
         optimizer (Muon): the inner optimizer (optionally inside
@@ -262,44 +196,13 @@ class MuonShardingOptimizer:
 
     @staticmethod
     def _build_color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
-        """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen.
-
-        Args:
-            params (list): the parameters (their ``color`` attributes are read).
-            sharding_group (Group): the default sharding group (key None, and
-                the group of a dict colour that names none).
-        """
-
-        def entry(group) -> dict:
-            return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
-
-        info = OrderedDict([(_DEFAULT_COLOUR, entry(sharding_group))])
-        for param in params:
-            color = getattr(param, "color", None)
-            if not isinstance(color, dict):
-                continue
-            key = color.get("color", _DEFAULT_RAW_COLOUR)
-            if key is None or key == _DEFAULT_RAW_COLOUR or key in info:
-                continue
-            info[key] = entry(color.get("group", sharding_group))
-        return info
+        """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen."""
+        return _build.color_to_group_info_from_params(params, sharding_group)
 
     @staticmethod
     def _buffer_color(buffer):
-        """The colour of a buffer, read from its first parameter as develop does.
-
-        A dict colour gives its ``'color'`` value (None when absent, the raw
-        value otherwise); any other colour gives None for -1/None, else itself.
-        """
-        params = buffer.params
-        if not params:
-            return None
-        color = getattr(params[0], "color", None)
-        if isinstance(color, dict):
-            return color.get("color")
-        if color is None or (isinstance(color, int) and color == _DEFAULT_RAW_COLOUR):
-            return None
-        return color
+        """The colour of a buffer, read from its first parameter as develop does."""
+        return _build.buffer_color(buffer)
 
     @classmethod
     def _compute_shared_colors(cls, params) -> set:
@@ -335,9 +238,6 @@ class MuonShardingOptimizer:
     def _check_plan_matches_sharding_group(self) -> None:
         _build.check_plan_matches_sharding_group(self)
 
-    # ------------------------------------------------------------------
-    # construction
-    # ------------------------------------------------------------------
     def _check_supported_config(self, optimizer) -> None:
         _build.check_supported_config(self, optimizer)
 
@@ -481,9 +381,6 @@ class MuonShardingOptimizer:
         """The innermost optimizer (the Muon that owns the state)."""
         return self._optimizer_chain()[-1]
 
-    # ------------------------------------------------------------------
-    # public surface
-    # ------------------------------------------------------------------
     @property
     def owner_map(self) -> dict[str, int]:
         """Parameter name -> owning global rank, for every Muon parameter."""
@@ -505,15 +402,14 @@ class MuonShardingOptimizer:
         return list(self._muon_buckets)
 
     def local_range(self, name: str) -> tuple[int, int]:
-        """Flattened element range of parameter ``name`` that this rank updates.
+        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates.
 
         Args:
             name (str): parameter name.
 
         Returns:
-            tuple[int, int]: ``(begin, end)`` within the flattened parameter,
-            alignment padding excluded; the whole parameter for owned Muon
-            matrices, ``(0, 0)`` when this rank holds none of it.
+            tuple[int, int]: padding excluded; the whole parameter when owned,
+            ``(0, 0)`` when this rank holds none of it.
         """
         try:
             return self._layout.local_range(name)
@@ -540,9 +436,8 @@ class MuonShardingOptimizer:
     def reduce_gradients(self, parameter_list, hcg) -> None:
         """Reduce Muon gradients onto their owners and reduce-scatter the rest.
 
-        With ``comm_overlap`` the backward hooks have launched the reduces;
-        this waits for them and reduces the no-hook colours
-        (``dense_weight_no_hook`` / ``moe_weight_no_hook``) synchronously.
+        With ``comm_overlap`` the hooks launched the reduces; this waits and
+        reduces the no-hook colours synchronously.
 
         Args:
             parameter_list (list): the model parameters (Paddle's interface).
@@ -583,30 +478,15 @@ class MuonShardingOptimizer:
         """Update owned matrices (Muon) and local slices (AdamW), then sync."""
         return _runtime.step(self)
 
-    # ------------------------------------------------------------------
-    # overlapped update: stage k's sync travels while stage k+1 computes
-    # ------------------------------------------------------------------
     def _stages_in_use(self) -> bool:
         return bool(self.overlap_optimize_and_sync and not g_shard_bypass_dygraph_optimizer)
 
     def _build_sync_stages(self) -> list:
-        """develop's ``_sync_stages``, from the layout's stages (identical on every rank).
-
-        Returns:
-            list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size',
-            'rank2params', 'keys', 'local_params'}`` then ``{'kind': '1d',
-            'buffer', 'local_params'}``; each also carries its ``'spec'``.
-        """
+        """develop's ``_sync_stages`` (dicts of kind '2d' / '1d'), identical on every rank."""
         return _sync.build_stage_dicts(self)
 
     def _launch_stage_sync(self, stage: dict) -> list:
-        """Launch one stage's parameter sync; returns what to wait on.
-
-        A stage of :meth:`_build_sync_stages` walks its plan phases: every
-        phase but the last completes (the hierarchical route's cross-node hop
-        feeds the intra-node one), the last stays in flight. A stage dict
-        built by hand (develop's form, no ``'phases'``) is synced as develop does.
-        """
+        """Launch one stage's sync: all phases but the last complete; returns what to wait on."""
         return _sync.launch_stage_sync(self, stage)
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
@@ -614,47 +494,23 @@ class MuonShardingOptimizer:
         _runtime.step_with_sync_overlap(self, params_grads)
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:
-        """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687).
-
-        Args:
-            rank2params (dict): group rank -> the matrices it owns.
-            group (Group): the colour group.
-
-        Returns:
-            list: pending broadcasts; waiting on one also copies the received
-            values into the non-owners' parameters.
-        """
+        """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687)."""
         return _sync.broadcast_2d_params(self, rank2params, group)
 
     def reorder_params(self, comm_list) -> list:
-        """develop's group-call packing: per (rank2params, group) and owner and dtype.
-
-        Args:
-            comm_list: ``[(rank2params, group)]``.
+        """develop's group-call packing of ``[(rank2params, group)]`` per owner and dtype.
 
         Returns:
-            list[dict]: ``{'param_buffer', 'src_rank', 'params'}``; an owner's
-            only parameter of a dtype is sent as is, others in one flat buffer.
+            list[dict]: ``{'param_buffer', 'src_rank', 'params'}``.
         """
         return _sync.reorder_params(self, comm_list)
 
     def _owner_dtype_buffers(self, rank2params: dict, group, single_as_is: bool):
-        """Yield (owner global rank, {'param_buffer', 'params'}) per owner and dtype.
-
-        The owner's buffer holds its parameters back to back; elsewhere it is
-        empty until the broadcast lands.
-        """
+        """Yield (owner global rank, {'param_buffer', 'params'}) per owner and dtype."""
         yield from _sync.owner_dtype_buffers(self, rank2params, group, single_as_is)
 
     def _ensure_global_clip(self) -> None:
-        # Each rank holds only its owned matrices and slices: a plain global
-        # norm clip would clip by a per-rank norm. HybridParallelOptimizer
-        # swaps in its sharding-aware clip; used bare, swap it in here (on
-        # the optimizer that applies it, below any MixPrecisionOptimizer).
-        base = self._base_opt
-        clip = base._grad_clip
-        if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
-            base._grad_clip = HybridParallelClipGrad(clip, self._hcg)
+        _runtime.ensure_global_clip(self)
 
     def _assign_slice_grad(self) -> None:
         for buffer in self._rs_buffers:
@@ -664,10 +520,7 @@ class MuonShardingOptimizer:
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
-        """Step after :meth:`reduce_gradients`, like Paddle's sharding optimizers.
-
-        ``HybridParallelOptimizer.minimize`` reduces gradients first, then
-        calls this.
+        """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already).
 
         Returns:
             tuple: ``(None, params_grads)`` as ``Optimizer.minimize`` does.
@@ -701,9 +554,6 @@ class MuonShardingOptimizer:
         """Clear every gradient this optimizer manages."""
         _runtime.clear_grad(self, set_to_zero)
 
-    # ------------------------------------------------------------------
-    # parameter storage (FP8 paths free a colour between steps)
-    # ------------------------------------------------------------------
     @framework.no_grad()
     def clear_param_storage(self, color) -> None:
         """Free the parameter storage of colour ``color`` until the next step."""
@@ -714,17 +564,9 @@ class MuonShardingOptimizer:
         """Give every colour freed by :meth:`clear_param_storage` its storage back."""
         _runtime.reset_param_storage(self)
 
-    # ------------------------------------------------------------------
-    # optimizer state
-    # ------------------------------------------------------------------
     @framework.no_grad()
     def _fuse_optimizer_states(self) -> None:
-        """Keep the optimizer states of this rank in one buffer per dtype.
-
-        Runs after each update: states created by that update (the first
-        step, a resumed checkpoint) are moved into a fresh buffer; when every
-        state already lives in one, nothing happens.
-        """
+        """Move states created by the last update into one buffer per dtype."""
         _state.fuse_optimizer_states(self)
 
     @property
@@ -738,12 +580,7 @@ class MuonShardingOptimizer:
         return self._inner_opt.state_dict()
 
     def set_state_dict(self, state_dict: dict) -> None:
-        """Load this rank's part of a state dict.
-
-        Accepts a full state dict (every rank's keys merged, as develop's
-        callers pass it): keeps the states and master weights of what this
-        rank updates (owned matrices, its slices) and names each master
-        weight as this optimizer would have.
+        """Load this rank's part of a full (all ranks merged) state dict.
 
         Args:
             state_dict (dict): ``<param name>_<state>`` keys,
@@ -752,22 +589,15 @@ class MuonShardingOptimizer:
         _state.set_state_dict(self, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
-        """Describe this rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
+        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
 
-        Keys follow Paddle develop: ``<structured name>.<state>`` (e.g.
-        ``mlp.weight.moment1_0``), master weights ``<structured name>.w_0``.
-        Shapes and offsets come from the model's sharded weight, so a
-        checkpoint saved on one layout loads on another: owned matrices are
-        whole local tensors (reshaped to the sharded weight's local shape when
-        only the shape differs, e.g. 3-D expert weights stored 2-D), element-wise
-        slices are flattened ranges of it (``is_flattened=True``); only the
-        beta-pow accumulators are scalars of shape ``(1,)``. States not created
-        yet (before the first step) are created here, so that a fresh optimizer
-        can be the target of ``load_state_dict``.
+        Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
+        and offsets come from the model's sharded weight, so a checkpoint loads
+        on another layout (owned matrices whole, slices ``is_flattened``).
+        Missing states are created, so a fresh optimizer can load.
 
         Args:
-            model_sharded_state_dict (dict): the model's sharded state dict
-                (structured key -> ShardedWeight), e.g. ``model.sharded_state_dict()``.
+            model_sharded_state_dict (dict): structured key -> ShardedWeight.
 
         Returns:
             dict: structured key -> ShardedWeight, for the states this rank holds.
@@ -784,16 +614,8 @@ class MuonShardingOptimizer:
         _state.create_local_states(self)
 
     def _state_owner(self, state_key: str) -> tuple[str, str] | None:
-        """Split a state key into (parameter name, develop's state name).
-
-        ``mlp.weight_scale_moment1_0`` -> ``("mlp.weight_scale", "moment1_0")``
-        even when ``mlp.weight`` is also a parameter: names are tried longest
-        first. States kept on a master weight (``<name>_fp32_master_0_moment1_0``)
-        belong to ``<name>``.
-
-        Returns:
-            tuple|None: None when no trainable parameter's name prefixes the key.
-        """
+        """(parameter name, develop's state name) of a state key, names tried
+        longest first; None when no trainable parameter prefixes it."""
         return _state.state_owner(self, state_key)
 
     def __getattr__(self, item: str) -> Any:

@@ -162,7 +162,7 @@ def clear_grad(opt: MuonShardingOptimizer, set_to_zero: bool = True) -> None:
     for bucket in opt._muon_buckets:
         if not bucket.buffers:
             for p in bucket.params:
-                _mso._clear_gradient_of(p, set_to_zero)
+                _clear_gradient_of(p, set_to_zero)
     release = opt._settings.release_grads
     for sp in opt._slice_params.values():
         if sp._is_initialized() and sp.grad is not None:
@@ -231,3 +231,25 @@ def reset_param_storage(opt: MuonShardingOptimizer) -> None:
                 for p in bucket.params:
                     paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
     opt._cleared_colours.clear()
+
+
+def _clear_gradient_of(param, set_to_zero: bool) -> None:
+    if not hasattr(param, "main_grad"):
+        param.clear_gradient(set_to_zero)
+    elif param.main_grad is not None:
+        if set_to_zero:
+            param.main_grad.zero_()
+        else:
+            param.main_grad._clear()
+            param.main_grad = None
+
+
+def ensure_global_clip(opt: MuonShardingOptimizer) -> None:
+    # Each rank holds only its owned matrices and slices: a plain global norm
+    # clip would clip by a per-rank norm. HybridParallelOptimizer swaps in its
+    # sharding-aware clip; used bare, swap it in here (on the optimizer that
+    # applies it, below any MixPrecisionOptimizer).
+    base = opt._base_opt
+    clip = base._grad_clip
+    if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
+        base._grad_clip = _mso.HybridParallelClipGrad(clip, opt._hcg)

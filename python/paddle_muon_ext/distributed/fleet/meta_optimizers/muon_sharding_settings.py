@@ -221,3 +221,24 @@ class ShardingSettings:
             )
 
 
+_WARNED: set = set()
+
+
+def _warn_once(key: str) -> bool:
+    """True the first time ``key`` is seen in this process (one warning per job)."""
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    return True
+
+
+def _user_set_sharding_config(strategy: Any, field: str) -> bool:
+    """Whether the user assigned ``sharding_configs.<field>`` (not just its default).
+
+    The fallback from a default the user never chose is not worth a warning on
+    every CPU run; a strategy that cannot tell counts as set.
+    """
+    try:
+        return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return True
