@@ -21,6 +21,7 @@ functions, so a change of those fields in Paddle is fixed here alone.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import paddle
@@ -36,7 +37,31 @@ __all__ = [
     "release_grad_storage",
     "release_param_storage",
     "restore_param_storage",
+    "MuonBucket",
 ]
+
+
+@dataclasses.dataclass
+class MuonBucket:
+    """The Muon parameters of one (colour group, owner, dtype).
+
+    Attributes:
+        colour (str|None): colour key (None for the default sharding group).
+        group (Group): the colour's communication group.
+        owner (int): global rank that owns and updates these parameters.
+        dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
+        params (list): parameters, in model order.
+        hierarchical (bool): routed through the node / same-card groups.
+        buffers (list): fused gradient buffers (empty: per-parameter reduces).
+    """
+
+    colour: str | None
+    group: Any
+    owner: int
+    dtype: Any
+    params: list
+    hierarchical: bool
+    buffers: list = dataclasses.field(default_factory=list)
 
 
 def comm_group(buffer) -> Any:

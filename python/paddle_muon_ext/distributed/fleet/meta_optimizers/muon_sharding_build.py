@@ -23,8 +23,6 @@ are read through ``_mso`` at call time, so a patch there still applies.
 
 from __future__ import annotations
 
-import dataclasses
-
 from collections import OrderedDict
 from typing import Any
 from typing import TYPE_CHECKING
@@ -49,32 +47,10 @@ from .muon_sharding_settings import ShardingSettings
 from .muon_sharding_settings import ShardingTypeError
 from .muon_sharding_settings import read_overlap_optimize_and_sync
 from . import muon_sharding_optimizer as _mso
+from .muon_fused_buffer import MuonBucket
 
 if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
-
-
-@dataclasses.dataclass
-class MuonBucket:
-    """The Muon parameters of one (colour group, owner, dtype).
-
-    Attributes:
-        colour (str|None): colour key (None for the default sharding group).
-        group (Group): the colour's communication group.
-        owner (int): global rank that owns and updates these parameters.
-        dtype: parameter dtype (one flat broadcast buffer per owner and dtype).
-        params (list): parameters, in model order.
-        hierarchical (bool): routed through the node / same-card groups.
-        buffers (list): fused gradient buffers (empty: per-parameter reduces).
-    """
-
-    colour: str | None
-    group: Any
-    owner: int
-    dtype: Any
-    params: list
-    hierarchical: bool
-    buffers: list = dataclasses.field(default_factory=list)
 
 
 def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:

@@ -18,7 +18,7 @@ parameter metadata (name, shape, dtype, colour, ``use_muon``), the colour
 groups' ranks, the optional :class:`HierarchicalCommPlan` and the settings it
 computes, for one rank,
 
-* the owner of every Muon matrix (via ``muon_sharding_partition``),
+* the owner of every Muon matrix (``muon_sharding_placement``),
 * the Muon buckets per (colour, owner, dtype) and their fused chunks,
 * the element-wise buffers of the other parameters and each rank's range,
 * the route of every bucket (flat or hierarchical, launched from the
@@ -32,26 +32,24 @@ optimizer allocates buffers and groups from it and nothing else.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
-from .muon_sharding_options import (
-    PARTITION_BALANCED,
-    PARTITION_DEVELOP,
-    PARTITION_STRATEGIES,
-    option_default,
-)
-from .muon_sharding_partition import (
-    MatrixSpec,
-    balanced_partition,
-    partition_from_owners,
-    dtype_itemsize,
-    upstream_partition,
-)
+from .muon_sharding_options import option_default
+from .muon_sharding_partition import dtype_itemsize
 from . import muon_sharding_step_plan as _step_plan
+from .muon_sharding_placement import (  # re-exported: callers import them from here
+    NO_HOOK_COLOURS,
+    MuonBucketSpec,
+    SliceBufferSpec,
+    assign_muon_owners,
+    chunk_by_size,
+    colour_muon_layout,
+    colour_slice_layout,
+    fixed_owners as _fixed_owners_of,
+)
 from .muon_sharding_step_plan import (  # re-exported: callers import them from here
     _NON_FLOAT_SIZES,
     PHASE_ALL_GATHER,
@@ -103,10 +101,6 @@ __all__ = [
     "flat_reduce_phase",
     "flat_broadcast_phase",
 ]
-
-#: Colours whose gradients are never reduced from overlap hooks (develop's
-#: shared MTP weights: complete only after the pipeline's shared-weight sync).
-NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
 
 # Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
 # uses 256 for gpu/npu/xpu; the CPU compat registers the same).
@@ -186,172 +180,6 @@ class LayoutSettings:
     @property
     def fused(self) -> bool:
         return self.comm_buffer_size_MB > 0
-
-
-@dataclass(frozen=True)
-class MuonBucketSpec:
-    """Muon matrices of one (colour, owner, dtype): one broadcast buffer.
-
-    Attributes:
-        colour: colour key; group: the colour group's global ranks (group order).
-        owner: owning global rank; dtype: canonical dtype name.
-        params: names in model order; chunks: the fused gradient buffers
-            (empty when unfused: one reduce per parameter).
-        route: ``"flat"`` or ``"hierarchical"``; overlap: launched from hooks.
-        numel: elements of the broadcast buffer (unpadded).
-        chunk_numels: padded elements of each fused gradient buffer.
-        param_numels: elements of each parameter.
-    """
-
-    colour: Hashable
-    group: tuple
-    owner: int
-    dtype: str
-    params: tuple
-    chunks: tuple
-    route: str
-    overlap: bool
-    numel: int
-    chunk_numels: tuple
-    param_numels: tuple
-    chunk_bytes: tuple = ()
-    param_bytes: tuple = ()
-
-    @property
-    def route_kind(self) -> str:
-        """``flat`` / ``hierarchical``, with ``+overlap`` when hooks launch it."""
-        return self.route + ("+overlap" if self.overlap else "")
-
-    def reduce_numels(self) -> tuple:
-        """Elements of each gradient reduce (per chunk, or per parameter)."""
-        return self.chunk_numels if self.chunks else self.param_numels
-
-    def reduce_parts(self) -> tuple:
-        """(padded numel, unpadded bytes) of each gradient reduce."""
-        if self.chunks:
-            return tuple(zip(self.chunk_numels, self.chunk_bytes))
-        return tuple(zip(self.param_numels, self.param_bytes))
-
-
-@dataclass(frozen=True)
-class SliceBufferSpec:
-    """One REDUCE_SCATTER buffer of element-wise parameters (FusedCommBuffer's layout).
-
-    Every parameter is padded to a multiple of ``alignment / itemsize * nranks``
-    elements, so the buffer splits into ``nranks`` equal shards; rank ``i``
-    (group index) updates elements ``[i * shard, (i + 1) * shard)``.
-    """
-
-    colour: Hashable
-    group: tuple
-    dtype: str
-    params: tuple
-    offsets: tuple
-    padded: tuple
-    param_numels: tuple
-    overlap: bool
-    payload: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.padded)
-
-    @property
-    def shard_numel(self) -> int:
-        return self.total // len(self.group)
-
-    def range_in_param(self, name: str, group_index: int) -> tuple:
-        """``(begin, end)`` within the flattened parameter held by group index ``i``.
-
-        Padding excluded; ``(0, 0)`` when the rank's shard holds none of it.
-        """
-        i = self.params.index(name)
-        shard = self.shard_numel
-        rank_begin = group_index * shard
-        begin = max(self.offsets[i], rank_begin)
-        end = min(self.offsets[i] + self.padded[i], rank_begin + shard)
-        if begin >= end:
-            return 0, 0
-        numel = self.param_numels[i]
-        lo = min(begin - self.offsets[i], numel)
-        hi = min(end - self.offsets[i], numel)
-        return (lo, hi) if hi > lo else (0, 0)
-
-    def holds_slice(self, name: str, group_index: int) -> bool:
-        """Whether the shard overlaps the parameter's padded range (FusedCommBuffer's rule)."""
-        i = self.params.index(name)
-        shard = self.shard_numel
-        rank_begin = group_index * shard
-        return max(self.offsets[i], rank_begin) < min(
-            self.offsets[i] + self.padded[i], rank_begin + shard
-        )
-
-
-def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
-    """Split consecutive items into chunks of at most ``limit_MB`` (an item never splits).
-
-    Returns:
-        list[list[int]]: item indices per chunk; one chunk per item when
-        ``limit_MB <= 0``.
-    """
-    if limit_MB <= 0:
-        return [[i] for i in range(len(nbytes))]
-    limit = limit_MB * 1024 * 1024
-    chunks: list = [[]]
-    size = 0
-    for i, b in enumerate(nbytes):
-        if chunks[-1] and size + b > limit:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(i)
-        size += b
-    return chunks if chunks[0] else []
-
-
-@functools.lru_cache(maxsize=256)
-def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
-                      buffer_MB: float):
-    # Group-local: every group of the same size and specs shares one result.
-    if strategy == PARTITION_DEVELOP:
-        return upstream_partition(list(specs), nranks, buffer_MB)
-    if strategy == PARTITION_BALANCED:
-        return balanced_partition(list(specs), nranks,
-                                  rank_order=None if rank_order is None else list(rank_order))
-    raise ValueError(
-        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
-    )
-
-
-def assign_muon_owners(
-    specs: Sequence[MatrixSpec],
-    group_ranks: Sequence[int],
-    plan: HierarchicalCommPlan | None = None,
-    partition_strategy: str = option_default("muon_partition_strategy"),
-    buffer_size_MB: float = 256,
-):
-    """Choose the owning global rank of every Muon matrix of one colour group.
-
-    Args:
-        specs: the group's Muon matrices.
-        group_ranks: the colour group's global ranks, in group order.
-        plan: hierarchical plan; with it, equally loaded ranks are preferred in
-            an order alternating cards and nodes so owners spread over rails.
-        partition_strategy: ``"upstream_greedy"`` (develop's rule) or ``"balanced"``.
-        buffer_size_MB: buffer size of the upstream rule.
-
-    Returns:
-        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
-        the partition (group-local indices). Cached: identical inputs give the
-        identical (shared, do not mutate) result.
-    """
-    ranks = [int(r) for r in group_ranks]
-    rank_order = None
-    if plan is not None and partition_strategy == PARTITION_BALANCED:
-        index = {r: i for i, r in enumerate(ranks)}
-        rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
-    partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
-                                  float(buffer_size_MB))
-    return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
 
 
 @dataclass
@@ -439,77 +267,19 @@ class ShardingLayout:
         buckets: list = []
         for colour, cparams in muon_by_colour.items():
             hier_plan = plan if colour is None else None
-            fixed = None if fixed_owners is None else _fixed_owners(
+            fixed = None if fixed_owners is None else _fixed_owners_of(
                 colour, groups[colour], cparams, fixed_owners)
-            owner_of, partition, cbuckets = _colour_muon_layout(
+            owner_of, partition, cbuckets = colour_muon_layout(
                 colour, groups[colour], tuple(cparams), hier_plan, settings, fixed)
             owners.update(owner_of)
             partitions[colour] = partition
             buckets.extend(cbuckets)
         slices: list = []
         for colour, cparams in other_by_colour.items():
-            slices.extend(_colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
+            slices.extend(colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
                    params={p.name: p for p in params})
-
-    @staticmethod
-    def _padded(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
-        align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
-        return (numel + align - 1) // align * align
-
-    @classmethod
-    def _muon_buckets(cls, colour, group, params, owner_of, hierarchical, settings) -> tuple:
-        grouped: dict = OrderedDict()
-        for p in params:
-            grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
-        out = []
-        for (owner, dtype), bparams in sorted(grouped.items()):
-            chunks = chunk_numels = chunk_bytes = ()
-            if settings.fused:
-                idx = chunk_by_size([p.nbytes for p in bparams], settings.comm_buffer_size_MB)
-                chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
-                chunk_numels = tuple(
-                    sum(cls._padded(bparams[i].numel, dtype, settings, 1) for i in c)
-                    for c in idx
-                )
-                chunk_bytes = tuple(sum(bparams[i].nbytes for i in c) for c in idx)
-            out.append(MuonBucketSpec(
-                colour=colour, group=group, owner=owner, dtype=dtype,
-                params=tuple(p.name for p in bparams), chunks=chunks,
-                route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
-                overlap=settings.comm_overlap and settings.fused
-                and colour not in NO_HOOK_COLOURS,
-                numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
-                param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
-                param_bytes=tuple(p.nbytes for p in bparams),
-            ))
-        return tuple(out)
-
-    @classmethod
-    def _slice_buffers(cls, colour, group, params, settings) -> tuple:
-        by_dtype: dict = OrderedDict()
-        for p in params:
-            by_dtype.setdefault(p.dtype, []).append(p)
-        out = []
-        for dtype, dparams in by_dtype.items():
-            if settings.fused:
-                chunks = chunk_by_size([p.nbytes for p in dparams], settings.comm_buffer_size_MB)
-            else:
-                chunks = [list(range(len(dparams)))]
-            for c in chunks:
-                members = [dparams[i] for i in c]
-                padded = tuple(cls._padded(p.numel, dtype, settings, len(group))
-                               for p in members)
-                offsets = tuple(sum(padded[:i]) for i in range(len(padded)))
-                out.append(SliceBufferSpec(
-                    colour=colour, group=group, dtype=dtype,
-                    params=tuple(p.name for p in members), offsets=offsets,
-                    padded=padded, param_numels=tuple(p.numel for p in members),
-                    overlap=settings.comm_overlap and colour not in NO_HOOK_COLOURS,
-                    payload=sum(p.nbytes for p in members),
-                ))
-        return tuple(out)
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
@@ -612,46 +382,3 @@ class ShardingLayout:
             ],
             "schedule": [[op.trigger, *op.key()] for op in self.schedule()],
         }
-
-
-# Ranks sharing a colour group and its parameters share its layout: computed
-# once per (group, parameters, settings), so a 512-rank plan stays fast.
-def _fixed_owners(colour, group: tuple, params: Sequence[ParamMeta],
-                  owners: Mapping[str, int]) -> tuple:
-    """``((name, group index), ...)`` of owners chosen beforehand, checked."""
-    out = []
-    for p in params:
-        if p.name not in owners:
-            raise ValueError(
-                f"fixed_owners has no entry for Muon parameter {p.name} (colour "
-                f"{colour!r}); pass an owner for every keep-whole parameter, or None."
-            )
-        owner = int(owners[p.name])
-        if owner not in group:
-            raise ValueError(
-                f"fixed_owners gives parameter {p.name} to rank {owner}, outside its colour "
-                f"group {list(group)} (colour {colour!r}); an owner must be a member."
-            )
-        out.append((p.name, group.index(owner)))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
-                        fixed: tuple | None = None):
-    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
-    if fixed is None:
-        owner_of, partition = assign_muon_owners(
-            specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
-    else:
-        partition = partition_from_owners(specs, len(group), dict(fixed),
-                                          method="machine_balanced")
-        owner_of = {name: group[idx] for name, idx in fixed}
-    buckets = ShardingLayout._muon_buckets(colour, group, params, owner_of, plan is not None,
-                                           settings)
-    return owner_of, partition, buckets
-
-
-@functools.lru_cache(maxsize=1024)
-def _colour_slice_layout(colour, group: tuple, params: tuple, settings: LayoutSettings):
-    return ShardingLayout._slice_buffers(colour, group, params, settings)

@@ -40,9 +40,9 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
 from . import muon_fused_buffer as fused
+from .muon_fused_buffer import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_build as _build
-from .muon_sharding_build import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_runtime as _runtime
 from . import muon_sharding_state as _state
 from . import muon_sharding_sync as _sync

@@ -1,0 +1,316 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Placement of the Muon sharding layout: owners, bucket and buffer specs.
+
+The per-colour-group part of ``ShardingLayout.build``: which rank owns each
+Muon matrix, how the matrices of one (colour, owner, dtype) chunk into fused
+gradient buffers, and how element-wise parameters pad into reduce-scatter
+buffers. Results are cached per (group, parameters, settings), so ranks
+sharing a colour group share one computation (a 512-rank plan stays fast).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
+
+from .muon_sharding_options import (
+    PARTITION_BALANCED,
+    PARTITION_DEVELOP,
+    PARTITION_STRATEGIES,
+    option_default,
+)
+from .muon_sharding_partition import (
+    MatrixSpec,
+    balanced_partition,
+    partition_from_owners,
+    upstream_partition,
+)
+from .muon_sharding_step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL, itemsize
+
+if TYPE_CHECKING:
+    from .muon_comm_plan import HierarchicalCommPlan
+    from .muon_sharding_layout import LayoutSettings, ParamMeta
+
+#: Colours whose gradients are never reduced from overlap hooks (develop's
+#: shared MTP weights: complete only after the pipeline's shared-weight sync).
+NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
+
+
+@dataclass(frozen=True)
+class MuonBucketSpec:
+    """Muon matrices of one (colour, owner, dtype): one broadcast buffer.
+
+    Attributes:
+        colour: colour key; group: the colour group's global ranks (group order).
+        owner: owning global rank; dtype: canonical dtype name.
+        params: names in model order; chunks: the fused gradient buffers
+            (empty when unfused: one reduce per parameter).
+        route: ``"flat"`` or ``"hierarchical"``; overlap: launched from hooks.
+        numel: elements of the broadcast buffer (unpadded).
+        chunk_numels: padded elements of each fused gradient buffer.
+        param_numels: elements of each parameter.
+    """
+
+    colour: Hashable
+    group: tuple
+    owner: int
+    dtype: str
+    params: tuple
+    chunks: tuple
+    route: str
+    overlap: bool
+    numel: int
+    chunk_numels: tuple
+    param_numels: tuple
+    chunk_bytes: tuple = ()
+    param_bytes: tuple = ()
+
+    @property
+    def route_kind(self) -> str:
+        """``flat`` / ``hierarchical``, with ``+overlap`` when hooks launch it."""
+        return self.route + ("+overlap" if self.overlap else "")
+
+    def reduce_numels(self) -> tuple:
+        """Elements of each gradient reduce (per chunk, or per parameter)."""
+        return self.chunk_numels if self.chunks else self.param_numels
+
+    def reduce_parts(self) -> tuple:
+        """(padded numel, unpadded bytes) of each gradient reduce."""
+        if self.chunks:
+            return tuple(zip(self.chunk_numels, self.chunk_bytes))
+        return tuple(zip(self.param_numels, self.param_bytes))
+
+
+@dataclass(frozen=True)
+class SliceBufferSpec:
+    """One REDUCE_SCATTER buffer of element-wise parameters (FusedCommBuffer's layout).
+
+    Every parameter is padded to a multiple of ``alignment / itemsize * nranks``
+    elements, so the buffer splits into ``nranks`` equal shards; rank ``i``
+    (group index) updates elements ``[i * shard, (i + 1) * shard)``.
+    """
+
+    colour: Hashable
+    group: tuple
+    dtype: str
+    params: tuple
+    offsets: tuple
+    padded: tuple
+    param_numels: tuple
+    overlap: bool
+    payload: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.padded)
+
+    @property
+    def shard_numel(self) -> int:
+        return self.total // len(self.group)
+
+    def range_in_param(self, name: str, group_index: int) -> tuple:
+        """``(begin, end)`` within the flattened parameter held by group index ``i``.
+
+        Padding excluded; ``(0, 0)`` when the rank's shard holds none of it.
+        """
+        i = self.params.index(name)
+        shard = self.shard_numel
+        rank_begin = group_index * shard
+        begin = max(self.offsets[i], rank_begin)
+        end = min(self.offsets[i] + self.padded[i], rank_begin + shard)
+        if begin >= end:
+            return 0, 0
+        numel = self.param_numels[i]
+        lo = min(begin - self.offsets[i], numel)
+        hi = min(end - self.offsets[i], numel)
+        return (lo, hi) if hi > lo else (0, 0)
+
+    def holds_slice(self, name: str, group_index: int) -> bool:
+        """Whether the shard overlaps the parameter's padded range (FusedCommBuffer's rule)."""
+        i = self.params.index(name)
+        shard = self.shard_numel
+        rank_begin = group_index * shard
+        return max(self.offsets[i], rank_begin) < min(
+            self.offsets[i] + self.padded[i], rank_begin + shard
+        )
+
+
+def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
+    """Split consecutive items into chunks of at most ``limit_MB`` (an item never splits).
+
+    Returns:
+        list[list[int]]: item indices per chunk; one chunk per item when
+        ``limit_MB <= 0``.
+    """
+    if limit_MB <= 0:
+        return [[i] for i in range(len(nbytes))]
+    limit = limit_MB * 1024 * 1024
+    chunks: list = [[]]
+    size = 0
+    for i, b in enumerate(nbytes):
+        if chunks[-1] and size + b > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(i)
+        size += b
+    return chunks if chunks[0] else []
+
+
+@functools.lru_cache(maxsize=256)
+def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
+                      buffer_MB: float):
+    # Group-local: every group of the same size and specs shares one result.
+    if strategy == PARTITION_DEVELOP:
+        return upstream_partition(list(specs), nranks, buffer_MB)
+    if strategy == PARTITION_BALANCED:
+        return balanced_partition(list(specs), nranks,
+                                  rank_order=None if rank_order is None else list(rank_order))
+    raise ValueError(
+        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
+    )
+
+
+def assign_muon_owners(
+    specs: Sequence[MatrixSpec],
+    group_ranks: Sequence[int],
+    plan: HierarchicalCommPlan | None = None,
+    partition_strategy: str = option_default("muon_partition_strategy"),
+    buffer_size_MB: float = 256,
+):
+    """Choose the owning global rank of every Muon matrix of one colour group.
+
+    Args:
+        specs: the group's Muon matrices.
+        group_ranks: the colour group's global ranks, in group order.
+        plan: hierarchical plan; with it, equally loaded ranks are preferred in
+            an order alternating cards and nodes so owners spread over rails.
+        partition_strategy: ``"upstream_greedy"`` (develop's rule) or ``"balanced"``.
+        buffer_size_MB: buffer size of the upstream rule.
+
+    Returns:
+        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
+        the partition (group-local indices). Cached: identical inputs give the
+        identical (shared, do not mutate) result.
+    """
+    ranks = [int(r) for r in group_ranks]
+    rank_order = None
+    if plan is not None and partition_strategy == PARTITION_BALANCED:
+        index = {r: i for i, r in enumerate(ranks)}
+        rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
+    partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
+                                  float(buffer_size_MB))
+    return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
+
+
+def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
+    align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
+    return (numel + align - 1) // align * align
+
+
+def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
+    grouped: dict = OrderedDict()
+    for p in params:
+        grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
+    out = []
+    for (owner, dtype), bparams in sorted(grouped.items()):
+        chunks = chunk_numels = chunk_bytes = ()
+        if settings.fused:
+            idx = chunk_by_size([p.nbytes for p in bparams], settings.comm_buffer_size_MB)
+            chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
+            chunk_numels = tuple(
+                sum(padded_numel(bparams[i].numel, dtype, settings, 1) for i in c)
+                for c in idx
+            )
+            chunk_bytes = tuple(sum(bparams[i].nbytes for i in c) for c in idx)
+        out.append(MuonBucketSpec(
+            colour=colour, group=group, owner=owner, dtype=dtype,
+            params=tuple(p.name for p in bparams), chunks=chunks,
+            route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
+            overlap=settings.comm_overlap and settings.fused
+            and colour not in NO_HOOK_COLOURS,
+            numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
+            param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
+            param_bytes=tuple(p.nbytes for p in bparams),
+        ))
+    return tuple(out)
+
+
+def slice_buffer_specs(colour, group, params, settings) -> tuple:
+    by_dtype: dict = OrderedDict()
+    for p in params:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    out = []
+    for dtype, dparams in by_dtype.items():
+        if settings.fused:
+            chunks = chunk_by_size([p.nbytes for p in dparams], settings.comm_buffer_size_MB)
+        else:
+            chunks = [list(range(len(dparams)))]
+        for c in chunks:
+            members = [dparams[i] for i in c]
+            padded = tuple(padded_numel(p.numel, dtype, settings, len(group))
+                           for p in members)
+            offsets = tuple(sum(padded[:i]) for i in range(len(padded)))
+            out.append(SliceBufferSpec(
+                colour=colour, group=group, dtype=dtype,
+                params=tuple(p.name for p in members), offsets=offsets,
+                padded=padded, param_numels=tuple(p.numel for p in members),
+                overlap=settings.comm_overlap and colour not in NO_HOOK_COLOURS,
+                payload=sum(p.nbytes for p in members),
+            ))
+    return tuple(out)
+
+
+# Ranks sharing a colour group and its parameters share its layout: computed
+# once per (group, parameters, settings), so a 512-rank plan stays fast.
+def fixed_owners(colour, group: tuple, params: Sequence[ParamMeta],
+                  owners: Mapping[str, int]) -> tuple:
+    """``((name, group index), ...)`` of owners chosen beforehand, checked."""
+    out = []
+    for p in params:
+        if p.name not in owners:
+            raise ValueError(
+                f"fixed_owners has no entry for Muon parameter {p.name} (colour "
+                f"{colour!r}); pass an owner for every keep-whole parameter, or None."
+            )
+        owner = int(owners[p.name])
+        if owner not in group:
+            raise ValueError(
+                f"fixed_owners gives parameter {p.name} to rank {owner}, outside its colour "
+                f"group {list(group)} (colour {colour!r}); an owner must be a member."
+            )
+        out.append((p.name, group.index(owner)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
+                        fixed: tuple | None = None):
+    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
+    if fixed is None:
+        owner_of, partition = assign_muon_owners(
+            specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
+    else:
+        partition = partition_from_owners(specs, len(group), dict(fixed),
+                                          method="machine_balanced")
+        owner_of = {name: group[idx] for name, idx in fixed}
+    buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None, settings)
+    return owner_of, partition, buckets
+
+
+@functools.lru_cache(maxsize=1024)
+def colour_slice_layout(colour, group: tuple, params: tuple, settings: LayoutSettings):
+    return slice_buffer_specs(colour, group, params, settings)
