@@ -161,6 +161,29 @@ class TestBucketsAndRoutes(unittest.TestCase):
         with self.assertRaises(KeyError):
             ShardingLayout.build([_muon("a", (4, 4))], {None: [0]}, 0).local_range("zz")
 
+    def test_dtype_names_and_layout_queries(self):
+        for given, want in [("paddle.float32", "float32"), ("FP32", "float32"),
+                            ("bf16", "bfloat16"), ("half", "float16"),
+                            ("paddle.int64", "int64"), ("complex64", "complex64")]:
+            self.assertEqual(msl.canonical_dtype(given), want,
+                             f"canonical_dtype({given!r}) should be {want!r}")
+        layout = ShardingLayout.build(
+            [_muon("a", (4, 4)), _muon("c", (4, 4)), ParamMeta("b", (8,), "float32")],
+            {None: [0, 1]}, 0, fixed_owners={"a": 1, "c": 0})
+        self.assertEqual(layout.local_range("a"), (0, 0), "rank 0 updates none of rank 1's matrix")
+        self.assertEqual(layout.local_range("c"), (0, 16), "an owned matrix is updated whole")
+        with self.assertRaisesRegex(KeyError, "element-wise"):
+            layout.slice_buffer_of("a")
+        self.assertEqual([tuple(g) for g in layout.comm_groups()], [(0, 1)],
+                         "a flat layout uses only its colour groups")
+        plan, hier = self._hier(overlap=False)
+        self.assertEqual(
+            [tuple(g) for g in hier.comm_groups()],
+            [tuple(range(8)), tuple(plan.moe_sharding_ranks(5)),
+             tuple(plan.node_ranks(plan.node_of(5))),
+             tuple(plan.same_card_ranks(0, plan.card_of(5)))],
+            "a hierarchical layout adds rank 5's node and same-card groups")
+
     def _hier(self, overlap):
         topo = CommunicateTopology(MS_FIRST, [2, 1, 4])
         plan = HierarchicalCommPlan.from_topology(topo, 2)

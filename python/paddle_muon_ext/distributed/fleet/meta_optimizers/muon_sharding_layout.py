@@ -319,9 +319,6 @@ class ShardingLayout:
         """The stages of the overlapped update (see ``muon_sharding_step_plan``)."""
         return _step_plan.sync_stages(self)
 
-    def _staged_sync_phases(self) -> list:
-        return _step_plan.staged_sync_phases(self)
-
     # ----------------------------------------------------------- schedule
     def comm_groups(self) -> list:
         """Global ranks of every group this rank's schedule uses."""
@@ -334,15 +331,9 @@ class ShardingLayout:
     def _hier_groups(self) -> tuple:
         return _step_plan.hier_groups(self)
 
-    def _flat_groups(self, buckets) -> list:
-        return _step_plan.flat_groups(buckets)
-
     def step_plan(self) -> list:
         """The step as data: ordered :class:`StepPhase` list (see ``build_step_plan``)."""
         return _step_plan.build_step_plan(self)
-
-    def _sync_phases(self, hier, flat, node, same_card, index) -> list:
-        return _step_plan.sync_phases(self, hier, flat, node, same_card, index)
 
     def phases_of(self, trigger: str) -> list:
         """The phases of one trigger, in plan order."""
