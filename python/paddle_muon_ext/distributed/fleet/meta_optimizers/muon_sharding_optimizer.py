@@ -26,7 +26,7 @@ import contextlib
 import importlib
 import os
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any
 
 import paddle
 import paddle.distributed as dist
@@ -39,7 +39,6 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_
 from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
-from . import muon_fused_buffer as fused
 from .muon_fused_buffer import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_build as _build
@@ -330,25 +329,13 @@ class MuonShardingOptimizer:
         return hook
 
     def _all_buffers(self) -> list:
-        return [b for bucket in self._muon_buckets for b in bucket.buffers] + list(
-            self._rs_buffers
-        )
+        return _runtime.all_buffers(self)
 
     def _owned_muon_params(self) -> list:
-        return [
-            p
-            for bucket in self._muon_buckets
-            if bucket.owner == self._rank
-            for p in bucket.params
-        ]
+        return _runtime.owned_muon_params(self)
 
     def _local_slice_params(self) -> list:
-        result = []
-        for buffer in self._rs_buffers:
-            for p in buffer.params:
-                if fused.has_local_slice(buffer, p.name):
-                    result.append(self._slice_params[p.name])
-        return result
+        return _runtime.local_slice_params(self)
 
     def _set_inner_parameter_list(self) -> None:
         # The inner optimizer only ever sees what this rank updates: whole
@@ -420,17 +407,8 @@ class MuonShardingOptimizer:
         """Return the parameters whose gradients this rank holds after reduction."""
         return _build.filter_parameters(self, parameter_list, hcg)
 
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        # develop's timer names, so timers.log() reads the same
-        if self.timers is None:
-            yield
-            return
-        self.timers(name).start()
-        try:
-            yield
-        finally:
-            self.timers(name).stop()
+    def _timed(self, name: str) -> contextlib.AbstractContextManager:
+        return _runtime.timed(self, name)
 
     @framework.no_grad()
     def reduce_gradients(self, parameter_list, hcg) -> None:
@@ -461,17 +439,11 @@ class MuonShardingOptimizer:
         return self._comm_buffer_list
 
     def _copy_released_grads_in(self) -> None:
-        if not self._settings.release_grads:
-            return
-        for buffer in self._rs_buffers:
-            if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
-                fused.copy_grads_in(buffer)
+        _runtime.copy_released_grads_in(self)
 
     @staticmethod
     def _grad_tensors(bucket: MuonBucket) -> list:
-        if bucket.buffers:
-            return [b.grad_storage for b in bucket.buffers]
-        return [_get_param_grad(p) for p in bucket.params]
+        return _runtime.grad_tensors(bucket)
 
     @framework.no_grad()
     def step(self) -> list:

@@ -22,7 +22,8 @@ through ``_mso`` at call time so patches there still apply.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Iterator
 
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle
@@ -253,3 +254,43 @@ def ensure_global_clip(opt: MuonShardingOptimizer) -> None:
     clip = base._grad_clip
     if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
         base._grad_clip = _mso.HybridParallelClipGrad(clip, opt._hcg)
+
+
+def all_buffers(opt: MuonShardingOptimizer) -> list:
+    return [b for bucket in opt._muon_buckets for b in bucket.buffers] + list(opt._rs_buffers)
+
+
+def owned_muon_params(opt: MuonShardingOptimizer) -> list:
+    return [p for bucket in opt._muon_buckets if bucket.owner == opt._rank for p in bucket.params]
+
+
+def local_slice_params(opt: MuonShardingOptimizer) -> list:
+    return [opt._slice_params[p.name] for buffer in opt._rs_buffers for p in buffer.params
+            if fused.has_local_slice(buffer, p.name)]
+
+
+@contextlib.contextmanager
+def timed(opt: MuonShardingOptimizer, name: str) -> Iterator[None]:
+    # develop's timer names, so timers.log() reads the same
+    if opt.timers is None:
+        yield
+        return
+    opt.timers(name).start()
+    try:
+        yield
+    finally:
+        opt.timers(name).stop()
+
+
+def copy_released_grads_in(opt: MuonShardingOptimizer) -> None:
+    if not opt._settings.release_grads:
+        return
+    for buffer in opt._rs_buffers:
+        if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
+            fused.copy_grads_in(buffer)
+
+
+def grad_tensors(bucket) -> list:
+    if bucket.buffers:
+        return [b.grad_storage for b in bucket.buffers]
+    return [_mso._get_param_grad(p) for p in bucket.params]
