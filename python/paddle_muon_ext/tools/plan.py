@@ -445,29 +445,9 @@ def compute_plan(
                           compare_rules)
     hier = _path(plan, stages, ab, settings, True, backend)
     f, h = flat["summary"], hier["summary"]
-    muon = [p for p in params if p.use_muon]
     res: Dict[str, Any] = {
-        "config": {
-            "ep": cfg.ep, "moe_sharding": cfg.moe_sharding, "pp": cfg.pp,
-            "gpus_per_node": plan.gpus_per_node, "order": list(cfg.order), "model": cfg.model,
-            "buffer_size_MB": buffer_size_MB, "comm_overlap": comm_overlap,
-            "partition_strategy": partition_strategy, "backend": backend,
-            "group_call": True,
-        },
-        "world_size": plan.world_size,
-        "num_nodes": plan.num_nodes,
-        "model_summary": {
-            "params": len(params),
-            "muon_params": len(muon),
-            "muon_dense": sum(1 for p in muon if not p.is_expert),
-            "muon_expert": sum(1 for p in muon if p.is_expert),
-            "other_params": len(params) - len(muon),
-        },
-        "groups": _group_facts(plan),
-        "alpha_beta": {
-            "alpha_nvlink_s": ab.alpha_nvlink, "beta_nvlink_s_per_B": ab.beta_nvlink,
-            "alpha_net_s": ab.alpha_net, "beta_net_s_per_B": ab.beta_net,
-        },
+        **_header(cfg, plan, params, ab, settings, backend, group_call=True,
+                  groups=_group_facts(plan)),
         "flat": f,
         "hierarchical": h,
         "optimizer_state_max_over_mean": h["optimizer_state_max_over_mean"],
@@ -497,34 +477,17 @@ def compute_plan(
     targets["dense_rail_imbalance"] = dense_rail
     targets["dense_rail_within"] = dense_rail <= TARGET_RAIL_IMBALANCE
     res["targets"] = targets
-    rules = {partition_strategy: _rule_figures(flat, hier)}
-    if compare_rules:
-        for other in PARTITION_RULES:
-            if other not in rules:
-                o_settings = dataclasses.replace(settings, partition_strategy=other)
-                rules[other] = _rule_figures(
-                    _path(plan, stages, ab, o_settings, False, backend),
-                    _path(plan, stages, ab, o_settings, True, backend),
-                )
+    rules = _compare_rules(plan, stages, ab, settings, backend, flat, hier, compare_rules)
     res["partition_rules"] = rules
     res["plan_description"] = plan.describe()
     res["_plan"] = plan  # dropped before JSON output
     return res
 
 
-def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
-               settings: LayoutSettings, backend: str, flat: Dict[str, Any],
-               compare_rules: bool) -> Dict[str, Any]:
-    """compute_plan's result for the flat path alone (``group_call=False``)."""
-    f = flat["summary"]
+def _header(cfg: MuonCommConfig, plan, params, ab: AlphaBeta, settings: LayoutSettings,
+            backend: str, group_call: bool, groups: Dict[str, Any]) -> Dict[str, Any]:
+    """The result's config, world, model summary, groups and alpha-beta (both paths)."""
     muon = [p for p in params if p.use_muon]
-    rules = {settings.partition_strategy: _rule_figures(flat, None)}
-    if compare_rules:
-        for other in PARTITION_RULES:
-            if other not in rules:
-                o_settings = dataclasses.replace(settings, partition_strategy=other)
-                rules[other] = _rule_figures(
-                    _path(plan, stages, ab, o_settings, False, backend), None)
     return {
         "config": {
             "ep": cfg.ep, "moe_sharding": cfg.moe_sharding, "pp": cfg.pp,
@@ -532,7 +495,7 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
             "buffer_size_MB": settings.comm_buffer_size_MB,
             "comm_overlap": settings.comm_overlap,
             "partition_strategy": settings.partition_strategy, "backend": backend,
-            "group_call": False,
+            "group_call": group_call,
         },
         "world_size": plan.world_size,
         "num_nodes": plan.num_nodes,
@@ -542,12 +505,40 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
             "muon_expert": sum(1 for p in muon if p.is_expert),
             "other_params": len(params) - len(muon),
         },
-        "groups": {k: v for k, v in _group_facts(plan).items()
-                   if k in ("sharding", "moe_sharding")},
+        "groups": groups,
         "alpha_beta": {
             "alpha_nvlink_s": ab.alpha_nvlink, "beta_nvlink_s_per_B": ab.beta_nvlink,
             "alpha_net_s": ab.alpha_net, "beta_net_s_per_B": ab.beta_net,
         },
+    }
+
+
+def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backend: str,
+                   flat: Dict[str, Any], hier: Dict[str, Any] | None,
+                   compare_rules: bool) -> Dict[str, Any]:
+    """Figures of the chosen partition rule, and of every other rule if asked."""
+    rules = {settings.partition_strategy: _rule_figures(flat, hier)}
+    if compare_rules:
+        for other in PARTITION_RULES:
+            if other not in rules:
+                o_settings = dataclasses.replace(settings, partition_strategy=other)
+                rules[other] = _rule_figures(
+                    _path(plan, stages, ab, o_settings, False, backend),
+                    None if hier is None else _path(plan, stages, ab, o_settings, True, backend),
+                )
+    return rules
+
+
+def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
+               settings: LayoutSettings, backend: str, flat: Dict[str, Any],
+               compare_rules: bool) -> Dict[str, Any]:
+    """compute_plan's result for the flat path alone (``group_call=False``)."""
+    f = flat["summary"]
+    rules = _compare_rules(plan, stages, ab, settings, backend, flat, None, compare_rules)
+    return {
+        **_header(cfg, plan, params, ab, settings, backend, group_call=False,
+                  groups={k: v for k, v in _group_facts(plan).items()
+                          if k in ("sharding", "moe_sharding")}),
         "flat": f,
         "hierarchical": None,
         "optimizer_state_max_over_mean": f["optimizer_state_max_over_mean"],
