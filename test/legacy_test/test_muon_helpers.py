@@ -24,6 +24,8 @@ module nor this test travels with the export; the exported Muon suite
 from __future__ import annotations
 
 import math
+import os
+import sys
 import unittest
 from unittest import mock
 
@@ -43,44 +45,10 @@ from paddle_muon_ext.optimizer.muon_helpers import (
     resolve_ns_coeffs,
 )
 
-SIMPLE = [(3.4445, -4.7750, 2.0315)]
-# develop's tables, typed in again (Paddle develop python/paddle/optimizer/muon.py)
-REF_PRESETS = {
-    "simple": SIMPLE,
-    "quintic": [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
-                (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
-                (2.8366, -3.0525, 1.2012)],
-    "polar_express": [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184),
-                      (3.9096, -2.8234, 0.5250), (3.2856, -2.4153, 0.4853),
-                      (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
-                      (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)],
-    "aol": [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959),
-            (2.7573, -3.2939, 1.4254), (2.7215, -3.0494, 1.3169)],
-    "deepseekv4": [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2,
-}
-# float32 Newton-Schulz against a float64 reference: a few float32 ulps
-# amplified by at most 10 iterations of cubic polynomials.
-RTOL = 1e-5
-
-
-def ns_ref(x, coeffs, steps, eps=1e-9):
-    """float64 Newton-Schulz, one matrix at a time (3-D: loop over experts)."""
-    x = np.asarray(x, np.float64)
-    if x.ndim == 3:
-        return np.stack([ns_ref(e, coeffs, steps, eps) for e in x])
-    tall = x.shape[0] > x.shape[1]
-    if tall:
-        x = x.T
-    x = x / max(np.linalg.norm(x), eps)
-    for i in range(steps):
-        a, b, c = coeffs[i % len(coeffs)]
-        A = x @ x.T
-        x = a * x + (b * A + c * A @ A) @ x
-    return x.T if tall else x
-
-
-def max_rel(a, b):
-    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+# The reference (develop's tables typed in again, float64 Newton-Schulz, the
+# tolerance) is the exported Muon suite's; one copy of the specification.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_muon_optimizer import REF_PRESETS, RTOL, SIMPLE, max_rel, ns_ref  # noqa: E402
 
 
 def param(name, shape, original_shape=None):
