@@ -269,4 +269,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from worker_exit import exit_after_verdict
+
+    exit_after_verdict(main())

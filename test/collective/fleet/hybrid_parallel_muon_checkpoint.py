@@ -116,3 +116,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from worker_exit import exit_after_verdict
+
+    exit_after_verdict()

@@ -94,3 +94,6 @@ def _remember_optimizers() -> None:
 if __name__ == "__main__":
     _remember_optimizers()
     main()
+    from worker_exit import exit_after_verdict
+
+    exit_after_verdict()

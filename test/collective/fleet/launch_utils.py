@@ -191,7 +191,42 @@ def run_paddle_launch(
         log_dir: ``--log_dir``; a fresh temp dir when None (removed after a
             successful run unless ``keep_log_dir``; logs are kept in memory
             in ``LaunchResult.worker_logs`` either way).
+
+    A launch whose rank 0 could not bind the TCPStore port (taken by a
+    concurrent launch on this host) is run once more.
     """
+    for attempt in (1, 2):
+        result = _launch_once(script, nproc, env, timeout_s, args, log_dir, tail_lines,
+                              keep_log_dir, stop_when)
+        if attempt == 2 or result.ok or not _store_port_taken(result):
+            return result
+        sys.stderr.write(f"run_paddle_launch: the TCPStore port was taken before rank 0 "
+                         f"bound it (another launch on this host); launching {script} again\n")
+    return result  # not reached: the second attempt always returns
+
+
+# What a worker prints when paddle's TCPStore server cannot bind the port the
+# launcher picked: the launcher chooses a free port, releases it, and rank 0
+# binds it later, so a concurrent launch (two CI lanes) can take it between.
+# The job never started; running it again is safe.
+_STORE_PORT_SIGNS = ("TCPServer::create", "Address already in use")
+
+
+def _store_port_taken(result: LaunchResult) -> bool:
+    return any(sign in log for log in result.worker_logs.values() for sign in _STORE_PORT_SIGNS)
+
+
+def _launch_once(
+    script: str,
+    nproc: int,
+    env: Mapping[str, str] | None,
+    timeout_s: float,
+    args: Sequence[str],
+    log_dir: str | None,
+    tail_lines: int,
+    keep_log_dir: bool,
+    stop_when: Callable[[str], bool] | None,
+) -> LaunchResult:
     own_dir = log_dir is None
     if own_dir:
         log_dir = tempfile.mkdtemp(prefix="paddle_launch_")
@@ -203,6 +238,9 @@ def run_paddle_launch(
     if "PADDLE_LOCAL_SIZE" in (env or {}):
         full_env.setdefault(EMULATED_LOCAL_SIZE_ENV, str(env["PADDLE_LOCAL_SIZE"]))  # type: ignore[index]
     full_env[TOKEN_ENV] = token
+    # a worker that dies on a signal (paddle 3.3.1's gloo teardown has
+    # segfaulted under load) leaves its Python stack in the workerlog
+    full_env.setdefault("PYTHONFAULTHANDLER", "1")
     # Launcher settings that would otherwise leak in from the caller's env
     # and change the run (e.g. a multi-node PADDLE_MASTER / PADDLE_NNODES).
     for k in ("PADDLE_MASTER", "PADDLE_NNODES", "PADDLE_RANK", "PADDLE_TRAINER_ENDPOINTS",

@@ -80,3 +80,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    from worker_exit import exit_after_verdict
+
+    exit_after_verdict()
