@@ -332,6 +332,26 @@ class TestNewtonSchulz(unittest.TestCase):
 # --------------------------------------------------------------------------
 # The optimizer against the reference
 # --------------------------------------------------------------------------
+    def test_iterates_on_the_wide_orientation(self):
+        # A = X X^T is min(m, n)^2: a tall matrix is transposed before the
+        # iteration and back after it (same values either way, less memory).
+        seen = []
+        step = Muon._newton_schulz_step
+
+        def spy(X, a, b, c):
+            seen.append(tuple(X.shape))
+            return step(X, a, b, c)
+
+        for shape in ((40, 24), (24, 40)):
+            (x,) = rng_arrays(5, shape)
+            seen.clear()
+            with mock.patch.object(Muon, "_newton_schulz_step", staticmethod(spy)):
+                out = ns_fp32(paddle.to_tensor(x), SIMPLE, 2)
+            self.assertEqual(tuple(out.shape), shape)
+            self.assertEqual(set(seen), {(min(shape), max(shape))},
+                             f"{shape}: the iteration ran on {set(seen)}, not the wide side")
+
+
 class TestMuonMatchesReference(_Case):
     def test_every_preset_on_tall_wide_and_3d(self):
         shapes = list(SHAPES.values())
@@ -744,6 +764,24 @@ class TestWrapperContract(unittest.TestCase):
                                      ref.step("b", values[1], consts[1] + values[1], False)), RTOL)
         self.assertTrue(np.array_equal(params[2].numpy(), values[2]))
         self.assertFalse(any(k.startswith("other") for k in opt.state_dict()))
+
+    def test_step_leaves_a_frozen_parameter_alone(self):
+        # Freezing after a step: clear_grad() zeroes the gradient but keeps it,
+        # so only stop_gradient tells step() to skip the parameter (momentum
+        # and weight decay would still move it).
+        values = rng_arrays(23, (8, 12), (12,))
+        with unique_name.guard():
+            params = [make_param(n, v) for n, v in zip(["w", "b"], values)]
+            opt = Muon(LR, params, muon_exclude_patterns=[])
+            train(opt, params, rng_arrays(24, (8, 12), (12,)), 1)
+            for p in params:
+                self.assertIsNotNone(p._grad_ivar(), f"{p.name}: clear_grad dropped the grad")
+                p.stop_gradient = True
+            frozen = [p.numpy().copy() for p in params]
+            opt.step()
+        for p, before in zip(params, frozen):
+            self.assertTrue(np.array_equal(p.numpy(), before),
+                            f"{p.name} has stop_gradient=True but step() changed it")
 
     def test_muon_params_are_updated_before_adamw_params(self):
         with unique_name.guard():
@@ -1456,7 +1494,7 @@ class TestHyperball(unittest.TestCase):
             np.testing.assert_allclose(out, w, rtol=1e-5, atol=1e-6)
 
     def _train_modes(self, modes, shapes, names, steps=3, wd=0.01, ratio=None,
-                     original=None):
+                     original=None, eps=1e-9):
         values = rng_arrays(74, *shapes, scale=0.5)
         consts = rng_arrays(75, *shapes)
         info = {n: MuonParamInfo(use_muon=m, use_hyperball=h) for n, (m, h) in zip(names, modes)}
@@ -1466,9 +1504,10 @@ class TestHyperball(unittest.TestCase):
                 if original and p.name in original:
                     p.original_shape = list(original[p.name])
             opt = Muon(LR, params, muon_param_info_map=info, weight_decay=wd,
-                       lr_ratio=None if ratio is None else (lambda p: ratio(p.name)))
+                       lr_ratio=None if ratio is None else (lambda p: ratio(p.name)),
+                       adam_epsilon=eps)
             train(opt, params, consts, steps)
-        ref = RefMuonH(wd=wd, lr_ratio=ratio, original_shape=original)
+        ref = RefMuonH(wd=wd, lr_ratio=ratio, original_shape=original, eps=eps)
         vals = [np.asarray(v, np.float64) for v in values]
         for _ in range(steps):
             vals = [ref.step_mode(n, w, c + w, m, h)
@@ -1496,8 +1535,21 @@ class TestHyperball(unittest.TestCase):
         self.assertEqual({k for k in sd if k.startswith("adamh_")},
                          {"adamh_moment1_0", "adamh_moment2_0", "adamh_beta1_pow_acc_0",
                           "adamh_beta2_pow_acc_0"})
+        # one power per step past the initial beta (the checkpoint resumes from them)
         np.testing.assert_allclose(sd["adamh_beta1_pow_acc_0"].numpy(), [0.9**4], rtol=1e-6)
+        np.testing.assert_allclose(sd["adamh_beta2_pow_acc_0"].numpy(), [0.95**4], rtol=1e-6,
+                                   err_msg="AdamH's beta2 power did not advance per step")
         self.assertEqual({k for k in sd if k.startswith("muonh_")}, {"muonh_moment1_0"})
+
+    def test_adamh_epsilon_is_added_outside_the_square_root(self):
+        # Adam's m / (sqrt(v) + eps): a large epsilon makes the direction differ
+        # element-wise from m / sqrt(v + eps), which the sphere's
+        # normalisation cannot hide (a uniform scale it would).
+        _, params, values, ref = self._train_modes([(False, True)], [(8, 12)], ["adamh"],
+                                                   steps=2, eps=0.5)
+        self.assertFalse(np.allclose(params[0].numpy(), values[0]), "adamh did not move")
+        self.assertLessEqual(max_rel(params[0].numpy(), ref[0]), RTOL,
+                             "AdamH with adam_epsilon=0.5 differs from m/(sqrt(v)+eps)")
 
     def test_original_shape_norms_per_expert(self):
         names = ["experts"]
@@ -1685,6 +1737,21 @@ class TestNumbersAndKeys(unittest.TestCase):
                 for n, e in zip(names, expect):
                     self.assertLessEqual(max_rel(got[n], e), RTOL,
                                          f"{n}: resumed run differs from the reference")
+
+
+    def test_develop_key_wins_over_a_legacy_key_of_the_same_state(self):
+        # A state dict holding both spellings (e.g. merged from two saves):
+        # develop's key is the one loaded, the legacy copy is ignored.
+        with unique_name.guard():
+            w = make_param("w", np.ones((4, 6), np.float32))
+            opt = Muon(LR, [w], muon_exclude_patterns=[])
+            opt._create_accumulators(None, [w])
+            develop = np.full((4, 6), 0.25, np.float32)
+            opt.set_state_dict({"w_moment1_0": paddle.to_tensor(develop),
+                                "w_fp32_master_0_moment1_0": paddle.full([4, 6], 7.0)})
+            got = opt.state_dict()["w_moment1_0"].numpy()
+        self.assertTrue(np.array_equal(got, develop),
+                        f"the legacy key overwrote develop's moment1 (got {got.flat[0]})")
 
 
 if __name__ == "__main__":

@@ -184,6 +184,22 @@ class TestBucketsAndRoutes(unittest.TestCase):
              tuple(plan.same_card_ranks(0, plan.card_of(5)))],
             "a hierarchical layout adds rank 5's node and same-card groups")
 
+    def test_broadcast_payload_counts_the_dtype_size(self):
+        # payload feeds the plan's byte figures: bf16 is 2 bytes an element,
+        # on the staged sync (develop's default) and on the plain sync alike
+        metas = [_muon("a", (16, 8), "bfloat16"), _muon("b", (8, 8), "bfloat16"),
+                 _muon("c", (4, 4))]
+        for staged in (True, False):
+            layout = ShardingLayout.build(metas, {None: [0, 1]}, 0,
+                                          LayoutSettings(overlap_sync=staged))
+            bcasts = [op for op in layout.schedule() if op.op == "broadcast"]
+            self.assertTrue(bcasts, "no broadcast in the schedule")
+            for op in bcasts:
+                want = op.numel * {"bfloat16": 2, "float32": 4}[op.dtype]
+                self.assertEqual(op.payload, want,
+                                 f"staged={staged}: {op.dtype} broadcast of {op.numel} "
+                                 f"elements carries {op.payload} bytes, not {want}")
+
     def _hier(self, overlap):
         topo = CommunicateTopology(MS_FIRST, [2, 1, 4])
         plan = HierarchicalCommPlan.from_topology(topo, 2)
