@@ -218,6 +218,16 @@ class TestSyncStageBuilding(unittest.TestCase):
         self.assertEqual([p.name for p in stages[2]["local_params"]], ["e2"])
         self.assertEqual(stages[3]["local_params"], buf.params)
 
+    def test_a_stage_closes_when_it_reaches_the_limit_exactly(self):
+        # develop: merge keys until the accumulated numel >= limit. a1 + a2
+        # (key (16, 16)) are 512 elements: with limit 512 that key closes
+        # stage 0 alone; (8, 32) then starts the next stage.
+        _, stages = self._build(rank=0, limit=512)
+        dense = [s["keys"] for s in stages if s["color"] is None]
+        self.assertEqual(dense[0], [(16, 16)],
+                         f"a stage of exactly the limit (512) did not close: {dense}")
+        self.assertEqual(dense[1][0], (8, 32))
+
     def test_stages_are_identical_on_every_rank_but_local_params(self):
         def shape(stages):
             return [(s["kind"], s.get("color"), s.get("keys"),
