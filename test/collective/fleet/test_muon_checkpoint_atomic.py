@@ -252,6 +252,13 @@ class TestSingleProcess(_Dir):
         with self.assertRaisesRegex(CheckpointCorruptError, r"0\.metadata: unreadable"):
             self.load()
 
+    def test_plain_flex_checkpoint_loads_its_newest_id(self):
+        # a plain flex_checkpoint directory (no checkpoint_<id>): the highest
+        # <id>.metadata is loaded
+        for uid, seed in ((0, 1), (1, 2)):
+            paddle.distributed.save_state_dict(whole(arrays(seed)), self.root, unique_id=uid)
+        self.assert_values(self.load(), 2, "plain directory, newest id")
+
     def test_values_that_cannot_be_saved_are_refused_before_writing(self):
         for bad, expected in (({"w": np.zeros(3)}, r"state_dict\['w'\] is a ndarray"),
                               ({1: whole(arrays(1))["w"]}, "state_dict key 1 is a int"),
@@ -660,6 +667,24 @@ class TestRanksAsThreads(_Dir):
             self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")
             self.assertIn("rank 1: ", str(results[rank]))
             self.assertIn("could not be checked (PermissionError", str(results[rank]))
+
+    def test_every_rank_checks_the_metadata_checksum(self):
+        # data files' checksums are spread over the ranks, the metadata's is
+        # checked by all (each rank reads it): an altered byte is named by every rank
+        save_sharded_checkpoint(whole(arrays(0)), self.root)
+        meta = os.path.join(self.root, "checkpoint_0", "0.metadata")
+        with open(meta, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+        results = ThreadRanks(3, self.root).run(
+            lambda r: load_sharded_checkpoint(whole(arrays(0)), self.root))
+        for rank in range(3):
+            self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")
+            for checker in range(3):
+                self.assertIn(f"rank {checker}: {meta}: SHA-256 differs", str(results[rank]),
+                              f"rank {rank}'s error lacks rank {checker}'s metadata check")
 
     def test_ranks_that_resolve_different_checkpoints_refuse(self):
         save_sharded_checkpoint(whole(arrays(0)), self.root)
