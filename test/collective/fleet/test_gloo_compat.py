@@ -192,6 +192,47 @@ class TestGlooCompatUnits(unittest.TestCase):
                     # the launcher's choice, never the build, decides for patch_paddle()
                     self.assertFalse(gc.gloo_backend_selected())
 
+    def test_forced_off_spellings_and_store_defaults(self):
+        for value in ("0", "false", "off", "no", "OFF"):
+            with self.subTest(GLOO_COMPAT=value), \
+                    _EnvGuard(GLOO_COMPAT=value, PADDLE_DISTRI_BACKEND="gloo"):
+                self.assertFalse(gc.gloo_expected(), f"GLOO_COMPAT={value} must force it off")
+                self.assertFalse(gc.gloo_backend_selected())
+        with _EnvGuard(**{gc.STORE_TIMEOUT_ENV: None}):
+            self.assertEqual(gc._store_timeout(), 300, "sub-group store timeout default")
+        with _EnvGuard(PADDLE_CURRENT_ENDPOINT="10.1.2.3:6170"):
+            self.assertEqual(gc._my_host(), "10.1.2.3", "the master publishes its own host")
+        with _EnvGuard(PADDLE_CURRENT_ENDPOINT=None):
+            self.assertEqual(gc._my_host(), "127.0.0.1")
+
+    def test_emulated_reduce_scatter_on_four_ranks(self):
+        # Rank 2 of 4 whose peers hold the same input: the all_reduce (SUM
+        # for AVG) gives 4x; AVG keeps the input's slice, SUM four times it,
+        # another op goes through unchanged; the input is never modified.
+        class Group:
+            nranks, rank = 4, 2
+
+        ops = []
+
+        def all_reduce(t, op, group, sync_op, use_calc_stream):
+            ops.append(op)
+            t.scale_(4.0)
+            return "task"
+
+        x = np.arange(16, dtype=np.float32)
+        for op, factor in ((dist.ReduceOp.AVG, 1.0), (dist.ReduceOp.SUM, 4.0),
+                           (dist.ReduceOp.MAX, 4.0)):
+            with self.subTest(op=op):
+                ops.clear()
+                inp, out = paddle.to_tensor(x), paddle.zeros([4])
+                task = gc._emulated_reduce_scatter(out, inp, op, Group(), all_reduce)
+                self.assertEqual(task, "task")
+                want_op = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
+                self.assertEqual(ops, [want_op], "the all_reduce ran with the wrong op")
+                np.testing.assert_allclose(out.numpy(), x[8:12] * factor,
+                                           err_msg=f"{op}: rank 2's slice")
+                self.assertTrue(np.array_equal(inp.numpy(), x), "the input was modified")
+
     def test_bad_emulated_local_size_is_refused(self):
         with _EnvGuard(**{gc.EMULATED_LOCAL_SIZE_ENV: "0"}):
             with self.assertRaisesRegex(ValueError, "GLOO_COMPAT_LOCAL_SIZE must be >= 1"):
