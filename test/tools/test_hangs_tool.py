@@ -95,6 +95,59 @@ class TestHangsTool(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertIn("note: the dumps were written 4000 s apart", out)
 
+    def test_the_stale_note_starts_past_300_seconds(self) -> None:
+        states = _two_rank_states()
+        for spread, noted in ((299.0, False), (301.0, True)):
+            self._write(1, states[1], when=1000.0)
+            self._write(3, states[3], when=1000.0 + spread)
+            code, out, _ = self._run([self.dir])
+            self.assertEqual(code, 0)
+            self.assertEqual("note: the dumps were written" in out, noted,
+                             f"dumps {spread:g} s apart: note expected={noted}\n{out}")
+
+    def test_malformed_dumps_name_the_problem(self) -> None:
+        state = _two_rank_states()[1]
+
+        def error_of(edit) -> str:
+            for name in os.listdir(self.dir):
+                os.remove(os.path.join(self.dir, name))
+            self._write(1, state)
+            edit()
+            code, out, err = self._run([self.dir])
+            self.assertEqual((code, out), (2, ""), err)
+            return err
+
+        def rewrite(change):
+            path = fr.dump_path(self.dir, 1)
+            with open(path) as f:
+                data = json.load(f)
+            change(data)
+            with open(path, "w") as f:
+                json.dump(data, f)
+
+        def copy():
+            shutil.copy(fr.dump_path(self.dir, 1),
+                        os.path.join(self.dir, f"{fr.DUMP_PREFIX}1_copy.json"))
+
+        self.assertIn("field 'rank' is 4, expected < world_size 4",
+                      error_of(lambda: rewrite(lambda d: d.update(rank=4))))
+        self.assertIn("field 'entries[0].numel' is -1",
+                      error_of(lambda: rewrite(lambda d: d["entries"][0].update(numel=-1))))
+        self.assertIn("rank 1 again", error_of(copy))
+        with mock.patch.object(hangs, "MAX_DUMP_BYTES", 64):
+            self.assertIn("larger than 64 bytes", error_of(lambda: None))
+
+    def test_the_same_error_with_a_rank_missing_is_not_every_rank(self) -> None:
+        for rank in (0, 1):
+            self._write(rank, fr.RankState(rank, None, [], {}),
+                        reason="uncaught RuntimeError: boom", world=3)
+        code, out, _ = self._run([self.dir])
+        self.assertEqual(code, 0)
+        self.assertIn("not a hang: a crash: ranks 0, 1 raised RuntimeError outside any "
+                      "collective", out)
+        self.assertNotIn("every rank raised", out)
+        self.assertIn("no dump from rank 2", out)
+
     def test_bad_inputs_are_errors(self) -> None:
         cases = {"missing": os.path.join(self.dir, "nope"), "empty": self.dir}
         for label, path in cases.items():
