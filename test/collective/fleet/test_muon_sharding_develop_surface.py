@@ -609,6 +609,7 @@ class TestDevelopAttributes(unittest.TestCase):
             params[0].color = {"color": NO_HOOK}  # no group: the sharding group
             params[2].color = {"group": hcg.get_sharding_parallel_group()}  # no colour: default
             params[4].color = {"color": -1}
+            params[5].color = -1  # develop: a plain -1 is the default colour too
             opt = MuonShardingOptimizer(make_muon(params), hcg, strategy)
             return (list(opt._params_2d_by_color),
                     [p.name for p in opt._params_2d_by_color[NO_HOOK]],

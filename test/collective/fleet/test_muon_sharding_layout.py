@@ -200,6 +200,21 @@ class TestBucketsAndRoutes(unittest.TestCase):
                                  f"staged={staged}: {op.dtype} broadcast of {op.numel} "
                                  f"elements carries {op.payload} bytes, not {want}")
 
+    def test_group_call_turns_the_staged_sync_off_unless_opted_in(self):
+        # develop: overlap_optimize_and_sync is off under comm_group_call_opt;
+        # overlap_sync_group_call (ours) keeps it on, and a flat layout has it
+        plan, hier = self._hier(overlap=False)
+        self.assertTrue(hier.settings.overlap_sync, "the default asks for the staged sync")
+        flat = ShardingLayout.build(list(hier.params.values()), hier.groups, 5, hier.settings)
+        opted = dataclasses.replace(
+            hier, settings=dataclasses.replace(hier.settings, overlap_sync_group_call=True))
+        for layout, staged in ((hier, False), (opted, True), (flat, True)):
+            triggers = {ph.trigger.split("[")[0] for ph in layout.step_plan()}
+            self.assertEqual(layout.staged_sync, staged)
+            self.assertEqual("sync" in triggers, staged,
+                             f"plan={layout.plan is not None} opted-in="
+                             f"{layout.settings.overlap_sync_group_call}: triggers {triggers}")
+
     def _hier(self, overlap):
         topo = CommunicateTopology(MS_FIRST, [2, 1, 4])
         plan = HierarchicalCommPlan.from_topology(topo, 2)

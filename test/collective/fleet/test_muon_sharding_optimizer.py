@@ -481,16 +481,17 @@ CONSTRUCTION_ERRORS = {
     "not_muon": (SimConfig(ep=2, ms=2), _not_muon, TypeError, "_muon_param_info_map"),
     "no_apply_optimize": (SimConfig(ep=2, ms=2), _no_apply_optimize, TypeError,
                           "_apply_optimize"),
-    "pp_with_overlap": (SimConfig(ep=2, ms=2, pp=2, overlap=True), _plain, ValueError,
+    # develop asserts these: an AssertionError (ours is a ValueError too)
+    "pp_with_overlap": (SimConfig(ep=2, ms=2, pp=2, overlap=True), _plain, AssertionError,
                         "comm_overlap=True cannot be combined"),
     "overlap_without_fusion": (SimConfig(ep=2, ms=2, fused=False, overlap=True), _plain,
                                ValueError, "needs fused gradient buffers"),
     "overlap_acc_steps_0": (SimConfig(ep=2, ms=2, overlap=True),
-                            _with_fields(accumulate_steps=0), ValueError,
+                            _with_fields(accumulate_steps=0), AssertionError,
                             "accumulate_steps >= 1"),
     "pp_sharding_comm_overlap": (SimConfig(ep=2, ms=2),
                                  _with_fields(pp={"sharding_comm_overlap": True}),
-                                 ValueError, "pp_configs.sharding_comm_overlap=True"),
+                                 AssertionError, "pp_configs.sharding_comm_overlap=True"),
     "tensor_fusion_without_buffers": (SimConfig(ep=2, ms=2, fused=False),
                                       _with_fields(tensor_fusion=True), ValueError,
                                       "tensor_fusion=True"),
@@ -532,6 +533,14 @@ class TestConstructionErrors(unittest.TestCase):
                                        "group": hcg.get_sharding_parallel_group()}
             MuonShardingOptimizer(_muon_for(net), hcg, strategy)
 
+        def equal_size_groups(cfg, strategy):
+            # one colour key on two groups of the same size, other ranks
+            hcg, net = _net(cfg)
+            net.dense["w_in"].color = {"color": "x",
+                                       "group": hcg.get_moe_sharding_parallel_group()}
+            net.dense["w_out"].color = {"color": "x", "group": hcg.get_expert_parallel_group()}
+            MuonShardingOptimizer(_muon_for(net), hcg, strategy)
+
         def no_params(cfg, strategy):
             hcg, net = _net(cfg)
             muon = _muon_for(net)
@@ -541,6 +550,8 @@ class TestConstructionErrors(unittest.TestCase):
         _expect_error(self, SimConfig(ep=2, ms=2), not_member, ValueError,
                       "is not in its colour group")
         _expect_error(self, SimConfig(ep=2, ms=2), two_groups, ValueError,
+                      "used with two different groups")
+        _expect_error(self, SimConfig(ep=2, ms=2), equal_size_groups, ValueError,
                       "used with two different groups")
         _expect_error(self, SimConfig(ep=2, ms=2), no_params, ValueError,
                       "needs an optimizer built with")
