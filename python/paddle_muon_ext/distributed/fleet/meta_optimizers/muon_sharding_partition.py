@@ -80,7 +80,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -564,57 +566,84 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
     kinds = sorted(holders)
     kinds_x = [g[0] for g in kinds]
 
-    # scaled loads per rank and the distinct load points (x, y) -> ranks
+    # scaled loads per rank and the distinct load points (x, y) -> ranks,
+    # sorted by x and by y with their coordinate and rank set alongside
     xl = [b * tc for b in loads.b]
     yl = [c * tb for c in loads.c]
     points: Dict[Tuple[int, int], int] = {}
     for r in range(n):
         p = (xl[r], yl[r])
         points[p] = points.get(p, 0) | bit[r]
-    points_x = sorted(points)  # by x, then y
+    points_x = sorted(points)
     points_xv = [p[0] for p in points_x]
+    points_xb = [points[p] for p in points_x]
+    points_y = sorted((y, x) for x, y in points)
+    points_yv = [q[0] for q in points_y]
+    points_yb = [points[(x, y)] for y, x in points_y]
 
     def leave(r: int) -> None:
-        p = (xl[r], yl[r])
-        left = points[p] ^ bit[r]
+        x, y = xl[r], yl[r]
+        left = points[(x, y)] ^ bit[r]
+        i = bisect.bisect_left(points_x, (x, y))
+        j = bisect.bisect_left(points_y, (y, x))
         if left:
-            points[p] = left
+            points[(x, y)] = points_xb[i] = points_yb[j] = left
         else:
-            del points[p]
-            i = bisect.bisect_left(points_x, p)
-            del points_x[i], points_xv[i]
+            del points[(x, y)]
+            del points_x[i], points_xv[i], points_xb[i]
+            del points_y[j], points_yv[j], points_yb[j]
 
     def join(r: int) -> None:
-        p = (xl[r], yl[r])
-        if p in points:
-            points[p] |= bit[r]
+        x, y = xl[r], yl[r]
+        i = bisect.bisect_left(points_x, (x, y))
+        j = bisect.bisect_left(points_y, (y, x))
+        if (x, y) in points:
+            points[(x, y)] = points_xb[i] = points_yb[j] = points[(x, y)] | bit[r]
         else:
-            points[p] = bit[r]
-            i = bisect.bisect_left(points_x, p)
-            points_x.insert(i, p)
-            points_xv.insert(i, p[0])
+            points[(x, y)] = bit[r]
+            points_x.insert(i, (x, y))
+            points_xv.insert(i, x)
+            points_xb.insert(i, bit[r])
+            points_y.insert(j, (y, x))
+            points_yv.insert(j, y)
+            points_yb.insert(j, bit[r])
 
     free = all(a is None for a in allowed_of.values())  # no capped class
 
-    def resolve(A, dx, dy, mask, bound):
+    def resolve(A, dx, dy, mask, low, bound):
         """Lowest (max(A, x + dx, y + dy), rank_order position) over the
-        ranks in ``mask`` if at most ``bound``, else None."""
-        X, Y = bound - dx, bound - dy
-        best = None
-        for i in range(bisect.bisect_right(points_xv, X)):
-            p = points_x[i]
-            y = p[1]
-            if y > Y:
-                continue
-            v = max(A, p[0] + dx, y + dy)
-            if best is not None and v > best[0]:
-                continue
-            ranks = points[p] & mask
-            if ranks:
-                cand = (v, (ranks & -ranks).bit_length() - 1)
-                if best is None or cand < best:
-                    best = cand
-        return best
+        ranks in ``mask`` if at most ``bound``, else None; ``low`` <= it.
+
+        The ranks scoring at most t are those whose load point is in the
+        quadrant x <= t - dx, y <= t - dy: the ranks of the points up to
+        t - dx in x AND of those up to t - dy in y (a rank has one point),
+        i.e. two prefix unions. That set only grows with t, so the lowest t
+        is found by bisection over the points' coordinates."""
+        def reach(t):
+            return (x_upto[bisect.bisect_right(points_xv, t - dx)]
+                    & y_upto[bisect.bisect_right(points_yv, t - dy)] & mask)
+
+        if not reach(bound):
+            return None
+        ranks = reach(low)
+        if ranks:
+            return low, (ranks & -ranks).bit_length() - 1
+        # the score is some x + dx or y + dy in (low, bound]: the least of
+        # each kind that reaches, by bisection over the sorted coordinates
+        t = bound
+        for vals, d in ((points_xv, dx), (points_yv, dy)):
+            lo = bisect.bisect_right(vals, low - d)
+            hi = bisect.bisect_right(vals, t - d)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if reach(vals[mid] + d):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < len(vals) and vals[lo] + d <= t and reach(vals[lo] + d):
+                t = vals[lo] + d
+        ranks = reach(t)
+        return t, (ranks & -ranks).bit_length() - 1
 
     def relocate(k: str, src: int, dst: int) -> None:
         # (src and dst have left their load points; they join them after)
@@ -647,13 +676,16 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         # lower-left staircase of the other ranks' load points: x rising,
         # y falling, so s = x - y rising
         stair_x, stair_y, stair_s = [], [], []
-        for p in points_x:
-            if (stair_y and p[1] >= stair_y[-1]) or points[p] == bit[worst]:
+        for (x, y), ranks in zip(points_x, points_xb):
+            if (stair_y and y >= stair_y[-1]) or ranks == bit[worst]:
                 continue
-            stair_x.append(p[0])
-            stair_y.append(p[1])
-            stair_s.append(p[0] - p[1])
+            stair_x.append(x)
+            stair_y.append(y)
+            stair_s.append(x - y)
         last = len(stair_s)
+        # ranks of the points up to each index, by x and by y
+        x_upto = list(itertools.accumulate(points_xb, operator.or_, initial=0))
+        y_upto = list(itertools.accumulate(points_yb, operator.or_, initial=0))
 
         def lowest(dx, dy):
             # min over the points of max(x + dx, y + dy): points with
@@ -679,7 +711,7 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         for low, k, A, xk, yk, d in pairs:
             if low > bound or best is not None and (low, k) > (best[0], best[2]):
                 break  # sorted: no later pair can win
-            got = resolve(A, xk, yk, others & allowed_bits[d], bound)
+            got = resolve(A, xk, yk, others & allowed_bits[d], low, bound)
             if got is not None:
                 cand = (got[0], 0, k, got[1], "")
                 if best is None or cand < best:
@@ -722,7 +754,7 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=
         for low, k, gj, A, dx, dy, mask in pairs:
             if low > bound or swap is not None and (low, k) > (swap[0], swap[2]):
                 break
-            got = resolve(A, dx, dy, mask, bound)
+            got = resolve(A, dx, dy, mask, low, bound)
             if got is not None:
                 r = order[got[1]]
                 cand = (got[0], 1, k, got[1], groups[r][gj][0])
