@@ -335,8 +335,8 @@ class _Loads:
     ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
     ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``.
 
-    ``by_score`` keeps ``(score, rank)`` sorted: the refinement finds the
-    worst rank and the ranks a move can go to without scanning every rank.
+    ``by_score`` keeps ``(score, -rank_order position, rank)`` sorted, so its
+    last entry is the worst rank (ties: the earliest in rank_order).
     """
 
     def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
@@ -346,8 +346,12 @@ class _Loads:
         self.b = [0] * nranks
         self.c = [0] * nranks
         self.pref = pref  # pref[r] = position of rank r in rank_order
-        self.cur = [0] * nranks  # current score of each rank
-        self.by_score = [(0, r) for r in range(nranks)]
+        self.settle()
+
+    def settle(self) -> None:
+        """Scores and ``by_score`` from ``b``/``c`` (after bulk changes)."""
+        self.cur = [self.score(r) for r in range(self.n)]
+        self.by_score = sorted((v, -self.pref[r], r) for r, v in enumerate(self.cur))
 
     def key(self, r: int, db: int = 0, dc: int = 0) -> Tuple[int, int, int]:
         xb = (self.b[r] + db) * self.tc
@@ -363,20 +367,14 @@ class _Loads:
         new = self.score(r)
         old = self.cur[r]
         if new != old:
-            del self.by_score[bisect.bisect_left(self.by_score, (old, r))]
-            bisect.insort(self.by_score, (new, r))
+            p = -self.pref[r]
+            del self.by_score[bisect.bisect_left(self.by_score, (old, p, r))]
+            bisect.insort(self.by_score, (new, p, r))
             self.cur[r] = new
 
     def worst_rank(self) -> int:
         """Highest score; among equals the earliest in rank_order."""
-        top = self.by_score[-1][0]
-        i = len(self.by_score) - 1
-        best = self.by_score[i][1]
-        while i > 0 and self.by_score[i - 1][0] == top:
-            i -= 1
-            if self.pref[self.by_score[i][1]] < self.pref[best]:
-                best = self.by_score[i][1]
-        return best
+        return self.by_score[-1][2]
 
 
 def _floor_ratio(values: List[int], nranks: int) -> float:
@@ -432,6 +430,7 @@ def balanced_partition(
     # specs are validated: sizes straight from the dims
     bts = {}
     nss = {}
+    classes: Dict[str, List[str]] = {}
     for s in items:
         *lead, m, n = s.shape
         numel = math.prod(s.shape)
@@ -439,45 +438,31 @@ def balanced_partition(
         bts[s.name] = numel * (8 if wide else 4)
         lo, hi = (m, n) if m <= n else (n, m)
         nss[s.name] = math.prod(lead) * hi * lo * lo
-    # totals summed in name order: identical on every rank whatever the input order
-    names_sorted = sorted(bts)
-    total_b = sum(bts[k] for k in names_sorted)
-    total_c = sum(nss[k] for k in names_sorted)
-    loads = _Loads(nranks, total_b, total_c, pref)
-    tb, tc = loads.tb, loads.tc
-
-    def size(name: str) -> int:  # normalised bytes + normalised NS, scaled by tb*tc
-        return bts[name] * tc + nss[name] * tb
-
-    classes: Dict[str, List[str]] = {}
-    for s in items:
         classes.setdefault(s.dtype, []).append(s.name)
+    # exact integer sums: the same on every rank whatever the input order
+    loads = _Loads(nranks, sum(bts.values()), sum(nss.values()), pref)
+    tb, tc = loads.tb, loads.tc
+    # normalised bytes + normalised NS, scaled by tb*tc
+    size = {k: bts[k] * tc + nss[k] * tb for k in bts}
+    class_b = {d: sum(bts[k] for k in names) for d, names in classes.items()}
+    class_c = {d: sum(nss[k] for k in names) for d, names in classes.items()}
 
     # class load in units of one rank's share (exact ceil on integers)
-    def class_cap(names: List[str]) -> int:
-        cb = sum(bts[k] for k in names)
-        cc = sum(nss[k] for k in names)
-        kb = -(-cb * nranks // tb)
-        kc = -(-cc * nranks // tc)
+    def class_cap(d: str) -> int:
+        kb = -(-class_b[d] * nranks // tb)
+        kc = -(-class_c[d] * nranks // tc)
         return max(1, min(nranks, max(kb, kc)))
 
-    cls_order = sorted(
-        classes,
-        key=lambda d: (
-            max(
-                sum(bts[k] for k in classes[d]) * tc,
-                sum(nss[k] for k in classes[d]) * tb,
-            ),
-            d,
-        ),
-    )
+    cls_order = sorted(classes, key=lambda d: (max(class_b[d] * tc, class_c[d] * tb), d))
 
     owner: Dict[str, int] = {}
     allowed_of: Dict[str, Optional[frozenset]] = {}
     version = [0] * nranks  # bumped whenever a rank's load grows
+    b, c = loads.b, loads.c  # raw loads: scores are settled after placing
     for d in cls_order:
-        names = sorted(classes[d], key=lambda k: (-size(k), k))
-        cap = class_cap(names)
+        # largest first, ties by name (a stable sort on the name-sorted list)
+        names = sorted(sorted(classes[d]), key=size.__getitem__, reverse=True)
+        cap = class_cap(d)
         if cap >= nranks:
             allowed = list(range(nranks))
             allowed_of[d] = None
@@ -490,22 +475,27 @@ def balanced_partition(
         # model's experts) then cost O(log nranks) each.
         heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
-            item = (bts[k], nss[k])
+            bk, ck = item = (bts[k], nss[k])
             heap = heaps.get(item)
             if heap is None:
-                heap = [(loads.key(r, *item), r, version[r]) for r in allowed]
+                heap = [(loads.key(r, bk, ck), r, version[r]) for r in allowed]
                 heapq.heapify(heap)
                 heaps[item] = heap
             while heap[0][2] != version[heap[0][1]]:
                 r = heap[0][1]
-                heapq.heapreplace(heap, (loads.key(r, *item), r, version[r]))
+                heapq.heapreplace(heap, (loads.key(r, bk, ck), r, version[r]))
             r = heap[0][1]
             owner[k] = r
-            loads.add(r, *item)
+            b[r] += bk
+            c[r] += ck
             version[r] += 1
-            heapq.heapreplace(heap, (loads.key(r, *item), r, version[r]))
+            # the rank's key for its next matrix of this size (loads.key inlined)
+            xb = (b[r] + bk) * tc
+            xc = (c[r] + ck) * tb
+            heapq.heapreplace(heap, ((xb if xb > xc else xc, xb + xc, pref[r]), r, version[r]))
+    loads.settle()
 
-    _refine(owner, loads, bts, nss, classes, allowed_of, size, order)
+    _refine(owner, loads, bts, nss, classes, allowed_of, order)
 
     dtype_of = {s.name: s.dtype for s in items}
     return OwnerPartition(
@@ -518,7 +508,7 @@ def balanced_partition(
     )
 
 
-def _refine(owner, loads, bts, nss, classes, allowed_of, size, order, max_iters=10000):
+def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
     """Deterministic local search: lower the score of the most loaded rank by
     moving one of its matrices, or swapping one with a matrix elsewhere.
 
