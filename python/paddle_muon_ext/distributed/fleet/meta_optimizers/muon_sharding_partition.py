@@ -714,11 +714,17 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000)
         host_ok = None if free else {d for d, a in allowed_of.items()
                                      if a is None or worst in a}
         mx, my = stair_x[0], stair_y[-1]  # least loads of the other ranks
+        # a swap keeps the pair's sum in each dimension, so the new pair score
+        # is at least half of it: partners above 2 * bound - (the worst
+        # rank's load) in either dimension are out of reach
+        reachable = others & (
+            x_upto[bisect.bisect_right(points_xv, 2 * bound - xw)]
+            & y_upto[bisect.bisect_right(points_yv, 2 * bound - yw)])
         pairs = []
         for k, gk in mine:
             xk, yk = gk[0], gk[1]
             sk = xk + yk
-            mask_k = others & allowed_bits[gk[2]]
+            mask_k = reachable & allowed_bits[gk[2]]
             # x_j window: the worst rank's side xw - xk + xj <= bound, the
             # partner's mx + xk - xj <= bound; the same in y
             lo = bisect.bisect_left(kinds_x, xk + mx - bound)
