@@ -689,6 +689,46 @@ class TestBalancedMatchesFrozenCopy(unittest.TestCase):
                           f"rule's {want}")
 
 
+def _few_kinds_model(rng, index):
+    """Random model with few kinds of matrices (shape x dtype) for its ranks:
+    the refinement's kind-pair search (at most one kind per two ranks)."""
+    nranks = rng.choice([8, 12, 16, 24, 32])
+    shapes = [(rng.choice([8, 16, 24, 32, 64]), rng.choice([8, 16, 32, 48]))
+              for _ in range(rng.randint(1, 3))]
+    shapes.append((2,) + shapes[0] if rng.random() < 0.5 else (0, 16))
+    dtypes = ["bfloat16", "float32"][:rng.randint(1, 2)]
+    specs = []
+    for i in range(rng.randint(nranks, 5 * nranks)):
+        # a rare dtype is capped to few owners; equal names sort as ties
+        dtype = dtypes[-1] if rng.random() < 0.1 else dtypes[0]
+        specs.append(MatrixSpec(f"k{index}_{i:03d}", rng.choice(shapes), dtype))
+    return specs, nranks
+
+
+class TestBalancedMatchesFrozenCopyFewKinds(unittest.TestCase):
+    def test_owners_bit_identical_with_few_kinds(self):
+        rng = random.Random(22)
+        searched = 0
+        for index in range(400):
+            specs, nranks = _few_kinds_model(rng, index)
+            mp = rng.random() < 0.7
+            order = list(range(nranks))
+            if rng.random() < 0.6:
+                rng.shuffle(order)
+            kinds = {(s.shape, s.dtype) for s in specs}
+            searched += 2 * len(kinds) <= nranks
+            items = [(s.name, _state(s.shape, s.dtype, mp), _ns(s.shape), s.dtype)
+                     for s in specs]
+            want = _frozen_balanced_owners(items, nranks, order)
+            got = balanced_partition(specs, nranks, rank_order=order,
+                                     multi_precision=mp).owners
+            if got != want:
+                self.fail(f"few-kinds model {index} ({len(specs)} matrices, {len(kinds)} "
+                          f"kinds, {nranks} ranks, rank_order {order}): owners {got} "
+                          f"differ from the frozen rule's {want}")
+        self.assertGreater(searched, 300, "too few models took the kind-pair search")
+
+
 class TestMinorityDtype(unittest.TestCase):
     def test_small_minority_dtype_gets_one_owner(self):
         specs = [MatrixSpec(f"w{i:02d}", (64, 64), "bfloat16") for i in range(64)]
