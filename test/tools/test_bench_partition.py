@@ -162,3 +162,40 @@ def test_scale_against_a_revision(bench_mod, capsys):
     assert bench_mod.main(["--scale", "--sizes", "20x2", "--against", "no-such-rev-xyz"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no-such-rev-xyz" in err and err.count("\n") == 1, err
+
+
+def test_fuzz_against_a_revision(capsys, monkeypatch):
+    """fuzz_partition compares the balanced owners with a git revision's on
+    random models: identical at HEAD (exit 0), a changed owner is reported
+    (exit 1, the matrix named), bad input is one error line and exit 2."""
+    import subprocess
+
+    fuzz = load_tool(os.path.join("bench", "fuzz_partition.py"), "_fuzz_partition_under_test")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probe = subprocess.run(["git", "-C", repo, "cat-file", "-e",
+                            "HEAD:python/paddle_muon_ext/distributed/fleet/meta_optimizers/"
+                            "muon_sharding_partition.py"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("not a git checkout holding the partition module")
+    small = ["--against", "HEAD", "--max-matrices", "200", "--max-ranks", "16", "--json"]
+    assert fuzz.main(small + ["--models", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["same_owners"] is True and out["models"] == 2, out
+
+    real = fuzz.balanced_partition
+
+    def one_owner_moved(*args, **kwargs):
+        part = real(*args, **kwargs)
+        name = min(part.owners)
+        part.owners[name] = (part.owners[name] + 1) % part.nranks
+        return part
+
+    monkeypatch.setattr(fuzz, "balanced_partition", one_owner_moved)
+    assert fuzz.main(small + ["--models", "1"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["same_owners"] is False and out["first_difference"]["differing"] == 1, out
+    assert list(out["first_difference"]["first"]) == ["w0_00000"], out
+
+    assert fuzz.main(["--models", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
