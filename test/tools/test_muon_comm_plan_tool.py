@@ -405,3 +405,29 @@ def test_partition_rules_side_by_side(hand_json, capsys):
         rules["upstream_greedy"]["optimizer_state_max_over_mean"])
     rc, table, _ = run_main(["plan", *HAND_ARGS, "--model", hand_json], capsys)
     assert "partition rule upstream_greedy: state max/mean" in table
+
+
+def test_moe_sharding_nodes_spanned_is_the_widest_group(hand_json):
+    # order pipe -> moe_sharding -> expert, ms=2, pp=3, ep=1, 3 cards per node
+    # (flat path only): stage p's moe_sharding group is {2p, 2p + 1}, so
+    # {0, 1} sits on node 0 while {2, 3} spans nodes 0 and 1.
+    cfg = mc.MuonCommConfig(ep=1, moe_sharding=2, pp=3, gpus_per_node=3,
+                            order=("pipe", "moe_sharding", "expert"), model=hand_json)
+    res = mc.compute_plan(cfg, group_call=False, compare_rules=False)
+    assert res["groups"]["moe_sharding"]["nodes_spanned"] == 2, res["groups"]
+
+
+def test_targets_are_maxima_and_both_must_hold(hand_json, monkeypatch):
+    from paddle_muon_ext.tools import plan as plan_module
+
+    cfg = mc.MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=2, model=hand_json)
+    first = mc.compute_plan(cfg, partition_strategy="balanced", compare_rules=False)["targets"]
+    # a figure equal to its target meets it
+    monkeypatch.setattr(plan_module, "TARGET_HIER_RATIO", first["hierarchical_ratio_to_bound"])
+    monkeypatch.setattr(plan_module, "TARGET_RAIL_IMBALANCE", first["rail_imbalance"])
+    equal = mc.compute_plan(cfg, partition_strategy="balanced", compare_rules=False)["targets"]
+    assert (equal["ratio_met"], equal["rail_met"], equal["met"]) == (True, True, True), equal
+    # a rail target below the figure fails the whole target, the ratio still holds
+    monkeypatch.setattr(plan_module, "TARGET_RAIL_IMBALANCE", first["rail_imbalance"] / 2)
+    rail = mc.compute_plan(cfg, partition_strategy="balanced", compare_rules=False)["targets"]
+    assert (rail["ratio_met"], rail["rail_met"], rail["met"]) == (True, False, False), rail
