@@ -431,3 +431,10 @@ def test_targets_are_maxima_and_both_must_hold(hand_json, monkeypatch):
     monkeypatch.setattr(plan_module, "TARGET_RAIL_IMBALANCE", first["rail_imbalance"] / 2)
     rail = mc.compute_plan(cfg, partition_strategy="balanced", compare_rules=False)["targets"]
     assert (rail["ratio_met"], rail["rail_met"], rail["met"]) == (True, False, False), rail
+
+
+def test_model_summary_counts(hand_result):
+    # HAND_MODEL: a, b, c dense matrices, one expert matrix, one vector
+    assert hand_result["model_summary"] == {
+        "params": 5, "muon_params": 4, "muon_dense": 3, "muon_expert": 1, "other_params": 1,
+    }
