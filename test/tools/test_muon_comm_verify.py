@@ -106,6 +106,35 @@ def test_verify_reports_failure(monkeypatch, capsys):
     assert rc == 1 and line.startswith("FAIL ranks=8"), line
 
 
+def test_verify_fails_when_the_paths_disagree_though_each_is_near_the_reference(
+        monkeypatch, capsys):
+    # The option on and off must agree within 1e-5 by themselves: shifting
+    # one path's values by +8e-6 and the other's by -8e-6 keeps each within
+    # 1e-5 of the reference but puts them 1.6e-5 apart.
+    from paddle_muon_ext.tools.verify import _test_paths
+
+    _test_paths()  # verify imports the simulated world from the checkout's tests
+    import muon_sim_runner
+
+    real = muon_sim_runner.run_world
+
+    def shifted(cfg, *args, **kwargs):
+        results, world = real(cfg, *args, **kwargs)
+        if kwargs.get("mode") is None:  # the data run, not the schedule record
+            shift = 8e-6 if cfg.gpn else -8e-6
+            for res in results:
+                res.values = {k: v + shift for k, v in res.values.items()}
+        return results, world
+
+    monkeypatch.setattr(muon_sim_runner, "run_world", shifted)
+    rc = tool.main(["verify", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                    "--steps", "1", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["max_abs_diff_vs_reference"] <= 1e-5, summary
+    assert summary["max_abs_diff_hier_vs_flat"] > 1e-5, summary
+    assert rc == 1 and summary["status"] == "FAIL", summary
+
+
 def test_console_alias_dispatches(capsys):
     from paddle_muon_ext import cli
 
