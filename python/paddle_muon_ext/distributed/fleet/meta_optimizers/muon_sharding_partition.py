@@ -626,6 +626,7 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
             points_yb.insert(j, bit[r])
 
     free = all(a is None for a in allowed_of.values())  # no capped class
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
 
     def resolve(A, dx, dy, mask, low, bound):
         """Lowest (max(A, x + dx, y + dy), rank_order position) over the
@@ -637,8 +638,8 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
         i.e. two prefix unions. That set only grows with t, so the lowest t
         is found by bisection over the points' coordinates."""
         def reach(t):
-            return (x_upto[bisect.bisect_right(points_xv, t - dx)]
-                    & y_upto[bisect.bisect_right(points_yv, t - dy)] & mask)
+            return (x_upto[bisect_right(points_xv, t - dx)]
+                    & y_upto[bisect_right(points_yv, t - dy)] & mask)
 
         if not reach(bound):
             return None
@@ -759,8 +760,7 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
             lo = bisect.bisect_left(cands_x, xk + mx - bound)
             hi = bisect.bisect_right(cands_x, bound - xw + xk, lo)
             y_lo, y_hi = yk + my - bound, bound - yw + yk
-            for i in range(lo, hi):
-                gj, yj, dx, dy = cands[i]
+            for gj, yj, dx, dy in cands[lo:hi]:
                 if yj < y_lo or yj > y_hi:
                     continue
                 if host_ok is not None and gj[2] not in host_ok:
@@ -769,7 +769,16 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
                 if not mask:
                     continue
                 A = max(xw - dx, yw - dy)  # <= bound: the windows above
-                low = max(A, lowest(dx, dy))
+                # max(A, lowest(dx, dy)) inlined: this loop is the hot one
+                i = bisect_left(stair_s, dy - dx)
+                if i == last:
+                    low = stair_y[i - 1] + dy
+                elif i == 0:
+                    low = stair_x[0] + dx
+                else:
+                    low = min(stair_x[i] + dx, stair_y[i - 1] + dy)
+                if A > low:
+                    low = A
                 if low <= bound:
                     pairs.append((low, k, gj, A, dx, dy, mask))
         pairs.sort(key=lambda q: (q[0], q[1]))
