@@ -518,9 +518,9 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000)
     interchangeable. Two exact searches give that same choice: over pairs of
     kinds when kinds are few (real models: repeated layers and experts), and
     rank by rank otherwise (with nearly every matrix a kind of its own, a
-    kind window holds thousands of kinds, a rank's window only a few). At
-    200,000 matrices over 1,024 ranks with 96 kinds the first is ~4x faster;
-    at 491 kinds over 512 ranks the second is ~2x faster (bench_partition).
+    kind window holds thousands of kinds, a rank's window only a few). On
+    synthetic models the first is ~4x faster with 96 kinds over 1,024 ranks
+    (200,000 matrices), the second ~2x faster with 491 kinds over 512 ranks.
     """
     if loads.n == 1:
         return
@@ -541,11 +541,10 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
     score is ``max(A, x + dx, y + dy)``, ``A`` the worst rank's side. Over
     the lower-left staircase of the load points that has an exact lower bound
     per pair (one bisection), so pairs are resolved in (bound, name) order
-    and only while they can still win. Resolving a pair reads the points
-    under the best score so far; a point's ranks and a kind's holders are
-    bitsets over ``rank_order`` positions, so the lowest set bit of their
-    intersection is the tie-break winner. Exact: the frozen rule's choice
-    every round.
+    and only while they can still win. A point's ranks and a kind's holders
+    are bitsets over ``rank_order`` positions: resolving a pair is a few
+    bisections and bitwise ands (see ``resolve``), and the lowest set bit is
+    the tie-break winner. Exact: the frozen rule's choice every round.
     """
     n = loads.n
     dtype_of = {k: d for d, names in classes.items() for k in names}
@@ -646,12 +645,13 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
         ranks = reach(low)
         if ranks:
             return low, (ranks & -ranks).bit_length() - 1
-        # the score is some x + dx or y + dy in (low, bound]: the least of
-        # each kind that reaches, by bisection over the sorted coordinates
+        # the score is some x + dx or y + dy in (low, bound]: the least
+        # x + dx that reaches, then the least y + dy below it, by bisection
+        # over the sorted coordinates
         t = bound
         for vals, d in ((points_xv, dx), (points_yv, dy)):
-            lo = bisect.bisect_right(vals, low - d)
-            hi = bisect.bisect_right(vals, t - d)
+            lo = bisect_right(vals, low - d)
+            hi = bisect_right(vals, t - d)
             while lo < hi:
                 mid = (lo + hi) // 2
                 if reach(vals[mid] + d):
