@@ -508,6 +508,11 @@ def balanced_partition(
     )
 
 
+# The kind-pair search keeps, per kind, the list of smaller kinds: at most
+# this many kinds keeps those lists small (~16 MB at worst).
+_MAX_PAIRED_KINDS = 512
+
+
 def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
     """Deterministic local search: lower the score of the most loaded rank by
     moving one of its matrices, or swapping one with a matrix elsewhere.
@@ -526,12 +531,14 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000)
         return
     dtype_of = {k: d for d, names in classes.items() for k in names}
     kinds = len({(bts[k], nss[k], dtype_of[k]) for k in bts})
-    search = _refine_by_kind if 2 * kinds <= loads.n else _refine_by_rank
+    few = 2 * kinds <= loads.n and kinds <= _MAX_PAIRED_KINDS
+    search = _refine_by_kind if few else _refine_by_rank
     search(owner, loads, bts, nss, classes, allowed_of, order, max_iters)
 
 
 def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
-    """:func:`_refine` for few kinds of matrices (at most one per two ranks).
+    """:func:`_refine` for few kinds of matrices (at most one per two ranks,
+    at most ``_MAX_PAIRED_KINDS``).
 
     Matrices of equal (bytes, NS cost, dtype) -- a *kind* -- are
     interchangeable and ranks sit on few distinct load points, so the search
