@@ -193,6 +193,10 @@ class TestShardedStateDict(unittest.TestCase):
                 f"single-process optimizer state by {diff:.3e}")
         for shards in opt_shards:
             for key, d in shards.items():
+                if d["is_flattened"]:
+                    begin, end = d["flattened_range"]
+                    self.assertLess(begin, end, f"{key}: a rank whose share is padding "
+                                                "only must not describe an empty slice")
                 if key.endswith(SCALAR_STATES):
                     self.assertEqual((d["local_shape"], d["global_shape"]), ((1,), (1,)))
                 else:
@@ -227,6 +231,23 @@ class TestShardedStateDict(unittest.TestCase):
                     if "experts.w_down." + MUON_STATE in d)
         self.assertEqual(down["local_shape"], (half, INNER, H),
                          "a 2-D stored expert weight's state takes the model's 3-D shape")
+
+    def test_a_shared_weight_keeps_its_state_under_the_first_name(self):
+        # a tensor the model describes under two names (tied weights): its
+        # states go under the first name in sorted order, once
+        def body(hcg):
+            net, opt = build_rank(Layout(ep=1, ms=2), hcg)
+            train(net, opt, hcg, 0, 1)
+            model = net.sharded_state_dict()
+            model["a_tied.table"] = model["head.table"]
+            return sorted(opt.sharded_state_dict(model))
+
+        per_rank = run_layout(Layout(ep=1, ms=2), body)
+        for keys in per_rank:
+            self.assertFalse([k for k in keys if k.startswith("head.table.")],
+                             f"head.table's states must go under a_tied.table: {keys}")
+        self.assertTrue(any("a_tied.table.moment1_0" in keys for keys in per_rank),
+                        "no rank describes a_tied.table.moment1_0")
 
     def test_prefix_names_map_to_their_own_parameter(self):
         # mlp.weight_scale's states start with "mlp.weight_": a shortest-prefix
