@@ -944,11 +944,18 @@ class TestOptionsHonoured(unittest.TestCase):
                       if int(t._numel()) > 1] + list(base._master_weights.values())
             shared = all(any(t._is_shared_buffer_with(b) for b in buffers.values())
                          for t in states)
-            return state, shared and bool(states), len(buffers)
+            # develop fuses tensors of more than one element: the beta powers
+            # (shape [1], kept on the CPU for the adamw kernel) stay apart
+            scalars = [t for per in base._accumulators.values() for t in per.values()
+                       if int(t._numel()) == 1]
+            apart = not any(t._is_shared_buffer_with(b) for t in scalars
+                            for b in buffers.values())
+            return state, shared and bool(states), len(buffers), apart and bool(scalars)
 
         results, _ = run_world(cfg, body=body)
-        for state, shared, n_buffers in results:
+        for state, shared, n_buffers, apart in results:
             self.assertTrue(shared, f"rank {state.rank}: a state lives outside the fused buffer")
+            self.assertTrue(apart, f"rank {state.rank}: a beta power was fused")
             self.assertEqual(n_buffers, 1, "fp32 states (moments, masters): one buffer")
         _assert_matches_reference(self, cfg, [r[0] for r in results], "fused states", BF16_TOL)
         plain, _ = run_world(cfg)
