@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -213,15 +214,44 @@ class TestSingleProcess(_Dir):
         cases = [
             (b"\xff\xfe not json", "completion marker unreadable"),
             (json.dumps({"format": "other"}).encode(), "not a completion marker"),
-            (json.dumps({k: v for k, v in good.items() if k != "files"}).encode(),
-             "completion marker lacks 'files'"),
-        ]
+        ] + [(json.dumps({k: v for k, v in good.items() if k != field}).encode(),
+              f"completion marker lacks {field!r}")
+             for field in ("unique_id", "files", "metadata_file", "tensors")]
         for raw, expected in cases:
             with open(marker, "wb") as f:
                 f.write(raw)
             with self.assertRaises(CheckpointCorruptError) as info:
                 self.load(unique_id=0)
             self.assertIn(f"{marker}: {expected}", str(info.exception))
+
+    def test_only_whole_checkpoint_names_carry_an_id(self):
+        for name, uid in (("checkpoint_12", 12), ("checkpoint_0", 0), ("checkpoint_12_old", None),
+                          ("checkpoint_3.bak", None), (".checkpoint_3.tmp-ab", None),
+                          ("checkpoint_", None), ("xcheckpoint_3", None)):
+            self.assertEqual(commit.checkpoint_id(name), uid, name)
+
+    def test_a_marker_of_another_save_is_not_this_saves_commit(self):
+        # a rank waiting for the coordinator's commit: a marker with another
+        # save's token in the final directory does not end the wait; the
+        # coordinator's silence does
+        final = os.path.join(self.root, "checkpoint_0")
+        os.makedirs(final)
+        with open(os.path.join(final, commit.MARKER), "w") as f:
+            json.dump({"format": commit.MARKER_FORMAT, "token": "theirs"}, f)
+        handshake = commit.SaveHandshake(os.path.join(self.root, ".tmp"), 1, [0, 1], 0.3)
+        clock = types.SimpleNamespace(now=0.0)
+        fake_time = types.SimpleNamespace(
+            monotonic=lambda: clock.now,
+            sleep=lambda s: setattr(clock, "now", clock.now + s))
+        with mock.patch.object(commit, "time", fake_time):
+            message = handshake.wait_decision(final, "mine")
+        self.assertIsNotNone(message, "another save's marker was taken as this save's commit")
+        self.assertIn("the coordinator, rank 0, stopped responding", message)
+        # on a simulated clock: given up right after timeout_s of silence
+        self.assertGreater(clock.now, 0.3)
+        self.assertLessEqual(clock.now, 0.3 + 2 * commit.POLL_S,
+                             f"a silent coordinator was noticed after {clock.now:.2f} s, "
+                             "timeout_s is 0.3")
 
     def test_marker_layout_must_match_the_metadata(self):
         directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
