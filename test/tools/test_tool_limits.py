@@ -126,5 +126,21 @@ class TestValues(unittest.TestCase):
         self.assertEqual(len(note.splitlines()), 1)
 
 
+class TestWorldLimit(unittest.TestCase):
+    def test_the_world_limit_is_inclusive(self) -> None:
+        import argparse
+
+        from paddle_muon_ext.tools.args import build_config
+
+        def args(ep, ms):
+            return argparse.Namespace(ep=ep, moe_sharding=ms, pp=1, gpus_per_node=1,
+                                      order="ms,pp,ep", model="tiny", nodes=None)
+
+        self.assertEqual(build_config(args(5, 3), max_world=15).world_size, 15)
+        with self.assertRaises(L.InputError) as info:
+            build_config(args(4, 4), max_world=15)
+        self.assertIn("4 x 4 = 16", str(info.exception))
+
+
 if __name__ == "__main__":
     unittest.main()
