@@ -104,6 +104,18 @@ class TestRecorder(unittest.TestCase):
         self.assertIsNone(rec.start("reduce", _Group(1, [0, 1]), 0, paddle.ones([1]), None))
         self.assertEqual(rec.snapshot("x")["entries"], [])
 
+    def test_documented_defaults_and_env_overrides(self) -> None:
+        # README: the last 2048 collectives, a 600 s timeout, recording on
+        unset = {k: v for k, v in os.environ.items()
+                 if k not in (fr.ENV_ENTRIES, fr.ENV_TIMEOUT, fr.ENV_ENABLE)}
+        with mock.patch.dict(os.environ, unset, clear=True):
+            rec = fr.FlightRecorder()
+            self.assertEqual((rec.capacity, rec.timeout_s, rec.enabled), (2048, 600.0, True))
+        with mock.patch.dict(os.environ, {fr.ENV_ENTRIES: "16", fr.ENV_TIMEOUT: "2.5",
+                                          fr.ENV_ENABLE: "0"}):
+            rec = fr.FlightRecorder()
+            self.assertEqual((rec.capacity, rec.timeout_s, rec.enabled), (16, 2.5, False))
+
     def test_env_values_are_checked(self) -> None:
         for name, value in ((fr.ENV_ENTRIES, "0"), (fr.ENV_ENTRIES, "x"), (fr.ENV_TIMEOUT, "-1")):
             with mock.patch.dict(os.environ, {name: value}):
