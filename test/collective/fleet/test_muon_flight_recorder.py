@@ -137,6 +137,11 @@ class TestRecorder(unittest.TestCase):
             self.assertEqual(fr._own_rank(), dist.get_rank())
             with mock.patch.object(dist, "get_rank", side_effect=RuntimeError("no group")):
                 self.assertEqual(fr._own_rank(), -1)
+        # a launcher's id wins; one that is not a number is ignored, not fatal
+        with mock.patch.dict(os.environ, {"PADDLE_TRAINER_ID": "3"}):
+            self.assertEqual(fr._own_rank(), 3)
+        with mock.patch.dict(os.environ, {"PADDLE_TRAINER_ID": "worker-3"}):
+            self.assertEqual(fr._own_rank(), dist.get_rank())
 
     def test_clear_forgets_entries_and_counters(self) -> None:
         self.rec.start("reduce", _Group(3, [1, 5]), 5, paddle.ones([2]), "p")
