@@ -164,6 +164,9 @@ class TestRecorder(unittest.TestCase):
         self.rec._request_seen = 0.0
         self.assertEqual(self.rec.check_once(time.time()), "requested by rank ?: ?")
         self.assertTrue(os.path.exists(fr.dump_path(self.dir, 5)))
+        # the same request is answered once, not on every watchdog round
+        self.assertIsNone(self.rec.check_once(time.time()))
+        self.assertEqual(self.rec.dumps, 1)
 
     def test_watchdog_dumps_timed_out_collective_and_asks_peers(self) -> None:
         self.rec.timeout_s = 5.0
