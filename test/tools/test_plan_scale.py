@@ -43,6 +43,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 )
 from paddle_muon_ext.tools import plan as plan_mod  # noqa: E402
 from paddle_muon_ext.tools.args import MuonCommConfig  # noqa: E402
+from paddle_muon_ext.tools import cost_model  # noqa: E402
 from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, Rings  # noqa: E402
 from tool_loader import load_tool  # noqa: E402
 
@@ -185,6 +186,17 @@ class TestReplayClass(unittest.TestCase):
         want, got = self._both(members, ops, world=16)
         self.assertGreater(want["bytes_per_rank"]["inter_node"]["max"], 0, "nothing crossed")
         assert_close(self, got, want, "summary")
+
+    def test_a_one_rank_group_costs_nothing_and_ratios_of_zero_are_one(self) -> None:
+        # a one-rank group holds its result already: no bytes, no latency
+        path = CostPath("x", 8, 2, AlphaBeta())
+        for what in ("reduce", "broadcast"):
+            path.rooted(path.phase(what), "sharding", what, (3,), 3, 1000.0, "dense")
+        summary = path.summary()
+        self.assertEqual((summary["inter_node_bytes_all"], summary["intra_node_bytes_all"],
+                          summary["estimated_time_s"]), (0.0, 0.0, 0.0), summary)
+        # "x over nothing" reads as no change (1.0), as the docstring says
+        self.assertEqual((cost_model.ratio(5.0, 0.0), cost_model.ratio(6.0, 3.0)), (1.0, 2.0))
 
     def test_members_of_unequal_size_are_refused(self) -> None:
         path = CostPath("x", 8, 2, AlphaBeta())
