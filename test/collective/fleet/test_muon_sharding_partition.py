@@ -668,6 +668,16 @@ def _random_model(rng, index):
     return out
 
 
+def _assert_frozen_owners(test, specs, nranks, order, mp, what):
+    """balanced_partition's owners must equal the frozen original rule's."""
+    items = [(s.name, _state(s.shape, s.dtype, mp), _ns(s.shape), s.dtype) for s in specs]
+    want = _frozen_balanced_owners(items, nranks, order)
+    got = balanced_partition(specs, nranks, rank_order=order, multi_precision=mp).owners
+    if got != want:
+        test.fail(f"{what}, {nranks} ranks, rank_order {order}: owners {got} differ "
+                  f"from the frozen rule's {want}")
+
+
 class TestBalancedMatchesFrozenCopy(unittest.TestCase):
     def test_owners_bit_identical_on_random_models(self):
         rng = random.Random(2026)
@@ -678,15 +688,8 @@ class TestBalancedMatchesFrozenCopy(unittest.TestCase):
             order = list(range(nranks))
             if rng.random() < 0.5:
                 rng.shuffle(order)
-            items = [(s.name, _state(s.shape, s.dtype, mp), _ns(s.shape), s.dtype)
-                     for s in specs]
-            want = _frozen_balanced_owners(items, nranks, order)
-            got = balanced_partition(specs, nranks, rank_order=order,
-                                     multi_precision=mp).owners
-            if got != want:
-                self.fail(f"model {index} ({len(specs)} matrices, {nranks} ranks, "
-                          f"rank_order {order}): owners {got} differ from the frozen "
-                          f"rule's {want}")
+            _assert_frozen_owners(self, specs, nranks, order, mp,
+                                  f"model {index} ({len(specs)} matrices)")
 
 
 def _few_kinds_model(rng, index):
@@ -717,15 +720,9 @@ class TestBalancedMatchesFrozenCopyFewKinds(unittest.TestCase):
                 rng.shuffle(order)
             kinds = {(s.shape, s.dtype) for s in specs}
             searched += 2 * len(kinds) <= nranks
-            items = [(s.name, _state(s.shape, s.dtype, mp), _ns(s.shape), s.dtype)
-                     for s in specs]
-            want = _frozen_balanced_owners(items, nranks, order)
-            got = balanced_partition(specs, nranks, rank_order=order,
-                                     multi_precision=mp).owners
-            if got != want:
-                self.fail(f"few-kinds model {index} ({len(specs)} matrices, {len(kinds)} "
-                          f"kinds, {nranks} ranks, rank_order {order}): owners {got} "
-                          f"differ from the frozen rule's {want}")
+            _assert_frozen_owners(self, specs, nranks, order, mp,
+                                  f"few-kinds model {index} ({len(specs)} matrices, "
+                                  f"{len(kinds)} kinds)")
         self.assertGreater(searched, 300, "too few models took the kind-pair search")
 
 
