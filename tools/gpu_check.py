@@ -39,48 +39,23 @@ import os
 import sys
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(_REPO, "python"), os.path.join(_REPO, "tools", "bench")):
+for _path in (os.path.join(_REPO, "python"), os.path.join(_REPO, "tools", "bench"),
+              os.path.join(_REPO, "test", "legacy_test")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-SIMPLE = [(3.4445, -4.7750, 2.0315)]
+# The float64 reference is the Muon suite's (develop's coefficients, Newton-
+# Schulz, scale rule, bf16 rounding): one copy of the specification.
+from test_muon_optimizer import SIMPLE, bf16_round, max_rel, ns_ref, scale_ref  # noqa: E402
+
 # bf16 keeps 8 significant bits (relative step 2^-8 = 3.9e-3); five NS steps
 # and the scaling round each product, measured 1e-2..3e-2 of the largest
 # entry; a wrong coefficient, scale or formula moves results by > 0.2.
 BF16_RTOL = 5e-2
 SKIP_EXIT = 77
-
-
-def ns_ref(x, steps=5, eps=1e-9):
-    x = np.asarray(x, np.float64)
-    if x.ndim == 3:
-        return np.stack([ns_ref(e, steps, eps) for e in x])
-    swap = x.shape[0] > x.shape[1]
-    x = x.T if swap else x
-    x = x / max(np.sqrt(np.sum(x * x)), eps)
-    for i in range(steps):
-        a, b, c = SIMPLE[i % len(SIMPLE)]
-        A = x @ x.T
-        x = a * x + (b * A + c * A @ A) @ x
-    return x.T if swap else x
-
-
-def scale_ref(shape, extra=0.2):
-    return math.sqrt(max(1.0, shape[-1] / shape[-2])) * extra
-
-
-def max_rel(a, b):
-    b = np.asarray(b, np.float64)
-    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
-
-
-def bf16_round(x):
-    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return b.astype(np.uint32).view(np.float32)
 
 
 def _f32(t):
@@ -96,7 +71,7 @@ def _muon_ref_steps(values, grads_of, steps, lr=0.02, wd=0.01, beta=0.95):
         for i, (w, g) in enumerate(zip(ws, gs)):
             ms[i] = ms[i] + (1 - beta) * (g - ms[i])
             u = g + beta * (ms[i] - g)
-            ws[i] = w * (1 - lr * wd) - lr * ns_ref(u) * scale_ref(u.shape)
+            ws[i] = w * (1 - lr * wd) - lr * ns_ref(u, SIMPLE, 5) * scale_ref(u.shape, 1)
     return ws
 
 
@@ -111,7 +86,7 @@ def part_numerics(dry: bool) -> list[str]:
         out = Muon._zeropower_via_newtonschulz5(paddle.to_tensor(x), 5, 1e-9, None, dtype)
         if out.dtype != dtype:
             raise AssertionError(f"NS returned {out.dtype}, expected {dtype} (develop)")
-        err = max_rel(_f32(out), ns_ref(x))
+        err = max_rel(_f32(out), ns_ref(x, SIMPLE, 5))
         lines.append(f"ns {list(shape)} {dtype}: max rel {err:.2e}")
         if err > BF16_RTOL:
             raise AssertionError(lines[-1] + f" > {BF16_RTOL}")

@@ -88,8 +88,8 @@ class TestGpuCheckParts(unittest.TestCase):
     def test_a_wrong_result_fails_the_numerics(self):
         # a Newton-Schulz that forgets the last step is caught by the reference
         real = self.tool.ns_ref
-        with mock.patch.object(self.tool, "ns_ref", lambda x, steps=5, eps=1e-9:
-                               real(x, steps + 1, eps)):
+        with mock.patch.object(self.tool, "ns_ref", lambda x, coeffs, steps, eps=1e-9:
+                               real(x, coeffs, steps + 1, eps)):
             rc, out = self._main("numerics", "--dry-run-cpu")
         self.assertEqual(rc, 1, out)
         self.assertTrue(out.startswith("FAIL: DRY-RUN numerics: AssertionError: ns"), out)
