@@ -32,12 +32,7 @@ from .muon_helpers import (  # noqa: E402, F401
     resolve_ns_coeffs,
 )
 
-__all__ += [
-    "NS_COEFFS_PRESETS",
-    "build_muon_param_info_map",
-    "keep_whole",
-    "muon_update_scale",
-    "newton_schulz",
-    "resolve_ns_coeffs",
-]
+from .muon_helpers import __all__ as _helper_names  # noqa: E402
+
+__all__ += _helper_names
 # paddle_muon_ext: compat-end
