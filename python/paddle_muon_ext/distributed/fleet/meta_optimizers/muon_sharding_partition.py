@@ -527,16 +527,25 @@ def _refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000)
     synthetic models the first is ~4x faster with 96 kinds over 1,024 ranks
     (200,000 matrices), the second ~2x faster with 491 kinds over 512 ranks.
     """
-    if loads.n == 1:
+    n = loads.n
+    if n == 1:
         return
     dtype_of = {k: d for d, names in classes.items() for k in names}
-    kinds = len({(bts[k], nss[k], dtype_of[k]) for k in bts})
-    few = 2 * kinds <= loads.n and kinds <= _MAX_PAIRED_KINDS
+    # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
+    # keeps its kinds -> names (sorted), the smallest name being the one the
+    # name tie-break picks among interchangeable matrices
+    gkey = {k: (bts[k] * loads.tc, nss[k] * loads.tb, dtype_of[k]) for k in bts}
+    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
+    for k in sorted(owner):
+        groups[owner[k]].setdefault(gkey[k], []).append(k)
+    kinds = len(set(gkey.values()))
+    few = 2 * kinds <= n and kinds <= _MAX_PAIRED_KINDS
     search = _refine_by_kind if few else _refine_by_rank
-    search(owner, loads, bts, nss, classes, allowed_of, order, max_iters)
+    search(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order, max_iters)
 
 
-def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
+def _refine_by_kind(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order,
+                    max_iters=10000):
     """:func:`_refine` for few kinds of matrices (at most one per two ranks,
     at most ``_MAX_PAIRED_KINDS``).
 
@@ -554,15 +563,8 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
     the tie-break winner. Exact: the frozen rule's choice every round.
     """
     n = loads.n
-    dtype_of = {k: d for d, names in classes.items() for k in names}
     tb, tc = loads.tb, loads.tc
     pref = loads.pref
-    # the kind of every matrix; each rank keeps its kinds -> names (sorted),
-    # the smallest name being the one the name tie-break would pick
-    gkey = {k: (bts[k] * tc, nss[k] * tb, dtype_of[k]) for k in bts}
-    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
-    for k in sorted(owner):
-        groups[owner[k]].setdefault(gkey[k], []).append(k)
 
     # ranks as bits of their rank_order position: the lowest set bit of a
     # set of ranks is the one the tie-break prefers
@@ -818,7 +820,8 @@ def _refine_by_kind(owner, loads, bts, nss, classes, allowed_of, order, max_iter
 _PROBE_RANKS = 16
 
 
-def _refine_by_rank(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
+def _refine_by_rank(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order,
+                    max_iters=10000):
     """:func:`_refine` for many kinds of matrices: rank-major.
 
     Each round takes the best improving move/swap (lowest new pair score ``B``,
@@ -833,18 +836,10 @@ def _refine_by_rank(owner, loads, bts, nss, classes, allowed_of, order, max_iter
     candidate reaching the final ``B`` is visited.
     """
     n = loads.n
-    dtype_of = {k: d for d, names in classes.items() for k in names}
     tb, tc = loads.tb, loads.tc
-    xs = {k: bts[k] * tc for k in bts}
-    ys = {k: nss[k] * tb for k in nss}
-    # Matrices of equal (bytes, NS cost, dtype) are interchangeable: they give
-    # equal pair scores everywhere, so the name tie-break picks the smallest
-    # name of such a group. Each rank keeps its groups (name lists sorted) and
-    # the group keys sorted by scaled bytes and by scaled NS cost.
-    gkey = {k: (xs[k], ys[k], dtype_of[k]) for k in xs}
-    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
-    for k in sorted(owner):
-        groups[owner[k]].setdefault(gkey[k], []).append(k)
+    xs = {k: g[0] for k, g in gkey.items()}
+    ys = {k: g[1] for k, g in gkey.items()}
+    # each rank's kinds sorted by scaled bytes and by scaled NS cost
     sorted_x = [sorted(g) for g in groups]
     sorted_y = [sorted((y, x, d) for x, y, d in g) for g in groups]
     # the first field of those lists alone: bisected on plain ints
