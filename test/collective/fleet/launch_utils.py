@@ -195,14 +195,16 @@ def run_paddle_launch(
     A launch whose rank 0 could not bind the TCPStore port (taken by a
     concurrent launch on this host) is run once more.
     """
-    for attempt in (1, 2):
-        result = _launch_once(script, nproc, env, timeout_s, args, log_dir, tail_lines,
-                              keep_log_dir, stop_when)
-        if attempt == 2 or result.ok or not _store_port_taken(result):
-            return result
+    def launch() -> LaunchResult:
+        return _launch_once(script, nproc, env, timeout_s, args, log_dir, tail_lines,
+                            keep_log_dir, stop_when)
+
+    result = launch()
+    if not result.ok and _store_port_taken(result):
         sys.stderr.write(f"run_paddle_launch: the TCPStore port was taken before rank 0 "
                          f"bound it (another launch on this host); launching {script} again\n")
-    return result  # not reached: the second attempt always returns
+        result = launch()
+    return result
 
 
 # What a worker prints when paddle's TCPStore server cannot bind the port the
