@@ -8,23 +8,35 @@
 #
 # The groups run in two lanes at once (MUON_TEST_JOBS=1: one after another):
 # the fleet group spends much of its time in launcher/gloo start-up and
-# waits, which the other lane fills. Each group's output is kept in a log
-# and printed whole, in order, when its lane is done; the exit status is
-# non-zero if any group failed.
+# waits, which the other lane fills. Output is live: every line a group's
+# pytest prints is shown as it comes, prefixed with the group's name, and a
+# line marks when each group starts and ends (with its time). The run ends
+# with one line per group and a total; the exit status is non-zero if any
+# group failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -f .coverage .coverage.*
 JOBS="${MUON_TEST_JOBS:-2}"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/muon_tests.XXXXXX")"
 trap 'rm -rf "$LOGS"' EXIT
+# Unbuffered, so pytest's progress reaches the pipe (and the terminal) at once.
+export PYTHONUNBUFFERED=1
+RUN_START=$SECONDS
 
-run() {  # run NAME PYTEST-ARGS...: one group, its output to $LOGS/NAME.log
+stamp() { printf '%4d s' "$((SECONDS - RUN_START))"; }
+
+run() {  # run NAME PYTEST-ARGS...: one group, live output prefixed [NAME]
   local name="$1"; shift
   local start=$SECONDS status=0
-  python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q \
-    --durations=10 "$@" \
-    >"$LOGS/$name.log" 2>&1 || status=$?
-  echo "[$name] exit $status after $((SECONDS - start)) s" >>"$LOGS/$name.log"
+  echo "[$name] start at $(stamp): pytest $*"
+  # pytest's exit status is written to a file: inside a pipeline it would be
+  # the prefixer's. The log keeps the group's output for the summary.
+  { python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q \
+      --durations=10 "$@" 2>&1 || echo "$?" >"$LOGS/$name.rc"; } \
+    | tee "$LOGS/$name.log" | sed -u "s/^/[$name] /"
+  [ -f "$LOGS/$name.rc" ] && status="$(cat "$LOGS/$name.rc")"
+  echo "$status" >"$LOGS/$name.rc"
+  echo "[$name] exit $status after $((SECONDS - start)) s (at $(stamp))"
   return "$status"
 }
 
@@ -48,10 +60,19 @@ else
   lane_rest || failed=1
   lane_fleet || failed=1
 fi
+echo "===== summary ====="
+passed_total=0; failed_total=0
 for name in legacy_mock fleet group_call tools; do
-  echo "===== $name ====="
-  cat "$LOGS/$name.log"
+  # pytest's closing line, e.g. "12 failed, 300 passed, 2 skipped in 9.1s"
+  line="$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$LOGS/$name.log" | tail -1 || true)"
+  echo "[$name] exit $(cat "$LOGS/$name.rc" 2>/dev/null || echo '?'): ${line:-no pytest summary}"
+  p="$(sed -nE 's/(^|.* )([0-9]+) passed.*/\2/p' <<<"$line")"
+  f="$(sed -nE 's/(^|.* )([0-9]+) failed.*/\2/p' <<<"$line")"
+  e="$(sed -nE 's/(^|.* )([0-9]+) errors?.*/\2/p' <<<"$line")"
+  passed_total=$((passed_total + ${p:-0}))
+  failed_total=$((failed_total + ${f:-0} + ${e:-0}))
 done
+echo "total: $passed_total passed, $failed_total failed"
 if [ "$failed" -ne 0 ]; then
   echo "some test group failed (see above)" >&2
   exit 1
