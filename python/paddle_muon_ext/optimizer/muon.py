@@ -27,11 +27,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+import numpy as np
 import paddle
 from paddle import _C_ops
 from paddle.base import framework
@@ -356,6 +358,143 @@ def _version_scale(shape: Sequence[int], version: int) -> float:
     return math.sqrt(max(dout, din))
 
 
+# --------------------------------------------------------- argument checks
+# Checks develop's constructor does not make, run after develop's own (whose
+# error types and order are kept). Each error is one line naming the
+# argument, the value given and the valid range.
+
+
+def _is_real(value: Any) -> bool:
+    """A real number: Python/NumPy ints and floats, or a one-element float Tensor.
+
+    bool is an int to Python, never a meaningful rate or count here.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return (isinstance(value, paddle.Tensor) and value.size == 1
+            and value.dtype in (paddle.float16, paddle.bfloat16, paddle.float32,
+                                paddle.float64))
+
+
+def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "") -> None:
+    """Refuse anything but a finite real number ``>= low``."""
+    if not _is_real(value):
+        raise TypeError(
+            f"Muon: {label}={value!r} ({type(value).__name__}) is not a number; "
+            f"pass a finite float >= {low:g}{hint}."
+        )
+    value = float(value)
+    if not math.isfinite(value) or value < low:
+        raise ValueError(
+            f"Muon: {label}={value!r} is out of range; pass a finite float >= {low:g}{hint}."
+        )
+
+
+def _check_flag(label: str, value: Any) -> None:
+    """Refuse anything but True/False (0/1 ints are develop's truthiness too)."""
+    if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
+        return
+    raise TypeError(f"Muon: {label}={value!r} must be True or False.")
+
+
+def _check_ns_coeffs(ns_coeffs: Any) -> None:
+    """``ns_coeffs`` for ``"custom"``: a non-empty list of finite ``(a, b, c)``."""
+    if isinstance(ns_coeffs, (str, bytes)) or not isinstance(ns_coeffs, Sequence):
+        raise TypeError(
+            f"Muon: ns_coeffs={ns_coeffs!r} must be a list of (a, b, c) tuples of "
+            "finite floats, e.g. [(3.4445, -4.7750, 2.0315)]."
+        )
+    if len(ns_coeffs) == 0:
+        raise ValueError(
+            "Muon: ns_coeffs=[] has no coefficients; pass at least one (a, b, c) "
+            "tuple of finite floats, e.g. [(3.4445, -4.7750, 2.0315)]."
+        )
+    for i, entry in enumerate(ns_coeffs):
+        ok = (isinstance(entry, Sequence) and not isinstance(entry, (str, bytes))
+              and len(entry) == 3
+              and all(_is_real(v) and math.isfinite(float(v)) for v in entry))
+        if not ok:
+            raise ValueError(
+                f"Muon: ns_coeffs[{i}]={entry!r} is not 3 finite numbers (a, b, c); "
+                "every entry must be a tuple (a, b, c) of finite floats."
+            )
+
+
+def _check_parameter_list(parameters: Sequence[Any]) -> None:
+    """Every entry a Tensor, each parameter (by name) at most once."""
+    seen: set = set()
+    for i, p in enumerate(parameters):
+        if not isinstance(p, paddle.Tensor):
+            raise TypeError(
+                f"Muon: parameters[{i}] is a {type(p).__name__}, not a parameter; "
+                "pass parameters=model.parameters()."
+            )
+        if p.name in seen:
+            raise ValueError(
+                f"Muon: parameter {p.name!r} is listed more than once in parameters "
+                "(it would be updated once per listing); pass each parameter once, "
+                "e.g. parameters=list(dict.fromkeys(params))."
+            )
+        seen.add(p.name)
+
+
+def _check_arguments(learning_rate: Any, parameters: Sequence[Any], args: dict) -> None:
+    """The package's checks of every constructor argument (after develop's).
+
+    Args:
+        learning_rate (Any): As given to the constructor.
+        parameters (Sequence): The (already type-checked) parameter list.
+        args (dict): The other constructor arguments by name.
+    """
+    if not isinstance(learning_rate, LRScheduler):
+        _check_real("learning_rate", learning_rate, hint=" or an LRScheduler")
+    _check_parameter_list(parameters)
+    _check_real("weight_decay", args["weight_decay"])
+    _check_real("adam_epsilon", args["adam_epsilon"])
+    if args["muon_epsilon"] is not None:
+        _check_real("muon_epsilon", args["muon_epsilon"], hint=" or None (= adam_epsilon)")
+    _check_real("muon_extra_scale_factor", args["muon_extra_scale_factor"])
+    if not isinstance(args["ns_steps"], int) or isinstance(args["ns_steps"], bool):
+        raise TypeError(
+            f"Muon: ns_steps={args['ns_steps']!r} must be an int >= 0 (not a bool)."
+        )
+    if args["ns_coeff_type"] == "custom":
+        _check_ns_coeffs(args["ns_coeffs"])
+    version = args["muon_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(
+            f"Muon: muon_version={version!r} must be an int (1, 2, or any other "
+            "for sqrt(max(dout, din)))."
+        )
+    max_bytes = args["muon_max_group_bytes"]
+    if max_bytes is not None:
+        _check_real("muon_max_group_bytes", max_bytes, hint=" (None or 0: no limit)")
+    patterns = args["muon_exclude_patterns"]
+    if patterns is not None and (isinstance(patterns, (str, bytes))
+                                 or not isinstance(patterns, (list, tuple, set, frozenset))):
+        raise TypeError(
+            f"Muon: muon_exclude_patterns={patterns!r} must be a list of name "
+            "substrings (e.g. ['embedding', 'lm_head']) or None."
+        )
+    info_map = args["muon_param_info_map"]
+    if info_map is not None and not isinstance(info_map, dict):
+        raise TypeError(
+            f"Muon: muon_param_info_map must be a dict name -> MuonParamInfo or None, "
+            f"got {type(info_map).__name__}."
+        )
+    fun = args["apply_decay_param_fun"]
+    if fun is not None and not callable(fun):
+        raise TypeError(
+            f"Muon: apply_decay_param_fun={fun!r} must be a callable name -> bool or None."
+        )
+    for label in ("nesterov", "multi_precision", "use_symmetric_gemm"):
+        _check_flag(label, args[label])
+    if args["name"] is not None and not isinstance(args["name"], str):
+        raise TypeError(f"Muon: name={args['name']!r} must be a str or None.")
+
+
 class Muon(Optimizer):
     r"""
     Muon (MomentUm Orthogonalized by Newton-Schulz) with an AdamW fallback.
@@ -485,6 +624,19 @@ class Muon(Optimizer):
             )
         self._check_values(momentum, adam_beta1, adam_beta2, adam_epsilon,
                            weight_decay, ns_steps, lr_ratio)
+        _check_arguments(learning_rate, parameters, {
+            "momentum": momentum, "adam_beta1": adam_beta1, "adam_beta2": adam_beta2,
+            "weight_decay": weight_decay, "adam_epsilon": adam_epsilon,
+            "muon_epsilon": muon_epsilon, "ns_steps": ns_steps,
+            "ns_coeff_type": ns_coeff_type, "ns_coeffs": ns_coeffs,
+            "muon_extra_scale_factor": muon_extra_scale_factor,
+            "muon_version": muon_version, "muon_max_group_bytes": muon_max_group_bytes,
+            "muon_exclude_patterns": muon_exclude_patterns,
+            "muon_param_info_map": muon_param_info_map,
+            "apply_decay_param_fun": apply_decay_param_fun, "nesterov": nesterov,
+            "multi_precision": multi_precision, "use_symmetric_gemm": use_symmetric_gemm,
+            "name": name,
+        })
         # An option of develop's FSDP Muon (PR #79781); anything else unknown
         # is named, never dropped silently.
         self._ns_per_matrix = bool(kwargs.pop("ns_per_matrix", False))
@@ -585,7 +737,8 @@ class Muon(Optimizer):
                 f"9.x, 10.x or 11.x; this one reports \"{major}.{minor}\". "
                 "Set use_symmetric_gemm=False."
             )
-        if min_short_edge <= 0 or min_step_flops <= 0:
+        # not (x > 0): NaN is not positive either
+        if not (min_short_edge > 0 and min_step_flops > 0):
             raise ValueError(
                 "symmetric_gemm_min_short_edge and symmetric_gemm_min_step_flops "
                 f"must be positive, got {min_short_edge} and {min_step_flops}."
@@ -595,6 +748,16 @@ class Muon(Optimizer):
     @staticmethod
     def _check_values(momentum, adam_beta1, adam_beta2, adam_epsilon, weight_decay,
                       ns_steps, lr_ratio) -> None:
+        for label, value in (
+            ("momentum", momentum), ("adam_beta1", adam_beta1), ("adam_beta2", adam_beta2),
+            ("adam_epsilon", adam_epsilon),
+        ):
+            # a one-line error, not Python's "'<=' not supported" from below
+            if not _is_real(value):
+                raise TypeError(
+                    f"Muon: {label}={value!r} ({type(value).__name__}) is not a number; "
+                    "pass a float."
+                )
         for label, value in (
             ("momentum", momentum), ("adam_beta1", adam_beta1), ("adam_beta2", adam_beta2)
         ):
@@ -771,6 +934,10 @@ class Muon(Optimizer):
                     "Muon update needs the whole 2-D or 3-D matrix (a slice of it "
                     "means a wrapper routed it wrongly)."
                 )
+            if math.prod(_muon_shape(param)) == 0:
+                # A zero-size matrix has nothing to update (and no norm or
+                # aspect ratio for Newton-Schulz and the scale rule).
+                continue
             groups.setdefault(self.muon_group_key(param), []).append((param, grad))
         for group in groups.values():
             subgroups = [[pg] for pg in group] if self._ns_per_matrix else \
