@@ -140,6 +140,10 @@ COMPAT_ONLY_MARKER = "# paddle_muon_ext: compat-only"
 COMPAT_BEGIN = "# paddle_muon_ext: compat-begin"
 COMPAT_END = "# paddle_muon_ext: compat-end"
 MARKER_SCAN_LINES = 30
+# --tests-only: the test modules that go upstream carry this line in their
+# first MARKER_SCAN_LINES lines; the test-tree files they import (harness,
+# helpers, worker scripts named by file) travel with them.
+UPSTREAM_TESTS_MARKER = "# paddle_muon_ext: upstream-tests"
 
 # Paddle's registries
 PROTO_PATH = "paddle/fluid/framework/distributed_strategy.proto"
@@ -322,6 +326,80 @@ def dropped_module_lines(text: str) -> list:
 def is_compat_only(text: str) -> bool:
     head = text.splitlines()[:MARKER_SCAN_LINES]
     return any(COMPAT_ONLY_MARKER in line for line in head)
+
+
+def is_upstream_test(text: str) -> bool:
+    """Whether a file carries :data:`UPSTREAM_TESTS_MARKER` near its top."""
+    head = text.splitlines()[:MARKER_SCAN_LINES]
+    return any(line.strip() == UPSTREAM_TESTS_MARKER for line in head)
+
+
+def _import_targets(text: str) -> tuple:
+    """(dotted modules a file imports, string literals naming ``*.py`` files)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return [], []
+    modules, scripts = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.append(node.module)
+            modules.extend("%s.%s" % (node.module, a.name) for a in node.names
+                           if a.name != "*")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.endswith(".py") and "\n" not in node.value:
+            scripts.append(os.path.basename(node.value))
+    return modules, scripts
+
+
+def select_upstream_tests(candidates) -> tuple:
+    """The tests-only selection: marked files plus the test-tree files they need.
+
+    Args:
+        candidates: ``(src, dst, text)`` of every exportable file.
+
+    Returns:
+        (selected candidates in input order, [(src, reason)] of the test-tree
+        files left out).  A marked file pulls in, transitively, the test-tree
+        modules it imports (looked up from its own directory and from
+        :data:`IN_TREE_PYTHONPATH`'s test directories, packages with their
+        ``__init__.py``) and the ``*.py`` files of its directory it names in
+        a string (worker scripts a launcher starts).
+    """
+    by_dst = {c[1]: c for c in candidates if c[1].startswith("test/")}
+    roots = [d for d in IN_TREE_PYTHONPATH if d.startswith("test")]
+
+    def resolve(dst, module):
+        found = []
+        parts = module.split(".")
+        for base in [os.path.dirname(dst)] + roots:
+            for i in range(1, len(parts) + 1):
+                stem = "/".join([base] + parts[:i])
+                for path in (stem + ".py", stem + "/__init__.py"):
+                    if path in by_dst:
+                        found.append(path)
+        return found
+
+    todo = [c[1] for c in candidates if c[1] in by_dst and is_upstream_test(c[2])]
+    chosen = set()
+    while todo:
+        dst = todo.pop()
+        if dst in chosen:
+            continue
+        chosen.add(dst)
+        modules, scripts = _import_targets(by_dst[dst][2]) if dst.endswith(".py") \
+            else ([], [])
+        for module in modules:
+            todo.extend(resolve(dst, module))
+        folder = os.path.dirname(dst)
+        todo.extend(folder + "/" + name for name in scripts
+                    if folder + "/" + name in by_dst)
+    selected = [c for c in candidates if c[1] in chosen]
+    left = [(c[0], "not an upstream test (no `%s` line) nor a file one imports"
+             % UPSTREAM_TESTS_MARKER) for c in candidates if c[1] not in chosen]
+    return selected, left
 
 
 def map_path(src: str, extra_map=()) -> str | None:
@@ -612,6 +690,60 @@ def _top_level_body(body: str) -> str:
     return "".join(out)
 
 
+# proto2 field numbers: 1 .. 2**29 - 1; 19000-19999 belong to protobuf itself
+PROTO_MAX_FIELD = 2**29 - 1
+PROTO_IMPL_RANGE = (19000, 19999)
+
+
+def used_field_ranges(body: str) -> list:
+    """Inclusive ``(lo, hi)`` number ranges a message body already takes.
+
+    Args:
+        body: the message's top-level text, comments removed.
+
+    Returns:
+        list: one range per field number, per ``reserved``/``extensions``
+        item (``N``, ``N to M``, ``N to max``), and protobuf's own range.
+    """
+    ranges = [(int(n), int(n)) for n in re.findall(r"=\s*(\d+)\s*[;\[]", body)]
+    for stmt in re.findall(r"\b(?:reserved|extensions)\b([^;]*);", body):
+        stmt = re.sub(r'"[^"]*"|\'[^\']*\'', "", stmt)  # reserved field names
+        for lo, hi in re.findall(r"(\d+)(?:\s+to\s+(\d+|max))?", stmt):
+            top = PROTO_MAX_FIELD if hi == "max" else int(hi or lo)
+            ranges.append((int(lo), top))
+    return ranges + [PROTO_IMPL_RANGE]
+
+
+def next_field_number(body: str, message: str = "message") -> int:
+    """The number a new field of the message gets.
+
+    One past the highest number in use, skipping reserved ranges; where that
+    runs into a ``reserved N to max`` (nothing free above), the highest free
+    number below it -- protoc refuses a field inside a reserved range.
+
+    Raises:
+        EditConflict: the message has no free number left.
+    """
+    ranges = used_field_ranges(body)
+
+    def taken(n):
+        return any(lo <= n <= hi for lo, hi in ranges)
+
+    finite = [hi for lo, hi in ranges if hi != PROTO_MAX_FIELD and (lo, hi) != PROTO_IMPL_RANGE]
+    number = max(finite, default=0) + 1
+    while number <= PROTO_MAX_FIELD and taken(number):
+        number = max(hi for lo, hi in ranges if lo <= number <= hi) + 1
+    if number <= PROTO_MAX_FIELD:
+        return number
+    # open-ended reservation above: the highest free number below it
+    below = min(lo for lo, hi in ranges if hi == PROTO_MAX_FIELD)
+    for number in range(below - 1, 0, -1):
+        if not taken(number):
+            return number
+    raise EditConflict("message %s has no free field number (every number below "
+                       "its `reserved %d to max` is taken)" % (message, below))
+
+
 def add_proto_fields(text: str, options) -> tuple:
     """Insert the option fields into their proto messages.
 
@@ -626,7 +758,8 @@ def add_proto_fields(text: str, options) -> tuple:
                                % (opt.message, opt.name))
         open_idx = m.end() - 1
         close_idx = _matching_brace(text, open_idx)
-        body = _top_level_body(re.sub(r"//[^\n]*", "", text[open_idx + 1:close_idx]))
+        body = _top_level_body(re.sub(r"//[^\n]*|/\*.*?\*/", "", text[open_idx + 1:close_idx],
+                                      flags=re.S))
         existing = re.search(r"\b%s\s*=\s*\d+\s*(\[[^\]]*\])?" % re.escape(opt.name), body)
         if existing:
             default = re.search(r"default\s*=\s*([^\],]+)", existing.group(1) or "")
@@ -637,11 +770,7 @@ def add_proto_fields(text: str, options) -> tuple:
                                       opt.default))
             present.append(opt.name)
             continue
-        numbers = [int(n) for n in re.findall(r"=\s*(\d+)\s*[;\[]", body)]
-        for lo, hi in re.findall(r"\breserved\b[^;]*?(\d+)\s*to\s*(\d+|max)", body):
-            numbers.append(int(lo) if hi == "max" else int(hi))
-        for reserved in re.findall(r"\breserved\b([^;]*);", body):
-            numbers.extend(int(n) for n in re.findall(r"\d+", reserved))
+        number = next_field_number(body, opt.message)
         line_start = text.rfind("\n", 0, close_idx) + 1
         if text[line_start:close_idx].strip():
             raise EditConflict("closing brace of message %s is not on its own line"
@@ -649,7 +778,7 @@ def add_proto_fields(text: str, options) -> tuple:
         indent = re.search(r"(?m)^([ \t]+)\S", text[open_idx + 1:close_idx])
         indent = indent.group(1) if indent else "  "
         line = "%soptional %s %s = %d [ default = %s ];\n" % (
-            indent, opt.proto_type, opt.name, max(numbers, default=0) + 1, opt.default)
+            indent, opt.proto_type, opt.name, number, opt.default)
         text = text[:line_start] + line + text[line_start:]
         added.append(opt.name)
     return text, added, present
@@ -752,6 +881,8 @@ class Export:
     warnings: list = dataclasses.field(default_factory=list)
     conflicts: list = dataclasses.field(default_factory=list)  # (file, reason)
     target: str = ""
+    tests_only: bool = False
+    not_selected: int = 0  # tests-only: exportable files outside the selection
 
     def test_modules(self) -> list:
         return sorted(d for d in self.changes if _is_test_module(d))
@@ -1043,6 +1174,69 @@ def _check_owned_module_names(ex, candidates, target) -> None:
                                         owned[len("python/"):])))
 
 
+def _guarded_import_lines(tree) -> set:
+    """Lines of imports inside ``try`` bodies (optional imports)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and node.handlers:
+            for stmt in node.body:
+                lines.update(n.lineno for n in ast.walk(stmt)
+                             if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return lines
+
+
+def _check_target_imports(ex, candidates, target) -> None:
+    """Tests-only: every ``paddle`` module an exported file imports must be in
+    the target, with the names it takes from it (the patch adds no product
+    file to supply them).  Imports inside ``try`` are optional and skipped."""
+    cache = {}
+
+    def module_text(module):
+        if module not in cache:
+            cache[module] = _module_file(target, module)
+        return cache[module]
+
+    def is_package_member(module, name):
+        rel = "python/" + module.replace(".", "/") + "/" + name
+        return target.exists(rel + ".py") or target.exists(rel + "/__init__.py")
+
+    for _src, dst, body in candidates:
+        if not dst.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(body)
+        except SyntaxError:
+            continue
+        optional = _guarded_import_lines(tree)
+        problems = []
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in optional:
+                continue
+            if isinstance(node, ast.Import):
+                wanted = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                wanted = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in wanted:
+                if module.split(".")[0] != "paddle":
+                    continue
+                text = module_text(module)
+                if text is None:
+                    problem = "imports %s, which the target lacks" % module
+                elif name in (None, "*") or name in module_defined_names(text) \
+                        or is_package_member(module, name) \
+                        or re.search(r"(?m)^\s*from\s+\S+\s+import\s+\*", text):
+                    continue
+                else:
+                    problem = "imports %s from %s, which the target's %s does not define" % (
+                        name, module, module)
+                if problem not in problems:
+                    problems.append(problem)
+        for problem in problems:
+            ex.conflicts.append((dst, problem + " (a tests-only patch adds no product file)"))
+
+
 def _check_python(ex, dst, text):
     try:
         compile(text, dst, "exec", dont_inherit=True)
@@ -1061,13 +1255,17 @@ def _check_python(ex, dst, text):
 
 def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(),
                  paddle_tree: PaddleTree | None = None,
-                 include_untracked: bool = False) -> Export:
+                 include_untracked: bool = False, tests_only: bool = False) -> Export:
     """Decide every file of the patch (data only; nothing is written).
 
     Args:
         repo_root: this repository's checkout.
         files: source paths (default: git ls-files).
         paddle_tree: the target (default: the installed paddle package).
+        include_untracked: also export files git does not track yet.
+        tests_only: only the upstream tests (:func:`select_upstream_tests`)
+            and their ``testslist.csv`` rows; no product file, no proto or
+            docs edit; every ``paddle`` import must resolve in the target.
 
     Returns:
         Export: changes, what was left out and why, conflicts.
@@ -1076,9 +1274,13 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
     target = paddle_tree or PaddleTree()
     if files is None:
         files = list_source_files(repo_root, include_untracked)
-    ex = Export(target=target.describe())
+    ex = Export(target=target.describe(), tests_only=tests_only)
+    found = _candidates(repo_root, files, include, exclude, extra_map, ex)
+    if tests_only:
+        found, left = select_upstream_tests(found)
+        ex.not_selected = len(left)
     candidates = []
-    for src, dst, text in _candidates(repo_root, files, include, exclude, extra_map, ex):
+    for src, dst, text in found:
         if dst in UPSTREAM_OWNED and target.exists(dst):
             ex.left_out.append((dst, UPSTREAM_OWNED[dst]))
             continue
@@ -1101,6 +1303,8 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
             if cand[1].startswith("test/"):
                 cand[2] = pattern.sub(lambda m: module_renames[m.group(1)], cand[2])
     _check_owned_module_names(ex, candidates, target)
+    if tests_only:
+        _check_target_imports(ex, candidates, target)
     registry = read_test_registry(repo_root)
     for src, dst, text in candidates:
         if dst.endswith(".py"):
@@ -1130,6 +1334,11 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
                 ex.zero_test_modules.append(dst)
             _register_test(ex, src, dst, registry, target)
     _registry_edits(ex, target)
+    if tests_only:
+        product = sorted(d for d in ex.changes if not d.startswith("test/"))
+        if product:  # the selection only takes test/ files: a bug if reached
+            raise ExportError("tests-only patch would change product file(s) %s"
+                              % ", ".join(product))
     return ex
 
 
@@ -1169,6 +1378,9 @@ def _registry_edits(ex, target):
         return
     edits = []  # (path, function(text) -> (text, summary))
     state = {}
+    if ex.tests_only:
+        ex.options = [(o, "not added: tests-only patch (no product file)")
+                      for o in STRATEGY_OPTIONS]
 
     def proto(text):
         text, added, present = add_proto_fields(text, STRATEGY_OPTIONS)
@@ -1182,7 +1394,7 @@ def _registry_edits(ex, target):
             state[n] = state.get(n, "") + "; documented in hybrid_configs"
         return text
 
-    if STRATEGY_OPTIONS:
+    if STRATEGY_OPTIONS and not ex.tests_only:
         edits += [(PROTO_PATH, proto), (STRATEGY_DOC_PATH, docs)]
     by_dir = {}
     for tdir, row in ex.test_rows:
@@ -1207,7 +1419,8 @@ def _registry_edits(ex, target):
             continue
         if new != old:
             ex.changes[path] = Change(path, new, old, None, target.mode(path))
-    ex.options = [(o, state.get(o.name, "not added")) for o in STRATEGY_OPTIONS]
+    if not ex.tests_only:
+        ex.options = [(o, state.get(o.name, "not added")) for o in STRATEGY_OPTIONS]
 
 
 # ------------------------------------------------------------------ render
@@ -1218,7 +1431,18 @@ def render_notes(ex: Export) -> str:
            "a %s." % ex.target, "",
            "Nothing changes for existing users unless they opt in: new options "
            "default to develop's behaviour, develop's modules and tests keep their "
-           "names.", "", "## Develop names kept", ""]
+           "names.", ""]
+    if ex.tests_only:
+        out += ["## Tests only", "",
+                "This patch changes no product file: only files under `test/` and rows "
+                "of `testslist.csv`. Its tests import develop's own modules, so they "
+                "test develop's code in place. Selected: the modules marked `%s` and "
+                "the test-tree files they import; %d other exportable files of the "
+                "package are not in it (the full export carries them). After `git "
+                "apply`, regenerate each touched directory's CMakeLists.txt from its "
+                "testslist.csv (`python tools/gen_ut_cmakelists.py -f "
+                "<dir>/testslist.csv`)." % (UPSTREAM_TESTS_MARKER, ex.not_selected), ""]
+    out += ["## Develop names kept", ""]
     if not (ex.left_out or ex.kept_names or ex.renamed):
         out.append("- None of this package's files exist in the target.")
     for dst, reason in ex.left_out:
@@ -1315,6 +1539,9 @@ def render_patch(ex: Export,
            "From: %s" % author,
            "Date: %s" % now.strftime("%a, %d %b %Y %H:%M:%S +0000"),
            "Subject: [PATCH] %s" % subject, ""]
+    if ex.tests_only:
+        out += ["Tests only: no product file changes; test/ files and testslist.csv "
+                "rows."]
     out += ["%d files added, %d modified. Develop names kept:" %
             (added, len(ex.changes) - added)]
     for dst, reason in ex.left_out:
@@ -1334,6 +1561,26 @@ def render_patch(ex: Export,
         out += render_file_diff(ex.changes[path])
     out += ["-- ", "2.39.0", ""]
     return "\n".join(out)
+
+
+def patch_stats(ex: Export) -> list:
+    """``(path, "A"|"M", lines added, lines removed)`` of every file of the patch."""
+    out = []
+    for path in sorted(ex.changes):
+        change = ex.changes[path]
+        body = render_file_diff(change)
+        added = sum(1 for l in body if l.startswith("+") and not l.startswith("+++ "))
+        removed = sum(1 for l in body if l.startswith("-") and not l.startswith("--- "))
+        out.append((path, "M" if change.old is not None else "A", added, removed))
+    return out
+
+
+def render_patch_size(stats) -> str:
+    """The size lines the exporter prints for a patch (one per file, then a total)."""
+    lines = ["Patch size: %d files, +%d / -%d lines"
+             % (len(stats), sum(s[2] for s in stats), sum(s[3] for s in stats))]
+    lines += ["  %s %+7d %7s  %s" % (st, a, "-%d" % r, path) for path, st, a, r in stats]
+    return "\n".join(lines)
 
 
 def notes_path_for(output: str) -> str:
@@ -1448,7 +1695,7 @@ sys.meta_path[:] = [f for f in sys.meta_path
                     if "paddle_muon_ext" not in repr(f)
                     and "__editable__" not in getattr(type(f), "__module__", "")]
 importable = importlib.util.find_spec("paddle_muon_ext") is not None
-loaded = {}
+loaded, ran = {}, {}
 if importable:
     rc = 99
 elif os.environ["MUON_EXPORT_ACTION"] == "pytest":
@@ -1461,11 +1708,20 @@ else:
             sys.path.insert(0, folder)
         try:
             module = importlib.import_module(name[:-3])
-            loaded[path] = unittest.defaultTestLoader.loadTestsFromModule(
-                module).countTestCases()
+            suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+            loaded[path] = suite.countTestCases()
         except Exception as exc:  # report every module, not the first failure
             loaded[path] = "%s: %s" % (type(exc).__name__, exc)
+            continue
+        if os.environ["MUON_EXPORT_ACTION"] == "unittest-run" and loaded[path]:
+            res = unittest.TextTestRunner(stream=sys.stdout, verbosity=1).run(suite)
+            ran[path] = {"run": res.testsRun, "failures": len(res.failures),
+                         "errors": len(res.errors), "skipped": len(res.skipped),
+                         "expected_failures": len(res.expectedFailures),
+                         "unexpected_successes": len(res.unexpectedSuccesses)}
     rc = 0 if all(isinstance(n, int) and n > 0 for n in loaded.values()) else 1
+    if any(r["failures"] or r["errors"] or r["unexpected_successes"] for r in ran.values()):
+        rc = 1
 probe = json.loads(os.environ["MUON_EXPORT_PROBE_MODULES"])
 print("\n%s%s" % (os.environ["MUON_EXPORT_MARK"], json.dumps({
     "rc": rc,
@@ -1474,6 +1730,7 @@ print("\n%s%s" % (os.environ["MUON_EXPORT_MARK"], json.dumps({
                                      if m.split(".")[0] == "paddle_muon_ext"),
     "modules": {m: getattr(sys.modules.get(m), "__file__", None) for m in probe},
     "unittest_counts": loaded,
+    "unittest_results": ran,
 })))
 sys.exit(rc)
 """
@@ -1536,6 +1793,11 @@ def _run_in_tree(work_dir, action, args, repo_root=None, timeout=None):
         for path, count in sorted(report["unittest_counts"].items()):
             if not (isinstance(count, int) and count > 0):
                 problems.append("%s: unittest loads %s" % (path, count))
+        for path, res in sorted(report.get("unittest_results", {}).items()):
+            if res["failures"] or res["errors"] or res["unexpected_successes"]:
+                problems.append("%s: %d failed, %d errors, %d unexpected successes of %d"
+                                % (path, res["failures"], res["errors"],
+                                   res["unexpected_successes"], res["run"]))
     if rc != 0:
         problems.append("%s exited %d" % (action, rc))
     info["problems"] = problems
@@ -1569,6 +1831,33 @@ def load_unittest_in_tree(work_dir: str, test_files, repo_root: str | None = Non
     return _run_in_tree(work_dir, "unittest", list(test_files), repo_root, timeout)
 
 
+def run_unittest_in_tree(work_dir: str, test_files, repo_root: str | None = None,
+                         timeout: float | None = None) -> dict:
+    """Load and run each test module of the patched tree with unittest.
+
+    Returns:
+        dict: as ``load_unittest_in_tree``; ``report["unittest_results"]``
+        maps each file to its run, failure, error, skip and expected-failure
+        counts; a failure, error or unexpected success is a problem.
+    """
+    return _run_in_tree(work_dir, "unittest-run", list(test_files), repo_root, timeout)
+
+
+def copy_and_apply(paddle_root: str, work_dir: str, patch_path: str) -> dict:
+    """Copy a Paddle checkout (links kept as links) into an empty work_dir and
+    ``git apply`` the patch there; the checkout itself is not touched."""
+    t0 = time.time()
+    if os.path.exists(work_dir) and os.listdir(work_dir):
+        raise ExportError("%s exists and is not empty" % work_dir)
+    if os.path.exists(work_dir):
+        os.rmdir(work_dir)
+    shutil.copytree(paddle_root, work_dir, symlinks=True)
+    if not os.path.isdir(os.path.join(work_dir, ".git")):
+        subprocess.run(["git", "init", "-q"], cwd=work_dir, check=True)
+    git_apply(work_dir, patch_path)
+    return {"copy_and_apply_s": round(time.time() - t0, 2)}
+
+
 def exported_modules(files) -> list:
     mods = []
     for path in sorted(files):
@@ -1596,6 +1885,10 @@ def main(argv=None) -> int:
     p.add_argument("--repo-root", default=".")
     p.add_argument("--paddle-root", default=None,
                    help="Paddle source checkout to export against")
+    p.add_argument("--tests-only", action="store_true",
+                   help="export only the upstream tests (files marked `%s` and the "
+                        "test-tree files they import) and their testslist.csv rows; "
+                        "no product file; needs --paddle-root" % UPSTREAM_TESTS_MARKER)
     p.add_argument("--include-untracked", action="store_true")
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
@@ -1605,6 +1898,14 @@ def main(argv=None) -> int:
     p.add_argument("--require-unittest", action="store_true",
                    help="a test module without unittest test methods is an error")
     p.add_argument("--verify-against-installed-paddle", metavar="DIR")
+    p.add_argument("--verify-in-copy", metavar="DIR",
+                   help="copy --paddle-root into DIR (empty or absent), git apply the "
+                        "patch there; then --verify-unittest-load/--verify-unittest-run/"
+                        "--verify-pytest run in DIR")
+    p.add_argument("--verify-unittest-run", action="store_true",
+                   help="after --verify-in-copy or --verify-against-installed-paddle, "
+                        "run every exported test module with unittest (failures, "
+                        "errors and unexpected successes fail; expected failures pass)")
     p.add_argument("--verify-module", action="append", default=[])
     p.add_argument("--verify-pytest", metavar="ARGS", default=None,
                    help="after --verify-against-installed-paddle, run pytest "
@@ -1614,10 +1915,18 @@ def main(argv=None) -> int:
                    help="after --verify-against-installed-paddle, load every "
                         "exported test module with unittest (each must have > 0 tests)")
     args = p.parse_args(argv)
-    if (args.verify_pytest is not None or args.verify_unittest_load) \
-            and not args.verify_against_installed_paddle:
-        p.error("--verify-pytest/--verify-unittest-load need "
-                "--verify-against-installed-paddle DIR")
+    if (args.verify_pytest is not None or args.verify_unittest_load
+            or args.verify_unittest_run) \
+            and not (args.verify_against_installed_paddle or args.verify_in_copy):
+        p.error("--verify-pytest/--verify-unittest-load/--verify-unittest-run need "
+                "--verify-against-installed-paddle DIR or --verify-in-copy DIR")
+    if args.verify_in_copy and not args.paddle_root:
+        p.error("--verify-in-copy needs --paddle-root DIR (the tree it copies)")
+    if args.verify_in_copy and args.verify_against_installed_paddle:
+        p.error("--verify-in-copy and --verify-against-installed-paddle are exclusive")
+    if args.tests_only and not args.paddle_root:
+        p.error("--tests-only needs --paddle-root DIR (the develop checkout whose "
+                "testslist.csv gets the rows)")
     extra_map = []
     for item in args.map:
         if "=" not in item:
@@ -1627,7 +1936,7 @@ def main(argv=None) -> int:
         ex = build_export(
             args.repo_root, include=args.include, exclude=args.exclude,
             extra_map=extra_map, paddle_tree=PaddleTree(args.paddle_root),
-            include_untracked=args.include_untracked)
+            include_untracked=args.include_untracked, tests_only=args.tests_only)
     except ExportError as exc:
         print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
         return 2
@@ -1649,28 +1958,36 @@ def main(argv=None) -> int:
         return 1
     notes = render_notes(ex)
     notes_path = args.notes or notes_path_for(args.output)
-    _write(args.output, render_patch(ex))
+    _write(args.output, render_patch(ex, subject=(
+        "Muon sharding: tests for develop's MuonShardingOptimizer (tests only)"
+        if ex.tests_only else "Muon sharding: exported from paddle_muon_ext")))
     _write(notes_path, notes)
     added = sum(1 for c in ex.changes.values() if c.old is None)
-    print("Wrote %s (%d added, %d modified) and %s"
-          % (args.output, added, len(ex.changes) - added, notes_path))
-    for dst in sorted(ex.changes):
-        c = ex.changes[dst]
-        print("  %s %s%s" % ("M" if c.old is not None else "A", dst,
-                             "  <- " + c.src if c.src else ""))
+    print("Wrote %s (%s%d added, %d modified) and %s"
+          % (args.output, "tests only: " if ex.tests_only else "", added,
+             len(ex.changes) - added, notes_path))
+    print(render_patch_size(patch_stats(ex)))
     print()
     print(notes)
-    if args.verify_against_installed_paddle:
-        work = args.verify_against_installed_paddle
+    if args.verify_against_installed_paddle or args.verify_in_copy:
+        work = args.verify_against_installed_paddle or args.verify_in_copy
         mods = args.verify_module or exported_modules(ex.changes)
         try:
-            info = verify_against_installed_paddle(args.output, work, mods)
-        except ExportError as exc:
+            if args.verify_in_copy:
+                info = copy_and_apply(args.paddle_root, work, args.output)
+                if mods:
+                    info.update(import_in_tree(work, mods))
+            else:
+                info = verify_against_installed_paddle(args.output, work, mods)
+        except (ExportError, OSError, subprocess.CalledProcessError) as exc:
             print("VERIFY FAILED: %s" % exc, file=sys.stderr)
             return 1
         print("VERIFY OK: " + json.dumps(info, indent=2, sort_keys=True))
         runs = []
-        if args.verify_unittest_load:
+        if args.verify_unittest_run:
+            runs.append(("IN-TREE UNITTEST RUN", run_unittest_in_tree(
+                work, ex.test_modules(), repo_root=args.repo_root)))
+        elif args.verify_unittest_load:
             runs.append(("IN-TREE UNITTEST LOAD", load_unittest_in_tree(
                 work, ex.test_modules(), repo_root=args.repo_root)))
         if args.verify_pytest is not None:

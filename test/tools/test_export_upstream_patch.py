@@ -930,3 +930,131 @@ def test_real_repo_suites_run_in_tree(tmp_path, capsys):
               % (float(summary.group(1)), elapsed, summary.group(2)))
         for line in skip_lines:
             print("  " + line)
+
+
+# ------------------------------------------------- small trees, no paddle copy
+def _mini(tmp_path, ours, theirs, checkout=True, **kw):
+    """build_export of ``ours`` (files of a fake package) against ``theirs``
+    (a fake Paddle checkout; ``checkout=False``: the installed package)."""
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _write_tree(repo, ours)
+    _write_tree(tree, theirs)
+    target = ep.PaddleTree(tree if checkout else None)
+    return ep.build_export(repo, files=sorted(ours), paddle_tree=target, **kw)
+
+
+def test_test_module_outside_registered_dirs_is_a_conflict_for_a_checkout(tmp_path):
+    ours = {"test/custom/test_muon_x.py": FAKE_TEST.replace("from mock.fake_group import "
+                                                            "FakeGroup\n", "")}
+    ex = _mini(tmp_path / "a", ours, {"README": "x\n"})
+    reasons = [r for d, r in ex.conflicts if d == "test/custom/test_muon_x.py"]
+    assert len(reasons) == 1 and "Paddle registers tests only in" in reasons[0]
+    # against the installed package (no testslist to edit) it is only a warning
+    ex = _mini(tmp_path / "b", ours, {}, checkout=False)
+    assert not [d for d, _ in ex.conflicts if d == "test/custom/test_muon_x.py"]
+    assert any(w.startswith("test/custom/test_muon_x.py: test module in test/custom")
+               for w in ex.warnings), ex.warnings
+
+
+def test_cpu_and_gpu_test_runs_on_paddles_cpu_ci():
+    both = ep.testslist_row("t", ep.TestMeta(300, frozenset({"CPU", "GPU", "DIST"}), True))
+    # arch empty = every arch; WITH_GLOO: its gloo cases run on the CPU CI
+    assert both[2] == "" and both[-1] == "WITH_GLOO"
+    assert both[5] == ep.DIST_LAUNCHER
+
+
+def test_a_file_registered_twice_keeps_the_larger_timeout(tmp_path):
+    for first, second in ((60, 300), (300, 60)):
+        root = str(tmp_path / ("r%d" % first))
+        _write_tree(root, {"CMakeLists.txt": (
+            "muon_py_test(a FILES test/x/test_a.py TIMEOUT %d LABELS \"CPU\")\n"
+            "muon_py_test(b FILES \"test/x/test_a.py::TestB\" TIMEOUT %d LABELS \"GPU\")\n"
+            % (first, second))})
+        meta = ep.read_test_registry(root)["test/x/test_a.py"]
+        assert meta.timeout == 300, (first, second, meta)
+        assert meta.labels == {"CPU", "GPU"}
+
+
+def test_blob_ids_are_gits_for_non_ascii_text(tmp_path):
+    root = str(tmp_path)
+    old = "# owner rule \u2014 develop\u2019s\nx = '\u00e9\u4e2d'\n"
+    new = old + "y = 1\n"
+    _write_tree(root, {"a.py": old, "b.py": new})
+    _git(root, "init", "-q")
+    for name, text in (("a.py", old), ("b.py", new)):
+        want = _git(root, "hash-object", name).stdout.strip()
+        assert ep._blob_sha(text) == want, name
+    # so --3way finds the preimage of a modification of a non-ASCII file
+    _git(root, "add", "a.py")
+    _git(root, "commit", "-q", "-m", "base")
+    ex = ep.Export(changes={"a.py": ep.Change("a.py", new, old)})
+    with open(os.path.join(root, "p.patch"), "w", encoding="utf-8") as f:
+        f.write(ep.render_patch(ex))
+    assert "index %s..%s" % (_git(root, "hash-object", "a.py").stdout.strip(),
+                             _git(root, "hash-object", "b.py").stdout.strip()) \
+        in open(os.path.join(root, "p.patch"), encoding="utf-8").read()
+
+
+def test_imports_follow_a_renamed_test_module(tmp_path):
+    worker = "print('ours')\n"
+    launcher = ("import unittest\n\nimport muon_shared_model\n"
+                "from muon_shared_model import build\n"
+                "WORKER = 'muon_shared_model.py'\n\n\n"
+                "class TestA(unittest.TestCase):\n    def test_a(self):\n"
+                "        self.assertTrue(build)\n")
+    ex = _mini(tmp_path, {FLEET + "muon_shared_model.py": worker,
+                          FLEET + "test_muon_a.py": launcher},
+               {FLEET + "muon_shared_model.py": "print('develop')\n"})
+    assert ex.renamed == {FLEET + "muon_shared_model.py":
+                          FLEET + "muon_shared_model_extended.py"}
+    text = ex.changes[FLEET + "test_muon_a.py"].new
+    assert "import muon_shared_model_extended\n" in text
+    assert "from muon_shared_model_extended import build\n" in text
+    assert "WORKER = 'muon_shared_model_extended.py'" in text
+    assert FLEET + "muon_shared_model.py" not in ex.changes
+
+
+def test_removing_a_public_member_of_any_develop_module_is_a_conflict(tmp_path):
+    rel = "distributed/fleet/utils/muon_helper.py"
+    theirs = {"python/paddle/" + rel: "class Helper:\n    def keep(self):\n        pass\n\n"
+                                       "    def develop_only(self):\n        pass\n\n\n"
+                                       "def _private():\n    pass\n"}
+    ours = {"python/paddle_muon_ext/" + rel: "class Helper:\n    def keep(self):\n"
+                                             "        return 1\n"}
+    ex = _mini(tmp_path, ours, theirs)
+    assert ("python/paddle/" + rel,
+            "would remove develop's public name Helper.develop_only") in ex.conflicts
+    # a private name of a module outside KEEP_EVERY_NAME is only a warning
+    assert not any("_private" in r for _, r in ex.conflicts)
+    assert any("develop's private name _private is gone" in w for w in ex.warnings)
+
+
+def _declared_ranges(body):
+    """This test's own reading of a message's field numbers and reservations."""
+    ranges = [(int(n), int(n)) for n in re.findall(r"= (\d+)", body)]
+    for lo, hi in re.findall(r"reserved (\d+) to (\w+)", body):
+        ranges.append((int(lo), 2**29 - 1 if hi == "max" else int(hi)))
+    return ranges
+
+
+def test_new_fields_never_land_in_a_reserved_range():
+    opts = [OPTION, OPTION.__class__(**dict(OPTION.__dict__, name="muon_y",
+                                            proto_type="bool", default="false"))]
+    open_ended = PROTO.replace("reserved 13 to 15;", "reserved 13 to max;")
+    text, added, _ = ep.add_proto_fields(open_ended, opts)
+    assert added == ["muon_x", "muon_y"]
+    # nothing is free above 12, so the highest free numbers below the range
+    assert '  optional string muon_x = 11 [ default = "a" ];\n' in text
+    assert "  optional bool muon_y = 10 [ default = false ];\n" in text
+    body = text.split("message DygraphShardingConfig {", 1)[1].split("\n}\n", 1)[0]
+    numbers = [int(n) for n in re.findall(r"muon_\w+ = (\d+)", body)]
+    old = _declared_ranges(open_ended.split("message DygraphShardingConfig {", 1)[1]
+                           .split("message Nested", 1)[0])
+    assert not [n for n in numbers for lo, hi in old if lo <= n <= hi]
+    # a closed reservation is skipped, protobuf's own 19000-19999 too
+    assert ep.next_field_number("optional int32 a = 1;\nreserved 2 to 4, 6;") == 7
+    assert ep.next_field_number("optional int32 a = 5;\nreserved 6 to 8;") == 9
+    assert ep.next_field_number('optional int32 a = 5;\nreserved "f9", 6;') == 7
+    assert ep.next_field_number("optional int32 a = 18999;") == 20000
+    with pytest.raises(ep.EditConflict, match="no free field number"):
+        ep.next_field_number("optional bool a = 1;\nreserved 2 to max;")
