@@ -1058,3 +1058,166 @@ def test_new_fields_never_land_in_a_reserved_range():
     assert ep.next_field_number("optional int32 a = 18999;") == 20000
     with pytest.raises(ep.EditConflict, match="no free field number"):
         ep.next_field_number("optional bool a = 1;\nreserved 2 to max;")
+
+
+# ------------------------------------------------------------- --tests-only
+CONF_TEST = '''\
+# paddle_muon_ext: upstream-tests
+import os
+import unittest
+
+import muon_conf_helper
+from mock.fake_group import FakeGroup
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
+
+try:  # optional: ours only
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_layout_only import X
+except ImportError:
+    X = None
+
+WORKER = os.path.join(os.path.dirname(__file__), "muon_conf_worker.py")
+
+
+class TestConformance(unittest.TestCase):
+    def test_owner_surface(self):
+        self.assertTrue(hasattr(MuonShardingOptimizer, "reduce_gradients"))
+        self.assertEqual(FakeGroup.nranks, muon_conf_helper.NRANKS)
+
+    def test_worker_beside(self):
+        self.assertTrue(os.path.isfile(WORKER))
+'''
+STANDIN_OPT = ("class MuonShardingOptimizer:\n    def reduce_gradients(self, params, hcg):\n"
+               "        pass\n")
+CONF_OURS = {
+    FLEET + "test_muon_conf.py": CONF_TEST,
+    FLEET + "muon_conf_helper.py": "NRANKS = 2\n",
+    FLEET + "muon_conf_worker.py": "print('worker')\n",
+    FLEET + "muon_unused_helper.py": "print('not imported by the marked test')\n",
+    FLEET + "test_muon_unmarked.py": FAKE_TEST,
+    "test/mock/__init__.py": "",
+    "test/mock/fake_group.py": "class FakeGroup:\n    nranks = 2\n",
+    "test/mock/recorder_only.py": "print('not imported')\n",
+    MO + "muon_sharding_optimizer.py": STANDIN_OPT + "    def extra(self):\n        pass\n",
+    MO + "muon_layout_only.py": "X = 1\n",
+    "CMakeLists.txt": ('muon_py_test(test_muon_conf FILES test/collective/fleet/'
+                       'test_muon_conf.py TIMEOUT 200 LABELS "CPU;DIST")\n'),
+}
+DEV_CMAKE = "# generated from testslist.csv by tools/gen_ut_cmakelists.py\n"
+CONF_DEVELOP = {
+    "python/paddle/__init__.py": "",
+    "python/paddle/distributed/__init__.py": "",
+    "python/paddle/distributed/fleet/__init__.py": "",
+    "python/paddle/distributed/fleet/meta_optimizers/__init__.py": "",
+    PM + "muon_sharding_optimizer.py": STANDIN_OPT,
+    ep.PROTO_PATH: PROTO,
+    FLEET + "testslist.csv": ep.TESTSLIST_HEADER + "\n" + DEV_ROW,
+    FLEET + "CMakeLists.txt": DEV_CMAKE,
+}
+
+
+def _git_tree(root, files):
+    _write_tree(root, files)
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "develop-shaped")
+
+
+def test_tests_only_patch_changes_no_product_file(tmp_path, capsys):
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _git_tree(repo, CONF_OURS)
+    _git_tree(tree, CONF_DEVELOP)
+    out = str(tmp_path / "tests.patch")
+    rc, patch, stdout, err = _export(repo, out, capsys, "--tests-only", "--strict",
+                                     "--require-unittest", "--paddle-root", tree)
+    assert rc == 0, err
+    files = _sections(patch)
+    want_new = {FLEET + "test_muon_conf.py", FLEET + "muon_conf_helper.py",
+                FLEET + "muon_conf_worker.py", FLEET + "muon_mock/__init__.py",
+                FLEET + "muon_mock/fake_group.py"}
+    assert set(files) == want_new | {FLEET + "testslist.csv"}, sorted(files)
+    assert all(files[p][0] for p in want_new) and not files[FLEET + "testslist.csv"][0]
+    # testslist.csv: one row added, nothing removed
+    rows = files[FLEET + "testslist.csv"][1]
+    assert [l for l in rows if l.startswith("+") and not l.startswith("+++")] == [
+        "+test_muon_conf,,,200,DIST,../../legacy_test/dist_test.sh,2,1,"
+        "http_proxy=;https_proxy=;PYTHONPATH=../..,WITH_GLOO"]
+    assert not [l for l in rows if l.startswith("-") and not l.startswith("---")]
+    # the sizes printed: our own count of each file's lines
+    size = {p: t.count("\n") for p, t in (
+        (FLEET + "test_muon_conf.py", ep.rewrite_harness_imports(
+            ep.rewrite_imports(CONF_TEST))),
+        (FLEET + "muon_conf_helper.py", "NRANKS = 2\n"),
+        (FLEET + "muon_conf_worker.py", "print('worker')\n"),
+        (FLEET + "muon_mock/__init__.py", ""),
+        (FLEET + "muon_mock/fake_group.py", CONF_OURS["test/mock/fake_group.py"]))}
+    size[FLEET + "testslist.csv"] = 1
+    assert "Patch size: 6 files, +%d / -0 lines" % sum(size.values()) in stdout, stdout
+    for path, n in size.items():
+        assert re.search(r"^  [AM] +\+%d +-0  %s$" % (n, re.escape(path)), stdout, re.M), \
+            (path, n, stdout)
+    with open(ep.notes_path_for(out)) as f:
+        notes = f.read()
+    assert "This patch changes no product file" in notes
+    assert "not added: tests-only patch" in notes
+    # applies to the develop tree as it is; product files, proto, CMakeLists untouched
+    _git(tree, "apply", "--check", out)
+    _git(tree, "apply", out)
+    status = _git(tree, "status", "--porcelain", "--untracked-files=all").stdout
+    touched = sorted(l[3:] for l in status.splitlines())
+    assert touched == sorted(want_new | {FLEET + "testslist.csv"}), touched
+    assert _read(tree, PM + "muon_sharding_optimizer.py") == STANDIN_OPT
+    assert _read(tree, FLEET + "CMakeLists.txt") == DEV_CMAKE
+    # the module loads under unittest in the tree and tests develop's stand-in
+    res = ep.run_unittest_in_tree(tree, [FLEET + "test_muon_conf.py"], repo_root=repo,
+                                  timeout=120)
+    assert res["problems"] == [], res["output_tail"][-3000:]
+    assert res["report"]["unittest_counts"] == {FLEET + "test_muon_conf.py": 2}
+    assert res["report"]["unittest_results"][FLEET + "test_muon_conf.py"]["run"] == 2
+    assert os.path.realpath(res["report"]["modules"][SHARDING_OPT]).startswith(
+        os.path.realpath(tree) + os.sep)
+
+
+def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
+    ours = dict(CONF_OURS)
+    ours[FLEET + "test_muon_conf.py"] = CONF_TEST.replace(
+        "import muon_conf_helper\n",
+        "import muon_conf_helper\nfrom paddle_muon_ext.distributed.fleet.meta_optimizers"
+        ".muon_layout_only import X as Y\nfrom paddle_muon_ext.distributed.fleet."
+        "meta_optimizers.muon_sharding_optimizer import extra_helper\n")
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _git_tree(repo, ours)
+    _git_tree(tree, CONF_DEVELOP)
+    out = str(tmp_path / "tests.patch")
+    rc, patch, _, err = _export(repo, out, capsys, "--tests-only", "--paddle-root", tree)
+    assert rc == 1 and patch is None
+    conflicts = [l for l in err.splitlines() if l.startswith("CONFLICT: ")]
+    assert conflicts == [
+        "CONFLICT: %stest_muon_conf.py: imports %s, which the target lacks (a tests-only "
+        "patch adds no product file)" % (FLEET, "paddle.distributed.fleet.meta_optimizers"
+                                          ".muon_layout_only"),
+        "CONFLICT: %stest_muon_conf.py: imports extra_helper from %s, which the target's "
+        "%s does not define (a tests-only patch adds no product file)"
+        % (FLEET, SHARDING_OPT, SHARDING_OPT)], conflicts
+    # usage: the rows need a checkout
+    with pytest.raises(SystemExit) as exc:
+        ep.main(["-o", out, "--repo-root", repo, "--tests-only"])
+    assert exc.value.code == 2
+    assert "--tests-only needs --paddle-root" in capsys.readouterr().err
+
+
+def test_full_export_prints_its_size_too(tmp_path, capsys):
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _git_tree(repo, CONF_OURS)
+    _git_tree(tree, CONF_DEVELOP)
+    _git_tree(tree, {ep.STRATEGY_DOC_PATH: STRATEGY_PY})
+    out = str(tmp_path / "full.patch")
+    rc, patch, stdout, err = _export(repo, out, capsys, "--paddle-root", tree)
+    assert rc == 0, err
+    stats = {p: (a, r) for p, _, a, r in ep.patch_stats(ep.build_export(
+        repo, paddle_tree=ep.PaddleTree(tree)))}
+    assert PM + "muon_sharding_optimizer.py" in stats and ep.PROTO_PATH in stats
+    assert stats[PM + "muon_sharding_optimizer.py"] == (2, 0)  # `def extra` added
+    total_a = sum(a for a, _ in stats.values())
+    assert "Patch size: %d files, +%d / -0 lines" % (len(stats), total_a) in stdout
