@@ -231,7 +231,7 @@ def global_batch(step: int, world: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build(net: TinyMoE):
-    """AMP O2 + MixPrecisionLayer, and MixPrecisionOptimizer(Muon) with the global-norm clip."""
+    """AMP O2 + MixPrecisionLayer, and Muon with the global-norm clip (for MixPrecisionOptimizer)."""
     # routing by the structured names; the map itself is keyed by p.name
     info = {p.name: MuonParamInfo(use_muon=_default_should_use_muon(name, p.shape, ADAMW_PATTERNS))
             for name, p in net.named_parameters()}
@@ -240,7 +240,7 @@ def build(net: TinyMoE):
     muon = paddle.optimizer.Muon(learning_rate=LR, parameters=model.parameters(),
                                  grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP_NORM),
                                  muon_param_info_map=info)
-    return model, MixPrecisionOptimizer(muon)
+    return model, muon
 
 
 def train(model, opt, steps: int, world: int, rows: slice) -> list:
@@ -305,7 +305,7 @@ def main(argv: list | None = None) -> int:
     moe_group = hcg.get_moe_sharding_parallel_group() if ep > 1 else None
     scale = 1.0 if args.wrong_expert_scale else 1.0 / ep
     net = TinyMoE(ep_group, moe_group, grad_scale=scale)
-    model, opt = build(net)
+    model, muon = build(net)
     dtype = str(net.head.weight.dtype).replace("paddle.", "")
     if rank == 0:
         amp = ("bf16 (AMP O2)" if dtype == "bfloat16" else
@@ -315,14 +315,14 @@ def main(argv: list | None = None) -> int:
               f"amp {amp}", flush=True)
     if world > 1:
         model = fleet.distributed_model(model)
-    opt = fleet.distributed_optimizer(opt)
+    opt = fleet.distributed_optimizer(MixPrecisionOptimizer(muon))
     losses = train(model, opt, args.steps, world,
                    slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK))
 
     # The same steps in this process alone, on the whole batch, every expert here.
     ref_net = TinyMoE()
-    ref_model, ref_opt = build(ref_net)
-    train(ref_model, ref_opt, args.steps, world, slice(None))
+    ref_model, ref_muon = build(ref_net)
+    train(ref_model, MixPrecisionOptimizer(ref_muon), args.steps, world, slice(None))
 
     mine = slice(net.experts.first, net.experts.first + net.experts.local)
     got, want = values(net), values(ref_net, mine)

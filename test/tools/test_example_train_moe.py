@@ -1,0 +1,108 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""examples/train_moe.py and the README's MoE fragment.
+
+The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
+cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
+its own check against a single-process run with ``comm_group_call_opt`` off
+and on; a dispatch without the README's 1/ep expert gradient scale must fail
+that check by the documented amount; and the README's MoE fragment must be
+lines of the example, so that CI runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import unittest
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_REPO, "test", "collective", "fleet"))
+
+from launch_utils import run_paddle_launch  # noqa: E402
+
+EXAMPLE = os.path.join(_REPO, "examples", "train_moe.py")
+README = os.path.join(_REPO, "README.md")
+TOLERANCE = 1e-5  # the example's float32 tolerance (CPU)
+VERDICT = re.compile(r"^(PASS|FAIL): rank (\d) of 4 \(MuonHybridParallelOptimizer\), 3 steps, "
+                     r"max \|parameter - single-process\| = (\S+) \(tolerance 1e-05\)$", re.M)
+
+
+def readme_moe_fragment() -> str:
+    """The Python block after the README's "**A MoE model**" paragraph."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("\n**A MoE model**", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+class TestTrainMoeExample(unittest.TestCase):
+    def _launch(self, *args: str) -> tuple:
+        # A user's environment plus the emulated nodes: 2 cards per node.
+        env = {"CUDA_VISIBLE_DEVICES": "", "GLOO_COMPAT": "", "GLOO_COMPAT_LOCAL_SIZE": "2"}
+        result = run_paddle_launch(EXAMPLE, 4, env=env, timeout_s=240, args=args)
+        print(f"train_moe on 4 processes {list(args)}: {result.wall_s:.1f}s")
+        log = result.worker_logs.get(0, "")
+        verdicts = {int(r): (word, float(d)) for word, r, d in VERDICT.findall(log)}
+        self.assertEqual(sorted(verdicts), [0, 1, 2, 3],
+                         "rank 0 did not print every rank's verdict\n" + result.failure_message())
+        self.assertIn("ep 2 x moe_sharding 2", log)
+        return result, verdicts
+
+    def _assert_all_pass(self, result, verdicts) -> None:
+        result.check()
+        for rank, (word, diff) in verdicts.items():
+            self.assertEqual(word, "PASS", f"rank {rank}\n" + result.failure_message())
+            self.assertLessEqual(diff, TOLERANCE)
+
+    def test_four_processes_pass_the_self_check_flat(self):
+        result, verdicts = self._launch()
+        self._assert_all_pass(result, verdicts)
+        self.assertNotIn("comm_group_call_opt on", result.worker_logs[0])
+
+    def test_four_processes_pass_the_self_check_with_comm_group_call_opt(self):
+        result, verdicts = self._launch("--group-call")
+        self._assert_all_pass(result, verdicts)
+        log = result.worker_logs[0]
+        self.assertIn("MuonShardingOptimizer: comm_group_call_opt on", log)
+        self.assertIn("2 nodes x 2 cards", log, "the emulated nodes did not reach the optimizer")
+
+    def test_a_dispatch_without_the_expert_scale_fails_by_the_documented_amount(self):
+        # The README's contract: without 1/ep the experts' gradients are ep x
+        # too large; with the global-norm clip active that moves parameters
+        # by ~2.4e-4 in 3 steps (documented as >= 1e-4), far above 1e-5.
+        result, verdicts = self._launch("--wrong-expert-scale")
+        self.assertFalse(result.ok, "a wrong expert scale exited 0\n" + result.failure_message())
+        self.assertIn("expert gradient scale 1,", result.worker_logs[0])
+        for rank, (word, diff) in verdicts.items():
+            self.assertEqual(word, "FAIL", f"rank {rank}")
+            self.assertGreaterEqual(diff, 1e-4, f"rank {rank}")
+
+    def test_the_readme_moe_fragment_is_lines_of_the_example(self):
+        # The fragment is run by the launches above only if every line of it
+        # is the example's (comments and blank lines aside).
+        with open(EXAMPLE, encoding="utf-8") as f:
+            example = {line.strip() for line in f}
+        fragment = [line.strip() for line in readme_moe_fragment().splitlines()]
+        code = [line for line in fragment if line and not line.startswith("#")]
+        self.assertGreater(len(code), 10)
+        missing = [line for line in code if line.split("  #", 1)[0].rstrip() not in
+                   {e.split("  #", 1)[0].rstrip() for e in example}]
+        self.assertEqual(missing, [], "README MoE fragment lines not in examples/train_moe.py")
+        self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment())
+
+
+if __name__ == "__main__":
+    unittest.main()
