@@ -33,6 +33,7 @@ from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle.distributed as dist
 
+from . import muon_sharding_agreement as agreement
 from . import muon_sharding_collectives as comm
 from .muon_comm_plan import HierarchicalCommPlan
 from .muon_sharding_layout import LayoutSettings
@@ -96,6 +97,9 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     # 1. data: colours, groups, plan and the layout; nothing allocated yet
     opt._colour_groups: dict[str | None, Any] = opt._collect_colour_groups()
+    # Before any other collective, and before the per-parameter errors below
+    # that one rank alone could raise while the others wait.
+    check_ranks_agree(opt)
     muon_by_colour: dict[str | None, list] = OrderedDict()
     other_by_colour: dict[str | None, list] = OrderedDict()
     for param in opt._parameter_list:
@@ -151,6 +155,26 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
         len(opt._muon_buckets),
         len(opt._rs_buffers),
     )
+
+
+def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
+    """Refuse ranks of one group that built different parameters or options.
+
+    Collective over the sharding group and each colour group
+    (``muon_sharding_agreement``); raises ``RankDisagreementError``.
+    """
+    options = agreement.sharding_options(
+        opt._settings,
+        overlap_optimize_and_sync=read_overlap_optimize_and_sync(),
+        inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
+    )
+    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
+               for p in opt._parameter_list if _mso._is_trainable(p)]
+    colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
+    colour_ranks[None] = list(opt._default_group.ranks)
+    digests = agreement.group_digests(records, colour_ranks, options)
+    agreement.check_ranks_agree(digests, lambda d: (
+        opt._default_group if d.colour is None else opt._colour_groups[d.colour]))
 
 
 def mirror_config(opt: MuonShardingOptimizer) -> None:

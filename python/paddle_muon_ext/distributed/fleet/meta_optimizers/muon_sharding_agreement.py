@@ -1,0 +1,268 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Ranks agree at construction: one digest per group, compared before any collective.
+
+Every rank of a group must build the same buffers in the same order, or the
+first reduce-scatter mixes different parameters (silent divergence) or the
+collectives' sizes differ (a backend abort naming nothing). So
+:class:`MuonShardingOptimizer` compares, per group, what must be identical
+among the ranks that share it:
+
+* the sharding group: the sharding options, the order of colours, and the
+  default-colour parameters (name, shape, dtype, Muon routing, in order);
+* each colour group (e.g. an expert's moe_sharding group): the parameters of
+  that colour. Experts differ across EP ranks legitimately, and EP ranks
+  never share an expert's colour group, so they are never compared.
+
+Cheap first: one ``all_reduce(MAX)`` of ``[hash, -hash]`` (eight int64 words)
+per group; every member sees ``max == min`` exactly when all hashes are
+equal. Only on a mismatch do the members gather their full digests and raise
+one error naming the first differing field or parameter and the ranks. A
+reduce rather than a gather of hashes: every member learns the verdict from
+the same result, and a log-only collective layer (which moves no data)
+reads as agreement instead of an exchange it cannot do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import paddle
+import paddle.distributed as dist
+
+__all__ = [
+    "GroupDigest",
+    "RankDisagreementError",
+    "check_ranks_agree",
+    "digest_words",
+    "first_difference",
+    "group_digests",
+    "param_record",
+    "route_of",
+    "sharding_options",
+]
+
+#: hash words per digest: 31 bits each, so they stay exact through any
+#: backend or fake that reduces in float64
+_WORDS = 4
+_WORD_BITS = 31
+
+#: Sharding settings that only change what this rank does locally (timers,
+#: its own state buffers): ranks may differ on them.
+_LOCAL_ONLY_OPTIONS = frozenset({"enable_optimizer_timer", "enable_fuse_optimizer_states"})
+
+_FIX = ("build every rank's model, Muon(parameters=..., muon_param_info_map=...) and "
+        "strategy identically (same parameters in the same order)")
+
+
+class RankDisagreementError(ValueError):
+    """Ranks of one group built different parameters or options."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDigest:
+    """What the members of one group must agree on.
+
+    Attributes:
+        label: the group in words ("the sharding group", "colour 'moe_expert'").
+        ranks: global ranks of the group, in group order.
+        fields: ``(name, value)`` pairs compared by name (options, colour order).
+        params: one :func:`param_record` per parameter, in the optimizer's order.
+        colour: the colour key (None: the sharding group), to find the group by.
+    """
+
+    label: str
+    ranks: tuple
+    fields: tuple = ()
+    params: tuple = ()
+    colour: Hashable = None
+
+
+def route_of(info: Any) -> str:
+    """How the optimizer routes a parameter, from its ``MuonParamInfo``.
+
+    Args:
+        info: the parameter's ``MuonParamInfo`` (None: no map entry).
+
+    Returns:
+        str: "muon", "muon+hyperball", "hyperball" (owned whole), "adamw"
+        (element-wise slices) or "no muon_param_info_map entry".
+    """
+    if info is None:
+        return "no muon_param_info_map entry"
+    muon = bool(getattr(info, "use_muon", False))
+    hyperball = bool(getattr(info, "use_hyperball", False))
+    if muon:
+        return "muon+hyperball" if hyperball else "muon"
+    return "hyperball" if hyperball else "adamw"
+
+
+def param_record(param: Any, info: Any) -> tuple:
+    """``(name, shape, dtype, route)`` of one parameter, as plain values.
+
+    Args:
+        param: the parameter (``.name``, ``.shape``, ``.dtype``).
+        info: its ``MuonParamInfo`` or None.
+
+    Returns:
+        tuple: ``(str, tuple[int, ...], str, str)``.
+    """
+    dtype = str(param.dtype).replace("paddle.", "")
+    return (str(param.name), tuple(int(d) for d in param.shape), dtype, route_of(info))
+
+
+def sharding_options(settings: Any, **extra: Any) -> dict:
+    """The options the ranks of a sharding group must share, by name.
+
+    Args:
+        settings: the optimizer's ``ShardingSettings`` (a dataclass).
+        **extra: further values that shape the schedule (read per rank).
+
+    Returns:
+        dict: option name -> value (local-only options left out).
+    """
+    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+           if f.name not in _LOCAL_ONLY_OPTIONS}
+    out.update(extra)
+    return out
+
+
+def _colour_label(colour: Hashable) -> str:
+    return "the sharding group" if colour is None else f"colour {colour!r}"
+
+
+def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) -> list:
+    """The digests one rank sends, the sharding group's first.
+
+    Args:
+        params: ``(colour key, param_record)`` per trainable parameter, in order.
+        colour_ranks: colour key -> global ranks of its group (None: the
+            sharding group; always present).
+        options: option name -> value, compared over the sharding group.
+
+    Returns:
+        list[GroupDigest]: the sharding group's, then one per other colour
+        in first-seen order.
+    """
+    by_colour: dict = {None: []}
+    for colour, record in params:
+        by_colour.setdefault(colour, []).append(record)
+    order = [c for c in by_colour if c is not None]
+    fields = tuple(sorted((f"option {k}", v) for k, v in options.items()))
+    fields += (("colour order", tuple(repr(c) for c in order)),)
+    out = [GroupDigest(_colour_label(None), tuple(colour_ranks[None]), fields,
+                       tuple(by_colour[None]))]
+    for colour in order:
+        out.append(GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]), (),
+                               tuple(by_colour[colour]), colour))
+    return out
+
+
+def digest_words(digest: GroupDigest) -> list:
+    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``.
+
+    The label and ranks are left out: members may name their group alike
+    or not, what they must share is the content.
+    """
+    blob = repr((digest.fields, digest.params)).encode()
+    raw = hashlib.sha256(blob).digest()
+    mask = (1 << _WORD_BITS) - 1
+    return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
+
+
+def _show_param(record: Optional[tuple]) -> str:
+    if record is None:
+        return "no parameter"
+    name, shape, dtype, route = record
+    return f"{name} {list(shape)} {dtype} {route}"
+
+
+def _first_param_difference(a: tuple, b: tuple) -> Optional[int]:
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b) or a[i] != b[i]:
+            return i
+    return None
+
+
+def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
+    """The first disagreement among one group's digests, as one line.
+
+    Args:
+        digests: one digest per member, in group order (``digests[i]`` from
+            ``digests[0].ranks[i]``).
+
+    Returns:
+        str|None: names the group, the first differing option/field or
+        parameter (index and name), each side's value and the ranks that
+        differ from the first; None when all agree.
+    """
+    ref = digests[0]
+    ranks = list(ref.ranks)
+    base, other = ranks[0], None
+    differing = [ranks[i] for i, d in enumerate(digests)
+                 if (d.fields, d.params) != (ref.fields, ref.params)]
+    if not differing:
+        return None
+    other = differing[0]
+    mine = digests[ranks.index(other)]
+    head = (f"MuonShardingOptimizer: the ranks of {ref.label} {ranks} disagree "
+            f"(ranks {differing} differ from rank {base})")
+    ref_fields, my_fields = dict(ref.fields), dict(mine.fields)
+    for name in list(ref_fields) + [n for n in my_fields if n not in ref_fields]:
+        a, b = ref_fields.get(name, "<unset>"), my_fields.get(name, "<unset>")
+        if a != b:
+            return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {_FIX}."
+    i = _first_param_difference(ref.params, mine.params)
+    a = ref.params[i] if i < len(ref.params) else None
+    b = mine.params[i] if i < len(mine.params) else None
+    name = (a or b)[0]
+    return (f"{head}: parameter #{i} ({name}) is {_show_param(a)} on rank {base} but "
+            f"{_show_param(b)} on rank {other} ({len(ref.params)} vs {len(mine.params)} "
+            f"parameters); {_FIX}.")
+
+
+def check_ranks_agree(digests: Sequence[GroupDigest],
+                      group_of: Callable[[GroupDigest], Any]) -> None:
+    """Compare each digest with the other members of its group; raise on the first mismatch.
+
+    Collective: every member of every group must call it with its digests in
+    the same order (the sharding group's first; its "colour order" field makes
+    the later ones line up before they run).
+
+    Args:
+        digests: this rank's digests (:func:`group_digests`).
+        group_of: digest -> the process group to exchange it on.
+
+    Raises:
+        RankDisagreementError: one line naming the first difference and the ranks.
+    """
+    for digest in digests:
+        if len(digest.ranks) <= 1:
+            continue  # nobody to disagree with
+        group = group_of(digest)
+        words = digest_words(digest)
+        probe = paddle.to_tensor(words + [-w for w in words], dtype="int64")
+        dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
+        got = [int(v) for v in probe.numpy().tolist()]
+        if got[:_WORDS] == [-v for v in got[_WORDS:]]:
+            continue
+        gathered: list = []
+        dist.all_gather_object(gathered, digest, group=group)
+        message = first_difference(gathered)
+        # the hashes differed, so the records do: never fall through silently
+        raise RankDisagreementError(message or (
+            f"MuonShardingOptimizer: the ranks of {digest.label} {list(digest.ranks)} "
+            f"hashed their parameters differently; {_FIX}."))
