@@ -56,6 +56,7 @@ from paddle.distributed.fleet.base import distributed_strategy as _ds
 from paddle.distributed.fleet.utils.log_util import logger
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import SHARDING_OPTIONS
+from . import strategy_options as _strategy_options
 from .strategy_options import (
     get_muon_sharding_options,
     set_muon_sharding_options,
@@ -204,6 +205,63 @@ def check_hybrid_degrees(configs: dict, world_size: int | None) -> None:
         )
 
 
+# Degrees fleet.init asserts on (>= 0), and the one it accepts at 0 but then
+# fails on with a bare assert (sharding: no max(., 1) there). Other degrees
+# (dp < 0 = inferred, ep / moe_sharding <= 0 = 1) are left as Paddle has them.
+_NON_NEGATIVE_DEGREES = ("mp_degree", "pp_degree", "sep_degree", "cp_degree")
+_POSITIVE_DEGREES = ("sharding_degree",)
+
+
+class HybridConfigsError(AssertionError, ValueError):
+    """A refused ``hybrid_configs`` value: Paddle's AssertionError, also a ValueError."""
+
+
+def check_degree_values(configs: dict) -> None:
+    """Refuse a degree that is not an int or that fleet.init would assert on.
+
+    Args:
+        configs (dict): the ``hybrid_configs`` being assigned.
+    """
+    for key, value in configs.items():
+        if not key.endswith("_degree"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"hybrid_configs[{key!r}]={value!r} ({type(value).__name__}) is not "
+                "an int; pass an int degree (e.g. 2)."
+            )
+        if key in _POSITIVE_DEGREES and value < 1:
+            raise HybridConfigsError(
+                f"hybrid_configs[{key!r}]={value} is out of range; use an int >= 1 "
+                "(1 = no sharding)."
+            )
+        if key in _NON_NEGATIVE_DEGREES and value < 0:
+            raise HybridConfigsError(
+                f"hybrid_configs[{key!r}]={value} is out of range; use an int >= 1 "
+                "(0 and 1 both mean not split)."
+            )
+
+
+def _snapshot_strategy(strategy: Any) -> Callable[[], None]:
+    """A function that puts back what a ``hybrid_configs`` assignment may change."""
+    proto = strategy.strategy.hybrid_configs
+    saved_proto = type(proto)()
+    saved_proto.CopyFrom(proto)
+    attrs = {name: strategy.__dict__.get(name, _MISSING)
+             for name in ("hybrid_parallel_order", "sync_param_name",
+                          _strategy_options._ATTR)}
+
+    def restore() -> None:
+        proto.CopyFrom(saved_proto)
+        for name, value in attrs.items():
+            if value is _MISSING:
+                strategy.__dict__.pop(name, None)
+            else:
+                object.__setattr__(strategy, name, value)
+
+    return restore
+
+
 def _patched_hybrid_configs(original: property) -> property:
     def getter(self):
         configs = original.fget(self)
@@ -213,7 +271,18 @@ def _patched_hybrid_configs(original: property) -> property:
         return configs
 
     def setter(self, configs):
+        # A refused assignment leaves the strategy as it was (Paddle's own
+        # setter writes field by field and keeps what it wrote before failing).
+        restore = _snapshot_strategy(self)
+        try:
+            _assign_hybrid_configs(self, configs)
+        except BaseException:
+            restore()
+            raise
+
+    def _assign_hybrid_configs(self, configs):
         configs = dict(configs)
+        check_degree_values(configs)
         sharding = configs.pop("sharding_configs", None)
         if sharding is not None:
             sharding = dict(sharding)

@@ -322,6 +322,54 @@ class TestFleetIntegration(unittest.TestCase):
                 self.assertEqual(any("use_muon_sharding is off" in m for m in messages),
                                  warned, messages)
 
+    def test_slices_get_their_gradient_before_the_dp_or_sep_all_reduce(self):
+        # Bug: only dp assigns the slice gradients, so under sep parallel the
+        # sep all-reduce skips every element-wise slice.
+        for dp, sep, expected in (
+            (False, True, ["reduce", "slices", "filter", ("all_reduce", ["mine"])]),
+            (True, False, ["reduce", "slices", "filter", ("all_reduce", ["mine"])]),
+            (False, False, ["reduce", "filter"]),
+        ):
+            calls = []
+            inner = types.SimpleNamespace(
+                reduce_gradients=lambda params, hcg: calls.append("reduce"),
+                _assign_slice_grad=lambda: calls.append("slices"),
+                filter_parameters=lambda params, hcg: calls.append("filter") or ["mine"],
+            )
+            wrapper = types.SimpleNamespace(_sharding_enable=True, _dp_enable=dp,
+                                            _sep_enable=sep, _inner_opt=inner, _hcg=None)
+            with self.subTest(dp=dp, sep=sep), _replaced(
+                    fi, "fused_allreduce_gradients",
+                    lambda params, hcg: calls.append(("all_reduce", params))):
+                fi.MuonHybridParallelOptimizer._hybrid_sync_grad(wrapper, ["a", "b"])
+                self.assertEqual(calls, expected)
+
+    def test_the_given_strategy_is_copied_so_later_edits_do_not_reach_fleet(self):
+        # Bug: fleet keeps the user's object; editing it after
+        # distributed_optimizer() changes the running job's strategy.
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"sharding_degree": 2}
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        built = []
+        with _replaced(fleet.fleet, "worker_num", lambda: 2), \
+                _replaced(fleet.fleet, "_user_defined_strategy", None), \
+                _replaced(fleet.fleet, "user_defined_optimizer",
+                          getattr(fleet.fleet, "user_defined_optimizer", None)), \
+                _replaced(fleet.fleet, "_context", getattr(fleet.fleet, "_context", {})), \
+                _replaced(fleet.fleet, "_hcg", None), \
+                _replaced(fi, "MuonHybridParallelOptimizer",
+                          lambda opt, hcg, s: built.append(s) or opt):
+            optimizer = object()
+            self.assertIs(fi.distributed_optimizer(optimizer, strategy), optimizer)
+            kept = fleet.fleet._user_defined_strategy
+            strategy.hybrid_configs = {"sharding_degree": 4}
+            set_muon_sharding_options(strategy, muon_partition_strategy="balanced")
+            self.assertIs(built[0], kept)
+            self.assertEqual(kept.hybrid_configs["sharding_degree"], 2)
+            self.assertEqual(get_muon_sharding_options(kept).muon_partition_strategy,
+                             "upstream_greedy")
+            self.assertTrue(get_muon_sharding_options(kept).use_muon_sharding)
+
     def test_static_graph_goes_to_fleets_method(self):
         sentinel = object()
         with _replaced(fleet.fleet, "distributed_optimizer",
@@ -414,6 +462,14 @@ class TestPatchPaddle(unittest.TestCase):
         self.assertEqual(self._snapshot(), before)
         with self.assertRaises(ImportError):
             __import__(patch_module.MUON_MODULE)
+
+    def test_patch_sets_the_paddle_optimizer_muon_attribute(self):
+        # Bug: only sys.modules gets the module; `paddle.optimizer.muon.X`
+        # (attribute access, no import statement) then fails.
+        patch_paddle()
+        self.assertIs(getattr(paddle.optimizer, "muon", None),
+                      sys.modules[patch_module.MUON_MODULE])
+        self.assertIs(paddle.optimizer.muon.MuonParamInfo, paddle_muon_ext.MuonParamInfo)
 
     def test_strategy_accepts_develops_fields_and_keeps_them_through_deepcopy(self):
         patch_paddle()
@@ -513,6 +569,9 @@ class TestDegreeCheck(unittest.TestCase):
             ({"dp_degree": 2, "sharding_degree": 2}, "2",
              r"dp_degree\(2\) x mp_degree\(1\) x pp_degree\(1\) x sharding_degree\(2\)"
              r" x sep_degree\(1\) = 4 ranks, but the job has 2"),
+            # fewer ranks than launched (bug: only "too many" refused)
+            ({"dp_degree": 1, "sharding_degree": 2}, "4",
+             r"sharding_degree\(2\) x sep_degree\(1\) = 2 ranks, but the job has 4"),
         ]
         for configs, world, fragment in cases:
             with self.subTest(configs=configs, world=world), _env(PADDLE_TRAINERS_NUM=world):
@@ -534,6 +593,69 @@ class TestDegreeCheck(unittest.TestCase):
                 for key, value in configs.items():
                     if key.endswith("_degree"):
                         self.assertEqual(strategy.hybrid_configs[key], value)
+
+    def test_an_expert_only_assignment_is_checked_too(self):
+        # Bug: only assignments naming a dense degree are checked.
+        patch_paddle()
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"sharding_degree": 2}
+        with self.assertRaisesRegex(AssertionError, r"expert layout .*ep_degree\(4\) = 4 ranks"):
+            strategy.hybrid_configs = {"ep_degree": 4}
+        with self.assertRaisesRegex(AssertionError, r"moe_sharding_degree\(4\)"):
+            strategy.hybrid_configs = {"ep_degree": 2, "moe_sharding_degree": 4}
+
+    def test_bad_degree_values_are_refused_in_one_line_before_fleet_init(self):
+        patch_paddle()
+        cases = [
+            ({"sharding_degree": 0}, AssertionError, "'sharding_degree'\\]=0 is out of range; use an int >= 1"),
+            ({"sharding_degree": -2}, ValueError, "'sharding_degree'\\]=-2"),
+            ({"mp_degree": -1}, AssertionError, "'mp_degree'\\]=-1 is out of range"),
+            ({"pp_degree": True}, TypeError, "'pp_degree'\\]=True \\(bool\\) is not an int"),
+            ({"dp_degree": 2.0}, TypeError, "'dp_degree'\\]=2.0 \\(float\\)"),
+            ({"sep_degree": "2"}, TypeError, "'sep_degree'\\]='2'"),
+        ]
+        for configs, exc, fragment in cases:
+            with self.subTest(configs=configs), _env(PADDLE_TRAINERS_NUM=None):
+                with self.assertRaisesRegex(exc, fragment) as ctx:
+                    fleet.DistributedStrategy().hybrid_configs = configs
+                self.assertNotIn("\n", str(ctx.exception))
+        # what Paddle accepts and means stays accepted: inferred dp, 0 = not split
+        with _env(PADDLE_TRAINERS_NUM=None):
+            strategy = fleet.DistributedStrategy()
+            strategy.hybrid_configs = {"dp_degree": -1, "mp_degree": 0, "ep_degree": 1}
+            self.assertEqual(strategy.hybrid_configs["mp_degree"], 0)
+
+    def test_a_refused_assignment_leaves_the_strategy_unchanged(self):
+        # Bug: Paddle's setter writes field by field; the refused values stayed.
+        patch_paddle()
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {
+            "sharding_degree": 2, "order": ["dp", "pp", "sharding", "sep", "mp"],
+            "sharding_configs": {"comm_buffer_size_MB": 8, "muon_partition_strategy": "balanced"},
+            "mp_configs": {"sync_param_name": ["emb"]},
+        }
+        before = copy.deepcopy(strategy)
+        refused = [
+            {"sharding_degree": 4, "ep_degree": 3, "order": ["pp", "dp", "sharding", "sep", "mp"],
+             "sharding_configs": {"comm_buffer_size_MB": 16,
+                                  "muon_partition_strategy": "upstream_greedy"},
+             "mp_configs": {"sync_param_name": ["other"]}},
+            {"sharding_configs": {"comm_buffer_size_MB": 16, "no_such_field": 1}},
+            {"pp_configs": {"release_gradients": True}, "sharding_degree": 0},
+            {"sharding_configs": {"muon_partition_strategy": "fastest"}},
+        ]
+        for configs in refused:
+            with self.subTest(configs=configs), _env(PADDLE_TRAINERS_NUM=None):
+                with self.assertRaises((AssertionError, ValueError, TypeError)):
+                    strategy.hybrid_configs = configs
+                got, want = strategy.hybrid_configs, before.hybrid_configs
+                for key in ("sharding_degree", "ep_degree"):
+                    self.assertEqual(got[key], want[key], key)
+                self.assertEqual(got["sharding_configs"].comm_buffer_size_MB, 8)
+                self.assertEqual(got["sharding_configs"].muon_partition_strategy, "balanced")
+                self.assertFalse(got["pp_configs"].release_gradients)
+                self.assertEqual(strategy.hybrid_parallel_order, before.hybrid_parallel_order)
+                self.assertEqual(strategy.sync_param_name, ["emb"])
 
     def test_unpatched_paddle_is_unchanged(self):
         with _env(PADDLE_TRAINERS_NUM="4"):
