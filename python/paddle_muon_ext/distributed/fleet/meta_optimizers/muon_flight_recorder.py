@@ -132,12 +132,23 @@ def _env_positive(name: str, default: float, kind: type) -> Any:
         value = kind(raw)
     except ValueError:
         value = None
-    if value is None or value <= 0:
+    # not (value > 0): NaN compares false; inf would never time out
+    if value is None or not (0 < value < float("inf")):
         raise ValueError(
-            f"{name}={raw!r}: must be a positive {kind.__name__}; unset it for "
+            f"{name}={raw!r}: must be a positive finite {kind.__name__}; unset it for "
             f"the default {default}"
         )
     return value
+
+
+def _env_flag(name: str, default: str) -> bool:
+    """A 0/1 switch; anything else is refused rather than read as on or off."""
+    raw = os.environ.get(name, default).strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(
+            f"{name}={raw!r}: must be 1 (on) or 0 (off); unset it for the default {default}"
+        )
+    return raw == "1" if raw else default == "1"
 
 
 def dump_dir() -> str | None:
@@ -174,7 +185,7 @@ class FlightRecorder:
 
     def __init__(self, capacity: int | None = None, enabled: bool | None = None) -> None:
         self.enabled = (
-            os.environ.get(ENV_ENABLE, "1") != "0" if enabled is None else enabled
+            _env_flag(ENV_ENABLE, "1") if enabled is None else enabled
         )
         self.capacity = capacity or _env_positive(ENV_ENTRIES, DEFAULT_ENTRIES, int)
         self.timeout_s = _env_positive(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, float)
@@ -185,7 +196,7 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self._armed = False
         # the env var arms once, at the first collective; disarm() sticks
-        self._arm_from_env = os.environ.get(ENV_ARM, "0") not in ("", "0")
+        self._arm_from_env = _env_flag(ENV_ARM, "0")
         self._watchdog: threading.Thread | None = None
         self._timed_out_seq = -1
         self._request_seen = 0.0
