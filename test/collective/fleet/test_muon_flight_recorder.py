@@ -117,10 +117,30 @@ class TestRecorder(unittest.TestCase):
             self.assertEqual((rec.capacity, rec.timeout_s, rec.enabled), (16, 2.5, False))
 
     def test_env_values_are_checked(self) -> None:
-        for name, value in ((fr.ENV_ENTRIES, "0"), (fr.ENV_ENTRIES, "x"), (fr.ENV_TIMEOUT, "-1")):
+        # nan / inf: the watchdog would never fire (bug: silently accepted)
+        for name, value in ((fr.ENV_ENTRIES, "0"), (fr.ENV_ENTRIES, "x"), (fr.ENV_TIMEOUT, "-1"),
+                            (fr.ENV_TIMEOUT, "nan"), (fr.ENV_TIMEOUT, "inf"),
+                            (fr.ENV_TIMEOUT, "-inf"), (fr.ENV_ENTRIES, "1e3")):
             with mock.patch.dict(os.environ, {name: value}):
-                with self.assertRaisesRegex(ValueError, f"{name}='{value}': must be a positive"):
+                with self.assertRaisesRegex(ValueError, f"{name}='{value}': must be a positive "
+                                            "finite") as ctx:
                     fr.FlightRecorder()
+                self.assertNotIn("\n", str(ctx.exception))
+
+    def test_env_switches_take_only_0_or_1(self) -> None:
+        # Bug: "off" / "false" read as on (anything but "0"), "yes" as armed.
+        for name in (fr.ENV_ENABLE, fr.ENV_ARM):
+            for value in ("off", "false", "yes", "2"):
+                with self.subTest(name=name, value=value), \
+                        mock.patch.dict(os.environ, {name: value}):
+                    with self.assertRaisesRegex(ValueError, f"{name}='{value}': must be 1 "
+                                                r"\(on\) or 0 \(off\)"):
+                        fr.FlightRecorder()
+        for enable, arm, expected in (("1", "0", (True, False)), ("0", "1", (False, True)),
+                                      ("", "", (True, False))):
+            with mock.patch.dict(os.environ, {fr.ENV_ENABLE: enable, fr.ENV_ARM: arm}):
+                rec = fr.FlightRecorder()
+                self.assertEqual((rec.enabled, rec._arm_from_env), expected)
 
     def test_nested_phases_restore_the_outer_one(self) -> None:
         outer = fr.enter_phase("outer")
