@@ -719,16 +719,39 @@ class TestRanksAsThreads(_Dir):
                 self.assertIn(f"rank {checker}: {meta}: SHA-256 differs", str(results[rank]),
                               f"rank {rank}'s error lacks rank {checker}'s metadata check")
 
-    def test_ranks_that_resolve_different_checkpoints_refuse(self):
+    def test_ranks_passing_different_paths_are_refused_naming_both(self):
         save_sharded_checkpoint(whole(arrays(0)), self.root)
         other = os.path.join(self.root, "elsewhere")
         shutil.copytree(os.path.join(self.root, "checkpoint_0"), other)
         ranks = ThreadRanks(2, self.root)
-        results = ranks.run(lambda r: load_sharded_checkpoint(
-            whole(arrays(0)), other if r else self.root))
+        with mock.patch.object(ckpt, "_read_shards") as read:
+            results = ranks.run(lambda r: load_sharded_checkpoint(
+                whole(arrays(0)), other if r else self.root))
+        read.assert_not_called()
         for rank in (0, 1):
-            self.assertIsInstance(results[rank], CheckpointCorruptError)
+            self.assertIsInstance(results[rank], CheckpointMismatchError, f"rank {rank}")
+            self.assertIn("the ranks passed different checkpoint paths", str(results[rank]))
+            self.assertIn(f"rank 0: path {self.root!r}", str(results[rank]))
+            self.assertIn(f"rank 1: path {other!r}", str(results[rank]))
+
+    def test_ranks_that_resolve_different_checkpoints_refuse(self):
+        # one path, but a save committed between two ranks' lookups
+        for seed in (0, 1):
+            save_sharded_checkpoint(whole(arrays(seed)), self.root)
+        ranks = ThreadRanks(2, self.root)
+        real = ckpt._newest_complete
+
+        def late(path, verify):
+            if ranks.local.rank == 1:
+                return real(path, verify)
+            return os.path.join(path, "checkpoint_0"), []
+
+        with mock.patch.object(ckpt, "_newest_complete", late):
+            results = ranks.run(lambda r: load_sharded_checkpoint(whole(arrays(0)), self.root))
+        for rank in (0, 1):
+            self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")
             self.assertIn("the ranks resolved different checkpoints", str(results[rank]))
+            self.assertIn("checkpoint_1", str(results[rank]))
 
     def test_wait_for_acks_gives_up(self):
         hs = commit.SaveHandshake(os.path.join(self.root, "t"), 0, [0, 1], 0.2)

@@ -41,10 +41,14 @@ is noticed after the process group's timeout, as anywhere else).
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 import os
 import random
 import re
 import shutil
+import threading
 import time
 import uuid
 from typing import Any
@@ -65,6 +69,7 @@ from .muon_checkpoint_commit import (
     failed_save,
     file_digest,
     fsync_path,
+    last_activity,
     read_marker,
     tmp_name,
     write_json_atomic,
@@ -84,6 +89,12 @@ _TMP = re.compile(r"^\.checkpoint_(\d+)\.tmp-(\w+)$")
 _LISTED = 8
 #: Seconds without a heartbeat after which a rank of a save counts as dead.
 DEFAULT_TIMEOUT_S = 20.0
+#: A save's temporary directory unchanged this long (or twice the new save's
+#: ``timeout_s``, if longer) belongs to a save that is over - killed, since a
+#: live save's ranks touch their heartbeats every ``HEARTBEAT_S`` - and the
+#: next save removes it. Generous: file times come from the file server's
+#: clock, and another job's save may run with a longer timeout.
+STALE_SAVE_S = 120.0
 
 
 class CheckpointMismatchError(ValueError):
@@ -113,6 +124,92 @@ def _gather(obj: Any, process_group, ranks: list[int]) -> list:
     return out
 
 
+def _is_id(value: Any) -> bool:
+    # numpy integers count (a step counter); bools do not, although they are ints
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and type(value).__name__ != "bool_" and value >= 0)
+
+
+def _id_problem(unique_id: Any) -> str | None:
+    if unique_id is None or _is_id(unique_id):
+        return None
+    return (f"unique_id={unique_id!r}: must be a non-negative int (e.g. the step) or None "
+            "(the newest)")
+
+
+def _save_arg_problem(unique_id: Any, keep_last: Any, timeout_s: Any) -> str | None:
+    """The first bad argument of a save, as one line, or None."""
+    problem = _id_problem(unique_id)
+    if problem:
+        return problem
+    if keep_last is not None and (not _is_id(keep_last) or keep_last < 1):
+        return f"keep_last={keep_last!r}: must be a positive int or None (keep all)"
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+            or not math.isfinite(timeout_s) or timeout_s <= 0):
+        return (f"timeout_s={timeout_s!r}: must be a finite number of seconds > 0 "
+                f"(default {DEFAULT_TIMEOUT_S:g})")
+    return None
+
+
+def _per_rank(lines: list[tuple[int, str]]) -> str:
+    """One message for every rank: the message itself when all ranks agree."""
+    if len({m for _, m in lines}) == 1:
+        rank_list = [r for r, _ in lines]
+        return lines[0][1] if len(rank_list) == 1 else f"{lines[0][1]} (ranks {rank_list})"
+    return "; ".join(f"rank {r}: {m}" for r, m in lines)
+
+
+_cuda_lock = threading.Lock()
+_cuda_users = 0
+_cuda_saved: list = []
+
+
+def _stay_on_cpu(self, *args: Any, **kwargs: Any):
+    return self
+
+
+def _needs_cpu_resharding() -> bool:
+    if not paddle.is_compiled_with_cuda():
+        return True
+    try:
+        return paddle.device.cuda.device_count() == 0
+    except Exception:  # noqa: BLE001 - no driver: no GPU either
+        return True
+
+
+@contextlib.contextmanager
+def _cpu_resharding():
+    """Let flex_checkpoint's resharding run where there is no GPU.
+
+    Paddle 3.3's resharding communicators copy every tensor they send or
+    receive with ``Tensor.cuda()``, which raises on a CPU-only build; gloo
+    communicates CPU tensors, so there the copy is the tensor itself. Only
+    for the duration of this package's own load call, and only without a
+    GPU, ``Tensor.cuda`` returns the tensor unchanged (the original is put
+    back afterwards, also when the load raises). Elsewhere nothing changes.
+    """
+    global _cuda_users
+    if not _needs_cpu_resharding():
+        yield
+        return
+    with _cuda_lock:
+        if _cuda_users == 0:
+            _cuda_saved[:] = [paddle.Tensor.__dict__.get("cuda", None)]
+            paddle.Tensor.cuda = _stay_on_cpu
+        _cuda_users += 1
+    try:
+        yield
+    finally:
+        with _cuda_lock:
+            _cuda_users -= 1
+            if _cuda_users == 0:
+                original = _cuda_saved.pop()
+                if original is None:
+                    del paddle.Tensor.cuda
+                else:
+                    paddle.Tensor.cuda = original
+
+
 def _write_shards(state_dict: dict, directory: str, process_group, unique_id: int) -> None:
     dist.save_state_dict(state_dict, directory, process_group=process_group,
                          unique_id=unique_id)
@@ -120,8 +217,9 @@ def _write_shards(state_dict: dict, directory: str, process_group, unique_id: in
 
 def _read_shards(state_dict: dict, directory: str, process_group, unique_id: int,
                  **load_kwargs: Any) -> None:
-    dist.load_state_dict(state_dict, directory, process_group=process_group,
-                         unique_id=unique_id, **load_kwargs)
+    with _cpu_resharding():
+        dist.load_state_dict(state_dict, directory, process_group=process_group,
+                             unique_id=unique_id, **load_kwargs)
 
 
 def _data_file(rank: int, unique_id: int) -> str:
@@ -133,19 +231,35 @@ def _committed(path: str) -> list[tuple[int, str]]:
     """``(id, directory)`` of every ``checkpoint_<id>`` under ``path``, newest first."""
     try:
         names = os.listdir(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = [(checkpoint_id(n), os.path.join(path, n)) for n in names]
     return sorted(((i, d) for i, d in found if i is not None), reverse=True)
 
 
+def _id_mismatch(directory: str, marker: dict, expected: int | None) -> str | None:
+    """Why ``directory``'s marker is not checkpoint ``expected`` (None: the id
+    in the directory's name, if it has one), or None."""
+    if expected is None:
+        expected = checkpoint_id(os.path.basename(os.path.normpath(directory)))
+    if expected is None or marker["unique_id"] == expected:
+        return None
+    link = (f" (a symlink to {os.path.realpath(directory)})" if os.path.islink(directory)
+            else " (a copy or a rename?)")
+    return (f"{directory}: holds checkpoint {marker['unique_id']} (its marker's unique_id), "
+            f"not {expected}{link}; load it under its own id")
+
+
 def _incomplete_reason(directory: str, verify: bool = False) -> str | None:
-    """Why ``directory`` is not a complete checkpoint, or None (sizes; with
-    ``verify`` also checksums)."""
+    """Why ``directory`` is not a complete checkpoint, or None (marker, id,
+    sizes; with ``verify`` also checksums)."""
     try:
         marker = read_marker(directory)
     except ValueError as exc:
         return str(exc)
+    mismatch = _id_mismatch(directory, marker, None)
+    if mismatch:
+        return mismatch
     for name, entry in sorted(marker["files"].items()):
         path = os.path.join(directory, name)
         try:
@@ -159,13 +273,29 @@ def _incomplete_reason(directory: str, verify: bool = False) -> str | None:
     return None
 
 
+def _newest_complete(path: str, verify: bool) -> tuple[str | None, list[str]]:
+    """(newest complete checkpoint or None, why each newer one was skipped)."""
+    skipped = []
+    for _, directory in _committed(path):
+        try:
+            reason = _incomplete_reason(directory, verify)
+        except OSError as exc:  # e.g. a file that cannot be read for its checksum
+            reason = f"{directory}: {type(exc).__name__}: {exc}"
+        if reason is None:
+            return directory, skipped
+        skipped.append(f"skipping incomplete {directory}: {reason}")
+    return None, skipped
+
+
 def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
     """The newest committed checkpoint under ``path``, or None.
 
-    A ``checkpoint_<id>`` without a valid completion marker, or with a file
-    missing or of the wrong size, is skipped with a warning saying why, and
-    so are saves that never committed. Checksums are checked on load, or
-    here with ``verify=True`` (this process reads every file it considers).
+    A ``checkpoint_<id>`` without a valid completion marker, holding another
+    id than its name says (a symlink or copy of another checkpoint), or with
+    a file missing or of the wrong size, is skipped with a warning saying
+    why, and so are saves that never committed. Checksums are checked on
+    load, or here with ``verify=True`` (this process reads every file it
+    considers).
 
     Args:
         path (str): the directory :func:`save_sharded_checkpoint` saved into.
@@ -176,19 +306,17 @@ def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
     """
     try:
         leftovers = sorted(n for n in os.listdir(path) if n.startswith(f".{CHECKPOINT_PREFIX}"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     for name in leftovers:
         what = ("failed" if failed_save(os.path.join(path, name))
                 else "killed, or still running")
         logger.warning(f"checkpoint: skipping {os.path.join(path, name)}: a save that never "
                        f"committed ({what})")
-    for _, directory in _committed(path):
-        reason = _incomplete_reason(directory, verify)
-        if reason is None:
-            return directory
-        logger.warning(f"checkpoint: skipping incomplete {directory}: {reason}")
-    return None
+    latest, skipped = _newest_complete(path, verify)
+    for line in skipped:
+        logger.warning(f"checkpoint: {line}")
+    return latest
 
 
 # ---------------------------------------------------------------- saving
@@ -357,35 +485,40 @@ def save_sharded_checkpoint(
             names the rank and the file.
         FileExistsError: on every rank, when ``checkpoint_<unique_id>`` exists.
     """
-    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"keep_last={keep_last!r}: must be a positive int or None")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s!r}: must be > 0 seconds")
     rank, ranks = _ranks(process_group)
     coordinator = ranks[0]
+    bad_argument = _save_arg_problem(unique_id, keep_last, timeout_s)
+    if bad_argument is None and unique_id is not None:
+        unique_id = int(unique_id)  # e.g. numpy's: the marker is JSON
     # Everything that can fail before Paddle's collectives is agreed on first:
     # a rank that left early would leave the others blocked in them.
     proposal = None
     try:
-        _check_values(state_dict)
-        if rank == coordinator:
-            os.makedirs(path, exist_ok=True)
-            proposal = _propose(path, unique_id)
+        if bad_argument is None:
+            _check_values(state_dict)
+            if rank == coordinator:
+                os.makedirs(path, exist_ok=True)
+                _reclaim_stale(path, timeout_s)
+                proposal = _propose(path, unique_id)
+                proposal["path"] = os.path.abspath(path)
         local_error = None
     except Exception as exc:  # noqa: BLE001 - reported on every rank below
         local_error = f"rank {rank}: {type(exc).__name__}: {exc}"
     failure = None
     try:
-        agreed = _agree((proposal, local_error), process_group, ranks, path)
-        errors = [e for _, e in agreed if e]
+        agreed = _agree((proposal, local_error, bad_argument), process_group, ranks, path)
+        errors = [e for _, e, _ in agreed if e]
+        bad = [(r, b) for r, (_, _, b) in zip(ranks, agreed) if b]
     except CheckpointSaveError as exc:
-        failure, errors = exc, []
-    if failure is not None or errors:
+        failure, errors, bad = exc, [], []
+    if failure is not None or errors or bad:
         if proposal is not None and not proposal["error"]:
             shutil.rmtree(os.path.join(path, tmp_name(proposal["id"], proposal["token"])),
                           ignore_errors=True)
         if failure is not None:
             raise failure
+        if bad:
+            raise ValueError(_per_rank(bad))
         raise CheckpointSaveError(f"saving under {path} refused; nothing was written:\n  "
                                   + "\n  ".join(errors))
     proposal = agreed[0][0]
@@ -400,6 +533,16 @@ def save_sharded_checkpoint(
         try:
             handshake.start()
             start_error = None
+        except FileNotFoundError:
+            # the coordinator made ``tmp`` before the agreement: this rank
+            # looks elsewhere (another path, a file system it does not share)
+            start_error = (f"rank {rank} does not see {tmp}, which the coordinator (rank "
+                           f"{coordinator}) created under path {proposal['path']!r}; rank "
+                           f"{rank} passed path {os.path.abspath(path)!r}: pass the same "
+                           "path on every rank, on a file system every rank sees")
+            if rank == coordinator:
+                start_error = (f"rank {rank} (coordinator): {tmp} was removed before the "
+                               "save started (by hand, or as a stale save by another job)")
         except OSError as exc:
             start_error = (f"rank {rank} could not prepare {exc.filename or tmp}: "
                            f"{type(exc).__name__}: {exc}")
@@ -471,8 +614,13 @@ def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
     handshake.wait_acks([r for r, s in statuses.items()
                          if r != handshake.rank and not s.get("dead")])
     # Free the space now; the decision stays for a rank still to read it
-    # (the next successful save sweeps it).
-    for name in os.listdir(tmp):
+    # (the next successful save sweeps it - maybe already: a concurrent save
+    # of another job may have committed meanwhile).
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
         if name != STATUS_DIR:
             _remove(os.path.join(tmp, name))
     return message
@@ -488,6 +636,26 @@ def _remove(path: str) -> None:
             pass
 
 
+def _reclaim_stale(path: str, timeout_s: float) -> None:
+    """Coordinator, before proposing: remove temporary directories of saves
+    that are over without a decision (every rank killed, or the coordinator)."""
+    horizon = max(STALE_SAVE_S, 2.0 * timeout_s)
+    for name in os.listdir(path):
+        if not _TMP.match(name):
+            continue
+        directory = os.path.join(path, name)
+        if failed_save(directory):
+            continue  # decided: swept after the next commit
+        newest = last_activity(directory)
+        if newest is None:
+            continue  # gone meanwhile
+        idle = time.time() - newest
+        if idle > horizon:
+            logger.warning(f"checkpoint: removing {directory}: a save that never committed "
+                           f"and changed nothing for {idle:.0f} s (killed)")
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def _sweep_failed(path: str) -> None:
     """Remove what failed saves left: a decided failure is final."""
     for name in os.listdir(path):
@@ -497,9 +665,12 @@ def _sweep_failed(path: str) -> None:
 
 # ---------------------------------------------------------------- loading
 def _metadata_path(path: str, unique_id: int | None) -> tuple[str, int]:
-    ids = sorted(
-        int(m.group(1)) for m in map(_METADATA.match, os.listdir(path)) if m
-    )
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise FileNotFoundError(f"no checkpoint at {path}: {exc.strerror or exc} (pass the "
+                                "directory save_sharded_checkpoint saved into)") from None
+    ids = sorted(int(m.group(1)) for m in map(_METADATA.match, names) if m)
     if not ids:
         raise FileNotFoundError(
             f"no checkpoint in {path}: no checkpoint_<id> directory (save with "
@@ -525,11 +696,15 @@ def _resolve(path: str, unique_id: int | None) -> tuple[str, bool]:
                 raise FileNotFoundError(
                     f"{directory} does not exist (ids there: {sorted(i for i, _ in committed)})")
             return directory, True
-        latest = latest_complete_checkpoint(path)
+        latest, skipped = _newest_complete(path, verify=False)
         if latest is None:
+            more = (f"\n  ... and {len(skipped) - _LISTED} more" if len(skipped) > _LISTED
+                    else "")
             raise FileNotFoundError(
-                f"no complete checkpoint under {path}: every checkpoint_<id> there is "
-                "incomplete (see the warnings above)")
+                f"no complete checkpoint under {path}; every checkpoint_<id> there was "
+                "skipped:\n  " + "\n  ".join(skipped[:_LISTED]) + more)
+        for line in skipped:
+            logger.warning(f"checkpoint: {line}")
         return latest, True
     return path, False
 
@@ -540,6 +715,11 @@ def _global_shape(value: Any) -> tuple[int, ...]:
     return tuple(value.global_shape)
 
 
+def _dtype_name(value: Any) -> str:
+    tensor = value if isinstance(value, paddle.Tensor) else value.local_tensor
+    return str(tensor.dtype).replace("paddle.", "")
+
+
 def _listed(keys) -> str:
     keys = sorted(keys)
     more = f" and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
@@ -547,30 +727,44 @@ def _listed(keys) -> str:
 
 
 def _local_problems(state_dict: dict, saved: dict) -> list[str]:
+    """Keys, global shapes and dtypes of this rank's ``state_dict`` against
+    the checkpoint's ``saved`` (key -> (global shape, dtype)). Values are
+    never converted: a float32 checkpoint read into float64 tensors would
+    not be the saved numbers."""
     problems = []
     missing = [k for k in state_dict if k not in saved]
     if missing:
         problems.append(f"not in the checkpoint: {_listed(missing)}")
     for key, value in sorted(state_dict.items()):
-        if key in saved and saved[key] != _global_shape(value):
+        if key not in saved:
+            continue
+        shape, dtype = saved[key]
+        if shape != _global_shape(value):
             problems.append(
-                f"{key}: checkpoint global shape {list(saved[key])}, here "
+                f"{key}: checkpoint global shape {list(shape)}, here "
                 f"{list(_global_shape(value))}"
             )
+        elif dtype != _dtype_name(value):
+            problems.append(f"{key}: checkpoint dtype {dtype}, here {_dtype_name(value)} "
+                            "(cast after loading into tensors of the saved dtype)")
     return problems
 
 
-def _verify(directory: str, rank: int, index: int, nranks: int) -> tuple[dict | None, list]:
+def _verify(directory: str, rank: int, index: int, nranks: int,
+            expected_id: int | None = None) -> tuple[dict | None, list]:
     """This rank's share of the checks: (marker or None, problems).
 
-    Every rank checks the marker, every size and the metadata's checksum
-    (it reads the metadata anyway); data files' checksums are spread over
-    the ranks.
+    Every rank checks the marker, its id, every size and the metadata's
+    checksum (it reads the metadata anyway); data files' checksums are
+    spread over the ranks.
     """
     try:
         marker = read_marker(directory)
     except ValueError as exc:
         return None, [str(exc)]
+    mismatch = _id_mismatch(directory, marker, expected_id)
+    if mismatch:
+        return marker, [mismatch]
     problems = []
     names = sorted(marker["files"])
     for i, name in enumerate(names):
@@ -583,8 +777,9 @@ def _verify(directory: str, rank: int, index: int, nranks: int) -> tuple[dict | 
             problems.append(f"{file_path}{writer}: missing")
             continue
         if size != entry["size"]:
+            what = "truncated" if size < entry["size"] else "grown: appended to or overwritten"
             problems.append(f"{file_path}{writer}: {size} bytes, the marker says "
-                            f"{entry['size']} (truncated or overwritten)")
+                            f"{entry['size']} ({what})")
             continue
         if name == marker["metadata_file"] or i % nranks == index:
             _, digest = file_digest(file_path)
@@ -603,6 +798,57 @@ def _verify(directory: str, rank: int, index: int, nranks: int) -> tuple[dict | 
     return marker, problems
 
 
+def _inspect(state_dict: dict, path: str, unique_id: Any, strict: Any, rank: int,
+             index: int, nranks: int) -> dict:
+    """Everything this rank finds before reading a tensor, as plain data for
+    the other ranks; never raises (a rank that raised alone would leave the
+    others waiting in the collectives)."""
+    mine = {"rank": rank, "path": os.path.abspath(str(path)), "directory": None,
+            "identity": None, "uid": None, "refused": None, "missing": None,
+            "corrupt": [], "keys": [], "problems": [], "saved": {}}
+    mine["refused"] = _id_problem(unique_id) or (
+        None if isinstance(strict, bool) else f"strict={strict!r}: must be True or False")
+    if mine["refused"] is None and not isinstance(state_dict, dict):
+        mine["refused"] = f"state_dict must be a dict, got {type(state_dict).__name__}"
+    if mine["refused"]:
+        return mine
+    if unique_id is not None:
+        unique_id = int(unique_id)
+    mine["keys"] = sorted(state_dict)
+    try:
+        directory, verified = _resolve(path, unique_id)
+        mine["directory"] = directory
+        if verified:
+            try:
+                marker, corrupt = _verify(directory, rank, index, nranks, unique_id)
+            except Exception as exc:  # noqa: BLE001 - reported on every rank, never a hang
+                marker, corrupt = None, [f"{directory}: could not be checked "
+                                         f"({type(exc).__name__}: {exc})"]
+            mine["corrupt"] = corrupt
+            if marker is not None:
+                mine["uid"] = marker["unique_id"]
+                mine["identity"] = (marker.get("token"), marker["unique_id"])
+                if not corrupt:
+                    mine["saved"] = {k: (tuple(v["global_shape"]), v["dtype"])
+                                     for k, v in marker["tensors"].items()}
+        else:
+            metadata_file, mine["uid"] = _metadata_path(directory, unique_id)
+            mine["identity"] = (os.path.realpath(metadata_file), mine["uid"])
+            try:
+                metadata = paddle.load(metadata_file)
+                mine["saved"] = {key: (tuple(entries[0].global_shape), str(entries[0].dtype))
+                                 for key, entries in metadata.state_dict_metadata.items()}
+            except Exception as exc:  # noqa: BLE001 - unpickling fails in many ways
+                mine["corrupt"] = [f"{metadata_file}: unreadable ({type(exc).__name__}: {exc})"]
+        if not mine["corrupt"]:
+            mine["problems"] = _local_problems(state_dict, mine["saved"])
+    except FileNotFoundError as exc:
+        mine["missing"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. a permission error listing ``path``
+        mine["corrupt"] = [f"{path}: could not be read ({type(exc).__name__}: {exc})"]
+    return mine
+
+
 def load_sharded_checkpoint(
     state_dict: dict,
     path: str,
@@ -613,7 +859,12 @@ def load_sharded_checkpoint(
 ) -> str:
     """Verify a checkpoint and check it fits ``state_dict``, then load it in place.
 
-    Call it on every rank, like ``paddle.distributed.load_state_dict``.
+    Call it on every rank, like ``paddle.distributed.load_state_dict``, with
+    the same ``path`` (on a file system every rank sees). Every rank checks
+    first and the ranks exchange what they found, so any problem on any rank
+    is the same error on every rank, before a tensor is read. On a build
+    without a GPU (gloo) Paddle's resharding runs on CPU tensors (see
+    :func:`_cpu_resharding`).
 
     Args:
         state_dict (dict): key -> ShardedWeight or Tensor, e.g. the model's
@@ -632,49 +883,53 @@ def load_sharded_checkpoint(
         str: the directory loaded.
 
     Raises:
+        ValueError: on every rank, when a rank passed a bad ``unique_id`` or
+            ``strict``.
+        FileNotFoundError: on every rank, when a rank finds no checkpoint
+            (the message names the rank and its path).
         CheckpointCorruptError: on every rank, when a file is missing,
-            truncated or altered, or the marker is invalid; names the file.
-        CheckpointMismatchError: on every rank, when any rank's keys or global
-            shapes differ from the checkpoint's; the message lists them per rank.
+            truncated, grown or altered, the marker is invalid or holds
+            another id than requested; names the file.
+        CheckpointMismatchError: on every rank, when any rank's keys, global
+            shapes or dtypes differ from the checkpoint's (listed per rank),
+            or the ranks passed paths naming different checkpoints.
     """
     rank, ranks = _ranks(process_group)
-    directory, verified = _resolve(path, unique_id)
     index = ranks.index(rank) if rank in ranks else 0
-    if verified:
-        try:
-            marker, corrupt = _verify(directory, rank, index, len(ranks))
-        except Exception as exc:  # noqa: BLE001 - reported on every rank, never a hang
-            marker, corrupt = None, [f"{directory}: could not be checked "
-                                     f"({type(exc).__name__}: {exc})"]
-        uid = marker["unique_id"] if marker else None
-        saved = ({k: tuple(v["global_shape"]) for k, v in marker["tensors"].items()}
-                 if marker and not corrupt else {})
-    else:
-        metadata_file, uid = _metadata_path(directory, unique_id)
-        corrupt = []
-        try:
-            metadata = paddle.load(metadata_file)
-            saved = {key: tuple(entries[0].global_shape)
-                     for key, entries in metadata.state_dict_metadata.items()}
-        except Exception as exc:  # noqa: BLE001 - unpickling fails in many ways
-            corrupt, saved = [f"{metadata_file}: unreadable ({type(exc).__name__}: {exc})"], {}
-    mine = (rank, directory, sorted(state_dict), corrupt,
-            _local_problems(state_dict, saved) if not corrupt else [])
+    mine = _inspect(state_dict, path, unique_id, strict, rank, index, len(ranks))
     reports = _gather(mine, process_group, ranks)
-    chosen = {r[1] for r in reports}
-    if len(chosen) > 1:
-        raise CheckpointCorruptError(
-            f"the ranks resolved different checkpoints under {path} ({sorted(chosen)}): a "
-            "save committed meanwhile; pass unique_id")
-    corrupt_lines = [f"rank {r}: {p}" for r, _, _, found, _ in reports for p in found]
+    refused = [(r["rank"], r["refused"]) for r in reports if r["refused"]]
+    if refused:
+        raise ValueError(_per_rank(refused))
+    missing = [(r["rank"], r["missing"]) for r in reports if r["missing"]]
+    if missing:
+        if len(ranks) == 1:
+            raise FileNotFoundError(missing[0][1])
+        raise FileNotFoundError(
+            f"rank(s) {[r for r, _ in missing]} found no checkpoint, so no rank loads "
+            "(pass the same path, on a file system every rank sees):\n  "
+            + "\n  ".join(f"rank {r}: {m}" for r, m in missing))
+    corrupt_lines = [f"rank {r['rank']}: {p}" for r in reports for p in r["corrupt"]]
     if corrupt_lines:
+        directory = mine["directory"] or path
         raise CheckpointCorruptError(
             f"checkpoint {directory} cannot be loaded; nothing was read:\n  "
             + "\n  ".join(corrupt_lines) + "\nLoad an earlier checkpoint (unique_id=...) or "
             "save again.")
-    problems = [f"rank {r}: {p}" for r, _, _, _, found in reports for p in found]
+    directory, uid, saved = mine["directory"], mine["uid"], mine["saved"]
+    if len({r["identity"] for r in reports}) > 1 or len({r["directory"] for r in reports}) > 1:
+        where = ", ".join(f"rank {r['rank']}: path {r['path']!r} -> {r['directory']}"
+                          for r in reports)
+        if len({r["path"] for r in reports}) > 1:
+            raise CheckpointMismatchError(
+                f"the ranks passed different checkpoint paths ({where}): pass the same "
+                "path on every rank, on a file system every rank sees; nothing was read")
+        raise CheckpointCorruptError(
+            f"the ranks resolved different checkpoints under {path} ({where}): a save "
+            "committed meanwhile; pass unique_id; nothing was read")
+    problems = [f"rank {r['rank']}: {p}" for r in reports for p in r["problems"]]
     if strict:
-        loaded = set().union(*(keys for _, _, keys, _, _ in reports))
+        loaded = set().union(*(r["keys"] for r in reports))
         unexpected = set(saved) - loaded
         if unexpected:
             problems.append(f"in the checkpoint but loaded by no rank: {_listed(unexpected)}")
@@ -683,7 +938,7 @@ def load_sharded_checkpoint(
             f"checkpoint {directory} (id {uid}) does not match the state dict being "
             "loaded - was it saved from another model or optimizer "
             "configuration?\n  " + "\n  ".join(problems) + "\nLoad it into the "
-            "model and optimizer that saved it (same parameters, master weights "
+            "model and optimizer that saved it (same parameters, dtypes, master weights "
             "on or off alike); strict=False ignores checkpoint keys nobody loads."
         )
     _read_shards(state_dict, directory, process_group, uid, **load_kwargs)

@@ -52,6 +52,7 @@ __all__ = [
     "checkpoint_name",
     "failed_save",
     "file_digest",
+    "last_activity",
     "fsync_path",
     "read_marker",
     "tmp_name",
@@ -138,15 +139,44 @@ def read_marker(directory: str) -> dict:
     except FileNotFoundError:
         raise ValueError(f"{path}: no completion marker - the save never committed "
                          "(interrupted or failed)") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser's stack
         raise ValueError(f"{path}: completion marker unreadable ({type(exc).__name__}: "
-                         f"{exc})") from None
+                         f"{str(exc)[:200]})") from None
     if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT:
         raise ValueError(f"{path}: not a completion marker of format {MARKER_FORMAT!r}")
     for field in ("unique_id", "files", "metadata_file", "tensors"):
         if field not in data:
             raise ValueError(f"{path}: completion marker lacks {field!r}")
+    problem = _marker_shape_problem(data)
+    if problem:
+        raise ValueError(f"{path}: completion marker malformed: {problem}")
     return data
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _marker_shape_problem(data: dict) -> str | None:
+    """What in a parsed marker has the wrong type (the readers index it freely)."""
+    if not _is_id(data["unique_id"]):
+        return f"unique_id {data['unique_id']!r} is not a non-negative int"
+    files, tensors = data["files"], data["tensors"]
+    if not isinstance(files, dict) or not isinstance(tensors, dict):
+        return "'files' and 'tensors' must be objects"
+    for name, entry in files.items():
+        if (os.path.basename(name) != name or name in ("", ".", "..")
+                or not isinstance(entry, dict) or not _is_id(entry.get("size"))
+                or not isinstance(entry.get("sha256"), str)):
+            return f"file entry {name!r} is not {{size, sha256}} of a file in the directory"
+    if data["metadata_file"] not in files:
+        return f"metadata_file {data['metadata_file']!r} is not among the files"
+    for key, entry in tensors.items():
+        if (not isinstance(entry, dict) or not isinstance(entry.get("global_shape"), list)
+                or not isinstance(entry.get("dtype"), str)):
+            return f"tensor entry {key!r} is not {{global_shape, dtype}}"
+    return None
 
 
 def _read_json(path: str) -> dict | None:
@@ -158,9 +188,34 @@ def _read_json(path: str) -> dict | None:
         return None
     try:
         data = json.loads(raw.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def last_activity(directory: str) -> float | None:
+    """Newest modification time (epoch seconds) of a save's temporary
+    ``directory``, its entries and its status files; None once it is gone.
+
+    A live save changes one of them at least every ``HEARTBEAT_S`` (each
+    rank's heartbeat), so a long-unchanged directory is a save that is over.
+    """
+    try:
+        newest = os.stat(directory).st_mtime
+    except FileNotFoundError:
+        return None
+    for folder in (directory, os.path.join(directory, STATUS_DIR)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue  # no status directory yet, or removed meanwhile
+        for name in names:
+            try:
+                newest = max(newest, os.stat(os.path.join(folder, name),
+                                             follow_symlinks=False).st_mtime)
+            except OSError:
+                continue  # removed meanwhile
+    return newest
 
 
 def failed_save(directory: str) -> bool:
@@ -201,8 +256,17 @@ class SaveHandshake:
 
     # ------------------------------------------------------------ this rank
     def start(self) -> None:
-        """Create the status directory, reserve the outcome files, start beating."""
-        os.makedirs(self.status_dir, exist_ok=True)
+        """Create the status directory, reserve the outcome files, start beating.
+
+        Raises:
+            FileNotFoundError: the save's directory does not exist (another
+                path than the coordinator's, or reclaimed); it is never
+                recreated here.
+        """
+        try:
+            os.mkdir(self.status_dir)
+        except FileExistsError:
+            pass  # another rank of this save made it first
         reserved = [self.status_path(self.rank)]
         if self.rank == self.coordinator:
             reserved.append(self._path(DECISION))
