@@ -1285,7 +1285,15 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
             ex.left_out.append((dst, UPSTREAM_OWNED[dst]))
             continue
         candidates.append([src, dst, text])
-    candidates = _drop_tool_tests(candidates, ex)
+    kept = _drop_tool_tests(candidates, ex)
+    if tests_only:  # a marked test must travel, not vanish from the patch
+        kept_src = {c[0] for c in kept}
+        for src, dst, text in candidates:
+            if src not in kept_src and is_upstream_test(text):
+                reason = next(r for s2, r in ex.dropped if s2 == src)
+                ex.conflicts.append((dst, "marked `%s` but left out: %s"
+                                     % (UPSTREAM_TESTS_MARKER, reason)))
+    candidates = kept
     # rule 5: our test files never replace develop's
     module_renames = {}
     for cand in candidates:
@@ -1800,6 +1808,15 @@ def _run_in_tree(work_dir, action, args, repo_root=None, timeout=None):
                                    res["unexpected_successes"], res["run"]))
     if rc != 0:
         problems.append("%s exited %d" % (action, rc))
+    if report and info["summary"] is None and action != "pytest":
+        counts = [c for c in report["unittest_counts"].values() if isinstance(c, int)]
+        runs = list(report.get("unittest_results", {}).values())
+        info["summary"] = "%d modules, %d tests loaded" % (len(report["unittest_counts"]),
+                                                            sum(counts))
+        if runs:
+            info["summary"] += "; ran %d: %d failed, %d errors, %d skipped, %d expected " \
+                "failures" % tuple(sum(r[k] for r in runs) for k in (
+                    "run", "failures", "errors", "skipped", "expected_failures"))
     info["problems"] = problems
     return info
 

@@ -1186,6 +1186,9 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
         "import muon_conf_helper\nfrom paddle_muon_ext.distributed.fleet.meta_optimizers"
         ".muon_layout_only import X as Y\nfrom paddle_muon_ext.distributed.fleet."
         "meta_optimizers.muon_sharding_optimizer import extra_helper\n")
+    # a marked test of a tool that stays here cannot travel: refused, not dropped
+    ours[FLEET + "test_muon_toolish.py"] = (ep.UPSTREAM_TESTS_MARKER + "\n"
+                                            "from paddle_muon_ext.tools import cluster\n")
     repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
     _git_tree(repo, ours)
     _git_tree(tree, CONF_DEVELOP)
@@ -1194,6 +1197,8 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
     assert rc == 1 and patch is None
     conflicts = [l for l in err.splitlines() if l.startswith("CONFLICT: ")]
     assert conflicts == [
+        "CONFLICT: %stest_muon_toolish.py: marked `%s` but left out: test of a tool that "
+        "is not exported (imports paddle.tools)" % (FLEET, ep.UPSTREAM_TESTS_MARKER),
         "CONFLICT: %stest_muon_conf.py: imports %s, which the target lacks (a tests-only "
         "patch adds no product file)" % (FLEET, "paddle.distributed.fleet.meta_optimizers"
                                           ".muon_layout_only"),
