@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -47,7 +46,12 @@ if os.path.join(REPO, "python") not in sys.path:  # fallback when PYTHONPATH is 
 
 from launch_utils import run_paddle_launch  # noqa: E402
 
-from paddle_muon_ext.tools.guard import ArgumentParser, emit_result  # noqa: E402
+from paddle_muon_ext.tools.guard import (  # noqa: E402
+    ArgumentParser,
+    Interrupted,
+    emit_json,
+    interrupts_raise,
+)
 
 WORKER = os.path.join(FLEET_TESTS, "hybrid_parallel_sharding_muon_moe_model.py")
 NPROC, EP, MS, CARDS_PER_NODE = 8, 4, 2, 2
@@ -120,11 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         print(error, file=sys.stderr)
         return 2
-    if not args.json:
-        return run(args)[0]
-    with contextlib.redirect_stdout(sys.stderr):
-        code, verdict = run(args)
-    emit_result(json.dumps(verdict, indent=1))  # the real stdout, also under the console script
+    # SIGINT / SIGTERM / SIGHUP: the launcher, its 8 workers and the log dir
+    # are removed on the way out; exit 128 + signal (130, 143, 129)
+    try:
+        with interrupts_raise():
+            if not args.json:
+                return run(args)[0]
+            with contextlib.redirect_stdout(sys.stderr):
+                code, verdict = run(args)
+    except Interrupted as exc:
+        print(f"error: {exc}; the launcher, its workers and the log dir were removed",
+              file=sys.stderr)
+        return 128 + exc.signum
+    emit_json(verdict)  # the real stdout, also under the console script
     return code
 
 
@@ -148,6 +160,9 @@ def run(args: argparse.Namespace) -> tuple[int, dict]:
     tail.start()
     try:
         result = run_paddle_launch(WORKER, NPROC, env, timeout_s=args.timeout, log_dir=log_dir)
+    except BaseException:  # interrupted: the launch killed its processes; the logs go too
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise
     finally:
         done.set()
         tail.join()

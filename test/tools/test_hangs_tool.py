@@ -85,7 +85,8 @@ class TestHangsTool(unittest.TestCase):
         code, out, _ = self._run([self.dir])
         self.assertEqual(code, 0)
         self.assertIn(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'", out)
-        self.assertIn("rank 1 (pid 1, h): phase 'cross_node_reduce', in reduce #2", out)
+        self.assertIn("rank 1 (pid 1, h): waits in reduce #2", out)
+        self.assertIn("rank 3 (pid 1, h): in no collective, in phase 'cross_node_reduce'", out)
 
     def test_dumps_from_different_jobs_are_pointed_out(self) -> None:
         states = _two_rank_states()
@@ -135,7 +136,9 @@ class TestHangsTool(unittest.TestCase):
                       error_of(lambda: rewrite(lambda d: d["entries"][0].update(numel=-1))))
         self.assertIn("rank 1 again", error_of(copy))
         with mock.patch.object(hangs, "MAX_DUMP_BYTES", 64):
-            self.assertIn("larger than 64 bytes", error_of(lambda: None))
+            self.assertIn("bytes, above the limit 64", error_of(lambda: None))
+        with mock.patch.object(hangs, "MAX_TOTAL_BYTES", 100):
+            self.assertIn("the dumps hold more than 100 bytes", error_of(lambda: None))
 
     def test_the_same_error_with_a_rank_missing_is_not_every_rank(self) -> None:
         for rank in (0, 1):
@@ -173,7 +176,10 @@ class TestHangsTool(unittest.TestCase):
                       "(phase 'cross_node_reduce')", out)
         self.assertNotIn("wait on each other", out)
         self.assertNotIn("phase None", out)
-        self.assertIn("rank 0 (pid 1, h): outside any phase, in reduce #3", out)
+        # one sentence per rank: the collective it waits in names its phase; no
+        # "outside any phase" beside a collective issued in a phase
+        self.assertIn("rank 0 (pid 1, h): waits in reduce #3", out)
+        self.assertNotIn("outside any phase", out)
         code, out, _ = self._run([self.dir, "--json"])
         res = json.loads(out)
         self.assertEqual(res["verdict"], "crash")

@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import sys
+import tempfile
 import warnings
 from typing import Optional, Sequence
 
@@ -26,7 +27,7 @@ from . import limits
 from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, load_model
 from .cost_model import BACKENDS, AlphaBeta
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
-from .guard import ArgumentParser, emit_result, guarded
+from .guard import ArgumentParser, emit_json, guarded, printable
 from .plan import PARTITION_RULES, predict_cluster
 from .verify import CheckoutMissing, add_verify_parser, cmd_verify
 
@@ -102,11 +103,13 @@ def check_plan_args(args: argparse.Namespace):
         InputError: the first bad value, as ``<what> <value>: <why>, <fix>``.
     """
     cfg = build_config(args)
-    for flag, value, example in (("--alpha-nvlink", args.alpha_nvlink, "5e-06"),
-                                 ("--beta-nvlink", args.beta_nvlink, "6.7e-12"),
-                                 ("--alpha-net", args.alpha_net, "2e-05"),
-                                 ("--beta-net", args.beta_net, "4e-11")):
-        limits.check_float(flag, value, f"pass e.g. {flag} {example}")
+    for flag, value, example, high in (
+            ("--alpha-nvlink", args.alpha_nvlink, "5e-06", limits.LIMITS.alpha_s),
+            ("--beta-nvlink", args.beta_nvlink, "6.7e-12", limits.LIMITS.beta_s_per_byte),
+            ("--alpha-net", args.alpha_net, "2e-05", limits.LIMITS.alpha_s),
+            ("--beta-net", args.beta_net, "4e-11", limits.LIMITS.beta_s_per_byte)):
+        # bounded above so every time stays finite (JSON has no Infinity)
+        limits.check_float(flag, value, f"pass e.g. {flag} {example}", high=high)
     limits.check_float("--buffer-size-MB", args.buffer_size_MB,
                        f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
                        positive=False, high=limits.LIMITS.buffer_mb)
@@ -160,24 +163,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if png:
         write_png(png, render_png(res))
     if args.json:
-        emit_result(json.dumps(json_ready(res), indent=1))
+        emit_json(json_ready(res))
     else:
         print(format_table(res))
         if png:
-            print(f"wrote {png}")
+            print(f"wrote {printable(png)}")
     return 0
 
 
 def write_png(path: str, data: bytes) -> None:
-    """Write the rendered picture; a full disk or a device error is one InputError."""
+    """Write the rendered picture whole or not at all.
+
+    A regular file is written to a temporary file next to it and renamed over
+    it, so a full disk or an interrupt leaves neither a truncated picture nor
+    the temporary file; a device (``/dev/null``) is written as it is.
+
+    Raises:
+        InputError: the write failed (full disk, device error), in one line.
+    """
+    if os.path.exists(path) and not os.path.isfile(path):
+        targets = (path, None)
+    else:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                                   prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        os.close(fd)
+        targets = (tmp, tmp)
+    out, tmp = targets
     try:
-        with open(path, "wb") as f:
+        with open(out, "wb") as f:
             f.write(data)
+        if tmp is not None:
+            os.replace(tmp, path)
+            tmp = None
     except OSError as exc:
-        if os.path.isfile(path) and not os.path.getsize(path):
-            os.remove(path)  # leave no empty file behind
-        raise limits.InputError("--png", path, f"cannot be written ({exc.strerror or exc})",
+        raise limits.InputError("--png", path,
+                                f"cannot be written ({exc.strerror or exc})",
                                 "free space or pick another path") from None
+    finally:
+        if tmp is not None:  # failed or interrupted: no partial file stays behind
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "paddle-muon-ext") -> int:
@@ -203,5 +228,5 @@ def _run(argv: list, prog: str) -> int:
             return _cluster_tool().main(args, predict=predict_cluster)
         return cmd_verify(args)
     except (ValueError, TypeError, CheckoutMissing) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2

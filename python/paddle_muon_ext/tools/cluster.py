@@ -105,7 +105,15 @@ class ClusterUnavailable(RuntimeError):
 
 
 class ClusterInterrupted(RuntimeError):
-    """A signal arrived; the run is cleaned up and abandoned."""
+    """A signal arrived; the run is cleaned up and abandoned.
+
+    Attributes:
+        signum: the signal (the exit status is 128 + signum, as a shell reports).
+    """
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -333,6 +341,18 @@ class ClusterConfig:
         process per node, ...) is refused here, with ``--group-call 0`` as
         the way to train it, rather than after the flat pass has trained.
         """
+        self.validate_values()
+        why = self.group_call_refusal() if self.group_call != "0" else None
+        if why:
+            raise ValueError(
+                f"--nodes {self.nodes} --procs-per-node {self.procs_per_node}: the "
+                f"comm_group_call_opt pass cannot run on this layout ({why}); pass "
+                "--group-call 0 to train the flat path alone")
+
+    def validate_values(self) -> None:
+        """The checks that need no Paddle (types, ranges, the world size): run
+        first, so a bad flag is refused in well under a second, before the
+        layout check imports Paddle."""
         for flag, value, high in (("--nodes", self.nodes, MAX_NODES),
                                   ("--procs-per-node", self.procs_per_node, MAX_PROCS),
                                   ("--ep", self.ep, MAX_PROCS * MAX_NODES),
@@ -359,12 +379,6 @@ class ClusterConfig:
                 f"--procs-per-node {self.procs_per_node} = {self.world_size}")
         if self.group_call not in ("0", "1", "both"):
             raise ValueError(f"--group-call must be 0, 1 or both, got {self.group_call!r}")
-        why = self.group_call_refusal() if self.group_call != "0" else None
-        if why:
-            raise ValueError(
-                f"--nodes {self.nodes} --procs-per-node {self.procs_per_node}: the "
-                f"comm_group_call_opt pass cannot run on this layout ({why}); pass "
-                "--group-call 0 to train the flat path alone")
 
     def group_call_refusal(self) -> Optional[str]:
         """Why the optimizer would refuse ``comm_group_call_opt`` here, or None."""
@@ -730,7 +744,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
                         moe_sharding=args.moe_sharding, steps=args.steps,
                         link_mbit=args.link_mbit, hidden=args.hidden, inner=args.inner,
                         group_call=args.group_call or "both", timeout_s=args.timeout)
-    if args.group_call is None and cfg.ep * cfg.moe_sharding == cfg.world_size:
+    cfg.validate_values()
+    if args.group_call is None:
         why = cfg.group_call_refusal()
         if why:
             print(f"note: comm_group_call_opt cannot run on this layout ({why}); training "
@@ -754,7 +769,8 @@ class _SignalsToException:
             if self.fired:
                 return
             self.fired = True
-            raise ClusterInterrupted(f"interrupted by signal {signal.Signals(signum).name}")
+            raise ClusterInterrupted(f"interrupted by signal {signal.Signals(signum).name}",
+                                     signum)
 
         for s in self.SIGNALS:
             signal.signal(s, handler)
@@ -791,7 +807,7 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
     a bad value or a box that cannot build namespaces is one ``error:`` line
     (exit 2). With ``--json`` the JSON is the only thing on stdout.
     """
-    from .guard import emit_result
+    from .guard import emit_json
 
     try:
         cfg = config_from_args(args)
@@ -804,12 +820,12 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
         except ClusterUnavailable as exc:
             print(f"error: cluster unavailable: {exc}", file=sys.stderr)
             if args.json:
-                emit_result(json.dumps({"status": "UNAVAILABLE", "reason": str(exc),
-                                        "config": cfg.__dict__}, indent=1))
+                emit_json({"status": "UNAVAILABLE", "reason": str(exc),
+                           "config": cfg.__dict__})
             return EXIT_UNAVAILABLE
         except ClusterInterrupted as exc:
             print(f"[cluster] {exc}; namespaces, links and processes removed", file=sys.stderr)
-            return 130
+            return 128 + exc.signum
     if predict is not None and result.status == "PASS":
         try:
             result.prediction = predict(cfg)
@@ -819,7 +835,7 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
             for line in comparison_lines(result):
                 print(line)
     if args.json:
-        emit_result(json.dumps(result.to_json(), indent=1))
+        emit_json(result.to_json())
     for problem in result.problems:
         print(f"  {problem}")
     print(summary_line(result))

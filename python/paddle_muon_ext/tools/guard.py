@@ -29,12 +29,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
+import signal
 import sys
+import threading
 import traceback
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
-__all__ = ["ArgumentParser", "TRACEBACK_ENV", "emit_result", "guarded", "missing_package"]
+__all__ = ["ArgumentParser", "Interrupted", "TRACEBACK_ENV", "emit_json", "emit_result",
+           "guarded", "interrupts_raise", "missing_package", "one_line", "printable"]
 
 #: Set (to anything) to print the traceback of an unexpected error.
 TRACEBACK_ENV = "PADDLE_MUON_EXT_TRACEBACK"
@@ -82,11 +86,74 @@ class _CheckedStream:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, with a bad flag reported as one ``error:`` line (exit 2)."""
+    """argparse, with a bad flag reported as one ``error:`` line (exit 2).
+
+    Prefix abbreviations (``--jso`` for ``--json``) are off in every parser
+    and subparser built from it: the ``--json`` guard decides where output
+    goes before parsing, from the literal flag, so an abbreviation it does not
+    see would put progress on stdout.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"error: {self.prog}: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM / SIGHUP arrived while a tool ran (:func:`interrupts_raise`).
+
+    A ``KeyboardInterrupt`` so that ``except Exception`` blocks let it pass
+    and ``finally`` blocks (killing child processes, removing temporary
+    directories) run on the way out.
+
+    Attributes:
+        signum: the signal; the tool exits with 128 + signum, as a shell reports.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signal.Signals(signum).name}")
+        self.signum = int(signum)
+
+
+#: The signals a tool ends on, cleaning up first.
+INTERRUPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                          if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """While the block runs, SIGINT / SIGTERM / SIGHUP raise :class:`Interrupted`
+    (once; a second signal during the cleanup is ignored) instead of killing
+    the process outright, so its ``finally`` blocks clean up.
+
+    Call it inside a tool's main only - and after importing Paddle, whose
+    import takes over SIGINT at the C level - never at import time; the
+    previous handlers are restored on exit. Off the main thread (where Python
+    cannot set handlers) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in INTERRUPT_SIGNALS}
+    fired = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    for s in INTERRUPT_SIGNALS:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def emit_result(text: str) -> None:
@@ -94,6 +161,39 @@ def emit_result(text: str) -> None:
     stream = _RESULT[-1] if _RESULT else sys.stdout
     if stream is not None:  # stdout closed at start (``>&-``): nothing to write to
         stream.write(text + "\n")
+
+
+def emit_json(obj: Any) -> None:
+    """Write ``obj`` as strict JSON (never ``Infinity`` / ``NaN``) to the real stdout.
+
+    Args:
+        obj: the result, JSON-serialisable.
+
+    Raises:
+        ValueError: ``obj`` holds a non-finite number; nothing is written (the
+            tool turns it into one ``error:`` line).
+    """
+    try:
+        text = json.dumps(obj, indent=1, allow_nan=False)
+    except ValueError:
+        raise ValueError("the result holds a non-finite number (inf or nan), which JSON "
+                         "cannot carry; pass smaller model inputs (alpha, beta, sizes)") from None
+    emit_result(text)
+
+
+def one_line(value: Any) -> str:
+    """``value`` quoted for an error line: newlines, ANSI escapes and other
+    control characters shown escaped, so an error stays one line."""
+    return repr(value)  # repr escapes every non-printable character
+
+
+def printable(text: str) -> str:
+    """``text`` with each non-printable character (newline, ESC, NUL, ...) written
+    as its escape (``\\n``, ``\\x1b``): text from a file or a flag can neither
+    split a line nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def missing_package(exc: BaseException) -> Optional[str]:
@@ -118,7 +218,7 @@ def _silence(stream: Any) -> None:
 
 def _error(text: str) -> None:
     try:
-        print(f"error: {text}", file=sys.stderr, flush=True)
+        print(f"error: {printable(text)}", file=sys.stderr, flush=True)
     except (OSError, AttributeError, ValueError):  # stderr gone too: nothing left to tell
         pass
 
@@ -161,9 +261,10 @@ def guarded(call: Callable[[], int], json_mode: bool = False) -> int:
         _error(f"cannot write to stdout ({exc.error.strerror or exc.error}); "
                "write to a file or a device with space")
         return 2
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        _error(f"interrupted by signal {signal.Signals(signum).name}")
+        return 128 + int(signum)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
         package = missing_package(exc)
         if package is not None:

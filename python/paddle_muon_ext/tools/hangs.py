@@ -49,7 +49,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder impo
     phase_text,
 )
 
-from .guard import ArgumentParser, emit_result, guarded
+from . import limits
+from .guard import ArgumentParser, emit_json, guarded, printable
 
 __all__ = ["DumpError", "classify", "load_dumps", "main", "report", "validate_dump"]
 
@@ -58,8 +59,12 @@ __all__ = ["DumpError", "classify", "load_dumps", "main", "report", "validate_du
 STALE_SPREAD_S = 300.0
 #: Largest world a dump may name (the report lists the ranks without a dump).
 MAX_RANKS = 1 << 20
-#: Largest dump read (a ring buffer of the default 2048 entries is < 1 MB).
-MAX_DUMP_BYTES = 256 << 20
+#: Largest dump read (a ring buffer of the default 2048 entries on small
+#: groups is < 1 MB; on 1,024-rank groups about 10 MB).
+MAX_DUMP_BYTES = 64 << 20
+#: Largest sum of the dumps read: keeps a run within seconds and its memory
+#: within a few GB (the report is linear in the bytes read).
+MAX_TOTAL_BYTES = 512 << 20
 
 # "<op> on group [..] (phase ..) raised <Type>: msg" (a collective raised) and
 # "uncaught <Type>: msg" (the process died of it); a peer's request quotes them.
@@ -163,6 +168,18 @@ def validate_dump(data: Any) -> Optional[str]:
     world = data.get("world_size") or 0
     if world and data["rank"] >= world:
         return f"field 'rank' is {data['rank']}, expected < world_size {world}"
+    if world:
+        # a group naming a rank outside the world would make that rank "the one
+        # the others wait for"
+        for name, items in (("entries", data["entries"]), ("issued", data["issued"])):
+            for i, item in enumerate(items):
+                outside = next((r for r in item["group_ranks"] if r >= world), None)
+                if outside is not None:
+                    return (f"field '{name}[{i}].group_ranks' names rank {outside}, "
+                            f"outside world_size {world}")
+                root = item.get("root")
+                if root is not None and root >= world:
+                    return f"field '{name}[{i}].root' is {root}, outside world_size {world}"
     return None
 
 
@@ -191,16 +208,21 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
     dumps: dict[int, dict] = {}
     where: dict[int, str] = {}
     fix = "remove it or re-dump that rank with SIGUSR1"
+    total = 0
     for path in paths:
         try:
-            if not os.path.isfile(path):  # a FIFO would block the read forever
-                raise DumpError(f"dump {path!r}: not a regular file, {fix}")
-            if os.path.getsize(path) > MAX_DUMP_BYTES:
-                raise DumpError(f"dump {path!r}: larger than {MAX_DUMP_BYTES} bytes, {fix}")
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except DumpError:
-            raise
+            # refused before reading unless a non-empty regular file: a FIFO or
+            # a link to /proc/kmsg would block the read forever
+            raw = limits.read_regular_file("dump", path, MAX_DUMP_BYTES, fix)
+        except limits.InputError as exc:
+            raise DumpError(f"dump {path!r}: {exc.why}, {fix}") from None
+        total += len(raw)
+        if total > MAX_TOTAL_BYTES:
+            raise DumpError(f"log dir {log_dir!r}: the dumps hold more than {MAX_TOTAL_BYTES} "
+                            f"bytes (at {os.path.basename(path)}); move the dumps of the ranks "
+                            "to inspect into a directory of their own")
+        try:
+            data = json.loads(raw.decode("utf-8"))
         except RecursionError:
             raise DumpError(f"dump {path!r}: nested too deeply to be a dump, {fix}") from None
         except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
@@ -213,6 +235,13 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
             raise DumpError(f"dump {path!r}: rank {rank} again (also in {where[rank]!r}); "
                             "remove the dump of the other job")
         dumps[rank], where[rank] = data, path
+    worlds = {d.get("world_size") or 0 for d in dumps.values()} - {0}
+    if len(worlds) > 1:
+        by = {w: next(where[r] for r, d in sorted(dumps.items()) if d.get("world_size") == w)
+              for w in sorted(worlds)}
+        raise DumpError(f"log dir {log_dir!r}: the dumps name different world sizes ("
+                        + ", ".join(f"{w} in {p!r}" for w, p in by.items())
+                        + "); remove the dumps of the other job")
     return dumps
 
 
@@ -335,18 +364,31 @@ def _report(dumps: dict[int, dict]) -> tuple[list[str], dict]:
     lines = [f"flight recorder dumps: {len(dumps)} rank(s)"
              + (f" of {world}" if world else "")]
     for rank, data in sorted(dumps.items()):
-        state = RankState.from_dump(data)
-        where = (f"in {describe_collective(state.in_flight[0])}" if state.in_flight
-                 else "outside any collective")
         lines.append(f"  rank {rank} (pid {data.get('pid')}, {data.get('host')}): "
-                     f"{phase_text(state.phase)}, {where}; dumped on: {data.get('reason')}")
+                     f"{_where(RankState.from_dump(data))}; dumped on: {data.get('reason')}")
     times = [float(d.get("time") or 0.0) for d in dumps.values()]
     if max(times) - min(times) > STALE_SPREAD_S:
         lines.append(f"  note: the dumps were written {max(times) - min(times):.0f} s apart; "
                      "remove dumps left by an earlier job from the log dir")
     verdict = classify(dumps)
     lines.extend(verdict["lines"])
-    return lines, verdict
+    # dump text (reason, host, phase, op names) is the job's, not ours: a
+    # newline or an ANSI escape in it must neither add a line nor drive the terminal
+    return [printable(line) for line in lines], verdict
+
+
+def _where(state: RankState) -> str:
+    """Where one rank is, in one sentence that cannot contradict itself: the
+    collective it waits in (which names the phase it was issued in), else the
+    phase its main thread is in."""
+    if not state.in_flight:
+        return ("in no collective, " + ("outside any phase" if state.phase is None
+                                        else f"in {phase_text(state.phase)}"))
+    first = state.in_flight[0]
+    text = f"waits in {describe_collective(first)}"
+    if state.phase is not None and state.phase != first.get("phase"):
+        text += f", its main thread now in {phase_text(state.phase)}"
+    return text
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "paddle-muon-ext hangs") -> int:
@@ -373,7 +415,7 @@ def _main(argv: list, prog: str) -> int:
         return 2
     lines, verdict = _report(dumps)
     if args.json:
-        emit_result(json.dumps({
+        emit_json({
             "verdict": verdict["kind"],
             "raised": {str(r): v for r, v in verdict["raised"].items()},
             "ranks": {str(r): {"pid": d.get("pid"), "host": d.get("host"),
@@ -382,7 +424,7 @@ def _main(argv: list, prog: str) -> int:
                       for r, d in sorted(dumps.items())},
             "world_size": max([int(d.get("world_size") or 0) for d in dumps.values()] + [0]),
             "report": lines,
-        }, indent=1))
+        })
     else:
         print("\n".join(lines))
     return 0

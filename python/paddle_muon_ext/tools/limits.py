@@ -29,6 +29,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+from .guard import printable
+
 __all__ = [
     "LIMITS",
     "InputError",
@@ -40,6 +42,7 @@ __all__ = [
     "check_writable",
     "png_path",
     "read_model_file",
+    "read_regular_file",
 ]
 
 
@@ -47,7 +50,9 @@ class InputError(ValueError):
     """A bad tool input; ``str()`` is the ``<what> <value>: <why>, <fix>`` text."""
 
     def __init__(self, what: str, value: Any, why: str, fix: str) -> None:
-        super().__init__(f"{what} {value}: {why}, {fix}")
+        # a path or name from the user may hold a newline: the error stays one line
+        super().__init__(printable(f"{what} {value}: {why}, {fix}"))
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class Limits:
         model_entries: parameters in a model file.
         model_file_bytes: size of a model file.
         dim: one dimension of a parameter shape.
+        alpha_s: a latency per hop (``--alpha-*``), seconds.
+        beta_s_per_byte: a link's seconds per byte (``--beta-*``; 1 = 1 B/s);
+            with the largest model every time stays finite.
     """
 
     plan_world: int = 16384
@@ -75,6 +83,8 @@ class Limits:
     model_entries: int = 200000
     model_file_bytes: int = 64 << 20
     dim: int = 1 << 31
+    alpha_s: float = 10.0
+    beta_s_per_byte: float = 1.0
 
 
 LIMITS = Limits()
@@ -183,6 +193,70 @@ def check_shape(where: str, shape: Any, use_muon: Optional[bool]) -> tuple:
     return tuple(shape)
 
 
+def read_regular_file(what: str, path: str, max_bytes: int, fix: str) -> bytes:
+    """The bytes of ``path``, refused before any blocking read unless it is a
+    non-empty regular file of at most ``max_bytes``.
+
+    The file is opened non-blocking and checked on the open descriptor (so a
+    symlink swapped after a check is still caught): a FIFO, a device, a
+    directory and a size-0 "regular" file - what ``/proc/kmsg`` and other
+    kernel pseudo-files look like; reading one can block forever - are
+    refused; a file growing while it is read is cut at ``max_bytes`` + 1 and
+    refused.
+
+    Args:
+        what: the input, named in the error (``"model file"``).
+        path: the path given.
+        max_bytes: the largest size accepted.
+        fix: what to pass instead.
+
+    Returns:
+        bytes: the whole file.
+
+    Raises:
+        InputError: naming the path and why.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except ValueError as exc:  # e.g. an embedded NUL byte
+        raise InputError(what, repr(path), f"is not a usable path ({exc})", fix) from None
+    except OSError as exc:
+        raise InputError(what, path, (exc.strerror or str(exc)).lower(), fix) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(what, path, "is a directory", fix)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(what, path, "is not a regular file (a pipe or a device)", fix)
+        if st.st_size == 0:
+            raise InputError(what, path, "is empty (or a kernel file such as /proc/..., "
+                             "whose reads can block)", fix)
+        if st.st_size > max_bytes:
+            raise InputError(what, path, f"is {st.st_size} bytes, above the limit "
+                             f"{max_bytes}", fix)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            try:
+                chunk = os.read(fd, min(left, 1 << 20))
+            except BlockingIOError:
+                raise InputError(what, path, "has no data to read now (not a file on disk)",
+                                 fix) from None
+            except OSError as exc:  # permissions, a device that refuses reads
+                raise InputError(what, path, f"cannot be read ({exc.strerror or exc})",
+                                 fix) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise InputError(what, path, f"grew above the limit {max_bytes} bytes while "
+                             "being read", fix)
+        return data
+    finally:
+        os.close(fd)
+
+
 def read_model_file(path: str) -> List[dict]:
     """Read a model JSON file and validate every entry.
 
@@ -194,29 +268,12 @@ def read_model_file(path: str) -> List[dict]:
         InputError: naming the file and, for a bad entry, its index and name.
     """
     what = "model file"
+    raw = read_regular_file(what, path, LIMITS.model_file_bytes,
+                            "pass a JSON parameter list or a preset name")
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InputError(what, path, (exc.strerror or str(exc)).lower(),
-                         "pass a JSON parameter list or a preset name") from None
-    except ValueError as exc:  # e.g. an embedded NUL byte
-        raise InputError(what, repr(path), f"is not a usable path ({exc})",
-                         "pass a JSON parameter list or a preset name") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(what, path, "is a directory", "pass a JSON file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(what, path, "is not a regular file", "pass a JSON file")
-    if st.st_size > LIMITS.model_file_bytes:
-        raise InputError(what, path, f"is {st.st_size} bytes, above the limit "
-                         f"{LIMITS.model_file_bytes}", "trim the parameter list")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(what, path, "is not UTF-8 text", "pass a JSON file") from None
-    except OSError as exc:  # unreadable: permissions, a device that refuses reads
-        raise InputError(what, path, f"cannot be read ({exc.strerror or exc})",
-                         "pass a readable JSON file") from None
     except json.JSONDecodeError as exc:
         raise InputError(what, path, f"is not valid JSON (line {exc.lineno}: {exc.msg})",
                          "fix the file") from None

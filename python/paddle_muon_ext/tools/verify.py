@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -456,12 +455,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     # Every simulated rank would log its construction; keep the output to
     # verify's own progress lines.
     fleet_logger.setLevel(logging.ERROR)
-    summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
-                         comm_overlap=args.comm_overlap, unfused=args.unfused)
-    if args.json:
-        from .guard import emit_result
+    from .guard import interrupts_raise
 
-        emit_result(json.dumps(summary, indent=1))
+    # after the paddle import (it takes SIGINT over): SIGINT / SIGTERM end the
+    # run at once, the simulated ranks (daemon threads) with it
+    with interrupts_raise():
+        summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
+                             comm_overlap=args.comm_overlap, unfused=args.unfused)
+    if args.json:
+        from .guard import emit_json
+
+        emit_json(summary)
     for problem in summary["problems"]:
         print(f"  {problem}")
     mode = "" if summary["mode"] == "data" else " mode=schedule-only"

@@ -289,6 +289,13 @@ def _launch_once(
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_launch(proc, token)
+        except BaseException:
+            # interrupted (KeyboardInterrupt, a tool's SIGTERM handler): no
+            # launcher or worker may outlive the caller, nor a log dir it made
+            _kill_launch(proc, token, grace_s=1.0)
+            if own_dir:
+                shutil.rmtree(log_dir, ignore_errors=True)
+            raise
         else:
             # Launcher exited; make sure no orphaned worker survives it.
             if _pids_with_token(token):

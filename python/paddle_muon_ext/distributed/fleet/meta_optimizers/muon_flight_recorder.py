@@ -556,11 +556,24 @@ def describe_collective(e: Mapping) -> str:
     extra = [f"root {e['root']}"] if e.get("root") is not None else []
     extra += [str(e.get("dtype")), f"numel {e.get('numel')}", phase_text(e.get("phase"))]
     return (f"{e['op']} #{e['group_seq']} on group {e['group_id']} "
-            f"{list(e['group_ranks'])} ({', '.join(extra)})")
+            f"[{_rank_list(e['group_ranks'])}] ({', '.join(extra)})")
+
+
+#: Rank lists longer than this are shown by their first and last members and
+#: their length, so a report stays linear in the world size.
+_LIST_SHOWN = 16
+
+
+def _rank_list(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) <= _LIST_SHOWN:
+        return ", ".join(map(str, ranks))
+    return (", ".join(map(str, ranks[:8])) + ", ..., " + ", ".join(map(str, ranks[-4:]))
+            + f" ({len(ranks)} ranks)")
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    return ("rank " if len(ranks) == 1 else "ranks ") + _rank_list(ranks)
 
 
 def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> list[str]:
@@ -580,23 +593,46 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         ``rank R is the rank the others wait for`` (or that none is waiting).
     """
     waits: dict[int, tuple[dict, list[int]]] = {}
+    # Each member's count on a group is looked up once per group, not once per
+    # waiting rank: hashing a group's rank tuple costs its length, and a world
+    # of n ranks waiting on one n-rank group would otherwise cost n**3.
+    issued_on: dict[tuple, dict[int, int]] = {}
     for rank, state in sorted(states.items()):
         if not state.in_flight:
             continue
         e = state.in_flight[0]
         key = (e["group_id"], tuple(e["group_ranks"]))
+        counts = issued_on.get(key)
+        if counts is None:
+            counts = issued_on[key] = {p: states[p].issued.get(key, 0)
+                                       for p in set(key[1]) if p in states}
         behind = [p for p in key[1] if p != rank
-                  and (p not in states or states[p].issued.get(key, 0) <= e["group_seq"])]
+                  and (p not in counts or counts[p] <= e["group_seq"])]
         waits[rank] = (e, behind)
     if not waits:
         return ["no rank is waiting in a collective of the optimizer"]
-    culprits = sorted({p for _, behind in waits.values() for p in behind if p not in waits})
+    # The collective whose waiters wait for p alone says most about p: one
+    # pass over the wait edges keeps the best one for every rank waited for.
+    best: dict[int, tuple] = {}
+    for i, (e, behind) in enumerate(waits.values()):
+        rank_key = (len(behind), e["seq"] if e.get("seq") is not None else 0, i)
+        for p in behind:
+            if p not in waits and (p not in best or rank_key < best[p][0]):
+                best[p] = (rank_key, e)
+    culprits = sorted(best)
     lines = []
+    silent = [p for p in culprits if p not in states]
+    if len(silent) > _LIST_SHOWN:
+        # many ranks without a dump (a lost node): one line, not one per rank
+        others = len({id(best[p][1]) for p in silent}) > 1
+        lines.append(f"{_ranks(silent)} are the ranks the others wait for: they left no "
+                     "dump (crashed, or on nodes whose log dirs were not collected); they "
+                     f"wait in {describe_collective(best[silent[0]][1])}"
+                     + (" and other collectives" if others else ""))
+        culprits = [p for p in culprits if p in states]
     for p in culprits:
         state = states.get(p)
-        # The collective whose waiters wait for p alone says most about p.
-        awaited = min(((len(behind), e["seq"] if e.get("seq") is not None else 0, i, e)
-                       for i, (e, behind) in enumerate(waits.values()) if p in behind))[3]
+        awaited = best[p][1]
         if state is None:
             lines.append(f"rank {p} is the rank the others wait for: it left no dump "
                          f"(crashed, or on a node whose log dir was not collected); "
