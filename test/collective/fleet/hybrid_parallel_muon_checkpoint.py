@@ -57,14 +57,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import ( 
 )
 
 
-def allow_cpu_resharding() -> None:
-    """flex_checkpoint's broadcast resharding copies every tensor with
-    ``.cuda()`` before communicating; a CPU wheel has no GPU, and gloo
-    communicates CPU tensors, so there the copy is the tensor itself."""
-    if not paddle.is_compiled_with_cuda():
-        paddle.Tensor.cuda = lambda self, *args, **kwargs: self
-
-
 def fail(message: str) -> None:
     print(f"CKPT_FAILED rank={dist.get_rank()} {message}", flush=True)
     sys.exit(1)
@@ -97,7 +89,8 @@ def run_job(job: dict, hcg, out: str) -> None:
 def main() -> None:
     install_gloo_compat()
     dist.init_parallel_env()
-    allow_cpu_resharding()
+    # no patch of Paddle here: load_sharded_checkpoint must reshard on a CPU
+    # build by itself, as in a user's script
     with open(sys.argv[1]) as f:
         plan = json.load(f)
     world, rank = dist.get_world_size(), dist.get_rank()

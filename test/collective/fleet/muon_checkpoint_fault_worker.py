@@ -20,11 +20,15 @@ raised and whether ``checkpoint_0`` still loads bit-exact. Every outcome is
 printed as ``FAULT {json}``; the test asserts on them.
 
 Faults: a full disk on rank 1 (an injected ``OSError(ENOSPC)`` after half the
-shard is written), a different model B saved into the same directory, a
-truncated shard, a flipped byte in a shard and in the metadata, a real full
-disk (argv[2]: a small tmpfs, when the test could mount one), and last a
-rank killed while writing its shard (rank 1 exits; rank 0 must fail within
-the heartbeat timeout).
+shard is written), then the previous checkpoint reloaded where each rank
+needs the other's shard (Paddle's resharding; no test-side patch of Paddle:
+this is what a user's script does), a rank that finds no checkpoint, ranks
+saving into different paths, float64 / float16 targets of a float32
+checkpoint, a different model B saved into the same directory, a truncated,
+a grown shard, a flipped byte in a shard and in the metadata, a symlink to
+another id, a real full disk (argv[2]: a small tmpfs, when the test could
+mount one), and last a rank killed while writing its shard (rank 1 exits;
+rank 0 must fail within the heartbeat timeout).
 """
 
 from __future__ import annotations
@@ -95,8 +99,26 @@ def expected_local(arrays: dict) -> dict[str, np.ndarray]:
     return read_back(state(arrays))
 
 
-def zeros_like(arrays: dict) -> dict:
-    return state({k: np.zeros_like(v) for k, v in arrays.items()})
+def zeros_like(arrays: dict, dtype: str | None = None) -> dict:
+    return state({k: np.zeros_like(v, dtype=dtype) for k, v in arrays.items()})
+
+
+def swapped(arrays: dict) -> dict:
+    """Rank r's target holds the rows rank 1 - r saved (2 ranks): loading it
+    needs the other rank's shard, i.e. flex_checkpoint's resharding."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = ROWS // world
+    other = world - 1 - rank
+    out = {}
+    for key, full in arrays.items():
+        if key == "w":
+            local = paddle.to_tensor(np.zeros((rows, full.shape[1]), full.dtype))
+            out[key] = ShardedWeight(key, local, tuple(local.shape), full.shape,
+                                     (other * rows, 0))
+        else:
+            local = paddle.to_tensor(np.zeros_like(full))
+            out[key] = ShardedWeight(key, local, full.shape, full.shape, (0,) * full.ndim)
+    return out
 
 
 def tree_hash(directory: str) -> dict[str, str]:
@@ -127,7 +149,7 @@ def attempt(call) -> dict:
     try:
         call()
     except (CheckpointSaveError, CheckpointCorruptError, CheckpointMismatchError,
-            FileExistsError) as exc:
+            FileExistsError, FileNotFoundError, ValueError) as exc:
         return {"error": type(exc).__name__, "message": str(exc),
                 "seconds": time.time() - t0}
     return {"error": None, "message": "", "seconds": time.time() - t0}
@@ -149,6 +171,8 @@ def corrupt(path: str, how: str) -> None:
         data = bytearray(f.read())
     if how == "truncate":
         data = data[: len(data) // 2]
+    elif how == "grow":
+        data += b"\0" * 64
     else:
         data[len(data) // 2] ^= 0x10
     with open(path, "wb") as f:
@@ -158,10 +182,8 @@ def corrupt(path: str, how: str) -> None:
 def main() -> None:
     install_gloo_compat()
     dist.init_parallel_env()
-    if not paddle.is_compiled_with_cuda():
-        # flex_checkpoint's resharding copies with .cuda(); gloo sends CPU tensors
-        paddle.Tensor.cuda = lambda self, *args, **kwargs: self
     root = sys.argv[1]
+    original_cuda = paddle.Tensor.cuda
     rank = dist.get_rank()
     real_save = paddle.save
 
@@ -186,6 +208,50 @@ def main() -> None:
            listing=sorted(os.listdir(root)), left=leftover_files(root),
            latest=os.path.basename(latest_complete_checkpoint(root) or ""))
 
+    # 1b. the previous checkpoint after the failed save, each rank reading
+    #     the other's rows (Paddle's resharding, on CPU tensors)
+    target = swapped(values("A", 0))
+    outcome = attempt(lambda: load_sharded_checkpoint(target, root, unique_id=0))
+    got, full = read_back(target), values("A", 0)
+    rows = ROWS // dist.get_world_size()
+    other = dist.get_world_size() - 1 - rank
+    want = {"w": full["w"][other * rows:(other + 1) * rows], "b": full["b"]}
+    report("reload_resharded", **outcome,
+           bit_exact=outcome["error"] is None and all(
+               np.array_equal(got[k], want[k]) for k in want),
+           cuda_restored=paddle.Tensor.cuda is original_cuda)
+
+    # 1c. a rank that finds no checkpoint: every rank fails at once
+    nowhere = os.path.join(root, "not_saved_here") if rank == 1 else root
+    report("missing_on_one_rank", path=nowhere, **attempt(
+        lambda: load_sharded_checkpoint(zeros_like(values("A", 0)), nowhere)))
+
+    # 1d. ranks saving into different paths: refused at once, naming both
+    elsewhere = root + "_elsewhere" if rank == 1 else root
+    before = sorted(os.listdir(root))
+    outcome = attempt(lambda: save_sharded_checkpoint(state(values("A", 1)), elsewhere))
+    dist.barrier()
+    report("different_save_paths", path=os.path.abspath(elsewhere), **outcome,
+           root_unchanged=sorted(os.listdir(root)) == before,
+           elsewhere_created=os.path.exists(root + "_elsewhere"))
+
+    # 1e. float64 / float16 targets of the float32 checkpoint
+    for dtype in ("float64", "float16"):
+        report(f"{dtype}_target", **attempt(lambda: load_sharded_checkpoint(
+            zeros_like(values("A", 0), dtype), root, unique_id=0)))
+
+    # 1f. checkpoint_99 a symlink to checkpoint_0
+    link = os.path.join(root, "checkpoint_99")
+    if rank == 0:
+        os.symlink(os.path.join(root, "checkpoint_0"), link)
+    dist.barrier()
+    outcome = attempt(lambda: load_sharded_checkpoint(
+        zeros_like(values("A", 0)), root, unique_id=99))
+    dist.barrier()
+    if rank == 0:
+        os.remove(link)
+    report("symlink_to_another_id", link=link, **outcome)
+
     # 2. a different model saved into the same directory
     saved_b = save_sharded_checkpoint(state(values("B", 0)), root)
     wrong = attempt(lambda: load_sharded_checkpoint(zeros_like(values("A", 0)), root))
@@ -199,6 +265,7 @@ def main() -> None:
 
     # 3.-5. damage a fresh checkpoint of A after its commit
     for fault, victim, how in (("truncated_shard", "1_{id}.distcp", "truncate"),
+                               ("grown_shard", "0_{id}.distcp", "grow"),
                                ("flipped_shard_byte", "0_{id}.distcp", "flip"),
                                ("flipped_metadata_byte", "{id}.metadata", "flip")):
         directory = save_sharded_checkpoint(state(values("A", 2)), root)

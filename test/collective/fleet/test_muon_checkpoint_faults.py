@@ -14,10 +14,12 @@
 # paddle_muon_ext: test-timeout=300
 """The checkpoint fault matrix on 2 real gloo ranks (one launch).
 
-Faults: an injected ENOSPC on one rank, a real full disk (a 256 KiB tmpfs,
-where root may mount one), a different model into the same directory, a
-truncated shard, flipped bytes in a shard and in the metadata, a rank killed
-mid-save. Each fault must leave the previous checkpoint byte-for-byte intact and
+Faults: an injected ENOSPC on one rank and the previous checkpoint reloaded
+resharded afterwards (no test-side patch of Paddle), a real full disk (a 256
+KiB tmpfs, where root may mount one), a rank finding no checkpoint, ranks
+saving into different paths, other dtypes, a symlink to another id, a
+different model into the same directory, a truncated and a grown shard,
+flipped bytes in a shard and in the metadata, a rank killed mid-save. Each fault must leave the previous checkpoint byte-for-byte intact and
 loadable bit-exact, commit nothing partial, and raise the same error on
 every rank naming the file - never hang (a killed rank is noticed within the
 heartbeat timeout). See ``muon_checkpoint_fault_worker.py``.
@@ -38,6 +40,8 @@ _REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 #: Seconds between the heartbeat timeout and rank 0's error at most: the
 #: coordinator polls every 50 ms; the rest is slack for a loaded machine.
 KILL_SLACK_S = 10.0
+#: An agreed failure takes milliseconds; a waited-out one gloo's 30 s.
+AT_ONCE_S = 10.0
 
 
 class TestCheckpointFaultMatrix(unittest.TestCase):
@@ -105,6 +109,55 @@ class TestCheckpointFaultMatrix(unittest.TestCase):
                          "a failed save must commit nothing")
         self.assertEqual(per_rank[0]["left"], [], "a failed save must free its shards")
         self.assertEqual(per_rank[0]["latest"], "checkpoint_0")
+
+    def test_previous_checkpoint_reloads_resharded_after_a_failed_save(self):
+        # each rank needs the other's shard: Paddle's resharding, which calls
+        # Tensor.cuda(); the worker patches nothing, like a user's script
+        per_rank = self.outcome("reload_resharded")
+        for rank, data in per_rank.items():
+            self.assertIsNone(data["error"], f"rank {rank}: {data['message']}")
+            self.assertTrue(data["bit_exact"], f"rank {rank}: the other rank's rows differ")
+            self.assertTrue(data["cuda_restored"], f"rank {rank}: Tensor.cuda left replaced")
+
+    def test_a_rank_finding_no_checkpoint_fails_every_rank_at_once(self):
+        per_rank = self.outcome("missing_on_one_rank")
+        self.assert_same_error("missing_on_one_rank", per_rank, "FileNotFoundError",
+                               f"rank 1: no checkpoint at {per_rank[1]['path']}")
+        for rank, data in per_rank.items():
+            self.assertLess(data["seconds"], AT_ONCE_S, f"rank {rank} waited for a timeout")
+
+    def test_ranks_saving_into_different_paths_are_refused_naming_both(self):
+        per_rank = self.outcome("different_save_paths")
+        self.assert_same_error("different_save_paths", per_rank, "CheckpointSaveError",
+                               f"created under path {per_rank[0]['path']!r}; rank 1 passed "
+                               f"path {per_rank[1]['path']!r}")
+        for rank, data in per_rank.items():
+            self.assertNotIn("killed or hung", data["message"])
+            self.assertLess(data["seconds"], AT_ONCE_S, f"rank {rank} waited for a timeout")
+            self.assertTrue(data["root_unchanged"], "a refused save left something")
+            self.assertFalse(data["elsewhere_created"], "rank 1 made a save directory")
+
+    def test_other_dtypes_are_refused_naming_key_and_dtypes(self):
+        for dtype in ("float64", "float16"):
+            per_rank = self.outcome(f"{dtype}_target")
+            self.assert_same_error(f"{dtype}_target", per_rank, "CheckpointMismatchError",
+                                   f"w: checkpoint dtype float32, here {dtype}")
+            for rank in (0, 1):
+                self.assertIn(f"rank {rank}: b: checkpoint dtype float32, here {dtype}",
+                              per_rank[0]["message"])
+
+    def test_a_symlink_to_another_id_is_refused(self):
+        per_rank = self.outcome("symlink_to_another_id")
+        self.assert_same_error("symlink_to_another_id", per_rank, "CheckpointCorruptError",
+                               f"{per_rank[0]['link']}: holds checkpoint 0 (its marker's "
+                               "unique_id), not 99 (a symlink to")
+
+    def test_grown_shard(self):
+        per_rank = self.outcome("grown_shard")
+        self.assert_same_error("grown_shard", per_rank, "CheckpointCorruptError",
+                               f"{per_rank[0]['file']} (written by rank 0)")
+        self.assertIn("(grown", per_rank[0]["message"])
+        self.assert_previous_intact("grown_shard", per_rank)
 
     def test_other_model_into_the_same_directory(self):
         per_rank = self.outcome("other_model")

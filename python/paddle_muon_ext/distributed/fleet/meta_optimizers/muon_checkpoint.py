@@ -552,9 +552,11 @@ def save_sharded_checkpoint(
         if start_errors:
             if rank == coordinator:
                 shutil.rmtree(tmp, ignore_errors=True)
+            # the coordinator's spelling: one message on every rank
             raise CheckpointSaveError(
-                f"saving {final} failed; nothing was committed and the previous "
-                "checkpoints are untouched:\n  " + "\n  ".join(start_errors))
+                f"saving {os.path.join(proposal['path'], checkpoint_name(uid))} failed; "
+                "nothing was committed and the previous checkpoints are untouched:\n  "
+                + "\n  ".join(start_errors))
         try:
             # every rank takes part in Paddle's collectives inside, whatever happened
             _write_shards(state_dict, tmp, process_group, uid)
