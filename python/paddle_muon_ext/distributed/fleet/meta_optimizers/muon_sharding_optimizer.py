@@ -150,6 +150,16 @@ class MuonShardingOptimizer:
     strategy; develop's attributes (``_params_2d_by_color``, ``comm_buffer_2d``,
     ``_slice_params``, ...) are filled with colour key None for the default group.
 
+    Gradient contract (as develop): when ``step()`` runs, each parameter's
+    gradient (``main_grad`` under MixPrecisionLayer, else ``grad``) is the
+    gradient of this rank's own loss; it is averaged over the parameter's
+    colour group: the sharding group without a colour, the colour's
+    ``group`` (for experts the moe_sharding group) with one. A dispatch over
+    the EP group gives an expert's owner the sum over that group, so expert
+    gradients must be scaled by ``1/ep`` before ``step()`` (README, "The
+    gradient contract"; ``examples/train_moe.py``). ``no_sync`` does not
+    change the reduction.
+
     Args:
         optimizer (Muon): the inner optimizer (optionally inside
             ``MixPrecisionOptimizer``); it must expose ``_muon_param_info_map``
