@@ -72,6 +72,16 @@ Rules, applied to every file of this repository in this order:
    ``dist_test.sh``, else ``test_runner.py``; ``GPU`` without ``CPU`` -> arch
    GPU); ``GLOB_TEST_DIRS`` register ``test_*.py`` themselves.
 
+Tests only (``--tests-only``, needs ``--paddle-root``): the patch holds only
+the test modules marked ``# paddle_muon_ext: upstream-tests`` (first 30 lines;
+``UPSTREAM_TESTS_MARKER``), the test-tree files they import or name as
+``*.py`` worker scripts (transitively), and their ``testslist.csv`` rows --
+no product file, no proto or docs edit.  Every ``paddle`` module such a file
+imports outside a ``try`` must exist in the target with the names taken
+from it (else ``CONFLICT``); a marked file that rule 2 would drop is a
+conflict too.  So the tests import develop's own code.  Both modes print the
+patch's size: files, and lines added / removed per file.
+
 Checks: exported Python must compile; leftover ``paddle_muon_ext`` or dropped
 package references are warnings (``--strict``: exit 1); a test module without
 unittest test methods (Paddle's runner would load 0 tests) is a warning
@@ -79,9 +89,11 @@ unittest test methods (Paddle's runner would load 0 tests) is a warning
 
 Verification: ``--verify-against-installed-paddle DIR`` mirrors the installed
 paddle into DIR, applies the patch and imports the exported modules there;
-``--verify-pytest ARGS`` then runs pytest in DIR and ``--verify-unittest-load``
-loads every exported test module with unittest, both with this repository's
-package hidden.  Exit: 0 ok, 1 conflicts / verification failure, 2 usage or
+``--verify-in-copy DIR`` copies ``--paddle-root`` into DIR and applies it there
+instead.  ``--verify-pytest ARGS`` then runs pytest in DIR,
+``--verify-unittest-load`` loads every exported test module with unittest and
+``--verify-unittest-run`` runs them (expected failures pass), all with this
+repository's package hidden.  Exit: 0 ok, 1 conflicts / verification failure, 2 usage or
 export errors.
 """
 
@@ -1279,6 +1291,10 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
     if tests_only:
         found, left = select_upstream_tests(found)
         ex.not_selected = len(left)
+        if not found:
+            raise ExportError("--tests-only: no file carries the `%s` line (in its first %d "
+                              "lines); mark the test modules that go upstream"
+                              % (UPSTREAM_TESTS_MARKER, MARKER_SCAN_LINES))
     candidates = []
     for src, dst, text in found:
         if dst in UPSTREAM_OWNED and target.exists(dst):

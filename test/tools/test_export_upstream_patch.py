@@ -1210,6 +1210,13 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
         ep.main(["-o", out, "--repo-root", repo, "--tests-only"])
     assert exc.value.code == 2
     assert "--tests-only needs --paddle-root" in capsys.readouterr().err
+    # nothing marked: an error, not an empty patch
+    bare = str(tmp_path / "bare")
+    _git_tree(bare, {p: t.replace(ep.UPSTREAM_TESTS_MARKER + "\n", "")
+                     for p, t in CONF_OURS.items()})
+    rc, patch, _, err = _export(bare, out, capsys, "--tests-only", "--paddle-root", tree)
+    assert rc == 2 and patch is None
+    assert "no file carries the `%s` line" % ep.UPSTREAM_TESTS_MARKER in err
 
 
 def test_full_export_prints_its_size_too(tmp_path, capsys):
