@@ -24,6 +24,8 @@ all_reduce per group and gathers nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import types
 import unittest
 
@@ -283,6 +285,34 @@ class TestRanksAgreeAtConstruction(unittest.TestCase):
             self.assertEqual(ops, [("all_reduce", (0, 1, 2, 3), 8),
                                    ("all_reduce", tuple(moe_groups[rank]), 8)],
                              f"rank {rank}: construction collectives")
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class TestRanksAgreeOnGloo(unittest.TestCase):
+    """Two real gloo processes: the order mismatch is refused on both ranks."""
+
+    def test_reversed_parameter_order_is_refused_on_every_rank(self):
+        from launch_utils import run_paddle_launch
+
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+        env = {"AGREE_MODE": "order", "PYTHONPATH": os.pathsep.join(
+            [os.path.join(repo, "python"), _HERE, os.environ.get("PYTHONPATH", "")])}
+        result = run_paddle_launch(os.path.join(_HERE, "muon_rank_agreement_worker.py"), 2,
+                                   env, timeout_s=180).check()
+        outcomes = {}
+        for log in result.worker_logs.values():
+            for line in log.splitlines():
+                if line.startswith("AGREE_RESULT "):
+                    data = json.loads(line[len("AGREE_RESULT "):])
+                    outcomes[data["rank"]] = data
+        self.assertEqual(sorted(outcomes), [0, 1], f"verdicts: {outcomes}")
+        for rank, data in outcomes.items():
+            self.assertEqual(data["error"], "RankDisagreementError", f"rank {rank}: {data}")
+            self.assertIn("ranks [1] differ from rank 0", data["message"])
+            self.assertIn("parameter #0 (agree.w_in) is agree.w_in [16, 16] float32 muon on "
+                          "rank 0 but agree.norm [8] float32 adamw on rank 1", data["message"])
 
 
 if __name__ == "__main__":
