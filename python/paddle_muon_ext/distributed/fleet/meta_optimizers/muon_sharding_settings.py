@@ -22,6 +22,7 @@ construction, what the optimizer cannot honour.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -219,6 +220,46 @@ class ShardingSettings:
                 "Paddle's optimizer timers synchronize the CUDA device. Set it "
                 "False (or profile with paddle.profiler)."
             )
+        self.check_values()
+
+    # Where each value comes from, for the error messages.
+    _SOURCE = {"pp_sharding_comm_overlap": "pp_configs.sharding_comm_overlap",
+               "pp_release_gradients": "pp_configs.release_gradients",
+               "enable_optimizer_timer": "hybrid_configs.enable_optimizer_timer",
+               "pp_degree": "hybrid_configs.pp_degree"}
+
+    def check_values(self) -> None:
+        """Refuse a value of the wrong type, NaN or inf (after develop's checks).
+
+        Fleet's proto enforces the types of a real strategy; this catches
+        duck-typed strategies and settings built by hand. Negative and zero
+        sizes keep develop's meaning (``comm_buffer_size_MB <= 0``: no fused
+        buffers), so only non-finite numbers are refused.
+        """
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            where = self._SOURCE.get(field.name, f"sharding_configs.{field.name}")
+            if field.type in ("bool", bool):
+                if not isinstance(value, bool):
+                    raise ShardingTypeError(
+                        f"{where}={value!r} ({type(value).__name__}) must be True or False."
+                    )
+            elif field.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ShardingTypeError(
+                        f"{where}={value!r} ({type(value).__name__}) must be an int."
+                    )
+            elif field.type in ("float", float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ShardingTypeError(
+                        f"{where}={value!r} ({type(value).__name__}) must be a number "
+                        "(MB; <= 0 turns the fused buffers off)."
+                    )
+                if not math.isfinite(value):
+                    raise ValueError(
+                        f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
+                        "or <= 0 for no fused buffers."
+                    )
 
 
 _WARNED: set = set()

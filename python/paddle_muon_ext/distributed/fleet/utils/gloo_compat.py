@@ -113,6 +113,37 @@ _saved_local_size: tuple[bool, str | None] | None = None
 
 
 # ----------------------------------------------------------------- detection
+_OFF_WORDS = ("0", "false", "off", "no")
+_ON_WORDS = ("1", "true", "on", "yes")
+
+
+def _forced_switch() -> bool | None:
+    """``GLOO_COMPAT`` as on/off, None when unset; another word is refused."""
+    raw = os.environ.get(FORCE_ENV, "").strip()
+    if not raw:
+        return None
+    if raw.lower() not in _OFF_WORDS + _ON_WORDS:
+        raise ValueError(
+            f"{FORCE_ENV}={raw!r}: must be one of {_ON_WORDS} (force the gloo layer on) "
+            f"or {_OFF_WORDS} (off); unset it to decide from PADDLE_DISTRI_BACKEND"
+        )
+    return raw.lower() in _ON_WORDS
+
+
+def _env_int(name: str, default: int, low: int) -> int:
+    """An integer environment variable ``>= low`` (one-line error otherwise)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"{name} must be >= {low}, got {raw!r}; pass an integer or unset it")
+    return value
+
+
 def gloo_expected() -> bool:
     """True when this process will (or does) use the gloo backend.
 
@@ -120,9 +151,9 @@ def gloo_expected() -> bool:
     ``GLOO_COMPAT=1/0`` forces; ``PADDLE_DISTRI_BACKEND`` (set to ``gloo`` by
     the launcher on CPU) decides next; otherwise gloo iff no CUDA device.
     """
-    forced = os.environ.get(FORCE_ENV)
-    if forced is not None and forced.strip() != "":
-        return forced.strip().lower() not in ("0", "false", "off", "no")
+    forced = _forced_switch()
+    if forced is not None:
+        return forced
     backend = os.environ.get("PADDLE_DISTRI_BACKEND", "").strip().lower()
     if backend:
         return backend == "gloo"
@@ -141,9 +172,9 @@ def gloo_backend_selected() -> bool:
     single-process run on the CPU wheel is not a gloo job, so ``patch_paddle()``
     leaves ``paddle.distributed`` alone there.
     """
-    forced = os.environ.get(FORCE_ENV, "").strip()
-    if forced:
-        return forced.lower() not in ("0", "false", "off", "no")
+    forced = _forced_switch()
+    if forced is not None:
+        return forced
     return os.environ.get("PADDLE_DISTRI_BACKEND", "").strip().lower() == "gloo"
 
 
@@ -175,12 +206,9 @@ def apply_emulated_local_size() -> int | None:
     Returns the applied value, or None when the variable is unset.
     """
     global _saved_local_size
-    raw = os.environ.get(EMULATED_LOCAL_SIZE_ENV)
-    if not raw:
+    if not os.environ.get(EMULATED_LOCAL_SIZE_ENV, "").strip():
         return None
-    value = int(raw)
-    if value < 1:
-        raise ValueError(f"{EMULATED_LOCAL_SIZE_ENV} must be >= 1, got {raw!r}")
+    value = _env_int(EMULATED_LOCAL_SIZE_ENV, 0, 1)
     if _saved_local_size is None:
         _saved_local_size = (
             "PADDLE_LOCAL_SIZE" in os.environ,
@@ -215,7 +243,7 @@ def _my_host() -> str:
 
 
 def _store_timeout() -> int:
-    return int(os.environ.get(STORE_TIMEOUT_ENV, "300"))
+    return _env_int(STORE_TIMEOUT_ENV, 300, 1)
 
 
 def create_subgroup_store(
