@@ -1,0 +1,253 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Conformance: any MuonShardingOptimizer against independent expectations.
+
+Runs the implementation ``muon_conformance_impl`` selects (this repository's
+by default, a Paddle checkout's with ``--paddle-root`` / ``PADDLE_ROOT``, or
+Paddle's own in tree) through develop's surface only, in the simulated world
+(threads moving real data; a reduce leaves NaN in non-root buffers, stricter
+than NCCL, which leaves an in-place non-root buffer as it was).
+
+Expectations are independent of the code under test:
+
+* parameters after training: the single-process Muon reference on the full
+  batch (``muon_tiny_moe.Reference``). Tolerance 1e-5: the sharded run
+  differs only in the order of summation inside the reductions (~1e-7 per
+  value, kept within a few ulps by Newton-Schulz); a routing error moves a
+  parameter by O(lr) = 2e-2.
+* collectives of ``comm_group_call_opt``: derived from rank coordinates
+  (``node = rank // gpus_per_node``, ``card = rank % gpus_per_node``) by
+  ``muon_sim_runner.LayoutOracle``, never from the optimizer's groups.
+* helper functions: brute-force enumeration.
+"""
+
+from __future__ import annotations
+
+import os
+import unittest
+
+import numpy as np
+import paddle
+
+from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
+from mock.patching import active_comm
+from muon_conformance_impl import KIND, MODULE, build_rank, max_diff, train, upstream_bug
+from muon_sim_runner import LayoutOracle, SimConfig, local_size, reference_values, run_world
+from muon_tiny_moe import EXPERT_COLOUR, Reference, batch
+
+TOL = 1e-5
+GROUP_CALL = dict(ep=4, ms=2, gpn=2)  # 4 emulated nodes of 2 cards
+
+
+def conf(**kw) -> SimConfig:
+    """A layout with develop's defaults: its owner rule, no grad clip."""
+    kw.setdefault("partition", None)
+    kw.setdefault("clip", False)
+    return SimConfig(**kw)
+
+
+def _train_body(steps: int):
+    def body(cfg, strategy):
+        hcg, net, opt = build_rank(cfg)
+        train(cfg, hcg, net, opt, steps)
+        return net.named_values()
+    return body
+
+
+class _ReferenceCase(unittest.TestCase):
+    def assert_trains_like_reference(self, cfg: SimConfig, steps: int) -> None:
+        cfg = SimConfig(**{**cfg.__dict__, "steps": steps})
+        results, world = run_world(cfg, _train_body(steps))
+        world.check_schedule()
+        expected = reference_values(cfg, steps)
+        for rank, values in enumerate(results):
+            diff, name = max_diff(values, expected[rank])
+            self.assertLess(diff, TOL, f"[{KIND}] {cfg}: rank {rank} {name} is {diff:.3g} "
+                                       f"from the single-process reference after {steps} steps")
+
+
+class TestGroupCallHelpers(unittest.TestCase):
+    """develop's module-level helpers, against enumeration."""
+
+    def test_trainer_ranks_are_the_consecutive_block_of_the_node(self):
+        for gpn in (2, 4, 8):
+            for rank in range(4 * gpn):
+                node = next(k for k in range(4) if k * gpn <= rank < (k + 1) * gpn)
+                trainer, ranks = MODULE.get_trainer_ranks(rank, gpn)
+                self.assertEqual(trainer, node, f"rank {rank}, {gpn} per node")
+                self.assertEqual(list(ranks), [node * gpn + c for c in range(gpn)])
+
+    def test_same_card_rank_is_the_group_member_on_my_node(self):
+        gpn = 4
+        for group in ([1, 5, 9], [2, 14], [0], [3, 7, 11, 15]):
+            for rank in range(16):
+                on_my_node = [q for q in group if q // gpn == rank // gpn]
+                want = on_my_node[0] if on_my_node else -1
+                self.assertEqual(MODULE.get_same_card_rank(group, rank, gpn), want,
+                                 f"group {group}, rank {rank}")
+
+    def test_gpus_per_node_is_the_launchers_local_size(self):
+        for value in ("2", "8"):
+            with local_size(int(value)):
+                self.assertEqual(MODULE.get_gpus_per_node(), int(value))
+
+    def test_gpus_per_node_without_local_size_or_devices_is_refused(self):
+        if paddle.device.cuda.device_count() > 0:
+            self.skipTest("devices visible: the count is the answer")
+        with local_size(None), self.assertRaises((AssertionError, ValueError)):
+            MODULE.get_gpus_per_node()
+
+
+class TestOneStepMatchesReference(_ReferenceCase):
+    """Every path of reduce + step + parameter sync, one step."""
+
+    def test_plain_sharding_fused_buffers(self):
+        self.assert_trains_like_reference(conf(ep=1, ms=2), 1)
+
+    def test_plain_sharding_unfused(self):
+        self.assert_trains_like_reference(conf(ep=1, ms=2, fused=False), 1)
+
+    def test_moe_experts_on_their_colour_group(self):
+        self.assert_trains_like_reference(conf(ep=4, ms=2), 1)
+
+    def test_group_call_hierarchical_reduce_and_broadcast(self):
+        self.assert_trains_like_reference(conf(**GROUP_CALL), 1)
+
+    def test_group_call_unfused_gradients(self):
+        self.assert_trains_like_reference(conf(**GROUP_CALL, fused=False), 1)
+
+    def test_group_call_with_comm_overlap_hooks(self):
+        self.assert_trains_like_reference(conf(**GROUP_CALL, overlap=True), 1)
+
+    def test_group_call_two_pipeline_stages(self):
+        # develop's rank formula needs moe_sharding before pipe (the default here)
+        self.assert_trains_like_reference(conf(ep=2, ms=2, pp=2, gpn=2), 1)
+
+
+class TestGroupCallCollectivesFollowRankCoordinates(unittest.TestCase):
+    """comm_group_call_opt: who reduces/broadcasts where, from coordinates alone."""
+
+    def _check(self, cfg: SimConfig) -> None:
+        def body(cfg, strategy):
+            hcg, net, opt = build_rank(cfg)
+            rank = paddle.distributed.get_rank()
+            start = len(active_comm().traces[rank])
+            train(cfg, hcg, net, opt, 1)
+            owners = {colour: dict(by_name)
+                      for colour, by_name in opt._param2rank_2d_by_color.items()}
+            return start, owners
+
+        results, world = run_world(cfg, body)
+        world.check_schedule()
+        oracle = LayoutOracle(cfg)
+        gpn = cfg.gpn
+        for rank, (start, owners) in enumerate(results):
+            groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
+            # owners are group-local indices (develop's attribute); globalise them
+            owner_ranks = {colour: {sorted(groups[colour])[i] for i in by_name.values()}
+                           for colour, by_name in owners.items()}
+            self.assertTrue(owner_ranks.get(None), f"rank {rank}: no dense owner")
+            want = set()
+            for op in ("reduce", "broadcast"):
+                for o in owner_ranks.get(None, ()):
+                    want.add((op, oracle.node(rank), oracle.node(rank)[0] + o % gpn))
+                    if rank % gpn == o % gpn:
+                        want.add((op, oracle.same_card(rank), o))
+                for o in owner_ranks.get(EXPERT_COLOUR, ()):
+                    want.add((op, tuple(sorted(groups[EXPERT_COLOUR])), o))
+            got = {(r.op, tuple(r.group_ranks), r.root) for r in world.traces[rank][start:]
+                   if r.op in ("reduce", "broadcast")}
+            self.assertEqual(got, want, f"[{KIND}] rank {rank} (node {rank // gpn}, card "
+                                        f"{rank % gpn}): 2-D collectives {sorted(got)}, "
+                                        f"coordinates give {sorted(want)}")
+
+    def test_one_pipeline_stage(self):
+        self._check(conf(**GROUP_CALL))
+
+    def test_two_pipeline_stages(self):
+        self._check(conf(ep=2, ms=2, pp=2, gpn=2))
+
+
+class TestLayoutsDevelopRefuses(_ReferenceCase):
+    """Layouts develop's group-call rank formula cannot hold: refuse or train right.
+
+    Either answer conforms: an error at construction naming the condition, or
+    training that matches the reference. Silent wrong groups do not.
+    """
+
+    def _refused_or_correct(self, cfg: SimConfig, words: tuple) -> str:
+        try:
+            run_world(cfg, lambda c, s: build_rank(c) and None, reraise_original=True)
+        except (AssertionError, ValueError) as error:
+            text = str(error).lower()
+            self.assertTrue(any(w in text for w in words),
+                            f"[{KIND}] refused {cfg} without naming {words}: {error}")
+            return "refused"
+        self.assert_trains_like_reference(cfg, 1)
+        return "trained"
+
+    def test_pipe_first_order(self):
+        self._refused_or_correct(conf(ep=2, ms=2, pp=2, gpn=2, order=PIPE_FIRST_MOE_ORDER),
+                                 ("order", "moe_sharding"))
+
+    def test_ep_not_a_multiple_of_the_node_size(self):
+        self._refused_or_correct(conf(ep=2, ms=4, gpn=4), ("gpus_per_node", "multiple"))
+
+
+class TestMultiStepMatchesReference(_ReferenceCase):
+    """Training over several steps with clear_grad() between them."""
+
+    @upstream_bug("UB-1")
+    def test_plain_sharding_three_steps(self):
+        self.assert_trains_like_reference(conf(ep=1, ms=2), 3)
+
+    @upstream_bug("UB-1")
+    def test_group_call_three_steps(self):
+        self.assert_trains_like_reference(conf(**GROUP_CALL), 3)
+
+
+class TestGradientAfterClearGradReachesTheOwner(unittest.TestCase):
+    """UB-1 at its cause: the second step's reduced gradient on the owner."""
+
+    @upstream_bug("UB-1")
+    def test_second_step_owner_gradient_is_the_group_mean(self):
+        cfg = conf(ep=1, ms=2)
+
+        def body(cfg, strategy):
+            hcg, net, opt = build_rank(cfg)
+            train(cfg, hcg, net, opt, 1)           # step 0, then clear_grad
+            rank = paddle.distributed.get_rank()
+            net(paddle.to_tensor(batch(1, rank))).backward()
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            owned = {p.name for p in opt._local_2d}
+            return {k: p.grad.numpy().copy() for k, p in net.dense.items()
+                    if p.name in owned and p.grad is not None}
+
+        results, _ = run_world(cfg, body)
+        ref = Reference({0: None, 1: None}, clip=False)
+        ref.step(0)
+        mean = ref.mean_grads(1)
+        checked = 0
+        for rank, grads in enumerate(results):
+            for key, grad in grads.items():
+                want = mean[(None, f"dense.{key}")]
+                self.assertLess(float(np.abs(grad - want).max()), TOL,
+                                f"[{KIND}] rank {rank} owns dense.{key}: its step-2 gradient "
+                                f"is not the group mean")
+                checked += 1
+        self.assertGreater(checked, 0, "no rank owns a dense matrix")
+
+
+if __name__ == "__main__":
+    unittest.main()

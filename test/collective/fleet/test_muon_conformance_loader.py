@@ -1,0 +1,160 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The 3.3.1 loader of a Paddle checkout's optimizer, on develop-shaped temp trees.
+
+CI has no Paddle checkout, so each test writes a small tree whose
+``muon_sharding_optimizer.py`` / ``optimizer/muon.py`` are stand-ins with
+observable behaviour (a counter of executions, a deliberate import error).
+Out of tree only: the loader is 3.3.1 compat and is not exported.
+"""
+
+# paddle_muon_ext: compat-only
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import textwrap
+import unittest
+
+from paddle_muon_ext.compat_paddle_3_3 import develop_loader as dl
+from paddle_muon_ext.compat_paddle_3_3 import is_patched, unpatch_paddle
+
+_OPTIMIZER = textwrap.dedent("""
+    import os
+    import paddle
+    from paddle.distributed.fleet.utils import tensor_fusion_helper
+    EXECUTIONS = int(os.environ.get("_LOADER_TEST_EXECUTIONS", "0")) + 1
+    os.environ["_LOADER_TEST_EXECUTIONS"] = str(EXECUTIONS)
+    CPU_REGISTERED = "cpu" in tensor_fusion_helper.alignment
+    class MuonShardingOptimizer:
+        TREE = {tree!r}
+""")
+
+
+def _tree(parent: str, name: str, optimizer: str | None = None,
+          muon: str | None = None) -> str:
+    root = os.path.join(parent, name)
+    path = os.path.join(root, *dl.OPTIMIZER_RELPATH.split("/"))
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(_OPTIMIZER.format(tree=name) if optimizer is None else optimizer)
+    if muon is not None:
+        muon_path = os.path.join(root, *dl.MUON_RELPATH.split("/"))
+        os.makedirs(os.path.dirname(muon_path), exist_ok=True)
+        with open(muon_path, "w") as f:
+            f.write(muon)
+    return root
+
+
+class _LoaderCase(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+        self._was_patched = is_patched()
+        self._loaded = dict(dl._LOADED)
+        self._modules = set(sys.modules)
+        os.environ.pop("_LOADER_TEST_EXECUTIONS", None)
+
+    def tearDown(self):
+        # leave the process as it was: the loader patches paddle and caches modules
+        dl._LOADED.clear()
+        dl._LOADED.update(self._loaded)
+        for name in set(sys.modules) - self._modules:
+            if name.startswith("_paddle_develop"):
+                del sys.modules[name]
+        if not self._was_patched and is_patched():
+            unpatch_paddle()
+        os.environ.pop("_LOADER_TEST_EXECUTIONS", None)
+        self._tmp.cleanup()
+
+
+class TestDevelopOptimizerPath(_LoaderCase):
+    def test_the_file_under_a_checkout_is_found(self):
+        root = _tree(self.tmp, "paddle")
+        self.assertEqual(dl.develop_optimizer_path(root),
+                         os.path.join(root, *dl.OPTIMIZER_RELPATH.split("/")))
+
+    def test_a_missing_directory_is_named_with_the_fix(self):
+        missing = os.path.join(self.tmp, "nope")
+        with self.assertRaises(dl.DevelopTreeError) as ctx:
+            dl.develop_optimizer_path(missing)
+        self.assertIn(missing, str(ctx.exception))
+        self.assertIn("not a directory", str(ctx.exception))
+        self.assertIsInstance(ctx.exception, ValueError)
+
+    def test_a_directory_without_the_optimizer_is_named_with_the_relative_path(self):
+        with self.assertRaises(dl.DevelopTreeError) as ctx:
+            dl.develop_optimizer_path(self.tmp)
+        self.assertIn(dl.OPTIMIZER_RELPATH, str(ctx.exception))
+        self.assertEqual(len(str(ctx.exception).splitlines()), 1)
+
+
+class TestLoadDevelopOptimizer(_LoaderCase):
+    def test_loads_once_per_file_with_develops_names_and_cpu_fusion(self):
+        root = _tree(self.tmp, "paddle")
+        first = dl.load_develop_optimizer(root)
+        again = dl.load_develop_optimizer(os.path.join(root, "."))
+        self.assertIs(first, again)
+        self.assertEqual(first.EXECUTIONS, 1, "the checkout's file ran twice")
+        self.assertEqual(first.MuonShardingOptimizer.TREE, "paddle")
+        self.assertTrue(first.CPU_REGISTERED, "CPU tensor fusion was not registered first")
+        self.assertTrue(is_patched(), "develop's sharding_configs fields need patch_paddle()")
+        # private name: nothing lands under paddle.*
+        self.assertFalse(first.__name__.startswith("paddle"))
+        self.assertIs(sys.modules[first.__name__], first)
+
+    def test_two_checkouts_keep_their_own_modules(self):
+        one = dl.load_develop_optimizer(_tree(self.tmp, "one"))
+        two = dl.load_develop_optimizer(_tree(self.tmp, "two"))
+        self.assertIsNot(one, two)
+        self.assertNotEqual(one.__name__, two.__name__)
+        self.assertEqual((one.MuonShardingOptimizer.TREE, two.MuonShardingOptimizer.TREE),
+                         ("one", "two"))
+
+    def test_an_import_error_propagates_and_leaves_no_half_module(self):
+        root = _tree(self.tmp, "broken", optimizer="raise ImportError('needs develop paddle')\n")
+        before = set(sys.modules)
+        with self.assertRaisesRegex(ImportError, "needs develop paddle"):
+            dl.load_develop_optimizer(root)
+        self.assertEqual({n for n in set(sys.modules) - before if n.startswith("_paddle")}, set())
+        self.assertEqual(dl._LOADED, self._loaded)
+
+
+class TestLoadDevelopMuon(_LoaderCase):
+    def test_absent_file_is_reported(self):
+        got = dl.load_develop_muon(_tree(self.tmp, "paddle"))
+        self.assertIsNone(got.module)
+        self.assertIn(dl.MUON_RELPATH, got.reason)
+
+    def test_a_file_that_runs_on_this_paddle_is_loaded(self):
+        got = dl.load_develop_muon(_tree(self.tmp, "paddle", muon="class Muon:\n    pass\n"))
+        self.assertEqual(got.reason, "")
+        self.assertTrue(hasattr(got.module, "Muon"))
+
+    def test_a_file_needing_a_newer_paddle_is_reported_not_patched(self):
+        muon = "from paddle.no_such_module_in_3_3 import x\n"
+        got = dl.load_develop_muon(_tree(self.tmp, "paddle", muon=muon))
+        self.assertIsNone(got.module)
+        self.assertIn("does not import on paddle 3.3.1", got.reason)
+        self.assertIn("ModuleNotFoundError", got.reason)
+
+    def test_a_bad_root_is_refused_like_the_optimizer(self):
+        with self.assertRaises(dl.DevelopTreeError):
+            dl.load_develop_muon(os.path.join(self.tmp, "nope"))
+
+
+if __name__ == "__main__":
+    unittest.main()
