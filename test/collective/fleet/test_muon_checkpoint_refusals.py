@@ -192,6 +192,25 @@ class TestLoadRefusals(_Dir):
                 load_sharded_checkpoint(zeros(), directory)
 
 
+    def test_unreadable_files_are_named_not_raised(self):
+        directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
+
+        def denied(path):
+            raise PermissionError(13, "Permission denied", path)
+
+        with mock.patch.object(ckpt, "file_digest", denied), \
+                self.assertLogs(ckpt.logger, "WARNING") as logs:
+            self.assertIsNone(latest_complete_checkpoint(self.root, verify=True))
+        self.assertIn(f"skipping incomplete {directory}: could not be read (PermissionError: "
+                      f"[Errno 13] Permission denied: '{directory}", "\n".join(logs.output))
+        with mock.patch.object(ckpt, "_resolve", side_effect=PermissionError(13, "denied")), \
+                self.assertRaisesRegex(CheckpointCorruptError, rf"rank 0: {self.root}: could "
+                                       r"not be read \(PermissionError"):
+            load_sharded_checkpoint(zeros(), self.root)
+        with self.assertRaisesRegex(ValueError, "^state_dict must be a dict, got list$"):
+            load_sharded_checkpoint([], self.root)
+
+
 class TestSaveHygiene(_Dir):
     def leftover(self, uid: int, token: str, age_s: float, heartbeat_age_s: float) -> str:
         """A killed save's directory: a complete shard, a heartbeat."""
@@ -223,6 +242,20 @@ class TestSaveHygiene(_Dir):
         self.assertEqual(os.path.basename(saved), "checkpoint_6")
         self.assertEqual(os.path.basename(save_sharded_checkpoint(
             whole(arrays(2)), self.root, unique_id=3)), "checkpoint_3")
+
+    def test_activity_of_a_save_directory(self):
+        tmp = os.path.join(self.root, commit.tmp_name(1, "t"))
+        self.assertIsNone(commit.last_activity(tmp), "a directory that is gone")
+        os.makedirs(tmp)
+        os.utime(tmp, (1000.0, 1000.0))
+        self.assertEqual(commit.last_activity(tmp), 1000.0, "no status directory yet")
+        os.makedirs(os.path.join(tmp, commit.STATUS_DIR))
+        beat = os.path.join(tmp, commit.STATUS_DIR, "alive_1")
+        open(beat, "wb").close()
+        for path, stamp in ((beat, 5000.0), (os.path.join(tmp, commit.STATUS_DIR), 3000.0),
+                            (tmp, 1000.0)):
+            os.utime(path, (stamp, stamp))
+        self.assertEqual(commit.last_activity(tmp), 5000.0, "the newest heartbeat counts")
 
     def test_a_longer_timeout_waits_longer_before_reclaiming(self):
         age = ckpt.STALE_SAVE_S + 60
@@ -350,6 +383,17 @@ class TestRanksAgree(_Dir):
                 self.assertEqual(str(results[rank]), "unique_id=-2: must be a non-negative "
                                  "int (e.g. the step) or None (the newest)")
         self.assertEqual(sorted(os.listdir(self.root)), ["checkpoint_0"])
+
+    def test_ranks_with_different_bad_arguments_are_each_named(self):
+        bad = {0: -1, 1: True}
+        results = ThreadRanks(2, self.root).run(lambda r: save_sharded_checkpoint(
+            whole(arrays(r)), self.root, unique_id=bad[r]))
+        for rank in (0, 1):
+            self.assertIsInstance(results[rank], ValueError, f"rank {rank}")
+            self.assertEqual(str(results[rank]), "rank 0: unique_id=-1: must be a non-negative "
+                             "int (e.g. the step) or None (the newest); rank 1: unique_id=True: "
+                             "must be a non-negative int (e.g. the step) or None (the newest)")
+        self.assertEqual(os.listdir(self.root), [])
 
     def test_a_dtype_mismatch_on_one_rank_is_refused_on_every_rank(self):
         save_sharded_checkpoint(whole(arrays(1)), self.root)

@@ -280,7 +280,7 @@ def _newest_complete(path: str, verify: bool) -> tuple[str | None, list[str]]:
         try:
             reason = _incomplete_reason(directory, verify)
         except OSError as exc:  # e.g. a file that cannot be read for its checksum
-            reason = f"{directory}: {type(exc).__name__}: {exc}"
+            reason = f"could not be read ({type(exc).__name__}: {exc})"
         if reason is None:
             return directory, skipped
         skipped.append(f"skipping incomplete {directory}: {reason}")
