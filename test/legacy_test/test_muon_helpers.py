@@ -131,6 +131,13 @@ class TestMuonHelpers(unittest.TestCase):
             newton_schulz(x, SIMPLE, -1)
         with self.assertRaises(ValueError):
             newton_schulz(paddle.ones([4]), SIMPLE, 5)
+        # bug: "not enough values to unpack" from inside the iteration
+        with self.assertRaisesRegex(ValueError, r"ns_coeffs\[1\]=\(1.0, 2.0\) is not 3 finite"):
+            newton_schulz(x, [SIMPLE[0], (1.0, 2.0)], 5)
+        with self.assertRaisesRegex(ValueError, r"ns_coeffs\[0\]=\(nan, 0, 0\)"):
+            newton_schulz(x, [(float("nan"), 0, 0)], 1)
+        with self.assertRaisesRegex(TypeError, "steps must be an int >= 0, got True"):
+            newton_schulz(x, SIMPLE, True)
 
     def test_update_scale_matches_formula_and_scaling_fn(self):
         for shape in ((64, 32), (32, 64), (4, 48, 16), (4, 16, 48)):

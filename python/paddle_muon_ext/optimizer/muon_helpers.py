@@ -36,6 +36,7 @@ from .muon import (
     Muon,
     MuonParamInfo,
     MuonParamInfoMap,
+    _check_ns_coeffs,
     _default_should_use_muon,
     _resolve_ns_coeffs,
 )
@@ -130,6 +131,9 @@ def newton_schulz(
             "newton_schulz needs at least one (a, b, c) coefficient; pass e.g. "
             "NS_COEFFS_PRESETS['simple']."
         )
+    _check_ns_coeffs(coeffs)
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"newton_schulz steps must be an int >= 0, got {steps!r}.")
     if steps < 0:
         raise ValueError(f"newton_schulz steps must be >= 0, got {steps}.")
     out = Muon._zeropower_via_newtonschulz5(x, steps, eps, coeffs, matmul_dtype)
