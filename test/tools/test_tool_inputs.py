@@ -135,6 +135,20 @@ class TestNoWorkBeforeTheCheck(unittest.TestCase):
                               timeout=300, env=env)
         self.assertEqual(proc.stdout.split(), ["2", "False"], proc.stderr)
 
+    def test_cluster_refuses_bad_flags_before_importing_paddle(self) -> None:
+        # a layout comm_group_call_opt can run: its check imports paddle, so
+        # every other flag must be checked before it
+        code = ("import sys\n"
+                "from paddle_muon_ext.tools.cli import main\n"
+                "rc = main(['cluster', '--nodes', '2', '--procs-per-node', '2', '--ep', '2', "
+                "'--moe-sharding', '2', '--steps', '0'])\n"
+                "print(rc, 'paddle' in sys.modules)\n")
+        env = {**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=env)
+        self.assertEqual(proc.stdout.split(), ["2", "False"], proc.stderr)
+        self.assertIn("error: --steps must be >= 1, got 0", proc.stderr)
+
     def test_package_names_load_on_first_use(self) -> None:
         import paddle_muon_ext
 

@@ -26,8 +26,8 @@ moe_sharding=2         on matches the single-process Muon reference (1e-5);
                        traffic; nothing is left behind
 3 nodes x 2, ep=3,     same, on a layout only the generalised plan accepts
 moe_sharding=2         (ep not a multiple of the cards per node)
-SIGTERM mid-run        the launcher exits 130 and removes every namespace,
-                       link and process of the run
+SIGTERM mid-run        the tool exits 143 (128 + SIGTERM) and removes every
+                       namespace, link, process and temp dir of the run
 =====================  =====================================================
 
 The real runs need root, ``ip netns`` and ``tbf``; without them they skip
@@ -44,6 +44,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 from unittest import mock
@@ -111,7 +112,9 @@ class TestMuonClusterRuns(unittest.TestCase):
         self._run(3, 2, 3, 2)
 
     def test_sigterm_mid_run_leaves_nothing(self) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        tmp = tempfile.mkdtemp(prefix="muon_cluster_sig_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=os.pathsep.join(
             [os.path.join(_REPO, "python"), os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.Popen(
             [sys.executable, os.path.join(_REPO, "tools", "muon_comm.py"), "cluster",
@@ -133,8 +136,9 @@ class TestMuonClusterRuns(unittest.TestCase):
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-        self.assertEqual(proc.returncode, 130, out)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out)
         self.assertIn("SIGTERM", out)
+        self.assertEqual(os.listdir(tmp), [], "the run's log dir was left behind")
         self.assertEqual(_ours(proc.pid), [], "namespaces left behind")
         self.assertEqual(_processes_on(f"pmc{proc.pid:x}n"), [], "processes left behind")
 
@@ -399,6 +403,22 @@ class TestClusterHelpers(unittest.TestCase):
                 contextlib.redirect_stderr(err):
             self.assertEqual(cluster.main(args), 130)
         self.assertIn("namespaces, links and processes removed", err.getvalue())
+        with mock.patch.object(cluster, "run_cluster", side_effect=cluster.ClusterInterrupted(
+                "interrupted by signal SIGTERM", signal.SIGTERM)), \
+                contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(cluster.main(args), 143, "128 + SIGTERM, as a shell reports")
+
+    def test_a_bool_is_not_an_integer_flag(self) -> None:
+        # True == 1 in Python; a config built by a script must not pass it as 1
+        base = dict(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, group_call="0")
+        for name in ("nodes", "procs_per_node", "ep", "moe_sharding", "steps", "hidden",
+                     "inner"):
+            with self.subTest(field=name):
+                cfg = cluster.ClusterConfig(**{**base, name: True})
+                flag = "--" + name.replace("_", "-")
+                with self.assertRaisesRegex(ValueError, f"^{flag} must be an integer, got True"):
+                    cfg.validate_values()
+        cluster.ClusterConfig(**base).validate_values()  # the same layout with ints passes
 
     def test_not_root_is_a_reason(self) -> None:
         with mock.patch.object(os, "geteuid", return_value=1000):
