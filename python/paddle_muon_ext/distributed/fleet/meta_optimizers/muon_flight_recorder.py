@@ -151,6 +151,11 @@ def _env_flag(name: str, default: str) -> bool:
     return raw == "1" if raw else default == "1"
 
 
+def _launcher_count(name: str) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
 def dump_dir() -> str | None:
     """Where dumps go: ``PADDLE_MUON_FLIGHT_DIR``, else the launcher's log dir."""
     return os.environ.get(ENV_DIR) or os.environ.get(LAUNCHER_LOG_DIR_ENV) or None
@@ -283,7 +288,8 @@ class FlightRecorder:
         return {
             "format": DUMP_FORMAT,
             "rank": _own_rank(),
-            "world_size": int(os.environ.get("PADDLE_TRAINERS_NUM", "0") or 0),
+            # the launcher's; a dump must not fail on a malformed value (0: unknown)
+            "world_size": _launcher_count("PADDLE_TRAINERS_NUM"),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "time": time.time(),
