@@ -24,8 +24,9 @@ twice), so this module tests the package only.
 
 from __future__ import annotations
 
-import math
+import os
 import unittest
+from unittest import mock
 
 import numpy as np
 import paddle
@@ -222,6 +223,23 @@ class TestZeroSizeParameters(unittest.TestCase):
                     np.testing.assert_array_equal(a, b)
                 self.assertFalse(np.allclose(without[0], 0.5), "the [4, 6] matrix never moved")
                 self.assertTrue(all(np.isfinite(a).all() for a in with_empty))
+
+
+
+class TestEnvironment(unittest.TestCase):
+    def test_bypass_flag_is_read_as_develop_reads_it_and_named_when_malformed(self):
+        from paddle_muon_ext.optimizer import muon as muon_module
+
+        name = "FLAGS_shard_bypass_dygraph_optimizer"
+        for raw, expected in (("1", 1), ("0", 0), (" 2 ", 2)):
+            with mock.patch.dict(os.environ, {name: raw}):
+                self.assertEqual(muon_module._int_env(name, 0), expected)
+        with mock.patch.dict(os.environ, {}, clear=True):
+            self.assertEqual(muon_module._int_env(name, 0), 0)
+        with mock.patch.dict(os.environ, {name: "yes"}):
+            with self.assertRaisesRegex(ValueError, f"{name}='yes' is not an integer; set it "
+                                        r"to 1 \(skip the optimizer update\) or 0"):
+                muon_module._int_env(name, 0)
 
 
 if __name__ == "__main__":

@@ -66,11 +66,22 @@ if not logger.handlers:
     logger.setLevel(logging.INFO)
     logger.propagate = False
 
+
+def _int_env(name: str, default: int) -> int:
+    # develop's int(); a malformed value says which variable and what is valid
+    raw = os.environ.get(name, default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name}={raw!r} is not an integer; set it to 1 (skip the optimizer "
+            "update) or 0 (the default), or unset it."
+        ) from None
+
+
 # Read once at import, as develop does.
 MUON_DEBUG = os.environ.get("MUON_DEBUG", "0") == "1"
-g_shard_bypass_dygraph_optimizer = int(
-    os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0)
-)
+g_shard_bypass_dygraph_optimizer = _int_env("FLAGS_shard_bypass_dygraph_optimizer", 0)
 
 NSCoeff = tuple[float, float, float]
 

@@ -98,6 +98,10 @@ class TestRecorder(unittest.TestCase):
         self.assertEqual(last["group_seq"], 2)  # third collective on group 3
         self.assertEqual({(i["group_id"], i["count"]) for i in snap["issued"]}, {(3, 3), (4, 3)})
         self.assertEqual((snap["rank"], snap["world_size"], snap["reason"]), (5, 8, "test"))
+        # a malformed launcher value must not make the dump itself fail
+        for raw in ("abc", "", "-2"):
+            with mock.patch.dict(os.environ, {"PADDLE_TRAINERS_NUM": raw}):
+                self.assertEqual(self.rec.snapshot("test")["world_size"], 0, raw)
 
     def test_disabled_records_nothing(self) -> None:
         rec = fr.FlightRecorder(enabled=False)
