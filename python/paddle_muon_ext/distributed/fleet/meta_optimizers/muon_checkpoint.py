@@ -32,6 +32,11 @@ indistinguishable from a good one. Here:
   a problem is one error on every rank, naming the file.
 * :func:`latest_complete_checkpoint` finds the newest committed checkpoint.
 
+Both calls exchange what each rank found before any rank raises, so a
+problem on one rank (no checkpoint at its path, another path, a bad
+argument) is one error on every rank at once, never a wait for a timeout.
+The next save removes what killed saves left (:data:`STALE_SAVE_S`).
+
 ``path`` must be on a file system every rank of the save sees: once the
 shards are being written the ranks agree through files there, so a rank that
 dies while writing cannot hang the others. Before that, two small all_gathers
@@ -468,12 +473,13 @@ def save_sharded_checkpoint(
             ``sharded_state_dict(model_sharded_state_dict)``.
         path (str): directory holding the checkpoints (created if needed).
         process_group (Group|None): the ranks saving together (default: all).
-        unique_id (int|None): the checkpoint's id, e.g. the step; None takes
-            the newest id under ``path`` plus one. An existing id is refused.
+        unique_id (int|None): the checkpoint's id, a non-negative int such as
+            the step; None takes the newest id under ``path`` plus one. An
+            existing id is refused.
         keep_last (int|None): after the commit, keep only the newest
             ``keep_last`` complete checkpoints.
-        timeout_s (float): a rank that shows no sign of life this long during
-            the save counts as failed (default 20: a killed rank fails the
+        timeout_s (float): finite, > 0: a rank that shows no sign of life this
+            long during the save counts as failed (default 20: a killed rank fails the
             save on every other rank within about 21 s). Raise it where the
             file system shows other hosts' changes later (NFS attribute cache).
 
@@ -484,6 +490,8 @@ def save_sharded_checkpoint(
         CheckpointSaveError: on every rank, when any rank failed; the message
             names the rank and the file.
         FileExistsError: on every rank, when ``checkpoint_<unique_id>`` exists.
+        ValueError: on every rank, when a rank passed a bad ``unique_id``,
+            ``keep_last`` or ``timeout_s``; nothing was written.
     """
     rank, ranks = _ranks(process_group)
     coordinator = ranks[0]
