@@ -880,6 +880,125 @@ class TestParamStorage(unittest.TestCase):
         self.assertTrue(all(results), "a skipped step must give back every value")
 
 
+    def test_clear_then_step_keeps_low_precision_matrices_in_their_dtype(self):
+        # reset_param_storage refills freed matrices this rank does not own;
+        # a bf16 matrix must come back bf16 (an fp32 buffer would change the
+        # parameter's dtype under the user's model).
+        cfg = SimConfig(ep=2, ms=2, steps=2, via_fleet=False, matrix_dtype="bfloat16",
+                        clip=False)
+
+        def body(clear):
+            def run(cfg, strategy):
+                hcg, net, opt, coord = build_rank(cfg, strategy)
+                rank = _rank()
+                for step in range(cfg.steps):
+                    net(paddle.to_tensor(batch(step, rank))).backward()
+                    opt.reduce_gradients(list(net.parameters()), hcg)
+                    if clear:
+                        opt.clear_param_storage(None)
+                    opt.step()
+                    opt.clear_grad()
+                w = net.dense["w_in"]
+                return RankState(rank, coord, net.named_values(), opt, net,
+                                 extra=(str(w.dtype), opt.owner_map[w.name] == rank))
+            return run
+
+        plain, _ = run_world(cfg, body=body(False))
+        cleared, _ = run_world(cfg, body=body(True))
+        self.assertTrue(any(not owned for _, owned in (r.extra for r in cleared)),
+                        "some rank must not own w_in (else nothing was freed)")
+        for a, b in zip(plain, cleared):
+            self.assertEqual(b.extra[0], "paddle.bfloat16",
+                             f"rank {b.rank}: w_in after clear_param_storage + step")
+            for key in a.values:
+                self.assertTrue(np.array_equal(a.values[key], b.values[key]), (
+                    f"rank {b.rank}: {key} differs from the run that never freed it"))
+
+
+class TestEdgeParameters(unittest.TestCase):
+    """Parameters the sharding core must carry exactly: bf16 main_grad, per-parameter
+    learning rates on slices, zero-size parameters."""
+
+    def test_missing_main_grad_of_a_bf16_parameter_is_created_in_fp32(self):
+        p = paddle.create_parameter([3, 4], "bfloat16",
+                                    default_initializer=paddle.nn.initializer.Constant(0.5))
+        p.main_grad = None
+        grad = MuonShardingOptimizer._get_param_grad(p)
+        self.assertEqual(grad.dtype, paddle.float32, "main_grad holds fp32 (MixPrecisionLayer)")
+        self.assertEqual(list(grad.shape), [3, 4])
+        self.assertEqual(float(np.abs(grad.numpy()).max()), 0.0)
+        self.assertIs(p.main_grad, grad)
+
+    def test_slices_keep_the_parameters_optimize_attr(self):
+        # lr_ratio reading ParamAttr's learning rate: the AdamW update runs on
+        # the slice, so the slice must carry the parameter's optimize_attr.
+        cfg = SimConfig(ep=1, ms=2, steps=2, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg, net = _net(cfg)
+            net.dense["b_in"].optimize_attr = {"learning_rate": 0.0}
+            before = net.named_values()
+            muon = _muon_for(net, clip=False,
+                             lr_ratio=lambda p: p.optimize_attr["learning_rate"])
+            opt = MuonShardingOptimizer(muon, hcg, strategy)
+            for step in range(cfg.steps):
+                net(paddle.to_tensor(batch(step, _rank()))).backward()
+                opt.reduce_gradients(list(net.parameters()), hcg)
+                opt.step()
+                opt.clear_grad()
+            return before, net.named_values()
+
+        for rank, (before, after) in enumerate(run_world(cfg, body=body)[0]):
+            self.assertTrue(np.array_equal(before["dense.b_in"], after["dense.b_in"]), (
+                f"rank {rank}: dense.b_in has learning_rate 0 in its optimize_attr but moved"))
+            self.assertFalse(np.array_equal(before["dense.norm_w"], after["dense.norm_w"]),
+                             f"rank {rank}: dense.norm_w (learning_rate 1) must move")
+
+    def test_zero_size_parameters_are_left_out_and_unchanged(self):
+        # A [0, 4] parameter routed to Muon or to AdamW: the others train as
+        # in a run without it (bit-exact), it keeps its shape and owns nothing.
+        cfg = SimConfig(ep=1, ms=2, steps=2, via_fleet=False, clip=False)
+
+        def body(with_zero, use_muon):
+            def run(cfg, strategy):
+                hcg, net = _net(cfg)
+                params = list(net.parameters())
+                zero = None
+                if with_zero:
+                    zero = paddle.create_parameter([0, 4], "float32")
+                    zero.name = "dense.zero"
+                    params.insert(1, zero)
+                info = {p.name: MuonParamInfo(use_muon=len(p.shape) == 2) for p in params}
+                if zero is not None:
+                    info[zero.name] = MuonParamInfo(use_muon=use_muon)
+                opt = MuonShardingOptimizer(
+                    make_muon(params, clip=False, muon_param_info_map=info), hcg, strategy)
+                for step in range(cfg.steps):
+                    loss = net(paddle.to_tensor(batch(step, _rank())))
+                    if zero is not None:
+                        loss = loss + zero.sum()
+                    loss.backward()
+                    opt.reduce_gradients(params, hcg)
+                    opt.step()
+                    opt.clear_grad()
+                shape = None if zero is None else list(zero.shape)
+                owned = zero is not None and zero.name in opt.owner_map
+                return net.named_values(), shape, owned
+            return run
+
+        plain = run_world(cfg, body=body(False, False))[0]
+        for use_muon in (True, False):
+            with self.subTest(use_muon=use_muon):
+                got = run_world(cfg, body=body(True, use_muon))[0]
+                for rank, ((want, _, _), (values, shape, owned)) in enumerate(zip(plain, got)):
+                    self.assertEqual(shape, [0, 4], f"rank {rank}")
+                    self.assertFalse(owned, f"rank {rank}: a zero-size matrix got an owner")
+                    for key in want:
+                        self.assertTrue(np.array_equal(want[key], values[key]), (
+                            f"rank {rank}: {key} differs from the run without the "
+                            "zero-size parameter"))
+
+
 class TestOptionsHonoured(unittest.TestCase):
     """Each sharding/pp option develop reads has an observable effect here."""
 

@@ -104,7 +104,9 @@ _DEFAULT_STAGE_MB = 256
 
 
 def _is_trainable(param) -> bool:
-    return not param.stop_gradient
+    # A zero-size parameter has nothing to reduce or update: it stays out of
+    # every buffer (an empty fused buffer reads as released) and keeps its value.
+    return not param.stop_gradient and 0 not in tuple(param.shape)
 
 
 def _get_param_grad(param):
