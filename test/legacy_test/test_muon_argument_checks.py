@@ -75,7 +75,7 @@ class TestRefusedArguments(unittest.TestCase):
         (dict(muon_epsilon=NAN), ValueError, ["muon_epsilon=nan"]),
         (dict(muon_epsilon="1e-7"), TypeError, ["muon_epsilon='1e-7'"]),
         (dict(weight_decay=NAN), ValueError, ["weight_decay=nan", ">= 0"]),
-        (dict(weight_decay=-5), ValueError, ["weight_decay=-5", ">= 0"]),
+        (dict(weight_decay=-5), ValueError, ["weight_decay=-5 is out of range", ">= 0"]),
         (dict(weight_decay=INF), ValueError, ["weight_decay=inf"]),
         (dict(weight_decay=True), TypeError, ["weight_decay=True"]),
         (dict(muon_extra_scale_factor=NAN), ValueError, ["muon_extra_scale_factor=nan"]),
@@ -177,6 +177,7 @@ class TestAcceptedArguments(unittest.TestCase):
             (dict(muon_max_group_bytes=4e6), lambda o: o._muon_max_group_bytes == 4e6),
             (dict(muon_exclude_patterns=("emb",)), lambda o: o._muon_exclude_patterns == ("emb",)),
             (dict(nesterov=0), lambda o: o._nesterov is False),
+            (dict(nesterov=np.bool_(True)), lambda o: o._nesterov is True),
             (dict(muon_extra_scale_factor=0.0), lambda o: o._muon_extra_scale_factor == 0.0),
             (dict(name="m"), lambda o: True),
         ]

@@ -396,8 +396,8 @@ def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "") -> Non
             f"Muon: {label}={value!r} ({type(value).__name__}) is not a number; "
             f"pass a finite float >= {low:g}{hint}."
         )
-    value = float(value)
-    if not math.isfinite(value) or value < low:
+    number = float(value)
+    if not math.isfinite(number) or number < low:
         raise ValueError(
             f"Muon: {label}={value!r} is out of range; pass a finite float >= {low:g}{hint}."
         )
@@ -405,7 +405,7 @@ def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "") -> Non
 
 def _check_flag(label: str, value: Any) -> None:
     """Refuse anything but True/False (0/1 ints are develop's truthiness too)."""
-    if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
+    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
         return
     raise TypeError(f"Muon: {label}={value!r} must be True or False.")
 
