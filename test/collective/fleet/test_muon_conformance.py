@@ -34,7 +34,7 @@ Expectations are independent of the code under test:
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import unittest
 
 import numpy as np
@@ -57,6 +57,16 @@ def conf(**kw) -> SimConfig:
     return SimConfig(**kw)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReleaseGradsConfig(SimConfig):
+    """``sharding_configs.release_gradients``: buffers freed after each step."""
+
+    def strategy(self):
+        strategy = super().strategy()
+        strategy.hybrid_configs["sharding_configs"].release_gradients = True
+        return strategy
+
+
 def _train_body(steps: int):
     def body(cfg, strategy):
         hcg, net, opt = build_rank(cfg)
@@ -67,7 +77,7 @@ def _train_body(steps: int):
 
 class _ReferenceCase(unittest.TestCase):
     def assert_trains_like_reference(self, cfg: SimConfig, steps: int) -> None:
-        cfg = SimConfig(**{**cfg.__dict__, "steps": steps})
+        cfg = dataclasses.replace(cfg, steps=steps)
         results, world = run_world(cfg, _train_body(steps))
         world.check_schedule()
         expected = reference_values(cfg, steps)
@@ -129,6 +139,14 @@ class TestOneStepMatchesReference(_ReferenceCase):
 
     def test_group_call_with_comm_overlap_hooks(self):
         self.assert_trains_like_reference(conf(**GROUP_CALL, overlap=True), 1)
+
+    def test_released_gradient_buffers(self):
+        self.assert_trains_like_reference(ReleaseGradsConfig(ep=1, ms=2, partition=None,
+                                                             clip=False), 1)
+
+    def test_group_call_released_gradient_buffers(self):
+        self.assert_trains_like_reference(ReleaseGradsConfig(**GROUP_CALL, partition=None,
+                                                             clip=False), 1)
 
     def test_group_call_two_pipeline_stages(self):
         # develop's rank formula needs moe_sharding before pipe (the default here)
@@ -215,6 +233,11 @@ class TestMultiStepMatchesReference(_ReferenceCase):
     @upstream_bug("UB-1")
     def test_group_call_three_steps(self):
         self.assert_trains_like_reference(conf(**GROUP_CALL), 3)
+
+    @upstream_bug("UB-2")
+    def test_released_gradient_buffers_three_steps(self):
+        self.assert_trains_like_reference(ReleaseGradsConfig(ep=1, ms=2, partition=None,
+                                                             clip=False), 3)
 
 
 class TestGradientAfterClearGradReachesTheOwner(unittest.TestCase):
