@@ -130,9 +130,9 @@ def _gather(obj: Any, process_group, ranks: list[int]) -> list:
 
 
 def _is_id(value: Any) -> bool:
-    # numpy integers count (a step counter); bools do not, although they are ints
-    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            and type(value).__name__ != "bool_" and value >= 0)
+    # numpy integers count (a step counter); bools do not, although they are
+    # ints (numpy's bool_ is no Integral)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
 
 
 def _id_problem(unique_id: Any) -> str | None:
@@ -648,21 +648,20 @@ def _remove(path: str) -> None:
 
 def _reclaim_stale(path: str, timeout_s: float) -> None:
     """Coordinator, before proposing: remove temporary directories of saves
-    that are over without a decision (every rank killed, or the coordinator)."""
+    that are over - killed without a decision (every rank, or the
+    coordinator), or failed long ago."""
     horizon = max(STALE_SAVE_S, 2.0 * timeout_s)
     for name in os.listdir(path):
         if not _TMP.match(name):
             continue
         directory = os.path.join(path, name)
-        if failed_save(directory):
-            continue  # decided: swept after the next commit
         newest = last_activity(directory)
         if newest is None:
             continue  # gone meanwhile
         idle = time.time() - newest
         if idle > horizon:
             logger.warning(f"checkpoint: removing {directory}: a save that never committed "
-                           f"and changed nothing for {idle:.0f} s (killed)")
+                           f"and changed nothing for {idle:.0f} s")
             shutil.rmtree(directory, ignore_errors=True)
 
 
