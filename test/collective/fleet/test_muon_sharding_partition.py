@@ -345,6 +345,41 @@ class TestDevelopRule(unittest.TestCase):
         # dtype by dtype (bfloat16 < float32), largest first, in assignment order
         self.assertEqual([p.name for p in mapping[0]], ["low0", "low2", "fp32_0", "fp32_1"])
 
+    def test_develops_mixed_dtype_worker_casts_nothing_on_a_cpu_place(self):
+        """Why develop's T-MD worker fails on a CPU box for any implementation.
+
+        ``paddle.amp.decorate(level="O2")`` returns the model untouched off
+        GPU/XPU/custom places (3.3.1 and develop), so the worker's "low"
+        branch stays fp32: six fp32 matrices, 4.5 MB of fp32 estimate under a
+        1 MB buffer, so develop's rule spreads them over both ranks. The
+        worker then wants {0, 1} and {0} for the same dtype. With the low
+        branch really bf16 (a GPU, or the cast in
+        ``muon_develop_cases_worker.py``) the rule gives its {0, 1} / {0}.
+        """
+        try:
+            import paddle
+        except ImportError as exc:  # pragma: no cover - only without paddle
+            self.skipTest(f"paddle unavailable: {exc}")
+        if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu():
+            self.skipTest("a GPU/XPU build casts under decorate(level='O2')")
+        low = paddle.nn.LayerList([paddle.nn.Linear(512, 512, bias_attr=False)
+                                   for _ in range(4)])
+        fp32 = paddle.nn.LayerList([paddle.nn.Linear(256, 256, bias_attr=False)
+                                    for _ in range(2)])
+        model = paddle.nn.LayerList([low, fp32])
+        paddle.amp.decorate(models=model, level="O2", dtype="bfloat16",
+                            excluded_layers=[fp32])
+        params = [_Param(f"low{i}", list(l.weight.shape), str(l.weight.dtype))
+                  for i, l in enumerate(low)]
+        params += [_Param(f"fp32_{i}", list(l.weight.shape), str(l.weight.dtype))
+                   for i, l in enumerate(fp32)]
+        self.assertEqual({p.dtype for p in params}, {"paddle.float32"},
+                         "decorate cast on a CPU place: develop's worker runs as on a GPU")
+        owners = {p.name: r for r, ps in partition_2d_parameters(params, 2, 1).items()
+                  for p in ps}
+        self.assertEqual({owners[f"fp32_{i}"] for i in range(2)}, {0, 1})
+        self.assertEqual({owners[f"low{i}"] for i in range(4)}, {0, 1})
+
     def test_input_not_modified_and_stable_for_equal_sizes(self):
         params = [_Param(f"e{i}", [64, 64], "paddle.float32") for i in range(6)]
         before = list(params)
