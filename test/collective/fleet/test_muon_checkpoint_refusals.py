@@ -395,6 +395,23 @@ class TestRanksAgree(_Dir):
                              "must be a non-negative int (e.g. the step) or None (the newest)")
         self.assertEqual(os.listdir(self.root), [])
 
+    def test_a_rank_missing_from_the_load_is_one_clean_error(self):
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+
+        def gloo_timeout(obj, process_group, ranks):
+            raise RuntimeError("[gloo] Timed out waiting 30000ms for recv operation\n" * 50)
+
+        with mock.patch.object(ckpt, "_ranks", lambda g: (0, [0, 1])), \
+                mock.patch.object(ckpt, "_gather", gloo_timeout), \
+                mock.patch.object(ckpt, "_read_shards") as read, \
+                self.assertRaisesRegex(RuntimeError, r"^loading \S+: the ranks \[0, 1\] could "
+                                       r"not exchange their checks \(RuntimeError: \[gloo\] "
+                                       r"Timed out") as info:
+            load_sharded_checkpoint(zeros(), self.root)
+        read.assert_not_called()
+        self.assertLess(len(str(info.exception)), 600, "gloo's text is cut, not repeated")
+        self.assertNotIn("\n", str(info.exception), "one line")
+
     def test_a_dtype_mismatch_on_one_rank_is_refused_on_every_rank(self):
         save_sharded_checkpoint(whole(arrays(1)), self.root)
         results = ThreadRanks(2, self.root).run(lambda r: load_sharded_checkpoint(

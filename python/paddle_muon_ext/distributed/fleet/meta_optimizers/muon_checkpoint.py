@@ -424,13 +424,19 @@ def _retain(path: str, keep_last: int, just_saved: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """A backend's error text as one bounded line (gloo's can span many)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def _agree(obj: Any, process_group, ranks: list[int], what: str) -> list:
     try:
         return _gather(obj, process_group, ranks)
     except Exception as exc:  # noqa: BLE001 - e.g. gloo's timeout: a rank is gone
         raise CheckpointSaveError(
             f"saving {what}: the ranks {ranks} could not agree before writing "
-            f"({type(exc).__name__}: {exc}); is a rank missing or not calling "
+            f"({type(exc).__name__}: {_one_line(exc)}); is a rank missing or not calling "
             "save_sharded_checkpoint? Nothing was committed.") from exc
 
 
@@ -892,6 +898,8 @@ def load_sharded_checkpoint(
         str: the directory loaded.
 
     Raises:
+        RuntimeError: when the ranks could not exchange their checks (a rank
+            missing: after the process group's timeout); nothing was read.
         ValueError: on every rank, when a rank passed a bad ``unique_id`` or
             ``strict``.
         FileNotFoundError: on every rank, when a rank finds no checkpoint
@@ -906,7 +914,13 @@ def load_sharded_checkpoint(
     rank, ranks = _ranks(process_group)
     index = ranks.index(rank) if rank in ranks else 0
     mine = _inspect(state_dict, path, unique_id, strict, rank, index, len(ranks))
-    reports = _gather(mine, process_group, ranks)
+    try:
+        reports = _gather(mine, process_group, ranks)
+    except Exception as exc:  # noqa: BLE001 - e.g. gloo's timeout: a rank is gone
+        raise RuntimeError(
+            f"loading {path}: the ranks {ranks} could not exchange their checks "
+            f"({type(exc).__name__}: {_one_line(exc)}); is a rank missing or not calling "
+            "load_sharded_checkpoint? Nothing was read.") from exc
     refused = [(r["rank"], r["refused"]) for r in reports if r["refused"]]
     if refused:
         raise ValueError(_per_rank(refused))
