@@ -83,7 +83,10 @@ class TestInstalledPlan(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         res = json.loads(proc.stdout)
         self.assertEqual((res["world_size"], res["num_nodes"]), (32, 4))
-        self.assertTrue(res["targets"]["met"])
+        # the layout's figures (the benches' targets are not in user output)
+        self.assertNotIn("targets", res)
+        self.assertLessEqual(res["hierarchical"]["inter_node_ratio_to_bound"], 1.01)
+        self.assertLessEqual(res["hierarchical"]["rail_imbalance"], 1.05)
         self.assertEqual(set(res["partition_rules"]), {"balanced", "upstream_greedy"})
         where = subprocess.run(
             [self.python, "-c", "import paddle_muon_ext.tools.plan as m; print(m.__file__)"],

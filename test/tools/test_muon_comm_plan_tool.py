@@ -16,7 +16,6 @@
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -216,8 +215,10 @@ def test_optimizer_state_from_partitions(hand_result):
 def test_json_keys_and_table_consistent(hand_json, capsys):
     res = plan_json([*HAND_ARGS, "--model", hand_json], capsys)
     for key in ("flat", "hierarchical", "optimizer_state_max_over_mean", "world_size",
-                "num_nodes", "alpha_beta", "groups", "targets"):
+                "num_nodes", "alpha_beta", "groups"):
         assert key in res
+    # the benches' targets are no verdict on a user's layout: not in user output
+    assert "targets" not in res
     for path in ("flat", "hierarchical"):
         for key in ("inter_node_bytes", "inter_node_ratio_to_bound", "rail_imbalance",
                     "collectives_per_step", "estimated_time_s", "bytes_per_rank"):
@@ -245,7 +246,7 @@ def test_json_keys_and_table_consistent(hand_json, capsys):
         f"{res['flat']['optimizer_state_max_over_mean']:.4f}",
         f"{res['optimizer_state_max_over_mean']:.4f}",
     ]
-    assert "target hierarchical ratio to bound <= 1.01: 1.0000 met" in table
+    assert "target" not in table and "MISSED" not in table
 
 
 def test_png_written(hand_json, tmp_path, capsys):
@@ -360,7 +361,8 @@ def test_preset_cli_128_ranks():
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["world_size"] == 128 and res["num_nodes"] == 16
-    assert re.search(r"targets", proc.stdout)
+    assert res["hierarchical"]["inter_node_ratio_to_bound"] <= mc.TARGET_HIER_RATIO
+    assert "targets" not in res and "MISSED" not in proc.stdout
 
 
 def test_overlap_mode_follows_the_layout(hand_json, capsys):

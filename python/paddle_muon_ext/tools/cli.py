@@ -51,6 +51,7 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
         description="Count one step's collectives and bytes of the flat and the "
         "hierarchical (comm_group_call_opt) path, from the layout the optimizer builds; "
         "see paddle_muon_ext.tools.cost_model for the model.",
+        epilog=model_format_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(p)
     d = AlphaBeta()
@@ -88,6 +89,31 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    "flight-recorder dumps in LOG_DIR (hangs LOG_DIR)")
     _cluster_tool().add_parser(sub)
     return parser
+
+
+def model_format_help() -> str:
+    """The ``--model FILE`` format, as ``plan --help`` prints it (the rules are
+    :func:`limits.read_model_file`'s and :func:`presets.muon_applies`')."""
+    from . import presets
+
+    lim = limits.LIMITS
+    return "\n".join([
+        "--model FILE: a JSON list of parameters (or {\"params\": [...]}), e.g.",
+        '  [{"name": "layers.0.mlp.up", "shape": [1024, 4096], "dtype": "bfloat16"},',
+        '   {"name": "layers.1.experts.up", "shape": [4, 1024, 1408], "is_expert": true}]',
+        "  name       string, required",
+        "  shape      1 to 3 positive integers, in elements (bytes = elements x dtype",
+        "             size); a Muon matrix is 2-D, or 3-D [local experts, in, out]",
+        f"  dtype      {', '.join(limits.DTYPES)} (default float32)",
+        "  is_expert  true for an expert (MoE) parameter (default false)",
+        "  use_muon   true / false (default: true for 2-D / 3-D shapes whose name",
+        f"             matches none of {', '.join(presets.DEFAULT_EXCLUDE_PATTERNS)})",
+        "The list is what one expert-parallel rank holds: every dense parameter of",
+        "the model and only that rank's local experts (64 experts at --ep 16: list",
+        "4 per layer). --pp splits the list in order at equal cumulative bytes.",
+        f"Limits: {lim.model_entries} entries, {lim.model_file_bytes >> 20} MiB, each "
+        f"dimension <= {lim.dim}.",
+    ])
 
 
 def _cluster_tool():

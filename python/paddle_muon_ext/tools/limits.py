@@ -315,7 +315,9 @@ def _entry(path: str, index: int, obj: Any) -> dict:
             "use_muon": use_muon}
 
 
-_DTYPES = ("float32", "bfloat16", "float16", "float64")
+#: The parameter dtypes a model file may name.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+_DTYPES = DTYPES
 
 
 def check_local_size(gpus_per_node: int, environ: Optional[dict] = None) -> Optional[str]:

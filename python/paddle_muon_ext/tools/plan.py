@@ -555,8 +555,10 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
 
 
 def json_ready(res: Dict[str, Any]) -> Dict[str, Any]:
-    """The result without its in-memory objects."""
-    return {k: v for k, v in res.items() if not k.startswith("_")}
+    """The result without its in-memory objects and without the project's
+    benchmark targets (``targets``: the benches' pass marks, not a verdict on
+    a user's layout)."""
+    return {k: v for k, v in res.items() if not k.startswith("_") and k != "targets"}
 
 
 def predict_cluster(ccfg) -> Dict[str, Any]:

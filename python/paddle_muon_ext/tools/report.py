@@ -139,22 +139,8 @@ def format_table(res: Dict[str, Any]) -> str:
         f"{ab['alpha_net_s']:g} s, beta {ab['beta_net_s_per_B']:.3g} s/B "
         f"({1 / ab['beta_net_s_per_B'] / 1e9:.0f} GB/s)"
     )
-    t = res.get("targets")
-    if t is None:
-        return "\n".join(lines)
-    lines.append(
-        f"target hierarchical ratio to bound <= {t['hierarchical_ratio_to_bound_max']}: "
-        f"{t['hierarchical_ratio_to_bound']:.4f} {'met' if t['ratio_met'] else 'MISSED'}"
-    )
-    lines.append(
-        f"target rail imbalance <= {t['rail_imbalance_max']}: {t['rail_imbalance']:.4f} "
-        f"{'met' if t['rail_met'] else 'MISSED'}"
-    )
-    lines.append(
-        f"info (not a target): dense cross-node phase alone, rail imbalance "
-        f"{t['dense_rail_imbalance']:.4f} "
-        f"({'within' if t['dense_rail_within'] else 'above'} {t['rail_imbalance_max']})"
-    )
+    # The project's benchmark targets (res["targets"]) are not printed: "MISSED"
+    # beside a user's layout would read as a fault of that layout.
     return "\n".join(lines)
 
 
