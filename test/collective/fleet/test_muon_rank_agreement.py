@@ -233,6 +233,31 @@ class TestRanksAgreeAtConstruction(unittest.TestCase):
         self.assertIn("option comm_buffer_size_MB is 1", msg)
         self.assertIn("on rank 0 but 2", msg)
 
+    def test_a_learning_rate_that_differs_is_refused(self):
+        # Each owner updates its matrices with its own lr: a silent mix otherwise.
+        cfg = SimConfig(ep=1, ms=2, via_fleet=False)
+
+        def body(cfg, strategy):
+            rank = paddle.distributed.get_rank()
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            params = _dense_params()
+            muon = make_muon(params, clip=False)
+            if rank == 1:
+                muon._learning_rate = 0.05
+            MuonShardingOptimizer(muon, hcg, strategy)
+
+        msg = _disagreement(self, cfg, body)
+        self.assertIn("option muon learning_rate is 0.02 on rank 0 but 0.05 on rank 1", msg)
+
+    def test_optimizer_options_compare_scalars_and_name_other_values(self):
+        sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1)
+        opt = types.SimpleNamespace(_learning_rate=sched,
+                                    _default_dict={"momentum": 0.9, "ns_steps": 5,
+                                                   "reg": object()})
+        self.assertEqual(agreement.optimizer_options(opt), {
+            "muon learning_rate": "StepDecay", "muon momentum": 0.9, "muon ns_steps": 5,
+            "muon reg": "object"})
+
     def test_experts_that_differ_across_ep_ranks_are_accepted(self):
         # ep2 ms2: the EP ranks hold different experts (here: other names and
         # shapes); only the members of one expert's moe_sharding group compare.

@@ -19,8 +19,9 @@ collectives' sizes differ (a backend abort naming nothing). So
 :class:`MuonShardingOptimizer` compares, per group, what must be identical
 among the ranks that share it:
 
-* the sharding group: the sharding options, the order of colours, and the
-  default-colour parameters (name, shape, dtype, Muon routing, in order);
+* the sharding group: the sharding options, the inner optimizer's type and
+  hyper-parameters, the order of colours, and the default-colour parameters
+  (name, shape, dtype, Muon routing, in order);
 * each colour group (e.g. an expert's moe_sharding group): the parameters of
   that colour. Experts differ across EP ranks legitimately, and EP ranks
   never share an expert's colour group, so they are never compared.
@@ -32,6 +33,11 @@ one error naming the first differing field or parameter and the ranks. A
 reduce rather than a gather of hashes: every member learns the verdict from
 the same result, and a log-only collective layer (which moves no data)
 reads as agreement instead of an exchange it cannot do.
+
+The members of the group that disagrees raise; ranks outside it (another
+pipeline stage, another expert's group) carry on until their next collective
+with a raised rank, where the launcher ends the job with this error in the
+raising ranks' logs.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     "digest_words",
     "first_difference",
     "group_digests",
+    "optimizer_options",
     "param_record",
     "route_of",
     "sharding_options",
@@ -137,6 +144,32 @@ def sharding_options(settings: Any, **extra: Any) -> dict:
     out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
            if f.name not in _LOCAL_ONLY_OPTIONS}
     out.update(extra)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    # Scalars compare by value; anything else (a scheduler, a regulariser)
+    # by its type, which is what ranks can be expected to share.
+    return value if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+
+
+def optimizer_options(optimizer: Any) -> dict:
+    """The inner optimizer's hyper-parameters, by name.
+
+    Every rank updates the matrices it owns and its own slices with its own
+    copy: a learning rate that differs per rank would train each parameter
+    with whichever rank owns it.
+
+    Args:
+        optimizer: the innermost optimizer (Muon): ``_learning_rate`` and
+            the ``_default_dict`` Paddle's optimizers keep.
+
+    Returns:
+        dict: ``"muon <name>"`` -> scalar (or type name).
+    """
+    out = {"muon learning_rate": _plain(getattr(optimizer, "_learning_rate", None))}
+    for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
+        out[f"muon {key}"] = _plain(value)
     return out
 
 

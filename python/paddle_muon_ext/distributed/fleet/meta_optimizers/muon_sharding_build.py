@@ -167,6 +167,7 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         opt._settings,
         overlap_optimize_and_sync=read_overlap_optimize_and_sync(),
         inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
+        **agreement.optimizer_options(opt._base_opt),
     )
     records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
                for p in opt._parameter_list if _mso._is_trainable(p)]
