@@ -56,7 +56,24 @@ What it changes (only for gloo process groups; NCCL/other groups pass through):
    own ``dist.reduce`` fallback does). ``dist.all_reduce(AVG)`` on the CPU
    wheel otherwise dies with ``AttributeError: ... nccl_version``.
 
-reduce / broadcast / all_gather / coalescing stay native.
+5. ``reduce`` (``stream.reduce``, hence ``dist.reduce``): a non-root rank's
+   buffer keeps its input, as under NCCL (``ncclReduce`` writes ``recvbuff``
+   only on the root; in place, a non-root buffer is left as it was). Native
+   gloo leaves partial sums there (2 ranks, inputs 1 and 2: rank 1 ends with
+   ``[2 2 2 2 3 3 3 3]``) and the AVG pre-scale above scales it.
+
+6. **All-to-all** (``alltoall``, ``alltoall_single``, ``stream.alltoall`` in
+   list and tensor form, ``stream.alltoall_single``; equal or unequal chunks,
+   with or without split sizes, sync or async) -> an ``all_gather`` of the
+   send/receive counts, then an ``all_gather`` of every rank's flattened input
+   padded to the longest; each rank keeps the pieces addressed to it. A count
+   mismatch (or one rank's bad arguments) is refused on every rank in one
+   line instead of a hang; Paddle's own argument checks run first, unchanged.
+   Autograd: like Paddle's own, these calls record no gradient; inside a
+   ``PyLayer`` (forward all-to-all, backward the reverse all-to-all of the
+   gradient, as MoE dispatch layers do) the gradients are exact.
+
+broadcast / all_gather / coalescing stay native.
 
 Patched attributes (looked up at call time by paddle itself and by code that
 writes ``paddle.distributed.xxx(...)`` / ``dist.stream.xxx(...)``): see
@@ -99,6 +116,8 @@ _PATCH_TARGETS_DOC = (
     "paddle.distributed.stream.<every op with use_calc_stream>",
     "paddle.distributed.communication.reduce_scatter._reduce_scatter_base_stream",
     "paddle.distributed.communication.stream.reduce_scatter._reduce_scatter_base",
+    "paddle.distributed.communication.stream.all_to_all."
+    "{_all_to_all_in_dygraph,_all_to_all_tensor_in_dygraph,_alltoall_single_in_dygraph}",
 )
 
 _lock = threading.RLock()
@@ -387,6 +406,28 @@ def _stream_avg_prescale(original: Callable[..., Any]) -> Callable[..., Any]:
     return compat
 
 
+def _nonroot_keeps_input(original: Callable[..., Any]) -> Callable[..., Any]:
+    """stream.reduce on gloo: non-root buffers end as they began (NCCL's semantics)."""
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        a = _bind(sig, args, kwargs)
+        if not is_gloo_group(a.get("group")) or dist.get_rank() == a["dst"]:
+            return original(**a)
+        tensor = a["tensor"]
+        with paddle.no_grad():
+            kept = tensor.clone()
+            task = original(**a)
+            if task is not None and not a.get("sync_op", True):
+                task.wait()  # gloo has already run it; the restore must come after
+            paddle.assign(kept, tensor)
+        return task
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    compat.__name__ = getattr(original, "__name__", "reduce")
+    return compat
+
+
 def _reduce_scatter_compat(original: Callable[..., Any], get_all_reduce: Callable[[], Any],
                            out_arg: str, in_arg: str):
     """A reduce_scatter entry point whose gloo groups use the emulation.
@@ -422,6 +463,222 @@ def _top_all_reduce(original: Callable[..., Any], get_stream_all_reduce: Callabl
 
     compat.__wrapped__ = original  # type: ignore[attr-defined]
     return compat
+
+
+# ------------------------------------------------------ all-to-all emulation
+# Gloo on paddle 3.3.x has no all-to-all ("ProcessGroupGLOO does not support
+# all_to_all"). Measured on 2-3 CPU processes: blocking send/recv work, but
+# concurrent isend/irecv (batch_isend_irecv) time out and leave the pair
+# broken, so pairwise exchange would have to be n^2 ordered steps. Instead two
+# all_gathers: the send/receive counts (so every rank checks the whole
+# exchange and refuses a mismatch on *every* rank, instead of one rank raising
+# while its peers hang), then each rank's flattened input padded to the
+# longest one; every rank keeps the pieces addressed to it. Moves n x the
+# bytes of a real all-to-all: fine for developing on CPU.
+_A2A_BAD = -1  # count sent by a rank whose own arguments were refused
+
+
+def _numel(t: paddle.Tensor) -> int:
+    return int(math.prod(t.shape))
+
+
+def _a2a_exchange(
+    flat_in: paddle.Tensor | None,
+    send_counts: list[int] | None,
+    recv_counts: list[int] | None,
+    group: Any,
+    what: str,
+    local_error: str | None = None,
+) -> tuple[paddle.Tensor | None, Any]:
+    """Exchange ``flat_in[sum(send_counts[:d]):...]`` with every group rank d.
+
+    Args:
+        flat_in: this rank's 1-D input, pieces in destination order.
+        send_counts: elements sent to each group rank.
+        recv_counts: elements expected from each group rank.
+        group: the (resolved, gloo) group.
+        what: the user-facing op name, for errors.
+        local_error: this rank's own argument error; it is raised here after
+            the peers were told, so no rank is left waiting.
+
+    Returns:
+        (the received pieces concatenated in source order as a 1-D tensor, or
+        None when this rank receives nothing; the last all_gather task).
+    """
+    pg = group.process_group
+    n = int(group.nranks)
+    with paddle.no_grad():
+        counts = [_A2A_BAD] * (2 * n) if local_error else list(send_counts) + list(recv_counts)
+        mine = paddle.to_tensor(counts, dtype="int64")
+        table = paddle.empty([n * 2 * n], dtype="int64")
+        task = pg.all_gather(mine, table)
+        task.wait()
+        if local_error:
+            raise ValueError(local_error)
+        rows = table.numpy().reshape(n, 2 * n)
+        bad = [int(s) for s in range(n) if rows[s, 0] == _A2A_BAD]
+        if bad:
+            raise ValueError(
+                f"gloo_compat {what}: group rank(s) {bad} refused their own arguments "
+                "(see their log); fix them there"
+            )
+        sends, recvs = rows[:, :n], rows[:, n:]
+        for s in range(n):
+            for d in range(n):
+                if sends[s, d] != recvs[d, s]:
+                    raise ValueError(
+                        f"gloo_compat {what}: group rank {s} sends {int(sends[s, d])} elements "
+                        f"to group rank {d}, which expects {int(recvs[d, s])}; make the output "
+                        "shapes / split sizes match what each rank sends"
+                    )
+        longest = int(sends.sum(axis=1).max())
+        r = int(group.rank)
+        if longest == 0:
+            return None, task
+        padding = longest - int(flat_in.shape[0])
+        if padding:
+            flat_in = paddle.concat([flat_in, paddle.zeros([padding], dtype=flat_in.dtype)])
+        gathered = paddle.empty([n * longest], dtype=flat_in.dtype)
+        task = pg.all_gather(flat_in, gathered)
+        task.wait()
+        pieces = []
+        for s in range(n):
+            count = int(sends[s, r])
+            if count:
+                start = s * longest + int(sends[s, :r].sum())
+                pieces.append(gathered[start : start + count])
+        received = paddle.concat(pieces) if pieces else None
+    return received, task
+
+
+def _a2a_check_dtypes(what: str, named: list[tuple[str, paddle.Tensor]], dtype: Any) -> str | None:
+    """An error naming the first tensor whose dtype is not ``dtype``, else None."""
+    for label, t in named:
+        if t.dtype != dtype:
+            return (f"gloo_compat {what}: {label} has dtype {t.dtype}, the input has "
+                    f"{dtype}; give every input and output tensor the same dtype")
+    return None
+
+
+def _write(out: paddle.Tensor, flat: paddle.Tensor) -> None:
+    """Fill ``out`` in place (views and aliases of it see the result)."""
+    with paddle.no_grad():
+        paddle.assign(flat.reshape(out.shape), out)
+
+
+def _emulated_all_to_all_list(
+    out_tensor_list: list[paddle.Tensor], in_tensor_list: list[paddle.Tensor], group: Any
+) -> Any:
+    """``stream.alltoall`` list form: in[d] goes to rank d, out[s] comes from rank s.
+
+    Chunks may differ in shape (as Paddle's NCCL path allows) as long as
+    each ``out[s]`` has the element count rank s sends here. An empty
+    ``out_tensor_list`` is filled with tensors shaped like the inputs, as
+    Paddle does.
+    """
+    n = int(group.nranks)
+    what = "alltoall"
+    if len(in_tensor_list) == 0:
+        raise RuntimeError(f"gloo_compat {what}: in_tensor_list is empty; pass one tensor "
+                           f"per rank of the group ({n})")
+    if len(out_tensor_list) == 0:
+        out_tensor_list.extend(paddle.empty_like(t) for t in in_tensor_list)
+    error = None
+    if len(in_tensor_list) != n or len(out_tensor_list) != n:
+        error = (f"gloo_compat {what}: {len(in_tensor_list)} input and "
+                 f"{len(out_tensor_list)} output tensors for a group of {n}; pass {n} of each")
+    else:
+        dtype = in_tensor_list[0].dtype
+        error = _a2a_check_dtypes(
+            what, [(f"in_tensor_list[{i}]", t) for i, t in enumerate(in_tensor_list)]
+            + [(f"out_tensor_list[{i}]", t) for i, t in enumerate(out_tensor_list)], dtype)
+    if error:
+        _a2a_exchange(None, None, None, group, what, error)
+    with paddle.no_grad():
+        flat = paddle.concat([t.reshape([-1]) for t in in_tensor_list])
+    received, task = _a2a_exchange(
+        flat, [_numel(t) for t in in_tensor_list], [_numel(t) for t in out_tensor_list],
+        group, what,
+    )
+    offset = 0
+    for out in out_tensor_list:
+        count = _numel(out)
+        if count:
+            _write(out, received[offset : offset + count])
+            offset += count
+    return task
+
+
+def _split_counts(
+    what: str, name: str, t: paddle.Tensor, sizes: list[int] | None, n: int
+) -> tuple[list[int] | None, str | None]:
+    """Element counts per rank for splitting ``t`` along dim 0 (or an error)."""
+    if len(t.shape) == 0:
+        return None, f"gloo_compat {what}: {name} is 0-D; give it a first dimension to split"
+    rows, row = int(t.shape[0]), int(math.prod(t.shape[1:]))
+    if not sizes:
+        if rows % n:
+            return None, (f"gloo_compat {what}: {name} has {rows} rows, not divisible by the "
+                          f"group size {n}; pass split sizes or pad it")
+        return [rows // n * row] * n, None
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or min(sizes) < 0 or sum(sizes) != rows:
+        return None, (f"gloo_compat {what}: {name} split sizes {sizes} must be {n} "
+                      f"non-negative numbers summing to its {rows} rows")
+    return [s * row for s in sizes], None
+
+
+def _emulated_all_to_all_single(
+    out_tensor: paddle.Tensor,
+    in_tensor: paddle.Tensor,
+    out_split_sizes: list[int] | None,
+    in_split_sizes: list[int] | None,
+    group: Any,
+    what: str = "alltoall_single",
+) -> Any:
+    """``alltoall_single`` / tensor-form ``stream.alltoall`` along dim 0."""
+    n = int(group.nranks)
+    send, error = _split_counts(what, "in_tensor", in_tensor, in_split_sizes, n)
+    recv, out_error = _split_counts(what, "out_tensor", out_tensor, out_split_sizes, n)
+    error = error or out_error or _a2a_check_dtypes(what, [("out_tensor", out_tensor)],
+                                                          in_tensor.dtype)
+    if error:
+        _a2a_exchange(None, None, None, group, what, error)
+    with paddle.no_grad():
+        # clone: out_tensor may alias in_tensor
+        flat = in_tensor.reshape([-1]).clone()
+    received, task = _a2a_exchange(flat, send, recv, group, what)
+    if received is not None:
+        _write(out_tensor, received)
+    return task
+
+
+def _a2a_dygraph_compat(original: Callable[..., Any], emulation: Callable[..., Any]):
+    """Wrap one of Paddle's ``_*all_to_all*_in_dygraph`` helpers.
+
+    Paddle's public ``alltoall`` / ``alltoall_single`` (and their ``stream``
+    forms) resolve the group, check membership and sync/calc-stream
+    arguments, then call these helpers by module-global name; replacing the
+    helpers keeps all of that Paddle's own. gloo runs collectives inline, so
+    ``sync_op`` / ``use_calc_stream`` need no mapping: the returned task is
+    already finished and ``wait()`` returns at once.
+    """
+
+    def compat(*args: Any) -> Any:
+        # Paddle calls these helpers positionally: (..., group, sync_op, use_calc_stream)
+        *tensors, group, _sync_op, _use_calc_stream = args
+        if not is_gloo_group(group):
+            return original(*args)
+        return emulation(*tensors, group)
+
+    compat.__wrapped__ = original  # type: ignore[attr-defined]
+    compat.__name__ = getattr(original, "__name__", "all_to_all")
+    return compat
+
+
+def _emulated_all_to_all_tensor(out_tensor: paddle.Tensor, in_tensor: paddle.Tensor,
+                                group: Any) -> Any:
+    return _emulated_all_to_all_single(out_tensor, in_tensor, None, None, group, "alltoall")
 
 
 # --------------------------------------------------------- install/uninstall
@@ -469,7 +726,7 @@ def install_gloo_compat(force: bool | None = None) -> bool:
             if fn is not None and "use_calc_stream" in inspect.signature(fn).parameters:
                 _patch(stream, name, _stream_generic(fn))
         _patch(stream, "all_reduce", _stream_avg_prescale(stream.all_reduce))
-        _patch(stream, "reduce", _stream_avg_prescale(stream.reduce))
+        _patch(stream, "reduce", _nonroot_keeps_input(_stream_avg_prescale(stream.reduce)))
         compat_rs = _reduce_scatter_compat(stream.reduce_scatter, get_orig_stream_all_reduce,
                                            "tensor", "tensor_or_tensor_list")
         _patch(stream, "reduce_scatter", compat_rs)
@@ -478,6 +735,14 @@ def install_gloo_compat(force: bool | None = None) -> bool:
         _patch(stream_rs_mod, "_reduce_scatter_base", compat_rs_base)
         if hasattr(rs_mod, "_reduce_scatter_base_stream"):
             _patch(rs_mod, "_reduce_scatter_base_stream", compat_rs_base)
+        # all-to-all: dist.alltoall(_single) call stream.alltoall(_single),
+        # which call these helpers by module-global name.
+        a2a_mod = sys.modules["paddle.distributed.communication.stream.all_to_all"]
+        for name, emulation in (("_all_to_all_in_dygraph", _emulated_all_to_all_list),
+                                ("_all_to_all_tensor_in_dygraph", _emulated_all_to_all_tensor),
+                                ("_alltoall_single_in_dygraph", _emulated_all_to_all_single)):
+            if hasattr(a2a_mod, name):  # absent in a Paddle that reorganised them: stay native
+                _patch(a2a_mod, name, _a2a_dygraph_compat(getattr(a2a_mod, name), emulation))
 
         top_ar = _top_all_reduce(dist.all_reduce, get_compat_stream_all_reduce)
         top_rs = _reduce_scatter_compat(dist.reduce_scatter, get_orig_stream_all_reduce,
