@@ -1953,6 +1953,14 @@ def main(argv=None) -> int:
             and not (args.verify_against_installed_paddle or args.verify_in_copy):
         p.error("--verify-pytest/--verify-unittest-load/--verify-unittest-run need "
                 "--verify-against-installed-paddle DIR or --verify-in-copy DIR")
+    if args.paddle_root and not os.path.isdir(args.paddle_root):
+        p.error("--paddle-root %r is not a directory; pass a Paddle checkout" % args.paddle_root)
+    for flag, path in (("--verify-in-copy", args.verify_in_copy),
+                       ("--verify-against-installed-paddle",
+                        args.verify_against_installed_paddle)):
+        if path and os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            p.error("%s %r exists and is not an empty directory; pass a new or empty one"
+                    % (flag, path))
     if args.verify_in_copy and not args.paddle_root:
         p.error("--verify-in-copy needs --paddle-root DIR (the tree it copies)")
     if args.verify_in_copy and args.verify_against_installed_paddle:

@@ -1210,6 +1210,14 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
         ep.main(["-o", out, "--repo-root", repo, "--tests-only"])
     assert exc.value.code == 2
     assert "--tests-only needs --paddle-root" in capsys.readouterr().err
+    # bad paths are refused before any work, exit 2
+    for extra, message in ((["--paddle-root", str(tmp_path / "absent")], "is not a directory"),
+                           (["--paddle-root", tree, "--verify-in-copy", repo],
+                            "exists and is not an empty directory")):
+        with pytest.raises(SystemExit) as exc:
+            ep.main(["-o", out, "--repo-root", repo, "--tests-only", *extra])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not os.path.exists(out)
     # nothing marked: an error, not an empty patch
     bare = str(tmp_path / "bare")
     _git_tree(bare, {p: t.replace(ep.UPSTREAM_TESTS_MARKER + "\n", "")
