@@ -622,7 +622,7 @@ class TestRanksAsThreads(_Dir):
         self.assertEqual(results, {0: final, 1: final})
 
     def test_a_coordinator_that_cannot_publish_the_failure(self):
-        def no_room(self, message):
+        def no_room(self, message, readers=None):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         with mock.patch.object(commit.SaveHandshake, "decide_failure", no_room):

@@ -285,8 +285,8 @@ class TestSaveHygiene(_Dir):
             os.makedirs(os.path.join(dst, "0_3.distcp"))  # not empty: the rename fails
             real_rename(src, dst)
 
-        def decide_then_swept(handshake, message):
-            real_decide(handshake, message)
+        def decide_then_swept(handshake, message, readers=None):
+            real_decide(handshake, message, readers)
             ckpt._sweep_failed(self.root)
 
         with mock.patch.object(ckpt.os, "rename", winner_first), \
@@ -295,6 +295,37 @@ class TestSaveHygiene(_Dir):
                                        "appeared meanwhile"):
             save_sharded_checkpoint(whole(arrays(1)), self.root, unique_id=3)
         self.assertEqual(os.listdir(self.root), ["checkpoint_3"])
+
+
+    def test_a_failure_is_swept_only_once_its_ranks_read_it(self):
+        # a save of another job committing must not remove a failed save's
+        # decision its ranks are still to read (they would then report a
+        # silent coordinator after timeout_s instead of the real failure)
+        tmp = os.path.join(self.root, commit.tmp_name(7, "lost"))
+        handshake = commit.SaveHandshake(tmp, 0, [0, 1, 2], 15.0)
+        os.makedirs(tmp)
+        handshake.start()
+        handshake.stop()
+        handshake.decide_failure("rank 2 could not write 2_7.distcp", readers=[1, 2])
+        open(os.path.join(handshake.status_dir, "ack_1"), "wb").close()
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertTrue(os.path.exists(tmp), "swept before rank 2 read the failure")
+        open(os.path.join(handshake.status_dir, "ack_2"), "wb").close()
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertFalse(os.path.exists(tmp), "read by every rank: swept by the next commit")
+        # a reader that never acknowledges (died after the decision): swept
+        # once the decision is older than twice the coordinator's ack wait
+        os.makedirs(tmp)
+        handshake.start()
+        handshake.stop()
+        handshake.decide_failure("rank 1 died", readers=[1])
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertTrue(os.path.exists(tmp))
+        decision = os.path.join(handshake.status_dir, "decision.json")
+        old = time.time() - 2 * commit.ACK_WAIT_S - 1
+        os.utime(decision, (old, old))
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        self.assertFalse(os.path.exists(tmp))
 
 
 class TestArguments(_Dir):

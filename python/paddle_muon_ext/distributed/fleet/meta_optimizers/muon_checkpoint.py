@@ -64,6 +64,7 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 from paddle.distributed.fleet.utils.log_util import logger
 
 from .muon_checkpoint_commit import (
+    ACK_WAIT_S,
     CHECKPOINT_PREFIX,
     MARKER,
     MARKER_FORMAT,
@@ -71,6 +72,7 @@ from .muon_checkpoint_commit import (
     SaveHandshake,
     checkpoint_id,
     checkpoint_name,
+    decision_read,
     failed_save,
     file_digest,
     fsync_path,
@@ -621,17 +623,17 @@ def _coordinate(handshake: SaveHandshake, tmp: str, final: str, uid: int,
                        f"could not commit: {type(exc).__name__}: {exc}")
     if message is None:
         message = _failure_message(final, statuses)
+    readers = [r for r, s in statuses.items() if r != handshake.rank and not s.get("dead")]
     try:
-        handshake.decide_failure(message)
+        handshake.decide_failure(message, readers)
     except OSError as exc:  # the others then see this rank's heartbeat stop
         handshake.stop()
         logger.error(f"checkpoint: could not publish the failure in {tmp}: {exc}")
         return message
-    handshake.wait_acks([r for r, s in statuses.items()
-                         if r != handshake.rank and not s.get("dead")])
+    handshake.wait_acks(readers)
     # Free the space now; the decision stays for a rank still to read it
-    # (the next successful save sweeps it - maybe already: a concurrent save
-    # of another job may have committed meanwhile).
+    # (the next successful save sweeps it once read - maybe already, if a
+    # save of another job committed meanwhile: then listing may fail).
     try:
         names = os.listdir(tmp)
     except OSError:
@@ -672,10 +674,13 @@ def _reclaim_stale(path: str, timeout_s: float) -> None:
 
 
 def _sweep_failed(path: str) -> None:
-    """Remove what failed saves left: a decided failure is final."""
+    """Remove what failed saves left: a decided failure is final, once every
+    live rank of that save read it (or had ``ACK_WAIT_S`` twice over to)."""
     for name in os.listdir(path):
-        if name.startswith(f".{CHECKPOINT_PREFIX}") and failed_save(os.path.join(path, name)):
-            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+        directory = os.path.join(path, name)
+        if (name.startswith(f".{CHECKPOINT_PREFIX}") and failed_save(directory)
+                and decision_read(directory, 2 * ACK_WAIT_S)):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- loading

@@ -50,6 +50,7 @@ __all__ = [
     "SaveHandshake",
     "checkpoint_id",
     "checkpoint_name",
+    "decision_read",
     "failed_save",
     "file_digest",
     "last_activity",
@@ -218,6 +219,23 @@ def last_activity(directory: str) -> float | None:
     return newest
 
 
+def decision_read(directory: str, max_age_s: float) -> bool:
+    """Whether every reader named in ``directory``'s failure decision has
+    acknowledged it, or the decision is older than ``max_age_s`` (a reader
+    that has not read it by then is gone: live ranks poll every ``POLL_S``)."""
+    status_dir = os.path.join(directory, STATUS_DIR)
+    decision = _read_json(os.path.join(status_dir, DECISION)) or {}
+    readers = decision.get("readers") or []
+    if not isinstance(readers, list) or all(
+            os.path.exists(os.path.join(status_dir, f"ack_{r}")) for r in readers):
+        return True
+    try:
+        age = time.time() - os.stat(os.path.join(status_dir, DECISION)).st_mtime
+    except OSError:
+        return True  # gone meanwhile
+    return age > max_age_s
+
+
 def failed_save(directory: str) -> bool:
     """Whether the temporary ``directory`` holds a save's published failure."""
     decision = _read_json(os.path.join(directory, STATUS_DIR, DECISION))
@@ -363,9 +381,11 @@ class SaveHandshake:
                               f"{self.timeout_s:g} s: killed or hung)"),
                 }
 
-    def decide_failure(self, message: str) -> None:
-        """Coordinator: publish the failure every rank raises."""
-        self._write_reserved(self._path(DECISION), {"ok": False, "message": message})
+    def decide_failure(self, message: str, readers: list[int] | None = None) -> None:
+        """Coordinator: publish the failure every rank raises; ``readers`` are
+        the live ranks still to read it (their acks let a sweep remove it)."""
+        self._write_reserved(self._path(DECISION), {"ok": False, "message": message,
+                                                    "readers": list(readers or [])})
 
     def wait_acks(self, ranks: list[int]) -> None:
         """Coordinator: give live ranks a moment to read the failure."""
