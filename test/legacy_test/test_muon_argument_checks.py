@@ -119,6 +119,22 @@ class TestRefusedArguments(unittest.TestCase):
                 for fragment in fragments:
                     self.assertIn(fragment, message)
 
+    def test_set_lr_refuses_what_the_constructor_refuses_after_paddles_checks(self):
+        opt = Muon(parameters=_params(), muon_exclude_patterns=[])
+        for bad in (NAN, INF, -1.0, True):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex((ValueError, TypeError), f"learning_rate={bad!r}"):
+                    opt.set_lr(bad)
+                self.assertEqual(opt.get_lr(), 0.02, "a refused rate was kept")
+        opt.set_lr(0.5)
+        self.assertEqual(opt.get_lr(), 0.5)
+        with self.assertRaises(TypeError):  # Paddle's own check
+            opt.set_lr("0.1")
+        sched = Muon(learning_rate=paddle.optimizer.lr.StepDecay(0.1, 1), parameters=_params(),
+                     muon_exclude_patterns=[])
+        with self.assertRaises(RuntimeError):  # Paddle's: a scheduler is in use
+            sched.set_lr(NAN)
+
     def test_a_parameter_listed_twice_is_refused_by_name(self):
         with unique_name.guard():
             w = _param("twice.w", [4, 4])

@@ -706,6 +706,20 @@ class Muon(Optimizer):
         self._muon_epsilon = float(muon_eps)
         self._muon_version = muon_version
 
+    def set_lr(self, value: float) -> None:
+        """Set a float learning rate (Paddle's ``Optimizer.set_lr``).
+
+        Paddle's own checks come first (its TypeError, its RuntimeError when
+        an LRScheduler is in use); then a NaN, infinite or negative rate is
+        refused as in the constructor.
+
+        Args:
+            value (float): The new learning rate, finite and >= 0.
+        """
+        if isinstance(value, (int, float)) and not isinstance(self._learning_rate, LRScheduler):
+            _check_real("learning_rate", value)
+        super().set_lr(value)
+
     # ------------------------------------------------------------ validation
     @staticmethod
     def _check_parameters(parameters, grad_clip) -> None:
