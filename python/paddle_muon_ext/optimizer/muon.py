@@ -811,6 +811,18 @@ class Muon(Optimizer):
                     f"muon_param_info_map[{key!r}] must be a MuonParamInfo, "
                     f"got {type(info).__name__}."
                 )
+            for flag in ("use_muon", "use_hyperball"):
+                if not isinstance(getattr(info, flag), (bool, np.bool_)):
+                    raise TypeError(
+                        f"muon_param_info_map[{key!r}].{flag}={getattr(info, flag)!r} "
+                        "must be True or False."
+                    )
+            if info.split_concat_func is not None and not callable(info.split_concat_func):
+                raise TypeError(
+                    f"muon_param_info_map[{key!r}].split_concat_func="
+                    f"{info.split_concat_func!r} must be a callable (update, ortho_fn) -> "
+                    "update or None."
+                )
             param = by_name.get(key)
             if info.use_muon and param is not None and len(_muon_shape(param)) not in (2, 3):
                 raise ValueError(
