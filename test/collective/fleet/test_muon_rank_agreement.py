@@ -124,6 +124,16 @@ class TestPureDigest(unittest.TestCase):
                                                "colour order": ("'moe'",)})
         self.assertEqual(out[1].fields, ())
 
+    def test_an_int_and_an_equal_float_option_agree(self):
+        a = agreement.group_digests([], {None: [0, 1]}, {"comm_buffer_size_MB": 256, "on": True})
+        b = agreement.group_digests([], {None: [0, 1]}, {"comm_buffer_size_MB": 256.0,
+                                                         "on": True})
+        self.assertEqual(agreement.digest_words(a[0]), agreement.digest_words(b[0]))
+        c = agreement.group_digests([], {None: [0, 1]}, {"comm_buffer_size_MB": 256, "on": 1})
+        self.assertNotEqual(agreement.digest_words(a[0]), agreement.digest_words(c[0]))
+        self.assertIn("option on is True on rank 0 but 1.0 on rank 1",
+                      agreement.first_difference([a[0], c[0]]))
+
     def test_sharding_options_leave_local_only_ones_out(self):
         @dataclasses.dataclass
         class S:

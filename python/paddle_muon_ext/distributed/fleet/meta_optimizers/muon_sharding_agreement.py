@@ -173,6 +173,13 @@ def optimizer_options(optimizer: Any) -> dict:
     return out
 
 
+def _number(value: Any) -> Any:
+    # 256 and 256.0 configure the same buffers: hash and compare them alike.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def _colour_label(colour: Hashable) -> str:
     return "the sharding group" if colour is None else f"colour {colour!r}"
 
@@ -194,7 +201,7 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     for colour, record in params:
         by_colour.setdefault(colour, []).append(record)
     order = [c for c in by_colour if c is not None]
-    fields = tuple(sorted((f"option {k}", v) for k, v in options.items()))
+    fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
     fields += (("colour order", tuple(repr(c) for c in order)),)
     out = [GroupDigest(_colour_label(None), tuple(colour_ranks[None]), fields,
                        tuple(by_colour[None]))]
@@ -204,13 +211,18 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     return out
 
 
+def _content(digest: GroupDigest) -> str:
+    # What is hashed and compared: by repr, so True and 1.0 differ as they hash.
+    return repr((digest.fields, digest.params))
+
+
 def digest_words(digest: GroupDigest) -> list:
     """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``.
 
     The label and ranks are left out: members may name their group alike
     or not, what they must share is the content.
     """
-    blob = repr((digest.fields, digest.params)).encode()
+    blob = _content(digest).encode()
     raw = hashlib.sha256(blob).digest()
     mask = (1 << _WORD_BITS) - 1
     return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
@@ -245,8 +257,7 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
     ref = digests[0]
     ranks = list(ref.ranks)
     base, other = ranks[0], None
-    differing = [ranks[i] for i, d in enumerate(digests)
-                 if (d.fields, d.params) != (ref.fields, ref.params)]
+    differing = [ranks[i] for i, d in enumerate(digests) if _content(d) != _content(ref)]
     if not differing:
         return None
     other = differing[0]
@@ -256,7 +267,7 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
     ref_fields, my_fields = dict(ref.fields), dict(mine.fields)
     for name in list(ref_fields) + [n for n in my_fields if n not in ref_fields]:
         a, b = ref_fields.get(name, "<unset>"), my_fields.get(name, "<unset>")
-        if a != b:
+        if repr(a) != repr(b):
             return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {_FIX}."
     i = _first_param_difference(ref.params, mine.params)
     a = ref.params[i] if i < len(ref.params) else None
