@@ -1241,3 +1241,31 @@ def test_full_export_prints_its_size_too(tmp_path, capsys):
     assert stats[PM + "muon_sharding_optimizer.py"] == (2, 0)  # `def extra` added
     total_a = sum(a for a, _ in stats.values())
     assert "Patch size: %d files, +%d / -0 lines" % (len(stats), total_a) in stdout
+
+
+def test_tests_only_on_a_sparse_develop_tree(tmp_path, capsys):
+    """A tree with develop's optimizer and the test registries only: imports
+    of packages the tree does not hold are not judged; names taken from the
+    optimizer still are."""
+    ours = dict(CONF_OURS)
+    ours[FLEET + "test_muon_conf.py"] = CONF_TEST.replace(
+        "import muon_conf_helper\n",
+        "import muon_conf_helper\nimport paddle\nfrom paddle.distributed import fleet\n"
+        "from paddle.distributed.fleet.utils import mix_precision_utils\n")
+    sparse = {k: v for k, v in CONF_DEVELOP.items() if not k.endswith("__init__.py")}
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _git_tree(repo, ours)
+    _git_tree(tree, sparse)
+    rc, patch, _, err = _export(repo, str(tmp_path / "t.patch"), capsys, "--tests-only",
+                                "--paddle-root", tree)
+    assert rc == 0, err
+    assert set(_sections(patch)) >= {FLEET + "test_muon_conf.py", FLEET + "testslist.csv"}
+    _git(tree, "apply", "--check", str(tmp_path / "t.patch"))
+    ours[FLEET + "test_muon_conf.py"] += (
+        "\nfrom paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer "
+        "import not_in_develop\n")
+    repo2 = str(tmp_path / "ext2")
+    _git_tree(repo2, ours)
+    rc, _, _, err = _export(repo2, str(tmp_path / "t2.patch"), capsys, "--tests-only",
+                            "--paddle-root", tree)
+    assert rc == 1 and "imports not_in_develop from %s" % SHARDING_OPT in err, err
