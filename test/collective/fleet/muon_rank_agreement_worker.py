@@ -45,8 +45,8 @@ SHAPES = {"w_in": [16, 16], "b_in": [16], "w_out": [16, 8], "norm": [8]}
 def params(reverse: bool) -> list:
     out = []
     for i, (name, shape) in enumerate(SHAPES.items()):
-        p = paddle.create_parameter(shape, "float32", default_initializer=paddle.nn.initializer.Assign(
-            np.full(shape, 0.1 * (i + 1), dtype="float32")))
+        init = paddle.nn.initializer.Assign(np.full(shape, 0.1 * (i + 1), dtype="float32"))
+        p = paddle.create_parameter(shape, "float32", default_initializer=init)
         p.name = f"agree.{name}"  # the same names on every rank
         out.append(p)
     return out[::-1] if reverse else out
