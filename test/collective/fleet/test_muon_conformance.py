@@ -35,7 +35,9 @@ Expectations are independent of the code under test:
 from __future__ import annotations
 
 import dataclasses
+import os
 import unittest
+from unittest import mock
 
 import numpy as np
 import paddle
@@ -47,6 +49,9 @@ from muon_sim_runner import LayoutOracle, SimConfig, local_size, reference_value
 from muon_tiny_moe import EXPERT_COLOUR, Reference, batch
 
 TOL = 1e-5
+# develop's switch for the staged update (default on where the inner
+# optimizer has the staged API); "0" takes the update-then-sync path
+OVERLAP_SYNC_FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 GROUP_CALL = dict(ep=4, ms=2, gpn=2)  # 4 emulated nodes of 2 cards
 
 
@@ -130,6 +135,11 @@ class TestOneStepMatchesReference(_ReferenceCase):
 
     def test_moe_experts_on_their_colour_group(self):
         self.assert_trains_like_reference(conf(ep=4, ms=2), 1)
+
+    def test_update_then_sync_without_the_staged_overlap(self):
+        for cfg in (conf(ep=1, ms=2), conf(ep=4, ms=2)):
+            with mock.patch.dict(os.environ, {OVERLAP_SYNC_FLAG: "0"}):
+                self.assert_trains_like_reference(cfg, 1)
 
     def test_group_call_hierarchical_reduce_and_broadcast(self):
         self.assert_trains_like_reference(conf(**GROUP_CALL), 1)
