@@ -147,6 +147,49 @@ class TestRefusedArguments(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"'twice\.w' is listed more than once"):
             Muon(parameters=[w, w], muon_exclude_patterns=[])
 
+    def test_a_trainable_non_float_parameter_is_refused_a_frozen_one_kept(self):
+        with unique_name.guard():
+            const = paddle.nn.initializer.Constant(1)
+            ints = paddle.create_parameter([4, 4], "int32", name="ints.w",
+                                           default_initializer=const)
+            frozen = paddle.create_parameter([4], "int64", name="frozen.w",
+                                             default_initializer=const)
+        frozen.stop_gradient = True
+        with self.assertRaisesRegex(TypeError, r"parameter 'ints\.w' has dtype paddle.int32 "
+                                    "and is trainable"):
+            Muon(parameters=[ints], muon_exclude_patterns=[])
+        params = _params()
+        opt = Muon(parameters=params + [frozen], muon_exclude_patterns=[])
+        _step(opt, params, [np.ones([4, 6], "float32"), np.ones([6], "float32")])
+        self.assertFalse(np.allclose(params[0].numpy(), 0.5), "the float matrix was not updated")
+
+    def test_a_non_finite_rate_at_step_time_is_refused_before_any_update(self):
+        class NanAfterOne(paddle.optimizer.lr.LRScheduler):
+            def get_lr(self):
+                return 0.1 if self.last_epoch < 1 else NAN
+
+        params = _params()
+        sched = NanAfterOne(learning_rate=0.1)
+        opt = Muon(learning_rate=sched, parameters=params, muon_exclude_patterns=[])
+        consts = [np.ones([4, 6], "float32"), np.ones([6], "float32")]
+        _step(opt, params, consts)
+        sched.step()
+        before = [p.numpy().copy() for p in params]
+        with self.assertRaisesRegex(ValueError, "the learning rate is nan at this step"):
+            _step(opt, params, consts)
+        for p, b in zip(params, before):
+            np.testing.assert_array_equal(p.numpy(), b)
+
+    def test_an_lr_ratio_returning_nan_or_negative_is_refused_naming_the_parameter(self):
+        for bad in (NAN, -1.0, "x"):
+            with self.subTest(bad=bad):
+                params = _params()
+                opt = Muon(parameters=params, muon_exclude_patterns=[],
+                           lr_ratio=lambda p, bad=bad: bad)
+                with self.assertRaisesRegex(ValueError, r"lr_ratio\('chk\.(w|b)'\) returned "
+                                            + repr(bad).replace(".", r"\.")):
+                    _step(opt, params, [np.ones([4, 6], "float32"), np.ones([6], "float32")])
+
     def test_a_non_tensor_parameter_is_refused(self):
         with self.assertRaisesRegex(TypeError, r"parameters\[1\] is a float"):
             Muon(parameters=[_params()[0], 1.0], muon_exclude_patterns=[])

@@ -375,6 +375,9 @@ def _version_scale(shape: Sequence[int], version: int) -> float:
 # argument, the value given and the valid range.
 
 
+_FLOAT_DTYPES = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
+
+
 def _is_real(value: Any) -> bool:
     """A real number: Python/NumPy ints and floats, or a one-element float Tensor.
 
@@ -384,9 +387,7 @@ def _is_real(value: Any) -> bool:
         return False
     if isinstance(value, numbers.Real):
         return True
-    return (isinstance(value, paddle.Tensor) and value.size == 1
-            and value.dtype in (paddle.float16, paddle.bfloat16, paddle.float32,
-                                paddle.float64))
+    return isinstance(value, paddle.Tensor) and value.size == 1 and value.dtype in _FLOAT_DTYPES
 
 
 def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "") -> None:
@@ -441,6 +442,12 @@ def _check_parameter_list(parameters: Sequence[Any]) -> None:
             raise TypeError(
                 f"Muon: parameters[{i}] is a {type(p).__name__}, not a parameter; "
                 "pass parameters=model.parameters()."
+            )
+        if not p.stop_gradient and p.dtype not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"Muon: parameter {p.name!r} has dtype {p.dtype} and is trainable; Muon "
+                "updates float16/bfloat16/float32/float64 parameters (set "
+                "stop_gradient=True on it or leave it out)."
             )
         if p.name in seen:
             raise ValueError(
@@ -859,7 +866,16 @@ class Muon(Optimizer):
         )
 
     def _lr_ratio_of(self, param: Tensor) -> float:
-        return 1.0 if self._lr_ratio is None else float(self._lr_ratio(param))
+        if self._lr_ratio is None:
+            return 1.0
+        ratio = self._lr_ratio(param)
+        # a NaN / negative ratio would corrupt the parameter without a word
+        if not _is_real(ratio) or not 0.0 <= float(ratio) < math.inf:
+            raise ValueError(
+                f"Muon: lr_ratio({param.name!r}) returned {ratio!r}; it must return a "
+                "finite float >= 0."
+            )
+        return float(ratio)
 
     def _master_weight(self, param: Tensor) -> Tensor | None:
         if self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype):
@@ -961,6 +977,12 @@ class Muon(Optimizer):
             adamw_params_grads (list[tuple[Tensor, Tensor]]): AdamW/AdamH pairs.
         """
         lr = float(self.get_lr())
+        if not 0.0 <= lr < math.inf:
+            # e.g. an LRScheduler that produced NaN: refuse before any update
+            raise ValueError(
+                f"Muon: the learning rate is {lr} at this step; it must be a finite "
+                "float >= 0 (check the LRScheduler)."
+            )
         dd = self._default_dict
         weight_decay = dd["weight_decay"]
         groups: dict[Any, list] = {}
