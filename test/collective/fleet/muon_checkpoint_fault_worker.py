@@ -229,6 +229,7 @@ def main() -> None:
     # 1d. ranks saving into different paths: refused at once, naming both
     elsewhere = root + "_elsewhere" if rank == 1 else root
     before = sorted(os.listdir(root))
+    dist.barrier()  # both listed before the coordinator claims a directory
     outcome = attempt(lambda: save_sharded_checkpoint(state(values("A", 1)), elsewhere))
     dist.barrier()
     report("different_save_paths", path=os.path.abspath(elsewhere), **outcome,

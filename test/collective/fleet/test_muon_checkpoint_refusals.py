@@ -207,8 +207,19 @@ class TestLoadRefusals(_Dir):
                 self.assertRaisesRegex(CheckpointCorruptError, rf"rank 0: {self.root}: could "
                                        r"not be read \(PermissionError"):
             load_sharded_checkpoint(zeros(), self.root)
-        with self.assertRaisesRegex(ValueError, "^state_dict must be a dict, got list$"):
+        with self.assertRaisesRegex(TypeError, "^state_dict must be a dict, got list$"):
             load_sharded_checkpoint([], self.root)
+        with self.assertRaisesRegex(TypeError, r"^state_dict\['m'\] is a int"):
+            load_sharded_checkpoint({"m": 3}, self.root)
+
+    def test_nested_state_dicts_load_under_dotted_keys(self):
+        save_sharded_checkpoint({"model": whole(arrays(1))}, self.root)
+        target = {"model": zeros()}
+        load_sharded_checkpoint(target, self.root)
+        for key, value in arrays(1).items():
+            np.testing.assert_array_equal(numpy_of(target["model"])[key], value, err_msg=key)
+        with self.assertRaisesRegex(CheckpointMismatchError, r"not in the checkpoint: other\.b, other\.w"):
+            load_sharded_checkpoint({"other": zeros()}, self.root)
 
 
 class TestSaveHygiene(_Dir):
@@ -355,6 +366,28 @@ class TestArguments(_Dir):
         self.assertEqual(os.path.basename(save_sharded_checkpoint(
             whole(arrays(1)), self.root, timeout_s=np.float32(5.0), unique_id=np.int64(0))),
             "checkpoint_0", "numpy numbers are numbers")
+
+
+    def test_paths_and_load_keywords_are_checked_first(self):
+        for bad in (None, "", 3):
+            message = (f"path={bad!r}: must be a directory path (a non-empty str or "
+                       "os.PathLike)")
+            for call in (lambda: save_sharded_checkpoint(whole(arrays(1)), bad),
+                         lambda: load_sharded_checkpoint(zeros(), bad),
+                         lambda: latest_complete_checkpoint(bad)):
+                with self.assertRaises(TypeError) as info:
+                    call()
+                self.assertEqual(str(info.exception), message)
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        with mock.patch.object(ckpt, "_read_shards") as read, \
+                self.assertRaisesRegex(TypeError, r"^bogus: not an argument of paddle\."
+                                       r"distributed\.load_state_dict \(the others it "
+                                       r"takes: .*offload"):
+            load_sharded_checkpoint(zeros(), self.root, bogus=1)
+        read.assert_not_called()
+        target = zeros()
+        load_sharded_checkpoint(target, self.root, offload=False)  # a real keyword passes
+        np.testing.assert_array_equal(numpy_of(target)["w"], arrays(1)["w"])
 
 
 class TestRanksAgree(_Dir):

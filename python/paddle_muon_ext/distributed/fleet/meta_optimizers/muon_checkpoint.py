@@ -47,6 +47,7 @@ is noticed after the process group's timeout, as anywhere else).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import numbers
 import os
@@ -61,6 +62,7 @@ from typing import Any
 import paddle
 import paddle.distributed as dist
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+from paddle.distributed.flex_checkpoint.dcp.utils import flatten_state_dict
 from paddle.distributed.fleet.utils.log_util import logger
 
 from .muon_checkpoint_commit import (
@@ -142,6 +144,12 @@ def _id_problem(unique_id: Any) -> str | None:
         return None
     return (f"unique_id={unique_id!r}: must be a non-negative int (e.g. the step) or None "
             "(the newest)")
+
+
+def _path_problem(path: Any) -> str | None:
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) not in ("", b""):
+        return None
+    return f"path={path!r}: must be a directory path (a non-empty str or os.PathLike)"
 
 
 def _save_arg_problem(unique_id: Any, keep_last: Any, timeout_s: Any) -> str | None:
@@ -311,6 +319,9 @@ def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
     Returns:
         str|None: e.g. ``"<path>/checkpoint_7"``.
     """
+    problem = _path_problem(path)
+    if problem:
+        raise TypeError(problem)
     try:
         leftovers = sorted(n for n in os.listdir(path) if n.startswith(f".{CHECKPOINT_PREFIX}"))
     except (FileNotFoundError, NotADirectoryError):
@@ -500,10 +511,14 @@ def save_sharded_checkpoint(
         FileExistsError: on every rank, when ``checkpoint_<unique_id>`` exists.
         ValueError: on every rank, when a rank passed a bad ``unique_id``,
             ``keep_last`` or ``timeout_s``; nothing was written.
+        TypeError: on every rank, when a rank's ``path`` is no path.
     """
     rank, ranks = _ranks(process_group)
     coordinator = ranks[0]
-    bad_argument = _save_arg_problem(unique_id, keep_last, timeout_s)
+    bad_argument = (("TypeError", _path_problem(path)) if _path_problem(path) else
+                    ("ValueError", _save_arg_problem(unique_id, keep_last, timeout_s)))
+    if bad_argument[1] is None:
+        bad_argument = None
     if bad_argument is None and unique_id is not None:
         unique_id = int(unique_id)  # e.g. numpy's: the marker is JSON
     # Everything that can fail before Paddle's collectives is agreed on first:
@@ -534,7 +549,8 @@ def save_sharded_checkpoint(
         if failure is not None:
             raise failure
         if bad:
-            raise ValueError(_per_rank(bad))
+            error = TypeError if any(k == "TypeError" for _, (k, _) in bad) else ValueError
+            raise error(_per_rank([(r, m) for r, (_, m) in bad]))
         raise CheckpointSaveError(f"saving under {path} refused; nothing was written:\n  "
                                   + "\n  ".join(errors))
     proposal = agreed[0][0]
@@ -818,20 +834,58 @@ def _verify(directory: str, rank: int, index: int, nranks: int,
     return marker, problems
 
 
-def _inspect(state_dict: dict, path: str, unique_id: Any, strict: Any, rank: int,
+def _flat_state(state_dict: Any) -> dict:
+    """``state_dict`` with nested dicts flattened as flex_checkpoint names
+    them (``{"model": {"w": t}}`` -> ``{"model.w": t}``).
+
+    Raises:
+        TypeError: a value that is no Tensor / ShardedWeight, a key no str.
+    """
+    _check_values(state_dict)
+    return flatten_state_dict(state_dict)[0]
+
+
+def _load_kwargs_problem(load_kwargs: dict) -> str | None:
+    params = inspect.signature(dist.load_state_dict).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    unknown = sorted(k for k in load_kwargs if k not in params)
+    if not unknown:
+        return None
+    valid = sorted(k for k in params if k not in ("state_dict", "path", "process_group",
+                                                  "unique_id"))
+    return (f"{', '.join(unknown)}: not an argument of paddle.distributed.load_state_dict "
+            f"(the others it takes: {', '.join(valid)})")
+
+
+def _load_refusal(state_dict: Any, path: Any, unique_id: Any, strict: Any,
+                  load_kwargs: dict) -> tuple[str, str] | tuple[None, None]:
+    """(exception type name, one line) for the first bad argument of a load."""
+    problem = _path_problem(path)
+    if problem:
+        return "TypeError", problem
+    problem = _id_problem(unique_id) or (
+        None if isinstance(strict, bool) else f"strict={strict!r}: must be True or False")
+    if problem:
+        return "ValueError", problem
+    problem = _load_kwargs_problem(load_kwargs)
+    if problem:
+        return "TypeError", problem
+    try:
+        _flat_state(state_dict)
+    except (TypeError, ValueError, AssertionError) as exc:
+        return "TypeError", str(exc)
+    return None, None
+
+
+def _inspect(state_dict: dict, path: str, unique_id: Any, rank: int,
              index: int, nranks: int) -> dict:
     """Everything this rank finds before reading a tensor, as plain data for
     the other ranks; never raises (a rank that raised alone would leave the
-    others waiting in the collectives)."""
-    mine = {"rank": rank, "path": os.path.abspath(str(path)), "directory": None,
+    others waiting in the collectives). ``state_dict`` is flat."""
+    mine = {"rank": rank, "path": os.path.abspath(path), "directory": None,
             "identity": None, "uid": None, "refused": None, "missing": None,
             "corrupt": [], "keys": [], "problems": [], "saved": {}}
-    mine["refused"] = _id_problem(unique_id) or (
-        None if isinstance(strict, bool) else f"strict={strict!r}: must be True or False")
-    if mine["refused"] is None and not isinstance(state_dict, dict):
-        mine["refused"] = f"state_dict must be a dict, got {type(state_dict).__name__}"
-    if mine["refused"]:
-        return mine
     if unique_id is not None:
         unique_id = int(unique_id)
     mine["keys"] = sorted(state_dict)
@@ -887,7 +941,8 @@ def load_sharded_checkpoint(
     :func:`_cpu_resharding`).
 
     Args:
-        state_dict (dict): key -> ShardedWeight or Tensor, e.g. the model's
+        state_dict (dict): key -> ShardedWeight or Tensor (or nested dicts of
+            them, checked under flex_checkpoint's dotted keys), e.g. the model's
             ``sharded_state_dict()`` updated with the optimizer's
             ``sharded_state_dict(model_sharded_state_dict)``.
         path (str): a directory :func:`save_sharded_checkpoint` saved into
@@ -907,6 +962,9 @@ def load_sharded_checkpoint(
             missing: after the process group's timeout); nothing was read.
         ValueError: on every rank, when a rank passed a bad ``unique_id`` or
             ``strict``.
+        TypeError: on every rank, when a rank passed a ``path`` that is no
+            path, a value that is no Tensor / ShardedWeight, or a keyword
+            ``paddle.distributed.load_state_dict`` does not take.
         FileNotFoundError: on every rank, when a rank finds no checkpoint
             (the message names the rank and its path).
         CheckpointCorruptError: on every rank, when a file is missing,
@@ -918,7 +976,12 @@ def load_sharded_checkpoint(
     """
     rank, ranks = _ranks(process_group)
     index = ranks.index(rank) if rank in ranks else 0
-    mine = _inspect(state_dict, path, unique_id, strict, rank, index, len(ranks))
+    kind, refusal = _load_refusal(state_dict, path, unique_id, strict, load_kwargs)
+    if refusal is None:
+        flat = _flat_state(state_dict)
+        mine = _inspect(flat, os.fspath(path), unique_id, rank, index, len(ranks))
+    else:
+        mine = {"rank": rank, "refused": (kind, refusal)}
     try:
         reports = _gather(mine, process_group, ranks)
     except Exception as exc:  # noqa: BLE001 - e.g. gloo's timeout: a rank is gone
@@ -928,7 +991,8 @@ def load_sharded_checkpoint(
             "load_sharded_checkpoint? Nothing was read.") from exc
     refused = [(r["rank"], r["refused"]) for r in reports if r["refused"]]
     if refused:
-        raise ValueError(_per_rank(refused))
+        error = TypeError if any(k == "TypeError" for _, (k, _) in refused) else ValueError
+        raise error(_per_rank([(r, m) for r, (_, m) in refused]))
     missing = [(r["rank"], r["missing"]) for r in reports if r["missing"]]
     if missing:
         if len(ranks) == 1:
@@ -969,5 +1033,6 @@ def load_sharded_checkpoint(
             "model and optimizer that saved it (same parameters, dtypes, master weights "
             "on or off alike); strict=False ignores checkpoint keys nobody loads."
         )
-    _read_shards(state_dict, directory, process_group, uid, **load_kwargs)
+    # flat: the checks' keys are the keys loaded (in place, nested or not)
+    _read_shards(flat, directory, process_group, uid, **load_kwargs)
     return directory
