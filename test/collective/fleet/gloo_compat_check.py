@@ -25,6 +25,10 @@ Modes (env ``GLOO_COMPAT_CHECK_MODE``):
     (``PADDLE_LOCAL_SIZE``, restored from ``GLOO_COMPAT_LOCAL_SIZE``).
   * ``sharding`` (any world >= 2): plain sharding_degree = world.
 
+Every group gets the collective checks and the all-to-all checks (which
+the layer emulates); at the end the layer is uninstalled and Paddle's own
+gloo all-to-all error is expected back.
+
 Every check compares against numpy. Value mismatches are collected (they
 do not desynchronise the ranks) and reported together with rank, group
 ranks, op, expected and got; the script then exits 1. An exception inside a
@@ -194,6 +198,169 @@ def check_group(name: str, g) -> int:
     return checks
 
 
+def a2a_value(src: int, dst: int, rows: int, width: int, salt: int) -> np.ndarray:
+    """What global rank ``src`` sends global rank ``dst``: every element distinct."""
+    r = np.arange(rows, dtype=np.float64)[:, None]
+    c = np.arange(width, dtype=np.float64)[None, :]
+    return (1000.0 * src + 100.0 * dst + 10.0 * r + c + 0.25 * salt).astype(np.float32)
+
+
+def a2a_rows(s: int, d: int, n: int) -> int:
+    """Unequal row counts from group rank s to group rank d (0 included)."""
+    return (s + 2 * d) % (n + 1)
+
+
+def check_alltoall(name: str, g) -> int:
+    """All-to-all on ``g`` (emulated on gloo) against NumPy. Returns #checks."""
+    from paddle.autograd import PyLayer
+    from paddle.distributed.communication import stream
+
+    me = dist.get_rank()
+    ranks = list(g.ranks)
+    n = len(ranks)
+    gr = ranks.index(me)
+    tag = f"{name}:"
+    checks = 0
+
+    # list form, equal shapes: sync, async (task.wait()), calc stream, empty out list
+    for salt, how in enumerate(("sync", "async", "calc_stream", "empty_out"), start=1):
+        ins = [paddle.to_tensor(a2a_value(me, d, 2, 3, salt)) for d in ranks]
+        outs = [] if how == "empty_out" else [paddle.full([2, 3], -1.0) for _ in ranks]
+        if how == "calc_stream":
+            stream.alltoall(outs, ins, group=g, sync_op=True, use_calc_stream=True)
+        else:
+            task = dist.alltoall(outs, ins, group=g, sync_op=how != "async")
+            task.wait()
+        exp = np.stack([a2a_value(s, me, 2, 3, salt) for s in ranks])
+        got = np.stack([o.numpy() for o in outs]) if len(outs) == n else np.zeros(0)
+        expect(close(got, exp), g, f"{tag}alltoall(list) {how}", exp, got)
+        checks += 1
+
+    # list form, unequal chunk shapes (some empty), int64 and bfloat16
+    for salt, dtype in enumerate(("float32", "int64", "bfloat16"), start=5):
+        ins = [paddle.to_tensor(a2a_value(me, d, a2a_rows(gr, j, n), 2, 0)).astype(dtype)
+               for j, d in enumerate(ranks)]
+        outs = [paddle.zeros([a2a_rows(j, gr, n), 2], dtype=dtype) for j in range(n)]
+        dist.alltoall(outs, ins, group=g)
+        for j, s in enumerate(ranks):
+            # bfloat16 keeps 8 bits: the expectation is the sent value rounded the same way
+            exp = paddle.to_tensor(a2a_value(s, me, a2a_rows(j, gr, n), 2, 0)).astype(
+                dtype).astype("float32").numpy()
+            got = outs[j].astype("float32").numpy()
+            expect(outs[j].dtype == ins[0].dtype and close(got, exp), g,
+                   f"{tag}alltoall(list, unequal shapes) {dtype} from {s}", exp, got)
+        checks += 1
+
+    # alltoall_single, equal split (sync / async) and stream tensor form
+    for salt, how in enumerate(("single", "single_async", "stream_tensor"), start=8):
+        x = paddle.to_tensor(np.concatenate([a2a_value(me, d, 2, 3, salt) for d in ranks]))
+        out = paddle.full([2 * n, 3], -1.0)
+        if how == "stream_tensor":
+            stream.alltoall(out, x, group=g, sync_op=True, use_calc_stream=True)
+        else:
+            dist.alltoall_single(out, x, group=g, sync_op=how == "single").wait()
+        exp = np.concatenate([a2a_value(s, me, 2, 3, salt) for s in ranks])
+        expect(close(out, exp), g, f"{tag}{how}", exp, out.numpy())
+        checks += 1
+
+    # alltoall_single with in/out split sizes (unequal, some 0)
+    in_split = [a2a_rows(gr, j, n) for j in range(n)]
+    out_split = [a2a_rows(j, gr, n) for j in range(n)]
+    x = paddle.to_tensor(np.concatenate([a2a_value(me, d, in_split[j], 3, 11)
+                                         for j, d in enumerate(ranks)]))
+    out = paddle.full([sum(out_split), 3], -1.0)
+    task = dist.alltoall_single(out, x, in_split, out_split, group=g, sync_op=False)
+    task.wait()
+    exp = np.concatenate([a2a_value(s, me, out_split[j], 3, 11) for j, s in enumerate(ranks)])
+    expect(close(out, exp), g, f"{tag}alltoall_single(split sizes)", exp, out.numpy())
+    checks += 1
+
+    # Gradient through a PyLayer dispatch (forward all-to-all, backward the
+    # reverse), loss = sum(y * w): dx is w of each destination rank, routed
+    # back. Outside a PyLayer the call records no gradient (as Paddle's own).
+    class Dispatch(PyLayer):
+        @staticmethod
+        def forward(ctx, t):
+            y = paddle.empty([sum(out_split), 3], dtype=t.dtype)
+            dist.alltoall_single(y, t, in_split, out_split, group=g)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            dx = paddle.empty([sum(in_split), 3], dtype=dy.dtype)
+            dist.alltoall_single(dx, dy, out_split, in_split, group=g)
+            return dx
+
+    def weight(rank: int) -> np.ndarray:
+        dr = ranks.index(rank)
+        rows = sum(a2a_rows(j, dr, n) for j in range(n))
+        return np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) * 0.5 + rank
+
+    x.stop_gradient = False
+    y = Dispatch.apply(x)
+    (y * paddle.to_tensor(weight(me))).sum().backward()
+    parts = []
+    for j, d in enumerate(ranks):  # my rows inside destination d's output
+        start = sum(a2a_rows(k, j, n) for k in range(gr))
+        parts.append(weight(d)[start : start + a2a_rows(gr, j, n)])
+    exp = np.concatenate(parts)
+    got = x.grad.numpy() if x.grad is not None else np.zeros(0)
+    expect(close(got, exp), g, f"{tag}PyLayer dispatch gradient", exp, got)
+    plain = paddle.empty([sum(out_split), 3])
+    dist.alltoall_single(plain, x, in_split, out_split, group=g)
+    expect(plain.stop_gradient, g, f"{tag}plain alltoall_single records no gradient", True,
+           plain.stop_gradient)
+    checks += 2
+
+    # A count mismatch on one rank is refused on every rank (no hang), as is
+    # one rank's own bad argument; the group stays usable afterwards.
+    bad_out = list(out_split)
+    if gr == 0:
+        bad_out[0] += 1
+    errors = []
+    for case in ("mismatch", "local"):
+        try:
+            if case == "mismatch":
+                dist.alltoall_single(paddle.empty([sum(bad_out), 3]), x.detach(), in_split,
+                                     bad_out, group=g)
+            else:
+                ins = [paddle.ones([1])] * (n + 1 if gr == n - 1 else n)
+                dist.alltoall([paddle.ones([1]) for _ in ins], ins, group=g)
+            errors.append(f"{case}: no error")
+        except ValueError as e:
+            errors.append(f"{case}: {e}")
+    want = ["which expects", "input and" if gr == n - 1 else "refused their own arguments"]
+    ok = len(errors) == 2 and all(w in e for w, e in zip(want, errors))
+    expect(ok, g, f"{tag}alltoall errors on every rank", want, errors)
+    checks += 1
+    return checks
+
+
+def check_native_alltoall_unchanged(g) -> int:
+    """Without the layer, Paddle's own gloo error stays as it is (rule 2)."""
+    from gloo_compat import install_gloo_compat as _install, uninstall_gloo_compat
+
+    uninstall_gloo_compat()
+    n = g.nranks
+    got = []
+    calls = (
+        lambda: dist.alltoall([], [paddle.ones([2]) for _ in range(n)], group=g),
+        lambda: dist.alltoall_single(paddle.empty([n]), paddle.ones([n]), group=g),
+        lambda: dist.stream.alltoall(paddle.empty([n]), paddle.ones([n]), group=g),
+        lambda: dist.stream.alltoall_single(paddle.empty([n]), paddle.ones([n]), group=g),
+    )
+    for call in calls:
+        try:
+            call()
+            got.append("no error")
+        except NotImplementedError as e:
+            got.append("NotImplementedError" if "does not support all_to_all" in str(e) else str(e))
+    expect(got == ["NotImplementedError"] * 4, g, "native alltoall without the layer",
+           ["NotImplementedError"] * 4, got)
+    _install()
+    return 1
+
+
 def build_strategy(mode: str, world: int) -> fleet.DistributedStrategy:
     strategy = fleet.DistributedStrategy()
     if mode == "ep":
@@ -255,6 +422,8 @@ def main() -> int:
         if g is None or g.nranks < 2 or me not in g.ranks:
             continue
         n_checks += check_group(name, g)
+        n_checks += check_alltoall(name, g)
+    n_checks += check_native_alltoall_unchanged(hcg.get_sharding_parallel_group())
     t_checks = time.perf_counter() - t
 
     print(f"GLOO_COMPAT_TIMING rank={me} import={_T_IMPORT:.2f}s fleet_init={t_init:.2f}s "

@@ -17,9 +17,15 @@ imported here as ``gloo_compat``) and launch_utils.py.
 (a) in-process unit tests: rendezvous keys / ports, sub-group store
     rendezvous across threads, install/uninstall, no-op detection, the op
     emulations on a real 1-rank ProcessGroupGloo;
+(a') the all-to-all emulation on 3 ranks simulated by threads (only the
+    all_gather is stood in for), against NumPy;
 (b) 8-process launch of gloo_compat_check.py (ep=4 x moe_sharding=2, 4
     emulated nodes x 2 cards) - ~25 s on 2 cores;
-(c) 2-process launch in plain sharding=2 mode - ~6 s.
+(c) 2-process launch in plain sharding=2 mode - ~6 s;
+(d) 3-process launch (odd size, 3-rank sub-group) - ~10-14 s.
+Every launch also checks all-to-all (list / single / stream forms, unequal
+chunks, split sizes, async, a PyLayer gradient, errors on every rank) on each
+of its groups, and Paddle's own gloo error once the layer is uninstalled.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def _patched_targets():
 
     stream = comm.stream
     rs_stream_mod = sys.modules["paddle.distributed.communication.stream.reduce_scatter"]
+    a2a_mod = sys.modules["paddle.distributed.communication.stream.all_to_all"]
     return [
         (collective, "_new_process_group_impl"),
         (dist, "all_reduce"), (dist, "reduce_scatter"),
@@ -62,6 +69,8 @@ def _patched_targets():
         (stream, "all_reduce"), (stream, "reduce"), (stream, "reduce_scatter"),
         (stream, "broadcast"), (stream, "all_gather"),
         (rs_stream_mod, "_reduce_scatter_base"),
+        (a2a_mod, "_all_to_all_in_dygraph"), (a2a_mod, "_all_to_all_tensor_in_dygraph"),
+        (a2a_mod, "_alltoall_single_in_dygraph"),
     ]
 
 
@@ -349,10 +358,21 @@ class TestGlooCompatUnits(unittest.TestCase):
 
         g = OneRankGroup(0, 9901, [0], pg=pg, name="unit_gloo_1")
         self.assertTrue(gc.is_gloo_group(g))
-        # Without the layer the CPU wheel's AVG path dies on core.nccl_version.
+        # Without the layer the CPU wheel's AVG path dies on core.nccl_version,
+        # and gloo's all-to-all error stays Paddle's own.
         with self.assertRaisesRegex(AttributeError, "nccl_version"):
             dist.all_reduce(paddle.ones([2]), op=dist.ReduceOp.AVG, group=g)
+        for call in (lambda: dist.alltoall([], [paddle.ones([2])], group=g),
+                     lambda: dist.alltoall_single(paddle.empty([2]), paddle.ones([2]), group=g)):
+            with self.assertRaisesRegex(NotImplementedError, "does not support all_to_all"):
+                call()
         gc.install_gloo_compat(force=True)
+        out = []
+        dist.alltoall(out, [paddle.to_tensor([[1.0, 2.0]])], group=g, sync_op=False).wait()
+        self.assertEqual([o.numpy().tolist() for o in out], [[[1.0, 2.0]]])
+        single = paddle.zeros([3])
+        dist.alltoall_single(single, paddle.to_tensor([4.0, 5.0, 6.0]), [3], [3], group=g)
+        self.assertEqual(single.numpy().tolist(), [4.0, 5.0, 6.0])
         stream = dist.communication.stream
         x = np.arange(8, dtype=np.float32)
 
@@ -377,6 +397,192 @@ class TestGlooCompatUnits(unittest.TestCase):
 
         with self.assertRaisesRegex(ValueError, "numel"):
             dist.reduce_scatter(paddle.zeros([3]), paddle.to_tensor(x), group=g)
+
+
+# ------------------------------------------------- (a') all-to-all emulation
+class _ThreadWorld:
+    """n ranks as threads; all_gather meets at a barrier (a stand-in for gloo).
+
+    Only the exchange is simulated: the emulation's own code (counts table,
+    padding, picking the pieces, writing the outputs) runs as on real ranks.
+    """
+
+    def __init__(self, n: int):
+        self.n, self.slots = n, [None] * n
+        self.barrier = threading.Barrier(n, timeout=30)
+        self.gathers = 0
+
+    def group(self, rank: int):
+        world = self
+
+        class ProcessGroup:
+            def all_gather(self, mine, out):
+                world.slots[rank] = mine.numpy().copy()
+                world.barrier.wait()
+                full = np.concatenate(world.slots)
+                if rank == 0:
+                    world.gathers += 1
+                world.barrier.wait()
+                paddle.assign(paddle.to_tensor(full), out)
+                return types.SimpleNamespace(wait=lambda: None)
+
+        return types.SimpleNamespace(nranks=self.n, rank=rank, process_group=ProcessGroup())
+
+    def run(self, fn):
+        """fn(rank, group) on every rank; returns ({rank: result}, {rank: error text})."""
+        results, errors = {}, {}
+
+        def body(r):
+            try:
+                results[r] = fn(r, self.group(r))
+            except Exception as e:  # surfaced by the caller
+                errors[r] = f"{type(e).__name__}: {e}"
+
+        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return results, errors
+
+
+def _sent(src: int, dst: int, rows: int, width: int = 2) -> np.ndarray:
+    """What rank src sends rank dst (distinct, exact in float32)."""
+    return (100.0 * src + 10.0 * dst + np.arange(rows * width).reshape(rows, width)).astype(
+        np.float32)
+
+
+def _rows(src: int, dst: int) -> int:
+    return (src + 2 * dst) % 4  # unequal, 0 included
+
+
+class TestGlooAllToAllEmulation(unittest.TestCase):
+    """The all-to-all emulation on 3 simulated ranks, against NumPy."""
+
+    def test_list_form_unequal_and_empty_chunks(self):
+        n = 3
+
+        def fn(r, g):
+            ins = [paddle.to_tensor(_sent(r, d, _rows(r, d))) for d in range(n)]
+            outs = [paddle.full([_rows(s, r), 2], -1.0) for s in range(n)]
+            gc._emulated_all_to_all_list(outs, ins, g)
+            return [o.numpy() for o in outs]
+
+        results, errors = _ThreadWorld(n).run(fn)
+        self.assertFalse(errors, errors)
+        for r in range(n):
+            for s in range(n):
+                np.testing.assert_array_equal(results[r][s], _sent(s, r, _rows(s, r)),
+                                              err_msg=f"rank {r}, piece from {s}")
+
+    def test_list_form_empty_out_list_is_filled_like_the_inputs(self):
+        def fn(r, g):
+            outs = []
+            gc._emulated_all_to_all_list(outs, [paddle.to_tensor(_sent(r, d, 1)) for d in range(2)], g)
+            return [o.numpy() for o in outs]
+
+        results, errors = _ThreadWorld(2).run(fn)
+        self.assertFalse(errors, errors)
+        for r in range(2):
+            np.testing.assert_array_equal(np.stack(results[r]), np.stack([_sent(s, r, 1) for s in range(2)]))
+
+    def test_single_with_and_without_split_sizes(self):
+        n = 3
+
+        def fn(r, g):
+            in_split = [_rows(r, d) for d in range(n)]
+            out_split = [_rows(s, r) for s in range(n)]
+            x = paddle.to_tensor(np.concatenate([_sent(r, d, in_split[d]) for d in range(n)]))
+            split = paddle.full([sum(out_split), 2], -1.0)
+            gc._emulated_all_to_all_single(split, x, out_split, in_split, g)
+            even = paddle.full([2 * n, 2], -1.0)
+            x2 = paddle.to_tensor(np.concatenate([_sent(r, d, 2) for d in range(n)]))
+            gc._emulated_all_to_all_tensor(even, x2, g)
+            return split.numpy(), even.numpy()
+
+        results, errors = _ThreadWorld(n).run(fn)
+        self.assertFalse(errors, errors)
+        for r in range(n):
+            np.testing.assert_array_equal(
+                results[r][0], np.concatenate([_sent(s, r, _rows(s, r)) for s in range(n)]))
+            np.testing.assert_array_equal(
+                results[r][1], np.concatenate([_sent(s, r, 2) for s in range(n)]))
+
+    def test_nothing_to_send_skips_the_data_exchange(self):
+        world = _ThreadWorld(2)
+
+        def fn(r, g):
+            out = paddle.zeros([0, 2])
+            return gc._emulated_all_to_all_single(out, paddle.zeros([0, 2]), None, None, g)
+
+        results, errors = world.run(fn)
+        self.assertFalse(errors, errors)
+        self.assertEqual(world.gathers, 1, "only the counts were exchanged")
+        self.assertTrue(all(hasattr(t, "wait") for t in results.values()), "a task per rank")
+
+    def test_count_mismatch_is_refused_on_every_rank(self):
+        def fn(r, g):
+            out_split = [2, 2] if r else [3, 1]  # rank 0 expects 3 rows from itself
+            out = paddle.zeros([4, 2])
+            gc._emulated_all_to_all_single(out, paddle.ones([4, 2]), out_split, None, g)
+
+        _, errors = _ThreadWorld(2).run(fn)
+        self.assertEqual(sorted(errors), [0, 1], "every rank raises (no rank left waiting)")
+        for r in (0, 1):
+            self.assertIn("group rank 0 sends 4 elements to group rank 0, which expects 6",
+                          errors[r])
+
+    def test_one_ranks_bad_arguments_are_refused_on_every_rank(self):
+        cases = {
+            "list length": (lambda r, g: gc._emulated_all_to_all_list(
+                [paddle.ones([1])] * 2, [paddle.ones([1])] * (3 if r == 1 else 2), g),
+                "3 input and 2 output tensors for a group of 2"),
+            "dtype": (lambda r, g: gc._emulated_all_to_all_list(
+                [paddle.ones([1], dtype="int64" if r == 1 else "float32"), paddle.ones([1])],
+                [paddle.ones([1])] * 2, g), r"out_tensor_list\[0\] has dtype paddle.int64, the input has paddle.float32"),
+            "split sum": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([4]), paddle.ones([4]), None, [1, 2] if r == 1 else None, g),
+                r"in_tensor split sizes \[1, 2\] must be 2 non-negative numbers summing to its 4"),
+            "out dtype": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([2], dtype="int64" if r == 1 else "float32"), paddle.ones([2]), None,
+                None, g), "out_tensor has dtype paddle.int64"),
+            "indivisible": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([4]), paddle.ones([3 if r == 1 else 4]), None, None, g),
+                "in_tensor has 3 rows, not divisible by the group size 2"),
+            "0-D": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([2]), paddle.ones([]) if r == 1 else paddle.ones([2]), None, None, g),
+                "in_tensor is 0-D"),
+        }
+        for case, (fn, message) in cases.items():
+            with self.subTest(case=case):
+                _, errors = _ThreadWorld(2).run(fn)
+                self.assertEqual(sorted(errors), [0, 1], errors)
+                self.assertRegex(errors[1], message)
+                self.assertIn("group rank(s) [1] refused their own arguments", errors[0])
+
+    def test_empty_input_list_is_refused(self):
+        g = types.SimpleNamespace(nranks=2, rank=0)
+        with self.assertRaisesRegex(RuntimeError, "in_tensor_list is empty"):
+            gc._emulated_all_to_all_list([], [], g)
+
+    def test_non_gloo_groups_reach_paddles_helper(self):
+        calls = []
+
+        def original(out, inp, group, sync_op, use_calc_stream):
+            calls.append((sync_op, use_calc_stream))
+            return "native"
+
+        def emulation(out, inp, group):
+            calls.append("emulated")
+            return "emulated"
+
+        wrapped = gc._a2a_dygraph_compat(original, emulation)
+        with mock.patch.object(gc, "is_gloo_group", return_value=False):
+            self.assertEqual(wrapped("o", "i", "nccl group", False, True), "native")
+        with mock.patch.object(gc, "is_gloo_group", return_value=True):
+            self.assertEqual(wrapped("o", "i", group="gloo group", sync_op=False,
+                                     use_calc_stream=True), "emulated")
+        self.assertEqual(calls, [(False, True), "emulated"])
 
 
 # --------------------------------------------------------------- launches
@@ -409,6 +615,21 @@ class TestGlooCompatLaunch(unittest.TestCase):
         )
         print(f"2-rank gloo_compat_check wall {result.wall_s:.1f}s")
         self._assert_all_ok(result, 2)
+
+    def test_launch_3_ranks_alltoall_and_odd_sub_group(self):
+        # Every launch here also runs the all-to-all checks on each of its
+        # groups (2, 4 and 8 ranks above); 3 ranks add an odd size, the global
+        # group and a 3-rank sub-group, and Paddle's own error without the layer.
+        result = run_paddle_launch(
+            CHECK_SCRIPT, 3,
+            env={"CUDA_VISIBLE_DEVICES": "", "GLOO_COMPAT_CHECK_MODE": "sharding"},
+            timeout_s=120,
+        )
+        print(f"3-rank gloo_compat_check wall {result.wall_s:.1f}s")
+        self._assert_all_ok(result, 3)
+        info = [ln for ln in result.worker_logs[0].splitlines()
+                if ln.startswith("GLOO_COMPAT_INFO")]
+        self.assertTrue(info and "('node[0, 1, 2]', [0, 1, 2])" in info[0], info)
 
 
 if __name__ == "__main__":

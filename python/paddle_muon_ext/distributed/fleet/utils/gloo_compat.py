@@ -664,11 +664,13 @@ def _a2a_dygraph_compat(original: Callable[..., Any], emulation: Callable[..., A
     already finished and ``wait()`` returns at once.
     """
 
-    def compat(*args: Any) -> Any:
-        # Paddle calls these helpers positionally: (..., group, sync_op, use_calc_stream)
-        *tensors, group, _sync_op, _use_calc_stream = args
+    sig = inspect.signature(original)
+
+    def compat(*args: Any, **kwargs: Any) -> Any:
+        # every helper's parameters end with (group, sync_op, use_calc_stream)
+        *tensors, group, _sync_op, _use_calc_stream = _bind(sig, args, kwargs).values()
         if not is_gloo_group(group):
-            return original(*args)
+            return original(*args, **kwargs)
         return emulation(*tensors, group)
 
     compat.__wrapped__ = original  # type: ignore[attr-defined]
