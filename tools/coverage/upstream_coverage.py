@@ -66,8 +66,8 @@ import diff_coverage as dc  # noqa: E402  (git, diff parsing, coverage loading)
 
 SUITE_DIR = os.path.join("test", "collective", "fleet")
 SUITE_GLOB = re.compile(r"^test_muon_conformance.*\.py$")
-# The suite's own tests of the loader run no develop code; leave them out.
-NOT_SUITE = {"test_muon_conformance_loader.py"}
+# Tests of the package's loader and gloo layer run no develop code; leave them out.
+NOT_SUITE = {"test_muon_conformance_loader.py", "test_muon_conformance_gloo_layer.py"}
 BUGS_DOC = "docs/UPSTREAM_BUGS.md"
 GROUP_CALL_FUNCTIONS = ("get_gpus_per_node", "get_same_card_rank", "get_trainer_ranks")
 GROUP_CALL_METHODS = ("reduce_gradients", "_reduce_2d_grads", "_broadcast_2d_params",

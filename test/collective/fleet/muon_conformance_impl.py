@@ -27,20 +27,28 @@ for any other; :func:`upstream_bug` marks a test as an expected failure on
 
 The helpers below drive an optimizer through develop's surface only: the
 constructor ``(optimizer, hcg)``, ``reduce_gradients``, ``step``,
-``clear_grad`` and the attributes develop's own tests read.
+``clear_grad`` and the attributes develop's own tests read. They use only
+the harness (``mock``), the tiny model and Paddle's names, never this
+package's layout or plan modules (``muon_sim_runner`` builds on those): the
+files must run unchanged in a Paddle tree that has develop's code only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import unittest
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import paddle
 from paddle.distributed import fleet
 
-from muon_tiny_moe import TinyMoE, batch, make_muon
+from mock.fake_hcg import DEFAULT_MOE_ORDER, make_hcg_factory, make_hybrid_strategy
+from mock.simulated_world import SimulatedWorld
+from muon_test_compat import register_cpu_tensor_fusion, set_muon_sharding_options
+from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
 #: Environment variable naming the Paddle checkout under test.
 PADDLE_ROOT_ENV = "PADDLE_ROOT"
@@ -101,7 +109,7 @@ def upstream_bug(bug_id: str) -> Callable:
     return mark
 
 
-def build_rank(cfg: Any) -> tuple[Any, Any, Any]:
+def build_rank(cfg: Layout) -> tuple[Any, Any, Any]:
     """This simulated rank's tiny MoE and the optimizer under test on it.
 
     Returns:
@@ -117,8 +125,8 @@ def build_rank(cfg: Any) -> tuple[Any, Any, Any]:
     return hcg, net, MuonShardingOptimizer(muon, hcg)
 
 
-def train(cfg: Any, hcg: Any, net: Any, opt: Any, steps: int,
-          clear: bool = True, first_step: int = 0) -> None:
+def train(hcg: Any, net: Any, opt: Any, steps: int, clear: bool = True,
+          first_step: int = 0) -> None:
     """``steps`` optimizer steps through develop's surface, clear_grad between them."""
     rank = paddle.distributed.get_rank()
     for step in range(first_step, first_step + steps):
@@ -135,3 +143,125 @@ def max_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[f
     assert got.keys() == want.keys(), f"parameter sets differ: {sorted(got)} vs {sorted(want)}"
     worst = max(got, key=lambda k: float(np.abs(got[k].astype("float64") - want[k]).max()))
     return float(np.abs(got[worst].astype("float64") - want[worst]).max()), worst
+
+
+# --------------------------------------------------------------------------
+# Layouts, the simulated world and the independent expectations
+# --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A MoE layout plus develop's sharding options.
+
+    Attributes:
+        ep, ms, pp: expert, moe_sharding, pipeline degrees (ep == 1: no experts).
+        order: the MoE axes in topology order.
+        gpn: GPUs per node; set -> comm_group_call_opt on (``PADDLE_LOCAL_SIZE``).
+        fused: comm_buffer_size_MB 1 (fused gradient buffers) or -1.
+        overlap: comm_overlap (backward hooks launch the reduces).
+        release_grads: sharding_configs.release_gradients.
+    """
+
+    ep: int = 4
+    ms: int = 2
+    pp: int = 1
+    order: tuple = DEFAULT_MOE_ORDER
+    gpn: int | None = None
+    fused: bool = True
+    overlap: bool = False
+    release_grads: bool = False
+    matrix_dtype: str = "float32"
+
+    @property
+    def world(self) -> int:
+        return self.ep * self.ms * self.pp
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Rank -> axis coordinates: the last axis of ``order`` varies fastest."""
+        dims = {"moe_sharding": self.ms, "pipe": self.pp, "expert": self.ep}
+        out, rest = {}, rank
+        for name in reversed(self.order):
+            out[name], rest = rest % dims[name], rest // dims[name]
+        return out
+
+    def strategy(self) -> Any:
+        strategy = make_hybrid_strategy(self.ep, self.ms, self.pp, order=self.order,
+                                        comm_buffer_size_MB=1 if self.fused else -1,
+                                        comm_overlap=self.overlap)
+        if self.release_grads:
+            strategy.hybrid_configs["sharding_configs"].release_gradients = True
+        set_muon_sharding_options(strategy, comm_group_call_opt=self.gpn is not None)
+        return strategy
+
+
+class Oracle:
+    """Groups from rank coordinates alone (no topology object, no optimizer).
+
+    ``node(r)``: the ``gpn`` consecutive ranks holding r; ``sharding_group``:
+    every rank of r's pipeline stage; ``moe_group``: those with r's expert
+    coordinate; ``same_card``: those with r's card index (r % gpn).
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.coords = [layout.coords(r) for r in range(layout.world)]
+
+    def sharding_group(self, rank: int) -> tuple:
+        return tuple(q for q in range(self.layout.world)
+                     if self.coords[q]["pipe"] == self.coords[rank]["pipe"])
+
+    def moe_group(self, rank: int) -> tuple:
+        return tuple(q for q in self.sharding_group(rank)
+                     if self.coords[q]["expert"] == self.coords[rank]["expert"])
+
+    def node(self, rank: int) -> tuple:
+        first = rank // self.layout.gpn * self.layout.gpn
+        return tuple(range(first, first + self.layout.gpn))
+
+    def same_card(self, rank: int) -> tuple:
+        gpn = self.layout.gpn
+        return tuple(q for q in self.sharding_group(rank) if q % gpn == rank % gpn)
+
+
+@contextlib.contextmanager
+def local_size(gpn: int | None) -> Iterator[None]:
+    """``PADDLE_LOCAL_SIZE`` (GPUs per node, as the launcher sets it); None unsets it."""
+    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
+    if gpn is not None:
+        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
+    try:
+        yield
+    finally:
+        os.environ.pop("PADDLE_LOCAL_SIZE", None)
+        if saved is not None:
+            os.environ["PADDLE_LOCAL_SIZE"] = saved
+
+
+def run_world(layout: Layout, body: Callable[[Layout], Any],
+              reraise_original: bool = False) -> tuple[list, SimulatedWorld]:
+    """``body(layout)`` on every rank of ``layout`` (threads, real data).
+
+    Returns:
+        (per-rank results, the world with its traces).
+    """
+    register_cpu_tensor_fusion()
+    world = SimulatedWorld(layout.world,
+                           hcg_factory=make_hcg_factory(layout.ep, layout.ms, layout.pp,
+                                                        order=layout.order),
+                           strategy=layout.strategy(), reraise_original=reraise_original)
+    with local_size(layout.gpn):
+        results = world.run(lambda rank: body(layout))
+    return results, world
+
+
+def reference_values(layout: Layout, steps: int) -> dict[int, dict[str, np.ndarray]]:
+    """Per-rank parameters after ``steps`` single-process Muon steps (one run per stage)."""
+    expected = {}
+    oracle = Oracle(layout)
+    for stage in sorted({tuple(oracle.sharding_group(r)) for r in range(layout.world)}):
+        expert = {r: (oracle.coords[r]["expert"] if layout.ep > 1 else None) for r in stage}
+        ref = Reference(expert, layout.matrix_dtype, clip=False)
+        for step in range(steps):
+            ref.step(step)
+        for r in stage:
+            expected[r] = ref.values(expert[r])
+    return expected

@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+# paddle_muon_ext: upstream-tests
 """Conformance: any MuonShardingOptimizer against independent expectations.
 
 Runs the implementation ``muon_conformance_impl`` selects (this repository's
@@ -28,13 +29,12 @@ Expectations are independent of the code under test:
   parameter by O(lr) = 2e-2.
 * collectives of ``comm_group_call_opt``: derived from rank coordinates
   (``node = rank // gpus_per_node``, ``card = rank % gpus_per_node``) by
-  ``muon_sim_runner.LayoutOracle``, never from the optimizer's groups.
+  ``muon_conformance_impl.Oracle``, never from the optimizer's groups.
 * helper functions: brute-force enumeration.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import unittest
 from unittest import mock
@@ -44,8 +44,19 @@ import paddle
 
 from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
 from mock.patching import active_comm
-from muon_conformance_impl import KIND, MODULE, build_rank, max_diff, train, upstream_bug
-from muon_sim_runner import LayoutOracle, SimConfig, local_size, reference_values, run_world
+from muon_conformance_impl import (
+    KIND,
+    MODULE,
+    Layout,
+    Oracle,
+    build_rank,
+    local_size,
+    max_diff,
+    reference_values,
+    run_world,
+    train,
+    upstream_bug,
+)
 from muon_tiny_moe import EXPERT_COLOUR, Reference, batch
 
 TOL = 1e-5
@@ -55,34 +66,16 @@ OVERLAP_SYNC_FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 GROUP_CALL = dict(ep=4, ms=2, gpn=2)  # 4 emulated nodes of 2 cards
 
 
-def conf(**kw) -> SimConfig:
-    """A layout with develop's defaults: its owner rule, no grad clip."""
-    kw.setdefault("partition", None)
-    kw.setdefault("clip", False)
-    return SimConfig(**kw)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReleaseGradsConfig(SimConfig):
-    """``sharding_configs.release_gradients``: buffers freed after each step."""
-
-    def strategy(self):
-        strategy = super().strategy()
-        strategy.hybrid_configs["sharding_configs"].release_gradients = True
-        return strategy
-
-
 def _train_body(steps: int):
-    def body(cfg, strategy):
-        hcg, net, opt = build_rank(cfg)
-        train(cfg, hcg, net, opt, steps)
+    def body(layout):
+        hcg, net, opt = build_rank(layout)
+        train(hcg, net, opt, steps)
         return net.named_values()
     return body
 
 
 class _ReferenceCase(unittest.TestCase):
-    def assert_trains_like_reference(self, cfg: SimConfig, steps: int) -> None:
-        cfg = dataclasses.replace(cfg, steps=steps)
+    def assert_trains_like_reference(self, cfg: Layout, steps: int) -> None:
         results, world = run_world(cfg, _train_body(steps))
         world.check_schedule()
         expected = reference_values(cfg, steps)
@@ -128,57 +121,55 @@ class TestOneStepMatchesReference(_ReferenceCase):
     """Every path of reduce + step + parameter sync, one step."""
 
     def test_plain_sharding_fused_buffers(self):
-        self.assert_trains_like_reference(conf(ep=1, ms=2), 1)
+        self.assert_trains_like_reference(Layout(ep=1, ms=2), 1)
 
     def test_plain_sharding_unfused(self):
-        self.assert_trains_like_reference(conf(ep=1, ms=2, fused=False), 1)
+        self.assert_trains_like_reference(Layout(ep=1, ms=2, fused=False), 1)
 
     def test_moe_experts_on_their_colour_group(self):
-        self.assert_trains_like_reference(conf(ep=4, ms=2), 1)
+        self.assert_trains_like_reference(Layout(ep=4, ms=2), 1)
 
     def test_update_then_sync_without_the_staged_overlap(self):
-        for cfg in (conf(ep=1, ms=2), conf(ep=4, ms=2)):
+        for cfg in (Layout(ep=1, ms=2), Layout(ep=4, ms=2)):
             with mock.patch.dict(os.environ, {OVERLAP_SYNC_FLAG: "0"}):
                 self.assert_trains_like_reference(cfg, 1)
 
     def test_group_call_hierarchical_reduce_and_broadcast(self):
-        self.assert_trains_like_reference(conf(**GROUP_CALL), 1)
+        self.assert_trains_like_reference(Layout(**GROUP_CALL), 1)
 
     def test_group_call_unfused_gradients(self):
-        self.assert_trains_like_reference(conf(**GROUP_CALL, fused=False), 1)
+        self.assert_trains_like_reference(Layout(**GROUP_CALL, fused=False), 1)
 
     def test_group_call_with_comm_overlap_hooks(self):
-        self.assert_trains_like_reference(conf(**GROUP_CALL, overlap=True), 1)
+        self.assert_trains_like_reference(Layout(**GROUP_CALL, overlap=True), 1)
 
     def test_released_gradient_buffers(self):
-        self.assert_trains_like_reference(ReleaseGradsConfig(ep=1, ms=2, partition=None,
-                                                             clip=False), 1)
+        self.assert_trains_like_reference(Layout(ep=1, ms=2, release_grads=True), 1)
 
     def test_group_call_released_gradient_buffers(self):
-        self.assert_trains_like_reference(ReleaseGradsConfig(**GROUP_CALL, partition=None,
-                                                             clip=False), 1)
+        self.assert_trains_like_reference(Layout(**GROUP_CALL, release_grads=True), 1)
 
     def test_group_call_two_pipeline_stages(self):
         # develop's rank formula needs moe_sharding before pipe (the default here)
-        self.assert_trains_like_reference(conf(ep=2, ms=2, pp=2, gpn=2), 1)
+        self.assert_trains_like_reference(Layout(ep=2, ms=2, pp=2, gpn=2), 1)
 
 
 class TestGroupCallCollectivesFollowRankCoordinates(unittest.TestCase):
     """comm_group_call_opt: who reduces/broadcasts where, from coordinates alone."""
 
-    def _check(self, cfg: SimConfig) -> None:
-        def body(cfg, strategy):
+    def _check(self, cfg: Layout) -> None:
+        def body(cfg):
             hcg, net, opt = build_rank(cfg)
             rank = paddle.distributed.get_rank()
             start = len(active_comm().traces[rank])
-            train(cfg, hcg, net, opt, 1)
+            train(hcg, net, opt, 1)
             owners = {colour: dict(by_name)
                       for colour, by_name in opt._param2rank_2d_by_color.items()}
             return start, owners
 
         results, world = run_world(cfg, body)
         world.check_schedule()
-        oracle = LayoutOracle(cfg)
+        oracle = Oracle(cfg)
         gpn = cfg.gpn
         for rank, (start, owners) in enumerate(results):
             groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
@@ -201,10 +192,10 @@ class TestGroupCallCollectivesFollowRankCoordinates(unittest.TestCase):
                                         f"coordinates give {sorted(want)}")
 
     def test_one_pipeline_stage(self):
-        self._check(conf(**GROUP_CALL))
+        self._check(Layout(**GROUP_CALL))
 
     def test_two_pipeline_stages(self):
-        self._check(conf(ep=2, ms=2, pp=2, gpn=2))
+        self._check(Layout(ep=2, ms=2, pp=2, gpn=2))
 
 
 class TestLayoutsDevelopRefuses(_ReferenceCase):
@@ -214,9 +205,9 @@ class TestLayoutsDevelopRefuses(_ReferenceCase):
     training that matches the reference. Silent wrong groups do not.
     """
 
-    def _refused_or_correct(self, cfg: SimConfig, words: tuple) -> str:
+    def _refused_or_correct(self, cfg: Layout, words: tuple) -> str:
         try:
-            run_world(cfg, lambda c, s: build_rank(c) and None, reraise_original=True)
+            run_world(cfg, lambda c: build_rank(c) and None, reraise_original=True)
         except (AssertionError, ValueError) as error:
             text = str(error).lower()
             self.assertTrue(any(w in text for w in words),
@@ -226,11 +217,11 @@ class TestLayoutsDevelopRefuses(_ReferenceCase):
         return "trained"
 
     def test_pipe_first_order(self):
-        self._refused_or_correct(conf(ep=2, ms=2, pp=2, gpn=2, order=PIPE_FIRST_MOE_ORDER),
+        self._refused_or_correct(Layout(ep=2, ms=2, pp=2, gpn=2, order=PIPE_FIRST_MOE_ORDER),
                                  ("order", "moe_sharding"))
 
     def test_ep_not_a_multiple_of_the_node_size(self):
-        self._refused_or_correct(conf(ep=2, ms=4, gpn=4), ("gpus_per_node", "multiple"))
+        self._refused_or_correct(Layout(ep=2, ms=4, gpn=4), ("gpus_per_node", "multiple"))
 
 
 class TestMultiStepMatchesReference(_ReferenceCase):
@@ -238,16 +229,15 @@ class TestMultiStepMatchesReference(_ReferenceCase):
 
     @upstream_bug("UB-1")
     def test_plain_sharding_three_steps(self):
-        self.assert_trains_like_reference(conf(ep=1, ms=2), 3)
+        self.assert_trains_like_reference(Layout(ep=1, ms=2), 3)
 
     @upstream_bug("UB-1")
     def test_group_call_three_steps(self):
-        self.assert_trains_like_reference(conf(**GROUP_CALL), 3)
+        self.assert_trains_like_reference(Layout(**GROUP_CALL), 3)
 
     @upstream_bug("UB-2")
     def test_released_gradient_buffers_three_steps(self):
-        self.assert_trains_like_reference(ReleaseGradsConfig(ep=1, ms=2, partition=None,
-                                                             clip=False), 3)
+        self.assert_trains_like_reference(Layout(ep=1, ms=2, release_grads=True), 3)
 
 
 class TestGradientAfterClearGradReachesTheOwner(unittest.TestCase):
@@ -255,11 +245,11 @@ class TestGradientAfterClearGradReachesTheOwner(unittest.TestCase):
 
     @upstream_bug("UB-1")
     def test_second_step_owner_gradient_is_the_group_mean(self):
-        cfg = conf(ep=1, ms=2)
+        cfg = Layout(ep=1, ms=2)
 
-        def body(cfg, strategy):
+        def body(cfg):
             hcg, net, opt = build_rank(cfg)
-            train(cfg, hcg, net, opt, 1)           # step 0, then clear_grad
+            train(hcg, net, opt, 1)                # step 0, then clear_grad
             rank = paddle.distributed.get_rank()
             net(paddle.to_tensor(batch(1, rank))).backward()
             opt.reduce_gradients(list(net.parameters()), hcg)
