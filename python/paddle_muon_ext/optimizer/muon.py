@@ -390,17 +390,19 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, paddle.Tensor) and value.size == 1 and value.dtype in _FLOAT_DTYPES
 
 
-def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "") -> None:
-    """Refuse anything but a finite real number ``>= low``."""
+def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "",
+                positive: bool = False) -> None:
+    """Refuse anything but a finite real number ``>= low`` (``> 0`` if ``positive``)."""
+    bound = "> 0" if positive else f">= {low:g}"
     if not _is_real(value):
         raise TypeError(
             f"Muon: {label}={value!r} ({type(value).__name__}) is not a number; "
-            f"pass a finite float >= {low:g}{hint}."
+            f"pass a finite float {bound}{hint}."
         )
     number = float(value)
-    if not math.isfinite(number) or number < low:
+    if not math.isfinite(number) or number < low or (positive and number <= 0):
         raise ValueError(
-            f"Muon: {label}={value!r} is out of range; pass a finite float >= {low:g}{hint}."
+            f"Muon: {label}={value!r} is out of range; pass a finite float {bound}{hint}."
         )
 
 
@@ -470,9 +472,12 @@ def _check_arguments(learning_rate: Any, parameters: Sequence[Any], args: dict) 
         _check_real("learning_rate", learning_rate, hint=" or an LRScheduler")
     _check_parameter_list(parameters)
     _check_real("weight_decay", args["weight_decay"])
-    _check_real("adam_epsilon", args["adam_epsilon"])
+    # 0 would turn an exactly-zero gradient (or momentum) into 0 / 0 = NaN
+    _check_real("adam_epsilon", args["adam_epsilon"], positive=True,
+                hint=" (0 makes a zero gradient NaN)")
     if args["muon_epsilon"] is not None:
-        _check_real("muon_epsilon", args["muon_epsilon"], hint=" or None (= adam_epsilon)")
+        _check_real("muon_epsilon", args["muon_epsilon"], positive=True,
+                    hint=" or None (= adam_epsilon)")
     _check_real("muon_extra_scale_factor", args["muon_extra_scale_factor"])
     if not isinstance(args["ns_steps"], int) or isinstance(args["ns_steps"], bool):
         raise TypeError(
