@@ -219,11 +219,14 @@ class HybridConfigsError(AssertionError, ValueError):
 def check_degree_values(configs: dict) -> None:
     """Refuse a degree that is not an int or that fleet.init would assert on.
 
+    Keys HybridConfig lacks are left to Paddle's own unknown-key assert.
+
     Args:
         configs (dict): the ``hybrid_configs`` being assigned.
     """
+    known = _ds.distributed_strategy_pb2.HybridConfig.DESCRIPTOR.fields_by_name
     for key, value in configs.items():
-        if not key.endswith("_degree"):
+        if not key.endswith("_degree") or key not in known:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(

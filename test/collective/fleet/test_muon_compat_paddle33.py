@@ -619,6 +619,9 @@ class TestDegreeCheck(unittest.TestCase):
                 with self.assertRaisesRegex(exc, fragment) as ctx:
                     fleet.DistributedStrategy().hybrid_configs = configs
                 self.assertNotIn("\n", str(ctx.exception))
+        # an unknown key stays Paddle's own error
+        with self.assertRaisesRegex(AssertionError, "key:bogus_degree not in hybrid_configs"):
+            fleet.DistributedStrategy().hybrid_configs = {"bogus_degree": "x"}
         # what Paddle accepts and means stays accepted: inferred dp, 0 = not split
         with _env(PADDLE_TRAINERS_NUM=None):
             strategy = fleet.DistributedStrategy()
