@@ -16,7 +16,7 @@
 * Default (CI): this repository's optimizer.
 * ``PADDLE_ROOT=DIR`` (or ``pytest --paddle-root DIR``, which sets it): the
   ``muon_sharding_optimizer.py`` of the Paddle checkout at DIR, loaded by the
-  3.3.1 compat layer (``compat_paddle_3_3.develop_loader``) without editing it.
+  package's 3.3.1 compat layer (its develop loader) without editing it.
 * Exported into a Paddle tree (the compat block below is dropped and
   ``paddle_muon_ext`` becomes ``paddle``): Paddle's own module, in place.
 
