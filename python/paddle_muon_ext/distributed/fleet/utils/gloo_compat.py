@@ -71,7 +71,10 @@ What it changes (only for gloo process groups; NCCL/other groups pass through):
    line instead of a hang; Paddle's own argument checks run first, unchanged.
    Autograd: like Paddle's own, these calls record no gradient; inside a
    ``PyLayer`` (forward all-to-all, backward the reverse all-to-all of the
-   gradient, as MoE dispatch layers do) the gradients are exact.
+   gradient, as MoE dispatch layers do) the gradients are exact. Not
+   covered: calls made straight on ``group.process_group`` (``paddle.incubate``
+   MoE's ``_alltoall``) and ``global_scatter`` / ``global_gather`` (no CPU
+   kernel in 3.3.1), so ``paddle.incubate``'s ``MoELayer`` stays GPU-only.
 
 broadcast / all_gather / coalescing stay native.
 
