@@ -62,6 +62,10 @@ class TestShardingSettingValues(unittest.TestCase):
             (dict(pp_release_gradients=None), TypeError,
              "pp_configs.release_gradients=None (NoneType) must be True or False"),
             (dict(pp_degree="2"), TypeError, "hybrid_configs.pp_degree='2' (str) must be an int"),
+            (dict(enable_optimizer_timer=0), TypeError,
+             "hybrid_configs.enable_optimizer_timer=0 (int) must be True or False"),
+            (dict(pp_sharding_comm_overlap=0), TypeError,
+             "pp_configs.sharding_comm_overlap=0 (int) must be True or False"),
         ]
         for kwargs, exc, fragment in cases:
             with self.subTest(kwargs=kwargs):
