@@ -607,7 +607,8 @@ class TestDegreeCheck(unittest.TestCase):
     def test_bad_degree_values_are_refused_in_one_line_before_fleet_init(self):
         patch_paddle()
         cases = [
-            ({"sharding_degree": 0}, AssertionError, "'sharding_degree'\\]=0 is out of range; use an int >= 1"),
+            ({"sharding_degree": 0}, AssertionError,
+             "'sharding_degree'\\]=0 is out of range; use an int >= 1"),
             ({"sharding_degree": -2}, ValueError, "'sharding_degree'\\]=-2"),
             ({"mp_degree": -1}, AssertionError, "'mp_degree'\\]=-1 is out of range"),
             ({"pp_degree": True}, TypeError, "'pp_degree'\\]=True \\(bool\\) is not an int"),

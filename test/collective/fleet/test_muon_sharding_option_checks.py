@@ -106,11 +106,13 @@ class TestEnvironmentVariables(unittest.TestCase):
 
     def test_bad_values_are_refused_naming_variable_value_and_range(self):
         cases = [
-            (gc.FORCE_ENV, "maybe", gc.gloo_backend_selected, "GLOO_COMPAT='maybe': must be one of"),
+            (gc.FORCE_ENV, "maybe", gc.gloo_backend_selected,
+             "GLOO_COMPAT='maybe': must be one of"),
             (gc.FORCE_ENV, "2", gc.gloo_expected, "GLOO_COMPAT='2'"),
             (gc.STORE_TIMEOUT_ENV, "abc", gc._store_timeout,
              "GLOO_COMPAT_STORE_TIMEOUT must be >= 1, got 'abc'"),
-            (gc.STORE_TIMEOUT_ENV, "0", gc._store_timeout, "GLOO_COMPAT_STORE_TIMEOUT must be >= 1"),
+            (gc.STORE_TIMEOUT_ENV, "0", gc._store_timeout,
+             "GLOO_COMPAT_STORE_TIMEOUT must be >= 1"),
             (gc.STORE_TIMEOUT_ENV, "1.5", gc._store_timeout, "got '1.5'"),
             (gc.EMULATED_LOCAL_SIZE_ENV, "two", gc.apply_emulated_local_size,
              "GLOO_COMPAT_LOCAL_SIZE must be >= 1, got 'two'"),
