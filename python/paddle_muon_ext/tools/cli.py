@@ -123,7 +123,11 @@ def _cluster_tool():
 
 
 def check_plan_args(args: argparse.Namespace):
-    """Every ``plan`` input checked before any work; returns (config, PNG path or None).
+    """Every ``plan`` input checked before any work.
+
+    Returns:
+        (config, PNG path or None, the model's parameters): the parameters
+        read here are the ones planned (a 200,000-entry file is read once).
 
     Raises:
         InputError: the first bad value, as ``<what> <value>: <why>, <fix>``.
@@ -139,7 +143,7 @@ def check_plan_args(args: argparse.Namespace):
     limits.check_float("--buffer-size-MB", args.buffer_size_MB,
                        f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
                        positive=False, high=limits.LIMITS.buffer_mb)
-    load_model(cfg.model)
+    params = load_model(cfg.model)
     png = None
     if args.png is not None:
         if not args.png.strip():
@@ -147,7 +151,7 @@ def check_plan_args(args: argparse.Namespace):
                                     "pass a file such as plan.png")
         png = limits.check_writable("--png", limits.png_path(args.png))
         check_plotting()
-    return cfg, png
+    return cfg, png, params
 
 
 def check_plotting() -> None:
@@ -166,7 +170,7 @@ def check_plotting() -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Run ``plan``."""
-    cfg, png = check_plan_args(args)
+    cfg, png, params = check_plan_args(args)
     note = limits.check_local_size(cfg.gpus_per_node)
     if note:
         print(note, file=sys.stderr)
@@ -183,7 +187,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"{exc} (plan --no-group-call shows the flat path of this "
                          "layout)") from None
     ab = AlphaBeta(args.alpha_nvlink, args.beta_nvlink, args.alpha_net, args.beta_net)
-    res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB,
+    res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB, params=params,
                        comm_overlap=args.comm_overlap, partition_strategy=args.partition,
                        backend=args.backend, group_call=group_call)
     if png:
