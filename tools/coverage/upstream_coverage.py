@@ -163,7 +163,11 @@ def parse_lines_spec(spec: str) -> set[int]:
 
 def base_lines(root: str, rev: str, relpath: str) -> set[int]:
     """Lines of ``relpath`` that ``git diff REV`` adds in the checkout at ``root``."""
-    dc.git(root, "rev-parse", "--verify", "--quiet", rev + "^{commit}")
+    try:
+        dc.git(root, "rev-parse", "--verify", "--quiet", rev + "^{commit}")
+    except dc.UsageError:
+        raise dc.UsageError(f"--base {rev!r} is not a commit of the git checkout {root}; pass a "
+                            "revision it has (e.g. --base upstream/develop)") from None
     added = dc.added_lines(root, rev)
     return set(added.get(relpath, ()))
 
@@ -284,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _fail(message: str) -> int:
     sys.stderr.write(f"error: {message}\n")
     return 2
@@ -316,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
 
     files = suite_files()
     bugs = expected_failure_bugs(files)
+    # SIGTERM takes the interrupt path too: the child is stopped, the temp dir removed
+    signal.signal(signal.SIGTERM, _interrupt)
     workdir = tempfile.mkdtemp(prefix="upstream_coverage_")
     try:
         log_path = args.log or os.path.join(workdir, "pytest.log")
