@@ -273,7 +273,12 @@ def check_alltoall(name: str, g) -> int:
     task.wait()
     exp = np.concatenate([a2a_value(s, me, out_split[j], 3, 11) for j, s in enumerate(ranks)])
     expect(close(out, exp), g, f"{tag}alltoall_single(split sizes)", exp, out.numpy())
-    checks += 1
+    # the stream form takes the output's split sizes first
+    out = paddle.full([sum(out_split), 3], -1.0)
+    stream.alltoall_single(out, x, out_split, in_split, group=g, sync_op=True,
+                           use_calc_stream=True)
+    expect(close(out, exp), g, f"{tag}stream.alltoall_single(split sizes)", exp, out.numpy())
+    checks += 2
 
     # Gradient through a PyLayer dispatch (forward all-to-all, backward the
     # reverse), loss = sum(y * w): dx is w of each destination rank, routed
