@@ -54,6 +54,33 @@ class TestModelFile(unittest.TestCase):
             message = self._error(path)
             self.assertTrue(message.startswith(f"model file {path}: {why}"), message)
 
+    def test_only_whole_regular_files_are_read(self) -> None:
+        from unittest import mock
+
+        path = self._file("m.json", [{"name": "w", "shape": [4, 4]}])
+        size = os.path.getsize(path)
+        self.assertEqual(len(L.read_regular_file("f", path, size, "fix")), size)
+        with self.assertRaisesRegex(L.InputError, f"is {size} bytes, above the limit {size - 1}"):
+            L.read_regular_file("f", path, size - 1, "fix")
+        # a file that grows after its size was taken is cut at the limit + 1 and refused
+        real_fstat = os.fstat
+
+        def small_fstat(fd):
+            st = real_fstat(fd)
+            return os.stat_result((st.st_mode, *st[1:6], 1, *st[7:]))
+
+        with mock.patch.object(L.os, "fstat", small_fstat):
+            with self.assertRaisesRegex(L.InputError, "grew above the limit 5 bytes"):
+                L.read_regular_file("f", path, 5, "fix")
+        with mock.patch.object(L.os, "read", side_effect=OSError(5, "Input/output error")):
+            with self.assertRaisesRegex(L.InputError,
+                                        r"f .*m.json: cannot be read \(Input/output error\), fix"):
+                L.read_regular_file("f", path, size, "fix")
+        fifo = os.path.join(self.dir, "fifo")
+        os.mkfifo(fifo)  # opened non-blocking and refused: no writer would block a read
+        with self.assertRaisesRegex(L.InputError, "is not a regular file"):
+            L.read_regular_file("f", fifo, size, "fix")
+
     def test_bad_entries_name_file_entry_and_value(self) -> None:
         cases = [
             ({"name": "w", "shape": [128.7, 4]}, "shape [128.7, 4]: dimension 128.7 is not an integer"),

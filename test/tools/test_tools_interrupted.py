@@ -152,5 +152,83 @@ class TestInterruptedToolsLeaveNothing(unittest.TestCase):
                 self.assertLess(time.monotonic() - start, 120)
 
 
+class TestInterruptsRaise(unittest.TestCase):
+    """The handler the tools install in their main only, in this process."""
+
+    def _signal_self(self, sig: int) -> None:
+        os.kill(os.getpid(), sig)
+        for _ in range(200):  # the handler runs between bytecodes of the main thread
+            time.sleep(0.01)
+
+    def test_a_signal_ends_the_block_and_the_handlers_come_back(self) -> None:
+        from paddle_muon_ext.tools import guard
+
+        before = {s: signal.getsignal(s) for s in guard.INTERRUPT_SIGNALS}
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with self.subTest(signal=signal.Signals(sig).name):
+                with self.assertRaises(guard.Interrupted) as info:
+                    with guard.interrupts_raise():
+                        self._signal_self(sig)
+                self.assertEqual(info.exception.signum, sig)
+                self.assertIsInstance(info.exception, KeyboardInterrupt)
+                self.assertEqual({s: signal.getsignal(s) for s in guard.INTERRUPT_SIGNALS},
+                                 before, "the previous handlers are restored")
+
+    def test_an_interrupt_wrapped_or_swallowed_still_ends_as_the_interrupt(self) -> None:
+        from paddle_muon_ext.tools import guard
+
+        with self.assertRaises(guard.Interrupted) as info:
+            with guard.interrupts_raise():
+                try:
+                    self._signal_self(signal.SIGTERM)
+                except BaseException as exc:  # a simulated rank reports it as its failure
+                    raise RuntimeError("rank 0 raised") from exc
+        self.assertEqual(info.exception.signum, signal.SIGTERM)
+        with self.assertRaises(guard.Interrupted):
+            with guard.interrupts_raise():
+                try:
+                    self._signal_self(signal.SIGINT)
+                except BaseException:  # noqa: BLE001 - a broad except that goes on
+                    pass
+        with self.assertRaisesRegex(ValueError, "unrelated"):  # no signal: errors unchanged
+            with guard.interrupts_raise():
+                raise ValueError("unrelated")
+
+    def test_off_the_main_thread_it_installs_nothing(self) -> None:
+        import threading
+
+        from paddle_muon_ext.tools import guard
+
+        seen = []
+
+        def body() -> None:
+            with guard.interrupts_raise():
+                seen.append(signal.getsignal(signal.SIGTERM))
+
+        before = signal.getsignal(signal.SIGTERM)
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        self.assertEqual(seen, [before])
+
+    def test_the_exit_status_is_128_plus_the_signal(self) -> None:
+        import io
+        from contextlib import redirect_stderr
+
+        from paddle_muon_ext.tools import guard
+
+        def interrupted():
+            raise guard.Interrupted(signal.SIGTERM)
+
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(guard.guarded(interrupted), 143)
+            self.assertEqual(guard.guarded(lambda: (_ for _ in ()).throw(KeyboardInterrupt())),
+                             130)
+        self.assertEqual(err.getvalue().splitlines(),
+                         ["error: interrupted by signal SIGTERM",
+                          "error: interrupted by signal SIGINT"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -238,10 +238,7 @@ def read_regular_file(what: str, path: str, max_bytes: int, fix: str) -> bytes:
         while left > 0:
             try:
                 chunk = os.read(fd, min(left, 1 << 20))
-            except BlockingIOError:
-                raise InputError(what, path, "has no data to read now (not a file on disk)",
-                                 fix) from None
-            except OSError as exc:  # permissions, a device that refuses reads
+            except OSError as exc:  # an I/O error, a file that refuses reads
                 raise InputError(what, path, f"cannot be read ({exc.strerror or exc})",
                                  fix) from None
             if not chunk:
