@@ -346,13 +346,14 @@ def is_upstream_test(text: str) -> bool:
     return any(line.strip() == UPSTREAM_TESTS_MARKER for line in head)
 
 
-def _import_targets(text: str) -> tuple:
-    """(dotted modules a file imports, string literals naming ``*.py`` files)."""
+def _import_targets(text: str, dst: str) -> tuple:
+    """What a file at ``dst`` imports: (absolute dotted modules, paths its
+    relative imports may name, string literals naming ``*.py`` files)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return [], []
-    modules, scripts = [], []
+        return [], [], []
+    modules, relative, scripts = [], [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules.extend(a.name for a in node.names)
@@ -360,10 +361,18 @@ def _import_targets(text: str) -> tuple:
             modules.append(node.module)
             modules.extend("%s.%s" % (node.module, a.name) for a in node.names
                            if a.name != "*")
+        elif isinstance(node, ast.ImportFrom):  # from . import x / from .m import y
+            base = os.path.dirname(dst)
+            for _ in range(node.level - 1):
+                base = os.path.dirname(base)
+            stem = base + ("/" + node.module.replace(".", "/") if node.module else "")
+            relative += [base + "/__init__.py", stem + ".py", stem + "/__init__.py"]
+            for a in node.names:
+                relative += [stem + "/" + a.name + ".py", stem + "/" + a.name + "/__init__.py"]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and node.value.endswith(".py") and "\n" not in node.value:
             scripts.append(os.path.basename(node.value))
-    return modules, scripts
+    return modules, relative, scripts
 
 
 def select_upstream_tests(candidates) -> tuple:
@@ -377,8 +386,9 @@ def select_upstream_tests(candidates) -> tuple:
         files left out).  A marked file pulls in, transitively, the test-tree
         modules it imports (looked up from its own directory and from
         :data:`IN_TREE_PYTHONPATH`'s test directories, packages with their
-        ``__init__.py``) and the ``*.py`` files of its directory it names in
-        a string (worker scripts a launcher starts).
+        ``__init__.py``; relative imports from the importing file's package)
+        and the ``*.py`` files of its directory it names in a string (worker
+        scripts a launcher starts).
     """
     by_dst = {c[1]: c for c in candidates if c[1].startswith("test/")}
     roots = [d for d in IN_TREE_PYTHONPATH if d.startswith("test")]
@@ -401,10 +411,11 @@ def select_upstream_tests(candidates) -> tuple:
         if dst in chosen:
             continue
         chosen.add(dst)
-        modules, scripts = _import_targets(by_dst[dst][2]) if dst.endswith(".py") \
-            else ([], [])
+        modules, relative, scripts = _import_targets(by_dst[dst][2], dst) \
+            if dst.endswith(".py") else ([], [], [])
         for module in modules:
             todo.extend(resolve(dst, module))
+        todo.extend(path for path in relative if path in by_dst)
         folder = os.path.dirname(dst)
         todo.extend(folder + "/" + name for name in scripts
                     if folder + "/" + name in by_dst)

@@ -1097,7 +1097,9 @@ CONF_OURS = {
     FLEET + "muon_unused_helper.py": "print('not imported by the marked test')\n",
     FLEET + "test_muon_unmarked.py": FAKE_TEST,
     "test/mock/__init__.py": "",
-    "test/mock/fake_group.py": "class FakeGroup:\n    nranks = 2\n",
+    "test/mock/fake_group.py": "from .records import RECORDS\n\n\nclass FakeGroup:\n"
+                               "    nranks = 2\n",
+    "test/mock/records.py": "RECORDS = []\n",  # reached by a relative import only
     "test/mock/recorder_only.py": "print('not imported')\n",
     MO + "muon_sharding_optimizer.py": STANDIN_OPT + "    def extra(self):\n        pass\n",
     MO + "muon_layout_only.py": "X = 1\n",
@@ -1135,7 +1137,7 @@ def test_tests_only_patch_changes_no_product_file(tmp_path, capsys):
     files = _sections(patch)
     want_new = {FLEET + "test_muon_conf.py", FLEET + "muon_conf_helper.py",
                 FLEET + "muon_conf_worker.py", FLEET + "muon_mock/__init__.py",
-                FLEET + "muon_mock/fake_group.py"}
+                FLEET + "muon_mock/fake_group.py", FLEET + "muon_mock/records.py"}
     assert set(files) == want_new | {FLEET + "testslist.csv"}, sorted(files)
     assert all(files[p][0] for p in want_new) and not files[FLEET + "testslist.csv"][0]
     # testslist.csv: one row added, nothing removed
@@ -1151,9 +1153,10 @@ def test_tests_only_patch_changes_no_product_file(tmp_path, capsys):
         (FLEET + "muon_conf_helper.py", "NRANKS = 2\n"),
         (FLEET + "muon_conf_worker.py", "print('worker')\n"),
         (FLEET + "muon_mock/__init__.py", ""),
-        (FLEET + "muon_mock/fake_group.py", CONF_OURS["test/mock/fake_group.py"]))}
+        (FLEET + "muon_mock/fake_group.py", CONF_OURS["test/mock/fake_group.py"]),
+        (FLEET + "muon_mock/records.py", "RECORDS = []\n"))}
     size[FLEET + "testslist.csv"] = 1
-    assert "Patch size: 6 files, +%d / -0 lines" % sum(size.values()) in stdout, stdout
+    assert "Patch size: 7 files, +%d / -0 lines" % sum(size.values()) in stdout, stdout
     for path, n in size.items():
         assert re.search(r"^  [AM] +\+%d +-0  %s$" % (n, re.escape(path)), stdout, re.M), \
             (path, n, stdout)
