@@ -472,12 +472,16 @@ def _check_arguments(learning_rate: Any, parameters: Sequence[Any], args: dict) 
         _check_real("learning_rate", learning_rate, hint=" or an LRScheduler")
     _check_parameter_list(parameters)
     _check_real("weight_decay", args["weight_decay"])
-    # 0 would turn an exactly-zero gradient (or momentum) into 0 / 0 = NaN
-    _check_real("adam_epsilon", args["adam_epsilon"], positive=True,
-                hint=" (0 makes a zero gradient NaN)")
+    # Develop accepts 0 (its own check is ``adam_epsilon >= 0``), so 0 stays
+    # accepted; it turns an exactly-zero gradient into 0 / 0 = NaN, so say so.
+    _check_real("adam_epsilon", args["adam_epsilon"])
     if args["muon_epsilon"] is not None:
-        _check_real("muon_epsilon", args["muon_epsilon"], positive=True,
-                    hint=" or None (= adam_epsilon)")
+        _check_real("muon_epsilon", args["muon_epsilon"], hint=" or None (= adam_epsilon)")
+    for label in ("adam_epsilon", "muon_epsilon"):
+        if args[label] is not None and float(args[label]) == 0.0:
+            logger.warning(
+                "Muon: %s=0 turns an exactly-zero gradient into NaN (0 / 0); "
+                "a small positive value such as 1e-9 avoids it.", label)
     _check_real("muon_extra_scale_factor", args["muon_extra_scale_factor"])
     if not isinstance(args["ns_steps"], int) or isinstance(args["ns_steps"], bool):
         raise TypeError(
