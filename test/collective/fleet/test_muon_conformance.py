@@ -154,6 +154,60 @@ class TestOneStepMatchesReference(_ReferenceCase):
         self.assert_trains_like_reference(Layout(ep=2, ms=2, pp=2, gpn=2), 1)
 
 
+class TestOwnerGradientIsTheGroupMean(unittest.TestCase):
+    """After reduce_gradients, each owner's matrix gradient is its group's mean.
+
+    The parameter checks cannot see a wrongly scaled gradient (Muon's
+    orthogonalisation and Adam's first step are scale invariant), so the
+    reduced gradient itself is compared: dense matrices with the mean over the
+    stage, expert matrices with the mean over their moe_sharding group.
+    """
+
+    def _check(self, layout: Layout) -> None:
+        def body(cfg):
+            hcg, net, opt = build_rank(cfg)
+            rank = paddle.distributed.get_rank()
+            net(paddle.to_tensor(batch(0, rank))).backward()
+            opt.reduce_gradients(list(net.parameters()), hcg)
+            owned = {p.name for p in opt._local_2d}
+            params = {f"dense.{k}": p for k, p in net.dense.items()}
+            params.update({f"expert.{k}": p for k, p in (net.experts or {}).items()})
+            return {k: p.grad.numpy().copy() for k, p in params.items()
+                    if p.name in owned and p.grad is not None}
+
+        results, _ = run_world(layout, body)
+        oracle = Oracle(layout)
+        means = {}
+        for stage in sorted({oracle.sharding_group(r) for r in range(layout.world)}):
+            expert = {r: (oracle.coords[r]["expert"] if layout.ep > 1 else None) for r in stage}
+            means[stage] = Reference(expert, clip=False).mean_grads(0)
+        checked = 0
+        for rank, grads in enumerate(results):
+            coord = oracle.coords[rank]["expert"] if layout.ep > 1 else None
+            mean = means[oracle.sharding_group(rank)]
+            for key, grad in grads.items():
+                want = mean[(None if key.startswith("dense.") else coord, key)]
+                diff = float(np.abs(grad - want).max())
+                self.assertLess(diff, 1e-6, f"[{KIND}] {layout}: rank {rank} owns {key}; its "
+                                            f"reduced gradient is {diff:.3g} from the group mean")
+                checked += 1
+        self.assertGreater(checked, 0, "no rank owns a matrix")
+
+    def test_plain_sharding(self):
+        for fused in (True, False):
+            self._check(Layout(ep=1, ms=2, fused=fused))
+
+    def test_moe_experts(self):
+        self._check(Layout(ep=4, ms=2))
+
+    def test_group_call(self):
+        for kw in ({}, {"fused": False}, {"overlap": True}):
+            self._check(Layout(**GROUP_CALL, **kw))
+
+    def test_group_call_two_pipeline_stages(self):
+        self._check(Layout(ep=2, ms=2, pp=2, gpn=2))
+
+
 class TestGroupCallCollectivesFollowRankCoordinates(unittest.TestCase):
     """comm_group_call_opt: who reduces/broadcasts where, from coordinates alone."""
 
