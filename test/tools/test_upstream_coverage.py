@@ -77,8 +77,8 @@ class TestSelection(unittest.TestCase):
                 uc.parse_lines_spec(bad)
 
     def test_optimizer_path_is_the_loaders(self):
-        self.assertEqual(uc.optimizer_relpath(),
-                         "python/paddle/distributed/fleet/meta_optimizers/muon_sharding_optimizer.py")
+        self.assertEqual(uc.optimizer_relpath(), "python/paddle/distributed/fleet/"
+                                                 "meta_optimizers/muon_sharding_optimizer.py")
 
     def test_suite_is_the_conformance_files_that_run_develop_code(self):
         files = [os.path.basename(f) for f in uc.suite_files()]
@@ -98,9 +98,12 @@ class TestResults(unittest.TestCase):
         xml = textwrap.dedent("""\
             <testsuites><testsuite>
               <testcase classname="t.TestA" name="test_ok"/>
-              <testcase classname="t.TestA" name="test_bug"><skipped type="pytest.xfail" message="x"/></testcase>
-              <testcase classname="t.TestA" name="test_new"><failure message="boom&#10;more"/></testcase>
-              <testcase classname="t.TestA" name="test_skip"><skipped type="pytest.skip" message="s"/></testcase>
+              <testcase classname="t.TestA" name="test_bug">
+                <skipped type="pytest.xfail" message="x"/></testcase>
+              <testcase classname="t.TestA" name="test_new">
+                <failure message="boom&#10;more"/></testcase>
+              <testcase classname="t.TestA" name="test_skip">
+                <skipped type="pytest.skip" message="s"/></testcase>
             </testsuite></testsuites>""")
         with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
             f.write(xml)

@@ -41,7 +41,8 @@ failed, 1 when one did, 2 on usage errors (before any test runs).
 Usage::
 
     python tools/coverage/upstream_coverage.py --paddle-root ~/Paddle
-    python tools/coverage/upstream_coverage.py --paddle-root ~/Paddle --base upstream/develop~1 --json
+    python tools/coverage/upstream_coverage.py --paddle-root ~/Paddle \
+        --base upstream/develop~1 --json
 """
 
 from __future__ import annotations
@@ -86,10 +87,9 @@ def optimizer_relpath() -> str:
     with open(path) as f:
         tree = ast.parse(f.read())
     for node in tree.body:
-        if (isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "OPTIMIZER_RELPATH"):
-            return ast.literal_eval(node.value)
-        if (isinstance(node, ast.Assign)
-                and any(getattr(t, "id", "") == "OPTIMIZER_RELPATH" for t in node.targets)):
+        targets = ([node.target] if isinstance(node, ast.AnnAssign)
+                   else node.targets if isinstance(node, ast.Assign) else [])
+        if any(getattr(t, "id", "") == "OPTIMIZER_RELPATH" for t in targets):
             return ast.literal_eval(node.value)
     raise RuntimeError(f"{path} defines no OPTIMIZER_RELPATH")  # pragma: no cover
 
@@ -253,7 +253,8 @@ def measure(data_file: str, source: str, selected: set[int]) -> tuple[dict, dict
     statements = set(ana.statements) & selected
     covered = statements & set(ana.executed)
     missing_arcs = ana.missing_branch_arcs()
-    branch_lines = [ln for ln in ana._branch_lines() if ln in selected]  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    branch_lines = [ln for ln in ana._branch_lines() if ln in selected]
     total = sum(ana.exit_counts[ln] for ln in branch_lines)
     missed = [(ln, d) for ln in branch_lines for d in missing_arcs.get(ln, ())]
     lines = {"selected": len(statements), "covered": len(covered),
