@@ -63,7 +63,10 @@ MUON_RELPATH = "python/paddle/optimizer/muon.py"
 # Private module names: develop's code must not shadow (or be shadowed by) the
 # package's modules that patch_paddle() may install under paddle.* names.
 _OPTIMIZER_MODULE = "_paddle_develop_muon_sharding_optimizer"
-_MUON_MODULE = "_paddle_develop_muon"
+# muon.py imports relatively (``from .optimizer import Optimizer``, ``from
+# ..nn.clip import ...``), so it runs as a private submodule of paddle.optimizer
+# (registered in sys.modules only; the package gets no attribute).
+_MUON_MODULE = "paddle.optimizer._develop_muon"
 
 # resolved file path -> loaded module (a checkout is loaded once per process)
 _LOADED: dict[str, ModuleType] = {}

@@ -73,7 +73,7 @@ class _LoaderCase(unittest.TestCase):
         dl._LOADED.clear()
         dl._LOADED.update(self._loaded)
         for name in set(sys.modules) - self._modules:
-            if name.startswith("_paddle_develop"):
+            if name.startswith(("_paddle_develop", "paddle.optimizer._develop")):
                 del sys.modules[name]
         if not self._was_patched and is_patched():
             unpatch_paddle()
@@ -139,10 +139,15 @@ class TestLoadDevelopMuon(_LoaderCase):
         self.assertIsNone(got.module)
         self.assertIn(dl.MUON_RELPATH, got.reason)
 
-    def test_a_file_that_runs_on_this_paddle_is_loaded(self):
-        got = dl.load_develop_muon(_tree(self.tmp, "paddle", muon="class Muon:\n    pass\n"))
+    def test_a_file_that_runs_on_this_paddle_is_loaded_with_its_relative_imports(self):
+        muon = "from .optimizer import Optimizer\nclass Muon(Optimizer):\n    pass\n"
+        got = dl.load_develop_muon(_tree(self.tmp, "paddle", muon=muon))
         self.assertEqual(got.reason, "")
-        self.assertTrue(hasattr(got.module, "Muon"))
+        import paddle
+
+        self.assertTrue(issubclass(got.module.Muon, paddle.optimizer.Optimizer))
+        self.assertFalse(hasattr(paddle.optimizer, got.module.__name__.rsplit(".", 1)[-1]),
+                         "the package must not get an attribute")
 
     def test_a_file_needing_a_newer_paddle_is_reported_not_patched(self):
         muon = "from paddle.no_such_module_in_3_3 import x\n"
