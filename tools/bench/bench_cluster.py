@@ -166,7 +166,7 @@ def probe_table(result: cluster.ClusterResult) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--layouts", nargs="+", type=parse_layout,
                         default=[parse_layout("4x2:4:2"), parse_layout("3x2:3:2")])
     parser.add_argument("--link-mbit", type=float, default=cluster.DEFAULT_LINK_MBIT)

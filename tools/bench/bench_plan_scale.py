@@ -204,7 +204,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
                     help="world sizes (default 256 ... 16384)")
     ap.add_argument("--ep", type=int, default=64, help="expert degree (default 64)")
