@@ -292,6 +292,8 @@ class TestToolsEndCleanly(_HostileBase):
             (["verify", *LAYOUT, "--jso"], "unrecognized arguments: --jso"),
             ([*CLUSTER, "--jso"], "unrecognized arguments: --jso"),
             (["hangs", self.dir, "--jso"], "unrecognized arguments: --jso"),
+            (["demo", "--jso"], "unrecognized arguments: --jso"),
+            (["demo", "--step", "3"], "unrecognized arguments: --step"),
             # a newline or an escape in a path stays inside the one line
             (["plan", *LAYOUT, "--png", "/nonexistent\n/\x1b[31mp.png"],
              "--png /nonexistent\\n/\\x1b[31mp.png: directory"),
@@ -317,6 +319,24 @@ class TestToolsEndCleanly(_HostileBase):
                                      [f"error: model file {model}: is empty (or a kernel file "
                                       "such as /proc/..., whose reads can block), pass a JSON "
                                       "parameter list or a preset name"])
+
+    def test_the_model_format_in_plan_help_is_what_plan_reads(self) -> None:
+        # the example printed by plan --help, read back by the tool's parser
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(cli.main(["plan", "--help"]), 0)
+        text = out.getvalue()
+        start = text.index("--model FILE: a JSON list")
+        example = "".join(ln.strip() for ln in text[start:].splitlines()[1:3])
+        from paddle_muon_ext.tools.args import load_model
+
+        params = load_model(self._file("example.json", example))
+        self.assertEqual([(p.name, p.shape, p.dtype, p.is_expert, p.use_muon) for p in params],
+                         [("layers.0.mlp.up", (1024, 4096), "bfloat16", False, True),
+                          ("layers.1.experts.up", (4, 1024, 1408), "float32", True, True)])
+        for field in ("name", "shape", "dtype", "is_expert", "use_muon", "in elements",
+                      "one expert-parallel rank holds", "200000 entries"):
+            self.assertIn(field, text)
 
     def test_plan_json_is_strict_at_the_limits(self) -> None:
         # the largest accepted alpha / beta on the largest preset: finite JSON
@@ -344,8 +364,6 @@ class TestToolsEndCleanly(_HostileBase):
         self.assertEqual(out.getvalue(), "", "nothing is printed for a refused result")
 
     def test_hangs(self) -> None:
-        kmsg = self._dumps("kmsg")
-        os.symlink("/proc/kmsg", fr.dump_path(kmsg, 0))
         zero = self._dumps("zero")
         os.symlink("/dev/zero", fr.dump_path(zero, 0))
         cases = [
@@ -357,13 +375,20 @@ class TestToolsEndCleanly(_HostileBase):
              "field 'entries[0].root' is 9, outside world_size 2"),
             (self._dumps("worlds", _dump(0), _dump(1, world_size=4)),
              "the dumps name different world sizes (2 in"),
-            (kmsg, "is empty (or a kernel file"),
             (zero, "is not a regular file"),
         ]
         for path, fragment in cases:
             with self.subTest(case=os.path.basename(path)):
                 self.assert_refused(["hangs", path], fragment)
                 self.assertIn(path, self.last_error, "the directory / file is named")
+        if os.path.exists("/proc/kmsg"):
+            # a dump linked to /proc/kmsg blocked the read forever: under a timeout
+            kmsg = self._dumps("kmsg")
+            os.symlink("/proc/kmsg", fr.dump_path(kmsg, 0))
+            proc = _tool("hangs", kmsg)
+            self.assertEqual((proc.returncode, proc.stdout), (2, ""), proc.stderr)
+            self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+            self.assertIn("muon_flight_rank0.json': is empty (or a kernel file", proc.stderr)
 
     def test_hangs_escapes_dump_text(self) -> None:
         # a dump's strings are the job's: a newline must not forge a report
