@@ -45,6 +45,8 @@ import paddle
 from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
 from mock.patching import active_comm
 from muon_conformance_impl import (
+    GROUP_CALL_MISSING,
+    HAS_GROUP_CALL,
     KIND,
     MODULE,
     Layout,
@@ -85,6 +87,7 @@ class _ReferenceCase(unittest.TestCase):
                                        f"from the single-process reference after {steps} steps")
 
 
+@unittest.skipUnless(HAS_GROUP_CALL, GROUP_CALL_MISSING)
 class TestGroupCallHelpers(unittest.TestCase):
     """develop's module-level helpers, against enumeration."""
 
