@@ -234,6 +234,14 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
         if rank in dumps:
             raise DumpError(f"dump {path!r}: rank {rank} again (also in {where[rank]!r}); "
                             "remove the dump of the other job")
+        # Only the unfinished collectives and the last finished one are read
+        # later: drop the rest of the ring buffer now, so memory holds one dump
+        # at a time, not the whole log dir.
+        entries = data["entries"]
+        last = next((i for i in range(len(entries) - 1, -1, -1)
+                     if entries[i].get("finish") is not None), None)
+        data["entries"] = [e for i, e in enumerate(entries)
+                           if e.get("finish") is None or i == last]
         dumps[rank], where[rank] = data, path
     worlds = {d.get("world_size") or 0 for d in dumps.values()} - {0}
     if len(worlds) > 1:
