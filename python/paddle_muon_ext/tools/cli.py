@@ -79,6 +79,11 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     p.add_argument("--no-group-call", action="store_true",
                    help="count the flat path alone (comm_group_call_opt off); works for "
                    "every layout, a single node and --gpus-per-node 1 included")
+    p.add_argument("--recommend", action="store_true",
+                   help="also estimate comm_group_call_opt off/on x every owner rule x "
+                   "buffers of 64/256/1024 MB (and --buffer-size-MB) and name the fastest, "
+                   "with its ratio to the default and to the lower bound (JSON: "
+                   '"recommend"); the default wins ties')
     p.add_argument("--json", action="store_true",
                    help="print only a JSON dict on stdout (notes go to stderr)")
     p.add_argument("--png", metavar="FILE",
@@ -192,12 +197,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     res = compute_plan(cfg, ab, buffer_size_MB=args.buffer_size_MB, params=params,
                        comm_overlap=args.comm_overlap, partition_strategy=args.partition,
                        backend=args.backend, group_call=group_call)
+    from . import recommend
+
+    estimates = recommend.annotate(res, ab)  # the default and the bound: every run
+    if args.recommend:
+        recommend.recommend(res, estimates)
     if png:
         write_png(png, render_png(res))
     if args.json:
         emit_json(json_ready(res))
     else:
-        print(format_table(res))
+        print("\n".join([format_table(res), *recommend.format_lines(res)]))
         if png:
             print(f"wrote {printable(png)}")
     return 0

@@ -34,6 +34,35 @@ chain hop, op after op; a coalesced hierarchical phase pays it once:
 ``(gpn - 1) * alpha_nvlink`` intra-node, ``(n - 1) * alpha_net`` across.
 Payload bytes are unpadded parameter bytes.
 
+Lower bound (:mod:`paddle_muon_ext.tools.cost_bound`): a time no
+configuration of a layout and model can beat in this model, whatever
+``comm_group_call_opt``, the owner rule or the buffer size. The step splits
+into phase families that share no phase: dense-colour Muon reduce, its
+broadcast (flat ``dense_*`` or hierarchical ``intra_node_*`` +
+``cross_node_*``: only the default colour routes hierarchically), MoE-colour
+reduce and broadcast, and the element-wise reduce-scatter and all-gather
+(both colours). For a group of ``p`` ranks on ``n`` nodes, at most ``k`` on
+one node, moving ``S`` bytes: (bytes) a reduce needs every non-root rank to
+send at least ``S`` (the root's sum depends one-to-one on each input) and
+every non-root node to send ``S`` out of it, so at least ``(p - 1) S`` bytes
+of which ``(n - 1) S`` cross nodes; a broadcast the same received, so sent;
+a reduce-scatter / all-gather ``(p - 1) / p S`` per rank and ``(p - k) / p
+S`` per node, the same totals. Cheapest: ``(n - 1) S beta_net + (p - n) S
+min(beta_net, beta_nvlink)`` link-seconds. (Rail spread) only the group's
+ranks send its bytes, and a sum of per-phase maxima is at least the mean
+over any set of ranks of what they send in all the family's phases: per
+pipeline stage, the family's link-seconds over the stage's ranks. (Launches)
+every group with bytes launches at least once per family, and a chain's
+farthest byte crosses ``n - 1`` node cuts and ``k - 1`` hops inside a node:
+``(n - 1) alpha_net + (k - 1) min(alpha)`` (gloo: one round), the coalesced
+hierarchical launch's cost; the largest such group latency. (Overlap) the
+model charges every phase as exposed, ``comm_overlap`` included (it changes
+which op launches a buffer, not the phase sum), so the bound hides nothing
+either. The bound is the sum over families of latency + bandwidth floors.
+The gap to a configuration: ring reduce-scatter / all-gather cross ``n``
+node cuts, not ``n - 1``; owners not spread over nodes and rails; extra
+launches of small buckets.
+
 Symmetry: ranks whose collectives are the same up to renaming (the nodes of
 one pipeline stage; moe_sharding groups with the same card and node pattern)
 are charged once through :meth:`CostPath.replay_class`, which multiplies the

@@ -520,6 +520,7 @@ def compute_plan(
     res["partition_rules"] = rules
     res["plan_description"] = plan.describe()
     res["_plan"] = plan  # dropped before JSON output
+    res["_stages"], res["_cfg"] = stages, cfg  # shared with tools.recommend: built once
     return res
 
 
@@ -590,6 +591,8 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
         "partition_rules": rules,
         "plan_description": None,
         "_plan": plan,
+        "_stages": stages,  # shared with tools.recommend: built once
+        "_cfg": cfg,
     }
 
 

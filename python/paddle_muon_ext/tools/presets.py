@@ -25,6 +25,9 @@ Presets:
   router gates ``[1024, 16]``, bf16 everywhere else. 847 Muon matrices.
 * ``"ernie-moe-small-fused"`` -- the same model with each layer's routed
   experts fused into 3-D ``[16, H, I]`` / ``[16, I, H]`` weights.
+* ``"dense-heavy"`` -- no experts: 24 layers of 4096-wide attention (q/k/v/o
+  ``[4096, 4096]``) and MLP (gate/up ``[4096, 16384]``, down ``[16384, 4096]``),
+  bf16; 168 Muon matrices, 12.9 GB of them.
 * ``"tiny"`` -- a handful of matrices for unit tests.
 
 :func:`load_json` reads a list of objects with the same fields (``dtype``,
@@ -175,6 +178,9 @@ def _tiny() -> List[ParamSpec]:
 _PRESETS: Dict[str, Callable[[], List[ParamSpec]]] = {
     "ernie-moe-small": lambda: ernie_moe(),
     "ernie-moe-small-fused": lambda: ernie_moe(fused_experts=True),
+    # no experts: every Muon matrix is dense, the traffic comm_group_call_opt routes
+    "dense-heavy": lambda: ernie_moe(hidden=4096, layers=24, dense_layers=24, num_heads=32,
+                                     num_kv_heads=32, dense_intermediate=16384),
     "tiny": _tiny,
 }
 

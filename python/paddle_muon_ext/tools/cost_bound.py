@@ -1,0 +1,205 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""A lower bound on one step's communication time, for a layout and a model.
+
+The bound holds for every configuration ``plan`` can estimate for that layout
+and model (``comm_group_call_opt`` on or off, any owner rule, any buffer
+size): every configuration's :mod:`cost_model` estimate is at least the
+bound, so ``estimate / bound`` says how much any choice could still gain.
+The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
+("Lower bound"); this module holds the arithmetic, as pure functions of
+:class:`GroupLoad` records. :func:`layout_families` reads them off a layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from .cost_model import BACKENDS, AlphaBeta
+
+__all__ = ["FAMILIES", "GroupLoad", "bandwidth_floor_s", "family_floor_s",
+           "latency_floor_s", "layout_families", "link_floor_bytes", "step_bound"]
+
+#: The model's phase families: Muon reduce and broadcast of the dense colour
+#: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of
+#: the MoE colour, and the element-wise reduce-scatter / all-gather.
+FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast",
+            "reduce_scatter", "all_gather")
+
+
+@dataclass(frozen=True)
+class GroupLoad:
+    """One group's share of a phase family.
+
+    Attributes:
+        ranks: ranks in the group (``p``).
+        nodes: nodes the group spans (``n``).
+        per_node: most of its ranks on one node (``k``).
+        nbytes: payload bytes the family moves in the group (``S``).
+    """
+
+    ranks: int
+    nodes: int
+    per_node: int
+    nbytes: float
+
+
+def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:
+    """Fewest (inter-node, intra-node) bytes a reduce / broadcast / reduce-scatter /
+    all-gather of ``g`` can send: ``((n - 1) S, (p - n) S)``.
+
+    Args:
+        g: the group.
+
+    Returns:
+        tuple: inter-node and intra-node bytes (0, 0 for a group of one rank).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0, 0.0
+    return (g.nodes - 1) * g.nbytes, (g.ranks - g.nodes) * g.nbytes
+
+
+def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """Link-seconds ``g`` needs at least, summed over its ranks (not yet spread).
+
+    The inter-node floor bytes pay ``beta_net``; the rest of the ``(p - 1) S``
+    bytes pay the cheaper of the two betas (a byte between two cards of one
+    node could not be cheaper than either link).
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (sum over the group's senders).
+    """
+    inter, intra = link_floor_bytes(g)
+    return inter * ab.beta_net + intra * min(ab.beta_net, ab.beta_nvlink)
+
+
+def latency_floor_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl") -> float:
+    """Latency of one launch of ``g``'s family, the least any path pays.
+
+    NCCL (chains and rings): a byte from the farthest rank crosses ``n - 1``
+    node cuts and ``k - 1`` hops inside its node, as the coalesced
+    hierarchical launch charges; a flat chain of ``p - 1`` hops pays at
+    least as much. gloo: at least one round.
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+
+    Raises:
+        ValueError: unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    cheapest = min(ab.alpha_net, ab.alpha_nvlink)
+    if backend == "gloo":
+        return cheapest
+    return (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * cheapest
+
+
+def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
+                   backend: str = "nccl") -> Tuple[float, float]:
+    """(latency, bandwidth) floor of one phase family.
+
+    Args:
+        rank_sets: ``(number of ranks, groups whose senders lie among them)``,
+            e.g. each pipeline stage with its groups; the busiest rank of a
+            set sends at least the set's mean.
+        ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+
+    Returns:
+        tuple: the largest one-launch latency of any group, and the largest
+        mean link-seconds per rank of any rank set.
+    """
+    latency = max((latency_floor_s(g, ab, backend) for _, groups in rank_sets for g in groups),
+                  default=0.0)
+    bandwidth = max((sum(bandwidth_floor_s(g, ab) for g in groups) / size
+                     for size, groups in rank_sets if size), default=0.0)
+    return latency, bandwidth
+
+
+def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]],
+               ab: AlphaBeta, backend: str = "nccl") -> Dict[str, Any]:
+    """The step's bound: the sum of every family's latency and bandwidth floor.
+
+    Args:
+        families: family name -> rank sets (:func:`family_floor_s`).
+        ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+
+    Returns:
+        dict: ``bound_s`` (seconds), ``families_s`` (name -> seconds) and
+        ``inter_node_bytes`` (the floor's inter-node bytes, every family).
+    """
+    per: Dict[str, float] = {}
+    inter = 0.0
+    for name, rank_sets in families.items():
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend)
+        per[name] = latency + bandwidth
+        inter += sum(link_floor_bytes(g)[0] for _, groups in rank_sets for g in groups)
+    return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
+
+
+def _load(ranks: Sequence[int], gpn: int, nbytes: float) -> GroupLoad:
+    per_node: Dict[int, int] = {}
+    for r in ranks:
+        per_node[r // gpn] = per_node.get(r // gpn, 0) + 1
+    return GroupLoad(len(ranks), len(per_node), max(per_node.values()), float(nbytes))
+
+
+def layout_families(plan, stage_metas: Sequence[Sequence[Any]]
+                    ) -> Dict[str, List[Tuple[int, List[GroupLoad]]]]:
+    """The phase families of a layout and model, for :func:`step_bound`.
+
+    Args:
+        plan: the layout's plan (``sharding_group_ranks(stage)``,
+            ``moe_sharding_ranks(rank)``, ``gpus_per_node``).
+        stage_metas: per pipeline stage, its parameters' layout views
+            (``nbytes``, ``use_muon``, ``colour``: None for dense).
+
+    Returns:
+        dict: family name (:data:`FAMILIES`) -> one ``(ranks, groups)`` per stage.
+    """
+    gpn = plan.gpus_per_node
+    out: Dict[str, List[Tuple[int, List[GroupLoad]]]] = {f: [] for f in FAMILIES}
+    for stage, metas in enumerate(stage_metas):
+        sums = {(muon, expert): 0 for muon in (True, False) for expert in (True, False)}
+        for m in metas:
+            sums[(bool(m.use_muon), m.colour is not None)] += m.nbytes
+        dense = tuple(plan.sharding_group_ranks(stage))
+        moe_groups = {}
+        for r in dense:
+            group = tuple(plan.moe_sharding_ranks(r))
+            moe_groups.setdefault(min(group), group)
+        size = len(dense)
+        dense_muon = [_load(dense, gpn, sums[(True, False)])]
+        moe_muon = [_load(g, gpn, sums[(True, True)]) for g in moe_groups.values()]
+        other = [_load(dense, gpn, sums[(False, False)])] + [
+            _load(g, gpn, sums[(False, True)]) for g in moe_groups.values()]
+        for name, groups in (("dense_reduce", dense_muon), ("dense_broadcast", dense_muon),
+                             ("moe_reduce", moe_muon), ("moe_broadcast", moe_muon),
+                             ("reduce_scatter", other), ("all_gather", other)):
+            out[name].append((size, groups))
+    return out

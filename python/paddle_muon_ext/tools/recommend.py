@@ -1,0 +1,265 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``plan``'s comparison with the default and the bound, and ``plan --recommend``.
+
+Every ``plan`` result gets ``vs_default`` (:func:`annotate`): the default
+configuration -- ``comm_group_call_opt`` off, the optimizer's owner rule
+(develop's), ``comm_buffer_size_MB`` 256 -- with its estimated step time,
+the bound (:mod:`cost_bound`) and every configuration the run estimated as a
+ratio to both. ``--recommend`` (:func:`recommend`) estimates option on/off x
+every owner rule x :data:`BUFFER_SIZES_MB` on the layout and stages the run
+already built, and names the fastest; the default is a candidate, so nothing
+slower than it is ever recommended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
+from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
+from . import cost_bound
+from .args import DEFAULT_BUFFER_MB
+from .cost_model import AlphaBeta, ratio
+
+__all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "annotate", "config", "recommend",
+           "why_line"]
+
+#: Buffer sizes ``--recommend`` tries (MB), besides the run's own.
+BUFFER_SIZES_MB = (64.0, 256.0, 1024.0)
+#: What a user gets without touching the three knobs (one table holds each default).
+DEFAULT_CONFIG = {
+    "comm_group_call_opt": False,
+    "muon_partition_strategy": option_default("muon_partition_strategy"),
+    "comm_buffer_size_MB": float(DEFAULT_BUFFER_MB),
+}
+
+Key = Tuple[bool, str, float]
+
+
+def config(group_call: bool, rule: str, buffer_mb: float) -> Dict[str, Any]:
+    """The ``config`` object of a candidate (the optimizer's option names).
+
+    Args:
+        group_call: ``comm_group_call_opt``.
+        rule: ``muon_partition_strategy``.
+        buffer_mb: ``comm_buffer_size_MB``.
+
+    Returns:
+        dict: the three options by name.
+    """
+    return {"comm_group_call_opt": bool(group_call), "muon_partition_strategy": rule,
+            "comm_buffer_size_MB": float(buffer_mb)}
+
+
+def _key(cfg: Dict[str, Any]) -> Key:
+    return (cfg["comm_group_call_opt"], cfg["muon_partition_strategy"],
+            float(cfg["comm_buffer_size_MB"]))
+
+
+class _Estimates:
+    """Step-time estimates of one layout and model, each configuration once.
+
+    Seeded with what ``compute_plan`` already counted (its rule's two paths
+    and the other rules' times), so no path is built twice.
+    """
+
+    def __init__(self, res: Dict[str, Any], ab: AlphaBeta) -> None:
+        from . import plan as plan_mod
+
+        self.res = res
+        self.ab = ab
+        c = res["config"]
+        self.buffer = float(c["buffer_size_MB"])
+        self.settings = LayoutSettings(comm_buffer_size_MB=self.buffer,
+                                       comm_overlap=c["comm_overlap"],
+                                       partition_strategy=c["partition_strategy"])
+        self.backend = c["backend"]
+        self.stages = res["_stages"]
+        self.flat_plan = res["_plan"]
+        self.hier_plan = res["_plan"] if c["group_call"] else None
+        if self.hier_plan is None:
+            try:  # the option's preconditions: several nodes of equal stages
+                self.hier_plan = plan_mod.build_layout_plan(res["_cfg"], True)
+            except ValueError:
+                self.hier_plan = None
+        self.times: Dict[Key, float] = {}
+        for rule, fig in res["partition_rules"].items():
+            self.times[(False, rule, self.buffer)] = fig["flat_estimated_time_s"]
+            if "hierarchical_estimated_time_s" in fig:
+                self.times[(True, rule, self.buffer)] = fig["hierarchical_estimated_time_s"]
+        rule = c["partition_strategy"]
+        self.times[(False, rule, self.buffer)] = res["flat"]["estimated_time_s"]
+        if res.get("hierarchical") is not None:
+            self.times[(True, rule, self.buffer)] = res["hierarchical"]["estimated_time_s"]
+
+    @property
+    def group_call_possible(self) -> bool:
+        return self.hier_plan is not None
+
+    def time(self, key: Key) -> float:
+        """The estimated step communication time of ``key`` (counted once)."""
+        if key not in self.times:
+            from . import plan as plan_mod
+
+            group_call, rule, buffer_mb = key
+            settings = dataclasses.replace(self.settings, comm_buffer_size_MB=buffer_mb,
+                                           partition_strategy=rule)
+            layout_plan = self.hier_plan if group_call else self.flat_plan
+            self.times[key] = plan_mod._path(layout_plan, self.stages, self.ab, settings,
+                                             group_call, self.backend)["summary"][
+                                                 "estimated_time_s"]
+        return self.times[key]
+
+
+def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
+    families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
+    return cost_bound.step_bound(families, ab, res["config"]["backend"])
+
+
+def _entry(cfg: Dict[str, Any], t: float, t0: float, b: float) -> Dict[str, Any]:
+    return {"config": cfg, "estimated_time_s": t, "ratio_to_default": ratio(t, t0),
+            "ratio_to_bound": ratio(t, b)}
+
+
+def annotate(res: Dict[str, Any], ab: AlphaBeta) -> _Estimates:
+    """Add ``vs_default`` to a ``compute_plan`` result (in place).
+
+    ``vs_default``: ``default`` (config, estimated_time_s), ``bound_s``,
+    ``bound_families_s`` and ``configurations``: every configuration the run
+    estimated, with its ratio to the default and to the bound.
+
+    Args:
+        res: ``compute_plan``'s result (with ``_plan``, ``_stages``, ``_cfg``).
+        ab: the run's alpha-beta constants.
+
+    Returns:
+        the estimates, for :func:`recommend` to extend.
+    """
+    est = _Estimates(res, ab)
+    bound = _bound(res, ab)
+    b = bound["bound_s"]
+    t0 = est.time(_key(DEFAULT_CONFIG))
+    rows = [_entry(config(*k), t, t0, b) for k, t in sorted(
+        est.times.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0]))]
+    res["vs_default"] = {
+        "default": {"config": dict(DEFAULT_CONFIG), "estimated_time_s": t0},
+        "bound_s": b,
+        "bound_families_s": bound["families_s"],
+        "bound_inter_node_bytes": bound["inter_node_bytes"],
+        "configurations": rows,
+    }
+    return est
+
+
+def why_line(best: Dict[str, Any], default: Dict[str, Any], runner_up: Optional[Dict[str, Any]],
+             bound: Dict[str, float]) -> str:
+    """One line on why ``best`` was picked (or why nothing beats the default).
+
+    Args:
+        best: the picked candidate (``config``, ``estimated_time_s``, ratios).
+        default: the default candidate.
+        runner_up: the fastest candidate other than the default, or None.
+        bound: ``bound_s`` and ``families_s`` (:func:`cost_bound.step_bound`).
+
+    Returns:
+        str: the sentence.
+    """
+    t0, t, b = default["estimated_time_s"], best["estimated_time_s"], bound["bound_s"]
+    fam = bound["families_s"]
+    # what comm_group_call_opt can act on: the dense colour's Muon reduce/broadcast
+    dense = ratio(fam.get("dense_reduce", 0.0) + fam.get("dense_broadcast", 0.0), b)
+    scope = f"dense Muon reduce/broadcast, all the option reroutes, are {dense:.0%} of the bound"
+    if best["config"] == default["config"]:
+        if runner_up is None:
+            return f"the default is the only candidate for this layout; {scope}"
+        return (f"nothing beats the default: the fastest other choice "
+                f"({_describe(runner_up['config'])}) is "
+                f"{ratio(runner_up['estimated_time_s'], t0):.3f}x of it; {scope}")
+    return (f"{_describe(best['config'])} is {ratio(t, t0):.3f}x of the default and "
+            f"{ratio(t, b):.3f}x of the bound; {scope}")
+
+
+def _describe(cfg: Dict[str, Any]) -> str:
+    return (f"comm_group_call_opt {'on' if cfg['comm_group_call_opt'] else 'off'}, "
+            f"{cfg['muon_partition_strategy']} owners, {cfg['comm_buffer_size_MB']:g} MB buffers")
+
+
+def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
+    """Estimate every candidate and add the ``recommend`` object to ``res``.
+
+    Candidates: ``comm_group_call_opt`` off / on (on only where the layout
+    allows it) x every owner rule x :data:`BUFFER_SIZES_MB` and the run's own
+    buffer size. The default is a candidate and wins ties, so the pick is
+    never slower than it.
+
+    Args:
+        res: an annotated result (:func:`annotate`).
+        est: :func:`annotate`'s estimates.
+
+    Returns:
+        dict: ``{"default", "best", "bound_s", "candidates", "why"}``.
+    """
+    from .plan import PARTITION_RULES
+
+    vs = res["vs_default"]
+    b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
+    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer})
+    keys: List[Key] = [_key(DEFAULT_CONFIG)]
+    for group_call in ((False, True) if est.group_call_possible else (False,)):
+        for rule in PARTITION_RULES:
+            for buffer_mb in buffers:
+                k = (group_call, rule, buffer_mb)
+                if k not in keys:
+                    keys.append(k)
+    candidates = [_entry(config(*k), est.time(k), t0, b) for k in keys]
+    best = candidates[0]
+    for c in candidates[1:]:
+        if c["estimated_time_s"] < best["estimated_time_s"]:
+            best = c
+    others = candidates[1:]
+    runner_up = min(others, key=lambda c: c["estimated_time_s"]) if others else None
+    out = {
+        "default": {"config": candidates[0]["config"], "estimated_time_s": t0},
+        "best": best,
+        "bound_s": b,
+        "candidates": candidates,
+        "why": why_line(best, candidates[0], runner_up,
+                        {"bound_s": b, "families_s": vs["bound_families_s"]}),
+    }
+    res["recommend"] = out
+    return out
+
+
+def format_lines(res: Dict[str, Any]) -> List[str]:
+    """The text report's lines on the default, the bound and the pick."""
+    from .report import _fmt_time
+
+    vs = res["vs_default"]
+    d = vs["default"]
+    lines = [f"default ({_describe(d['config'])}): step comm {_fmt_time(d['estimated_time_s'])}; "
+             f"bound {_fmt_time(vs['bound_s'])} (no configuration can be faster in this model)"]
+    for row in vs["configurations"]:
+        lines.append(f"  {_describe(row['config'])}: {_fmt_time(row['estimated_time_s'])} = "
+                     f"{row['ratio_to_default']:.3f}x default, {row['ratio_to_bound']:.3f}x bound")
+    rec = res.get("recommend")
+    if rec is not None:
+        best = rec["best"]
+        lines.append(f"recommended: {_describe(best['config'])}: "
+                     f"{_fmt_time(best['estimated_time_s'])} = {best['ratio_to_default']:.3f}x "
+                     f"default, {best['ratio_to_bound']:.3f}x bound "
+                     f"({len(rec['candidates'])} candidates)")
+        lines.append(f"  why: {rec['why']}")
+    return lines
