@@ -1272,3 +1272,76 @@ def test_tests_only_on_a_sparse_develop_tree(tmp_path, capsys):
     rc, _, _, err = _export(repo2, str(tmp_path / "t2.patch"), capsys, "--tests-only",
                             "--paddle-root", tree)
     assert rc == 1 and "imports not_in_develop from %s" % SHARDING_OPT in err, err
+
+
+# ------------------------------------------- rules no other test pins (audit)
+def test_nested_compat_block_is_refused():
+    text = ("a = 1\n%s\nb = 2\n%s\nc = 3\n%s\n%s\n"
+            % (ep.COMPAT_BEGIN, ep.COMPAT_BEGIN, ep.COMPAT_END, ep.COMPAT_END))
+    with pytest.raises(ep.ExportError, match=r"x\.py:4: nested .* \(open at line 2\)"):
+        ep.strip_compat_blocks(text, "x.py")
+
+
+def test_a_map_option_wins_over_the_default_path_map():
+    assert ep.map_path("test/mock/fake.py") == FLEET + "muon_mock/fake.py"
+    assert ep.map_path("test/mock/fake.py", [("test/mock/", "test/other/")]) == \
+        "test/other/fake.py"
+    assert ep.map_path("docs/x.md") is None
+
+
+def test_registry_directory_entries_match_whole_path_components():
+    registry = {"test/mock": ep.TestMeta(200, frozenset({"CPU"}), True)}
+    assert ep.test_meta(registry, "test/mock/test_mock_x.py").timeout == 200
+    # a sibling whose name only starts like the directory is not in it
+    assert ep.test_meta(registry, "test/mockery/test_y.py") == ep.TestMeta()
+
+
+def test_only_classes_with_a_base_count_as_unittest_tests():
+    text = ("import unittest\n\n\nclass Plain:\n    def test_a(self):\n        pass\n\n\n"
+            "class T(unittest.TestCase):\n    def test_b(self):\n        pass\n\n"
+            "    def helper(self):\n        pass\n")
+    assert ep.unittest_method_count(text) == 1
+    assert ep.unittest_method_count("class Plain:\n    def test_a(self):\n        pass\n") == 0
+
+
+def test_removing_a_dunder_method_is_removing_a_public_name(tmp_path):
+    rel = "distributed/fleet/utils/muon_helper.py"
+    theirs = {"python/paddle/" + rel: "class Helper:\n    def __call__(self):\n        pass\n"}
+    ours = {"python/paddle_muon_ext/" + rel: "class Helper:\n    X = 1\n"}
+    ex = _mini(tmp_path, ours, theirs)
+    assert ("python/paddle/" + rel,
+            "would remove develop's public name Helper.__call__") in ex.conflicts
+
+
+def test_conftest_binaries_and_late_compat_markers(tmp_path):
+    late = "x = 1\n" * ep.MARKER_SCAN_LINES + ep.COMPAT_ONLY_MARKER + "\n"
+    ours = {FLEET + "conftest.py": "import sys\n",
+            MO + "late_marker.py": late,
+            MO + "early_marker.py": ep.COMPAT_ONLY_MARKER + "\nx = 1\n",
+            MO + "data.py": "\0binary\0"}
+    ex = _mini(tmp_path, ours, {}, checkout=False)
+    dropped = dict(ex.dropped)
+    assert dropped[FLEET + "conftest.py"] == "pytest-only (Paddle runs unittest)"
+    assert dropped[MO + "early_marker.py"] == "compat-only marker"
+    assert dropped[MO + "data.py"] == "binary"
+    # the marker counts in the first MARKER_SCAN_LINES lines only
+    assert set(ex.changes) == {PM + "late_marker.py"}
+
+
+def test_a_new_file_without_final_newline_applies(tmp_path):
+    root = str(tmp_path)
+    _git(root, "init", "-q")
+    ex = ep.Export(changes={"n.py": ep.Change("n.py", "a = 1\nb = 2")})
+    with open(os.path.join(root, "p.patch"), "w") as f:
+        f.write(ep.render_patch(ex))
+    _git(root, "apply", "p.patch")
+    with open(os.path.join(root, "n.py")) as f:
+        assert f.read() == "a = 1\nb = 2"
+
+
+def test_a_file_the_target_already_has_verbatim_is_not_in_the_patch(tmp_path):
+    text = "X = 1\n"
+    ex = _mini(tmp_path, {MO + "same.py": text, MO + "other.py": "Y = 2\n"},
+               {PM + "same.py": text})
+    assert ex.unchanged == [PM + "same.py"]
+    assert PM + "same.py" not in ex.changes and PM + "other.py" in ex.changes
