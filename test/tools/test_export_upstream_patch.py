@@ -1345,3 +1345,42 @@ def test_a_file_the_target_already_has_verbatim_is_not_in_the_patch(tmp_path):
                {PM + "same.py": text})
     assert ex.unchanged == [PM + "same.py"]
     assert PM + "same.py" not in ex.changes and PM + "other.py" in ex.changes
+
+
+def test_tests_only_import_rules(tmp_path, capsys):
+    """Helpers found from another test directory; package members and names
+    behind a star import resolve; ``try``/``finally`` is not optional."""
+    legacy = (ep.UPSTREAM_TESTS_MARKER + "\nimport unittest\n\nimport muon_only_for_legacy\n"
+              "from paddle_muon_ext.distributed.fleet.meta_optimizers import "
+              "muon_sharding_optimizer as dev\n"
+              "from paddle_muon_ext.distributed.fleet.utils import starred_name\n"
+              "try:\n    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_absent "
+              "import Z\nfinally:\n    pass\n\n\n"
+              "class TestLegacy(unittest.TestCase):\n    def test_x(self):\n"
+              "        self.assertTrue(dev and muon_only_for_legacy.OK and starred_name)\n")
+    ours = dict(CONF_OURS, **{"test/legacy_test/test_muon_legacy_conf.py": legacy,
+                              FLEET + "muon_only_for_legacy.py": "OK = True\n"})
+    develop = dict(CONF_DEVELOP, **{
+        "python/paddle/distributed/fleet/utils/__init__.py": "from .impl import *  # noqa\n",
+        "python/paddle/distributed/fleet/utils/impl.py": "starred_name = 1\n"})
+    repo, tree = str(tmp_path / "ext"), str(tmp_path / "Paddle")
+    _git_tree(repo, ours)
+    _git_tree(tree, develop)
+    out = str(tmp_path / "t.patch")
+    rc, _, _, err = _export(repo, out, capsys, "--tests-only", "--paddle-root", tree)
+    assert rc == 1
+    assert [l for l in err.splitlines() if l.startswith("CONFLICT")] == [
+        "CONFLICT: test/legacy_test/test_muon_legacy_conf.py: imports %s, which the target "
+        "lacks (a tests-only patch adds no product file)"
+        % "paddle.distributed.fleet.meta_optimizers.muon_absent"]
+    ours["test/legacy_test/test_muon_legacy_conf.py"] = legacy.replace(
+        "finally:\n    pass\n", "except ImportError:\n    Z = None\n")
+    repo2 = str(tmp_path / "ext2")
+    _git_tree(repo2, ours)
+    rc, patch, _, err = _export(repo2, out, capsys, "--tests-only", "--paddle-root", tree)
+    assert rc == 0, err
+    files = _sections(patch)
+    assert {"test/legacy_test/test_muon_legacy_conf.py",
+            FLEET + "muon_only_for_legacy.py"} <= set(files)
+    # glob-registered directory: no row for it
+    assert "test_muon_legacy_conf" not in _added_text(files[FLEET + "testslist.csv"][1])
