@@ -26,8 +26,9 @@ Muon sharding itself, drop those two lines. The model: an embedding, a
 LayerNorm, a top-2 router over 4 experts held as 3-D weights
 ``[local experts, in, out]`` (plus a 2-D expert bias) split over the EP group,
 a shared dense MLP beside them, and a head. Tokens reach their experts through
-an all-gather dispatch over the EP group (paddle 3.3.1's gloo has no
-all-to-all; on GPUs an all-to-all dispatch follows the same contract). The expert weights carry the
+an all-gather dispatch over the EP group (it needs no routing metadata; an
+``alltoall`` dispatch, which ``patch_paddle()`` makes run on gloo too, follows
+the same gradient contract). The expert weights carry the
 ``moe_expert`` colour with the moe_sharding group; everything else is sharded
 over the whole sharding group. Global-norm clip, AMP O2 bf16 through
 ``paddle.amp`` with ``MixPrecisionLayer`` / ``MixPrecisionOptimizer`` (on CPU
