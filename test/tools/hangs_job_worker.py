@@ -39,7 +39,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "collective", "fleet"))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
-from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
+from muon_test_compat import (  # noqa: E402
+    distributed_optimizer,
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+)
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
@@ -52,6 +56,7 @@ FAIL_STEP = 1
 def main() -> None:
     apply_emulated_local_size()
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ["PADDLE_TRAINERS_NUM"])
     group_call = world >= 4
     strategy = fleet.DistributedStrategy()

@@ -91,7 +91,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.compat_paddle_3_3 import set_muon_sharding_options  # noqa: E402
+from paddle_muon_ext.compat_paddle_3_3 import (  # noqa: E402
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (  # noqa: E402
     OVERLAP_SYNC_ENV,
 )
@@ -355,6 +358,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
           f"simulated world mode=record (ranks run serially, collectives log only)")
     print("# times: median per rank; ratio = sharded / plain; paired = median of back-to-back "
           "sharded_i / plain_i; overhead_ratio = sum(sharded) / sum(plain) over ranks")
+    # The optimizer's fused buffers on a CPU build: an explicit opt-in (the
+    # optimizer itself installs nothing process-wide).
+    register_cpu_tensor_fusion()
     res = bench(args.config, args.hidden, args.inner, args.reps, args.warmup, args.ns_steps)
     for c in res["configs"]:
         print(format_config(c))

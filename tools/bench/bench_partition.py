@@ -217,7 +217,10 @@ def load_revision(rev: str):
         raise ValueError(f"cannot read the partition module at revision {rev!r} "
                          f"({(getattr(exc, 'stderr', '') or str(exc)).strip()}); pass a git revision "
                          "of this repository, e.g. main") from None
-    name = "_partition_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    # Named inside the package so its relative imports (the dtype table in
+    # muon_sharding_types) resolve against this checkout.
+    name = ("paddle_muon_ext.distributed.fleet.meta_optimizers._partition_at_"
+            + "".join(c if c.isalnum() else "_" for c in rev))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(text)
     try:

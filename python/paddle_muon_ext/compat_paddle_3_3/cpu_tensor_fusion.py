@@ -25,7 +25,9 @@ from __future__ import annotations
 import paddle
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 
-CPU_ALIGNMENT_BYTES = 256
+from ..distributed.fleet.meta_optimizers.muon_sharding_types import (
+    DEFAULT_ALIGNMENT_BYTES as CPU_ALIGNMENT_BYTES,
+)
 
 
 def register_cpu_tensor_fusion() -> bool:

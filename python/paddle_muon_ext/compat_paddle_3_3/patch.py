@@ -30,6 +30,10 @@ After one call, code written against Paddle develop runs unchanged:
   ``MuonShardingOptimizer`` when ``use_muon_sharding`` is on (also through a
   ``distributed_optimizer`` name imported before the patch); every other
   optimizer gets exactly what Paddle's own function returns;
+* on a build without CUDA/XPU: a CPU entry in Paddle's tensor-fusion device
+  table (:func:`.cpu_tensor_fusion.register_cpu_tensor_fusion`), which the
+  optimizer's fused buffers need there -- constructing the optimizer never
+  installs it, this opt-in does;
 * on a gloo (CPU) job started by ``paddle.distributed.launch``: the
   collectives gloo lacks (:mod:`..distributed.fleet.utils.gloo_compat`);
 * ``strategy.hybrid_configs = {...}`` checks the degrees against each other
@@ -53,10 +57,12 @@ from typing import Any, Callable
 import paddle
 from paddle.distributed import fleet
 from paddle.distributed.fleet.base import distributed_strategy as _ds
+from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import SHARDING_OPTIONS
 from . import strategy_options as _strategy_options
+from .cpu_tensor_fusion import register_cpu_tensor_fusion
 from .strategy_options import (
     get_muon_sharding_options,
     set_muon_sharding_options,
@@ -384,6 +390,30 @@ def _patch_gloo(done: list, skipped: list) -> None:
     done.append("gloo collectives (reduce_scatter, AVG, calc-stream ops, sub-groups)")
 
 
+def _patch_cpu_tensor_fusion(done: list, skipped: list) -> None:
+    # A CPU-only build has no CPU entry in the tensor-fusion device table, so
+    # FusedCommBuffer (the sharding optimizer's buffers) asserts on CPU places.
+    device_key = "__current_device_type__"
+    if tensor_fusion_helper.__dict__.get(device_key) == "cpu" \
+            and "cpu" in tensor_fusion_helper.alignment:
+        return  # registered already (by the caller or a harness): nothing to undo
+    saved_alignment = dict(tensor_fusion_helper.alignment)
+    saved_device = tensor_fusion_helper.__dict__.get(device_key, _MISSING)
+    if not register_cpu_tensor_fusion():
+        return  # an accelerator build: left as Paddle has it
+
+    def undo() -> None:
+        tensor_fusion_helper.alignment.clear()
+        tensor_fusion_helper.alignment.update(saved_alignment)
+        if saved_device is _MISSING:
+            tensor_fusion_helper.__dict__.pop(device_key, None)
+        else:
+            setattr(tensor_fusion_helper, device_key, saved_device)
+
+    _CHANGES.append(_Undo(undo))
+    done.append("CPU tensor fusion (FusedCommBuffer on CPU places)")
+
+
 _STEPS: tuple[Callable[[list, list], None], ...] = (
     _patch_optimizer_module,
     _patch_sharding_module,
@@ -420,6 +450,7 @@ def patch_paddle() -> list[str]:
             # Only needed where this package supplies the sharding optimizer.
             if SHARDING_MODULE not in skipped:
                 _patch_distributed_optimizer(done, skipped)
+                _patch_cpu_tensor_fusion(done, skipped)
             _patch_gloo(done, skipped)
         except BaseException:
             _undo_all()

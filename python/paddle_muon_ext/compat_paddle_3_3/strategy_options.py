@@ -32,6 +32,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     SHARDING_OPTIONS,
     check_option_value,
     option_default,
+    set_kept_options_reader,
 )
 
 __all__ = [
@@ -145,3 +146,8 @@ def get_muon_sharding_options(strategy: Any) -> MuonShardingOptions:
         if configs is not None and _proto_has(configs, opt.name):
             setattr(opts, opt.name, getattr(configs, opt.name))
     return opts
+
+
+# The core's settings read the values kept here through this hook (the core
+# never imports this package; whoever kept an option imported it).
+set_kept_options_reader(get_muon_sharding_options)

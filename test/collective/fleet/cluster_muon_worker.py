@@ -50,7 +50,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import muon_tiny_moe  # noqa: E402
 from gloo_compat import install_gloo_compat  # noqa: E402
 from hybrid_parallel_sharding_muon_moe_model import build_strategy, compare, fail  # noqa: E402
-from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
+from muon_test_compat import (  # noqa: E402
+    distributed_optimizer,
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -181,6 +185,7 @@ def run_probe(rank: int, world: int, leader: bool) -> None:
 
 def main() -> None:
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     muon_tiny_moe.H = _env_int("MUON_HIDDEN", muon_tiny_moe.H)
     muon_tiny_moe.INNER = _env_int("MUON_INNER", muon_tiny_moe.INNER)
     world = int(os.environ["PADDLE_TRAINERS_NUM"])

@@ -47,6 +47,7 @@ sys.path.insert(0, _HERE)
 sys.path.insert(0, os.path.abspath(os.path.join(_HERE, "..", "..")))  # test/: mock
 
 from gloo_compat import install_gloo_compat  # noqa: E402
+from muon_test_compat import register_cpu_tensor_fusion  # noqa: E402
 from mock.fake_hcg import hybrid_names_and_dims  # noqa: E402
 from muon_checkpoint_model import Layout, build_rank, checkpoint_state, train  # noqa: E402
 
@@ -88,6 +89,7 @@ def run_job(job: dict, hcg, out: str) -> None:
 
 def main() -> None:
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     dist.init_parallel_env()
     # no patch of Paddle here: load_sharded_checkpoint must reshard on a CPU
     # build by itself, as in a user's script

@@ -46,7 +46,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
 
-from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
+from muon_test_compat import (  # noqa: E402
+    distributed_optimizer,
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+)
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon  # noqa: E402
 
 # fp32 end to end; the distributed run differs from the reference only in the
@@ -168,6 +172,7 @@ def main() -> None:
     # node); the launcher overwrites PADDLE_LOCAL_SIZE with nproc_per_node.
     apply_emulated_local_size()
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", dist.get_world_size()))
     ep, ms = env_int("MUON_EP", 1), env_int("MUON_MS", 1)
     steps = env_int("MUON_STEPS", 5)

@@ -37,6 +37,7 @@ from paddle.distributed import fleet
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
+from muon_test_compat import register_cpu_tensor_fusion  # noqa: E402
 from hybrid_parallel_sharding_muon_moe_model import (  # noqa: E402
     build_strategy,
     env_int,
@@ -50,6 +51,7 @@ FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 def main() -> None:
     apply_emulated_local_size()
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", dist.get_world_size()))
     ep, ms = env_int("MUON_EP", 1), env_int("MUON_MS", 1)
     steps = env_int("MUON_STEPS", 3)

@@ -50,6 +50,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 
 from gloo_compat import install_gloo_compat  # noqa: E402
+from muon_test_compat import register_cpu_tensor_fusion  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
     CheckpointCorruptError,
@@ -181,6 +182,7 @@ def corrupt(path: str, how: str) -> None:
 
 def main() -> None:
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     dist.init_parallel_env()
     root = sys.argv[1]
     original_cuda = paddle.Tensor.cuda

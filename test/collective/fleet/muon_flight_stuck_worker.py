@@ -35,7 +35,11 @@ from paddle.distributed import fleet
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
-from muon_test_compat import distributed_optimizer, set_muon_sharding_options  # noqa: E402
+from muon_test_compat import (  # noqa: E402
+    distributed_optimizer,
+    register_cpu_tensor_fusion,
+    set_muon_sharding_options,
+)
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
@@ -74,6 +78,7 @@ def build_strategy(ep: int, ms: int) -> fleet.DistributedStrategy:
 def main() -> None:
     apply_emulated_local_size()
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ["PADDLE_TRAINERS_NUM"])
     fleet.init(is_collective=True, strategy=build_strategy(2, world // 2))
     hcg = fleet.get_hybrid_communicate_group()

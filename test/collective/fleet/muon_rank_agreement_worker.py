@@ -37,6 +37,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
     MuonShardingOptimizer,
 )
 from paddle_muon_ext.distributed.fleet.utils.gloo_compat import install_gloo_compat
+
+from muon_test_compat import register_cpu_tensor_fusion
 from paddle_muon_ext.optimizer.muon import Muon, MuonParamInfo
 
 SHAPES = {"w_in": [16, 16], "b_in": [16], "w_out": [16, 8], "norm": [8]}
@@ -61,6 +63,7 @@ def construct(strategy, hcg, reverse: bool = False) -> MuonShardingOptimizer:
 
 def main() -> None:
     install_gloo_compat()
+    register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1,

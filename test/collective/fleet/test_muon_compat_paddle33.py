@@ -61,6 +61,11 @@ from paddle_muon_ext.compat_paddle_3_3 import (
 from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
 from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_optimizer as mso
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_options as options_module
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_settings as mss
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+    ShardingSettings,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
@@ -169,6 +174,22 @@ class TestStrategyOptions(unittest.TestCase):
         self.assertIs(strategy.hybrid_configs["sharding_configs"].comm_group_call_opt, True)
         strategy.hybrid_configs["sharding_configs"].comm_group_call_opt = False
         self.assertIs(get_muon_sharding_options(strategy).comm_group_call_opt, False)
+
+
+    def test_settings_read_kept_options_only_through_the_registered_reader(self):
+        # The core's settings never import this package: the values kept
+        # beside the strategy reach them through the hook strategy_options
+        # fills in; without it (an exported tree) only the proto is read.
+        strategy = fleet.DistributedStrategy()
+        set_muon_sharding_options(strategy, muon_partition_strategy="balanced",
+                                  overlap_sync_group_call=True)
+        settings = ShardingSettings.from_strategy(strategy)
+        self.assertEqual((settings.muon_partition_strategy, settings.overlap_sync_group_call),
+                         ("balanced", True))
+        with _replaced(options_module, "_kept_options_reader", None):
+            settings = ShardingSettings.from_strategy(strategy)
+        self.assertEqual((settings.muon_partition_strategy, settings.overlap_sync_group_call),
+                         ("upstream_greedy", False))
 
 
 class TestCpuTensorFusion(unittest.TestCase):
@@ -463,6 +484,24 @@ class TestPatchPaddle(unittest.TestCase):
         with self.assertRaises(ImportError):
             __import__(patch_module.MUON_MODULE)
 
+    def test_patch_registers_cpu_tensor_fusion_and_unpatch_takes_it_back(self):
+        # Constructing the optimizer installs nothing process-wide, so the
+        # CPU entry of Paddle's tensor-fusion table is patch_paddle()'s opt-in.
+        table = {"gpu": 256, "npu": 256, "xpu": 256}
+        with _replaced(tensor_fusion_helper, "__current_device_type__", None), \
+                _replaced(tensor_fusion_helper, "alignment", dict(table)):
+            added = patch_paddle()
+            self.assertIn("CPU tensor fusion (FusedCommBuffer on CPU places)", added)
+            self.assertEqual(tensor_fusion_helper.get_current_device_type(), "cpu")
+            self.assertEqual(tensor_fusion_helper.alignment["cpu"], 256)
+            unpatch_paddle()
+            self.assertIsNone(tensor_fusion_helper.__current_device_type__)
+            self.assertEqual(tensor_fusion_helper.alignment, table)
+            with _replaced(paddle, "is_compiled_with_cuda", lambda: True):
+                self.assertNotIn("CPU tensor fusion (FusedCommBuffer on CPU places)",
+                                 patch_paddle(), "an accelerator build keeps its table")
+            self.assertIsNone(tensor_fusion_helper.__current_device_type__)
+
     def test_patch_sets_the_paddle_optimizer_muon_attribute(self):
         # Bug: only sys.modules gets the module; `paddle.optimizer.muon.X`
         # (attribute access, no import statement) then fails.
@@ -712,7 +751,7 @@ class TestReduceAvgWarning(unittest.TestCase):
             strategy_hook(strategy)
             build_rank(cfg, strategy)
 
-        mso._WARNED.discard("reduce_avg")
+        mss._WARNED.discard("reduce_avg")
         with _captured(mso.logger) as records:
             run_world(cfg, body=body)
         return [r.getMessage() for r in records if "use_reduce_avg" in r.getMessage()]
@@ -728,7 +767,7 @@ class TestReduceAvgWarning(unittest.TestCase):
                          "an explicit use_reduce_avg=True on a build without AVG")
 
     def test_a_strategy_that_cannot_tell_counts_as_set(self):
-        self.assertTrue(mso._user_set_sharding_config(None, "use_reduce_avg"))
+        self.assertTrue(mss._user_set_sharding_config(None, "use_reduce_avg"))
 
 
 class TestPatchLeavesOtherOptimizersAlone(unittest.TestCase):

@@ -65,6 +65,7 @@ from muon_sim_runner import (
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_sharding_build,
     muon_sharding_optimizer as mso,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
@@ -349,7 +350,7 @@ class TestGroupCall(unittest.TestCase):
 
         cfg = SimConfig(ep=4, ms=2, gpn=None)
         with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "abc"}), \
-                mock.patch.object(mso, "resolve_gpus_per_node", boom):
+                mock.patch.object(muon_sharding_build, "resolve_gpus_per_node", boom):
             results, _ = run_world(cfg, mode="record", body=lambda c, s: sharded_core(
                 build_rank(c, s)[2]).comm_plan)
         self.assertEqual(results, [None] * cfg.world, "a plan was built with the option off")

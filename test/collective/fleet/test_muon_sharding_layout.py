@@ -36,6 +36,7 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
 from muon_test_compat import register_cpu_tensor_fusion
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_layout as msl
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_types as mst
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
 )
@@ -160,6 +161,16 @@ class TestBucketsAndRoutes(unittest.TestCase):
                                  LayoutSettings(partition_strategy="bogus"))
         with self.assertRaises(KeyError):
             ShardingLayout.build([_muon("a", (4, 4))], {None: [0]}, 0).local_range("zz")
+
+    def test_unknown_dtype_is_refused_by_name_not_sized_as_four_bytes(self):
+        # A guessed element size would misplace every later parameter of its
+        # fused buffer; the error names the dtype and the ones that work.
+        with self.assertRaisesRegex(ValueError, r"unknown dtype 'complex64'.*int64"):
+            ParamMeta("z", (8,), "complex64")
+        self.assertEqual(ParamMeta("i", (8,), "paddle.INT64").nbytes, 64)
+        self.assertEqual(ParamMeta("h", (8,), "half").nbytes, 16)
+        with self.assertRaisesRegex(ValueError, r"unsupported dtype 'int64' for a Muon matrix"):
+            mst.dtype_itemsize("int64")
 
     def test_dtype_names_and_layout_queries(self):
         for given, want in [("paddle.float32", "float32"), ("FP32", "float32"),

@@ -55,8 +55,13 @@ from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, init_dense, make
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_sharding_settings as mss,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
     ShardingSettings,
 )
 from paddle_muon_ext.optimizer.muon import MuonParamInfo
@@ -1143,7 +1148,7 @@ class TestOptionsHonoured(unittest.TestCase):
                 return strategy
 
         cfg = AsksForAvg(ep=2, ms=2, steps=1)
-        mso._WARNED.discard("reduce_avg")
+        mss._WARNED.discard("reduce_avg")
         with self.assertLogs(mso.logger, level="WARNING") as logs:
             results, _ = run_world(cfg)
         self.assertTrue(any("use_reduce_avg=True" in line for line in logs.output))
@@ -1352,7 +1357,7 @@ class TestEveryOptionHonouredOrRefused(unittest.TestCase):
     def _read(self, sharding=None, pp=None, hybrid=None):
         reads: set = set()
         defaults = ShardingSettings()
-        sharding_values = {f: getattr(defaults, f) for f in mso.SHARDING_CONFIG_FIELDS}
+        sharding_values = {f: getattr(defaults, f) for f in mss.SHARDING_CONFIG_FIELDS}
         sharding_values.update(sharding or {})
         pp_values = {"sharding_comm_overlap": False, "release_gradients": False}
         pp_values.update(pp or {})

@@ -17,12 +17,13 @@ Groups, layout, owners, buffers, slice parameters and hooks. Split from
 ``muon_sharding_optimizer`` so that file stays readable: develop's exporter
 check needs every develop method defined *in* that file, so each one stays
 there as a thin method calling the function of the same name here (``opt`` is
-the optimizer). Names tests patch on the optimizer module and its own helpers
-are read through ``_mso`` at call time, so a patch there still applies.
+the optimizer). This module never imports the optimizer's module (the
+imports run one way); what both need lives in ``muon_sharding_types``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections import OrderedDict
 from typing import Any
 from typing import TYPE_CHECKING
@@ -35,23 +36,33 @@ import paddle.distributed as dist
 
 from . import muon_sharding_agreement as agreement
 from . import muon_sharding_collectives as comm
-from .muon_comm_plan import HierarchicalCommPlan
+from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_layout import LayoutSettings
 from .muon_sharding_layout import ParamMeta
-from .muon_sharding_layout import ROUTE_HIERARCHICAL
 from .muon_sharding_layout import ShardingLayout
-from .muon_sharding_layout import TRIGGER_BACKWARD
-from .muon_sharding_partition import dtype_itemsize
 from .muon_sharding_partition import machine_balanced_owner_indices
 from .muon_sharding_settings import ShardingAssertionError
 from .muon_sharding_settings import ShardingSettings
 from .muon_sharding_settings import ShardingTypeError
+from .muon_sharding_settings import _user_set_sharding_config
+from .muon_sharding_settings import _warn_once
 from .muon_sharding_settings import read_overlap_optimize_and_sync
-from . import muon_sharding_optimizer as _mso
+from .muon_sharding_types import DEFAULT_COLOUR
+from .muon_sharding_types import DEFAULT_RAW_COLOUR
+from .muon_sharding_types import ROUTE_HIERARCHICAL
+from .muon_sharding_types import STAGED_API
+from .muon_sharding_types import TRIGGER_BACKWARD
+from .muon_sharding_types import dtype_itemsize
+from .muon_sharding_types import is_trainable
+from .muon_sharding_types import parse_colour
 from .muon_fused_buffer import MuonBucket
 
 if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
+
+# The package re-exports the reduce *function* under the module's name; the
+# module itself holds is_avg_reduce_op_supported.
+_reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 
 def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:
@@ -64,10 +75,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt._check_supported_config(optimizer)
     opt._settings.check(opt._hcg.get_pipe_parallel_world_size())
 
-    # paddle_muon_ext: compat-begin
-    _mso.register_cpu_tensor_fusion()
-    # paddle_muon_ext: compat-end
-
     opt._parameter_list = list(optimizer._parameter_list)
     opt._origin_parameter_list = opt._parameter_list
     opt._muon_info = optimizer._muon_param_info_map
@@ -77,12 +84,12 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt._sharding_world_size = opt._hcg.get_sharding_parallel_world_size()
     opt._sharding_rank = opt._hcg.get_sharding_parallel_rank()
     opt._use_avg = opt._settings.use_reduce_avg and (
-        _mso._reduce_module.is_avg_reduce_op_supported()
+        _reduce_module.is_avg_reduce_op_supported()
     )
     opt._mirror_config()
     if (opt._settings.use_reduce_avg and not opt._use_avg
-            and _mso._user_set_sharding_config(strategy, "use_reduce_avg")
-            and _mso._warn_once("reduce_avg")):
+            and _user_set_sharding_config(strategy, "use_reduce_avg")
+            and _warn_once("reduce_avg")):
         logger.warning(
             "MuonShardingOptimizer: use_reduce_avg=True but this build has no "
             "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "
@@ -103,7 +110,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     muon_by_colour: dict[str | None, list] = OrderedDict()
     other_by_colour: dict[str | None, list] = OrderedDict()
     for param in opt._parameter_list:
-        if _mso._is_trainable(param):
+        if is_trainable(param):
             target = muon_by_colour if opt._uses_muon(param) else other_by_colour
             target.setdefault(opt._colour_key(param)[0], []).append(param)
     # Resolved only with the option on: upstream resolved the node size
@@ -114,7 +121,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt.trainer_same_card_comms: list = []
     if opt._settings.comm_group_call_opt:
         opt._plan = HierarchicalCommPlan.from_hcg(
-            opt._hcg, _mso.resolve_gpus_per_node()
+            opt._hcg, resolve_gpus_per_node()
         )
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
@@ -128,7 +135,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
         # Once per job is enough to see the layout; other ranks log at debug.
         log = logger.info if opt._rank == 0 else logger.debug
         log("MuonShardingOptimizer: comm_group_call_opt on\n%s", opt._plan.describe())
-    by_name = {p.name: p for p in opt._parameter_list if _mso._is_trainable(p)}
+    by_name = {p.name: p for p in opt._parameter_list if is_trainable(p)}
     opt._param_by_name = by_name
     opt._group_of_ranks = {tuple(g.ranks): g for g in opt._colour_groups.values()}
     opt._build_2d_comm_buffers(by_name)
@@ -170,7 +177,7 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         **agreement.optimizer_options(opt._base_opt),
     )
     records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
-               for p in opt._parameter_list if _mso._is_trainable(p)]
+               for p in opt._parameter_list if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     colour_ranks[None] = list(opt._default_group.ranks)
     digests = agreement.group_digests(records, colour_ranks, options)
@@ -202,7 +209,7 @@ def resolve_overlap_optimize_and_sync(opt: MuonShardingOptimizer, optimizer) -> 
     # overlap_sync_group_call option keeps it on under group call.
     if not read_overlap_optimize_and_sync():
         return False
-    missing = [n for n in _mso._STAGED_API if not callable(getattr(optimizer, n, None))]
+    missing = [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
     if missing:
         logger.warning(
             "MuonShardingOptimizer: overlap_optimize_and_sync disabled: the inner "
@@ -270,7 +277,7 @@ def describe_like_develop(
     opt._color_to_comm_buffer_list: dict = OrderedDict()
     for buffer in opt._rs_buffers:
         colour = opt._rs_colour[id(buffer)]
-        raw = _mso._DEFAULT_RAW_COLOUR if colour is _mso._DEFAULT_COLOUR else colour
+        raw = DEFAULT_RAW_COLOUR if colour is DEFAULT_COLOUR else colour
         opt._color_to_comm_buffer_list.setdefault(raw, []).append(buffer)
     opt.param2bucket: dict[str, list] = OrderedDict()
     for buffer in opt.comm_buffer_2d + opt._rs_buffers:
@@ -342,19 +349,17 @@ def check_supported_config(opt: MuonShardingOptimizer, optimizer) -> None:
 def colour_key(opt: MuonShardingOptimizer, param) -> tuple[str | None, Any]:
     """(colour key, group) of a parameter; checks it, registers nothing."""
     color = getattr(param, "color", None)
-    if color is None or (isinstance(color, int) and color == -1):
-        return _mso._DEFAULT_COLOUR, opt._default_group
-    if not isinstance(color, dict):
+    parsed = parse_colour(color, opt._default_group)
+    if not parsed.from_dict and parsed.key is not DEFAULT_COLOUR:
         raise ValueError(
             f"parameter {param.name} has color={color!r}; expected None, -1 or "
             "a dict {'color': key, 'group': paddle.distributed.Group}."
         )
     # develop: a dict without 'color' (or with -1/None) is the default
     # colour; a dict without 'group' uses the sharding group
-    key = color.get("color", _mso._DEFAULT_RAW_COLOUR)
-    if key is None or (isinstance(key, int) and key == _mso._DEFAULT_RAW_COLOUR):
-        return _mso._DEFAULT_COLOUR, opt._default_group
-    group = color.get("group", opt._default_group)
+    if parsed.key is DEFAULT_COLOUR:
+        return DEFAULT_COLOUR, opt._default_group
+    key, group = parsed.key, parsed.group
     if not hasattr(group, "ranks") or not hasattr(group, "nranks"):
         raise TypeError(
             f"parameter {param.name}: color group {group!r} is not a "
@@ -373,7 +378,7 @@ def collect_colour_groups(opt: MuonShardingOptimizer) -> dict[str | None, Any]:
     """Colour key -> group, in first-seen order; one group per key."""
     groups: dict[str | None, Any] = OrderedDict()
     for param in opt._parameter_list:
-        if not _mso._is_trainable(param):
+        if not is_trainable(param):
             continue
         key, group = opt._colour_key(param)
         known = groups.get(key)
@@ -392,7 +397,7 @@ def build_layout(opt: MuonShardingOptimizer) -> ShardingLayout:
     key_of = opt._inner_opt.muon_group_key if opt._stages_in_use() else None
     metas = []
     for p in opt._parameter_list:
-        if not _mso._is_trainable(p):
+        if not is_trainable(p):
             continue
         whole = opt._uses_muon(p)
         metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), opt._colour_key(p)[0],
@@ -424,7 +429,7 @@ def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None
         return None
     mine: dict = OrderedDict()
     for p in opt._parameter_list:
-        if not (_mso._is_trainable(p) and opt._uses_muon(p)):
+        if not (is_trainable(p) and opt._uses_muon(p)):
             continue
         colour, group = opt._colour_key(p)
         numel = 1
@@ -433,7 +438,7 @@ def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     # develop's node numbering: global rank // GPUs per node
-    machine = opt._rank // _mso.resolve_gpus_per_node()
+    machine = opt._rank // resolve_gpus_per_node()
     gathered: list = []
     if dist.get_world_size() > 1:
         dist.all_gather_object(gathered, (opt._rank, machine, mine))
@@ -589,27 +594,20 @@ def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
     def entry(group) -> dict:
         return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
 
-    info = OrderedDict([(_mso._DEFAULT_COLOUR, entry(sharding_group))])
+    info = OrderedDict([(DEFAULT_COLOUR, entry(sharding_group))])
     for param in params:
-        color = getattr(param, "color", None)
-        if not isinstance(color, dict):
+        parsed = parse_colour(getattr(param, "color", None), sharding_group)
+        if not parsed.from_dict or parsed.key is DEFAULT_COLOUR or parsed.key in info:
             continue
-        key = color.get("color", _mso._DEFAULT_RAW_COLOUR)
-        if key is None or key == _mso._DEFAULT_RAW_COLOUR or key in info:
-            continue
-        info[key] = entry(color.get("group", sharding_group))
+        info[parsed.key] = entry(parsed.group)
     return info
 
 
 def buffer_color(buffer):
-    # A dict colour gives its 'color' value (None when absent, the raw value
-    # otherwise); any other colour gives None for -1/None, else itself.
+    # develop's rule: a dict colour gives its 'color' as written (None when
+    # absent, -1 stays -1); any other colour gives its key (None for -1/None).
     params = buffer.params
     if not params:
         return None
-    color = getattr(params[0], "color", None)
-    if isinstance(color, dict):
-        return color.get("color")
-    if color is None or (isinstance(color, int) and color == _mso._DEFAULT_RAW_COLOUR):
-        return None
-    return color
+    parsed = parse_colour(getattr(params[0], "color", None))
+    return parsed.declared if parsed.from_dict else parsed.key

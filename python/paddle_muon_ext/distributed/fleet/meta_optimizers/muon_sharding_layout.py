@@ -38,10 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 from .muon_sharding_options import option_default
-from .muon_sharding_partition import dtype_itemsize
 from . import muon_sharding_step_plan as _step_plan
-from .muon_sharding_placement import (  # re-exported: callers import them from here
-    NO_HOOK_COLOURS,
+from .muon_sharding_placement import (
     MuonBucketSpec,
     SliceBufferSpec,
     assign_muon_owners,
@@ -50,8 +48,17 @@ from .muon_sharding_placement import (  # re-exported: callers import them from 
     colour_slice_layout,
     fixed_owners as _fixed_owners_of,
 )
-from .muon_sharding_step_plan import (  # re-exported: callers import them from here
-    _NON_FLOAT_SIZES,
+from .muon_sharding_step_plan import (
+    CommOp,
+    StepPhase,
+    SyncStageSpec,
+    flat_broadcast_phase,
+    flat_reduce_phase,
+)
+from .muon_sharding_types import (
+    DEFAULT_ALIGNMENT_BYTES,
+    DEVELOP_DEFAULT_BUFFER_MB,
+    NO_HOOK_COLOURS,
     PHASE_ALL_GATHER,
     PHASE_CROSS_NODE_BROADCAST,
     PHASE_CROSS_NODE_REDUCE,
@@ -67,11 +74,7 @@ from .muon_sharding_step_plan import (  # re-exported: callers import them from 
     TRIGGER_REDUCE,
     TRIGGER_STEP,
     TRIGGER_SYNC,
-    CommOp,
-    StepPhase,
-    SyncStageSpec,
-    flat_broadcast_phase,
-    flat_reduce_phase,
+    canonical_dtype,
     itemsize,
 )
 
@@ -101,27 +104,6 @@ __all__ = [
     "flat_reduce_phase",
     "flat_broadcast_phase",
 ]
-
-# Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
-# uses 256 for gpu/npu/xpu; the CPU compat registers the same).
-DEFAULT_ALIGNMENT_BYTES = 256
-
-
-def canonical_dtype(dtype: Any) -> str:
-    """``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"`` etc."""
-    text = str(dtype).strip().lower()
-    for prefix in ("paddle.", "vartype.", "datatype."):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    if text in _NON_FLOAT_SIZES:
-        return text
-    try:
-        dtype_itemsize(text)
-    except ValueError:
-        return text
-    return {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
-            "half": "float16", "fp64": "float64", "double": "float64"}.get(text, text)
-
 
 @dataclass(frozen=True)
 class ParamMeta:
@@ -169,7 +151,7 @@ class LayoutSettings:
         overlap_sync_group_call: keep the staged sync on the hierarchical route.
     """
 
-    comm_buffer_size_MB: float = 256.0
+    comm_buffer_size_MB: float = float(DEVELOP_DEFAULT_BUFFER_MB)
     comm_overlap: bool = False
     partition_strategy: str = option_default("muon_partition_strategy")
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES

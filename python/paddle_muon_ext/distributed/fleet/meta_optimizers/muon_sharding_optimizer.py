@@ -18,6 +18,22 @@ the owner, Newton-Schulz there, broadcast back); every other parameter is split
 element-wise (reduce-scatter, AdamW on the slice, all-gather). ``ShardingLayout``
 decides what moves when (data); the build/runtime/sync/state modules hold the
 bodies, so this file keeps develop's names as thin methods.
+
+Develop's surface -- kept for develop's callers; do not build on it (new code
+reads ``sharding_layout``, ``owner_map``, ``comm_plan``, ``partitions``,
+``muon_buckets``, ``local_range``, ``fused_states_buffers``): the module names
+``g_shard_bypass_dygraph_optimizer``, ``_is_trainable``, ``get_gpus_per_node``,
+``get_trainer_ranks``, ``get_same_card_rank``; the attributes
+``_describe_like_develop``, ``_select_overlap_buffers``, ``_mirror_config`` and
+``_create_group_call_groups`` fill (``_params_2d_by_color``, ``comm_buffer_2d``,
+``_slice_params``, ``_sync_stages``, ``trainer_comms``, the mirrored config,
+...); and every method below that only delegates to the build / runtime /
+sync / state modules (``_buffer_color``, ``_reduce_2d_grads``,
+``_launch_stage_sync``, ``reorder_params``, ``_step_with_sync_overlap``, ...).
+
+Constructing the optimizer installs nothing process-wide: on a CPU-only build
+Paddle's tensor-fusion table needs a CPU entry first, which the caller (the
+test harness; out of tree, ``patch_paddle()``) adds.
 """
 
 from __future__ import annotations
@@ -46,82 +62,34 @@ from . import muon_sharding_runtime as _runtime
 from . import muon_sharding_state as _state
 from . import muon_sharding_sync as _sync
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_partition import (
-    dtype_itemsize,
-    machine_balanced_owner_indices,
-    partition_2d_parameters,
-)
-from .muon_sharding_layout import (
+from .muon_sharding_partition import partition_2d_parameters
+from .muon_sharding_layout import ShardingLayout
+from .muon_sharding_placement import assign_muon_owners
+from .muon_sharding_runtime import get_param_grad as _get_param_grad
+from .muon_sharding_stages import run_staged_update  # noqa: F401  (develop's module name)
+from .muon_sharding_types import (
+    DEFAULT_COLOUR,
+    DEFAULT_RAW_COLOUR,
     NO_HOOK_COLOURS,
-    ROUTE_HIERARCHICAL,
-    TRIGGER_BACKWARD,
-    TRIGGER_REDUCE,
-    LayoutSettings,
-    ParamMeta,
-    ShardingLayout,
-    assign_muon_owners,
+    STAGED_API,
+    is_hooked,
+    is_trainable as _is_trainable,
+    parse_colour,
 )
-
-from .muon_sharding_stages import run_staged_update
-from .muon_sharding_settings import (  # noqa: F401  (re-exported: callers import them here)
-    PARTITION_STRATEGIES,
-    PP_CONFIG_FIELDS,
-    SHARDING_CONFIG_FIELDS,
-    ShardingAssertionError,
-    ShardingSettings,
-    ShardingTypeError,
-    read_overlap_optimize_and_sync,
-    _WARNED,
-    _user_set_sharding_config,
-    _warn_once,
-)
-
-# paddle_muon_ext: compat-begin
-from paddle_muon_ext.compat_paddle_3_3 import register_cpu_tensor_fusion
-
-# paddle_muon_ext: compat-end
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
-# The package re-exports the reduce *function* under the module's name; the
-# module itself holds is_avg_reduce_op_supported.
-_reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
-
-# Develop's key for the default sharding group (no colour, -1 or None).
-_DEFAULT_COLOUR = None
-# develop's raw colour of the default group (keys _color_to_comm_buffer_list)
-_DEFAULT_RAW_COLOUR = -1
+# Develop's key for the default sharding group (no colour, -1 or None), and
+# its raw colour (keys _color_to_comm_buffer_list).
+_DEFAULT_COLOUR = DEFAULT_COLOUR
+_DEFAULT_RAW_COLOUR = DEFAULT_RAW_COLOUR
 
 # Read once at import, as develop does: the update is skipped, the parameter
 # sync still runs (owners broadcast unchanged values).
 g_shard_bypass_dygraph_optimizer = int(os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0))
 
 # What the overlapped update needs from the inner optimizer (Muon's staged API).
-_STAGED_API = ("apply_grad_clip", "prepare_optimize", "update_params", "muon_group_key")
-# Elements per sync stage when comm_buffer_size_MB <= 0 (develop: 256 MB of fp32).
-_DEFAULT_STAGE_MB = 256
-
-
-
-def _is_trainable(param) -> bool:
-    # A zero-size parameter has nothing to reduce or update: it stays out of
-    # every buffer (an empty fused buffer reads as released) and keeps its value.
-    return not param.stop_gradient and 0 not in tuple(param.shape)
-
-
-def _get_param_grad(param):
-    """The gradient to reduce: ``main_grad`` under MixPrecisionLayer, else ``grad``.
-
-    A parameter without one this step (an unused branch) still takes part in
-    the collective, with zeros: other ranks may have a gradient.
-    """
-    if hasattr(param, "main_grad"):
-        if param.main_grad is None:
-            param.main_grad = paddle.zeros(param.shape, dtype="float32")
-        return param.main_grad
-    if param.grad is None:
-        param._copy_gradient_from(paddle.zeros_like(param))
-    return param.grad
+_STAGED_API = STAGED_API
 
 
 def get_gpus_per_node() -> int:
@@ -220,9 +188,9 @@ class MuonShardingOptimizer:
         """The no-hook colours among the dict colours of ``params``."""
         colours = set()
         for param in params:
-            color = getattr(param, "color", None)
-            if isinstance(color, dict) and "color" in color:
-                colours.add(color["color"])
+            parsed = parse_colour(getattr(param, "color", None))
+            if parsed.from_dict:
+                colours.add(parsed.declared)
         return colours & cls._NO_HOOK_COLORS
 
     @classmethod
@@ -303,7 +271,7 @@ class MuonShardingOptimizer:
     def _buffer_acc_steps(self, colour) -> int:
         # Without hooks the buffers never count check-ins: grads accumulate
         # in place and reduce_gradients runs once per optimizer step.
-        hooked = self._settings.comm_overlap and colour not in NO_HOOK_COLOURS
+        hooked = is_hooked(self._settings.comm_overlap, colour)
         return self._settings.accumulate_steps if hooked else 1
 
     def _build_reduce_scatter_buffer(self, spec, by_name: dict) -> None:

@@ -21,6 +21,12 @@ one-line doc. The optimizer's settings, the 3.3.1 compat options and
 ``patch_paddle()``, the plan tool and the patch exporter read defaults and
 choices from this table; none of them writes one down again.
 
+Where a Paddle build's proto lacks some of these fields, their values are
+kept elsewhere (paddle 3.3.1: beside the strategy object); whoever keeps them
+registers a reader with :func:`set_kept_options_reader`, and the settings ask
+:func:`kept_options`. With no reader (a Paddle whose proto has every field)
+the proto alone is read.
+
 Pure Python (no paddle import): tools load it before paddle.
 """
 
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 __all__ = [
     "ShardingOption",
@@ -40,6 +46,8 @@ __all__ = [
     "option_default",
     "added_options",
     "check_option_value",
+    "set_kept_options_reader",
+    "kept_options",
 ]
 
 # Owner rules of muon_partition_strategy: develop's rule (the default) and ours.
@@ -152,3 +160,33 @@ def check_option_value(name: str, value: Any, where: str = "") -> None:
         raise ValueError(
             f"{where}{name}={value!r} is not supported; use one of {opt.choices}."
         )
+
+
+# The reader of option values kept outside the proto (None: nothing kept).
+_kept_options_reader: Optional[Callable[[Any], Any]] = None
+
+
+def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
+    """Register where option values the proto cannot hold are read from.
+
+    Args:
+        reader: ``reader(strategy)`` returns an object with one attribute per
+            :data:`SHARDING_OPTIONS` entry (the values in effect for that
+            strategy); None removes the reader.
+    """
+    global _kept_options_reader
+    _kept_options_reader = reader
+
+
+def kept_options(strategy: Any) -> Any:
+    """The option values kept outside ``strategy``'s proto, or None when nothing keeps any.
+
+    Args:
+        strategy: the user's ``fleet.DistributedStrategy`` (or None).
+
+    Returns:
+        The registered reader's answer for ``strategy``; None without a reader.
+    """
+    if _kept_options_reader is None or strategy is None:
+        return None
+    return _kept_options_reader(strategy)

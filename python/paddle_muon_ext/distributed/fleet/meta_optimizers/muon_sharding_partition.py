@@ -86,6 +86,12 @@ import operator
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+# dtype sizes and develop's buffer default have one home (a leaf, no paddle).
+from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
+from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
+from .muon_sharding_types import canonical_float_dtype as _canonical_dtype
+from .muon_sharding_types import dtype_itemsize
+
 __all__ = [
     "MatrixSpec",
     "OwnerPartition",
@@ -103,47 +109,6 @@ __all__ = [
     "partition_from_owners",
     "DEVELOP_DEFAULT_BUFFER_MB",
 ]
-
-# itemsize in bytes of the dtype names we accept ("paddle." prefix allowed).
-_DTYPE_SIZES: Dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
-_DTYPE_ALIASES: Dict[str, str] = {
-    "fp64": "float64",
-    "double": "float64",
-    "fp32": "float32",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-}
-
-
-def _canonical_dtype(dtype) -> str:
-    if type(dtype) is str and dtype in _DTYPE_SIZES:
-        return dtype
-    text = str(dtype).strip().lower()
-    for prefix in ("paddle.", "vartype.", "datatype."):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    text = _DTYPE_ALIASES.get(text, text)
-    if text not in _DTYPE_SIZES:
-        raise ValueError(
-            f"unsupported dtype {dtype!r} for a Muon matrix; "
-            f"expected one of {sorted(_DTYPE_SIZES)}"
-        )
-    return text
-
-
-def dtype_itemsize(dtype) -> int:
-    """Bytes per element of ``dtype`` (a name such as ``"bfloat16"``)."""
-    return _DTYPE_SIZES[_canonical_dtype(dtype)]
-
 
 @dataclass(frozen=True)
 class MatrixSpec:
@@ -1013,8 +978,8 @@ def _refine_by_rank(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, 
 # --------------------------------------------------------------------------
 # develop's rules (the default, and develop's machine-balanced switch)
 # --------------------------------------------------------------------------
-# The buffer size develop falls back to when comm_buffer_size_MB <= 0.
-DEVELOP_DEFAULT_BUFFER_MB = 256
+# The buffer size develop falls back to when comm_buffer_size_MB <= 0:
+# DEVELOP_DEFAULT_BUFFER_MB (muon_sharding_types).
 
 
 def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:

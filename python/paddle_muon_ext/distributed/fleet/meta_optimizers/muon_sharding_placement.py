@@ -39,16 +39,16 @@ from .muon_sharding_partition import (
     partition_from_owners,
     upstream_partition,
 )
-from .muon_sharding_step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL, itemsize
+from .muon_sharding_types import (
+    ROUTE_FLAT,
+    ROUTE_HIERARCHICAL,
+    is_hooked,
+    itemsize,
+)
 
 if TYPE_CHECKING:
     from .muon_comm_plan import HierarchicalCommPlan
     from .muon_sharding_layout import LayoutSettings, ParamMeta
-
-#: Colours whose gradients are never reduced from overlap hooks (develop's
-#: shared MTP weights: complete only after the pipeline's shared-weight sync).
-NO_HOOK_COLOURS = ("dense_weight_no_hook", "moe_weight_no_hook")
-
 
 @dataclass(frozen=True)
 class MuonBucketSpec:
@@ -240,8 +240,7 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
             colour=colour, group=group, owner=owner, dtype=dtype,
             params=tuple(p.name for p in bparams), chunks=chunks,
             route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
-            overlap=settings.comm_overlap and settings.fused
-            and colour not in NO_HOOK_COLOURS,
+            overlap=settings.fused and is_hooked(settings.comm_overlap, colour),
             numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
             param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
             param_bytes=tuple(p.nbytes for p in bparams),
@@ -268,7 +267,7 @@ def slice_buffer_specs(colour, group, params, settings) -> tuple:
                 colour=colour, group=group, dtype=dtype,
                 params=tuple(p.name for p in members), offsets=offsets,
                 padded=padded, param_numels=tuple(p.numel for p in members),
-                overlap=settings.comm_overlap and colour not in NO_HOOK_COLOURS,
+                overlap=is_hooked(settings.comm_overlap, colour),
                 payload=sum(p.nbytes for p in members),
             ))
     return tuple(out)

@@ -16,8 +16,8 @@
 Gradient reduction, ``step`` (plain and overlapped update) and gradient /
 parameter storage clearing. Split from ``muon_sharding_optimizer`` the same
 way as ``muon_sharding_build``: the thin develop methods stay there, the
-bodies live here (``opt`` is the optimizer); optimizer-module names are read
-through ``_mso`` at call time so patches there still apply.
+bodies live here (``opt`` is the optimizer); like the build module it never
+imports the optimizer's module.
 """
 
 from __future__ import annotations
@@ -25,19 +25,36 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Iterator
 
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelClipGrad,
+)
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle
 import paddle.distributed as dist
 
 from . import muon_fused_buffer as fused
 from . import muon_sharding_collectives as comm
-from .muon_sharding_layout import TRIGGER_BACKWARD
-from .muon_sharding_layout import TRIGGER_REDUCE
 from .muon_sharding_stages import run_staged_update
-from . import muon_sharding_optimizer as _mso
+from .muon_sharding_types import TRIGGER_BACKWARD
+from .muon_sharding_types import TRIGGER_REDUCE
 
 if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
+
+
+def get_param_grad(param):
+    """The gradient to reduce: ``main_grad`` under MixPrecisionLayer, else ``grad``.
+
+    A parameter without one this step (an unused branch) still takes part in
+    the collective, with zeros: other ranks may have a gradient.
+    """
+    if hasattr(param, "main_grad"):
+        if param.main_grad is None:
+            param.main_grad = paddle.zeros(param.shape, dtype="float32")
+        return param.main_grad
+    if param.grad is None:
+        param._copy_gradient_from(paddle.zeros_like(param))
+    return param.grad
 
 
 def reduce_gradients(opt: MuonShardingOptimizer) -> None:
@@ -253,7 +270,7 @@ def ensure_global_clip(opt: MuonShardingOptimizer) -> None:
     base = opt._base_opt
     clip = base._grad_clip
     if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
-        base._grad_clip = _mso.HybridParallelClipGrad(clip, opt._hcg)
+        base._grad_clip = HybridParallelClipGrad(clip, opt._hcg)
 
 
 def all_buffers(opt: MuonShardingOptimizer) -> list:
@@ -293,4 +310,4 @@ def copy_released_grads_in(opt: MuonShardingOptimizer) -> None:
 def grad_tensors(bucket) -> list:
     if bucket.buffers:
         return [b.grad_storage for b in bucket.buffers]
-    return [_mso._get_param_grad(p) for p in bucket.params]
+    return [get_param_grad(p) for p in bucket.params]

@@ -28,15 +28,13 @@ from typing import Any
 
 import paddle
 
-from .muon_sharding_options import PARTITION_STRATEGIES, option_default
-
-# paddle_muon_ext: compat-begin
-from paddle_muon_ext.compat_paddle_3_3 import get_muon_sharding_options
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options import (
+from .muon_sharding_options import (
+    PARTITION_STRATEGIES,
     SHARDING_OPTIONS,
+    kept_options,
+    option_default,
 )
-
-# paddle_muon_ext: compat-end
+from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
 
 __all__ = [
     "ShardingSettings",
@@ -115,7 +113,7 @@ class ShardingSettings:
 
     accumulate_steps: int = 1
     comm_overlap: bool = False
-    comm_buffer_size_MB: float = 256
+    comm_buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB
     use_reduce_avg: bool = True
     release_gradients: bool = False
     tensor_fusion: bool = False
@@ -158,16 +156,17 @@ class ShardingSettings:
                 setattr(settings, f"pp_{field}", getattr(pp_configs, field))
         settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
         settings.pp_degree = int(hybrid["pp_degree"])
-        # paddle_muon_ext: compat-begin
-        # Options the config object lacks (3.3.1's proto) come from the values
-        # kept beside the strategy; a field read above from the config wins.
-        options = get_muon_sharding_options(strategy)
+        # Options the config object lacks (an older proto) come from where
+        # they are kept instead, if anything keeps them; a field read above
+        # from the config wins.
+        options = kept_options(strategy)
+        if options is None:
+            return settings
         for opt in SHARDING_OPTIONS:
             if opt.config_key != "sharding_configs" or (
                     opt.name in SHARDING_CONFIG_FIELDS and hasattr(configs, opt.name)):
                 continue
             setattr(settings, opt.name, getattr(options, opt.name))
-        # paddle_muon_ext: compat-end
         return settings
 
     def check(self, pp_world_size: int) -> None:

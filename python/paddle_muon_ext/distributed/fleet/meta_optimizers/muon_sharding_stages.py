@@ -28,17 +28,18 @@ import math
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
+from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
+
 __all__ = ["build_sync_stages", "run_staged_update", "stage_element_limit"]
 
 # One MB of fp32 elements: develop sizes stages as comm_buffer_size_MB * 2**18.
 _ELEMENTS_PER_MB = 2**18
-# develop's stage size when comm_buffer_size_MB <= 0
-DEFAULT_STAGE_MB = 256
 
 
 def stage_element_limit(comm_buffer_size_MB: float) -> int:
     """Elements after which adjacent Muon groups close a stage."""
-    mb = comm_buffer_size_MB if comm_buffer_size_MB > 0 else DEFAULT_STAGE_MB
+    # develop's stage size when comm_buffer_size_MB <= 0
+    mb = comm_buffer_size_MB if comm_buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
     return int(mb * _ELEMENTS_PER_MB)
 
 

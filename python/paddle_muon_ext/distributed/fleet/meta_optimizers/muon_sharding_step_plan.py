@@ -13,10 +13,10 @@
 # limitations under the License.
 """The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages.
 
-Split from ``muon_sharding_layout`` (which re-exports every public name here)
-so placement and scheduling read separately. Each function takes the layout
-and derives the same sequence on every rank from replicated metadata; results
-are cached in the layout's ``__dict__`` (not dataclass fields, so equality and
+Split from ``muon_sharding_layout`` so placement and scheduling read
+separately; the route / trigger / phase names live in ``muon_sharding_types``.
+Each function takes the layout and derives the same sequence on every rank
+from replicated metadata; results are cached in the layout's ``__dict__`` (not dataclass fields, so equality and
 ``to_dict`` ignore them).
 """
 
@@ -27,8 +27,25 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
-from .muon_sharding_partition import dtype_itemsize
 from .muon_sharding_stages import build_sync_stages, stage_element_limit
+from .muon_sharding_types import (
+    PHASE_ALL_GATHER,
+    PHASE_CROSS_NODE_BROADCAST,
+    PHASE_CROSS_NODE_REDUCE,
+    PHASE_INTRA_NODE_BROADCAST,
+    PHASE_INTRA_NODE_REDUCE,
+    PHASE_REDUCE_SCATTER,
+    ROUTE_CROSS_NODE,
+    ROUTE_FLAT,
+    ROUTE_HIERARCHICAL,
+    ROUTE_INTRA_NODE,
+    ROUTE_SLICES,
+    TRIGGER_BACKWARD,
+    TRIGGER_REDUCE,
+    TRIGGER_STEP,
+    TRIGGER_SYNC,
+    itemsize,
+)
 
 if TYPE_CHECKING:
     from .muon_sharding_layout import ShardingLayout
@@ -37,43 +54,11 @@ __all__ = [
     "SyncStageSpec",
     "StepPhase",
     "CommOp",
-    "ROUTE_FLAT",
-    "ROUTE_HIERARCHICAL",
-    "PHASE_REDUCE_SCATTER",
-    "PHASE_ALL_GATHER",
-    "PHASE_INTRA_NODE_REDUCE",
-    "PHASE_CROSS_NODE_REDUCE",
-    "PHASE_CROSS_NODE_BROADCAST",
-    "PHASE_INTRA_NODE_BROADCAST",
     "flat_reduce_phase",
     "flat_broadcast_phase",
     "build_step_plan",
     "sync_stages",
 ]
-
-ROUTE_FLAT = "flat"
-ROUTE_HIERARCHICAL = "hierarchical"
-
-PHASE_REDUCE_SCATTER = "reduce_scatter"
-PHASE_ALL_GATHER = "all_gather_slices"
-PHASE_INTRA_NODE_REDUCE = "intra_node_reduce"
-PHASE_CROSS_NODE_REDUCE = "cross_node_reduce"
-PHASE_CROSS_NODE_BROADCAST = "cross_node_broadcast"
-PHASE_INTRA_NODE_BROADCAST = "intra_node_broadcast"
-
-#: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
-TRIGGER_BACKWARD = "backward"
-TRIGGER_REDUCE = "reduce_gradients"
-TRIGGER_STEP = "step"
-TRIGGER_SYNC = "sync"
-
-# How a phase reaches its group (StepPhase.route).
-ROUTE_INTRA_NODE = "intra_node"
-ROUTE_CROSS_NODE = "cross_node"
-ROUTE_SLICES = "slices"
-
-# Element sizes Paddle's fusion helper knows; other dtypes cannot be fused there.
-_NON_FLOAT_SIZES = {"int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,17 +77,6 @@ def flat_reduce_phase(group: tuple) -> str:
 def flat_broadcast_phase(group: tuple) -> str:
     """Phase label of a flat broadcast from owners in ``group``."""
     return f"broadcast_from_owner[{list(group)}]"
-
-
-@functools.lru_cache(maxsize=None)
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype name (4 for names we do not know)."""
-    if dtype in _NON_FLOAT_SIZES:
-        return _NON_FLOAT_SIZES[dtype]
-    try:
-        return dtype_itemsize(dtype)
-    except ValueError:
-        return 4
 
 
 @dataclass(frozen=True)
