@@ -1754,5 +1754,30 @@ class TestNumbersAndKeys(unittest.TestCase):
                         f"the legacy key overwrote develop's moment1 (got {got.flat[0]})")
 
 
+class TestAdamEpsilonIsTheNewtonSchulzFloor(unittest.TestCase):
+    def test_custom_epsilon_reaches_newton_schulz(self):
+        # Bug: Newton-Schulz divides by max(norm, default epsilon) whatever
+        # adam_epsilon says. A gradient of Frobenius norm 1e-4: with the
+        # default floor it is scaled to norm 1 first (an O(lr) update); with
+        # adam_epsilon = 1 it stays tiny, and so does the update.
+        rng = np.random.default_rng(3)
+        g = rng.normal(0, 1, (8, 12))
+        g *= 1e-4 / np.linalg.norm(g)
+        moved = {}
+        for eps in (None, 1.0):
+            w = paddle.create_parameter([8, 12], "float32",
+                                        default_initializer=paddle.nn.initializer.Constant(0.0))
+            kwargs = {} if eps is None else {"adam_epsilon": eps}
+            opt = Muon(learning_rate=0.02, parameters=[w], weight_decay=0.0,
+                       muon_param_info_map={w.name: MuonParamInfo(use_muon=True)}, **kwargs)
+            (w * paddle.to_tensor(g.astype("float32"))).sum().backward()
+            opt.step()
+            moved[eps] = float(np.linalg.norm(w.numpy()))
+        self.assertGreater(moved[None], 1e-3, f"default floor: update norm {moved[None]:.2e}")
+        self.assertLess(moved[1.0], moved[None] * 1e-2,
+                        f"adam_epsilon=1.0 must floor the Newton-Schulz norm: update norm "
+                        f"{moved[1.0]:.2e} vs {moved[None]:.2e} with the default")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -46,6 +46,8 @@ from paddle.distributed.flex_checkpoint.dcp.metadata import (
 )
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
+from muon_checkpoint_model import CheckpointNet
+
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint as ckpt
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
@@ -762,6 +764,25 @@ class TestRanksAsThreads(_Dir):
         open(os.path.join(hs.status_dir, "ack_1"), "wb").close()
         hs.wait_acks([1])
         hs.stop()  # never started: nothing to join
+
+
+class TestNewestCheckpointLoads(unittest.TestCase):
+    def test_two_checkpoints_in_one_directory(self):
+        # Bug: the oldest id (or the string-sorted largest, "2" > "10") is checked
+        # and loaded. Id 2 was saved from a model without experts, id 10 from
+        # the one loading: only the newest matches.
+        with tempfile.TemporaryDirectory() as tmp:
+            for uid, coord, value in ((2, None, 3.0), (10, 0, 5.0)):
+                net = CheckpointNet(coord, 1)
+                with paddle.no_grad():
+                    bias = net.param("out.bias")
+                    bias.set_value(paddle.full(bias.shape, value))
+                paddle.distributed.save_state_dict(net.sharded_state_dict(), tmp,
+                                                   unique_id=uid)
+            fresh = CheckpointNet(0, 1)
+            load_sharded_checkpoint(fresh.sharded_state_dict(), tmp)
+            got = np.unique(fresh.values()["out.bias"]).tolist()
+            self.assertEqual(got, [5.0], f"loaded out.bias {got}: not the newest checkpoint")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
 
 TOL = 1e-5
 ORDERS = {"ms_pp_ep": DEFAULT_MOE_ORDER, "pp_ms_ep": PIPE_FIRST_MOE_ORDER}
@@ -402,6 +405,35 @@ class TestGroupCall(unittest.TestCase):
         for rank in range(cfg.world):
             for group in (oracle.node(rank), oracle.same_card(rank)):
                 self.assertIn(group, created, f"group {group} of rank {rank} was never created")
+
+
+class _OtherTopologyHcg:
+    """The hcg with another MoE topology: same stage size, different ranks."""
+
+    def __init__(self, inner, topo) -> None:
+        self._inner, self._moe_topo = inner, topo
+
+    def __getattr__(self, item):
+        return getattr(self._inner, item)
+
+
+class TestShardingGroupSoundness(unittest.TestCase):
+    def test_plan_stage_of_equal_size_but_other_ranks_is_refused(self):
+        # Bug: the check compares group sizes, not ranks. The hcg has MoE order
+        # (moe_sharding, pipe, expert): rank 0's stage is {0..3, 8..11}; the
+        # plan reads a pipe-first topology whose stage 0 is {0..7} (also 8).
+        cfg = SimConfig(ep=4, ms=2, pp=2, gpn=4)
+        other = SimConfig(ep=4, ms=2, pp=2, order=("pipe", "moe_sharding", "expert"))
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False),
+                                  _OtherTopologyHcg(hcg, other.topology()), strategy)
+
+        with raises(ValueError, match="the routing plan's stage group") as info:
+            run_world(cfg, mode="record", body=body, reraise_original=True)
+        self.assertIn("comm_group_call_opt", str(info.value))
 
 
 if __name__ == "__main__":

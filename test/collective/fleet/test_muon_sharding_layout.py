@@ -45,6 +45,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
     ParamMeta,
     ShardingLayout,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types import (
+    NO_HOOK_COLOURS,
+)
 
 MS_FIRST = ["moe_sharding", "pipe", "expert"]
 
@@ -322,6 +325,34 @@ class TestCrossProcessDeterminism(unittest.TestCase):
                 other = json.loads(text)
                 bad = next(k for k in data if data[k] != other.get(k))
                 self.fail(f"layout {bad} differs between PYTHONHASHSEED=0 and {seed}")
+
+
+class TestNoHookColoursInTheLayout(unittest.TestCase):
+    """Bug: the layout forgets NO_HOOK_COLOURS (route ``+overlap``, hook trigger)."""
+
+    def test_no_hook_colours_reduce_in_reduce_gradients(self):
+        metas = [ParamMeta("w", (16, 16), "float32", None, True),
+                 ParamMeta("b", (16,), "float32", None, False)]
+        for colour in NO_HOOK_COLOURS:
+            metas += [ParamMeta(f"{colour}.w", (16, 16), "float32", colour, True),
+                      ParamMeta(f"{colour}.b", (16,), "float32", colour, False)]
+        groups = {key: (0, 1) for key in (None, *NO_HOOK_COLOURS)}
+        layout = ShardingLayout.build(metas, groups, 0, LayoutSettings(comm_overlap=True))
+        for bucket in layout.muon_buckets:
+            hooked = bucket.colour not in NO_HOOK_COLOURS
+            self.assertEqual(bucket.route_kind, "flat+overlap" if hooked else "flat",
+                             f"colour {bucket.colour!r}: route {bucket.route_kind}")
+        for buf in layout.slice_buffers:
+            self.assertEqual(buf.overlap, buf.colour not in NO_HOOK_COLOURS,
+                             f"colour {buf.colour!r}: 1-D buffer overlap={buf.overlap}")
+        triggers = {}
+        for op in layout.schedule():
+            if op.op in ("reduce", "reduce_scatter"):
+                triggers.setdefault(op.colour, set()).add(op.trigger)
+        self.assertEqual(triggers[None], {"backward"}, "the default colour reduces from hooks")
+        for colour in NO_HOOK_COLOURS:
+            self.assertEqual(triggers[colour], {"reduce_gradients"},
+                             f"{colour} must be reduced by reduce_gradients only")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from muon_sim_runner import (
     sharded_core,
     train_steps,
 )
+from muon_param_map import build_muon_param_info_map
 from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, init_dense, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
@@ -64,7 +65,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
     ShardingSettings,
 )
-from paddle_muon_ext.optimizer.muon import MuonParamInfo
+from paddle_muon_ext.optimizer.muon import Muon, MuonParamInfo
 
 FP32_TOL = 1e-5
 BF16_TOL = 1e-2
@@ -1419,6 +1420,61 @@ class TestEveryOptionHonouredOrRefused(unittest.TestCase):
         for field in ("sharding_comm_overlap", "release_gradients"):
             self.assertIn(f"pp_configs.{field}", reads)
         self.assertIn("hybrid_configs.enable_optimizer_timer", reads)
+
+
+class TestSlicesKeepNeedClip(unittest.TestCase):
+    def test_need_clip_false_survives_onto_the_slice(self):
+        # Bug: the 1-D slice parameter drops need_clip, so the global-norm clip
+        # (clip_norm 1e-12: every clipped gradient falls below AdamW's epsilon)
+        # freezes a parameter the user excluded from clipping.
+        cfg = SimConfig(ep=2, ms=2, steps=1, via_fleet=False)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            coord = hcg.get_expert_parallel_rank()
+            net = TinyMoE(coord, hcg.get_moe_sharding_parallel_group())
+            net.dense["b_in"].need_clip = False
+            params = list(net.parameters())
+            muon = Muon(learning_rate=0.02, parameters=params,
+                        grad_clip=paddle.nn.ClipGradByGlobalNorm(1e-12),
+                        muon_param_info_map=build_muon_param_info_map(params))
+            before = net.named_values()
+            opt = MuonShardingOptimizer(muon, hcg, strategy)
+            train_steps(cfg, hcg, net, opt)
+            after = net.named_values()
+            return {k: float(np.abs(after[k] - before[k]).max()) for k in before}
+
+        results, _ = run_world(cfg, body=body)
+        for rank, moved in enumerate(results):
+            # AdamW's first step moves every element by ~lr = 0.02
+            self.assertGreater(moved["dense.b_in"], 0.01,
+                               f"rank {rank}: the need_clip=False bias did not move "
+                               f"({moved['dense.b_in']:.2e}): it was clipped")
+            self.assertLess(moved["dense.norm_w"], 1e-3,
+                            f"rank {rank}: a clipped 1-D parameter moved "
+                            f"{moved['dense.norm_w']:.2e}")
+
+
+class TestPipelineReleaseGradientsWithOverlap(unittest.TestCase):
+    def test_pp_release_gradients_releases_hooked_buffers(self):
+        # Bug: under comm_overlap only sharding_configs.release_gradients is
+        # honoured; pp_configs.release_gradients keeps the 1-D buffers.
+        cfg = SimConfig(ep=2, ms=2, overlap=True, steps=2)
+
+        def body(cfg, strategy):
+            strategy.hybrid_configs["pp_configs"].release_gradients = True
+            hcg, net, opt, coord = build_rank(cfg, strategy)
+            train_steps(cfg, hcg, net, opt)
+            core = sharded_core(opt)
+            return (net.named_values(), [b.grad_storage is None for b in core._rs_buffers])
+
+        results, _ = run_world(cfg, body=body)
+        expected = reference_values(cfg)
+        for rank, (values, released) in enumerate(results):
+            self.assertTrue(released and all(released),
+                            f"rank {rank}: 1-D gradient buffers kept: {released}")
+            diff = max_abs_diff(values, expected[rank])
+            self.assertLessEqual(diff, 1e-5, f"rank {rank}: {diff:.3e} from the reference")
 
 
 if __name__ == "__main__":
