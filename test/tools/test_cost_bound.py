@@ -123,13 +123,27 @@ class TestBoundByHand(unittest.TestCase):
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB)
         # dense: 101 + (10 * 1 + 20 * 1e-3) / 4 = 103.505
         # moe: 100 + 2 * (6 * 1) / 4 = 103
-        # reduce-scatter: 101 + (4 + 8e-3 + 2 * 2) / 4 = 103.002
+        # reduce-scatter as NCCL rings: the sharding group's 4 B cross 2 node
+        # boundaries at 3/4 * 4 = 3 B each (6 B) and 2 NVLink edges (6 B); each
+        # moe group's 2 B cross 2 boundaries at 1/2 * 2 = 1 B (2 B):
+        # 101 + (6 + 6e-3 + 2 + 2) / 4 = 103.5015
         for name, want in (("dense_reduce", 103.505), ("moe_reduce", 103.0),
-                           ("reduce_scatter", 103.002)):
+                           ("reduce_scatter", 103.5015)):
             self.assertAlmostEqual(res["families_s"][name], want, places=9)
-        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 103.0 + 103.002), places=9)
-        # inter-node floor bytes: dense 10, moe 6 + 6, other 4 + 2 + 2; each twice
+        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 103.0 + 103.5015), places=9)
+        # inter-node bytes: dense 10, moe 6 + 6, rings 6 + 2 + 2; each twice
+        self.assertAlmostEqual(res["inter_node_bytes"], 64.0, places=9)
+
+    def test_gloo_keeps_the_floor_for_reduce_scatter(self) -> None:
+        res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB, "gloo")
+        # one round at alpha_nvlink 1; (4 + 8e-3 + 2 * 2) / 4 = 2.002 (floor bytes)
+        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 1 + 2.002, places=9)
         self.assertAlmostEqual(res["inter_node_bytes"], 60.0, places=9)
+
+    def test_ring_bytes_inside_one_node(self) -> None:
+        # 4 ranks on one node: 4 edges of 3/4 * 8 = 6 B, none across nodes
+        self.assertEqual(cb.ring_link_bytes(cb.GroupLoad(4, 1, 4, 8.0)), (0.0, 24.0))
+        self.assertEqual(cb.ring_link_bytes(cb.GroupLoad(1, 1, 1, 8.0)), (0.0, 0.0))
 
 
 def _params():

@@ -29,14 +29,17 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from .cost_model import BACKENDS, AlphaBeta
 
-__all__ = ["FAMILIES", "GroupLoad", "bandwidth_floor_s", "family_floor_s",
-           "latency_floor_s", "layout_families", "link_floor_bytes", "step_bound"]
+__all__ = ["FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s", "family_floor_s",
+           "latency_floor_s", "layout_families", "link_floor_bytes", "ring_link_bytes",
+           "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
 #: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of
 #: the MoE colour, and the element-wise reduce-scatter / all-gather.
 FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast",
             "reduce_scatter", "all_gather")
+#: Families the NCCL model always runs as rings (no option changes them).
+RING_FAMILIES = ("reduce_scatter", "all_gather")
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,28 @@ def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:
     return (g.nodes - 1) * g.nbytes, (g.ranks - g.nodes) * g.nbytes
 
 
-def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
+def ring_link_bytes(g: GroupLoad) -> Tuple[float, float]:
+    """(inter-node, intra-node) bytes of a ring reduce-scatter / all-gather of ``g``.
+
+    Every channel ring crosses each of the ``n`` node boundaries once and has
+    ``p`` edges of ``(p - 1) / p`` of the channel's share: ``n (p - 1) / p S``
+    across nodes, ``(p - n) (p - 1) / p S`` inside them (all ``(p - 1) S``
+    inside one node).
+
+    Args:
+        g: the group.
+
+    Returns:
+        tuple: inter-node and intra-node bytes (0, 0 for a group of one rank).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0, 0.0
+    share = (g.ranks - 1) / g.ranks * g.nbytes
+    crossings = g.nodes if g.nodes > 1 else 0
+    return crossings * share, (g.ranks - crossings) * share
+
+
+def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False) -> float:
     """Link-seconds ``g`` needs at least, summed over its ranks (not yet spread).
 
     The inter-node floor bytes pay ``beta_net``; the rest of the ``(p - 1) S``
@@ -81,10 +105,15 @@ def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
     Args:
         g: the group.
         ab: alpha-beta constants.
+        ring: the bytes of a ring reduce-scatter / all-gather
+            (:func:`ring_link_bytes`), each at its own link's beta.
 
     Returns:
         float: seconds (sum over the group's senders).
     """
+    if ring:
+        inter, intra = ring_link_bytes(g)
+        return inter * ab.beta_net + intra * ab.beta_nvlink
     inter, intra = link_floor_bytes(g)
     return inter * ab.beta_net + intra * min(ab.beta_net, ab.beta_nvlink)
 
@@ -119,7 +148,7 @@ def latency_floor_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl") -> float
 
 
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
-                   backend: str = "nccl") -> Tuple[float, float]:
+                   backend: str = "nccl", ring: bool = False) -> Tuple[float, float]:
     """(latency, bandwidth) floor of one phase family.
 
     Args:
@@ -128,6 +157,7 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
             set sends at least the set's mean.
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
+        ring: the family runs as rings (:func:`bandwidth_floor_s`).
 
     Returns:
         tuple: the largest one-launch latency of any group, and the largest
@@ -135,7 +165,7 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
     """
     latency = max((latency_floor_s(g, ab, backend) for _, groups in rank_sets for g in groups),
                   default=0.0)
-    bandwidth = max((sum(bandwidth_floor_s(g, ab) for g in groups) / size
+    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring) for g in groups) / size
                      for size, groups in rank_sets if size), default=0.0)
     return latency, bandwidth
 
@@ -156,9 +186,12 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
     per: Dict[str, float] = {}
     inter = 0.0
     for name, rank_sets in families.items():
-        latency, bandwidth = family_floor_s(rank_sets, ab, backend)
+        # NCCL: the element-wise collectives are rings whatever the options
+        ring = backend == "nccl" and name in RING_FAMILIES
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring)
         per[name] = latency + bandwidth
-        inter += sum(link_floor_bytes(g)[0] for _, groups in rank_sets for g in groups)
+        count = ring_link_bytes if ring else link_floor_bytes
+        inter += sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 

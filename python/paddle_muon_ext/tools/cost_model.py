@@ -58,10 +58,13 @@ farthest byte crosses ``n - 1`` node cuts and ``k - 1`` hops inside a node:
 hierarchical launch's cost; the largest such group latency. (Overlap) the
 model charges every phase as exposed, ``comm_overlap`` included (it changes
 which op launches a buffer, not the phase sum), so the bound hides nothing
-either. The bound is the sum over families of latency + bandwidth floors.
-The gap to a configuration: ring reduce-scatter / all-gather cross ``n``
-node cuts, not ``n - 1``; owners not spread over nodes and rails; extra
-launches of small buckets.
+either. (Rings) the element-wise reduce-scatter / all-gather run as NCCL
+rings whatever the options, so on ``nccl`` the bound takes the rings' bytes
+(``n (p - 1) / p S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead
+of the floor; gloo keeps the floor. The bound is the sum over families of
+latency + bandwidth floors. The gap to a configuration: owners not spread
+over nodes and rails, phases that do not overlap (the hierarchical path's
+intra- and cross-node steps), extra launches of small buckets.
 
 Symmetry: ranks whose collectives are the same up to renaming (the nodes of
 one pipeline stage; moe_sharding groups with the same card and node pattern)
