@@ -32,10 +32,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
-    PHASE_INTRA_NODE_BROADCAST,
-    PHASE_INTRA_NODE_REDUCE,
     LayoutSettings,
     ShardingLayout,
+)
+from ..distributed.fleet.meta_optimizers.muon_sharding_types import (
+    PHASE_INTRA_NODE_BROADCAST,
+    PHASE_INTRA_NODE_REDUCE,
 )
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_STRATEGIES,

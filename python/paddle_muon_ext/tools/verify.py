@@ -125,7 +125,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     Returns:
         list[str]: readable differences (empty when identical).
     """
-    from ..distributed.fleet.meta_optimizers.muon_sharding_layout import TRIGGER_BACKWARD
+    from ..distributed.fleet.meta_optimizers.muon_sharding_types import TRIGGER_BACKWARD
 
     got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
            for r in records if r.group_seq is not None and r.op not in _NOT_OPTIMIZER_OPS]

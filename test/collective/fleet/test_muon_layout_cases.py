@@ -57,6 +57,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
     assign_muon_owners,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (

@@ -35,7 +35,6 @@ from paddle.distributed.fleet.base.topology import CommunicateTopology
 from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
 from muon_test_compat import register_cpu_tensor_fusion
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_layout as msl
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_types as mst
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
     HierarchicalCommPlan,
@@ -44,6 +43,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
+    chunk_by_size,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types import (
     NO_HOOK_COLOURS,
@@ -150,9 +152,9 @@ class TestBucketsAndRoutes(unittest.TestCase):
 
     def test_chunk_by_size(self):
         mb = 1024 * 1024
-        self.assertEqual(msl.chunk_by_size([mb, mb, 3 * mb, mb], 2), [[0, 1], [2], [3]])
-        self.assertEqual(msl.chunk_by_size([5, 6], 0), [[0], [1]])
-        self.assertEqual(msl.chunk_by_size([], 1), [])
+        self.assertEqual(chunk_by_size([mb, mb, 3 * mb, mb], 2), [[0, 1], [2], [3]])
+        self.assertEqual(chunk_by_size([5, 6], 0), [[0], [1]])
+        self.assertEqual(chunk_by_size([], 1), [])
 
     def test_errors_name_the_colour_and_rank(self):
         with self.assertRaisesRegex(ValueError, "colour 'x' but no group"):
@@ -179,7 +181,7 @@ class TestBucketsAndRoutes(unittest.TestCase):
         for given, want in [("paddle.float32", "float32"), ("FP32", "float32"),
                             ("bf16", "bfloat16"), ("half", "float16"),
                             ("paddle.int64", "int64"), ("complex64", "complex64")]:
-            self.assertEqual(msl.canonical_dtype(given), want,
+            self.assertEqual(mst.canonical_dtype(given), want,
                              f"canonical_dtype({given!r}) should be {want!r}")
         layout = ShardingLayout.build(
             [_muon("a", (4, 4)), _muon("c", (4, 4)), ParamMeta("b", (8,), "float32")],

@@ -43,7 +43,7 @@ from .muon_flight_recorder import (
 _batch_isend_irecv = importlib.import_module(
     "paddle.distributed.communication.batch_isend_irecv"
 )
-from .muon_sharding_layout import (
+from .muon_sharding_types import (
     PHASE_ALL_GATHER,
     PHASE_CROSS_NODE_REDUCE,
     PHASE_INTRA_NODE_REDUCE,

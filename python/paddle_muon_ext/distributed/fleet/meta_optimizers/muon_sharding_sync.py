@@ -28,12 +28,12 @@ from collections import OrderedDict
 import paddle
 
 from . import muon_sharding_collectives as comm
-from .muon_sharding_layout import (
+from .muon_sharding_step_plan import flat_broadcast_phase
+from .muon_sharding_types import (
     ROUTE_CROSS_NODE,
     ROUTE_INTRA_NODE,
     TRIGGER_STEP,
     TRIGGER_SYNC,
-    flat_broadcast_phase,
 )
 
 __all__ = [
