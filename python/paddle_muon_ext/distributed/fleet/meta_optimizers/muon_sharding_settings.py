@@ -78,23 +78,18 @@ def read_overlap_optimize_and_sync() -> bool:
         ) from None
 
 
-# The sharding_configs / pp_configs fields this optimizer reads, as develop's
-# MuonShardingOptimizer does (muon_partition_strategy and overlap_sync_group_call
-# are ours; defaults and choices of the options 3.3.1 lacks: muon_sharding_options).
-SHARDING_CONFIG_FIELDS = (
-    "tensor_fusion",
-    "accumulate_steps",
-    "comm_overlap",
-    "comm_buffer_size_MB",
-    "use_reduce_avg",
-    "enable_fuse_optimizer_states",
-    "release_gradients",
-    "comm_group_call_opt",
-    "muon_partition_strategy",
-    "machine_balanced_2d_partition",
-    "overlap_sync_group_call",
-)
-PP_CONFIG_FIELDS = ("sharding_comm_overlap", "release_gradients")
+# The ShardingSettings fields not read from ``sharding_configs.<field>``:
+# field -> (where, name there). Every other field is a sharding_configs field of
+# its own name (SHARDING_CONFIG_FIELDS, derived below the class), as develop's
+# MuonShardingOptimizer reads them; defaults and choices of the options 3.3.1
+# lacks come from muon_sharding_options.
+_READ_ELSEWHERE = {
+    "pp_sharding_comm_overlap": ("pp_configs", "sharding_comm_overlap"),
+    "pp_release_gradients": ("pp_configs", "release_gradients"),
+    "enable_optimizer_timer": ("hybrid_configs", "enable_optimizer_timer"),
+    "pp_degree": ("hybrid_configs", "pp_degree"),
+}
+
 
 @dataclasses.dataclass
 class ShardingSettings:
@@ -222,10 +217,7 @@ class ShardingSettings:
         self.check_values()
 
     # Where each value comes from, for the error messages.
-    _SOURCE = {"pp_sharding_comm_overlap": "pp_configs.sharding_comm_overlap",
-               "pp_release_gradients": "pp_configs.release_gradients",
-               "enable_optimizer_timer": "hybrid_configs.enable_optimizer_timer",
-               "pp_degree": "hybrid_configs.pp_degree"}
+    _SOURCE = {name: f"{where}.{there}" for name, (where, there) in _READ_ELSEWHERE.items()}
 
     def check_values(self) -> None:
         """Refuse a value of the wrong type, NaN or inf (after develop's checks).
@@ -260,6 +252,13 @@ class ShardingSettings:
                         "or <= 0 for no fused buffers."
                     )
 
+
+# The sharding_configs / pp_configs fields this optimizer reads (one list: the
+# dataclass's fields and _READ_ELSEWHERE).
+SHARDING_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ShardingSettings)
+                               if f.name not in _READ_ELSEWHERE)
+PP_CONFIG_FIELDS = tuple(there for where, there in _READ_ELSEWHERE.values()
+                         if where == "pp_configs")
 
 _WARNED: set = set()
 
