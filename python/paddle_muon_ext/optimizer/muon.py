@@ -394,15 +394,17 @@ def _check_real(label: str, value: Any, low: float = 0.0, hint: str = "",
                 positive: bool = False) -> None:
     """Refuse anything but a finite real number ``>= low`` (``> 0`` if ``positive``)."""
     bound = "> 0" if positive else f">= {low:g}"
+    # a Tensor's repr spans lines; the error stays one line
+    shown = " ".join(repr(value).split())
     if not _is_real(value):
         raise TypeError(
-            f"Muon: {label}={value!r} ({type(value).__name__}) is not a number; "
+            f"Muon: {label}={shown} ({type(value).__name__}) is not a number; "
             f"pass a finite float {bound}{hint}."
         )
     number = float(value)
     if not math.isfinite(number) or number < low or (positive and number <= 0):
         raise ValueError(
-            f"Muon: {label}={value!r} is out of range; pass a finite float {bound}{hint}."
+            f"Muon: {label}={shown} is out of range; pass a finite float {bound}{hint}."
         )
 
 
