@@ -207,6 +207,10 @@ class TestGlooCompatUnits(unittest.TestCase):
                     _EnvGuard(GLOO_COMPAT=value, PADDLE_DISTRI_BACKEND="gloo"):
                 self.assertFalse(gc.gloo_expected(), f"GLOO_COMPAT={value} must force it off")
                 self.assertFalse(gc.gloo_backend_selected())
+        for value in ("1", "true", "on", "yes", "ON", "True", " Yes "):
+            with self.subTest(GLOO_COMPAT=value), \
+                    _EnvGuard(GLOO_COMPAT=value, PADDLE_DISTRI_BACKEND="nccl"):
+                self.assertTrue(gc.gloo_expected(), f"GLOO_COMPAT={value!r} must force it on")
         with _EnvGuard(**{gc.STORE_TIMEOUT_ENV: None}):
             self.assertEqual(gc._store_timeout(), 300, "sub-group store timeout default")
         with _EnvGuard(PADDLE_CURRENT_ENDPOINT="10.1.2.3:6170"):
@@ -543,6 +547,9 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
             "split sum": (lambda r, g: gc._emulated_all_to_all_single(
                 paddle.ones([4]), paddle.ones([4]), None, [1, 2] if r == 1 else None, g),
                 r"in_tensor split sizes \[1, 2\] must be 2 non-negative numbers summing to its 4"),
+            "negative split": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([4]), paddle.ones([4]), None, [-1, 5] if r == 1 else None, g),
+                r"in_tensor split sizes \[-1, 5\] must be 2 non-negative numbers"),
             "out dtype": (lambda r, g: gc._emulated_all_to_all_single(
                 paddle.ones([2], dtype="int64" if r == 1 else "float32"), paddle.ones([2]), None,
                 None, g), "out_tensor has dtype paddle.int64"),

@@ -254,6 +254,25 @@ class TestSaveHygiene(_Dir):
         self.assertEqual(os.path.basename(save_sharded_checkpoint(
             whole(arrays(2)), self.root, unique_id=3)), "checkpoint_3")
 
+    def test_reclaiming_never_removes_a_committed_checkpoint_however_old(self):
+        # an hourly save: every committed checkpoint is older than the
+        # reclaim horizon, and only uncommitted temporary directories may go
+        old = ckpt.STALE_SAVE_S + 3600
+        first = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        now = time.time()
+        for directory, _, names in os.walk(first):
+            for name in names:
+                os.utime(os.path.join(directory, name), (now - old, now - old))
+            os.utime(directory, (now - old, now - old))
+        dead = self.leftover(7, "dead", old, old)
+        save_sharded_checkpoint(whole(arrays(2)), self.root)
+        self.assertFalse(os.path.exists(dead), "the reclaim pass did not run")
+        self.assertTrue(os.path.isdir(first), f"{first} was reclaimed as a dead save")
+        target = zeros()
+        load_sharded_checkpoint(target, self.root, unique_id=0)
+        for key, value in arrays(1).items():
+            self.assertTrue(np.array_equal(numpy_of(target)[key], value), key)
+
     def test_activity_of_a_save_directory(self):
         tmp = os.path.join(self.root, commit.tmp_name(1, "t"))
         self.assertIsNone(commit.last_activity(tmp), "a directory that is gone")

@@ -420,6 +420,20 @@ class TestClusterHelpers(unittest.TestCase):
                     cfg.validate_values()
         cluster.ClusterConfig(**base).validate_values()  # the same layout with ints passes
 
+    def test_each_limit_is_the_largest_value_accepted(self) -> None:
+        # the limits are inclusive: the limit passes, one above it is refused
+        base = dict(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, group_call="0")
+        for name, limit, flag in (("steps", cluster.MAX_STEPS, "--steps"),
+                                  ("hidden", cluster.MAX_DIM, "--hidden"),
+                                  ("inner", cluster.MAX_DIM, "--inner"),
+                                  ("timeout_s", 86400.0, "--timeout"),
+                                  ("link_mbit", 1e5, "--link-mbit")):
+            with self.subTest(field=name):
+                cluster.ClusterConfig(**{**base, name: limit}).validate_values()
+                above = limit + 1 if isinstance(limit, int) else limit * 1.01
+                with self.assertRaisesRegex(ValueError, f"^{flag} {above:g}: above the limit"):
+                    cluster.ClusterConfig(**{**base, name: above}).validate_values()
+
     def test_not_root_is_a_reason(self) -> None:
         with mock.patch.object(os, "geteuid", return_value=1000):
             self.assertIn("root", cluster.probe_capability())

@@ -116,6 +116,15 @@ class TestLoadDevelopOptimizer(_LoaderCase):
         self.assertFalse(first.__name__.startswith("paddle"))
         self.assertIs(sys.modules[first.__name__], first)
 
+    def test_a_symlink_to_a_loaded_checkout_reuses_its_module(self):
+        # one file, two spellings of its root: the file runs once
+        root = _tree(self.tmp, "paddle")
+        link = os.path.join(self.tmp, "paddle-link")
+        os.symlink(root, link)
+        first = dl.load_develop_optimizer(root)
+        self.assertIs(dl.load_develop_optimizer(link), first)
+        self.assertEqual(first.EXECUTIONS, 1, "the checkout's file ran twice")
+
     def test_two_checkouts_keep_their_own_modules(self):
         one = dl.load_develop_optimizer(_tree(self.tmp, "one"))
         two = dl.load_develop_optimizer(_tree(self.tmp, "two"))
@@ -155,6 +164,15 @@ class TestLoadDevelopMuon(_LoaderCase):
         self.assertIsNone(got.module)
         self.assertIn("does not import on paddle 3.3.1", got.reason)
         self.assertIn("ModuleNotFoundError", got.reason)
+
+    def test_a_file_using_a_name_this_paddle_lacks_is_reported_not_raised(self):
+        # a newer muon.py fails at import with whatever its first missing name
+        # raises (here an AttributeError, not an ImportError)
+        muon = "import paddle\nBASE = paddle.optimizer.NoSuchOptimizerIn33\n"
+        got = dl.load_develop_muon(_tree(self.tmp, "paddle", muon=muon))
+        self.assertIsNone(got.module)
+        self.assertIn("does not import on paddle 3.3.1: AttributeError", got.reason)
+        self.assertIn("NoSuchOptimizerIn33", got.reason)
 
     def test_a_bad_root_is_refused_like_the_optimizer(self):
         with self.assertRaises(dl.DevelopTreeError):

@@ -306,6 +306,54 @@ class TestDiagnose(unittest.TestCase):
         }
         self.assertIn("wait on each other", fr.diagnose(states)[0])
 
+    def test_the_collective_waiting_for_the_culprit_alone_describes_it(self) -> None:
+        # rank 0 waits for ranks 1 and 2 in an all_reduce, rank 3 for rank 1
+        # alone in a broadcast: rank 1's line names the broadcast (it is the
+        # one rank 1 alone holds up), rank 2's the all_reduce
+        a, b = (4, (0, 1, 2)), (6, (1, 3))
+        states = {
+            0: fr.RankState(0, None, [_entry("all_reduce", 4, [0, 1, 2], 0, "x", False)],
+                            {a: 1}),
+            1: fr.RankState(1, "y", [], {}),
+            2: fr.RankState(2, "y", [], {}),
+            3: fr.RankState(3, None, [_entry("broadcast", 6, [1, 3], 0, "z", False, root=1,
+                                             seq=5)], {b: 1}),
+        }
+        lines = fr.diagnose(states, world_size=4)
+        self.assertTrue(lines[0].startswith(f"rank 1 {CULPRIT}"), lines)
+        self.assertIn("has not issued broadcast #0 on group 6 [1, 3]", lines[0])
+        self.assertTrue(lines[1].startswith(f"rank 2 {CULPRIT}"), lines)
+        self.assertIn("has not issued all_reduce #0 on group 4 [0, 1, 2]", lines[1])
+
+    def test_every_rank_without_a_dump_is_listed_the_last_too(self) -> None:
+        states = _two_rank_states()
+        del states[3]
+        self.assertEqual(fr.diagnose(states, world_size=4)[-1], "  no dump from ranks 0, 2, 3")
+
+    def test_up_to_sixteen_silent_ranks_get_a_line_each(self) -> None:
+        # rank 0 waits on a group whose other members left no dump
+        def silent_lines(n):
+            key = (9, tuple(range(n + 1)))
+            states = {0: fr.RankState(0, None, [_entry("all_reduce", 9, list(key[1]), 0, "x",
+                                                       False)], {key: 1})}
+            return [l for l in fr.diagnose(states) if "the others wait for" in l]
+
+        lines = silent_lines(16)
+        self.assertEqual([l.split(" ")[1] for l in lines], [str(p) for p in range(1, 17)])
+        lines = silent_lines(17)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith("ranks 1, 2, 3, 4, 5, 6, 7, 8, ..., 14, 15, 16, 17 "
+                                            "(17 ranks) are the ranks the others wait for"),
+                        lines[0])
+
+    def test_rank_lists_up_to_sixteen_are_shown_whole(self) -> None:
+        # the documented rule: lists longer than 16 keep their first 8 and
+        # last 4 members and say how many there are
+        whole = fr.describe_collective(_entry("reduce", 3, list(range(16)), 0, None, False))
+        self.assertIn("[" + ", ".join(map(str, range(16))) + "]", whole)
+        short = fr.describe_collective(_entry("reduce", 3, list(range(17)), 0, None, False))
+        self.assertIn("[0, 1, 2, 3, 4, 5, 6, 7, ..., 13, 14, 15, 16 (17 ranks)]", short)
+
     def test_nobody_waiting(self) -> None:
         self.assertEqual(fr.diagnose({0: fr.RankState(0)}),
                          ["no rank is waiting in a collective of the optimizer"])

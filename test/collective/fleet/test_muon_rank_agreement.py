@@ -98,6 +98,18 @@ class TestPureDigest(unittest.TestCase):
                       "b [8] float32 adamw on rank 4", msg)
         self.assertIn("[0, 2, 4]", msg)
 
+    def test_several_differing_ranks_are_described_by_the_lowest(self):
+        # ranks 2 and 4 differ from rank 0 in different ways: the message
+        # lists both and shows the values of the first of them (rank 2)
+        ref = _digest([_rec("a"), _rec("b")], ranks=(0, 2, 4))
+        shape = _digest([_rec("a", (4, 5)), _rec("b")], ranks=(0, 2, 4))
+        order = _digest([_rec("b"), _rec("a")], ranks=(0, 2, 4))
+        msg = agreement.first_difference([ref, shape, order])
+        self.assertIn("ranks [2, 4] differ from rank 0", msg)
+        self.assertIn("parameter #0 (a) is a [4, 4] float32 muon on rank 0 but "
+                      "a [4, 5] float32 muon on rank 2", msg)
+        self.assertNotIn("on rank 4", msg)
+
     def test_extra_parameter_on_one_rank_names_it(self):
         ref = _digest([_rec("a")])
         more = _digest([_rec("a"), _rec("extra", (2, 2))])
