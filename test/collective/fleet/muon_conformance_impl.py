@@ -35,11 +35,10 @@ files must run unchanged in a Paddle tree that has develop's code only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import unittest
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import paddle
@@ -47,7 +46,7 @@ from paddle.distributed import fleet
 
 from mock.fake_hcg import DEFAULT_MOE_ORDER, make_hcg_factory, make_hybrid_strategy
 from mock.simulated_world import SimulatedWorld
-from muon_test_compat import register_cpu_tensor_fusion, set_muon_sharding_options
+from muon_test_compat import local_size, register_cpu_tensor_fusion, set_muon_sharding_options
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
 #: Environment variable naming the Paddle checkout under test.
@@ -224,20 +223,6 @@ class Oracle:
     def same_card(self, rank: int) -> tuple:
         gpn = self.layout.gpn
         return tuple(q for q in self.sharding_group(rank) if q % gpn == rank % gpn)
-
-
-@contextlib.contextmanager
-def local_size(gpn: int | None) -> Iterator[None]:
-    """``PADDLE_LOCAL_SIZE`` (GPUs per node, as the launcher sets it); None unsets it."""
-    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
-    if gpn is not None:
-        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
-    try:
-        yield
-    finally:
-        os.environ.pop("PADDLE_LOCAL_SIZE", None)
-        if saved is not None:
-            os.environ["PADDLE_LOCAL_SIZE"] = saved
 
 
 def run_world(layout: Layout, body: Callable[[Layout], Any],

@@ -41,6 +41,7 @@ from mock.simulated_world import SimulatedWorld
 from muon_test_compat import (
     fleet_optimizer,
     is_fleet_wrapper,
+    local_size,
     register_cpu_tensor_fusion,
     set_muon_sharding_options,
     sharded_core,
@@ -151,20 +152,6 @@ class SimConfig:
             machine_balanced_2d_partition=self.machine_balanced or None,
         )
         return strategy
-
-
-@contextmanager
-def local_size(gpn: int | None) -> Iterator[None]:
-    """``PADDLE_LOCAL_SIZE`` as the optimizer reads it (GPUs per node); None unsets it."""
-    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
-    if gpn is not None:
-        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
-    try:
-        yield
-    finally:
-        os.environ.pop("PADDLE_LOCAL_SIZE", None)
-        if saved is not None:
-            os.environ["PADDLE_LOCAL_SIZE"] = saved
 
 
 @contextmanager

@@ -37,8 +37,10 @@ build's ``paddle.distributed.fleet.proto.distributed_strategy_pb2`` offers:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import unittest
-from typing import Any
+from typing import Any, Iterator
 
 import paddle
 from paddle.distributed import fleet
@@ -219,3 +221,17 @@ def register_cpu_tensor_fusion() -> bool:
     tensor_fusion_helper.alignment.setdefault("cpu", 256)
     tensor_fusion_helper.__current_device_type__ = "cpu"
     return True
+
+
+@contextlib.contextmanager
+def local_size(gpn: int | None) -> Iterator[None]:
+    """``PADDLE_LOCAL_SIZE`` (GPUs per node, as the launcher sets it); None unsets it."""
+    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
+    if gpn is not None:
+        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
+    try:
+        yield
+    finally:
+        os.environ.pop("PADDLE_LOCAL_SIZE", None)
+        if saved is not None:
+            os.environ["PADDLE_LOCAL_SIZE"] = saved
