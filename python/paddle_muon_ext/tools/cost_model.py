@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
+from ..distributed.fleet.meta_optimizers import muon_sharding_types as mst
 
 __all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "max_over_mean",
            "ratio", "cost_phase"]
@@ -119,13 +120,13 @@ def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
     """(cost-model phase, group kind) of a scheduled op."""
     colour = "dense" if op.colour is None else "moe"
     kind = "sharding" if op.colour is None else "moe_sharding"
-    if op.phase == msl.PHASE_REDUCE_SCATTER:
+    if op.phase == mst.PHASE_REDUCE_SCATTER:
         return "reduce_scatter", kind
-    if op.phase == msl.PHASE_ALL_GATHER:
+    if op.phase == mst.PHASE_ALL_GATHER:
         return "all_gather", kind
-    if op.phase in (msl.PHASE_INTRA_NODE_REDUCE, msl.PHASE_INTRA_NODE_BROADCAST):
+    if op.phase in (mst.PHASE_INTRA_NODE_REDUCE, mst.PHASE_INTRA_NODE_BROADCAST):
         return op.phase, "node"
-    if op.phase in (msl.PHASE_CROSS_NODE_REDUCE, msl.PHASE_CROSS_NODE_BROADCAST):
+    if op.phase in (mst.PHASE_CROSS_NODE_REDUCE, mst.PHASE_CROSS_NODE_BROADCAST):
         return op.phase, "same_card"
     return f"{colour}_{op.op}", kind
 

@@ -54,16 +54,6 @@ from .muon_sharding_types import (
     canonical_dtype,
     itemsize,
 )
-# Read as ``muon_sharding_layout.PHASE_*`` by the cost model of the tools;
-# their home is muon_sharding_types (import them from there).
-from .muon_sharding_types import (  # noqa: F401
-    PHASE_ALL_GATHER,
-    PHASE_CROSS_NODE_BROADCAST,
-    PHASE_CROSS_NODE_REDUCE,
-    PHASE_INTRA_NODE_BROADCAST,
-    PHASE_INTRA_NODE_REDUCE,
-    PHASE_REDUCE_SCATTER,
-)
 
 if TYPE_CHECKING:
     from .muon_comm_plan import HierarchicalCommPlan
