@@ -11,13 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""examples/train_moe.py and the README's MoE fragment.
+"""examples/train_moe.py and the MoE fragment of docs/USAGE.md.
 
 The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
 cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
 its own check against a single-process run with ``comm_group_call_opt`` off
-and on; a dispatch without the README's 1/ep expert gradient scale must fail
-that check by the documented amount; and the README's MoE fragment must be
+and on; a dispatch without the documented 1/ep expert gradient scale must fail
+that check by the documented amount; and the docs' MoE fragment must be
 lines of the example, so that CI runs it.
 """
 
@@ -34,17 +34,17 @@ sys.path.insert(0, os.path.join(_REPO, "test", "collective", "fleet"))
 from launch_utils import run_paddle_launch  # noqa: E402
 
 EXAMPLE = os.path.join(_REPO, "examples", "train_moe.py")
-README = os.path.join(_REPO, "README.md")
+USAGE = os.path.join(_REPO, "docs", "USAGE.md")
 TOLERANCE = 1e-5  # the example's float32 tolerance (CPU)
 VERDICT = re.compile(r"^(PASS|FAIL): rank (\d) of 4 \(MuonHybridParallelOptimizer\), 3 steps, "
                      r"max \|parameter - single-process\| = (\S+) \(tolerance 1e-05\)$", re.M)
 
 
 def readme_moe_fragment() -> str:
-    """The Python block after the README's "**A MoE model**" paragraph."""
-    with open(README, encoding="utf-8") as f:
+    """The first Python block of docs/USAGE.md's "A MoE model" section."""
+    with open(USAGE, encoding="utf-8") as f:
         text = f.read()
-    section = text.split("\n**A MoE model**", 1)[1]
+    section = text.split("\n## A MoE model\n", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
@@ -80,7 +80,7 @@ class TestTrainMoeExample(unittest.TestCase):
         self.assertIn("2 nodes x 2 cards", log, "the emulated nodes did not reach the optimizer")
 
     def test_a_dispatch_without_the_expert_scale_fails_by_the_documented_amount(self):
-        # The README's contract: without 1/ep the experts' gradients are ep x
+        # The gradient contract (docs/USAGE.md): without 1/ep the experts' gradients are ep x
         # too large; with the global-norm clip active that moves parameters
         # by ~2.4e-4 in 3 steps (documented as >= 1e-4), far above 1e-5.
         result, verdicts = self._launch("--wrong-expert-scale")
@@ -90,7 +90,7 @@ class TestTrainMoeExample(unittest.TestCase):
             self.assertEqual(word, "FAIL", f"rank {rank}")
             self.assertGreaterEqual(diff, 1e-4, f"rank {rank}")
 
-    def test_the_readme_moe_fragment_is_lines_of_the_example(self):
+    def test_the_documented_moe_fragment_is_lines_of_the_example(self):
         # The fragment is run by the launches above only if every line of it
         # is the example's (comments and blank lines aside).
         with open(EXAMPLE, encoding="utf-8") as f:
@@ -100,7 +100,7 @@ class TestTrainMoeExample(unittest.TestCase):
         self.assertGreater(len(code), 10)
         missing = [line for line in code if line.split("  #", 1)[0].rstrip() not in
                    {e.split("  #", 1)[0].rstrip() for e in example}]
-        self.assertEqual(missing, [], "README MoE fragment lines not in examples/train_moe.py")
+        self.assertEqual(missing, [], "docs/USAGE.md MoE fragment lines not in examples/train_moe.py")
         self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment())
 
 
