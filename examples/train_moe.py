@@ -34,7 +34,7 @@ over the whole sharding group. Global-norm clip, AMP O2 bf16 through
 ``paddle.amp`` with ``MixPrecisionLayer`` / ``MixPrecisionOptimizer`` (on CPU
 Paddle's AMP does nothing, so the run is fp32 and says so).
 
-The gradient contract (README, "The gradient contract"): when ``step()`` runs
+The gradient contract (docs/USAGE.md, "The gradient contract"): when ``step()`` runs
 every parameter holds the gradient of *this rank's* loss; the optimizer
 averages dense gradients over the sharding group and expert gradients over
 the moe_sharding group. The dispatch hands an expert's owner the *sum* over

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""README demo: 8-process CPU training with MuonShardingOptimizer.
+"""The demo: 8-process CPU training with MuonShardingOptimizer.
 
 Launches ``test/collective/fleet/hybrid_parallel_sharding_muon_moe_model.py``
 with ``paddle.distributed.launch`` on 8 CPU processes (gloo), emulating 4

@@ -14,7 +14,7 @@
 """Bounds on every tool input, checked before any work starts.
 
 Each limit is the largest input the tools handle in < 60 s and < 2 GB on a
-2-core box (measured; the README's tools table lists the figures). Beyond
+2-core box (measured; docs/DEVELOPING.md, "Tool input limits", lists the figures). Beyond
 it, or for a value that makes no sense, the tool prints one line
 ``error: <what> <value>: <why>, <what to do>`` and exits 2.
 """

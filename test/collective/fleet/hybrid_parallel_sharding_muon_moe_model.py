@@ -13,7 +13,7 @@
 # limitations under the License.
 """Worker: a small MoE-style model trained with MuonShardingOptimizer.
 
-Launched by ``test_parallel_dygraph_muon.py`` (and the README demo) through
+Launched by ``test_parallel_dygraph_muon.py`` (and the demo, tools/demo.py) through
 ``paddle.distributed.launch``. Every step it checks the parameters against a
 single-process Muon run on the full batch; a second pass repeats training
 with ``comm_group_call_opt`` flipped and checks both passes agree.

@@ -109,7 +109,7 @@ class TestRecorder(unittest.TestCase):
         self.assertEqual(rec.snapshot("x")["entries"], [])
 
     def test_documented_defaults_and_env_overrides(self) -> None:
-        # README: the last 2048 collectives, a 600 s timeout, recording on
+        # docs/USAGE.md: the last 2048 collectives, a 600 s timeout, recording on
         unset = {k: v for k, v in os.environ.items()
                  if k not in (fr.ENV_ENTRIES, fr.ENV_TIMEOUT, fr.ENV_ENABLE)}
         with mock.patch.dict(os.environ, unset, clear=True):

@@ -476,7 +476,7 @@ def _with_strategy_copy(**hybrid):
 
 
 # (cfg, make, exception, fragment of the message): every construction-time
-# error; README.md "Errors" lists the same table.
+# error; docs/USAGE.md "Errors" lists the same table.
 CONSTRUCTION_ERRORS = {
     "param_groups": (SimConfig(ep=2, ms=2), _param_groups, TypeError, "parameter groups"),
     "missing_map_entry": (SimConfig(ep=2, ms=2), _missing_map_entry, ValueError,

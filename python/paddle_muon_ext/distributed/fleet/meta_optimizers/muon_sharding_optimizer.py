@@ -126,8 +126,8 @@ class MuonShardingOptimizer:
     colour group: the sharding group without a colour, the colour's
     ``group`` (for experts the moe_sharding group) with one. A dispatch over
     the EP group gives an expert's owner the sum over that group, so expert
-    gradients must be scaled by ``1/ep`` before ``step()`` (README, "The
-    gradient contract"; ``examples/train_moe.py``). ``no_sync`` does not
+    gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
+    "The gradient contract"; ``examples/train_moe.py``). ``no_sync`` does not
     change the reduction.
 
     Args:
