@@ -80,8 +80,8 @@ class TestTrainMoeExample(unittest.TestCase):
         self.assertIn("2 nodes x 2 cards", log, "the emulated nodes did not reach the optimizer")
 
     def test_a_dispatch_without_the_expert_scale_fails_by_the_documented_amount(self):
-        # The gradient contract (docs/USAGE.md): without 1/ep the experts' gradients are ep x
-        # too large; with the global-norm clip active that moves parameters
+        # The gradient contract (docs/USAGE.md): without 1/ep the experts'
+        # gradients are ep x too large; with the global-norm clip active that moves parameters
         # by ~2.4e-4 in 3 steps (documented as >= 1e-4), far above 1e-5.
         result, verdicts = self._launch("--wrong-expert-scale")
         self.assertFalse(result.ok, "a wrong expert scale exited 0\n" + result.failure_message())
@@ -100,7 +100,8 @@ class TestTrainMoeExample(unittest.TestCase):
         self.assertGreater(len(code), 10)
         missing = [line for line in code if line.split("  #", 1)[0].rstrip() not in
                    {e.split("  #", 1)[0].rstrip() for e in example}]
-        self.assertEqual(missing, [], "docs/USAGE.md MoE fragment lines not in examples/train_moe.py")
+        self.assertEqual(missing, [],
+                         "docs/USAGE.md MoE fragment lines not in examples/train_moe.py")
         self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment())
 
 
