@@ -346,6 +346,17 @@ class TestDiagnose(unittest.TestCase):
                                             "(17 ranks) are the ranks the others wait for"),
                         lines[0])
 
+    def test_many_silent_ranks_are_not_also_called_a_wait_cycle(self) -> None:
+        # 17 silent ranks give one summary line; with no dumped culprit left
+        # the verdict must not add "wait on each other" (a lost node is not
+        # a cycle of collectives issued in different orders)
+        key = (9, tuple(range(18)))
+        states = {0: fr.RankState(0, None, [_entry("all_reduce", 9, list(key[1]), 0, "x",
+                                                   False)], {key: 1})}
+        lines = fr.diagnose(states)
+        self.assertTrue(any("are the ranks the others wait for" in l for l in lines), lines)
+        self.assertFalse(any("wait on each other" in l for l in lines), lines)
+
     def test_rank_lists_up_to_sixteen_are_shown_whole(self) -> None:
         # the documented rule: lists longer than 16 keep their first 8 and
         # last 4 members and say how many there are

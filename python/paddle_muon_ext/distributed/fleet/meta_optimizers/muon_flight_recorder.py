@@ -651,7 +651,7 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         lines.append(f"rank {p} is the rank the others wait for: {where}"
                      f"{note}, it has not issued {describe_collective(awaited)}; "
                      f"its last finished collective: {last}")
-    if not culprits:
+    if not lines:
         lines.append("no rank is outside a collective: "
                      f"{_ranks(sorted(waits))} wait on each other (collectives issued "
                      "in a different order on different ranks)")
