@@ -211,8 +211,11 @@ def assign_muon_owners(
     if plan is not None and partition_strategy == PARTITION_BALANCED:
         index = {r: i for i, r in enumerate(ranks)}
         rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
+    # Only develop's rule reads the buffer size: keying the balanced rule on it
+    # would recompute the same owners for every buffer size plan --recommend tries.
+    key_MB = float(buffer_size_MB) if partition_strategy == PARTITION_DEVELOP else 0.0
     partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
-                                  float(buffer_size_MB))
+                                  key_MB)
     return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
 
 
