@@ -63,13 +63,15 @@ class TestHangsTool(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
 
     def _write(self, rank: int, state: fr.RankState, reason: str = "SIGUSR1",
-               when: float = 1000.0, world: int = 4) -> None:
+               when: float = 1000.0, world: int = 4, stacks: list | None = None) -> None:
         entries = list(state.in_flight) + ([state.last_finished] if state.last_finished else [])
         data = {"format": fr.DUMP_FORMAT, "rank": rank, "world_size": world, "pid": 1,
                 "host": "h",
                 "reason": reason, "phase": state.phase, "entries": entries, "time": when,
                 "issued": [{"group_id": k[0], "group_ranks": list(k[1]), "count": n}
                            for k, n in state.issued.items()]}
+        if stacks is not None:
+            data["stacks"] = stacks
         with open(fr.dump_path(self.dir, rank), "w") as f:
             json.dump(data, f)
 
@@ -248,6 +250,115 @@ class TestHangsTool(unittest.TestCase):
         res = json.loads(out)
         self.assertEqual((res["verdict"], res["raised"]), ("hang", {}))
         self.assertTrue(any(CULPRIT in line for line in res["report"]), res["report"])
+
+    def test_stacks_of_the_stuck_rank_and_of_the_waiting_ranks_are_shown(self) -> None:
+        import threading
+        import traceback
+
+        # rank 1: a thread blocked in a fake collective, dumped by a real recorder
+        rec = fr.FlightRecorder(capacity=8, enabled=True)
+        released, issued = threading.Event(), threading.Event()
+
+        class _Group:
+            id, ranks = 7, [1, 3]
+
+        class _Tensor:
+            dtype = "float32"
+
+            @staticmethod
+            def _numel() -> int:
+                return 8
+
+        def _fake_reduce_that_blocks() -> None:
+            entry = rec.start("reduce", _Group, 3, _Tensor, "cross_node_reduce")
+            issued.set()
+            released.wait(30)
+            rec.finish([entry])
+
+        worker = threading.Thread(target=_fake_reduce_that_blocks, name="rank1-train")
+        worker.start()
+        try:
+            self.assertTrue(issued.wait(30))
+            waiting_stacks = rec.snapshot("SIGUSR1")["stacks"]
+        finally:
+            released.set()
+            worker.join(30)
+
+        # rank 3: its main thread in a slow data loader, not in a collective
+        def _slow_data_loader() -> list:
+            return traceback.format_stack()
+
+        frames = _slow_data_loader() + ['  File "evil.py", line 1, in f\n    x = "\x1b[31m"\n']
+        stuck = [{"thread": "MainThread", "ident": 1, "main": True, "in_collective": False,
+                  "frames": frames}]
+        states = _two_rank_states()
+        self._write(1, states[1], stacks=waiting_stacks)
+        self._write(3, states[3], stacks=stuck)
+        code, out, _ = self._run([self.dir])
+        self.assertEqual(code, 0)
+        lines = out.splitlines()
+        head = next(i for i, line in enumerate(lines)
+                    if line.startswith("  rank 3's main thread, Python stack (innermost last"))
+        self.assertLess(next(i for i, line in enumerate(lines) if CULPRIT in line), head)
+        shown = lines[head + 1:head + 1 + hangs.CULPRIT_FRAMES]
+        self.assertTrue(any("in _slow_data_loader: return traceback.format_stack()" in line
+                            for line in shown), shown)
+        # the frame text is escaped: no terminal escape reaches the output
+        self.assertNotIn("\x1b", out)
+        self.assertIn('x = "\\x1b[31m"', out)
+        waits = [line for line in lines if line.startswith("  rank 1's thread 'rank1-train'")]
+        self.assertEqual(len(waits), 1, out)
+        # innermost first: the Event.wait it blocks in, then the fake collective
+        self.assertRegex(waits[0], r"waits in: wait \(threading\.py:\d+\) < .*"
+                                   r"_fake_reduce_that_blocks \(test_hangs_tool\.py:\d+\)")
+        code, out, _ = self._run([self.dir, "--json"])
+        ranks = json.loads(out)["ranks"]
+        self.assertEqual(ranks["3"]["stack"], frames)
+        self.assertEqual(ranks["1"]["stack_thread"], "rank1-train")
+        self.assertTrue(any("in _fake_reduce_that_blocks" in f for f in ranks["1"]["stack"]))
+        # an old dump without stacks reads as before
+        self._write(3, states[3])
+        code, out, _ = self._run([self.dir, "--json"])
+        res = json.loads(out)
+        self.assertEqual((code, res["ranks"]["3"]["stack"]), (0, None))
+        self.assertFalse(any("rank 3's" in line for line in res["report"]), res["report"])
+
+    def test_stack_of_the_rank_that_raised_long_stacks_and_many_waiting_ranks(self) -> None:
+        frames = [f'  File "m{i}.py", line {i}, in f{i}\n    step({i})\n' for i in range(20)]
+        main = [{"thread": "MainThread", "main": True, "in_collective": False,
+                 "frames": frames}]
+        states = _two_rank_states()
+        self._write(3, states[3], reason="uncaught ValueError: bad batch", stacks=main)
+        self._write(1, states[1], stacks=[{**main[0], "frames": ["garbage"]}])
+        code, out, _ = self._run([self.dir])
+        self.assertIn("rank 3's main thread, Python stack (innermost last; "
+                      f"{20 - hangs.CULPRIT_FRAMES} outer frames not shown):", out)
+        self.assertIn('    File "m19.py", line 19, in f19: step(19)', out)
+        self.assertNotIn("m7.py", out)
+        self.assertIn("rank 1's main thread waits in: garbage", out)
+        with mock.patch.object(hangs, "WAITING_SHOWN", 0):
+            code, out, _ = self._run([self.dir])
+        self.assertIn("... and 1 more waiting ranks (their stacks are in --json)", out)
+        self.assertNotIn("rank 1's main thread waits in", out)
+
+    def test_malformed_stacks_name_the_field(self) -> None:
+        states = _two_rank_states()
+        self._write(1, states[1])
+        for stacks, problem in (
+                ({"a": 1}, "field 'stacks' is {\"a\": 1}, expected a list"),
+                ([3], "field 'stacks[0]' is 3, expected an object"),
+                ([{"main": True}], "field 'stacks[0].frames' is missing"),
+                ([{"frames": ["a", 2]}], "field 'stacks[0].frames' is [\"a\", 2], expected a list"
+                                         " of strings"),
+                ([{"frames": [], "main": "yes"}], "field 'stacks[0].main' is \"yes\", expected "
+                                                  "true or false"),
+                ([{"frames": [], "thread": 5}],
+                 "field 'stacks[0].thread' is 5, expected a string")):
+            self._write(3, states[3], stacks=stacks)
+            code, out, err = self._run([self.dir])
+            self.assertEqual((code, out), (2, ""), stacks)
+            self.assertIn(problem, err)
+            self.assertEqual(len(err.splitlines()), 1, err)
 
     def test_entry_points(self) -> None:
         for rank, state in _two_rank_states().items():

@@ -25,6 +25,11 @@ verdict:
 * a hang - no rank raised: the rank(s) the others wait for and the
   collective they are stuck before (:func:`diagnose`).
 
+When the dumps hold Python stacks (``stacks``, written by recorders since
+they had them; older dumps have none), the report ends with the stack of
+each rank named above (the thread in a collective, else the main thread)
+and the innermost frames of each rank waiting in a collective.
+
 Exit 0 with a report, 2 on bad input (one ``error: ...`` line naming the file
 and the field). ``--json`` prints the report as JSON.
 """
@@ -52,7 +57,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder impo
 from . import limits
 from .guard import ArgumentParser, emit_json, guarded, printable
 
-__all__ = ["DumpError", "classify", "load_dumps", "main", "report", "validate_dump"]
+__all__ = ["DumpError", "classify", "load_dumps", "main", "report", "stack_of",
+           "validate_dump"]
 
 #: Dumps of one hang are written within seconds of each other (a timed-out
 #: rank asks the others); a wider spread means files from another job.
@@ -71,6 +77,14 @@ MAX_TOTAL_BYTES = 512 << 20
 _RAISED_RE = re.compile(r"^(?P<op>\w+) on group \[[^\]]*\] \(phase [^)]*\) raised "
                         r"(?P<exc>[\w.]+)(?::|$)")
 _UNCAUGHT_RE = re.compile(r"^uncaught (?P<exc>[\w.]+)(?::|$)")
+# diagnose()'s line for a culprit that left a dump ("it left no dump" has no stack)
+_CULPRIT_RE = re.compile(r"^rank (\d+) is the rank the others wait for: (?!it left no dump)")
+_FRAME_RE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>\S+)')
+#: Innermost frames shown of a blamed rank's stack, and of a waiting rank's.
+CULPRIT_FRAMES = 12
+WAITING_FRAMES = 4
+#: Waiting ranks whose top frames are listed (the rest are in --json).
+WAITING_SHOWN = 16
 
 
 class DumpError(ValueError):
@@ -119,7 +133,27 @@ _TOP_CHECKS = {
     "phase": (_opt(lambda v: isinstance(v, str)), "a string or null", False),
     "entries": (lambda v: isinstance(v, list), "a list", True),
     "issued": (lambda v: isinstance(v, list), "a list", True),
+    # optional: dumps written before the recorder took stacks have none
+    "stacks": (lambda v: isinstance(v, list), "a list", False),
 }
+
+
+def _stacks_problem(stacks: list) -> Optional[str]:
+    """The first malformed field of the optional ``stacks`` list, or None."""
+    for i, item in enumerate(stacks):
+        if not isinstance(item, dict):
+            return f"field 'stacks[{i}]' is {_show(item)}, expected an object"
+        for key, ok, want in (
+                ("thread", _opt(lambda v: isinstance(v, str)), "a string or null"),
+                ("main", lambda v: isinstance(v, bool), "true or false"),
+                ("in_collective", lambda v: isinstance(v, bool), "true or false"),
+                ("frames", lambda v: isinstance(v, list) and all(isinstance(f, str) for f in v),
+                 "a list of strings")):
+            if key in item and not ok(item[key]):
+                return f"field 'stacks[{i}].{key}' is {_show(item[key])}, expected {want}"
+        if "frames" not in item:
+            return f"field 'stacks[{i}].frames' is missing, expected a list of strings"
+    return None
 
 
 def _show(v: Any) -> str:
@@ -165,6 +199,9 @@ def validate_dump(data: Any) -> Optional[str]:
                 return (f"field 'issued[{i}].{key}' is "
                         f"{_show(item.get(key)) if key in item else 'missing'}, "
                         f"expected {want}")
+    problem = _stacks_problem(data.get("stacks", []))
+    if problem:
+        return problem
     world = data.get("world_size") or 0
     if world and data["rank"] >= world:
         return f"field 'rank' is {data['rank']}, expected < world_size {world}"
@@ -284,8 +321,9 @@ def classify(dumps: dict[int, dict]) -> dict:
 
     Returns:
         dict: ``kind`` (``"crash"`` / ``"hang"`` / ``"none"``), ``raised``
-        (rank -> {"exception", "kind", "op", "phase", "collective"}) and
-        ``lines`` (the verdict).
+        (rank -> {"exception", "kind", "op", "phase", "collective"}),
+        ``culprits`` (the dumped ranks the verdict blames) and ``lines``
+        (the verdict).
     """
     states = {rank: RankState.from_dump(d) for rank, d in dumps.items()}
     world = max([int(d.get("world_size") or 0) for d in dumps.values()] + [0])
@@ -310,7 +348,8 @@ def classify(dumps: dict[int, dict]) -> dict:
         if timeouts:
             lines.append(f"  {_ranks(timeouts)} raised when a collective timed out: a "
                          "symptom of the hang, not its cause")
-        return {"kind": kind, "raised": raised, "lines": lines}
+        culprits = [int(m.group(1)) for m in map(_CULPRIT_RE.match, lines) if m]
+        return {"kind": kind, "raised": raised, "culprits": culprits, "lines": lines}
     culprits = errors or lost
     groups: dict[tuple, list[int]] = {}
     for rank, r in culprits.items():
@@ -348,7 +387,7 @@ def classify(dumps: dict[int, dict]) -> dict:
                      "raised; fix the exception, the rest follows from it")
     if missing and errors:
         lines.append(f"  no dump from {_ranks(missing)}")
-    return {"kind": "crash", "raised": raised, "lines": lines}
+    return {"kind": "crash", "raised": raised, "culprits": sorted(culprits), "lines": lines}
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -380,9 +419,68 @@ def _report(dumps: dict[int, dict]) -> tuple[list[str], dict]:
                      "remove dumps left by an earlier job from the log dir")
     verdict = classify(dumps)
     lines.extend(verdict["lines"])
+    lines.extend(_stack_lines(dumps, verdict["culprits"]))
     # dump text (reason, host, phase, op names) is the job's, not ours: a
     # newline or an ANSI escape in it must neither add a line nor drive the terminal
     return [printable(line) for line in lines], verdict
+
+
+def stack_of(data: dict) -> Optional[dict]:
+    """The stack that says where a rank is: its thread blocked in a
+    collective, else its main thread; None in a dump without stacks.
+
+    Args:
+        data (dict): one rank's dump.
+
+    Returns:
+        dict|None: an item of the dump's ``stacks``.
+    """
+    stacks = data.get("stacks") or []
+    return (next((s for s in stacks if s.get("in_collective")), None)
+            or next((s for s in stacks if s.get("main")), None))
+
+
+def _frame_line(frame: str) -> str:
+    # 'File "x.py", line 3, in f\n    code\n' -> 'File "x.py", line 3, in f: code'
+    return ": ".join(part.strip() for part in frame.splitlines() if part.strip())
+
+
+def _frame_short(frame: str) -> str:
+    m = _FRAME_RE.search(frame)
+    if m is None:
+        return _frame_line(frame)[:80]
+    return f"{m['fn']} ({os.path.basename(m['file'])}:{m['line']})"
+
+
+def _thread(stack: dict) -> str:
+    return "main thread" if stack.get("main") else f"thread {stack.get('thread')!r}"
+
+
+def _stack_lines(dumps: dict[int, dict], culprits: Sequence[int]) -> list[str]:
+    """The blamed ranks' stacks, then each waiting rank's innermost frames."""
+    lines = []
+    for rank in culprits:
+        stack = stack_of(dumps[rank])
+        if not stack or not stack["frames"]:
+            continue
+        frames = stack["frames"][-CULPRIT_FRAMES:]
+        hidden = len(stack["frames"]) - len(frames)
+        lines.append(f"  rank {rank}'s {_thread(stack)}, Python stack (innermost last"
+                     + (f"; {hidden} outer frames not shown" if hidden else "") + "):")
+        lines.extend(f"    {_frame_line(f)}" for f in frames)
+    waiting = []
+    for rank, data in sorted(dumps.items()):
+        stack = stack_of(data)
+        if (rank not in culprits and stack and stack["frames"]
+                and any(e.get("finish") is None for e in data["entries"])):
+            waiting.append((rank, stack))
+    for rank, stack in waiting[:WAITING_SHOWN]:
+        top = " < ".join(_frame_short(f) for f in reversed(stack["frames"][-WAITING_FRAMES:]))
+        lines.append(f"  rank {rank}'s {_thread(stack)} waits in: {top}")
+    if len(waiting) > WAITING_SHOWN:
+        lines.append(f"  ... and {len(waiting) - WAITING_SHOWN} more waiting ranks "
+                     "(their stacks are in --json)")
+    return lines
 
 
 def _where(state: RankState) -> str:
@@ -428,7 +526,10 @@ def _main(argv: list, prog: str) -> int:
             "raised": {str(r): v for r, v in verdict["raised"].items()},
             "ranks": {str(r): {"pid": d.get("pid"), "host": d.get("host"),
                                "phase": d.get("phase"), "reason": d["reason"],
-                               "in_flight": [e for e in d["entries"] if e.get("finish") is None]}
+                               "in_flight": [e for e in d["entries"] if e.get("finish") is None],
+                               # where the rank is: see stack_of(); null without stacks
+                               "stack_thread": (stack_of(d) or {}).get("thread"),
+                               "stack": (stack_of(d) or {}).get("frames")}
                       for r, d in sorted(dumps.items())},
             "world_size": max([int(d.get("world_size") or 0) for d in dumps.values()] + [0]),
             "report": lines,

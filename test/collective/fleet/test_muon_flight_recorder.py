@@ -267,6 +267,67 @@ class TestRecorder(unittest.TestCase):
         self.assertIs(sys.excepthook, hook)
         self.assertIsNone(rec._watchdog)
 
+    def test_dump_holds_the_stack_of_the_thread_blocked_in_a_collective(self) -> None:
+        import threading
+
+        released = threading.Event()
+        issued = threading.Event()
+
+        def _fake_allreduce_that_blocks() -> None:
+            entry = self.rec.start("all_reduce", _Group(2, [0, 5]), None, paddle.ones([2]), "p")
+            issued.set()
+            released.wait(30)
+            self.rec.finish([entry])
+
+        worker = threading.Thread(target=_fake_allreduce_that_blocks, name="rank5-train")
+        worker.start()
+        try:
+            self.assertTrue(issued.wait(30))
+            path = self.rec.dump("test")
+        finally:
+            released.set()
+            worker.join(30)
+        with open(path) as f:
+            stacks = json.load(f)["stacks"]
+        # the blocked thread comes first, its innermost frame in the blocking function
+        first = stacks[0]
+        self.assertEqual((first["thread"], first["in_collective"], first["main"]),
+                         ("rank5-train", True, False))
+        self.assertIn("in _fake_allreduce_that_blocks", "".join(first["frames"][-3:]))
+        self.assertTrue(all(isinstance(f, str) for s in stacks for f in s["frames"]))
+        main = [s for s in stacks if s["main"]]
+        self.assertEqual(len(main), 1)
+        self.assertIn("in test_dump_holds_the_stack", "".join(main[0]["frames"]))
+        # nothing in flight: no thread is called blocked
+        self.assertFalse(any(s["in_collective"] for s in self.rec.snapshot("x")["stacks"]))
+
+    def test_dump_stacks_are_bounded_and_leave_the_watchdog_out(self) -> None:
+        import threading
+
+        # two functions in turn: format_stack folds repeats of one frame
+        def _ping(n: int):
+            return _pong(n - 1) if n else fr.thread_stacks()
+
+        def _pong(n: int):
+            return _ping(n - 1)
+
+        main = next(s for s in _ping(3 * fr.STACK_FRAMES) if s["main"])
+        self.assertEqual(len(main["frames"]), fr.STACK_FRAMES)
+        # the innermost frames are the ones kept
+        self.assertIn("in thread_stacks", main["frames"][-1])
+        self.assertTrue(all(re.search(r"in _p[io]ng\n", f) for f in main["frames"][:-2]))
+        with mock.patch.object(fr, "STACK_FRAME_CHARS", 40):
+            main = next(s for s in _ping(8) if s["main"])
+        self.assertTrue(all(len(f) <= 40 for f in main["frames"]))
+        self.assertTrue(main["frames"][-1].endswith("..."))
+        box = []
+        watchdog = threading.Thread(target=lambda: box.append(fr.thread_stacks()),
+                                    name="muon-flight-watchdog")
+        watchdog.start()
+        watchdog.join(30)
+        self.assertNotIn("muon-flight-watchdog", [s["thread"] for s in box[0]])
+        self.assertIn(threading.current_thread().name, [s["thread"] for s in box[0]])
+
     def test_no_directory_warns_instead_of_writing(self) -> None:
         with mock.patch.dict(os.environ, {fr.LAUNCHER_LOG_DIR_ENV: "", fr.ENV_DIR: ""}):
             self.assertIsNone(self.rec.dump("x"))

@@ -41,6 +41,12 @@ A dump (JSON, ``muon_flight_rank<R>.json``) is written to
   watchdog dumps too, so the rank that is *not* in a collective is recorded
   as well.
 
+Every dump also holds the Python stacks of the process's threads (``stacks``:
+the thread in the oldest unfinished collective first, then the main thread;
+at most :data:`STACK_FRAMES` innermost frames each), read with
+``sys._current_frames()`` when the dump is written: nothing is installed for
+it, and ``hangs`` shows the stuck rank's stack.
+
 ``PADDLE_MUON_FLIGHT_RECORDER=0`` turns recording off;
 ``PADDLE_MUON_FLIGHT_ENTRIES`` sets N (default 2048). The same approach as
 PyTorch's NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``).
@@ -57,6 +63,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -76,6 +83,7 @@ __all__ = [
     "dump_path",
     "get_flight_recorder",
     "phase_of_thread",
+    "thread_stacks",
 ]
 
 ENV_ENABLE = "PADDLE_MUON_FLIGHT_RECORDER"
@@ -90,6 +98,12 @@ DUMP_FORMAT = "paddle_muon_ext.flight_recorder/1"
 DEFAULT_ENTRIES = 2048
 DEFAULT_TIMEOUT_S = 600.0
 _POLL_S = 1.0
+#: Bounds of the Python stacks in a dump: innermost frames kept per thread,
+#: threads kept, characters per frame (a dump stays small and a frame whose
+#: source line is huge cannot bloat it).
+STACK_FRAMES = 32
+STACK_THREADS = 16
+STACK_FRAME_CHARS = 400
 
 # Field order of one ring-buffer entry (a list: cheapest to build per collective).
 FIELDS = (
@@ -97,6 +111,9 @@ FIELDS = (
     "dtype", "numel", "start", "finish",
 )
 _SEQ, _GSEQ, _PHASE, _OP, _GID, _RANKS, _ROOT, _DTYPE, _NUMEL, _START, _FINISH = range(11)
+# After FIELDS (not dumped as a field): the thread that issued the collective,
+# so a dump's stacks can name the thread blocked in it.
+_THREAD = 11
 
 # Phase per thread, readable from the watchdog thread (a thread-local is not).
 _PHASES: dict[int, str] = {}
@@ -244,7 +261,7 @@ class FlightRecorder:
             group_seq = self._issued.get(key, 0)
             self._issued[key] = group_seq + 1
             entry = [seq, group_seq, phase, op, gid, ranks, root, tensor.dtype,
-                     tensor._numel(), time.time(), None]
+                     tensor._numel(), time.time(), None, threading.get_ident()]
             self._entries.append(entry)
             self._in_flight[seq] = entry
         return entry
@@ -275,11 +292,14 @@ class FlightRecorder:
 
         Returns:
             dict: rank, pid, host, reason, the main thread's phase, per-group
-            issue counts and the ring buffer's entries (oldest first).
+            issue counts, the ring buffer's entries (oldest first) and the
+            threads' Python stacks (:func:`thread_stacks`).
         """
         with self._lock:
             entries = [list(e) for e in self._entries]
             issued = dict(self._issued)
+            oldest = next(iter(self._in_flight.values()), None)
+        blocked = oldest[_THREAD] if oldest is not None else None
         rows = []
         for e in entries:
             e[_DTYPE] = str(e[_DTYPE]).replace("paddle.", "")
@@ -301,6 +321,7 @@ class FlightRecorder:
                 for (gid, ranks), n in issued.items()
             ],
             "entries": rows,
+            "stacks": thread_stacks(blocked),
         }
 
     def dump(self, reason: str, directory: str | None = None,
@@ -453,6 +474,42 @@ class FlightRecorder:
             self.dump(reason)
             return reason
         return None
+
+
+def thread_stacks(in_collective: int | None = None) -> list[dict]:
+    """The Python stacks of this process's threads, bounded, as JSON-ready data.
+
+    Read from ``sys._current_frames()`` (a snapshot; installs nothing). The
+    thread in a collective comes first, then the main thread, then the rest;
+    the watchdog's own thread is left out (its stack is this dump).
+
+    Args:
+        in_collective (int|None): ident of the thread blocked in a collective.
+
+    Returns:
+        list[dict]: per thread ``thread`` (name), ``ident``, ``main``,
+        ``in_collective`` and ``frames`` (``traceback.format_stack`` strings,
+        outermost first, the innermost :data:`STACK_FRAMES` at most).
+    """
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    here = threading.get_ident()
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        if ident == here and names.get(ident) == "muon-flight-watchdog":
+            continue
+        # limit > 0 keeps the innermost frames (outermost first, as printed)
+        frames = traceback.format_stack(frame, limit=STACK_FRAMES)
+        stacks.append({
+            "thread": names.get(ident),
+            "ident": ident,
+            "main": ident == main,
+            "in_collective": ident == in_collective,
+            "frames": [f if len(f) <= STACK_FRAME_CHARS else f[:STACK_FRAME_CHARS - 3] + "..."
+                       for f in frames],
+        })
+    stacks.sort(key=lambda s: (not s["in_collective"], not s["main"]))
+    return stacks[:STACK_THREADS]
 
 
 def _signal_pipe() -> tuple[int, int] | None:
