@@ -466,65 +466,151 @@ class TestPlanPicture(unittest.TestCase):
         self.addCleanup(plt.close, fig)
         return fig
 
-    def test_legend_scale_outlines_and_rail_bytes(self) -> None:
+    @staticmethod
+    def _panels(fig):
+        """The axes that hold a nodes x cards picture (not the colour bar)."""
+        return [ax for ax in fig.axes if ax.images]
+
+    @staticmethod
+    def _png_size(data: bytes):
+        # IHDR: width and height, big-endian, right after the 8-byte signature + chunk head
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+    def test_legend_shared_scale_outlines_and_rail_bytes(self) -> None:
         from matplotlib.patches import Rectangle
 
         fig = self._figure(self.res)
-        ax = fig.axes[0]
-        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        flat_ax, hier_ax = self._panels(fig)
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
         self.assertTrue(any("D<n> dense / E<n> expert" in t for t in legend), legend)
         self.assertTrue(any("pipeline stage" in t for t in legend), legend)
         self.assertTrue(any("same-card group" in t for t in legend), legend)
-        owned = self.res["owned_by_colour"]["hierarchical"]["dense_param_bytes"]
+        owned = (self.res["owned_by_colour"]["hierarchical"]["dense_param_bytes"]
+                 + self.res["owned_by_colour"]["flat"]["dense_param_bytes"])
         scale = 2**10 if max(owned) < 2**20 else 2**20
-        low, high = ax.images[0].get_clim()
-        self.assertAlmostEqual(low, min(owned) / scale, places=9, msg="scale starts at the data")
-        self.assertAlmostEqual(high, max(owned) / scale, places=9, msg="scale ends at the data")
-        outlines = [p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
-        self.assertEqual(len(outlines), 2, "one outline per pipeline stage")
-        for p in outlines:  # inside the axes, so the frame does not hide it
-            self.assertGreater(p.get_x(), -0.5)
-            self.assertGreaterEqual(p.get_linewidth(), 2)
-        ticks = [t.get_text() for t in ax.get_xticklabels()]
-        rails = self.res["hierarchical"]["rail_bytes"]
-        self.assertEqual(len(ticks), 4)
-        for c, text in enumerate(ticks):
-            kib = rails[c] / 1024
-            self.assertEqual(text, f"card {c}\n{kib:.2f} KiB", "rail bytes under each card")
-        cells = [t.get_text() for t in ax.texts if t.get_text().startswith("r")]
+        for ax in (flat_ax, hier_ax):  # one scale over both paths, so colours compare
+            low, high = ax.images[0].get_clim()
+            self.assertAlmostEqual(low, min(owned) / scale, places=9)
+            self.assertAlmostEqual(high, max(owned) / scale, places=9)
+        for ax in (flat_ax, hier_ax):
+            outlines = [p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
+            self.assertEqual(len(outlines), 2, "one outline per pipeline stage")
+            for p in outlines:  # inside the axes, so the frame does not hide it
+                self.assertGreater(p.get_x(), -0.5)
+                self.assertGreaterEqual(p.get_linewidth(), 2)
+        for ax, path in ((flat_ax, "flat"), (hier_ax, "hierarchical")):
+            ticks = [t.get_text() for t in ax.get_xticklabels()]
+            rails = self.res[path]["rail_bytes"]
+            self.assertEqual(ticks, [f"card {c}\n{rails[c] / 1024:.2f} KiB" for c in range(4)],
+                             f"rail bytes under each card ({path})")
+        cells = [t.get_text() for t in hier_ax.texts if t.get_text().startswith("r")]
         detail = self.res["owned_by_colour"]["hierarchical"]
         self.assertIn(f"r5\nD{detail['dense'][5]} E{detail['moe'][5]}", cells)
+
+    def test_interleaved_stages_get_one_outline_per_run_of_nodes(self) -> None:
+        from matplotlib.patches import Rectangle
+
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        # order moe_sharding,pipe,expert with ep=gpn=4: stage 0 on nodes 0,1,4,5
+        res = compute_plan(MuonCommConfig(ep=4, moe_sharding=2, pp=2, gpus_per_node=4,
+                                          order=("moe_sharding", "pipe", "expert"),
+                                          model="tiny"))
+        stage0 = res["_plan"].nodes_of_stage(0)
+        ax = self._panels(self._figure(res))[0]
+        spans = sorted((round(p.get_y() + 0.46), round(p.get_height() + 0.08))
+                       for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill())
+        covered = [n for first, count in spans for n in range(first, first + count)]
+        self.assertEqual(sorted(covered), list(range(res["num_nodes"])),
+                         "every node outlined once")
+        for first, count in spans:  # no outline covers a node of another stage
+            nodes = set(range(first, first + count))
+            self.assertTrue(nodes <= set(stage0) or not nodes & set(stage0), (spans, stage0))
+
+    def test_two_panels_titled_with_step_time_and_ratio_to_default(self) -> None:
+        from paddle_muon_ext.tools import recommend
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.report import _fmt_time, render_png
+
+        recommend.annotate(self.res, AlphaBeta())
+        t0 = self.res["vs_default"]["default"]["estimated_time_s"]
+        panels = self._panels(self._figure(self.res))
+        self.assertEqual(len(panels), 2)
+        for ax, path, on in zip(panels, ("flat", "hierarchical"), ("off", "on")):
+            t = self.res[path]["estimated_time_s"]
+            title = ax.get_title()
+            self.assertIn(f"{path} path (comm_group_call_opt {on})", title)
+            self.assertIn(f"est. step comm {_fmt_time(t)} = {t / t0:.3f}x default", title)
+        # the hierarchical path is faster here, so its panel shows a ratio below 1
+        self.assertLess(self.res["hierarchical"]["estimated_time_s"], t0)
+        one = self._figure(self.res)
+        self.assertEqual([ax.get_lines() != [] for ax in self._panels(one)], [False, True],
+                         "same-card lines only on the hierarchical panel")
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        flat = compute_plan(MuonCommConfig(ep=8, moe_sharding=2, pp=2, gpus_per_node=4,
+                                           order=("pipe", "moe_sharding", "expert"),
+                                           model="tiny"), group_call=False)
+        (w2, h2), (w1, h1) = self._png_size(render_png(self.res)), self._png_size(
+            render_png(flat))
+        self.assertEqual(h2, h1)
+        self.assertGreater(w2 / w1, 1.6, "two panels: about twice as wide as one")
+        self.assertLess(w2 / w1, 2.2)
+
+    def test_label_colour_follows_the_cell_luminance(self) -> None:
+        from paddle_muon_ext.tools.report import label_colour, luminance
+
+        self.assertAlmostEqual(luminance((1.0, 1.0, 1.0, 1.0)), 1.0, places=9)
+        self.assertAlmostEqual(luminance((0.0, 0.0, 0.0)), 0.0, places=9)
+        dark, light = (0.03, 0.19, 0.42), (0.97, 0.98, 1.0)  # ends of the Blues map
+        self.assertEqual(label_colour(luminance(dark)), "white")
+        self.assertEqual(label_colour(luminance(light)), "black")
+        self.assertEqual(label_colour(luminance((1.0, 1.0, 0.0))), "black", "yellow is light")
+        # in the picture: the darkest cell's label is white, the lightest's black
+        ax = self._panels(self._figure(self.res))[1]
+        owned = self.res["owned_by_colour"]["hierarchical"]["dense_param_bytes"]
+        texts = {t.get_text().split("\n")[0]: t.get_color() for t in ax.texts
+                 if t.get_text().startswith("r")}
+        self.assertEqual(texts[f"r{owned.index(max(owned))}"], "white")
+        self.assertEqual(texts[f"r{owned.index(min(owned))}"], "black")
+        rotated = [t.get_text() for t in ax.texts if t.get_rotation() != 0]
+        self.assertEqual(rotated, [], "no rotated labels over the cells")
+
+    def test_flat_only_results_get_one_panel_and_a_note(self) -> None:
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.plan import compute_plan
+        from paddle_muon_ext.tools.report import render_png
+
+        for cfg, note in (
+                (MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=4, model="tiny"),
+                 "flat path only (--no-group-call"),
+                (MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=8, model="tiny"),
+                 "one node: nothing crosses nodes")):
+            res = compute_plan(cfg, group_call=False)
+            fig = self._figure(res)
+            panels = self._panels(fig)
+            self.assertEqual(len(panels), 1)
+            self.assertEqual(panels[0].get_lines(), [], "no same-card lines on the flat path")
+            self.assertIn("flat path (comm_group_call_opt off)", panels[0].get_title())
+            self.assertIn(note, fig._suptitle.get_text())
+            legend = [t.get_text() for t in fig.legends[0].get_texts()]
+            self.assertFalse(any("same-card" in t for t in legend), legend)
+        self.assertEqual(render_png(res)[:8], b"\x89PNG\r\n\x1a\n")
 
     def test_large_pictures_leave_labels_out_and_thin_ticks(self) -> None:
         from paddle_muon_ext.tools import report
 
         with mock.patch.object(report, "MAX_LABELLED_CELLS", 31), \
                 mock.patch.object(report, "MAX_TICKS", 2):
-            ax = self._figure(self.res).axes[0]  # 8 nodes x 4 cards = 32 cells
-        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+            fig = self._figure(self.res)  # 8 nodes x 4 cards = 32 cells
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
         self.assertIn("cell: one rank (32 ranks: labels left out above 31)", legend)
-        self.assertEqual([t for t in ax.texts if t.get_text().startswith("r")], [])
-        self.assertEqual(list(ax.get_xticks()), [0, 2])
-        self.assertEqual(list(ax.get_yticks()), [0, 4])
-
-    def test_same_card_lines_carry_their_bytes_and_flat_has_none(self) -> None:
-        from paddle_muon_ext.tools.args import MuonCommConfig
-        from paddle_muon_ext.tools.plan import compute_plan
-
-        res = compute_plan(MuonCommConfig(ep=8, moe_sharding=2, pp=1, gpus_per_node=4,
-                                          model="tiny"))
-        ax = self._figure(res).axes[0]
-        labels = [t.get_text() for t in ax.texts if t.get_rotation() == 90]
-        want = [f"{b / 1024:.2f} KiB" for b in res["hierarchical"]["rail_bytes"]]
-        self.assertEqual(labels, want, "each same-card line labelled with its rail bytes")
-        flat = compute_plan(MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=8,
-                                           model="tiny"), group_call=False)
-        ax = self._figure(flat).axes[0]
-        self.assertEqual(ax.get_lines(), [], "no same-card lines on the flat path")
-        self.assertIn("flat path", ax.get_title())
-        data = __import__("paddle_muon_ext.tools.report", fromlist=["render_png"]).render_png(
-            flat)
-        self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+        for ax in self._panels(fig):
+            self.assertEqual([t for t in ax.texts if t.get_text().startswith("r")], [])
+            self.assertEqual(list(ax.get_xticks()), [0, 2])
+            self.assertEqual(list(ax.get_yticks()), [0, 4])
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print only a JSON dict on stdout (notes go to stderr)")
     p.add_argument("--png", metavar="FILE",
-                   help="draw nodes x cards with owners and rails (needs matplotlib: "
+                   help="draw nodes x cards with owners and rails, flat and hierarchical "
+                   "path side by side (needs matplotlib: "
                    'pip install ".[plot]")')
     add_verify_parser(sub)
     sub.add_parser("hangs", help="name the rank(s) a hung job waits for, from the "

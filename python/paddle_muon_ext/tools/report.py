@@ -15,12 +15,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
-from .cost_model import KINDS
+from .cost_model import KINDS, ratio
 
-__all__ = ["format_table", "draw_png", "plan_figure", "render_png"]
+__all__ = ["format_table", "draw_png", "label_colour", "luminance", "plan_figure", "render_png"]
 
 #: Largest picture whose cells carry their rank / matrix labels.
 MAX_LABELLED_CELLS = 512
@@ -161,15 +161,93 @@ def render_png(res: Dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+def label_colour(luminance: float) -> str:
+    """Text colour readable on a cell of this relative luminance.
+
+    Args:
+        luminance: the cell colour's relative luminance, 0 (black) .. 1 (white).
+
+    Returns:
+        str: ``"white"`` on a dark cell, ``"black"`` on a light one.
+    """
+    # 0.45, not 0.5: mid-blue cells (luminance ~0.45) read better with white text
+    return "white" if luminance < 0.45 else "black"
+
+
+def luminance(rgba: Sequence[float]) -> float:
+    """Relative luminance of an sRGB colour (ITU-R BT.709 weights on linear light).
+
+    Args:
+        rgba: red, green, blue (and alpha, ignored) in 0..1.
+
+    Returns:
+        float: 0 (black) .. 1 (white).
+    """
+    def linear(v: float) -> float:
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(float(v)) for v in rgba[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def _panels(res: Dict[str, Any]) -> Tuple[List[str], Optional[str]]:
+    """The paths drawn and, when only one is, the note that says why."""
+    if res.get("hierarchical") is not None:
+        return ["flat", "hierarchical"], None
+    if res["num_nodes"] == 1:
+        why = ("one node: nothing crosses nodes, so comm_group_call_opt has nothing to "
+               "reroute; flat path only")
+    else:
+        why = "flat path only (--no-group-call: comm_group_call_opt off)"
+    return ["flat"], why
+
+
+def _runs(nodes: Sequence[int]) -> List[Tuple[int, int]]:
+    """(first, count) of each run of adjacent node indices, in order."""
+    out: List[Tuple[int, int]] = []
+    for n in sorted(nodes):
+        if out and out[-1][0] + out[-1][1] == n:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((n, 1))
+    return out
+
+
+def _panel_title(res: Dict[str, Any], path: str) -> str:
+    summary = res[path]
+    t = summary["estimated_time_s"]
+    text = (f"{path} path (comm_group_call_opt {'on' if path == 'hierarchical' else 'off'})\n"
+            f"est. step comm {_fmt_time(t)}")
+    vs = res.get("vs_default")
+    if vs is not None:  # annotated by recommend.annotate (every plan run)
+        text += f" = {ratio(t, vs['default']['estimated_time_s']):.3f}x default"
+    text += (f"\ninter-node ratio to bound {summary['inter_node_ratio_to_bound']:.3f}, "
+             f"rail imbalance {summary['rail_imbalance']:.3f}")
+    return text
+
+
 def plan_figure(res: Dict[str, Any]):
     """The nodes x cards picture of :func:`compute_plan`'s result (a matplotlib Figure).
 
+    One panel per path the result holds -- flat and hierarchical side by
+    side, on one colour scale so they compare; a flat-only result (one node,
+    ``--no-group-call``) gets one panel and a note saying why. Each panel's
+    title gives the path's estimated step comm time and its ratio to the
+    default configuration (``vs_default``, when annotated).
+
     One cell per rank: its colour is the dense Muon parameter MiB the rank
-    owns (what crosses its rail), on a scale fitted to the data; its text is
-    ``r<rank>`` and ``D<n> E<m>``, the dense and expert (MoE colour) Muon
-    matrices it owns. On the hierarchical path each same-card group is a
-    line labelled with the Muon bytes its card's rail sends per step; every
-    pipeline stage (sharding group) is outlined. The legend says all of it.
+    owns (what crosses its rail); its text is ``r<rank>`` and ``D<n> E<m>``,
+    the dense and expert (MoE colour) Muon matrices it owns, in black or
+    white by the cell's luminance (:func:`label_colour`). Under each card:
+    the Muon bytes its rail sends across nodes per step. On the hierarchical
+    panel each same-card group is a line; every pipeline stage (sharding
+    group) is outlined. The legend says all of it.
+
+    Args:
+        res: :func:`compute_plan`'s result (optionally annotated).
+
+    Returns:
+        matplotlib.figure.Figure: the picture.
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -177,80 +255,93 @@ def plan_figure(res: Dict[str, Any]):
 
     plan = res["_plan"]
     gpn, nodes = plan.gpus_per_node, plan.num_nodes
-    path = "hierarchical" if res.get("hierarchical") is not None else "flat"
-    summary = res[path]
-    detail = res["owned_by_colour"][path]
-    unit, scale = ("MiB", 2**20) if max(detail["dense_param_bytes"]) >= 2**20 else ("KiB", 2**10)
-    mb = [b / scale for b in detail["dense_param_bytes"]]
-    grid = [[mb[n * gpn + c] for c in range(gpn)] for n in range(nodes)]
-    low, high = min(mb), max(mb)
-    if high - low < 1e-9:  # every rank owns the same: one flat colour, centred
-        low, high = low - 0.5, high + 0.5
+    paths, note = _panels(res)
+    details = {p: res["owned_by_colour"][p] for p in paths}
+    top = max(max(d["dense_param_bytes"]) for d in details.values())
+    unit, scale = ("MiB", 2**20) if top >= 2**20 else ("KiB", 2**10)
+    mbs = {p: [b / scale for b in d["dense_param_bytes"]] for p, d in details.items()}
+    # one scale for every panel, so the same colour means the same MiB in both
+    low = min(min(v) for v in mbs.values())
+    high = max(max(v) for v in mbs.values())
+    lo, hi = (low - 0.5, high + 0.5) if high - low < 1e-9 else (low, high)
     # Beyond a few hundred cells labels cannot be read: the picture keeps a
     # bounded size and the legend says the labels are left out.
     labelled = nodes * gpn <= MAX_LABELLED_CELLS
-    fig, ax = plt.subplots(figsize=(min(24.0, max(7.0, 2.5 + 0.95 * gpn)),
-                                    min(24.0, max(4.5, 2.8 + 0.55 * nodes))))
-    img = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=low, vmax=high)
-    for n in range(nodes if labelled else 0):
-        for c in range(gpn):
-            r = n * gpn + c
-            shade = (mb[r] - low) / (high - low)
-            ax.text(c - 0.08, n, f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}",
-                    ha="center", va="center", fontsize=6.5,
-                    color="white" if shade > 0.6 else "black")
-    rails = summary["rail_bytes"]
+    panel_w = min(11.0, max(5.0, 1.0 + 0.8 * gpn))  # two panels + bar <= 24 in
+    # constrained layout keeps the suptitle, the shared colour bar and the
+    # legend outside the panels
+    fig, axes = plt.subplots(1, len(paths), squeeze=False, layout="constrained",
+                             figsize=(len(paths) * panel_w + 1.5,
+                                      min(24.0, max(5.0, 3.4 + 0.55 * nodes))))
+    axes = list(axes[0])
+    cmap = plt.get_cmap("Blues")
+    norm = plt.Normalize(vmin=lo, vmax=hi)
+    lines_cmap = plt.get_cmap("tab10" if gpn <= 10 else "tab20")
+    for ax, path in zip(axes, paths):
+        mb, detail, rails = mbs[path], details[path], res[path]["rail_bytes"]
+        grid = [[mb[n * gpn + c] for c in range(gpn)] for n in range(nodes)]
+        img = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+        for n in range(nodes if labelled else 0):
+            for c in range(gpn):
+                r = n * gpn + c
+                ax.text(c - 0.08, n, f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}",
+                        ha="center", va="center", fontsize=6.5,
+                        color=label_colour(luminance(cmap(norm(mb[r])))))
+        if path == "hierarchical":
+            for stage in range(plan.pp_degree):
+                for c in range(gpn):
+                    ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
+                    ax.plot([c + 0.36] * len(ys), ys, "-o", color=lines_cmap(c % lines_cmap.N),
+                            lw=1.8, ms=3, alpha=0.9)
+        for stage in range(plan.pp_degree):
+            # a stage's nodes need not be adjacent (order moe_sharding,pp,ep):
+            # one outline per run of adjacent nodes
+            for first, count in _runs(plan.nodes_of_stage(stage)):
+                # inset so the outline is not hidden under the axes frame
+                ax.add_patch(Rectangle((-0.46, first - 0.46), gpn - 0.08, count - 0.08,
+                                       fill=False, ec="crimson", lw=2.2, ls="--", zorder=5))
+                if plan.pp_degree > 1:  # on a white box: readable on a dark cell too
+                    ax.text(-0.44, first - 0.44, f"stage {stage}", ha="left", va="top",
+                            fontsize=6, color="crimson", zorder=6,
+                            bbox={"facecolor": "white", "alpha": 0.85, "pad": 1, "lw": 0})
+        # the rail bytes sit under the axes, horizontal: readable whatever the cells' colour
+        cards = range(0, gpn, -(-gpn // MAX_TICKS))
+        ax.set_xticks(list(cards))
+        ax.set_xticklabels([f"card {c}\n{_fmt_bytes(rails[c])}" for c in cards], fontsize=6.5)
+        ax.set_xlabel("card; below it: Muon bytes its rail sends across nodes per step",
+                      fontsize=7)
+        rows = range(0, nodes, -(-nodes // MAX_TICKS))
+        ax.set_yticks(list(rows))
+        ax.set_yticklabels([f"node {n}" for n in rows], fontsize=7)
+        ax.set_title(_panel_title(res, path), fontsize=8)
+    c = res["config"]
+    head = (f"ep={c['ep']} ms={c['moe_sharding']} pp={c['pp']} gpn={gpn}, {nodes} "
+            f"node{'s' if nodes > 1 else ''}")
+    vs = res.get("vs_default")
+    if vs is not None:
+        head += f"; default step comm {_fmt_time(vs['default']['estimated_time_s'])}"
+    if note:
+        head += f"\n{note}"
+    fig.suptitle(head, fontsize=9)
+    fig.colorbar(img, ax=axes, fraction=0.04 / len(axes), pad=0.01,
+                 label=f"dense Muon {unit} owned ("
+                 f"{'one scale for both panels, ' if len(axes) > 1 else ''}"
+                 f"{low:.3g}..{high:.3g})")
     handles = [Patch(facecolor="none", edgecolor="none",
                      label="cell: r<rank>, D<n> dense / E<n> expert Muon matrices owned"
                      if labelled else f"cell: one rank ({nodes * gpn} ranks: labels left out "
-                     "above " f"{MAX_LABELLED_CELLS})")]
-    if path == "hierarchical":
-        cmap = plt.get_cmap("tab10" if gpn <= 10 else "tab20")
-        for stage in range(plan.pp_degree):
-            for c in range(gpn):
-                ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
-                ax.plot([c + 0.36] * len(ys), ys, "-o", color=cmap(c % cmap.N), lw=1.8, ms=3,
-                        alpha=0.9)
-                if plan.pp_degree == 1 and labelled:  # else the rail total is under the card
-                    ax.text(c + 0.42, (min(ys) + max(ys)) / 2, _fmt_bytes(rails[c]),
-                            rotation=90, ha="left", va="center", fontsize=5.5,
-                            color=cmap(c % cmap.N))
+                     f"above {MAX_LABELLED_CELLS})")]
+    if "hierarchical" in paths:
         handles.append(Line2D([], [], color="tab:blue", marker="o", ms=3, lw=1.8,
-                              label="same-card group (cross-node step); bytes: what its "
-                              "card's rail sends per step"))
-    for stage in range(plan.pp_degree):
-        stage_nodes = plan.nodes_of_stage(stage)
-        # inset so the outline is not hidden under the axes frame
-        ax.add_patch(Rectangle((-0.46, min(stage_nodes) - 0.46), gpn - 0.08,
-                               len(stage_nodes) - 0.08, fill=False, ec="crimson", lw=2.2,
-                               ls="--", zorder=5))
-        if plan.pp_degree > 1:
-            ax.text(-0.44, min(stage_nodes) - 0.44, f"stage {stage}", ha="left", va="top",
-                    fontsize=6, color="crimson", zorder=6)
+                              label="same-card group (hierarchical cross-node step)"))
     handles.append(Line2D([], [], color="crimson", lw=2.2, ls="--",
                           label="pipeline stage (its sharding group)"))
-    cards = range(0, gpn, -(-gpn // MAX_TICKS))
-    ax.set_xticks(list(cards))
-    ax.set_xticklabels([f"card {c}\n{_fmt_bytes(rails[c])}" for c in cards], fontsize=6.5)
-    ax.set_xlabel("card; below it: Muon bytes its rail sends across nodes per step", fontsize=7)
-    rows = range(0, nodes, -(-nodes // MAX_TICKS))
-    ax.set_yticks(list(rows))
-    ax.set_yticklabels([f"node {n}" for n in rows], fontsize=7)
-    c = res["config"]
-    title = f"ep={c['ep']} ms={c['moe_sharding']} pp={c['pp']} gpn={gpn} ({path} path)\n"
-    if path == "hierarchical":
-        title += (f"ratio to bound {summary['inter_node_ratio_to_bound']:.3f}, rail imbalance "
-                  f"{summary['rail_imbalance']:.3f} (dense "
-                  f"{summary['by_colour']['dense']['rail_imbalance']:.3f})")
-    else:
-        title += (f"comm_group_call_opt off; rail imbalance {summary['rail_imbalance']:.3f}, "
-                  f"inter-node Muon bytes {_fmt_bytes(summary['inter_node_bytes'])}/step")
-    ax.set_title(title, fontsize=8)
-    fig.colorbar(img, ax=ax, fraction=0.04,
-                 label=f"dense Muon {unit} owned (scale {min(mb):.3g}..{max(mb):.3g})")
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1,
-              fontsize=6.5, frameon=False)
-    fig.tight_layout()
+    try:  # "outside" (matplotlib >= 3.7) makes room for the legend below the panels
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles),
+                   fontsize=6.5, frameon=False)
+    except ValueError:  # pragma: no cover - older matplotlib: drawn over the bottom edge
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=6.5,
+                   frameon=False)
     return fig
 
 
