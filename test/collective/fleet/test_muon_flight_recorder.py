@@ -655,6 +655,14 @@ class TestStuckRankInRealGlooJob(unittest.TestCase):
                 culprit[0].startswith(f"rank 3 {CULPRIT}: in phase 'cross_node_reduce'"),
                 f"[{label}] {text}")
             self.assertIn("waits in reduce", text)
+            # the stuck rank's dump holds its main thread's stack, asleep in
+            # the worker's stalled(); a waiting rank's names its blocked thread
+            main = [st for st in states[3][1]["stacks"] if st["main"]]
+            self.assertEqual(len(main), 1, f"[{label}]")
+            self.assertRegex("".join(main[0]["frames"]), r"in stalled\n", f"[{label}]")
+            waiting = [data for st, data in states.values() if st.in_flight]
+            self.assertTrue(waiting and all(data["stacks"][0]["in_collective"]
+                                            for data in waiting), f"[{label}]")
         self.assertTrue(any(r.startswith("collective timeout") for r in (
             data["reason"] for _, data in rounds["watchdog"].values())), rounds["watchdog"])
 
