@@ -300,6 +300,10 @@ class TestRecorder(unittest.TestCase):
         self.assertIn("in test_dump_holds_the_stack", "".join(main[0]["frames"]))
         # nothing in flight: no thread is called blocked
         self.assertFalse(any(s["in_collective"] for s in self.rec.snapshot("x")["stacks"]))
+        # a stack that cannot be read costs the stacks, not the dump
+        with mock.patch.object(fr.traceback, "format_stack", side_effect=RuntimeError("x")):
+            snap = self.rec.snapshot("still dumps")
+        self.assertEqual((snap["reason"], snap["stacks"]), ("still dumps", []))
 
     def test_dump_stacks_are_bounded_and_leave_the_watchdog_out(self) -> None:
         import threading

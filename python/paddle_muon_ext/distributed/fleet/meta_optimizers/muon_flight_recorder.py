@@ -300,6 +300,10 @@ class FlightRecorder:
             issued = dict(self._issued)
             oldest = next(iter(self._in_flight.values()), None)
         blocked = oldest[_THREAD] if oldest is not None else None
+        try:
+            stacks = thread_stacks(blocked)
+        except Exception:  # noqa: BLE001 - a dump must not fail for want of its stacks
+            stacks = []
         rows = []
         for e in entries:
             e[_DTYPE] = str(e[_DTYPE]).replace("paddle.", "")
@@ -321,7 +325,7 @@ class FlightRecorder:
                 for (gid, ranks), n in issued.items()
             ],
             "entries": rows,
-            "stacks": thread_stacks(blocked),
+            "stacks": stacks,
         }
 
     def dump(self, reason: str, directory: str | None = None,
