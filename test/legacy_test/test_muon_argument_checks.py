@@ -82,10 +82,15 @@ class TestRefusedArguments(unittest.TestCase):
         (dict(muon_epsilon=-1.0), ValueError, ["muon_epsilon=-1.0", ">= 0", "None"]),
         (dict(muon_epsilon=NAN), ValueError, ["muon_epsilon=nan"]),
         (dict(muon_epsilon="1e-7"), TypeError, ["muon_epsilon='1e-7'"]),
+        # a bool is no epsilon, even a falsy one
+        (dict(muon_epsilon=False), TypeError, ["muon_epsilon=False", "not a number"]),
         (dict(weight_decay=NAN), ValueError, ["weight_decay=nan", ">= 0"]),
         (dict(weight_decay=-5), ValueError, ["weight_decay=-5 is out of range", ">= 0"]),
         (dict(weight_decay=INF), ValueError, ["weight_decay=inf"]),
         (dict(weight_decay=True), TypeError, ["weight_decay=True"]),
+        # develop's own check: a float, not a NumPy float32 or a Tensor
+        (dict(weight_decay=np.float32(0.01)), TypeError, ["weight_decay must be a float",
+                                                          "float32"]),
         (dict(muon_extra_scale_factor=NAN), ValueError, ["muon_extra_scale_factor=nan"]),
         (dict(muon_extra_scale_factor=-0.2), ValueError, ["muon_extra_scale_factor=-0.2"]),
         (dict(muon_extra_scale_factor=None), TypeError, ["muon_extra_scale_factor=None"]),
@@ -103,6 +108,11 @@ class TestRefusedArguments(unittest.TestCase):
         (dict(ns_coeff_type="custom", ns_coeffs=(3.0, -4.0, 2.0)), ValueError,
          ["ns_coeffs[0]=3.0"]),
         (dict(ns_coeff_type="custom", ns_coeffs="abc"), TypeError, ["ns_coeffs='abc'"]),
+        # bytes are a sequence of ints, not a coefficient tuple
+        (dict(ns_coeff_type="custom", ns_coeffs=[b"abc"]), ValueError,
+         ["ns_coeffs[0]=b'abc'", "3 finite numbers"]),
+        (dict(grad_clip=1.0), TypeError, ["grad_clip must be a paddle.nn.clip.GradientClipBase",
+                                          "got float"]),
         (dict(muon_version="1"), TypeError, ["muon_version='1'"]),
         (dict(muon_version=True), TypeError, ["muon_version=True"]),
         (dict(muon_max_group_bytes=-5), ValueError, ["muon_max_group_bytes=-5", "no limit"]),

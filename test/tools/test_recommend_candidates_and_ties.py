@@ -1,0 +1,86 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``plan --recommend``'s choice over a fake set of estimates: the default
+wins ties, the run's own buffer size and (where the layout allows it)
+``comm_group_call_opt`` on are candidates, and the "nothing beats the
+default" line names the fastest other choice; a faster choice is compared
+with the default and the bound, and the dense share counts the dense reduce
+and broadcast."""
+
+from __future__ import annotations
+
+import unittest
+
+from paddle_muon_ext.tools import recommend as rec
+from paddle_muon_ext.tools.plan import PARTITION_RULES
+
+
+class _Est:
+    def __init__(self, times, buffer=256.0, group_call_possible=False):
+        self.times, self.buffer, self.group_call_possible = times, buffer, group_call_possible
+
+    def time(self, key):
+        return self.times(key)
+
+
+def _res(t0, bound=1.0, families=None):
+    return {"vs_default": {"bound_s": bound, "default": {"estimated_time_s": t0},
+                           "bound_families_s": families or {}}}
+
+
+DEFAULT_KEY = rec._key(rec.DEFAULT_CONFIG)
+
+
+class TestRecommendCandidates(unittest.TestCase):
+    def test_the_default_wins_a_tie(self):
+        out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, group_call_possible=True))
+        self.assertEqual(out["best"]["config"], rec.DEFAULT_CONFIG)
+        self.assertTrue(out["why"].startswith("nothing beats the default"), out["why"])
+
+    def test_the_runs_own_buffer_and_group_call_on_are_candidates(self):
+        out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, buffer=512.0,
+                                            group_call_possible=True))
+        keys = {rec._key(c["config"]) for c in out["candidates"]}
+        want = {(g, rule, b) for g in (False, True) for rule in PARTITION_RULES
+                for b in set(rec.BUFFER_SIZES_MB) | {512.0}} | {DEFAULT_KEY}
+        self.assertEqual(keys, want)
+        out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, group_call_possible=False))
+        self.assertFalse(any(c["config"]["comm_group_call_opt"] for c in out["candidates"]))
+
+    def test_nothing_beats_the_default_names_the_fastest_other_choice(self):
+        def times(key):
+            if key == DEFAULT_KEY:
+                return 1.0
+            # the 64 MB flat configuration of the first rule is the runner-up
+            return 1.5 if key == (False, PARTITION_RULES[0], 64.0) else 3.0 + key[2] / 1024
+
+        out = rec.recommend(_res(1.0), _Est(times))
+        self.assertIn(f"({rec._describe(rec.config(False, PARTITION_RULES[0], 64.0))}) is "
+                      "1.500x of it", out["why"])
+
+
+    def test_a_faster_choice_is_compared_with_the_default_and_the_bound(self):
+        fast = (False, PARTITION_RULES[-1], 1024.0)
+        families = {"dense_reduce": 0.125, "dense_broadcast": 0.125, "moe_reduce": 0.25}
+        out = rec.recommend(_res(2.0, bound=0.5, families=families),
+                            _Est(lambda k: 1.0 if k == fast else 2.0))
+        self.assertEqual(rec._key(out["best"]["config"]), fast)
+        # t = 1, t0 = 2, bound 0.5; the dense reduce + broadcast are 0.25 of 0.5
+        self.assertEqual(out["why"], f"{rec._describe(rec.config(*fast))} is 0.500x of the "
+                         "default and 2.000x of the bound; dense Muon reduce/broadcast, all "
+                         "the option reroutes, are 50% of the bound")
+
+
+if __name__ == "__main__":
+    unittest.main()
