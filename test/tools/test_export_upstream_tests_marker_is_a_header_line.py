@@ -13,7 +13,8 @@
 # limitations under the License.
 """The exporter's tests-only selection takes a file as an upstream test only
 when the marker is a line of its own near the top: a file that merely quotes
-the marker (a docstring, a later line) is left out."""
+the marker (a docstring, a later line) is left out; a marked file's
+``from . import helper`` brings ``helper.py`` along."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def test_a_quoted_or_late_marker_does_not():
     late = "\n" * ep.MARKER_SCAN_LINES + MARKER + "\n"
     assert not ep.is_upstream_test(late)
     assert ep.is_upstream_test(MARKER + "\n" + late)
+
+
+def test_a_module_named_by_from_dot_import_travels_with_the_marked_test():
+    d = "test/collective/fleet/"
+    candidates = [
+        ("t/test_a.py", d + "test_a.py", MARKER + "\nfrom . import helper_x\n"),
+        ("t/helper_x.py", d + "helper_x.py", "VALUE = 1\n"),
+        ("t/unrelated.py", d + "unrelated.py", "VALUE = 2\n"),
+    ]
+    selected, left = ep.select_upstream_tests(candidates)
+    assert [c[1] for c in selected] == [d + "test_a.py", d + "helper_x.py"]
+    assert [src for src, _ in left] == ["t/unrelated.py"]
