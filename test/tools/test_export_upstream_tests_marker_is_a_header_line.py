@@ -14,7 +14,8 @@
 """The exporter's tests-only selection takes a file as an upstream test only
 when the marker is a line of its own near the top: a file that merely quotes
 the marker (a docstring, a later line) is left out; a marked file's
-``from . import helper`` brings ``helper.py`` along."""
+``from . import helper`` brings ``helper.py`` along; only files under
+``test/`` are selected, whatever they carry."""
 
 from __future__ import annotations
 
@@ -45,3 +46,10 @@ def test_a_module_named_by_from_dot_import_travels_with_the_marked_test():
     selected, left = ep.select_upstream_tests(candidates)
     assert [c[1] for c in selected] == [d + "test_a.py", d + "helper_x.py"]
     assert [src for src, _ in left] == ["t/unrelated.py"]
+
+
+def test_a_marked_file_outside_the_test_tree_is_not_a_test():
+    candidates = [("python/paddle_muon_ext/x.py", "python/paddle/x.py", MARKER + "\n")]
+    selected, left = ep.select_upstream_tests(candidates)
+    assert selected == []
+    assert [src for src, _ in left] == ["python/paddle_muon_ext/x.py"]
