@@ -559,6 +559,16 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
             "0-D": (lambda r, g: gc._emulated_all_to_all_single(
                 paddle.ones([2]), paddle.ones([]) if r == 1 else paddle.ones([2]), None, None, g),
                 "in_tensor is 0-D"),
+            "output list length": (lambda r, g: gc._emulated_all_to_all_list(
+                [paddle.ones([1])] * (3 if r == 1 else 2), [paddle.ones([1])] * 2, g),
+                "2 input and 3 output tensors for a group of 2"),
+            "output split sum": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([4]), paddle.ones([4]), [1, 2] if r == 1 else None, None, g),
+                r"out_tensor split sizes \[1, 2\] must be 2 non-negative numbers summing to "
+                r"its 4"),
+            "output indivisible": (lambda r, g: gc._emulated_all_to_all_single(
+                paddle.ones([3 if r == 1 else 4]), paddle.ones([4]), None, None, g),
+                "out_tensor has 3 rows, not divisible by the group size 2"),
         }
         for case, (fn, message) in cases.items():
             with self.subTest(case=case):
