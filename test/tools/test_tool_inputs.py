@@ -123,29 +123,30 @@ class TestRefusedBeforeWork(unittest.TestCase):
         self.assertNotIn("ernie-moe-small-fused", out)
 
 
+def _main_in_fresh_interpreter(argv: list) -> subprocess.CompletedProcess:
+    """Run ``cli.main(argv)`` in a new interpreter; stdout: its exit code and
+    whether paddle was imported."""
+    code = ("import sys\n"
+            "from paddle_muon_ext.tools.cli import main\n"
+            f"rc = main({argv!r})\n"
+            "print(rc, 'paddle' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
 class TestNoWorkBeforeTheCheck(unittest.TestCase):
     def test_refusal_does_not_import_paddle(self) -> None:
-        code = ("import sys\n"
-                "from paddle_muon_ext.tools.cli import main\n"
-                "rc = main(['plan', '--ep', '1000000000', '--moe-sharding', '2', "
-                "'--gpus-per-node', '8'])\n"
-                "print(rc, 'paddle' in sys.modules)\n")
-        env = {**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, env=env)
+        proc = _main_in_fresh_interpreter(
+            ["plan", "--ep", "1000000000", "--moe-sharding", "2", "--gpus-per-node", "8"])
         self.assertEqual(proc.stdout.split(), ["2", "False"], proc.stderr)
 
     def test_cluster_refuses_bad_flags_before_importing_paddle(self) -> None:
         # a layout comm_group_call_opt can run: its check imports paddle, so
         # every other flag must be checked before it
-        code = ("import sys\n"
-                "from paddle_muon_ext.tools.cli import main\n"
-                "rc = main(['cluster', '--nodes', '2', '--procs-per-node', '2', '--ep', '2', "
-                "'--moe-sharding', '2', '--steps', '0'])\n"
-                "print(rc, 'paddle' in sys.modules)\n")
-        env = {**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, env=env)
+        proc = _main_in_fresh_interpreter(
+            ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
+             "--moe-sharding", "2", "--steps", "0"])
         self.assertEqual(proc.stdout.split(), ["2", "False"], proc.stderr)
         self.assertIn("error: --steps must be >= 1, got 0", proc.stderr)
 
