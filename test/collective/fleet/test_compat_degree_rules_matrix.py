@@ -34,14 +34,20 @@ import itertools
 import math
 import os
 import unittest
+from types import SimpleNamespace
+from unittest import mock
 
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    hybrid_parallel_optimizer as hpo,
+)
 
 from paddle_muon_ext.compat_paddle_3_3 import (
     get_muon_sharding_options,
     patch_paddle,
     unpatch_paddle,
 )
+from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
 from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
 
 DENSE = ("dp_degree", "mp_degree", "pp_degree", "sharding_degree", "sep_degree")
@@ -236,6 +242,34 @@ class TestShardingConfigsView(unittest.TestCase):
             view.muon_partition_strategy = "fastest"
         with self.assertRaises(AttributeError):
             view.no_such_field = 1
+
+
+class TestMuonShardingOnlyWhereShardingIsSplit(unittest.TestCase):
+    def test_the_sharding_optimizer_is_built_for_a_sharding_degree_above_one(self) -> None:
+        # Paddle's parent constructor is replaced by a recorder: what it is
+        # handed, and what Paddle's sharding class names give during the call.
+        seen = {}
+
+        def parent_init(self, optimizer, hcg, strategy):
+            seen["optimizer"] = optimizer
+            seen["class_passes_through"] = hpo.DygraphShardingOptimizer(optimizer, hcg) is optimizer
+            seen["v2_passes_through"] = hpo.DygraphShardingOptimizerV2(optimizer, hcg) is optimizer
+
+        muon = object()
+        originals = (hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2)
+        for degree, sharded in ((1, False), (2, True), (4, True)):
+            seen.clear()
+            hcg = SimpleNamespace(get_sharding_parallel_world_size=lambda d=degree: d)
+            with self.subTest(degree=degree), \
+                    mock.patch.object(hpo.HybridParallelOptimizer, "__init__", parent_init), \
+                    mock.patch.object(fi, "MuonShardingOptimizer",
+                                      lambda opt, hcg, strategy: ("sharded", opt)):
+                fi.MuonHybridParallelOptimizer(muon, hcg, "strategy")
+                want = ("sharded", muon) if sharded else muon
+                self.assertEqual(seen["optimizer"], want)
+                self.assertTrue(seen["class_passes_through"] and seen["v2_passes_through"])
+            self.assertEqual((hpo.DygraphShardingOptimizer, hpo.DygraphShardingOptimizerV2),
+                             originals, "the sharding classes were not restored")
 
 
 if __name__ == "__main__":
