@@ -298,6 +298,47 @@ class TestProtoFieldNumbers(unittest.TestCase):
                 ep.add_proto_fields(text_in, [opt])
 
 
+class TestTestsOnlySelection(unittest.TestCase):
+    """What a marked test pulls in: test-tree modules it imports, transitively."""
+
+    def test_table(self) -> None:
+        m = ep.UPSTREAM_TESTS_MARKER
+        fleet = "test/collective/fleet/"
+        files = {
+            fleet + "test_a.py": f"{m}\nimport helper_x\nSCRIPT = 'worker_w.py'\n",
+            fleet + "helper_x.py": "from muon_mock.fake_comm import F\n",
+            fleet + "muon_mock/__init__.py": "",
+            fleet + "muon_mock/fake_comm.py": "F = 1\n",
+            fleet + "muon_mock/world.py": "W = 1\n",
+            fleet + "muon_mock/unused.py": "U = 1\n",
+            fleet + "worker_w.py": "import os\n",
+            fleet + "test_b.py": "import helper_y\n",               # not marked
+            fleet + "helper_y.py": "Y = 1\n",
+            "test/legacy_test/test_c.py": f"{m}\nimport helper_z\nimport muon_mock.world\n",
+            fleet + "helper_z.py": "Z = 1\n",                        # found through a root
+            fleet + "pkg/__init__.py": "",
+            fleet + "pkg/test_d.py": f"{m}\nfrom . import sib\nfrom .. import up\n",
+            fleet + "pkg/sib.py": "S = 1\n",
+            fleet + "up.py": "",
+            "test/collective/up.py": "",                             # one level too far
+            fleet + "late.py": "\n" * ep.MARKER_SCAN_LINES + m + "\n",  # marker too late
+            "python/paddle/x.py": f"{m}\n",                          # not under test/
+        }
+        candidates = [("src/" + dst, dst, text) for dst, text in files.items()]
+        selected, left = ep.select_upstream_tests(candidates)
+        want = {fleet + p for p in ("test_a.py", "helper_x.py", "muon_mock/__init__.py",
+                                    "muon_mock/fake_comm.py", "muon_mock/world.py",
+                                    "worker_w.py", "helper_z.py", "pkg/__init__.py",
+                                    "pkg/test_d.py", "pkg/sib.py", "up.py")}
+        want.add("test/legacy_test/test_c.py")
+        self.assertEqual({c[1] for c in selected}, want)
+        self.assertEqual([c[1] for c in selected], [d for d in files if d in want],
+                         "selected in input order")
+        self.assertEqual({src for src, _ in left}, {"src/" + d for d in files if d not in want})
+        for _, reason in left:
+            self.assertIn(m, reason)
+
+
 class TestModuleNames(unittest.TestCase):
     def test_init_exports_and_imported_names(self) -> None:
         text = ("from .a import A\nimport os.path\nimport numpy as np\n"
