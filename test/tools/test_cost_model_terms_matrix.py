@@ -40,6 +40,7 @@ import unittest
 from collections import defaultdict
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import CommOp
+from paddle_muon_ext.tools import cost_bound as cb
 from paddle_muon_ext.tools.cost_model import (
     AlphaBeta,
     CostPath,
@@ -78,6 +79,7 @@ class _Reference:
         self.intra = defaultdict(float)  # (phase, rank) -> bytes
         self.inter = defaultdict(float)
         self.rail = [0.0] * gpn  # Muon inter-node bytes per card
+        self.rail_all = [0.0] * gpn  # every inter-node byte per card
         self.latency = defaultdict(float)  # (phase, group) -> seconds
         self.muon = [0.0, 0.0]  # inter, intra
         self.other = [0.0, 0.0]
@@ -111,6 +113,8 @@ class _Reference:
         (self.inter if inter else self.intra)[(phase, a)] += nbytes
         totals = self.muon if muon else self.other
         totals[0 if inter else 1] += nbytes
+        if inter:
+            self.rail_all[a % self.gpn] += nbytes
         if inter and muon:
             self.rail[a % self.gpn] += nbytes
 
@@ -214,6 +218,8 @@ class TestOneCollectiveMatrix(unittest.TestCase):
             self.assertAlmostEqual(got, want, places=9, msg=f"{label}: rail {card}")
         self.assertAlmostEqual(res["rail_imbalance"], max_over_mean(ref.rail), places=9,
                                msg=f"{label}: rail imbalance")
+        self.assertAlmostEqual(res["rail_imbalance_all"], max_over_mean(ref.rail_all), places=9,
+                               msg=f"{label}: rail imbalance of every inter-node byte")
         self.assertAlmostEqual(res["inter_node_bytes"], ref.muon[0], places=9, msg=label)
         self.assertAlmostEqual(res["intra_node_bytes"], ref.muon[1], places=9, msg=label)
         self.assertAlmostEqual(res["inter_node_bytes_all"], ref.muon[0] + ref.other[0],
@@ -394,6 +400,34 @@ class TestScheduleReplay(unittest.TestCase):
             self.assertEqual(got[key], want[key], key)
         with self.assertRaisesRegex(ValueError, "unequal size"):
             by_class.replay_class(ops(members[0]), [(0, 2), (1,)])
+
+
+class TestBoundTermsByHand(unittest.TestCase):
+    """The bound's per-group floors (cost_model docstring, "Lower bound") over a table."""
+
+    def test_group_floors(self) -> None:
+        cheap_a, cheap_b = min(AV, AN), min(BV, BN)
+        # (p ranks, n nodes, k most on a node, S bytes)
+        for p, n, k, s in ((1, 1, 1, 8.0), (2, 1, 2, 8.0), (2, 2, 1, 8.0), (4, 2, 2, 8.0),
+                           (3, 2, 2, 6.0), (6, 3, 2, 12.0), (8, 1, 8, 4.0), (4, 2, 2, 0.0)):
+            g = cb.GroupLoad(ranks=p, nodes=n, per_node=k, nbytes=s)
+            label = f"p {p} n {n} k {k} S {s}"
+            moves = p >= 2 and s > 0
+            floor = ((n - 1) * s, (p - n) * s) if moves else (0.0, 0.0)
+            self.assertEqual(cb.link_floor_bytes(g), floor, label)
+            share = (p - 1) / p * s
+            ring = ((n * share if n > 1 else 0.0), (p - (n if n > 1 else 0)) * share) \
+                if moves else (0.0, 0.0)
+            for got, want in zip(cb.ring_link_bytes(g), ring):
+                self.assertAlmostEqual(got, want, places=12, msg=label)
+            self.assertAlmostEqual(cb.bandwidth_floor_s(g, AB),
+                                   floor[0] * BN + floor[1] * cheap_b, places=12, msg=label)
+            self.assertAlmostEqual(cb.bandwidth_floor_s(g, AB, ring=True),
+                                   ring[0] * BN + ring[1] * BV, places=12, msg=label)
+            nccl = (n - 1) * AN + (k - 1) * cheap_a if moves else 0.0
+            self.assertAlmostEqual(cb.latency_floor_s(g, AB), nccl, places=12, msg=label)
+            self.assertAlmostEqual(cb.latency_floor_s(g, AB, "gloo"), cheap_a if moves else 0.0,
+                                   places=12, msg=label)
 
 
 class TestSmallFunctions(unittest.TestCase):
