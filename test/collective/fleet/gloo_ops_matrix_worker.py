@@ -67,6 +67,9 @@ def matrix_cases():
                           None, None))
         cases.append((f"aliased_reduce_scatter/{group}", group, "aliased_reduce_scatter",
                       "float32", "AVG", None))
+        # rows not divisible by the group size: refused on every rank, no hang
+        cases.append((f"alltoall_uneven_rows/{group}", group, "alltoall_uneven_rows", "float32",
+                      None, None))
     return cases
 
 
@@ -155,6 +158,12 @@ def main() -> int:
                      for d in members]))
                 out = paddle.full([sum(out_split), WIDTH], -1, dtype=dtype)
                 dist.alltoall_single(out, x, in_split, out_split, group=g)
+                results[case] = out.numpy().tolist()
+            elif op == "alltoall_uneven_rows":
+                rows = n - 1 if n > 2 else n + 1
+                x = paddle.to_tensor(rank_input(case, rank, [rows, WIDTH], dtype))
+                out = paddle.full([rows, WIDTH], -1, dtype=dtype)
+                stream.alltoall(out, x, group=g, sync_op=True, use_calc_stream=True)
                 results[case] = out.numpy().tolist()
             elif op == "alltoall_even":
                 x = paddle.to_tensor(rank_input(case, rank, [2 * n, WIDTH], dtype))
