@@ -194,6 +194,21 @@ class TestClusterFlags(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "--group-call must be 0, 1 or both"):
                 _cluster(group_call=value).validate_values()
 
+    def test_the_option_pass_is_refused_only_where_it_is_asked_for(self) -> None:
+        # one node, or one process per node: comm_group_call_opt has no hierarchy
+        for nodes, procs, ep, ms, runnable in ((1, 4, 2, 2, False), (4, 1, 2, 2, False),
+                                               (2, 2, 2, 2, True), (4, 2, 4, 2, True)):
+            for group_call in ("0", "1", "both"):
+                cfg = _cluster(nodes=nodes, procs_per_node=procs, ep=ep, moe_sharding=ms,
+                               group_call=group_call)
+                label = f"{nodes} x {procs}, --group-call {group_call}"
+                if runnable or group_call == "0":
+                    cfg.validate()
+                    continue
+                with self.assertRaisesRegex(ValueError, "pass --group-call 0 to train the flat "
+                                            "path alone", msg=label):
+                    cfg.validate()
+
     def test_per_pass_averages_the_steps_after_the_first(self) -> None:
         def result(group_call, steps):
             r = cluster.ClusterResult(config=_cluster(group_call=group_call))
