@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+# paddle_muon_ext: compat-only  (tests the paddle 3.3.1 compat layer; not exported)
 """The 3.3.1 compat layer's degree rules over a matrix of degrees and job sizes.
 
 Expected outcomes are derived here from the rules as documented in
