@@ -255,6 +255,8 @@ class TestProtoFieldNumbers(unittest.TestCase):
             ("optional int32 a = 1; reserved 10 to max;", 2),
             ("optional int32 a = 9; reserved 10 to max;", 8),          # highest free below
             ("optional int32 a = 9; optional int32 b = 8; reserved 10 to max;", 7),
+            # protoc refuses the overlap, but the rule still names the highest free number
+            ("optional int32 a = 1; reserved 10 to max; reserved 12 to 15;", 9),
             ("", 1),
         ]
         for body, want in table:

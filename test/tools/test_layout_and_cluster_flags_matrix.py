@@ -208,6 +208,11 @@ class TestClusterFlags(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "pass --group-call 0 to train the flat "
                                             "path alone", msg=label):
                     cfg.validate()
+                # the link probe trains nothing: no pass to refuse
+                probe = _cluster(nodes=nodes, procs_per_node=procs, ep=ep, moe_sharding=ms,
+                                 group_call=group_call, mode="probe")
+                self.assertIsNone(probe.group_call_refusal(), label)
+                probe.validate()
 
     def test_per_pass_averages_the_steps_after_the_first(self) -> None:
         def result(group_call, steps):
