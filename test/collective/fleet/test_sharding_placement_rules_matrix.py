@@ -40,7 +40,11 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_collectives
     fused_buffer_scaling,
     sum_fallback_factors,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
     SliceBufferSpec,
     chunk_by_size,
@@ -124,6 +128,44 @@ class TestSliceRanges(unittest.TestCase):
                     self.assertEqual(spec.range_in_param(name, i), want, label)
                     padded = mine & set(range(off, off + pads[j]))
                     self.assertEqual(spec.holds_slice(name, i), bool(padded), label)
+
+
+class TestLayoutSchedule(unittest.TestCase):
+    """Which collectives a layout schedules, and which elements each rank updates."""
+
+    PARAMS = (ParamMeta("w0", (8, 4), "float32", None, True),
+              ParamMeta("w1", (4, 4), "float32", None, True),
+              ParamMeta("b0", (4,), "float32", None, False),
+              ParamMeta("e0", (2, 4, 4), "float32", "moe_expert", True),
+              ParamMeta("eb", (6,), "float32", "moe_expert", False))
+
+    def test_group_sizes(self) -> None:
+        for dense, expert in (((0,), (0,)), ((0, 1), (0,)), ((0, 1, 2, 3), (0, 2)),
+                              ((0,), (0, 1))):
+            for rank in sorted(set(dense) & set(expert)):
+                for mb in (0, 1):
+                    label = f"dense {dense} expert {expert} rank {rank} buffer {mb} MB"
+                    layout = ShardingLayout.build(self.PARAMS, {None: dense, "moe_expert": expert},
+                                                  rank, LayoutSettings(comm_buffer_size_MB=mb))
+                    ops = layout.schedule()
+                    self.assertTrue(all(len(op.group) > 1 for op in ops),
+                                    f"{label}: a one-rank group moves nothing")
+                    for colour, ranks in ((None, dense), ("moe_expert", expert)):
+                        kinds = {op.op for op in ops if op.colour == colour}
+                        want = {"reduce", "broadcast", "reduce_scatter", "all_gather"} \
+                            if len(ranks) > 1 else set()
+                        self.assertEqual(kinds, want, f"{label}: colour {colour}")
+                    for p in self.PARAMS:
+                        got = layout.local_range(p.name)
+                        if p.use_muon:
+                            mine = layout.owners[p.name] == rank
+                            self.assertEqual(got, (0, p.numel) if mine else (0, 0), label)
+                        else:
+                            buf = layout.slice_buffer_of(p.name)
+                            index = buf.group.index(rank)
+                            self.assertEqual(got, buf.range_in_param(p.name, index), label)
+                            if len(buf.group) == 1:
+                                self.assertEqual(got, (0, p.numel), f"{label}: one rank holds all")
 
 
 class TestSyncStages(unittest.TestCase):
