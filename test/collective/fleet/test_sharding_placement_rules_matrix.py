@@ -25,6 +25,9 @@
   elements reach the limit (``>=`` closes), each stage lists the owners of
   its keys, this rank's parameters of a key are updated in the first stage
   that lists the key, element-wise buffers follow as one stage each;
+* develop's ``reorder_params``: one entry per (owner, dtype), a lone
+  parameter of its dtype sent as is, several packed into one buffer the owner
+  fills in order (run on a simulated 2-rank world);
 * the SUM fallback of a mean divides every addend by ``n`` before the sum.
 """
 
@@ -248,6 +251,68 @@ class TestSyncStages(unittest.TestCase):
         # develop's default buffer when the size is not positive
         self.assertEqual(stage_element_limit(0), stage_element_limit(256))
         self.assertEqual(stage_element_limit(-2), stage_element_limit(256))
+
+
+class TestReorderParams(unittest.TestCase):
+    """develop's ``reorder_params``: one entry per (owner, dtype); a lone parameter
+    of its dtype travels as is, several are packed into one flat buffer that the
+    owner fills with their values in order."""
+
+    # group index -> the parameters it owns ("h" is float16, the rest float32)
+    CASES = ({0: ["a", "b"]}, {0: ["a"], 1: ["b", "c"]}, {1: ["a", "h", "c"]},
+             {0: ["h"], 1: ["b"]})
+
+    def test_packing_table(self) -> None:
+        import numpy as np
+        import paddle
+        from muon_sim_runner import SimConfig, run_world
+        from muon_tiny_moe import TinyMoE, make_muon
+
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+            MuonShardingOptimizer,
+        )
+
+        cfg = SimConfig(ep=1, ms=2, steps=1, clip=False)
+        shapes = {"a": (2, 3), "b": (4,), "c": (3, 2), "h": (2, 2)}
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(None, None)
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False), hcg,
+                                        strategy)
+            rank = paddle.distributed.get_rank()
+            group = hcg.get_sharding_parallel_group()
+            t = {k: paddle.to_tensor((np.arange(int(np.prod(s))) + 100 * rank + 10 * i)
+                                     .reshape(s).astype("float16" if k == "h" else "float32"))
+                 for i, (k, s) in enumerate(sorted(shapes.items()))}
+            out = []
+            for case in self.CASES:
+                packed = opt.reorder_params([({i: [t[k] for k in ks] for i, ks in case.items()},
+                                              group)])
+                out.append([(d["src_rank"], [next(k for k in t if t[k] is p) for p in d["params"]],
+                             any(d["param_buffer"] is v for v in t.values()),
+                             int(np.prod(d["param_buffer"].shape)), str(d["param_buffer"].dtype),
+                             d["param_buffer"].numpy().ravel().tolist() if d["src_rank"] == rank else None)
+                            for d in packed])
+            return rank, list(group.ranks), {k: v.numpy() for k, v in t.items()}, out
+
+        results, _ = run_world(cfg, body=body)
+        self.assertEqual(len(results), 2)
+        for rank, ranks, values, out in results:
+            for case, got in zip(self.CASES, out):
+                want = []
+                for index, names in case.items():
+                    by_dtype = {}
+                    for k in names:
+                        by_dtype.setdefault(str(values[k].dtype), []).append(k)
+                    for members in by_dtype.values():
+                        alone = len(members) == 1
+                        flat = np.concatenate([values[k].ravel() for k in members])
+                        dtype = "paddle.float16" if values[members[0]].dtype == np.float16 \
+                            else "paddle.float32"
+                        want.append((ranks[index], members, alone, flat.size, dtype,
+                                     flat.tolist() if ranks[index] == rank else None))
+                self.assertEqual(got, want, f"rank {rank}, owners {case}")
 
 
 class TestSumFallback(unittest.TestCase):
