@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import unittest
 from collections import defaultdict
+from types import SimpleNamespace
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import CommOp
 from paddle_muon_ext.tools import cost_bound as cb
@@ -405,8 +406,16 @@ class TestScheduleReplay(unittest.TestCase):
 class TestBoundTermsByHand(unittest.TestCase):
     """The bound's per-group floors (cost_model docstring, "Lower bound") over a table."""
 
+    # the constants as measured, and a node whose NVLink is slower than its network
+    SLOW_NVLINK = AlphaBeta(alpha_nvlink=AN, beta_nvlink=BN, alpha_net=AV, beta_net=BV)
+
     def test_group_floors(self) -> None:
-        cheap_a, cheap_b = min(AV, AN), min(BV, BN)
+        for ab in (AB, self.SLOW_NVLINK):
+            self._group_floors(ab)
+
+    def _group_floors(self, ab: AlphaBeta) -> None:
+        av, an, bv, bn = ab.alpha_nvlink, ab.alpha_net, ab.beta_nvlink, ab.beta_net
+        cheap_a, cheap_b = min(av, an), min(bv, bn)
         # (p ranks, n nodes, k most on a node, S bytes)
         for p, n, k, s in ((1, 1, 1, 8.0), (2, 1, 2, 8.0), (2, 2, 1, 8.0), (4, 2, 2, 8.0),
                            (3, 2, 2, 6.0), (6, 3, 2, 12.0), (8, 1, 8, 4.0), (4, 2, 2, 0.0)):
@@ -420,14 +429,72 @@ class TestBoundTermsByHand(unittest.TestCase):
                 if moves else (0.0, 0.0)
             for got, want in zip(cb.ring_link_bytes(g), ring):
                 self.assertAlmostEqual(got, want, places=12, msg=label)
-            self.assertAlmostEqual(cb.bandwidth_floor_s(g, AB),
-                                   floor[0] * BN + floor[1] * cheap_b, places=12, msg=label)
-            self.assertAlmostEqual(cb.bandwidth_floor_s(g, AB, ring=True),
-                                   ring[0] * BN + ring[1] * BV, places=12, msg=label)
-            nccl = (n - 1) * AN + (k - 1) * cheap_a if moves else 0.0
-            self.assertAlmostEqual(cb.latency_floor_s(g, AB), nccl, places=12, msg=label)
-            self.assertAlmostEqual(cb.latency_floor_s(g, AB, "gloo"), cheap_a if moves else 0.0,
+            self.assertAlmostEqual(cb.bandwidth_floor_s(g, ab),
+                                   floor[0] * bn + floor[1] * cheap_b, places=12, msg=label)
+            # a ring's bytes inside a node pay NVLink's beta, whichever is cheaper
+            self.assertAlmostEqual(cb.bandwidth_floor_s(g, ab, ring=True),
+                                   ring[0] * bn + ring[1] * bv, places=12, msg=label)
+            nccl = (n - 1) * an + (k - 1) * cheap_a if moves else 0.0
+            self.assertAlmostEqual(cb.latency_floor_s(g, ab), nccl, places=12, msg=label)
+            self.assertAlmostEqual(cb.latency_floor_s(g, ab, "gloo"), cheap_a if moves else 0.0,
                                    places=12, msg=label)
+
+    def test_families_and_the_step(self) -> None:
+        # two pipeline stages of 4 ranks (gpn 2): dense groups (0..3) and (4..7),
+        # MoE groups {0, 2}, {1, 3}, {4, 6}, {5, 7}; stage 1 holds no expert
+        class Plan:
+            gpus_per_node = 2
+
+            @staticmethod
+            def sharding_group_ranks(stage):
+                return tuple(range(4 * stage, 4 * stage + 4))
+
+            @staticmethod
+            def moe_sharding_ranks(rank):
+                return (rank, rank + 2) if rank % 4 < 2 else (rank - 2, rank)
+
+        def meta(nbytes, use_muon, expert):
+            return SimpleNamespace(nbytes=nbytes, use_muon=use_muon,
+                                   colour="moe_expert" if expert else None)
+
+        stages = [[meta(8, True, False), meta(4, True, True), meta(6, False, False),
+                   meta(2, False, True), meta(4, True, False)],
+                  [meta(16, True, False), meta(10, False, False)]]
+        families = cb.layout_families(Plan, stages)
+        dense = cb.GroupLoad(4, 2, 2, 12.0)
+        pair = cb.GroupLoad(2, 2, 1, 4.0)
+        want = {
+            "dense_reduce": [(4, [dense]), (4, [cb.GroupLoad(4, 2, 2, 16.0)])],
+            "moe_reduce": [(4, [pair, pair]), (4, [cb.GroupLoad(2, 2, 1, 0.0)] * 2)],
+            "reduce_scatter": [(4, [cb.GroupLoad(4, 2, 2, 6.0), cb.GroupLoad(2, 2, 1, 2.0),
+                                    cb.GroupLoad(2, 2, 1, 2.0)]),
+                               (4, [cb.GroupLoad(4, 2, 2, 10.0), cb.GroupLoad(2, 2, 1, 0.0),
+                                    cb.GroupLoad(2, 2, 1, 0.0)])],
+        }
+        want["dense_broadcast"], want["moe_broadcast"] = want["dense_reduce"], want["moe_reduce"]
+        want["all_gather"] = want["reduce_scatter"]
+        self.assertEqual(set(families), set(cb.FAMILIES))
+        for name, rank_sets in want.items():
+            self.assertEqual(families[name], rank_sets, name)
+        for ab in (AB, self.SLOW_NVLINK):
+            for backend in ("nccl", "gloo"):
+                bound = cb.step_bound(families, ab, backend)
+                total, inter = 0.0, 0.0
+                for name, rank_sets in families.items():
+                    ring = backend == "nccl" and name in cb.RING_FAMILIES
+                    groups = [g for _, gs in rank_sets for g in gs]
+                    latency = max(cb.latency_floor_s(g, ab, backend) for g in groups)
+                    bandwidth = max(sum(cb.bandwidth_floor_s(g, ab, ring) for g in gs) / size
+                                    for size, gs in rank_sets)
+                    self.assertAlmostEqual(bound["families_s"][name], latency + bandwidth,
+                                           places=9, msg=f"{backend} {name}")
+                    self.assertEqual(cb.family_floor_s(rank_sets, ab, backend, ring),
+                                     (latency, bandwidth))
+                    total += latency + bandwidth
+                    count = cb.ring_link_bytes if ring else cb.link_floor_bytes
+                    inter += sum(count(g)[0] for g in groups)
+                self.assertAlmostEqual(bound["bound_s"], total, places=9, msg=backend)
+                self.assertAlmostEqual(bound["inter_node_bytes"], inter, places=9, msg=backend)
 
 
 class TestSmallFunctions(unittest.TestCase):
