@@ -852,8 +852,11 @@ class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
             groups = {None: tuple(hcg.get_sharding_parallel_group().ranks),
                       "moe_expert": tuple(hcg.get_moe_sharding_parallel_group().ranks)}
             rank = paddle.distributed.get_rank()
+            # make_muon clips by global norm: Paddle's HybridParallelClipGrad
+            # all-reduces the norm twice over the sharding group (pp == 1)
             tool = ShardingLayout.build([s.to_meta("moe_expert") for s in specs], groups, rank,
-                                        LayoutSettings(comm_buffer_size_MB=1))
+                                        LayoutSettings(comm_buffer_size_MB=1),
+                                        clip_groups=[groups[None]] * 2)
             mine = opt.sharding_layout
 
             def phases(layout):

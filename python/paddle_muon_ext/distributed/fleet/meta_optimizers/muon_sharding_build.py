@@ -28,7 +28,11 @@ from collections import OrderedDict
 from typing import Any
 from typing import TYPE_CHECKING
 
+import paddle
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelClipGrad,
+)
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
@@ -56,6 +60,7 @@ from .muon_sharding_types import dtype_itemsize
 from .muon_sharding_types import is_trainable
 from .muon_sharding_types import parse_colour
 from .muon_fused_buffer import MuonBucket
+from .muon_sharding_executor import has_staged_api
 
 if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
@@ -125,6 +130,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
         )
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
+    opt._has_staged_api = has_staged_api(optimizer)
     opt._layout = opt._build_layout()
     opt._owner_of: dict[str, int] = dict(opt._layout.owners)
     opt._partitions: dict[str | None, Any] = dict(opt._layout.partitions)
@@ -414,7 +420,30 @@ def build_layout(opt: MuonShardingOptimizer) -> ShardingLayout:
     )
     groups = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     return ShardingLayout.build(metas, groups, opt._rank, settings, opt._plan,
-                                fixed_owners=opt._machine_balanced_owners())
+                                fixed_owners=opt._machine_balanced_owners(),
+                                clip_groups=clip_groups(opt))
+
+
+def clip_groups(opt: MuonShardingOptimizer) -> list:
+    """The groups the global-norm clip all-reduces its norm over, in issue order.
+
+    Paddle's ``HybridParallelClipGrad`` (swapped in for a
+    ``ClipGradByGlobalNorm``): the sharding group twice (distributed and
+    replicated norms), then the pipe group. Empty when the clip is not its own
+    step phase (no global-norm clip, no staged API, or the update bypassed).
+    """
+    if opt._bypass_update or not opt._has_staged_api:
+        return []
+    clip = opt._base_opt._grad_clip
+    if not isinstance(clip, (paddle.nn.ClipGradByGlobalNorm, HybridParallelClipGrad)):
+        return []
+    hcg, groups = opt._hcg, []
+    if hcg.get_sharding_parallel_world_size() > 1:
+        ranks = list(hcg.get_sharding_parallel_group().ranks)
+        groups += [ranks, ranks]
+    if hcg.get_pipe_parallel_world_size() > 1:
+        groups.append(list(hcg.get_pipe_parallel_group().ranks))
+    return groups
 
 
 def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None:

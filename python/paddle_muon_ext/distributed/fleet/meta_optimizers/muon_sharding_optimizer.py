@@ -58,6 +58,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from .muon_fused_buffer import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_build as _build
+from . import muon_sharding_executor as _executor
 from . import muon_sharding_runtime as _runtime
 from . import muon_sharding_state as _state
 from . import muon_sharding_sync as _sync
@@ -405,12 +406,12 @@ class MuonShardingOptimizer:
             self._reduce_gradients()
 
     def _reduce_gradients(self) -> None:
-        _runtime.reduce_gradients(self)
+        _executor.reduce_gradients(self)
 
     @framework.no_grad()
     def _reduce_2d_grads(self, op=None) -> None:
         """Reduce the Muon gradients onto their owners: the plan's 2-D reduce phases."""
-        _runtime.reduce_2d_grads(self, op)
+        _executor.reduce_2d_grads(self, op)
 
     _get_param_grad = staticmethod(_get_param_grad)
 
@@ -428,10 +429,15 @@ class MuonShardingOptimizer:
     @framework.no_grad()
     def step(self) -> list:
         """Update owned matrices (Muon) and local slices (AdamW), then sync."""
-        return _runtime.step(self)
+        return _executor.step(self)
 
     def _stages_in_use(self) -> bool:
-        return bool(self.overlap_optimize_and_sync and not g_shard_bypass_dygraph_optimizer)
+        return bool(self.overlap_optimize_and_sync and not self._bypass_update)
+
+    @property
+    def _bypass_update(self) -> bool:
+        """develop's ``FLAGS_shard_bypass_dygraph_optimizer``: skip the update, still sync."""
+        return bool(g_shard_bypass_dygraph_optimizer)
 
     def _build_sync_stages(self) -> list:
         """develop's ``_sync_stages`` (dicts of kind '2d' / '1d'), identical on every rank."""
@@ -443,7 +449,7 @@ class MuonShardingOptimizer:
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """Clip and prepare once; per stage update, then launch its sync; wait all."""
-        _runtime.step_with_sync_overlap(self, params_grads)
+        _executor.staged_update(self, params_grads)
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:
         """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687)."""
@@ -488,7 +494,7 @@ class MuonShardingOptimizer:
 
     def _sync_parameters(self) -> None:
         # The plan's sync phases: the step's, or every stage's one after another.
-        _sync.sync_parameters(self)
+        _executor.sync_parameters(self)
 
     def _phase_group(self, phase):
         """The process group a plan phase runs on."""

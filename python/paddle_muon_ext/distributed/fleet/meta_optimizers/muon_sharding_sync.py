@@ -32,7 +32,6 @@ from .muon_sharding_step_plan import flat_broadcast_phase
 from .muon_sharding_types import (
     ROUTE_CROSS_NODE,
     ROUTE_INTRA_NODE,
-    TRIGGER_STEP,
     TRIGGER_SYNC,
 )
 
@@ -42,7 +41,6 @@ __all__ = [
     "broadcast_2d_params",
     "reorder_params",
     "owner_dtype_buffers",
-    "sync_parameters",
     "phase_group",
     "sync_buffer",
     "run_sync_phase",
@@ -131,15 +129,6 @@ def owner_dtype_buffers(opt, rank2params: dict, group, single_as_is: bool):
             if owner == opt._rank:
                 comm.flatten_into(members, buffer)
             yield owner, {"param_buffer": buffer, "params": members}
-
-
-def sync_parameters(opt) -> None:
-    cache, unpack = {}, []
-    for phase in opt._layout.step_plan():
-        if phase.trigger == TRIGGER_STEP or phase.trigger.startswith(TRIGGER_SYNC):
-            opt._run_sync_phase(phase, cache, unpack, launch=False)
-    for buffer, params in unpack:
-        comm.unflatten_from(buffer, params)
 
 
 def phase_group(opt, phase):
