@@ -74,6 +74,7 @@ class StepRun:
     """What the phases of one ``reduce_gradients`` / ``step`` call hand each other.
 
     Attributes:
+        state: the optimizer's :class:`ShardingState` (buffers, groups, slices).
         reduce_op: AVG, or SUM where the build has none.
         params_grads: this rank's (param, grad) pairs (``collect_grads``).
         skipped: AMP found inf/nan: no clip, no update.
@@ -85,6 +86,7 @@ class StepRun:
     """
 
     def __init__(self, opt: MuonShardingOptimizer, staged: bool = False) -> None:
+        self.state = opt._state
         self.reduce_op = dist.ReduceOp.AVG if opt._use_avg else dist.ReduceOp.SUM
         self.params_grads: list = []
         self.skipped = False
@@ -203,24 +205,25 @@ def _wait_hooked(opt, phase, run: StepRun, last: bool) -> None:
     slices = []
     for ref, _ in phase.items:
         if ref[0] == "slice":
-            slices.append(opt._rs_buffers[ref[1]])
+            slices.append(run.state.rs_buffers[ref[1]])
         else:
-            for buffer in opt._muon_buckets[ref[1]].buffers:
+            for buffer in run.state.muon_buckets[ref[1]].buffers:
                 buffer.scale_grads()
     if slices:
         comm.reduce_scatter_slices(slices, lambda b: True)
 
 
 def _reduce_scatter(opt, phase, run: StepRun, last: bool) -> None:
-    comm.reduce_scatter_slices([opt._rs_buffers[ref[1]] for ref, _ in phase.items],
+    comm.reduce_scatter_slices([run.state.rs_buffers[ref[1]] for ref, _ in phase.items],
                                lambda b: False)
 
 
 def _reduce(opt, phase, run: StepRun, last: bool) -> None:
+    state = run.state
     routes = [(tensor, root) for ref, root in phase.items
-              for tensor in opt._grad_tensors(opt._muon_buckets[ref[1]])]
+              for tensor in state.grad_tensors(state.muon_buckets[ref[1]])]
     with comm.comm_phase(phase.label):
-        comm.mean_onto(routes, opt._phase_group(phase), run.reduce_op)
+        comm.mean_onto(routes, state.phase_group(phase), run.reduce_op)
 
 
 def _reset_storage(opt, phase, run: StepRun, last: bool) -> None:

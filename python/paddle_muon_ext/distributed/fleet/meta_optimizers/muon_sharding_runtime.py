@@ -162,19 +162,6 @@ def ensure_global_clip(opt: MuonShardingOptimizer) -> None:
         base._grad_clip = HybridParallelClipGrad(clip, opt._hcg)
 
 
-def all_buffers(opt: MuonShardingOptimizer) -> list:
-    return [b for bucket in opt._muon_buckets for b in bucket.buffers] + list(opt._rs_buffers)
-
-
-def owned_muon_params(opt: MuonShardingOptimizer) -> list:
-    return [p for bucket in opt._muon_buckets if bucket.owner == opt._rank for p in bucket.params]
-
-
-def local_slice_params(opt: MuonShardingOptimizer) -> list:
-    return [opt._slice_params[p.name] for buffer in opt._rs_buffers for p in buffer.params
-            if fused.has_local_slice(buffer, p.name)]
-
-
 @contextlib.contextmanager
 def timed(opt: MuonShardingOptimizer, name: str) -> Iterator[None]:
     # develop's timer names, so timers.log() reads the same
@@ -194,9 +181,3 @@ def copy_released_grads_in(opt: MuonShardingOptimizer) -> None:
     for buffer in opt._rs_buffers:
         if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
             fused.copy_grads_in(buffer)
-
-
-def grad_tensors(bucket) -> list:
-    if bucket.buffers:
-        return [b.grad_storage for b in bucket.buffers]
-    return [get_param_grad(p) for p in bucket.params]
