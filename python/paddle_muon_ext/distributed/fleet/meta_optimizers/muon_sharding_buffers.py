@@ -24,6 +24,7 @@ marked place (``_DevelopStateSurface`` in ``muon_sharding_optimizer``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +36,8 @@ from . import muon_sharding_collectives as comm
 from .muon_fused_buffer import MuonBucket
 from .muon_sharding_runtime import get_param_grad
 from .muon_sharding_types import (
+    DEFAULT_COLOUR,
+    DEFAULT_RAW_COLOUR,
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
@@ -171,6 +174,27 @@ class ShardingState:
         """The slice parameters this rank holds a (non-empty) slice of."""
         return [self.slice_params[p.name] for buffer in self.rs_buffers for p in buffer.params
                 if fused.has_local_slice(buffer, p.name)]
+
+    def fused_2d_buffers(self) -> list:
+        """The Muon buckets' fused gradient buffers, in bucket order (develop's ``comm_buffer_2d``)."""
+        return [b for bucket in self.muon_buckets for b in bucket.buffers]
+
+    def rs_buffers_by_raw_colour(self) -> OrderedDict:
+        """Raw colour (develop's ``-1`` for the default) -> its element-wise buffers."""
+        out: OrderedDict = OrderedDict()
+        for buffer in self.rs_buffers:
+            colour = self.rs_colour[id(buffer)]
+            out.setdefault(DEFAULT_RAW_COLOUR if colour is DEFAULT_COLOUR else colour,
+                           []).append(buffer)
+        return out
+
+    def buffers_of_params(self) -> OrderedDict:
+        """Parameter name -> the fused buffers holding it (develop's ``param2bucket``)."""
+        out: OrderedDict = OrderedDict()
+        for buffer in self.fused_2d_buffers() + self.rs_buffers:
+            for p in buffer.params:
+                out.setdefault(p.name, []).append(buffer)
+        return out
 
     def hooked_buffers(self) -> list:
         """(buffer, phase label) of the plan's backward phases.

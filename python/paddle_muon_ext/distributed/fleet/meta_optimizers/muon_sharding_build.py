@@ -53,7 +53,6 @@ from .muon_sharding_settings import _user_set_sharding_config
 from .muon_sharding_settings import _warn_once
 from .muon_sharding_settings import read_overlap_optimize_and_sync
 from .muon_sharding_types import DEFAULT_COLOUR
-from .muon_sharding_types import DEFAULT_RAW_COLOUR
 from .muon_sharding_types import STAGED_API
 from .muon_sharding_types import dtype_itemsize
 from .muon_sharding_types import is_trainable
@@ -276,19 +275,8 @@ def describe_like_develop(
         opt._param2rank_2d_by_color[colour] = to_rank
         # develop keeps each colour's list sorted (stably) by owner
         opt._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
-    opt._local_2d = opt._owned_muon_params()
-    opt.comm_buffer_2d = [b for bucket in opt._muon_buckets for b in bucket.buffers]
-    # develop's name for the element-wise (reduce-scatter) buffers
-    opt._comm_buffer_list = opt._rs_buffers
-    opt._color_to_comm_buffer_list: dict = OrderedDict()
-    for buffer in opt._rs_buffers:
-        colour = opt._rs_colour[id(buffer)]
-        raw = DEFAULT_RAW_COLOUR if colour is DEFAULT_COLOUR else colour
-        opt._color_to_comm_buffer_list.setdefault(raw, []).append(buffer)
-    opt.param2bucket: dict[str, list] = OrderedDict()
-    for buffer in opt.comm_buffer_2d + opt._rs_buffers:
-        for p in buffer.params:
-            opt.param2bucket.setdefault(p.name, []).append(buffer)
+    # the buffer views (comm_buffer_2d, _comm_buffer_list, param2bucket, ...)
+    # are properties over the state (_DevelopStateSurface)
 
 
 def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:

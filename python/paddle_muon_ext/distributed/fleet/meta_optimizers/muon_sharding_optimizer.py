@@ -148,6 +148,12 @@ class _DevelopStateSurface:
     _local_slice_params = _state_method("local_slice_params")
     _hooked_buffers = _state_method("hooked_buffers")
     _phase_group = _state_method("phase_group")
+    # develop's views of the same buffers, derived (never a second copy)
+    _comm_buffer_list = _state_attr("rs_buffers")
+    comm_buffer_2d = property(lambda self: self._state.fused_2d_buffers())
+    _color_to_comm_buffer_list = property(lambda self: self._state.rs_buffers_by_raw_colour())
+    param2bucket = property(lambda self: self._state.buffers_of_params())
+    _local_2d = property(lambda self: self._state.owned_muon_params())
     _grad_tensors = staticmethod(ShardingState.grad_tensors)
     _create_slice_param = staticmethod(create_slice_param)
 
