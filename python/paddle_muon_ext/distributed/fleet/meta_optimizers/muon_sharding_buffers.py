@@ -92,7 +92,13 @@ class ShardingState:
     @property
     def group_of_ranks(self) -> dict:
         """Global ranks -> the colour Group with them (flat phases name groups by ranks)."""
-        return {tuple(g.ranks): g for g in self.colour_groups.values()}
+        # colour_groups is set once by the build: index it once
+        cached = self.__dict__.get("_group_of_ranks")
+        if cached is None or cached[0] is not self.colour_groups:
+            cached = (self.colour_groups,
+                      {tuple(g.ranks): g for g in self.colour_groups.values()})
+            self.__dict__["_group_of_ranks"] = cached
+        return cached[1]
 
     # ------------------------------------------------------------ building
     def build_muon_buckets(self, acc_steps_of: Callable[[Any], int], use_avg: bool) -> None:

@@ -66,6 +66,7 @@ __all__ = ["StepRun", "EXECUTORS", "run_phases", "reduce_gradients", "reduce_2d_
            "step", "staged_update", "sync_parameters", "is_step_phase"]
 
 _SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
+_NO_TIMER = contextlib.nullcontext()
 # Kinds an AMP overflow skips (the sync still runs when storage was freed).
 _UPDATE_KINDS = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE, OP_FUSE_STATES)
 
@@ -136,6 +137,8 @@ def run_phases(opt: MuonShardingOptimizer, phases: Iterable, run: StepRun) -> St
 def _timed_phase(opt, phase, run: StepRun) -> contextlib.AbstractContextManager:
     # develop's timer names: the update (and, staged, the launches) is
     # apply-optimize; what the sync costs past the update is sync-parameters
+    if opt.timers is None:
+        return _NO_TIMER
     if phase.op in (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE):
         return opt._timed("apply-optimize")
     if phase.op in _SYNC_OPS:
@@ -173,8 +176,17 @@ def step(opt: MuonShardingOptimizer) -> list:
     """
     layout = opt._layout
     run = StepRun(opt, staged=layout.staged_sync)
-    run_phases(opt, [ph for ph in layout.step_plan() if is_step_phase(ph)], run)
+    run_phases(opt, _step_phases(layout), run)
     return run.params_grads
+
+
+def _step_phases(layout) -> tuple:
+    # the step's phases of the (cached, immutable) plan, filtered once
+    cached = layout.__dict__.get("_executor_step_phases")
+    if cached is None:
+        cached = tuple(ph for ph in layout.step_plan() if is_step_phase(ph))
+        layout.__dict__["_executor_step_phases"] = cached
+    return cached
 
 
 def staged_update(opt: MuonShardingOptimizer, params_grads: list) -> None:

@@ -284,7 +284,11 @@ class ShardingLayout:
 
     def phases_of(self, trigger: str) -> list:
         """The phases of one trigger, in plan order."""
-        return [ph for ph in self.step_plan() if ph.trigger == trigger]
+        # read every step by the executors: filter the cached plan once per trigger
+        cache = self.__dict__.setdefault("_phases_of_cache", {})
+        if trigger not in cache:
+            cache[trigger] = tuple(ph for ph in self.step_plan() if ph.trigger == trigger)
+        return list(cache[trigger])
 
     def schedule(self) -> list:
         """Ordered collectives this rank issues in one step (the plan's ops).
