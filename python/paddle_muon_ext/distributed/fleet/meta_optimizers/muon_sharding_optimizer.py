@@ -16,8 +16,12 @@
 Each Muon parameter is owned whole by one rank of its colour's group (reduce to
 the owner, Newton-Schulz there, broadcast back); every other parameter is split
 element-wise (reduce-scatter, AdamW on the slice, all-gather). ``ShardingLayout``
-decides what moves when (data); the build/runtime/sync/state modules hold the
-bodies, so this file keeps develop's names as thin methods.
+decides what moves when (data) and its step plan is the program:
+``reduce_gradients`` and ``step`` run its phases (``muon_sharding_executor``);
+the groups, buffers and slices live in one ``ShardingState``
+(``muon_sharding_buffers``), whose develop names ``_DevelopStateSurface``
+defines below. The build/runtime/sync/state modules hold the other bodies, so
+this file keeps develop's names as thin methods.
 
 Develop's surface -- kept for develop's callers; do not build on it (new code
 reads ``sharding_layout``, ``owner_map``, ``comm_plan``, ``partitions``,

@@ -131,23 +131,30 @@ class SyncStageSpec:
 
 @dataclass(frozen=True)
 class StepPhase:
-    """One phase of the step plan: one collective pattern on one group.
+    """One phase of the step plan: a collective pattern on one group, or a local step.
 
     Attributes:
         trigger: when it runs: ``"backward"`` (a buffer's hook),
-            ``"reduce_gradients"``, ``"step"`` (the parameter sync), or
-            ``"sync[k]"`` (the sync of update stage k, overlapped update).
+            ``"reduce_gradients"``, ``"step"``, or ``"sync[k]"`` (the sync
+            of update stage k, overlapped update; run by ``step``).
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: ``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather``.
+        op: what it does (``muon_sharding_types.OP_*``): a collective
+            (``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather`` /
+            ``all_reduce``, the clip's) or a local kind (``wait_hooked``,
+            ``found_inf``, ``update``, ``stage_update``, ``fuse_states``, ...);
+            the executors dispatch on it.
         route: ``flat`` (the colour group), ``intra_node`` / ``cross_node``
-            (the hierarchical groups) or ``slices`` (each element-wise
-            buffer's own group).
-        group: global ranks of the group (empty for ``slices``).
+            (the hierarchical groups), ``slices`` (each element-wise
+            buffer's own group), ``clip_groups`` (each clip group) or
+            ``local`` (no collective).
+        group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
         items: ``(buffer ref, root global rank)``; refs are ``("muon", i)``
             (``muon_buckets[i]``: its gradient parts or broadcast buffer),
             ``("slice", i)`` (``slice_buffers[i]``), ``("stage", k, j)``
-            (owner buffer j of sync stage k).
-        ops: the collectives this rank issues for the phase.
+            (owner buffer j of sync stage k), ``("stage", k)`` (the update of
+            stage k), ``("clip", i)`` (``clip_groups[i]``).
+        ops: the collectives this rank issues for the phase, derived from
+            ``items`` by :func:`phase_ops` (empty for a local phase).
     """
 
     trigger: str
