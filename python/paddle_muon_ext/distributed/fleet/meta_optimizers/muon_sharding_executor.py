@@ -52,7 +52,6 @@ from .muon_sharding_types import (
     OP_STAGE_UPDATE,
     OP_UPDATE,
     OP_WAIT_HOOKED,
-    PHASE_UPDATE,
     STAGED_API,
     TRIGGER_REDUCE,
     TRIGGER_STEP,
@@ -63,7 +62,8 @@ if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
 
 __all__ = ["StepRun", "EXECUTORS", "run_phases", "reduce_gradients", "reduce_2d_grads",
-           "step", "staged_update", "sync_parameters", "is_step_phase"]
+           "step", "staged_update", "sync_parameters", "is_step_phase", "separate_clip",
+           "has_staged_api"]
 
 _SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
 _NO_TIMER = contextlib.nullcontext()
@@ -374,5 +374,3 @@ def has_staged_api(optimizer) -> bool:
     """Whether ``optimizer`` has Muon's staged update API (clip / prepare / update apart)."""
     return all(callable(getattr(optimizer, n, None)) for n in STAGED_API)
 
-
-__all__ += ["separate_clip", "has_staged_api", "PHASE_UPDATE"]
