@@ -136,6 +136,10 @@ class ShardingLayout:
         muon_buckets: :class:`MuonBucketSpec` in issue order.
         slice_buffers: :class:`SliceBufferSpec` in issue order.
         params: name -> :class:`ParamMeta`.
+        clip_groups: global ranks of each group the global-norm clip
+            all-reduces its norm over, in issue order (Paddle's
+            ``HybridParallelClipGrad``: the sharding group twice, then the
+            pipe group); empty: the step has no such clip.
     """
 
     rank: int
@@ -147,6 +151,7 @@ class ShardingLayout:
     muon_buckets: list
     slice_buffers: list
     params: dict = field(repr=False)
+    clip_groups: tuple = ()
 
     @classmethod
     def build(
@@ -157,6 +162,7 @@ class ShardingLayout:
         settings: LayoutSettings = LayoutSettings(),
         plan: HierarchicalCommPlan | None = None,
         fixed_owners: Mapping[str, int] | None = None,
+        clip_groups: Sequence[Sequence[int]] = (),
     ) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
@@ -171,6 +177,8 @@ class ShardingLayout:
             fixed_owners: Muon parameter name -> owning global rank, decided
                 beforehand for the whole job (develop's machine-balanced
                 rule); None: ``settings.partition_strategy`` per colour group.
+            clip_groups: the global-norm clip's all-reduce groups (see the
+                attribute); the default: no clip collective in the step.
 
         Returns:
             ShardingLayout: the layout.
@@ -217,7 +225,8 @@ class ShardingLayout:
             slices.extend(colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
-                   params={p.name: p for p in params})
+                   params={p.name: p for p in params},
+                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
@@ -275,7 +284,11 @@ class ShardingLayout:
 
     def phases_of(self, trigger: str) -> list:
         """The phases of one trigger, in plan order."""
-        return [ph for ph in self.step_plan() if ph.trigger == trigger]
+        # read every step by the executors: filter the cached plan once per trigger
+        cache = self.__dict__.setdefault("_phases_of_cache", {})
+        if trigger not in cache:
+            cache[trigger] = tuple(ph for ph in self.step_plan() if ph.trigger == trigger)
+        return list(cache[trigger])
 
     def schedule(self) -> list:
         """Ordered collectives this rank issues in one step (the plan's ops).

@@ -16,8 +16,12 @@
 Each Muon parameter is owned whole by one rank of its colour's group (reduce to
 the owner, Newton-Schulz there, broadcast back); every other parameter is split
 element-wise (reduce-scatter, AdamW on the slice, all-gather). ``ShardingLayout``
-decides what moves when (data); the build/runtime/sync/state modules hold the
-bodies, so this file keeps develop's names as thin methods.
+decides what moves when (data) and its step plan is the program:
+``reduce_gradients`` and ``step`` run its phases (``muon_sharding_executor``);
+the groups, buffers and slices live in one ``ShardingState``
+(``muon_sharding_buffers``), whose develop names ``_DevelopStateSurface``
+defines below. The build/runtime/sync/state modules hold the other bodies, so
+this file keeps develop's names as thin methods.
 
 Develop's surface -- kept for develop's callers; do not build on it (new code
 reads ``sharding_layout``, ``owner_map``, ``comm_plan``, ``partitions``,
@@ -47,7 +51,7 @@ from typing import Any
 import paddle
 import paddle.distributed as dist
 from paddle import framework
-from paddle.base.framework import EagerParamBase
+from paddle.base.framework import EagerParamBase  # noqa: F401  (develop imports it)
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
     HybridParallelClipGrad,
@@ -58,10 +62,12 @@ from paddle.distributed.fleet.utils.log_util import logger
 from .muon_fused_buffer import MuonBucket  # noqa: F401  (re-exported)
 from . import muon_sharding_collectives as comm
 from . import muon_sharding_build as _build
+from . import muon_sharding_executor as _executor
 from . import muon_sharding_runtime as _runtime
-from . import muon_sharding_state as _state
+from . import muon_sharding_state as _opt_state
 from . import muon_sharding_sync as _sync
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
+from .muon_sharding_buffers import ShardingState, create_slice_param
 from .muon_sharding_partition import partition_2d_parameters
 from .muon_sharding_layout import ShardingLayout
 from .muon_sharding_placement import assign_muon_owners
@@ -112,7 +118,58 @@ def get_same_card_rank(group_ranks, rank: int, gpus_per_node: int) -> int:
     return -1
 
 
-class MuonShardingOptimizer:
+def _state_attr(name: str) -> property:
+    return property(lambda self: getattr(self._state, name),
+                    doc=f"develop's name for ``ShardingState.{name}``.")
+
+
+def _state_method(name: str):
+    def method(self, *args, **kwargs):
+        return getattr(self._state, name)(*args, **kwargs)
+
+    method.__name__, method.__doc__ = name, getattr(ShardingState, name).__doc__
+    return method
+
+
+class _DevelopStateSurface:
+    """develop's attribute surface over the one :class:`ShardingState` (``self._state``).
+
+    The single place develop's names for groups, buffers and slices are
+    defined: read-only views of the state the build filled, so nothing keeps
+    a second copy; the step's executors read the state itself.
+    """
+
+    _colour_groups = _state_attr("colour_groups")
+    _plan_groups = _state_attr("plan_groups")
+    _param_by_name = _state_attr("param_by_name")
+    _group_of_ranks = _state_attr("group_of_ranks")
+    _muon_buckets = _state_attr("muon_buckets")
+    _rs_buffers = _state_attr("rs_buffers")
+    _rs_colour = _state_attr("rs_colour")
+    _slice_params = _state_attr("slice_params")
+    _all_buffers = _state_method("all_buffers")
+    _owned_muon_params = _state_method("owned_muon_params")
+    _local_slice_params = _state_method("local_slice_params")
+    _hooked_buffers = _state_method("hooked_buffers")
+    _phase_group = _state_method("phase_group")
+    # develop's views of the same buffers, derived (never a second copy)
+    _comm_buffer_list = _state_attr("rs_buffers")
+    comm_buffer_2d = property(lambda self: self._state.fused_2d_buffers())
+    _color_to_comm_buffer_list = property(lambda self: self._state.rs_buffers_by_raw_colour())
+    param2bucket = property(lambda self: self._state.buffers_of_params())
+    _local_2d = property(lambda self: self._state.owned_muon_params())
+    _grad_tensors = staticmethod(ShardingState.grad_tensors)
+    _create_slice_param = staticmethod(create_slice_param)
+
+    def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
+        return self._state._muon_bucket(spec, self._buffer_acc_steps, self._use_avg)
+
+    def _build_reduce_scatter_buffer(self, spec, by_name: dict) -> None:
+        self._state.add_slice_buffer(spec, self._buffer_acc_steps, self._use_avg,
+                                     self._settings.release_grads)
+
+
+class MuonShardingOptimizer(_DevelopStateSurface):
     """Shard a :class:`~paddle.optimizer.Muon` optimizer across ranks.
 
     Built as ``MuonShardingOptimizer(optimizer, hcg)`` (``fleet.distributed_optimizer``
@@ -203,16 +260,11 @@ class MuonShardingOptimizer:
         _build.select_overlap_buffers(self)
 
     def _build_2d_comm_buffers(self, by_name: dict) -> None:
-        self._muon_buckets: list[MuonBucket] = [
-            self._build_muon_bucket(spec, by_name) for spec in self._layout.muon_buckets
-        ]
+        self._state.build_muon_buckets(self._buffer_acc_steps, self._use_avg)
 
     def _build_1d_comm_buffers(self, by_name: dict) -> None:
-        self._rs_buffers: list = []
-        self._rs_colour: dict[int, str | None] = {}
-        self._slice_params: dict[str, EagerParamBase] = {}
-        for spec in self._layout.slice_buffers:
-            self._build_reduce_scatter_buffer(spec, by_name)
+        self._state.build_slice_buffers(self._buffer_acc_steps, self._use_avg,
+                                        self._settings.release_grads)
 
     def _check_plan_matches_sharding_group(self) -> None:
         _build.check_plan_matches_sharding_group(self)
@@ -265,32 +317,11 @@ class MuonShardingOptimizer:
     def _uses_muon(self, param) -> bool:
         return _build.uses_muon(self, param)
 
-    def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
-        return _build.build_muon_bucket(self, spec, by_name)
-
     def _buffer_acc_steps(self, colour) -> int:
         # Without hooks the buffers never count check-ins: grads accumulate
         # in place and reduce_gradients runs once per optimizer step.
         hooked = is_hooked(self._settings.comm_overlap, colour)
         return self._settings.accumulate_steps if hooked else 1
-
-    def _build_reduce_scatter_buffer(self, spec, by_name: dict) -> None:
-        _build.build_reduce_scatter_buffer(self, spec, by_name)
-
-    @staticmethod
-    def _create_slice_param(param) -> EagerParamBase:
-        # Carries the parameter's name so optimizer state, the Muon info map and
-        # checkpoints key the slice exactly like the whole parameter.
-        slice_param = EagerParamBase(shape=[1], dtype=param.dtype)
-        slice_param.name = param.name
-        for attr in ("is_distributed", "optimize_attr", "need_clip", "no_sync"):
-            if hasattr(param, attr):
-                setattr(slice_param, attr, getattr(param, attr))
-        return slice_param
-
-    def _hooked_buffers(self) -> list:
-        """(buffer, phase label) of the plan's backward phases."""
-        return _build.hooked_buffers(self)
 
     def _register_reduce_overlap_hook(self) -> None:
         for buffer, label in self._hooked_buffers():
@@ -307,15 +338,6 @@ class MuonShardingOptimizer:
                 buffer.add_grad(param, use_comm=True)
 
         return hook
-
-    def _all_buffers(self) -> list:
-        return _runtime.all_buffers(self)
-
-    def _owned_muon_params(self) -> list:
-        return _runtime.owned_muon_params(self)
-
-    def _local_slice_params(self) -> list:
-        return _runtime.local_slice_params(self)
 
     def _set_inner_parameter_list(self) -> None:
         # The inner optimizer only ever sees what this rank updates: whole
@@ -405,12 +427,12 @@ class MuonShardingOptimizer:
             self._reduce_gradients()
 
     def _reduce_gradients(self) -> None:
-        _runtime.reduce_gradients(self)
+        _executor.reduce_gradients(self)
 
     @framework.no_grad()
     def _reduce_2d_grads(self, op=None) -> None:
         """Reduce the Muon gradients onto their owners: the plan's 2-D reduce phases."""
-        _runtime.reduce_2d_grads(self, op)
+        _executor.reduce_2d_grads(self, op)
 
     _get_param_grad = staticmethod(_get_param_grad)
 
@@ -421,17 +443,18 @@ class MuonShardingOptimizer:
     def _copy_released_grads_in(self) -> None:
         _runtime.copy_released_grads_in(self)
 
-    @staticmethod
-    def _grad_tensors(bucket: MuonBucket) -> list:
-        return _runtime.grad_tensors(bucket)
-
     @framework.no_grad()
     def step(self) -> list:
         """Update owned matrices (Muon) and local slices (AdamW), then sync."""
-        return _runtime.step(self)
+        return _executor.step(self)
 
     def _stages_in_use(self) -> bool:
-        return bool(self.overlap_optimize_and_sync and not g_shard_bypass_dygraph_optimizer)
+        return bool(self.overlap_optimize_and_sync and not self._bypass_update)
+
+    @property
+    def _bypass_update(self) -> bool:
+        """develop's ``FLAGS_shard_bypass_dygraph_optimizer``: skip the update, still sync."""
+        return bool(g_shard_bypass_dygraph_optimizer)
 
     def _build_sync_stages(self) -> list:
         """develop's ``_sync_stages`` (dicts of kind '2d' / '1d'), identical on every rank."""
@@ -443,7 +466,7 @@ class MuonShardingOptimizer:
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """Clip and prepare once; per stage update, then launch its sync; wait all."""
-        _runtime.step_with_sync_overlap(self, params_grads)
+        _executor.staged_update(self, params_grads)
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:
         """Launch each owner's broadcast, one flat buffer per (owner, dtype) (#79687)."""
@@ -488,11 +511,7 @@ class MuonShardingOptimizer:
 
     def _sync_parameters(self) -> None:
         # The plan's sync phases: the step's, or every stage's one after another.
-        _sync.sync_parameters(self)
-
-    def _phase_group(self, phase):
-        """The process group a plan phase runs on."""
-        return _sync.phase_group(self, phase)
+        _executor.sync_parameters(self)
 
     def _sync_buffer(self, ref: tuple, cache: dict, unpack: list):
         """The flat broadcast buffer of a plan item; the owner fills it, others unpack it."""
@@ -519,7 +538,7 @@ class MuonShardingOptimizer:
     @framework.no_grad()
     def _fuse_optimizer_states(self) -> None:
         """Move states created by the last update into one buffer per dtype."""
-        _state.fuse_optimizer_states(self)
+        _opt_state.fuse_optimizer_states(self)
 
     @property
     def fused_states_buffers(self) -> dict[str, Any]:
@@ -538,7 +557,7 @@ class MuonShardingOptimizer:
             state_dict (dict): ``<param name>_<state>`` keys,
                 ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
         """
-        _state.set_state_dict(self, state_dict)
+        _opt_state.set_state_dict(self, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
         """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
@@ -554,21 +573,21 @@ class MuonShardingOptimizer:
         Returns:
             dict: structured key -> ShardedWeight, for the states this rank holds.
         """
-        return _state.sharded_state_dict(self, model_sharded_state_dict)
+        return _opt_state.sharded_state_dict(self, model_sharded_state_dict)
 
     def _param_numel(self, name: str) -> int:
-        return _state.param_numel(self, name)
+        return _opt_state.param_numel(self, name)
 
     @framework.no_grad()
     def _create_local_states(self) -> None:
         # Slice parameters get their storage at the first step; accumulators
         # and master weights are created lazily by the inner optimizer.
-        _state.create_local_states(self)
+        _opt_state.create_local_states(self)
 
     def _state_owner(self, state_key: str) -> tuple[str, str] | None:
         """(parameter name, develop's state name) of a state key, names tried
         longest first; None when no trainable parameter prefixes it."""
-        return _state.state_owner(self, state_key)
+        return _opt_state.state_owner(self, state_key)
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for attributes this wrapper does not define.

@@ -30,9 +30,6 @@ import paddle
 from . import muon_sharding_collectives as comm
 from .muon_sharding_step_plan import flat_broadcast_phase
 from .muon_sharding_types import (
-    ROUTE_CROSS_NODE,
-    ROUTE_INTRA_NODE,
-    TRIGGER_STEP,
     TRIGGER_SYNC,
 )
 
@@ -42,8 +39,6 @@ __all__ = [
     "broadcast_2d_params",
     "reorder_params",
     "owner_dtype_buffers",
-    "sync_parameters",
-    "phase_group",
     "sync_buffer",
     "run_sync_phase",
 ]
@@ -131,23 +126,6 @@ def owner_dtype_buffers(opt, rank2params: dict, group, single_as_is: bool):
             if owner == opt._rank:
                 comm.flatten_into(members, buffer)
             yield owner, {"param_buffer": buffer, "params": members}
-
-
-def sync_parameters(opt) -> None:
-    cache, unpack = {}, []
-    for phase in opt._layout.step_plan():
-        if phase.trigger == TRIGGER_STEP or phase.trigger.startswith(TRIGGER_SYNC):
-            opt._run_sync_phase(phase, cache, unpack, launch=False)
-    for buffer, params in unpack:
-        comm.unflatten_from(buffer, params)
-
-
-def phase_group(opt, phase):
-    if phase.route == ROUTE_INTRA_NODE:
-        return opt._plan_groups.node_group
-    if phase.route == ROUTE_CROSS_NODE:
-        return opt._plan_groups.same_card_group
-    return opt._group_of_ranks[tuple(phase.group)]
 
 
 def sync_buffer(opt, ref: tuple, cache: dict, unpack: list):
