@@ -122,8 +122,11 @@ LAYOUTS = {lay.name: lay for lay in (
     BenchLayout(16, 8, 2, 8, True, 1),
     BenchLayout(16, 8, 2, 8, True, 16),
 )}
-#: The layout the tests run (small and quick).
+#: A small layout (4 ranks, 2 nodes x 2), for tests and quick looks; not
+#: in the default sweep.
 TINY = BenchLayout(4, 2, 2, 2, True, 1)
+#: Every layout --layouts accepts.
+KNOWN_LAYOUTS = {**LAYOUTS, TINY.name: TINY}
 
 
 # --------------------------------------------------------------------------
@@ -466,7 +469,7 @@ def _positive(name: str, low: int = 1) -> Callable[[str], int]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="bench_vs_develop.py", description=__doc__.split("\n")[0],
-                 epilog="Layouts: " + ", ".join(LAYOUTS))
+                 epilog="Layouts (default: all but the last): " + ", ".join(KNOWN_LAYOUTS))
     ap.add_argument("--paddle-root", required=True, metavar="DIR",
                     help=f"root of a Paddle checkout holding {OPTIMIZER_RELPATH} "
                          f"('{SELF}': this repository's optimizer on both sides)")
@@ -490,9 +493,9 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
                     "of a Paddle source checkout")
         if not os.path.isfile(os.path.join(root, *OPTIMIZER_RELPATH.split("/"))):
             return f"--paddle-root {args.paddle_root!r} has no {OPTIMIZER_RELPATH}"
-    unknown = [name for name in args.layouts if name not in LAYOUTS]
+    unknown = [name for name in args.layouts if name not in KNOWN_LAYOUTS]
     if unknown:
-        return f"unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}"
+        return f"unknown layout {unknown[0]!r}; known: {', '.join(KNOWN_LAYOUTS)}"
     return None
 
 
@@ -546,7 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     say(f"# alpha-beta: nvlink {ab.alpha_nvlink * 1e6:.0f} us + 1/{1 / ab.beta_nvlink / 1e9:.0f} "
         f"GB/s, net {ab.alpha_net * 1e6:.0f} us + 1/{1 / ab.beta_net / 1e9:.0f} GB/s; "
         f"columns ours/{other[0]}")
-    res = compare([LAYOUTS[name] for name in args.layouts], ours, other, args.hidden,
+    res = compare([KNOWN_LAYOUTS[name] for name in args.layouts], ours, other, args.hidden,
                   args.inner, args.reps, args.warmup, args.ns_steps,
                   progress=None if args.json else say)
     res["paddle_root"] = args.paddle_root if args.paddle_root == SELF else "given"
@@ -555,6 +558,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         return res
     for line in format_table(res):
         print(line)
+    for row in res["layouts"]:
+        sa, sb = (side["schedule"] for side in row["sides"])
+        if sa["by_op"] != sb["by_op"]:
+            print(f"# {row['layout']['name']}: collectives by op {res['impls'][0]} {sa['by_op']}, "
+                  f"{res['impls'][1]} {sb['by_op']}")
     w = res["worst"]
     print(f"RESULT worst comm_time_ratio={w['comm_time']:.3f} target<={COMM_TARGET} "
           f"{'OK' if res['comm_ok'] else 'MISS'}")
