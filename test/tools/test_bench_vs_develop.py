@@ -131,7 +131,7 @@ class TestOursAgainstOurs(unittest.TestCase):
         self.assertGreater(a["time_s"], 0)
         for key in ("comm_time", "collectives", "launches", "intra_bytes", "inter_bytes"):
             self.assertEqual(row["ratios"][key], 1.0, key)
-        for key in ("host_sum", "host_max"):
+        for key in ("host_sum", "host_max", "host_paired"):
             self.assertTrue(math.isfinite(row["ratios"][key]) and row["ratios"][key] > 0, key)
         for side in row["sides"]:
             self.assertEqual(len(side["host_per_rank_ms"]), bench.TINY.world)

@@ -45,10 +45,13 @@ strategy object, and steps them alternately (A B, B A, ...):
   ``warmup``) of ``reduce_gradients + step + clear_grad``; each rank runs
   alone on the machine (record mode), so that is the host work of one rank.
   ``host_sum`` is the sum over ranks (all host work of the world),
-  ``host_max`` the busiest rank (the step's critical path).
+  ``host_max`` the busiest rank (the step's critical path), and
+  ``host_paired`` the median over ranks and repetitions of ours / develop's
+  time in the same repetition (back to back on the same rank, so load from
+  other processes drifting between repetitions cancels).
 
 Ratios are ours / develop's. Targets: comm time ratio <= 1.0 on every layout,
-host_sum ratio <= 1.05.
+host_paired ratio <= 1.05.
 
 ``--paddle-root`` may name this repository's own optimizer with the value
 ``self`` (ours against ours: every comm ratio is exactly 1.0), which is what
@@ -404,6 +407,10 @@ def run_layout(layout: BenchLayout, impls: Sequence[Tuple[str, Any]], hidden: in
             "host_per_rank_ms": per_rank_ms,
         })
     a, b = sides[0], sides[1]
+    # each repetition steps both implementations back to back on the same
+    # rank: their ratio cancels load drifting between repetitions
+    paired = [ta / tb for r in range(layout.world)
+              for ta, tb in zip(results[r]["times"][0], results[r]["times"][1])]
 
     def ratio(x: float, y: float) -> float:
         return x / y if y else (1.0 if x == 0 else float("inf"))
@@ -420,6 +427,7 @@ def run_layout(layout: BenchLayout, impls: Sequence[Tuple[str, Any]], hidden: in
             "inter_bytes": ratio(sa["inter_bytes"], sb["inter_bytes"]),
             "host_sum": ratio(a["host_sum_ms"], b["host_sum_ms"]),
             "host_max": ratio(a["host_max_ms"], b["host_max_ms"]),
+            "host_paired": statistics.median(paired),
         },
     }
 
@@ -441,7 +449,7 @@ def compare(layouts: Sequence[BenchLayout], impl_a: Tuple[str, Any], impl_b: Tup
         "layouts": rows,
         "worst": worst,
         "comm_ok": worst["comm_time"] <= COMM_TARGET,
-        "host_ok": worst["host_sum"] <= HOST_TARGET,
+        "host_ok": worst["host_paired"] <= HOST_TARGET,
     }
 
 
@@ -503,7 +511,7 @@ def format_table(res: Dict) -> List[str]:
     a, b = res["impls"]
     lines = [f"{'layout':<30} {'coll ' + a:>9} {b:>5} {'launch':>7} {'intra KB':>17} "
              f"{'inter KB':>17} {'comm us':>15} {'ratio':>6} {'host ms (sum)':>15} {'ratio':>6} "
-             f"{'max':>6}"]
+             f"{'max':>6} {'paired':>6}"]
     for row in res["layouts"]:
         sa, sb = (s["schedule"] for s in row["sides"])
         ha, hb = row["sides"]
@@ -515,7 +523,7 @@ def format_table(res: Dict) -> List[str]:
             f"{sa['inter_bytes'] / 1024:>8.0f}/{sb['inter_bytes'] / 1024:<8.0f} "
             f"{1e6 * sa['time_s']:>7.1f}/{1e6 * sb['time_s']:<7.1f} {r['comm_time']:>6.3f} "
             f"{ha['host_sum_ms']:>7.1f}/{hb['host_sum_ms']:<7.1f} {r['host_sum']:>6.3f} "
-            f"{r['host_max']:>6.3f}")
+            f"{r['host_max']:>6.3f} {r['host_paired']:>6.3f}")
     return lines
 
 
@@ -566,8 +574,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     w = res["worst"]
     print(f"RESULT worst comm_time_ratio={w['comm_time']:.3f} target<={COMM_TARGET} "
           f"{'OK' if res['comm_ok'] else 'MISS'}")
-    print(f"RESULT worst host_sum_ratio={w['host_sum']:.3f} target<={HOST_TARGET} "
-          f"{'OK' if res['host_ok'] else 'MISS'} (host_max {w['host_max']:.3f})")
+    print(f"RESULT worst host_paired_ratio={w['host_paired']:.3f} target<={HOST_TARGET} "
+          f"{'OK' if res['host_ok'] else 'MISS'} (sum of medians {w['host_sum']:.3f}, "
+          f"busiest rank {w['host_max']:.3f})")
     return res
 
 
