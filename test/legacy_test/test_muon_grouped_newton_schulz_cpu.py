@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-# paddle_muon_ext: compat-only  (tests of package-only Muon code: develop's muon.py stays upstream; not exported)
+# paddle_muon_ext: compat-only  (package-only Muon code: develop's muon.py stays; not exported)
 """Grouped Newton-Schulz on a CPU place: develop's batches cut into chunks.
 
 ``Muon.update_params`` stacks same-key matrices into one batched
