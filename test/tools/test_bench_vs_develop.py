@@ -116,6 +116,11 @@ class TestPriceTraceByHand(unittest.TestCase):
 class TestOursAgainstOurs(unittest.TestCase):
     def test_identical_implementations_give_ratio_one(self) -> None:
         bench = _bench()
+        import importlib
+
+        self.reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
+        self.avg_before = self.reduce_module.is_avg_reduce_op_supported
+        self.local_size_before = os.environ.get("PADDLE_LOCAL_SIZE")
         label, cls = bench.load_implementation(bench.SELF)
         res = bench.compare([bench.TINY], (label, cls), ("ours(b)", cls), hidden=16, inner=24,
                             reps=1, warmup=0, ns_steps=1)
@@ -137,6 +142,9 @@ class TestOursAgainstOurs(unittest.TestCase):
             self.assertEqual(len(side["host_per_rank_ms"]), bench.TINY.world)
         self.assertEqual(res["worst"]["comm_time"], 1.0)
         self.assertTrue(res["comm_ok"])
+        # the run's AVG answer and PADDLE_LOCAL_SIZE are its own: both restored
+        self.assertIs(self.reduce_module.is_avg_reduce_op_supported, self.avg_before)
+        self.assertEqual(os.environ.get("PADDLE_LOCAL_SIZE"), self.local_size_before)
 
     def test_json_prints_only_json(self) -> None:
         out = io.StringIO()

@@ -15,7 +15,7 @@
 
     python3 tools/bench/bench_vs_develop.py --paddle-root DIR
         [--layouts NAME ...] [--hidden 128] [--inner 256] [--reps 5]
-        [--warmup 1] [--ns-steps 5] [--json]
+        [--warmup 1] [--ns-steps 5] [--no-avg-reduce] [--json]
 
 ``DIR`` is the root of a Paddle source checkout holding
 ``python/paddle/distributed/fleet/meta_optimizers/muon_sharding_optimizer.py``
@@ -50,6 +50,12 @@ strategy object, and steps them alternately (A B, B A, ...):
   time in the same repetition (back to back on the same rank, so load from
   other processes drifting between repetitions cancels).
 
+Both are built as on a CUDA build with NCCL >= 2.10 (``ReduceOp.AVG``
+available; the simulated layer averages), the setting the comparison is
+for; ``--no-avg-reduce`` keeps the CPU build's answer, under which ours
+scales gradients around a SUM reduce (gloo has no AVG) while develop's 2-D
+buffers ask for AVG whatever the build.
+
 Ratios are ours / develop's. Targets: comm time ratio <= 1.0 on every layout,
 host_paired ratio <= 1.05.
 
@@ -65,13 +71,16 @@ trace; ``main(argv)`` prints and returns the result (``--json``: JSON only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import statistics
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from unittest import mock
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
@@ -365,8 +374,15 @@ def _rank_body(rt: Dict[str, Any], spec: Dict, impls: Sequence[Tuple[str, Any]],
 
 
 def run_layout(layout: BenchLayout, impls: Sequence[Tuple[str, Any]], hidden: int = 128,
-               inner: int = 256, reps: int = 5, warmup: int = 1, ns_steps: int = 5) -> Dict:
+               inner: int = 256, reps: int = 5, warmup: int = 1, ns_steps: int = 5,
+               avg_reduce: bool = True) -> Dict:
     """Both implementations on ``layout``: schedule figures and host times.
+
+    ``avg_reduce``: both optimizers are built as on a CUDA build with NCCL >=
+    2.10 (``is_avg_reduce_op_supported()`` answers True; the simulated layer
+    averages); False keeps this build's answer (CPU: no AVG, so ours
+    pre-scales gradients for a SUM reduce, while develop's 2-D buffers
+    reduce with AVG whatever the build: costs the two do not share on a GPU).
 
     Returns:
         dict: ``layout``, per implementation (in ``impls`` order) ``sides``
@@ -387,8 +403,12 @@ def run_layout(layout: BenchLayout, impls: Sequence[Tuple[str, Any]], hidden: in
     spec = model_spec(hidden, inner, layout.world)
     saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
     os.environ["PADDLE_LOCAL_SIZE"] = str(layout.gpn)
+    reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
+    avg = (mock.patch.object(reduce_module, "is_avg_reduce_op_supported", lambda: True)
+           if avg_reduce else contextlib.nullcontext())
     try:
-        results = world.run(_rank_body(rt, spec, impls, reps, warmup, ns_steps))
+        with avg:
+            results = world.run(_rank_body(rt, spec, impls, reps, warmup, ns_steps))
     finally:
         os.environ.pop("PADDLE_LOCAL_SIZE", None)
         if saved is not None:
@@ -434,18 +454,21 @@ def run_layout(layout: BenchLayout, impls: Sequence[Tuple[str, Any]], hidden: in
 
 def compare(layouts: Sequence[BenchLayout], impl_a: Tuple[str, Any], impl_b: Tuple[str, Any],
             hidden: int = 128, inner: int = 256, reps: int = 5, warmup: int = 1,
-            ns_steps: int = 5, progress: Optional[Callable[[str], None]] = None) -> Dict:
+            ns_steps: int = 5, progress: Optional[Callable[[str], None]] = None,
+            avg_reduce: bool = True) -> Dict:
     """:func:`run_layout` over ``layouts``; worst ratios over the sweep."""
     rows = []
     for layout in layouts:
         if progress:
             progress(f"# running {layout.name} ...")
-        rows.append(run_layout(layout, (impl_a, impl_b), hidden, inner, reps, warmup, ns_steps))
+        rows.append(run_layout(layout, (impl_a, impl_b), hidden, inner, reps, warmup, ns_steps,
+                               avg_reduce))
     worst = {key: max(r["ratios"][key] for r in rows) for key in rows[0]["ratios"]}
     return {
         "impls": [impl_a[0], impl_b[0]],
         "hidden": hidden, "inner": inner, "reps": reps, "warmup": warmup,
         "ns_steps": ns_steps,
+        "avg_reduce": avg_reduce,
         "layouts": rows,
         "worst": worst,
         "comm_ok": worst["comm_time"] <= COMM_TARGET,
@@ -488,6 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=_positive("--reps"), default=5)
     ap.add_argument("--warmup", type=_positive("--warmup", 0), default=1)
     ap.add_argument("--ns-steps", type=_positive("--ns-steps"), default=5)
+    ap.add_argument("--no-avg-reduce", action="store_true",
+                    help="keep this build's is_avg_reduce_op_supported() (CPU: False, so ours "
+                         "scales gradients for a SUM reduce; develop's 2-D buffers reduce with "
+                         "AVG regardless). Default: both built as with NCCL AVG (a GPU run)")
     ap.add_argument("--json", action="store_true", help="print only the result as JSON")
     return ap
 
@@ -550,7 +577,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
     say(f"# paddle {paddle.__version__}; simulated world mode=record; model hidden={args.hidden} "
         f"inner={args.inner}; inner optimizer: this package's Muon (ns_steps={args.ns_steps}) "
-        f"on both sides; reps={args.reps} (median, alternating), warmup={args.warmup}")
+        f"on both sides; reps={args.reps} (median, alternating), warmup={args.warmup}; "
+        f"AVG reduce {'as this build has it' if args.no_avg_reduce else 'available (as on GPU)'}")
     from paddle_muon_ext.tools import cost_model
 
     ab = cost_model.AlphaBeta()
@@ -559,7 +587,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         f"columns ours/{other[0]}")
     res = compare([KNOWN_LAYOUTS[name] for name in args.layouts], ours, other, args.hidden,
                   args.inner, args.reps, args.warmup, args.ns_steps,
-                  progress=None if args.json else say)
+                  progress=None if args.json else say, avg_reduce=not args.no_avg_reduce)
     res["paddle_root"] = args.paddle_root if args.paddle_root == SELF else "given"
     if args.json:
         print(json.dumps(res, indent=1, sort_keys=True))
