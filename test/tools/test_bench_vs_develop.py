@@ -147,6 +147,9 @@ class TestOursAgainstOurs(unittest.TestCase):
         self.assertEqual(os.environ.get("PADDLE_LOCAL_SIZE"), self.local_size_before)
 
     def test_json_prints_only_json(self) -> None:
+        from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
+
+        level = fleet_logger.level
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             res = _bench().main(["--paddle-root", "self", "--layouts", _bench().TINY.name,
@@ -155,6 +158,7 @@ class TestOursAgainstOurs(unittest.TestCase):
         printed = json.loads(out.getvalue())
         self.assertEqual(printed["worst"]["comm_time"], res["worst"]["comm_time"])
         self.assertEqual(len(printed["layouts"]), 1)
+        self.assertEqual(fleet_logger.level, level, "the bench left Paddle's fleet logger quieter")
 
 
 def _run_fresh(argv: list) -> subprocess.CompletedProcess:

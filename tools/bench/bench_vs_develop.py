@@ -566,10 +566,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         f"{' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}".rstrip())
     ours = load_implementation(SELF)
     # Paddle's fleet logger prints every buffer and group both optimizers
-    # build (per rank, per layout): keep its warnings, drop the info lines.
+    # build (per rank, per layout): keep its warnings, drop the info lines
+    # while the bench runs (restored after, for callers in the same process).
     from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
 
-    fleet_logger.setLevel(max(fleet_logger.level, 30))
+    level = fleet_logger.level
+    fleet_logger.setLevel(max(level, 30))
+    try:
+        return _run(args, argv, ours, say)
+    finally:
+        fleet_logger.setLevel(level)
+
+
+def _run(args: argparse.Namespace, argv: Optional[Sequence[str]], ours: Tuple[str, Any],
+         say: Callable[[str], None]) -> Dict:
     other = load_implementation(args.paddle_root)
     if other[0] == "ours":
         other = ("ours(b)", other[1])
