@@ -448,6 +448,8 @@ class ThreadRanks:
         self.barrier = threading.Barrier(n)
         self.slots: list = [None] * n
         self.faults: dict[int, object] = {}
+        #: stands for Paddle's load_state_dict (replace it to plant a fault there)
+        self.read = lambda *args, **kwargs: None
 
     def ranks(self, process_group):
         return self.local.rank, list(range(self.n))
@@ -491,7 +493,7 @@ class ThreadRanks:
         with mock.patch.object(common, "ranks_of", self.ranks), \
                 mock.patch.object(common, "gather", self.gather), \
                 mock.patch.object(save_mod, "_write_shards", self.write), \
-                mock.patch.object(load_mod, "_read_shards", lambda *a, **k: None), \
+                mock.patch.object(load_mod, "_read_shards", self.read), \
                 mock.patch.object(commit, "HEARTBEAT_S", 0.05), \
                 mock.patch.object(commit, "ACK_WAIT_S", 1.0):
             threads = [threading.Thread(target=main, args=(r,)) for r in range(self.n)]

@@ -50,7 +50,8 @@ Where the code lives (one module per concern; this one is the public API):
 * ``muon_checkpoint_commit``: the checkpoint's files and the file handshake
   that commits a save;
 * ``muon_checkpoint_load`` and ``muon_checkpoint_verify``: loading, and what
-  each rank checks before a tensor is read;
+  each rank checks before a tensor is read; ``muon_checkpoint_load_guard``:
+  the ranks agree on the outcome of Paddle's own load;
 * ``muon_checkpoint_listing``: which checkpoints are complete;
 * ``muon_checkpoint_reshard``: the CPU-only resharding shim of the load;
 * ``muon_checkpoint_common``: the errors, argument checks and the exchange.
@@ -60,6 +61,7 @@ from __future__ import annotations
 
 from .muon_checkpoint_common import (
     CheckpointCorruptError,
+    CheckpointLoadError,
     CheckpointMismatchError,
     CheckpointSaveError,
 )
@@ -69,6 +71,7 @@ from .muon_checkpoint_save import save_sharded_checkpoint
 
 __all__ = [
     "CheckpointCorruptError",
+    "CheckpointLoadError",
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "latest_complete_checkpoint",

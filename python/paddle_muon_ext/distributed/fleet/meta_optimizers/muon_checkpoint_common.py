@@ -13,9 +13,9 @@
 # limitations under the License.
 """What the checkpoint modules share: the errors, argument checks, the exchange.
 
-* the three errors users catch (:class:`CheckpointSaveError`,
-  :class:`CheckpointCorruptError`, :class:`CheckpointMismatchError`; users
-  import them from ``muon_checkpoint``);
+* the errors users catch (:class:`CheckpointSaveError`,
+  :class:`CheckpointCorruptError`, :class:`CheckpointMismatchError`,
+  :class:`CheckpointLoadError`; users import them from ``muon_checkpoint``);
 * one-line checks of the arguments every rank reports before any rank raises;
 * :func:`ranks_of` / :func:`gather`: the one exchange between ranks that
   saving and loading use, looked up at call time through this module (tests
@@ -37,8 +37,10 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
 __all__ = [
     "CheckpointCorruptError",
+    "CheckpointLoadError",
     "CheckpointMismatchError",
     "CheckpointSaveError",
+    "DEFAULT_TIMEOUT_S",
     "LISTED",
     "check_values",
     "data_file",
@@ -55,6 +57,8 @@ __all__ = [
 
 #: How many names a message lists before "... and N more".
 LISTED = 8
+#: Seconds without a heartbeat after which a rank of a save or a load counts as dead.
+DEFAULT_TIMEOUT_S = 20.0
 
 
 class CheckpointMismatchError(ValueError):
@@ -67,6 +71,10 @@ class CheckpointCorruptError(ValueError):
 
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; nothing was committed."""
+
+
+class CheckpointLoadError(RuntimeError):
+    """Paddle's load failed on some rank after every check passed; raised on every rank."""
 
 
 # Communication, looked up at call time (tests run ranks as threads).

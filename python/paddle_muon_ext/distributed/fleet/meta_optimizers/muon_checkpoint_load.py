@@ -18,13 +18,17 @@ and the checkpoint (:func:`~.muon_checkpoint_verify.inspect_checkpoint`),
 the ranks exchange what they found, and any problem on any rank is the
 same error on every rank before a tensor is read. Only then does Paddle's
 ``load_state_dict`` run (on CPU-only builds under
-:func:`~.muon_checkpoint_reshard.cpu_resharding`).
+:func:`~.muon_checkpoint_reshard.cpu_resharding`), supervised by
+:class:`~.muon_checkpoint_load_guard.LoadGuard` so that a failure inside it
+is one error on every rank too.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import paddle.distributed as dist
@@ -32,7 +36,9 @@ from paddle.distributed.flex_checkpoint.dcp.utils import flatten_state_dict
 
 from . import muon_checkpoint_common as common
 from .muon_checkpoint_common import (
+    DEFAULT_TIMEOUT_S,
     CheckpointCorruptError,
+    CheckpointLoadError,
     CheckpointMismatchError,
     check_values,
     id_problem,
@@ -41,6 +47,7 @@ from .muon_checkpoint_common import (
     path_problem,
     per_rank,
 )
+from .muon_checkpoint_load_guard import LoadGuard
 from .muon_checkpoint_reshard import cpu_resharding
 from .muon_checkpoint_verify import inspect_checkpoint
 
@@ -93,9 +100,41 @@ def _load_refusal(state_dict: Any, path: Any, unique_id: Any, strict: Any,
 
 def _read_shards(state_dict: dict, directory: str, process_group, unique_id: int,
                  **load_kwargs: Any) -> None:
+    dist.load_state_dict(state_dict, directory, process_group=process_group,
+                         unique_id=unique_id, **load_kwargs)
+
+
+def _guard_of(directory: str) -> tuple[str, bool]:
+    """(where the load's guard files go, whether this rank may write there)."""
+    root = os.path.dirname(os.path.abspath(directory))
+    return root, os.access(root, os.W_OK | os.X_OK)
+
+
+def _read_agreed(read: Callable[[], None], reports: list, rank: int, ranks: list[int],
+                 directory: str) -> None:
+    """Run Paddle's load under a :class:`LoadGuard` when every rank can write
+    its guard files, so that a failure inside it is one error on every rank."""
+    root, _ = _guard_of(directory)
+    guard = None
+    if len(ranks) > 1 and all(r.get("guard_writable") for r in reports):
+        guard = LoadGuard(root, reports[0]["token"], rank, ranks, directory, DEFAULT_TIMEOUT_S)
+        try:
+            guard.start()
+        except OSError as exc:
+            # the others see no heartbeat of this rank and fail the load too
+            raise CheckpointLoadError(
+                f"loading {directory}: rank {rank} could not prepare {guard.path} "
+                f"({type(exc).__name__}: {exc}); nothing was read") from exc
     with cpu_resharding():
-        dist.load_state_dict(state_dict, directory, process_group=process_group,
-                             unique_id=unique_id, **load_kwargs)
+        if guard is not None:
+            guard.run(read)
+            return
+        try:
+            read()
+        except Exception as exc:  # noqa: BLE001 - named: which rank, which checkpoint
+            raise CheckpointLoadError(
+                f"loading {directory} failed inside paddle.distributed.load_state_dict on "
+                f"rank {rank}: {type(exc).__name__}: {one_line(exc, 1000)}") from exc
 
 
 def load_sharded_checkpoint(
@@ -148,6 +187,10 @@ def load_sharded_checkpoint(
         CheckpointMismatchError: on every rank, when any rank's keys, global
             shapes or dtypes differ from the checkpoint's (listed per rank),
             or the ranks passed paths naming different checkpoints.
+        CheckpointLoadError: on every rank, when Paddle's ``load_state_dict``
+            raised on a rank after every check passed, or a rank stopped
+            responding during it (:mod:`.muon_checkpoint_load_guard`); names
+            the ranks, the checkpoint and the error.
     """
     rank, ranks = common.ranks_of(process_group)
     index = ranks.index(rank) if rank in ranks else 0
@@ -155,6 +198,9 @@ def load_sharded_checkpoint(
     if refusal is None:
         flat = _flat_state(state_dict)
         mine = inspect_checkpoint(flat, os.fspath(path), unique_id, rank, index, len(ranks))
+        mine["token"] = uuid.uuid4().hex
+        mine["guard_writable"] = (mine["directory"] is not None
+                                  and _guard_of(mine["directory"])[1])
     else:
         mine = {"rank": rank, "refused": (kind, refusal)}
     try:
@@ -209,5 +255,6 @@ def load_sharded_checkpoint(
             "on or off alike); strict=False ignores checkpoint keys nobody loads."
         )
     # flat: the checks' keys are the keys loaded (in place, nested or not)
-    _read_shards(flat, directory, process_group, uid, **load_kwargs)
+    _read_agreed(lambda: _read_shards(flat, directory, process_group, uid, **load_kwargs),
+                 reports, rank, ranks, directory)
     return directory

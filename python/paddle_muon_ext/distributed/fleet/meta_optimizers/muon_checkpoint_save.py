@@ -60,6 +60,7 @@ from .muon_checkpoint_commit import (
     write_json_atomic,
 )
 from .muon_checkpoint_common import (
+    DEFAULT_TIMEOUT_S,
     CheckpointSaveError,
     check_values,
     data_file,
@@ -75,8 +76,6 @@ from .muon_checkpoint_listing import committed_checkpoints, incomplete_reason
 __all__ = ["DEFAULT_TIMEOUT_S", "STALE_SAVE_S", "save_sharded_checkpoint"]
 
 _TMP = re.compile(r"^\.checkpoint_(\d+)\.tmp-(\w+)$")
-#: Seconds without a heartbeat after which a rank of a save counts as dead.
-DEFAULT_TIMEOUT_S = 20.0
 #: A save's temporary directory unchanged this long (or twice the new save's
 #: ``timeout_s``, if longer) belongs to a save that is over - killed, since a
 #: live save's ranks touch their heartbeats every ``HEARTBEAT_S`` - and the
