@@ -539,6 +539,40 @@ class TestCpuResharding(_Dir):
         self.assertIs(paddle.Tensor.cuda, original)
         np.testing.assert_array_equal(numpy_of(target)["w"], arrays(1)["w"])
 
+    def test_a_users_own_tensor_cuda_is_put_back_after_the_load(self):
+        # The shim is process-wide while the load runs; what was there before
+        # (here a user's replacement, not Paddle's method) must come back.
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        had = "cuda" in paddle.Tensor.__dict__
+        before = paddle.Tensor.__dict__.get("cuda")
+
+        def restore():
+            if had:
+                paddle.Tensor.cuda = before
+            else:
+                del paddle.Tensor.cuda
+
+        def users_cuda(tensor, *args, **kwargs):
+            return tensor
+
+        paddle.Tensor.cuda = users_cuda
+        self.addCleanup(restore)
+        seen = []
+
+        def paddle_load(state_dict, path, **kwargs):
+            seen.append(paddle.Tensor.cuda)
+            if len(seen) == 2:
+                raise RuntimeError("planted failure inside Paddle's load")
+
+        with mock.patch.object(load_mod.dist, "load_state_dict", paddle_load):
+            load_sharded_checkpoint(zeros(), self.root)
+            self.assertIs(paddle.Tensor.__dict__.get("cuda"), users_cuda)
+            with self.assertRaisesRegex(RuntimeError, "planted failure"):
+                load_sharded_checkpoint(zeros(), self.root)
+        self.assertEqual(seen, [reshard._stay_on_cpu] * 2, "the shim is in place during the load")
+        self.assertIs(paddle.Tensor.__dict__.get("cuda"), users_cuda,
+                      "the user's Tensor.cuda must be back after a failed load too")
+
     def test_nested_loads_restore_only_at_the_end(self):
         original = paddle.Tensor.cuda
         with reshard.cpu_resharding():
