@@ -132,11 +132,12 @@ class LoadGuard:
         helper = threading.Thread(target=target, daemon=True,
                                   name=f"checkpoint-load-{self.rank}")
         helper.start()
+        message = None
         try:
             message = self._decide(finished, box)
         finally:
             self._stop.set()
-            self._done()
+            self._done(wait=message is None and finished.is_set())
         if message is not None:
             blocked = not finished.is_set()
             raise CheckpointLoadError(message + (
@@ -204,14 +205,26 @@ class LoadGuard:
             return None
         return data if isinstance(data, dict) else None
 
-    def _done(self) -> None:
-        """Mark this rank decided; the last rank to decide removes the files."""
+    def _done(self, wait: bool) -> None:
+        """Mark this rank decided; the files go once every rank decided.
+
+        After a success (``wait``) every rank waits for the others to decide
+        and removes the directory itself, so that none returns while it is
+        still there; after a failure the last rank to decide removes it (or
+        a later load, once stale).
+        """
+        deadline = time.monotonic() + self.timeout_s
         try:
             open(self._file("decided", self.rank), "wb").close()
-            if all(os.path.exists(self._file("decided", r)) for r in self.ranks):
-                shutil.rmtree(self.path, ignore_errors=True)
+            while os.path.isdir(self.path):  # gone: another rank removed it
+                if all(os.path.exists(self._file("decided", r)) for r in self.ranks):
+                    shutil.rmtree(self.path, ignore_errors=True)
+                    return
+                if not wait or time.monotonic() > deadline:
+                    return
+                time.sleep(POLL_S)
         except OSError:
-            pass  # removed meanwhile, or a dead rank's: swept later
+            pass  # removed meanwhile by another rank: done
 
 
 def _sweep_stale(root: str) -> None:
