@@ -175,6 +175,7 @@ class TestLoadAgreement(_Dir):
         self.assertLess(took[0], 5.0)
         # rank 1 only looked dead: it fails as well instead of training on alone
         self.assertIsInstance(results[1], CheckpointLoadError)
+        self.assertEqual(self._guard_left(), [], "nothing left for the dead rank")
 
     def test_unwritable_root_loads_unsupervised_and_still_names_the_rank(self):
         ranks = ThreadRanks(2, self.root)

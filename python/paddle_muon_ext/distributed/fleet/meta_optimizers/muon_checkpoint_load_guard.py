@@ -85,6 +85,8 @@ class LoadGuard:
         self.timeout_s = float(timeout_s)
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        #: ranks this rank found dead: they never decide, the files go without them
+        self._dead: set[int] = set()
 
     def _file(self, kind: str, rank: int) -> str:
         return os.path.join(self.path, f"{kind}_{rank}")
@@ -176,6 +178,7 @@ class LoadGuard:
                              "killed or hung)")
                     # published, so that a rank only frozen for a while fails too
                     self._report(error, blame=r)
+                    self._dead.add(r)
                     return self._message([(r, error)])
             time.sleep(POLL_S)
 
@@ -210,14 +213,15 @@ class LoadGuard:
 
         After a success (``wait``) every rank waits for the others to decide
         and removes the directory itself, so that none returns while it is
-        still there; after a failure the last rank to decide removes it (or
-        a later load, once stale).
+        still there; after a failure the last rank to decide removes it, not
+        waiting for ranks it found dead (what is left: a later load, once stale).
         """
         deadline = time.monotonic() + self.timeout_s
         try:
             open(self._file("decided", self.rank), "wb").close()
             while os.path.isdir(self.path):  # gone: another rank removed it
-                if all(os.path.exists(self._file("decided", r)) for r in self.ranks):
+                if all(r in self._dead or os.path.exists(self._file("decided", r))
+                       for r in self.ranks):
                     shutil.rmtree(self.path, ignore_errors=True)
                     return
                 if not wait or time.monotonic() > deadline:
