@@ -613,15 +613,15 @@ def predict_cluster(ccfg) -> Dict[str, Any]:
         collective of a step) and the Muon bytes per path; no ``"on"`` when
         the run trains the flat path alone (``--group-call 0``).
     """
-    from . import cluster
+    from . import cluster_run
 
     cfg = MuonCommConfig(ep=ccfg.ep, moe_sharding=ccfg.moe_sharding, pp=1,
                          gpus_per_node=ccfg.procs_per_node, model="cluster tiny MoE")
     params = [presets.ParamSpec(p["name"], tuple(p["shape"]), "float32", p["is_expert"],
                                 p["use_muon"])
-              for p in cluster.tiny_moe_params(ccfg.hidden, ccfg.inner)]
+              for p in cluster_run.tiny_moe_params(ccfg.hidden, ccfg.inner)]
     group_call = getattr(ccfg, "group_call", "both") != "0"
-    res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=cluster.WORKER_BUFFER_MB,
+    res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=cluster_run.WORKER_BUFFER_MB,
                        params=params, backend="gloo", compare_rules=False,
                        group_call=group_call)
     paths = (("off", "flat"), ("on", "hierarchical")) if group_call else (("off", "flat"),)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import unittest
 
-from paddle_muon_ext.tools import cluster
+from paddle_muon_ext.tools import cluster, cluster_netns as netns, cluster_run as crun
 
 
 class TestRankFlagLimits(unittest.TestCase):
     def test_ep_and_moe_sharding_accept_the_largest_world_and_refuse_one_more(self):
-        top = cluster.MAX_NODES * cluster.MAX_PROCS
-        base = dict(nodes=cluster.MAX_NODES, procs_per_node=cluster.MAX_PROCS, group_call="0")
+        top = netns.MAX_NODES * crun.MAX_PROCS
+        base = dict(nodes=netns.MAX_NODES, procs_per_node=crun.MAX_PROCS, group_call="0")
         for field, flag, other in (("ep", "--ep", "moe_sharding"),
                                    ("moe_sharding", "--moe-sharding", "ep")):
             with self.subTest(flag=flag):
