@@ -138,7 +138,11 @@ def predict(cfg: ClusterConfig, config: Config) -> Dict[str, float]:
             ``comm_buffer_size_MB``.
 
     Returns:
-        dict: ``inter_node_bytes``, ``dense_muon_bytes``, ``step_comm_time_s``.
+        dict: ``inter_node_bytes``, ``dense_muon_bytes``, ``step_comm_time_s``
+        (the alpha-beta estimate: phases one after another, each rank's
+        share of its node link) and ``link_floor_s`` (every node link busy
+        all the time: the bytes over ``nodes`` links at the rate; no
+        schedule beats it).
     """
     from .plan import compute_plan
 
@@ -150,7 +154,8 @@ def predict(cfg: ClusterConfig, config: Config) -> Dict[str, float]:
     path = res["hierarchical" if group_call else "flat"]
     return {"inter_node_bytes": path["inter_node_bytes_all"],
             "dense_muon_bytes": path["by_colour"]["dense"]["inter_node_bytes"],
-            "step_comm_time_s": path["estimated_time_s"]}
+            "step_comm_time_s": path["estimated_time_s"],
+            "link_floor_s": path["inter_node_bytes_all"] / cfg.nodes * 8 / (cfg.link_mbit * 1e6)}
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -190,6 +195,7 @@ def comparison(result: ClusterResult, rec: Dict[str, Any],
                 "measured_over_predicted": _ratio(mb_step, p.get("inter_node_bytes"))},
             "step_time_s": {
                 "measured": mt_step, "predicted_comm": p.get("step_comm_time_s"),
+                "link_floor": p.get("link_floor_s"),
                 "measured_over_predicted": _ratio(mt_step, p.get("step_comm_time_s"))},
         }
     over = None
@@ -223,7 +229,7 @@ def comparison_lines(comp: Dict[str, Any]) -> List[str]:
     over = comp["recommended_over_default"] or {}
 
     def row(label: str, key: str, side: str, fmt) -> None:
-        cells = [fmt(comp["passes"][n][key][side]) for n in names]
+        cells = [fmt(comp["passes"][n][key].get(side)) for n in names]
         if over:
             cells.append(_fmt(over[key].get(side), ".3f"))
         rows.append((label, *cells))
@@ -237,6 +243,8 @@ def comparison_lines(comp: Dict[str, Any]) -> List[str]:
         for n in names), *([""] if over else [])))
     row("step time, measured", "step_time_s", "measured", lambda x: _fmt(x, ".3f") + " s")
     row("  predicted (alpha-beta, comm)", "step_time_s", "predicted_comm",
+        lambda x: _fmt(x, ".3f") + " s")
+    row("  node links busy throughout", "step_time_s", "link_floor",
         lambda x: _fmt(x, ".3f") + " s")
     rows.append(("  measured / predicted", *(
         _fmt(comp["passes"][n]["step_time_s"]["measured_over_predicted"], ".2f")

@@ -265,7 +265,9 @@ class ClusterResult:
             "config": self.config.__dict__,
             "node_of_rank": {str(r): n for r, n in sorted(self.node_of_rank.items())},
             "measured": {self.config.pass_name(g): v for g, v in self.per_pass().items()},
-            "steps": [{"group_call": g, "step": s, **v} for (g, s), v in sorted(self.steps.items())],
+            "steps": [{"pass": self.config.pass_name(g),
+                       "group_call": int(self.config.pass_group_call(g)), "step": s, **v}
+                      for (g, s), v in sorted(self.steps.items())],
             "probes": self.probes,
             "prediction": self.prediction,
             "wall_s": self.wall_s,

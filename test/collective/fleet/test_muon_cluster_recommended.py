@@ -187,6 +187,8 @@ class TestComparisonHelpers(unittest.TestCase):
             self.assertAlmostEqual(p["step_comm_time_s"], entry["estimated_time_s"],
                                    delta=1e-12 + 1e-9 * entry["estimated_time_s"])
             self.assertGreater(p["inter_node_bytes"], 0)
+            # 2 node links of 100 Mbit/s = 12.5e6 B/s each
+            self.assertAlmostEqual(p["link_floor_s"], p["inter_node_bytes"] / 2 / 12.5e6)
 
     def test_an_option_the_optimizer_did_not_read_fails_the_run(self) -> None:
         cfg = crun.ClusterConfig(nodes=1, procs_per_node=2, ep=1, moe_sharding=2, steps=1,
