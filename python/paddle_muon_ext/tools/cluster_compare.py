@@ -204,7 +204,12 @@ def comparison(result: ClusterResult, rec: Dict[str, Any],
         over = {key: {side: _ratio(r[key][side], d[key][side]) for side in sides}
                 for key, sides in (("inter_node_bytes_per_step", ("measured", "predicted")),
                                    ("step_time_s", ("measured", "predicted_comm")))}
-    ratios = [v["inter_node_bytes_per_step"]["measured_over_predicted"] for v in passes.values()]
+    def bytes_hold(v: Dict[str, Any]) -> bool:
+        x = v["measured_over_predicted"]
+        if x is None:  # one node: nothing crosses, nothing predicted to
+            return v["measured"] == 0 and v["predicted"] == 0
+        return abs(x - 1.0) <= BYTES_TOLERANCE
+
     return {
         "recommendation_is_default": len(cfg.passes()) == 1,
         "why": rec.get("why", ""),
@@ -212,8 +217,8 @@ def comparison(result: ClusterResult, rec: Dict[str, Any],
         "passes": passes,
         "recommended_over_default": over,
         "bytes_tolerance": BYTES_TOLERANCE,
-        "bytes_within_tolerance": bool(ratios) and all(
-            x is not None and abs(x - 1.0) <= BYTES_TOLERANCE for x in ratios),
+        "bytes_within_tolerance": bool(passes) and all(
+            bytes_hold(v["inter_node_bytes_per_step"]) for v in passes.values()),
     }
 
 

@@ -165,6 +165,20 @@ class TestRecommendedMode(unittest.TestCase):
 
 
 class TestComparisonHelpers(unittest.TestCase):
+    def test_one_node_zero_bytes_measured_and_predicted_holds(self) -> None:
+        cfg = crun.ClusterConfig(nodes=1, procs_per_node=4, ep=2, moe_sharding=2,
+                                 pass_configs=((False, "upstream_greedy", 256.0),))
+        result = _faked_result(cfg, {0: (0.0, 0.1)})
+        result.steps[(0, 1)]["tx"] = 0.0
+        pred = {"default": {"inter_node_bytes": 0.0, "step_comm_time_s": 0.002}}
+        comp = cc.comparison(result, _rec(DEFAULT), pred)
+        self.assertIsNone(comp["passes"]["default"]["inter_node_bytes_per_step"][
+            "measured_over_predicted"])
+        self.assertTrue(comp["bytes_within_tolerance"])
+        # bytes where none were predicted do not hold
+        result = _faked_result(cfg, {0: (100.0, 0.1)})
+        self.assertFalse(cc.comparison(result, _rec(DEFAULT), pred)["bytes_within_tolerance"])
+
     def test_beta_net_is_a_shared_node_link(self) -> None:
         cfg = crun.ClusterConfig(nodes=2, procs_per_node=4, ep=2, moe_sharding=4,
                                  link_mbit=50.0)
