@@ -195,6 +195,8 @@ def comparison(result: ClusterResult, rec: Dict[str, Any],
                 "measured_over_predicted": _ratio(mb_step, p.get("inter_node_bytes"))},
             "step_time_s": {
                 "measured": mt_step, "predicted_comm": p.get("step_comm_time_s"),
+                "measured_fwd_bwd": m.get("fwd_bwd_s") if m else None,
+                "measured_reference_step": m.get("reference_step_s") if m else None,
                 "link_floor": p.get("link_floor_s"),
                 "measured_over_predicted": _ratio(mt_step, p.get("step_comm_time_s"))},
         }
@@ -247,6 +249,10 @@ def comparison_lines(comp: Dict[str, Any]) -> List[str]:
         _fmt(comp["passes"][n]["inter_node_bytes_per_step"]["measured_over_predicted"], ".3f")
         for n in names), *([""] if over else [])))
     row("step time, measured", "step_time_s", "measured", lambda x: _fmt(x, ".3f") + " s")
+    row("  of which forward + backward", "step_time_s", "measured_fwd_bwd",
+        lambda x: _fmt(x, ".3f") + " s")
+    row("  single-process reference step", "step_time_s", "measured_reference_step",
+        lambda x: _fmt(x, ".3f") + " s")
     row("  predicted (alpha-beta, comm)", "step_time_s", "predicted_comm",
         lambda x: _fmt(x, ".3f") + " s")
     row("  node links busy throughout", "step_time_s", "link_floor",

@@ -254,6 +254,10 @@ class ClusterResult:
                 "inter_node_bytes_per_step": sum(v["tx"] for v in timed) / n,
                 "inter_node_rx_bytes_per_step": sum(v["rx"] for v in timed) / n,
                 "step_time_s": sum(v["seconds"] for v in timed) / n,
+                # the slowest rank's forward + backward and single-process
+                # reference step (compute alone), where the workers report them
+                **{k: sum(v[k] for v in timed) / n for k in ("fwd_bwd_s", "reference_step_s")
+                   if all(k in v for v in timed)},
                 "first_step_bytes": rows[0][1]["tx"],
             }
         return out
@@ -363,6 +367,9 @@ class _Progress:
                        "tx": sum(r["tx"] for r in recs if r["leader"]),
                        "rx": sum(r["rx"] for r in recs if r["leader"]),
                        "loss": recs[0]["loss"]}
+                for extra in ("fwd_bwd_s", "reference_step_s"):
+                    if all(extra in r for r in recs):
+                        row[extra] = max(r[extra] for r in recs)
                 self.result.steps[key] = row
                 what = (f"{self.cfg.pass_name(key[0]):<11}" if self.cfg.pass_configs
                         else f"option {'on ' if key[0] else 'off'}")

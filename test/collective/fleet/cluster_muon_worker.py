@@ -101,14 +101,14 @@ class LinkWindow:
         dist.barrier()
         self._start = link_bytes() if self.leader else (0, 0)
         dist.barrier()
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         if exc[0] is not None:
             return
         dist.barrier()
-        self.seconds = time.perf_counter() - self._t0
+        self.seconds = time.perf_counter() - self.t0
         end = link_bytes() if self.leader else (0, 0)
         self.tx, self.rx = end[0] - self._start[0], end[1] - self._start[1]
 
@@ -185,13 +185,21 @@ def train_pass(label: int, config: dict, ep: int, steps: int, reference, expert_
         with LinkWindow(leader) as window:
             loss = model(x)
             loss.backward()
+            # forward + backward: local compute (no collective before opt.step
+            # with comm_overlap off), so the launcher can split the step time
+            fwd_bwd = time.perf_counter() - window.t0
             opt.step()
             opt.clear_grad()
+        # the reference step: every rank's forward/backward and Muon on every
+        # matrix in one process, no collective -- the step's compute, timed
+        # under the same load (every rank runs it at once)
+        t_ref = time.perf_counter()
+        reference.step(step)
+        ref_s = time.perf_counter() - t_ref
         _emit("STEP", rank=rank, group_call=int(group_call), step=step + 1, steps=steps,
               pass_label=label, applied=applied,
-              seconds=window.seconds, tx=window.tx, rx=window.rx, leader=leader,
-              loss=float(loss))
-        reference.step(step)
+              seconds=window.seconds, fwd_bwd_s=fwd_bwd, reference_step_s=ref_s,
+              tx=window.tx, rx=window.rx, leader=leader, loss=float(loss))
         worst = max(worst, compare(net, reference, expert_coord, rank, step))
     return worst, plan
 

@@ -204,6 +204,23 @@ class TestComparisonHelpers(unittest.TestCase):
             # 2 node links of 100 Mbit/s = 12.5e6 B/s each
             self.assertAlmostEqual(p["link_floor_s"], p["inter_node_bytes"] / 2 / 12.5e6)
 
+    def test_compute_times_are_the_slowest_rank_averaged_over_timed_steps(self) -> None:
+        cfg = crun.ClusterConfig(nodes=1, procs_per_node=2, ep=1, moe_sharding=2, steps=3,
+                                 pass_configs=((False, "upstream_greedy", 256.0),))
+        result = crun.ClusterResult(cfg)
+        progress = crun._Progress(cfg, result, lambda line: None)
+        for step, (fb, ref) in enumerate(((9.0, 9.0), (0.1, 0.4), (0.3, 0.6)), start=1):
+            for rank in (0, 1):
+                progress.feed("CLUSTER_STEP " + json.dumps(dict(
+                    rank=rank, group_call=0, pass_label=0, step=step, steps=3,
+                    seconds=1.0, tx=0, rx=0, leader=rank == 0, loss=0.5, applied=DEFAULT,
+                    fwd_bwd_s=fb * (rank + 1), reference_step_s=ref + rank)))
+        m = result.per_pass()[0]
+        # slowest rank (rank 1: 2x / +1) of steps 2 and 3; step 1 left out
+        self.assertAlmostEqual(m["fwd_bwd_s"], (0.2 + 0.6) / 2)
+        self.assertAlmostEqual(m["reference_step_s"], (1.4 + 1.6) / 2)
+        self.assertEqual(result.problems, [])
+
     def test_an_option_the_optimizer_did_not_read_fails_the_run(self) -> None:
         cfg = crun.ClusterConfig(nodes=1, procs_per_node=2, ep=1, moe_sharding=2, steps=1,
                                  pass_configs=((False, "upstream_greedy", 256.0),))
