@@ -21,7 +21,9 @@ that the cluster launcher parses:
 * ``CLUSTER_RANK``  once per rank: its network namespace (inode of
   ``/proc/self/ns/net``), host, ``PADDLE_LOCAL_SIZE`` and what the
   optimizer's plan says its node and card are.
-* ``CLUSTER_STEP``  once per rank and step: step time, and on the node's
+* ``CLUSTER_STEP``  once per rank and step: step time, its forward + backward
+  time, the single-process reference step's time, the pass's options as the
+  optimizer read them (``applied``), and on the node's
   local rank 0 the bytes its node link sent / received during the step
   (``/sys/class/net/<GLOO_SOCKET_IFNAME>/statistics``; inter-node traffic
   only, since same-node ranks talk over loopback).
