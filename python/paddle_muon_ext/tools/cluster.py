@@ -37,6 +37,12 @@ links and every process inside them are removed on success, failure, timeout,
 SIGINT / SIGTERM / SIGHUP. Namespaces of an earlier run whose pid is gone
 (SIGKILL) are swept at the next start.
 
+``--recommended`` asks the plan tool which configuration to use on the
+cluster's own layout, model and links (``cluster_compare``) and trains the
+default configuration, then the recommended one, instead of the option off /
+on: measured beside predicted inter-node bytes and step time per
+configuration, and the recommended / default ratios.
+
 This module is the command line (``add_parser``, ``main``, the summary and
 the comparison table); ``cluster_run`` runs the cluster, ``cluster_netns``
 builds and removes its network.
@@ -88,6 +94,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--group-call", default=None, choices=("0", "1", "both"),
                    help="comm_group_call_opt passes (default both: off, then on; 0 alone "
                    "where the option cannot run, e.g. --procs-per-node 1)")
+    c.add_argument("--recommended", action="store_true",
+                   help="ask the plan tool (plan --recommend: gloo, this layout, the tiny "
+                   "MoE, the links' rate) for the fastest configuration (comm_group_call_opt, "
+                   "muon_partition_strategy, comm_buffer_size_MB), then train the default "
+                   "configuration and the recommended one (each against the reference) and "
+                   "print per configuration inter-node bytes/step and step time, measured / "
+                   "predicted, and the recommended/default ratios; the default alone when "
+                   "it is the recommendation. Not with --group-call")
     c.add_argument("--timeout", type=float, default=900.0,
                    help="seconds, > 0 (default 900)")
     c.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
@@ -107,6 +121,11 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
                         link_mbit=args.link_mbit, hidden=args.hidden, inner=args.inner,
                         group_call=args.group_call or "both", timeout_s=args.timeout)
     cfg.validate_values()
+    if getattr(args, "recommended", False):
+        if args.group_call is not None:
+            raise ValueError("--recommended trains the default and the recommended "
+                             "configuration; drop --group-call")
+        return cfg
     if args.group_call is None:
         why = cfg.group_call_refusal()
         if why:
@@ -149,12 +168,12 @@ def summary_line(result: ClusterResult) -> str:
     parts = [result.status, f"nodes={cfg.nodes}", f"ranks={cfg.world_size}",
              f"ep={cfg.ep}", f"moe_sharding={cfg.moe_sharding}"]
     for g, v in result.per_pass().items():
-        tag = "on" if g else "off"
+        tag = cfg.pass_name(g)
         parts.append(f"{tag}: inter_node_bytes/step={v['inter_node_bytes_per_step']:.0f} "
                      f"step_time={v['step_time_s']:.3f}s")
     if result.prediction:
         for g in cfg.passes():
-            tag = "on" if g else "off"
+            tag = cfg.pass_name(g)
             pred = result.prediction.get(tag)
             if pred is not None:
                 parts.append(f"{tag}_predicted={pred['inter_node_bytes']:.0f}")
@@ -171,8 +190,11 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
     """
     from .guard import emit_json
 
+    rec = None
     try:
         cfg = config_from_args(args)
+        if getattr(args, "recommended", False):
+            cfg, rec = _recommended_config(cfg)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -188,7 +210,10 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
         except ClusterInterrupted as exc:
             print(f"[cluster] {exc}; namespaces, links and processes removed", file=sys.stderr)
             return 128 + exc.signum
-    if predict is not None and result.status == "PASS":
+    comp = None
+    if rec is not None and result.status == "PASS":
+        comp = _compare_recommended(result, rec)
+    elif predict is not None and result.status == "PASS":
         try:
             result.prediction = predict(cfg)
         except ValueError as exc:  # the run passed; a missing prediction does not fail it
@@ -197,11 +222,50 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
             for line in comparison_lines(result):
                 print(line)
     if args.json:
-        emit_json(result.to_json())
+        out = result.to_json()
+        if rec is not None:
+            out["recommended"] = comp
+        emit_json(out)
     for problem in result.problems:
         print(f"  {problem}")
     print(summary_line(result))
     return 0 if result.status == "PASS" else 1
+
+
+def _recommended_config(cfg: ClusterConfig):
+    """(the run's configuration with the default and the recommended pass,
+    the plan tool's recommendation); ValueError when it cannot plan the layout."""
+    import dataclasses
+
+    from . import cluster_compare
+
+    rec = cluster_compare.recommend_for_cluster(cfg)
+    passes = cluster_compare.pass_configs(rec)
+    cfg = dataclasses.replace(cfg, pass_configs=passes,
+                              group_call="both" if any(p[0] for p in passes) else "0")
+    cfg.validate()
+    if len(passes) == 1:
+        print("note: the recommendation is the default configuration; training it once",
+              file=sys.stderr)
+    return cfg, rec
+
+
+def _compare_recommended(result: ClusterResult, rec: Dict) -> Dict:
+    """Predict each pass, print the comparison table; returns its JSON."""
+    from . import cluster_compare
+
+    cfg = result.config
+    predictions = {}
+    for g in cfg.passes():
+        gc, rule, mb = cfg.pass_configs[g]
+        predictions[cfg.pass_name(g)] = cluster_compare.predict(
+            cfg, {"comm_group_call_opt": gc, "muon_partition_strategy": rule,
+                  "comm_buffer_size_MB": mb})
+    result.prediction = predictions
+    comp = cluster_compare.comparison(result, rec, predictions)
+    for line in cluster_compare.comparison_lines(comp):
+        print(line)
+    return comp
 
 
 def comparison_lines(result: ClusterResult) -> List[str]:

@@ -64,6 +64,8 @@ DEFAULT_INNER = 64
 #: comm_buffer_size_MB of the worker's strategy (fused gradient buffers).
 WORKER_BUFFER_MB = 1.0
 MASTER_PORT = 36170
+#: Pass names of ``cluster --recommended`` (``ClusterConfig.pass_configs`` order).
+PASS_NAMES = ("default", "recommended")
 #: Largest inputs besides ``MAX_NODES``: a run on one box stays within minutes.
 MAX_PROCS = 64
 MAX_STEPS = 1000
@@ -121,6 +123,10 @@ class ClusterConfig:
     group_call: str = "both"
     timeout_s: float = 900.0
     mode: str = "train"
+    #: ``cluster --recommended``: one (comm_group_call_opt, muon_partition_strategy,
+    #: comm_buffer_size_MB) per pass, named by :data:`PASS_NAMES`; empty: the
+    #: ``group_call`` passes (option off / on, 1 MB buffers, the default rule).
+    pass_configs: Tuple[Tuple[bool, str, float], ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -134,7 +140,7 @@ class ClusterConfig:
         the way to train it, rather than after the flat pass has trained.
         """
         self.validate_values()
-        why = self.group_call_refusal() if self.group_call != "0" else None
+        why = self.group_call_refusal() if self.uses_group_call() else None
         if why:
             raise ValueError(
                 f"--nodes {self.nodes} --procs-per-node {self.procs_per_node}: the "
@@ -186,7 +192,32 @@ class ClusterConfig:
         return None
 
     def passes(self) -> List[int]:
+        """The pass labels, in order: the option's value (0 / 1), or the index
+        into ``pass_configs``."""
+        if self.pass_configs:
+            return list(range(len(self.pass_configs)))
         return {"0": [0], "1": [1], "both": [0, 1]}[self.group_call]
+
+    def pass_name(self, label: int) -> str:
+        """``off`` / ``on``, or ``default`` / ``recommended`` (``--recommended``)."""
+        if self.pass_configs:
+            return PASS_NAMES[label] if label < len(PASS_NAMES) else f"pass{label}"
+        return "on" if label else "off"
+
+    def pass_group_call(self, label: int) -> bool:
+        """Whether pass ``label`` trains with ``comm_group_call_opt`` on."""
+        return bool(self.pass_configs[label][0]) if self.pass_configs else bool(label)
+
+    def uses_group_call(self) -> bool:
+        return any(self.pass_group_call(g) for g in self.passes())
+
+    def worker_pass_configs(self) -> Optional[str]:
+        """``MUON_PASS_CONFIGS`` for the workers (None: the ``group_call`` passes)."""
+        if not self.pass_configs:
+            return None
+        return json.dumps([{"comm_group_call_opt": bool(g), "muon_partition_strategy": rule,
+                            "comm_buffer_size_MB": float(mb)}
+                           for g, rule, mb in self.pass_configs])
 
 
 @dataclass
@@ -223,6 +254,10 @@ class ClusterResult:
                 "inter_node_bytes_per_step": sum(v["tx"] for v in timed) / n,
                 "inter_node_rx_bytes_per_step": sum(v["rx"] for v in timed) / n,
                 "step_time_s": sum(v["seconds"] for v in timed) / n,
+                # the slowest rank's forward + backward and single-process
+                # reference step (compute alone), where the workers report them
+                **{k: sum(v[k] for v in timed) / n for k in ("fwd_bwd_s", "reference_step_s")
+                   if all(k in v for v in timed)},
                 "first_step_bytes": rows[0][1]["tx"],
             }
         return out
@@ -233,8 +268,10 @@ class ClusterResult:
             "problems": self.problems,
             "config": self.config.__dict__,
             "node_of_rank": {str(r): n for r, n in sorted(self.node_of_rank.items())},
-            "measured": {("on" if g else "off"): v for g, v in self.per_pass().items()},
-            "steps": [{"group_call": g, "step": s, **v} for (g, s), v in sorted(self.steps.items())],
+            "measured": {self.config.pass_name(g): v for g, v in self.per_pass().items()},
+            "steps": [{"pass": self.config.pass_name(g),
+                       "group_call": int(self.config.pass_group_call(g)), "step": s, **v}
+                      for (g, s), v in sorted(self.steps.items())],
             "probes": self.probes,
             "prediction": self.prediction,
             "wall_s": self.wall_s,
@@ -289,6 +326,8 @@ def _worker_env(cfg: ClusterConfig, names: ClusterNames, k: int) -> Dict[str, st
         "MUON_HIDDEN": str(cfg.hidden), "MUON_INNER": str(cfg.inner),
         "MUON_CLUSTER_MODE": cfg.mode,
     })
+    if cfg.worker_pass_configs():
+        env["MUON_PASS_CONFIGS"] = cfg.worker_pass_configs()
     return env
 
 
@@ -319,19 +358,40 @@ class _Progress:
         elif kind == "PROBE":
             self.result.probes.append(rec)
         else:
-            key = (int(rec["group_call"]), int(rec["step"]))
+            key = (int(rec.get("pass_label", rec["group_call"])), int(rec["step"]))
             self.pending[key].append(rec)
             if len(self.pending[key]) == self.cfg.world_size:
                 recs = self.pending.pop(key)
+                self._check_applied(key, recs)
                 row = {"seconds": max(r["seconds"] for r in recs),
                        "tx": sum(r["tx"] for r in recs if r["leader"]),
                        "rx": sum(r["rx"] for r in recs if r["leader"]),
                        "loss": recs[0]["loss"]}
+                for extra in ("fwd_bwd_s", "reference_step_s"):
+                    if all(extra in r for r in recs):
+                        row[extra] = max(r[extra] for r in recs)
                 self.result.steps[key] = row
-                self.emit(f"[cluster] option {'on ' if key[0] else 'off'} step "
+                what = (f"{self.cfg.pass_name(key[0]):<11}" if self.cfg.pass_configs
+                        else f"option {'on ' if key[0] else 'off'}")
+                self.emit(f"[cluster] {what} step "
                           f"{key[1]}/{rec['steps']}: step time {row['seconds']:.3f} s, "
                           f"inter-node {fmt_bytes(row['tx'])} sent "
                           f"({fmt_bytes(row['rx'])} received)")
+
+
+    def _check_applied(self, key: Tuple[int, int], recs: List[Dict[str, Any]]) -> None:
+        """With ``pass_configs``, every rank's optimizer must have read the
+        pass's configuration (checked on each pass's first step)."""
+        if not self.cfg.pass_configs or key[1] != 1:
+            return
+        g, rule, mb = self.cfg.pass_configs[key[0]]
+        want = {"comm_group_call_opt": bool(g), "muon_partition_strategy": rule,
+                "comm_buffer_size_MB": float(mb)}
+        for r in recs:
+            if r.get("applied") != want:
+                self.result.problems.append(
+                    f"rank {r['rank']} pass {self.cfg.pass_name(key[0])}: the optimizer "
+                    f"read {r.get('applied')}, the pass asked for {want}")
 
 
 def fmt_bytes(n: float) -> str:
@@ -356,15 +416,18 @@ def _check_ranks(cfg: ClusterConfig, result: ClusterResult, inode_to_node: Dict[
         if rec.get("paddle_local_size") != str(cfg.procs_per_node):
             problems.append(f"rank {r}: PADDLE_LOCAL_SIZE={rec.get('paddle_local_size')} from "
                             f"the launcher, expected {cfg.procs_per_node}")
-        if cfg.mode != "train" or 1 not in cfg.passes():
+        if cfg.mode != "train":
+            continue
+        for g, diff in rec.get("max_abs_diff", {}).items():
+            if not diff <= 1e-5:
+                what = f"pass {cfg.pass_name(int(g))}" if cfg.pass_configs else f"group_call={g}"
+                problems.append(f"rank {r} {what}: max |param - reference| {diff:.3e}")
+        if not cfg.uses_group_call():
             continue
         if rec.get("plan_node") != node or rec.get("plan_gpus_per_node") != cfg.procs_per_node:
             problems.append(f"rank {r} runs on node {node} but the optimizer's plan says node "
                             f"{rec.get('plan_node')} (gpus_per_node "
                             f"{rec.get('plan_gpus_per_node')})")
-        for g, diff in rec.get("max_abs_diff", {}).items():
-            if not diff <= 1e-5:
-                problems.append(f"rank {r} group_call={g}: max |param - reference| {diff:.3e}")
 
 
 def _drive(cfg: ClusterConfig, names: ClusterNames, net: NetnsCluster, result: ClusterResult,
