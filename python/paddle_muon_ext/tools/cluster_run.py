@@ -177,6 +177,12 @@ class ClusterConfig:
                 f"--procs-per-node {self.procs_per_node} = {self.world_size}")
         if self.group_call not in ("0", "1", "both"):
             raise ValueError(f"--group-call must be 0, 1 or both, got {self.group_call!r}")
+        if self.mode == "train" and self.ep < 2:
+            # Paddle builds the expert-parallel topology (hcg._moe_topo) only
+            # for ep_degree > 1; the workers train the tiny MoE over it.
+            raise ValueError(
+                f"--ep {self.ep}: the cluster trains a MoE model and needs an expert-parallel "
+                "group; pass --ep 2 or more (--moe-sharding = ranks / ep)")
 
     def group_call_refusal(self) -> Optional[str]:
         """Why the optimizer would refuse ``comm_group_call_opt`` here, or None."""
