@@ -336,14 +336,21 @@ class CostPath:
         return self.ab.alpha_net if inter else self.ab.alpha_nvlink
 
     def rooted(self, ph: _Phase, kind: str, what: str, group, root: int, nbytes: float,
-               colour: str, coalesced: bool = False) -> None:
-        """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``."""
+               colour: str, coalesced: bool = False, count: int = 1) -> None:
+        """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``.
+
+        ``count`` ops of the same phase, group, root and colour moving
+        ``nbytes`` together (nccl only): their bytes are linear in the size
+        and each pays the same latency, so they are charged at once.
+        """
         group = self._group(group)
-        self.calls[kind] += self._mult
-        self.detail[kind][what] += self._mult
+        self.calls[kind] += self._mult * count
+        self.detail[kind][what] += self._mult * count
         if len(group.ranks) < 2:
             return
         if self.backend == "gloo":
+            if count != 1:
+                raise ValueError("rooted: gloo charges one op at a time (count must be 1)")
             self._gloo(ph, what, group, nbytes, colour, root, coalesced)
             return
         rings = self.rings(group)
@@ -362,7 +369,7 @@ class CostPath:
             full, alphas = self._ring_latency(group)
             i = rings.index0[root]
             missing = alphas[i] if what == "reduce" else alphas[i - 1]
-            ph.latency[group] = ph.latency.get(group, 0.0) + full - missing
+            ph.latency[group] = ph.latency.get(group, 0.0) + count * (full - missing)
 
     def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
         """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
@@ -455,29 +462,60 @@ class CostPath:
         self.colour_bound[colour] += 2 * (group_nodes - 1) * nbytes
 
     def replay(self, ops: Iterable[Tuple[msl.CommOp, float]]) -> None:
-        """Charge group-level ops (each once, with its payload bytes), in schedule order."""
+        """Charge group-level ops (each once, with its payload bytes), in schedule order.
+
+        On nccl a run of consecutive rooted ops that differ only in size (the
+        chunks of one bucket: same trigger, phase, group object, root, colour
+        and coalescing) is charged as one op of their summed bytes, ``count``
+        times the calls, launches and latency: the model is linear in the bytes,
+        and a 100,000-matrix model's 50,000 chunk reduces become one charge per
+        bucket. Runs never reorder ops (a phase's first op still names its
+        trigger, an uncoalesced op's latency still precedes a coalesced launch).
+        """
         launched = set()
+        run = None  # [key, op, summed bytes, count]
         for op, nbytes in ops:
-            name, kind = cost_phase(op)
-            ph = self.phase(name)
-            self.phase_triggers.setdefault(name, op.trigger)
-            group = self._group(op.group)
-            if op.op in ("reduce_scatter", "all_gather"):
-                what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
-                self.ring_collective(ph, kind, what, group, nbytes)
+            if self.backend != "gloo" and op.op not in ("reduce_scatter", "all_gather"):
+                key = (id(op.group), op.trigger, op.phase, op.op, op.root, op.colour,
+                       op.coalesced)
+                if run is not None and run[0] == key:
+                    run[2] += nbytes
+                    run[3] += 1
+                    continue
+                if run is not None:
+                    self._replay_one(run[1], run[2], run[3], launched)
+                run = [key, op, nbytes, 1]
                 continue
-            colour = "dense" if op.colour is None else "moe"
-            hier = kind in ("node", "same_card")
-            coalesced = op.coalesced and hier
-            self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced)
-            if not op.coalesced:
-                self.launches[kind] += self._mult
-            elif (name, group) not in launched:
-                launched.add((name, group))
-                self.launches[kind] += self._mult
-                if hier:
-                    alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
-                    ph.latency[group] = (len(group.ranks) - 1) * alpha
+            if run is not None:
+                self._replay_one(run[1], run[2], run[3], launched)
+                run = None
+            self._replay_one(op, nbytes, 1, launched)
+        if run is not None:
+            self._replay_one(run[1], run[2], run[3], launched)
+
+    def _replay_one(self, op: msl.CommOp, nbytes: float, count: int, launched: set) -> None:
+        """Charge ``count`` ops like ``op`` moving ``nbytes`` in all (see :meth:`replay`)."""
+        name, kind = cost_phase(op)
+        ph = self.phase(name)
+        self.phase_triggers.setdefault(name, op.trigger)
+        group = self._group(op.group)
+        if op.op in ("reduce_scatter", "all_gather"):
+            what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
+            self.ring_collective(ph, kind, what, group, nbytes)
+            return
+        colour = "dense" if op.colour is None else "moe"
+        hier = kind in ("node", "same_card")
+        coalesced = op.coalesced and hier
+        self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced,
+                    count=count)
+        if not op.coalesced:
+            self.launches[kind] += self._mult * count
+        elif (name, group) not in launched:
+            launched.add((name, group))
+            self.launches[kind] += self._mult
+            if hier:
+                alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
+                ph.latency[group] = (len(group.ranks) - 1) * alpha
 
     def declare(self, ops: Iterable[msl.CommOp]) -> None:
         """Create the phases of ``ops`` in this order (their first op names the trigger).

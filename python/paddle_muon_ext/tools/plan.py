@@ -38,12 +38,17 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
 from ..distributed.fleet.meta_optimizers.muon_sharding_types import (
     PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,
+    canonical_dtype,
+    itemsize,
 )
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding_partition import balance_floor
+from ..distributed.fleet.meta_optimizers.muon_sharding_partition import (
+    MatrixSpec,
+    balance_floor,
+)
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
@@ -106,7 +111,8 @@ def build_layout_plan(cfg: MuonCommConfig, group_call: bool = True) -> Hierarchi
 
 
 def _pbytes(p: presets.ParamSpec) -> int:
-    return p.to_meta().nbytes
+    # the layout's ParamMeta.nbytes, without building a ParamMeta (100,000 of them)
+    return p.numel * itemsize(canonical_dtype(p.dtype))
 
 
 def split_stages(params: Sequence[presets.ParamSpec], pp: int) -> List[List[presets.ParamSpec]]:
@@ -145,8 +151,12 @@ class _Stage(list):
         key = (expert, nranks)
         if key not in self._floors:
             if expert not in self._specs:
-                self._specs[expert] = [p.to_matrix_spec() for p in self
-                                       if p.use_muon and p.is_expert == expert]
+                # from the metas (built once): the same name, shape and dtype
+                # as ParamSpec.to_matrix_spec, without a second conversion
+                colour = EXPERT_COLOUR if expert else None
+                self._specs[expert] = [MatrixSpec(m.name, m.shape, m.dtype)
+                                       for m in self.metas()
+                                       if m.use_muon and m.colour == colour]
             self._floors[key] = balance_floor(self._specs[expert], nranks)
         return self._floors[key]
 
@@ -274,10 +284,26 @@ class WorldByClass:
                     lay0 = lay0 or lay
                 else:
                     if dense_layout is None:
-                        dense_layout = ShardingLayout.build(
-                            [m for m in metas if m.colour is None], {None: dense}, min(dense),
-                            settings, plan)
-                    lay = dataclasses.replace(dense_layout, rank=rank)
+                        if lay0 is not None and not lay0.staged_sync:
+                            # the lowest rank's layout holds the same default-colour
+                            # buckets (one cached placement); without a staged sync
+                            # the schedule reads nothing else of it
+                            dense_layout = dataclasses.replace(
+                                lay0, groups={None: dense}, muon_buckets=[
+                                    b for b in lay0.muon_buckets if b.colour is None])
+                        else:
+                            dense_layout = ShardingLayout.build(
+                                [m for m in metas if m.colour is None], {None: dense},
+                                min(dense), settings, plan)
+                    # This rank leads only its same-card group, whose ops are the
+                    # cross-node steps of the buckets owned on its card: keep those
+                    # buckets (their order, so their ops' order) and drop the rest,
+                    # which this rank would schedule only to skip.
+                    card = rank % gpn
+                    lay = dataclasses.replace(
+                        dense_layout, rank=rank, slice_buffers=[],
+                        muon_buckets=[b for b in dense_layout.muon_buckets
+                                      if b.owner % gpn == card])
                 for idx, op in enumerate(lay.schedule()):
                     seen = lowest.get(id(op.group))
                     if seen is None:
