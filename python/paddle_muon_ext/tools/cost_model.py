@@ -52,10 +52,19 @@ min(beta_net, beta_nvlink)`` link-seconds. (Rail spread) only the group's
 ranks send its bytes, and a sum of per-phase maxima is at least the mean
 over any set of ranks of what they send in all the family's phases: per
 pipeline stage, the family's link-seconds over the stage's ranks. (Launches)
-every group with bytes launches at least once per family, and a chain's
-farthest byte crosses ``n - 1`` node cuts and ``k - 1`` hops inside a node:
-``(n - 1) alpha_net + (k - 1) min(alpha)`` (gloo: one round), the coalesced
-hierarchical launch's cost; the largest such group latency. (Overlap) the
+buffers are per (owner, dtype), so every group issues at least one op per
+dtype with bytes (``d``) in each family. A flat Muon op pays its whole
+channel-0 chain: the ring's ``n`` node cuts at ``alpha_net`` and ``p - n``
+in-node hops at ``alpha_nvlink`` less the one edge its root leaves out (at
+most the dearest); so flat pays ``d`` chains. The hierarchical route (the
+default colour only) pays its coalesced launches once, ``(n - 1) alpha_net +
+(k - 1) alpha_nvlink``, the in-node part ``d`` times when ``comm_overlap``'s
+hooks launch each dense buffer's intra-node reduce alone (the run's
+``comm_overlap`` holds for every candidate). A Muon family's floor is the
+cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
+all-gather run as rings on nccl whatever the options: ``d`` launches of
+``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
+the closing one). A family takes its largest group latency. (Overlap) the
 model charges every phase as exposed, ``comm_overlap`` included (it changes
 which op launches a buffer, not the phase sum), so the bound hides nothing
 either. (Rings) the element-wise reduce-scatter / all-gather run as NCCL

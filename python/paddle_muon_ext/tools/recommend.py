@@ -126,7 +126,8 @@ class _Estimates:
 
 def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
     families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
-    return cost_bound.step_bound(families, ab, res["config"]["backend"])
+    c = res["config"]
+    return cost_bound.step_bound(families, ab, c["backend"], c["comm_overlap"])
 
 
 def _entry(cfg: Dict[str, Any], t: float, t0: float, b: float) -> Dict[str, Any]:
