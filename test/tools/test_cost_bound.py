@@ -147,6 +147,56 @@ class TestBoundByHand(unittest.TestCase):
         self.assertEqual(cb.ring_link_bytes(cb.GroupLoad(1, 1, 1, 8.0)), (0.0, 0.0))
 
 
+class TestLaunchesByHand(unittest.TestCase):
+    """Latency floors that count launches (one buffer per dtype at the least)."""
+
+    def test_rings_pay_every_hop_but_the_closing_one_per_dtype(self) -> None:
+        # 4 ranks on 2 nodes: channel 0 crosses 2 node cuts (one closes the
+        # ring) and makes 2 in-node hops: 100 + 2 * 1 = 102 a launch; 2 dtypes
+        self.assertAlmostEqual(cb.ring_latency_s(cb.GroupLoad(4, 2, 2, 8.0, 2), AB), 204.0,
+                               places=9)
+        # one node: 3 in-node hops
+        self.assertAlmostEqual(cb.ring_latency_s(cb.GroupLoad(4, 1, 4, 8.0), AB), 3.0, places=9)
+        self.assertEqual(cb.ring_latency_s(cb.GroupLoad(4, 2, 2, 0.0, 3), AB), 0.0)
+
+    def test_a_flat_chain_leaves_out_its_dearest_hop(self) -> None:
+        # ring of 2 node cuts and 2 in-node hops (202) less one node cut
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(4, 2, 2, 8.0), AB), 102.0,
+                               places=9)
+        # one rank per node: only node cuts
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(2, 2, 1, 8.0), AB), 100.0,
+                               places=9)
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(4, 1, 4, 8.0), AB), 3.0, places=9)
+
+    def test_muon_family_takes_the_cheaper_route(self) -> None:
+        g = cb.GroupLoad(4, 2, 2, 8.0, 2)
+        # flat: 2 chains of 102; hierarchical: 1 node cut + 1 in-node hop, once
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=False), 204.0, places=9)
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=True), 101.0, places=9)
+        # the hooks launch each dtype's intra-node reduce alone
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=True, hooked=True), 102.0,
+                               places=9)
+
+    def test_layout_families_count_dtypes_with_bytes(self) -> None:
+        metas = [SimpleNamespace(nbytes=4, use_muon=False, colour=None, dtype="bfloat16"),
+                 SimpleNamespace(nbytes=2, use_muon=False, colour=None, dtype="float32"),
+                 SimpleNamespace(nbytes=0, use_muon=False, colour=None, dtype="float16"),
+                 SimpleNamespace(nbytes=6, use_muon=True, colour=None, dtype="bfloat16"),
+                 SimpleNamespace(nbytes=2, use_muon=True, colour=None, dtype="float32")]
+        fam = cb.layout_families(_TwoByTwo(), [metas])
+        self.assertEqual(fam["reduce_scatter"][0][1][0], cb.GroupLoad(4, 2, 2, 6.0, 2))
+        self.assertEqual(fam["dense_reduce"][0][1][0], cb.GroupLoad(4, 2, 2, 8.0, 2))
+        # comm_overlap moves the dense reduce's floor only: its 2 dtypes' hooked
+        # intra-node reduces pay the in-node hop twice (102 instead of 101)
+        plain = cb.step_bound(fam, AB)["families_s"]
+        hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]
+        self.assertEqual(plain["dense_broadcast"], hooked["dense_broadcast"])
+        self.assertAlmostEqual(hooked["dense_reduce"] - plain["dense_reduce"], 1.0, places=9)
+        # rings: 2 launches of 102; the sharding group's 6 B cross 2 node cuts at
+        # 3/4 * 6 = 4.5 B each (9) and 2 NVLink edges (9e-3), over 4 ranks
+        self.assertAlmostEqual(plain["reduce_scatter"], 204.0 + (9.0 + 9e-3) / 4, places=9)
+
+
 def _params():
     # several buckets of each colour at small buffer sizes
     out = [ParamSpec("embed.weight", (64, 32), "float32", False, False)]

@@ -92,14 +92,17 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
 from ..distributed.fleet.meta_optimizers import muon_sharding_types as mst
 
-__all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "max_over_mean",
-           "ratio", "cost_phase"]
+__all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "RING_OPS",
+           "max_over_mean", "ratio", "cost_phase"]
 
 KINDS = ("sharding", "moe_sharding", "node", "same_card")
+#: Unrooted collectives, charged as rings: an all-reduce (e.g. the global-norm
+#: clip's) is a reduce-scatter then an all-gather of the same bytes.
+RING_OPS = ("reduce_scatter", "all_gather", "all_reduce")
 #: Collective algorithms the bytes model knows (``--backend``): NCCL rings
 #: (above) or gloo as measured (:mod:`paddle_muon_ext.tools.gloo_model`).
 BACKENDS = ("nccl", "gloo")
-OTHER_PHASES = ("reduce_scatter", "all_gather")
+OTHER_PHASES = ("reduce_scatter", "all_gather", "all_reduce")
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
         return "reduce_scatter", kind
     if op.phase == mst.PHASE_ALL_GATHER:
         return "all_gather", kind
+    if op.op == "all_reduce":  # whatever its phase label: one unrooted ring phase
+        return "all_reduce", kind
     if op.phase in (mst.PHASE_INTRA_NODE_REDUCE, mst.PHASE_INTRA_NODE_BROADCAST):
         return op.phase, "node"
     if op.phase in (mst.PHASE_CROSS_NODE_REDUCE, mst.PHASE_CROSS_NODE_BROADCAST):
@@ -381,7 +386,18 @@ class CostPath:
             ph.latency[group] = ph.latency.get(group, 0.0) + count * (full - missing)
 
     def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
-        """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
+        """A reduce-scatter, all-gather or all-reduce of ``nbytes`` (whole buffer) in ``group``.
+
+        An all-reduce runs as a reduce-scatter then an all-gather on the same
+        rings: twice the bytes and twice the latency of either.
+        """
+        if what == "all_reduce" and self.backend != "gloo":
+            self.calls[kind] += self._mult
+            self.launches[kind] += self._mult
+            self.detail[kind][what] += self._mult
+            for _ in range(2):
+                self._ring_pass(ph, group, nbytes)
+            return
         group = self._group(group)
         self.calls[kind] += self._mult
         self.launches[kind] += self._mult
@@ -391,6 +407,14 @@ class CostPath:
             return
         if self.backend == "gloo":
             self._gloo(ph, what, group, nbytes, None, None, False)
+            return
+        self._ring_pass(ph, group, nbytes)
+
+    def _ring_pass(self, ph: _Phase, group, nbytes: float) -> None:
+        """One pass round the rings: every edge carries ``(p - 1) / p`` of a channel's share."""
+        group = self._group(group)
+        p = len(group.ranks)
+        if p < 2:
             return
         rings = self.rings(group)
         share = nbytes * (p - 1) / p / rings.channels
@@ -484,7 +508,7 @@ class CostPath:
         launched = set()
         run = None  # [key, op, summed bytes, count]
         for op, nbytes in ops:
-            if self.backend != "gloo" and op.op not in ("reduce_scatter", "all_gather"):
+            if self.backend != "gloo" and op.op not in RING_OPS:
                 key = (id(op.group), op.trigger, op.phase, op.op, op.root, op.colour,
                        op.coalesced)
                 if run is not None and run[0] == key:
@@ -508,9 +532,8 @@ class CostPath:
         ph = self.phase(name)
         self.phase_triggers.setdefault(name, op.trigger)
         group = self._group(op.group)
-        if op.op in ("reduce_scatter", "all_gather"):
-            what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
-            self.ring_collective(ph, kind, what, group, nbytes)
+        if op.op in RING_OPS:
+            self.ring_collective(ph, kind, op.op, group, nbytes)
             return
         colour = "dense" if op.colour is None else "moe"
         hier = kind in ("node", "same_card")
