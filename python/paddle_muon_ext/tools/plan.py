@@ -45,8 +45,10 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from ..distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
     MatrixSpec,
+)
+from ..distributed.fleet.meta_optimizers.muon_sharding_partition import (
     balance_floor,
 )
 from . import presets

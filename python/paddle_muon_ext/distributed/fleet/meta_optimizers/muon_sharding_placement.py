@@ -34,8 +34,10 @@ from .muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from .muon_sharding_partition import (
+from .muon_sharding_owner_meta import (
     MatrixSpec,
+)
+from .muon_sharding_partition import (
     balanced_partition,
     partition_from_owners,
     upstream_partition,
