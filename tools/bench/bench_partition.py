@@ -208,7 +208,12 @@ _MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sh
 
 def load_revision(rev: str):
     """The partition module as committed at git revision ``rev`` (imported
-    from a temporary copy), or ValueError naming the revision."""
+    from a temporary copy), or ValueError naming the revision.
+
+    Only the rules' module is taken from ``rev``: its relative imports (the
+    matrix records in ``muon_sharding_owner_meta``, the refinement search in
+    ``muon_sharding_refine``, the dtype table) resolve against this checkout.
+    """
     import subprocess
     import tempfile
 
