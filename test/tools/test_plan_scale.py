@@ -45,8 +45,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types impor
 )
 from paddle_muon_ext.tools import plan as plan_mod  # noqa: E402
 from paddle_muon_ext.tools.args import MuonCommConfig  # noqa: E402
+from paddle_muon_ext.tools.plan_world import group_class_key  # noqa: E402
 from paddle_muon_ext.tools import cost_model  # noqa: E402
-from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, Rings  # noqa: E402
+from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath  # noqa: E402
+from paddle_muon_ext.tools.cost_rings import Rings  # noqa: E402
 from tool_loader import load_tool  # noqa: E402
 
 bench = load_tool(os.path.join("bench", "bench_plan_scale.py"), "_bench_plan_scale")
@@ -110,7 +112,7 @@ class TestPlanByClass(unittest.TestCase):
         assert_close(self, got, want)
 
     def test_class_key_is_the_node_pattern(self) -> None:
-        key = plan_mod.group_class_key
+        key = group_class_key
         # a shift by whole nodes, or onto other cards, keeps the pattern
         self.assertEqual(key((1, 5, 9), 4), key((13, 17, 21), 4),
                          "groups one node apart on every entry must share a class")

@@ -184,7 +184,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     from .cost_model import AlphaBeta
-    from .plan import build_layout_plan, compute_plan, json_ready
+    from .plan import compute_plan, json_ready
+    from .plan_world import build_layout_plan
     from .report import format_table, render_png
 
     group_call = not args.no_group_call

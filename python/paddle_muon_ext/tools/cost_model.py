@@ -84,13 +84,13 @@ world of 16,384 ranks costs what its classes cost.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
 from ..distributed.fleet.meta_optimizers import muon_sharding_types as mst
+from .cost_rings import Group, Phase, Rings, ring_structure
 
 __all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "RING_OPS",
            "max_over_mean", "ratio", "cost_phase"]
@@ -145,109 +145,6 @@ def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
     return f"{colour}_{op.op}", kind
 
 
-class _Phase:
-    """Traffic of one phase: per-rank egress and per-group latency."""
-
-    def __init__(self, name: str, world: int) -> None:
-        self.name = name
-        self.intra = [0.0] * world
-        self.inter = [0.0] * world
-        self.latency: Dict[Tuple[int, ...], float] = {}
-
-    def time(self, ab: AlphaBeta) -> float:
-        bw = max(
-            (e * ab.beta_net + i * ab.beta_nvlink for e, i in zip(self.inter, self.intra)),
-            default=0.0,
-        )
-        return max(self.latency.values(), default=0.0) + bw
-
-
-class Rings:
-    """The channel rings of one group (module docstring), without listing them.
-
-    Ranks are taken node by node (ascending); channel ``j`` visits each node's
-    ranks rotated by ``j mod k + 1`` (``k`` ranks on that node), so a group of
-    ``p`` ranks on nodes of ``C`` ranks has ``C`` rings of ``p`` entries. Only
-    channel 0 is listed (latency); neighbours and how often each rank sends
-    are arithmetic, so a group costs O(p), not O(p x C) (16,384 ranks on
-    1,024-card nodes would otherwise list 16 M entries).
-    """
-
-    def __init__(self, ranks: Tuple[int, ...], gpn: int) -> None:
-        by_node: Dict[int, List[int]] = {}
-        for r in ranks:  # ascending = node by node, card by card
-            by_node.setdefault(r // gpn, []).append(r)
-        self.blocks: List[List[int]] = [by_node[n] for n in sorted(by_node)]
-        self.channels = max(len(m) for m in self.blocks)
-        self.where: Dict[int, Tuple[int, int]] = {
-            r: (b, j) for b, mem in enumerate(self.blocks) for j, r in enumerate(mem)}
-        self.ring0 = [r for mem in self.blocks for r in mem[1:] + mem[:1]]
-        self.index0 = {r: i for i, r in enumerate(self.ring0)}
-        n_blocks = len(self.blocks)
-        senders = []
-        cards = [0] * gpn
-        channels = self.channels
-        for mem in self.blocks:
-            k = len(mem)
-            for j, r in enumerate(mem):
-                # r ends its node's run in channel ch iff ch mod k == j; that hop
-                # leaves the node when the group spans more than one node.
-                last = channels // k + (1 if j < channels % k else 0)
-                inter = last if n_blocks > 1 else 0
-                senders.append((r, channels - inter, inter))
-                cards[r % gpn] += inter
-        self.senders = (senders, cards, sum(cards), sum(s[1] for s in senders))
-
-    def next(self, channel: int, rank: int) -> int:
-        """The rank after ``rank`` in ring ``channel``."""
-        b, j = self.where[rank]
-        mem = self.blocks[b]
-        k = len(mem)
-        if j != channel % k:  # not the last of its node's run
-            return mem[(j + 1) % k]
-        nxt = self.blocks[(b + 1) % len(self.blocks)]
-        return nxt[(channel % len(nxt) + 1) % len(nxt)]
-
-    def prev(self, channel: int, rank: int) -> int:
-        """The rank before ``rank`` in ring ``channel``."""
-        b, j = self.where[rank]
-        mem = self.blocks[b]
-        k = len(mem)
-        if j != (channel % k + 1) % k:  # not the first of its node's run
-            return mem[(j - 1) % k]
-        before = self.blocks[b - 1]
-        return before[channel % len(before)]
-
-    def ring(self, channel: int) -> List[int]:
-        """Ring ``channel`` listed (for tests and small groups)."""
-        out: List[int] = []
-        for mem in self.blocks:
-            cut = channel % len(mem) + 1
-            out.extend(mem[cut:] + mem[:cut])
-        return out
-
-
-@functools.lru_cache(maxsize=512)
-def _ring_structure(ranks: Tuple[int, ...], gpn: int) -> Rings:
-    # Cached: the flat and hierarchical paths of both partition rules share groups.
-    return Rings(ranks, gpn)
-
-
-class _Group:
-    """One group's ranks (ascending) and what the model derives from them, once.
-
-    Hashed by identity: a 16k-rank tuple as a dict key would be hashed at
-    every look-up.
-    """
-
-    __slots__ = ("ranks", "rings", "latency")
-
-    def __init__(self, ranks: Tuple[int, ...]) -> None:
-        self.ranks = ranks
-        self.rings: Optional[Rings] = None
-        self.latency: Optional[Tuple[float, List[float]]] = None
-
-
 class CostPath:
     """Collectives and bytes of one path (flat or hierarchical) over one step."""
 
@@ -260,7 +157,7 @@ class CostPath:
         self.world = world
         self.gpn = gpn
         self.ab = ab
-        self.phases: "OrderedDict[str, _Phase]" = OrderedDict()
+        self.phases: "OrderedDict[str, Phase]" = OrderedDict()
         self.calls: Counter = Counter()
         self.launches: Counter = Counter()
         self.detail: Dict[str, Counter] = {k: Counter() for k in KINDS}
@@ -275,9 +172,9 @@ class CostPath:
         self.colour_bound: Counter = Counter()
         self.colour_rail: Dict[str, List[float]] = {"dense": [0.0] * gpn, "moe": [0.0] * gpn}
         self.phase_triggers: Dict[str, str] = {}
-        self._groups: Dict[Tuple[int, ...], _Group] = {}
-        # id(an op's group object) -> (that object, kept alive; its _Group)
-        self._by_id: Dict[int, Tuple[Any, _Group]] = {}
+        self._groups: Dict[Tuple[int, ...], Group] = {}
+        # id(an op's group object) -> (that object, kept alive; its Group)
+        self._by_id: Dict[int, Tuple[Any, Group]] = {}
         self._deferred: Dict[tuple, float] = {}
         # replay_class scope: copies of the template being charged (1 outside),
         # and where per-rank bytes go (None: the phases' world arrays).
@@ -287,14 +184,14 @@ class CostPath:
         self._local_rails: Dict[Tuple[int, Optional[str]], float] = {}
         self._blocks: List[tuple] = []
 
-    def phase(self, name: str) -> _Phase:
+    def phase(self, name: str) -> Phase:
         if name not in self.phases:
-            self.phases[name] = _Phase(name, self.world)
+            self.phases[name] = Phase(name, self.world)
         return self.phases[name]
 
-    def _group(self, group: Any) -> _Group:
-        """The :class:`_Group` of a rank sequence (any order), or ``group`` itself."""
-        if isinstance(group, _Group):
+    def _group(self, group: Any) -> Group:
+        """The :class:`Group` of a rank sequence (any order), or ``group`` itself."""
+        if isinstance(group, Group):
             return group
         seen = self._by_id.get(id(group))
         if seen is not None and seen[0] is group:
@@ -302,7 +199,7 @@ class CostPath:
         ranks = tuple(sorted(group))
         handle = self._groups.get(ranks)
         if handle is None:
-            handle = self._groups[ranks] = _Group(ranks)
+            handle = self._groups[ranks] = Group(ranks)
         self._by_id[id(group)] = (group, handle)
         return handle
 
@@ -310,10 +207,10 @@ class CostPath:
         """The group's channel rings (see the module docstring)."""
         g = self._group(group)
         if g.rings is None:
-            g.rings = _ring_structure(g.ranks, self.gpn)
+            g.rings = ring_structure(g.ranks, self.gpn)
         return g.rings
 
-    def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
+    def _send(self, ph: Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
         gpn = self.gpn
         inter = src // gpn != dst // gpn
         if self._local is None:
@@ -349,7 +246,7 @@ class CostPath:
     def _alpha(self, inter: bool) -> float:
         return self.ab.alpha_net if inter else self.ab.alpha_nvlink
 
-    def rooted(self, ph: _Phase, kind: str, what: str, group, root: int, nbytes: float,
+    def rooted(self, ph: Phase, kind: str, what: str, group, root: int, nbytes: float,
                colour: str, coalesced: bool = False, count: int = 1) -> None:
         """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``.
 
@@ -385,7 +282,7 @@ class CostPath:
             missing = alphas[i] if what == "reduce" else alphas[i - 1]
             ph.latency[group] = ph.latency.get(group, 0.0) + count * (full - missing)
 
-    def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
+    def ring_collective(self, ph: Phase, kind: str, what: str, group, nbytes: float) -> None:
         """A reduce-scatter, all-gather or all-reduce of ``nbytes`` (whole buffer) in ``group``.
 
         An all-reduce runs as a reduce-scatter then an all-gather on the same
@@ -410,7 +307,7 @@ class CostPath:
             return
         self._ring_pass(ph, group, nbytes)
 
-    def _ring_pass(self, ph: _Phase, group, nbytes: float) -> None:
+    def _ring_pass(self, ph: Phase, group, nbytes: float) -> None:
         """One pass round the rings: every edge carries ``(p - 1) / p`` of a channel's share."""
         group = self._group(group)
         p = len(group.ranks)
@@ -423,12 +320,12 @@ class CostPath:
         # every channel-0 hop but the one closing the ring (into ring[0])
         ph.latency[group] = ph.latency.get(group, 0.0) + full - alphas[-1]
 
-    def _charge_rings(self, ph: _Phase, group: _Group, share: float,
+    def _charge_rings(self, ph: Phase, group: Group, share: float,
                       colour: Optional[str]) -> None:
         key = (ph.name, group, colour)
         self._deferred[key] = self._deferred.get(key, 0.0) + share
 
-    def _ring_senders(self, group: _Group) -> tuple:
+    def _ring_senders(self, group: Group) -> tuple:
         return self.rings(group).senders
 
     def _flush(self) -> None:
@@ -469,7 +366,7 @@ class CostPath:
                 self.other_intra += n_intra * share * m
         self._deferred.clear()
 
-    def _ring_latency(self, group: _Group) -> Tuple[float, List[float]]:
+    def _ring_latency(self, group: Group) -> Tuple[float, List[float]]:
         """Channel 0: the alpha of each hop ring[i] -> ring[i + 1], and their sum."""
         if group.latency is None:
             ring, gpn = self.rings(group).ring0, self.gpn
@@ -477,7 +374,7 @@ class CostPath:
             group.latency = (sum(alphas), alphas)
         return group.latency
 
-    def _gloo(self, ph: _Phase, what: str, group, nbytes: float, colour: Optional[str],
+    def _gloo(self, ph: Phase, what: str, group, nbytes: float, colour: Optional[str],
               root: Optional[int], coalesced: bool) -> None:
         """One collective as gloo runs it (``paddle_muon_ext.tools.gloo_model``)."""
         from . import gloo_model
