@@ -116,6 +116,31 @@ class TestRecommend(unittest.TestCase):
         self.assertLessEqual(rec["best"]["ratio_to_default"], 0.85)
         self.assertLessEqual(rec["best"]["ratio_to_bound"], 1.15)
 
+    def test_pick_within_1_15_of_the_bound_with_one_rank_moe_groups_over_16_nodes(self) -> None:
+        # ep 64 leaves one-rank moe_sharding groups: the step is the dense Muon
+        # traffic and the element-wise rings, whose latency (every hop of a
+        # 64-rank ring, once per dtype) no option removes; the bound counts it
+        cfg = MuonCommConfig(ep=64, moe_sharding=1, pp=2, gpus_per_node=8,
+                             model="ernie-moe-small")
+        res, est = _run(cfg, get_preset("ernie-moe-small"))
+        rec = recommend.recommend(res, est)
+        self.assertLessEqual(rec["best"]["estimated_time_s"],
+                             rec["default"]["estimated_time_s"])
+        self.assertLessEqual(rec["best"]["ratio_to_bound"], 1.15)
+        for c in rec["candidates"]:
+            self.assertGreaterEqual(c["ratio_to_bound"], 1.0 - 1e-12, c["config"])
+
+    def test_large_moe_preset_is_the_21b_shape(self) -> None:
+        # 28 layers: 4 attention matrices each (112); layer 0's dense MLP (3);
+        # 27 MoE layers of a router gate, 64 experts x 3 and 2 shared experts
+        # fused into 3 matrices (27 x 196 = 5292): 5407 Muon matrices, 5184 experts
+        params = get_preset("ernie-moe-large")
+        muon = [p for p in params if p.use_muon]
+        self.assertEqual((len(muon), sum(p.is_expert for p in muon)), (5407, 5184))
+        self.assertEqual({p.shape for p in muon if p.is_expert}, {(2560, 1536), (1536, 2560)})
+        shared = [p for p in muon if "shared_experts" in p.name]
+        self.assertEqual({p.shape for p in shared}, {(2560, 3072), (3072, 2560)})
+
     def test_default_is_reported_for_a_non_default_run(self) -> None:
         res, _ = _run(CFG, _params(), buffer_mb=1024.0, rule="balanced")
         alone = compute_plan(CFG, AlphaBeta(), params=_params(), compare_rules=False)
