@@ -205,5 +205,50 @@ class TestPlanCli(unittest.TestCase):
         self.assertIn("  why: ", text)
 
 
+class TestRecommendSweepBench(unittest.TestCase):
+    """tools/bench/bench_recommend.py: the sweep's checks and its exit codes."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from tool_loader import load_tool
+
+        cls.bench = load_tool(os.path.join("bench", "bench_recommend.py"), "_bench_recommend")
+
+    def _run(self, *argv: str):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = self.bench.main(list(argv))
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_a_small_sweep_holds_every_check(self) -> None:
+        rc, out, err = self._run("--models", "tiny", "--nodes", "2", "--ep", "2", "4",
+                                 "--pp", "1", "--gpus-per-node", "2", "--buffers", "256",
+                                 "--partition", "upstream_greedy", "--json")
+        fig = json.loads(out)
+        self.assertEqual(fig["runs"], 2, "ep 2 and ep 4 over 2 nodes of 2 cards")
+        self.assertEqual((rc, fig["failures"]), (0, []), err)
+        self.assertLessEqual(fig["worst_ratio_to_bound"]["ratio_to_bound"], 1.15)
+
+    def test_a_pick_past_the_bound_target_fails_the_sweep(self) -> None:
+        from unittest import mock
+
+        with mock.patch.object(self.bench, "TARGET_RATIO_TO_BOUND", 0.5):
+            rc, out, _ = self._run("--models", "tiny", "--nodes", "2", "--ep", "2",
+                                   "--pp", "1", "--gpus-per-node", "2", "--buffers", "256",
+                                   "--partition", "balanced")
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL tiny 2x2 ep 2 pp 1 buffer 256 MB balanced: the pick is", out)
+
+    def test_bad_input_is_one_error_line(self) -> None:
+        rc, out, err = self._run("--models", "no-such-model")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertTrue(err.startswith("error: --models no-such-model: not a preset"), err)
+        self.assertEqual(len(err.strip().splitlines()), 1)
+
+
 if __name__ == "__main__":
     unittest.main()
