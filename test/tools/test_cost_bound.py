@@ -135,11 +135,18 @@ class TestBoundByHand(unittest.TestCase):
         # inter-node bytes: dense 10, moe 6 + 6, rings 6 + 2 + 2; each twice
         self.assertAlmostEqual(res["inter_node_bytes"], 64.0, places=9)
 
-    def test_gloo_keeps_the_floor_for_reduce_scatter(self) -> None:
+    def test_gloo_reduce_scatter_is_its_ring_all_reduce(self) -> None:
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB, "gloo")
-        # one round at alpha_nvlink 1; (4 + 8e-3 + 2 * 2) / 4 = 2.002 (floor bytes)
-        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 1 + 2.002, places=9)
-        self.assertAlmostEqual(res["inter_node_bytes"], 60.0, places=9)
+        # gloo's reduce-scatter is a ring all-reduce in rank order: twice round
+        # the ring. The sharding group's 4 B: 4 edges of 2 * 3/4 * 4 = 6 B, 2 of
+        # them across nodes (12 B at beta_net 1, 12 B at 1e-3); each moe group's
+        # 2 B: 2 edges of 2 * 1/2 * 2 = 2 B, both across (4 B): (12.012 + 8) / 4
+        # = 5.003; latency 2 (p - 1) rounds across nodes: 6 * 100 = 600
+        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 5.003, places=9)
+        # the all-gather once round: 3 rounds (300) + (6.006 + 4) / 4
+        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 2.5015, places=9)
+        # inter-node bytes: Muon floors 10 + 10 + 12 + 12, rings 12 + 4 + 4 and 6 + 2 + 2
+        self.assertAlmostEqual(res["inter_node_bytes"], 74.0, places=9)
 
     def test_ring_bytes_inside_one_node(self) -> None:
         # 4 ranks on one node: 4 edges of 3/4 * 8 = 6 B, none across nodes

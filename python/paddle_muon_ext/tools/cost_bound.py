@@ -39,7 +39,8 @@ __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth
 #: the MoE colour, and the element-wise reduce-scatter / all-gather.
 FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast",
             "reduce_scatter", "all_gather")
-#: Families the NCCL model always runs as rings (no option changes them).
+#: Families the model always runs as rings (no option changes them; gloo's
+#: rings are in ascending rank order, node by node as NCCL's).
 RING_FAMILIES = ("reduce_scatter", "all_gather")
 #: The Muon families (owner reduce / broadcast); only the dense colour's may
 #: route hierarchically.
@@ -103,7 +104,7 @@ def ring_link_bytes(g: GroupLoad) -> Tuple[float, float]:
     return crossings * share, (g.ranks - crossings) * share
 
 
-def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False) -> float:
+def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False, passes: int = 1) -> float:
     """Link-seconds ``g`` needs at least, summed over its ranks (not yet spread).
 
     The inter-node floor bytes pay ``beta_net``; the rest of the ``(p - 1) S``
@@ -115,13 +116,15 @@ def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False) -> float:
         ab: alpha-beta constants.
         ring: the bytes of a ring reduce-scatter / all-gather
             (:func:`ring_link_bytes`), each at its own link's beta.
+        passes: times the ring carries them (gloo's reduce-scatter is its
+            ring all-reduce: 2).
 
     Returns:
         float: seconds (sum over the group's senders).
     """
     if ring:
         inter, intra = ring_link_bytes(g)
-        return inter * ab.beta_net + intra * ab.beta_nvlink
+        return passes * (inter * ab.beta_net + intra * ab.beta_nvlink)
     inter, intra = link_floor_bytes(g)
     return inter * ab.beta_net + intra * min(ab.beta_net, ab.beta_nvlink)
 
@@ -155,25 +158,32 @@ def latency_floor_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl") -> float
     return (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * cheapest
 
 
-def ring_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:
-    """Latency of ``g``'s element-wise family as NCCL rings, the least any configuration pays.
+def ring_latency_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl", passes: int = 1) -> float:
+    """Latency of ``g``'s element-wise family as rings, the least any configuration pays.
 
-    The model charges a ring reduce-scatter / all-gather the alpha of every
-    hop of channel 0 but the one closing the ring: its ``n`` node cuts less
-    the closing one at ``alpha_net``, its ``p - n`` in-node hops at
-    ``alpha_nvlink`` (one node: ``p - 1`` in-node hops); no option changes a
+    NCCL: the model charges a ring reduce-scatter / all-gather the alpha of
+    every hop of channel 0 but the one closing the ring: its ``n`` node cuts
+    less the closing one at ``alpha_net``, its ``p - n`` in-node hops at
+    ``alpha_nvlink`` (one node: ``p - 1`` in-node hops). gloo: ``p - 1``
+    rounds a pass (``passes``: 2 for its reduce-scatter, a ring all-reduce),
+    each at ``alpha_net`` once the ring crosses nodes. No option changes a
     ring, and every configuration launches one at least per buffer
     (``launches``).
 
     Args:
         g: the group.
         ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+        passes: gloo's passes round the ring.
 
     Returns:
         float: seconds (0 for a group of one rank or no bytes).
     """
     if g.ranks < 2 or g.nbytes <= 0:
         return 0.0
+    if backend == "gloo":
+        alpha = ab.alpha_net if g.nodes > 1 else ab.alpha_nvlink
+        return g.launches * passes * (g.ranks - 1) * alpha
     if g.nodes > 1:
         one = (g.nodes - 1) * ab.alpha_net + (g.ranks - g.nodes) * ab.alpha_nvlink
     else:
@@ -237,7 +247,8 @@ def muon_latency_s(g: GroupLoad, ab: AlphaBeta, hierarchical: bool,
 
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
                    backend: str = "nccl", ring: bool = False,
-                   muon: Optional[Tuple[bool, bool]] = None) -> Tuple[float, float]:
+                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1
+                   ) -> Tuple[float, float]:
     """(latency, bandwidth) floor of one phase family.
 
     Args:
@@ -246,11 +257,12 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
             set sends at least the set's mean.
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
-        ring: the family runs as NCCL rings (:func:`bandwidth_floor_s`,
-            :func:`ring_latency_s`).
+        ring: the family runs as rings whatever the options
+            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`).
         muon: a Muon family on NCCL, ``(hierarchical, hooked)`` for
             :func:`muon_latency_s`; None: one launch's generic floor
             (:func:`latency_floor_s`).
+        passes: times the ring carries the bytes (gloo's reduce-scatter: 2).
 
     Returns:
         tuple: the largest latency of any group (one launch; as rings, its
@@ -259,13 +271,13 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
     """
     def lat(g: GroupLoad) -> float:
         if ring:
-            return ring_latency_s(g, ab)
+            return ring_latency_s(g, ab, backend, passes)
         if muon is not None and backend == "nccl":
             return muon_latency_s(g, ab, *muon)
         return latency_floor_s(g, ab, backend)
 
     latency = max((lat(g) for _, groups in rank_sets for g in groups), default=0.0)
-    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring) for g in groups) / size
+    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring, passes) for g in groups) / size
                      for size, groups in rank_sets if size), default=0.0)
     return latency, bandwidth
 
@@ -289,15 +301,17 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
     per: Dict[str, float] = {}
     inter = 0.0
     for name, rank_sets in families.items():
-        # NCCL: the element-wise collectives are rings whatever the options
-        ring = backend == "nccl" and name in RING_FAMILIES
+        # the element-wise collectives are rings whatever the options (gloo's
+        # reduce-scatter is its ring all-reduce: twice round the ring)
+        ring = name in RING_FAMILIES
+        passes = 2 if backend == "gloo" and name == "reduce_scatter" else 1
         muon = None
         if name in MUON_FAMILIES:
             muon = (name.startswith("dense_"), comm_overlap and name == "dense_reduce")
-        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon)
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes)
         per[name] = latency + bandwidth
         count = ring_link_bytes if ring else link_floor_bytes
-        inter += sum(count(g)[0] for _, groups in rank_sets for g in groups)
+        inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 

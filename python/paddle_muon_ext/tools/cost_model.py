@@ -62,15 +62,17 @@ default colour only) pays its coalesced launches once, ``(n - 1) alpha_net +
 hooks launch each dense buffer's intra-node reduce alone (the run's
 ``comm_overlap`` holds for every candidate). A Muon family's floor is the
 cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
-all-gather run as rings on nccl whatever the options: ``d`` launches of
+all-gather run as rings whatever the options: on nccl ``d`` launches of
 ``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
-the closing one). A family takes its largest group latency. (Overlap) the
+the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
+reduce-scatter (a ring all-reduce) two passes of twice the bytes. A family
+takes its largest group latency. (Overlap) the
 model charges every phase as exposed, ``comm_overlap`` included (it changes
 which op launches a buffer, not the phase sum), so the bound hides nothing
-either. (Rings) the element-wise reduce-scatter / all-gather run as NCCL
-rings whatever the options, so on ``nccl`` the bound takes the rings' bytes
-(``n (p - 1) / p S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead
-of the floor; gloo keeps the floor. The bound is the sum over families of
+either. (Rings) the element-wise reduce-scatter / all-gather run as rings
+whatever the options, so the bound takes the rings' bytes (``n (p - 1) / p
+S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead of the floor;
+gloo's reduce-scatter twice that. The bound is the sum over families of
 latency + bandwidth floors. The gap to a configuration: owners not spread
 over nodes and rails, phases that do not overlap (the hierarchical path's
 intra- and cross-node steps), extra launches of small buckets.
