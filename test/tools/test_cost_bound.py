@@ -184,6 +184,30 @@ class TestLaunchesByHand(unittest.TestCase):
         self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=True, hooked=True), 102.0,
                                places=9)
 
+    def test_hooked_hierarchical_reduce_weighs_launches_against_rails(self) -> None:
+        # 4 ranks on 2 nodes of 2, S = 8: 1 node cut (100) and half the bytes
+        # inside a node (4e-3); 1 buffer: 1 launch (1) and one rail carries the
+        # cross-node bytes (1/2 * 8 = 4); 2 buffers: 2 launches, two rails (2):
+        # 100.004 + min(1 + 4, 2 + 2)
+        g = cb.GroupLoad(4, 2, 2, 8.0)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, AB), 104.004, places=9)
+        # dear launches (alpha_nvlink 10): one buffer is cheaper, 10 + 4
+        dear = AlphaBeta(alpha_nvlink=10.0, beta_nvlink=BV, alpha_net=AN, beta_net=BN)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, dear), 114.004, places=9)
+        # two dtypes: two buffers at least
+        two = cb.GroupLoad(4, 2, 2, 8.0, 2)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(two, dear), 100.004 + 20 + 2,
+                               places=9)
+
+    def test_comm_overlap_raises_the_dense_reduce_to_the_cheaper_hooked_route(self) -> None:
+        fam = cb.layout_families(_TwoByTwo(), [METAS])
+        plain = cb.step_bound(fam, AB)["families_s"]["dense_reduce"]
+        hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]["dense_reduce"]
+        # S = 10: flat 102 + (10 + 20e-3) / 4 = 104.505; hierarchical 100 + 5e-3
+        # + min(1 + 5, 2 + 2.5) = 104.505; without overlap 101 + 2.505
+        self.assertAlmostEqual(plain, 103.505, places=9)
+        self.assertAlmostEqual(hooked, 104.505, places=9)
+
     def test_layout_families_count_dtypes_with_bytes(self) -> None:
         metas = [SimpleNamespace(nbytes=4, use_muon=False, colour=None, dtype="bfloat16"),
                  SimpleNamespace(nbytes=2, use_muon=False, colour=None, dtype="float32"),

@@ -30,7 +30,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
-           "chain_latency_s", "family_floor_s", "latency_floor_s", "layout_families",
+           "chain_latency_s", "family_floor_s", "hooked_hierarchical_reduce_s", "latency_floor_s",
+           "layout_families",
            "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
            "step_bound"]
 
@@ -245,6 +246,35 @@ def muon_latency_s(g: GroupLoad, ab: AlphaBeta, hierarchical: bool,
     return min(flat, (g.nodes - 1) * ab.alpha_net + intra)
 
 
+def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """The least time of a stage's dense reduce on the hierarchical route under
+    ``comm_overlap`` (the hooks launch each buffer's intra-node reduce alone).
+
+    With ``B`` buffers (at least one per dtype) the owners sit on at most
+    ``c = min(B, k)`` cards. Intra-node: ``B`` launches of ``k - 1`` NVLink hops,
+    and each node's non-roots send every byte once: the busiest rank at least
+    ``(k - 1) / k S`` at ``beta_nvlink``. Cross-node (coalesced): ``n - 1``
+    network hops, and a card's same-card ranks together send ``(n - 1)`` times
+    the bytes its owners hold, so the busiest rank of the busiest card at
+    least ``(n - 1) S / (n c)`` at ``beta_net``. The least over ``B``: more
+    buffers spread the rails but pay more launches.
+
+    Args:
+        g: the stage's dense Muon group (``launches``: its dtypes).
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    n, k, S = g.nodes, g.per_node, g.nbytes
+    fixed = (n - 1) * ab.alpha_net + (k - 1) / k * S * ab.beta_nvlink
+    return fixed + min(
+        b * (k - 1) * ab.alpha_nvlink + (n - 1) * S * ab.beta_net / (n * min(b, k))
+        for b in range(g.launches, max(g.launches, k) + 1))
+
+
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
                    backend: str = "nccl", ring: bool = False,
                    muon: Optional[Tuple[bool, bool]] = None, passes: int = 1
@@ -310,6 +340,13 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
             muon = (name.startswith("dense_"), comm_overlap and name == "dense_reduce")
         latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes)
         per[name] = latency + bandwidth
+        if muon is not None and muon[1] and backend == "nccl":
+            # hooked dense reduce: the flat route's floor, or the hierarchical
+            # route's per stage with its launches and rails weighed together
+            flat, _ = family_floor_s(rank_sets, ab, backend, False, (False, False))
+            hier = max((hooked_hierarchical_reduce_s(g, ab) for _, groups in rank_sets
+                        for g in groups), default=0.0)
+            per[name] = max(per[name], min(flat + bandwidth, hier))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}

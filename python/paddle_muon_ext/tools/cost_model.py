@@ -58,10 +58,13 @@ channel-0 chain: the ring's ``n`` node cuts at ``alpha_net`` and ``p - n``
 in-node hops at ``alpha_nvlink`` less the one edge its root leaves out (at
 most the dearest); so flat pays ``d`` chains. The hierarchical route (the
 default colour only) pays its coalesced launches once, ``(n - 1) alpha_net +
-(k - 1) alpha_nvlink``, the in-node part ``d`` times when ``comm_overlap``'s
-hooks launch each dense buffer's intra-node reduce alone (the run's
-``comm_overlap`` holds for every candidate). A Muon family's floor is the
-cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
+(k - 1) alpha_nvlink``; when ``comm_overlap``'s hooks launch each dense
+buffer's intra-node reduce alone (the run's ``comm_overlap`` holds for every
+candidate), ``B >= d`` buffers pay ``B`` in-node launches and put the owners on
+at most ``min(B, k)`` cards, whose same-card ranks carry all the cross-node
+bytes: per stage the least over ``B`` of ``(n - 1) alpha_net + B (k - 1)
+alpha_nvlink + (k - 1) / k S beta_nvlink + (n - 1) S beta_net / (n min(B,
+k))``. A Muon family's floor is the cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
 all-gather run as rings whatever the options: on nccl ``d`` launches of
 ``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
 the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
