@@ -50,8 +50,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
     dtype_itemsize,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
     machine_balanced_owner_indices,
 )
 
