@@ -16,10 +16,9 @@
 Groups, layout, owners, the clip's groups and develop's descriptive
 attributes; the buffers and slice parameters are built by the state object
 (``muon_sharding_buffers.ShardingState``) the construction fills. Split from
-``muon_sharding_optimizer`` so that file stays readable: develop's exporter
-check needs every develop method defined *in* that file, so each one stays
-there as a thin method calling the function of the same name here (``opt`` is
-the optimizer). This module never imports the optimizer's module (the
+``muon_sharding_optimizer`` so that file stays readable: each function takes
+the optimizer (``opt``) first, and that file binds it under develop's method
+name (``_DevelopMethodSurface``), so there is one body per method. This module never imports the optimizer's module (the
 imports run one way); what both need lives in ``muon_sharding_types``.
 """
 
@@ -541,6 +540,7 @@ def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
 
 
 def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+    """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen."""
     def entry(group) -> dict:
         return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
 
@@ -554,6 +554,7 @@ def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
 
 
 def buffer_color(buffer):
+    """The colour of a buffer, read from its first parameter as develop does."""
     # develop's rule: a dict colour gives its 'color' as written (None when
     # absent, -1 stays -1); any other colour gives its key (None for -1/None).
     params = buffer.params

@@ -14,10 +14,10 @@
 """Bodies of :class:`MuonShardingOptimizer`'s per-step helpers.
 
 Gradient / parameter storage clearing and the small helpers the step plan's
-executors call (``muon_sharding_executor`` runs the step itself). Split from ``muon_sharding_optimizer`` the same
-way as ``muon_sharding_build``: the thin develop methods stay there, the
-bodies live here (``opt`` is the optimizer); like the build module it never
-imports the optimizer's module.
+executors call (``muon_sharding_executor`` runs the step itself). Split from
+``muon_sharding_optimizer`` the same way as ``muon_sharding_build``: that
+file binds these functions (``opt`` first) as its methods; like the build
+module this one never imports the optimizer's module.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@
 # limitations under the License.
 """The parameter sync of MuonShardingOptimizer: the plan's sync phases, executed.
 
-Plain functions of the optimizer (``opt``); its methods ``_sharding_sync_parameters``,
+Plain functions of the optimizer (``opt``), bound as its methods
 ``_build_sync_stages``, ``_launch_stage_sync``, ``_broadcast_2d_params``,
-``reorder_params`` ... call them. Every broadcast and all-gather comes from a
+``reorder_params`` ... (``_DevelopMethodSurface``). Every broadcast and all-gather comes from a
 phase of ``ShardingLayout.step_plan()`` (trigger ``step``, or ``sync[k]`` for
 the overlapped update's stage k); develop-style stage dicts built by hand
 (no ``'phases'``) are synced as develop does.
