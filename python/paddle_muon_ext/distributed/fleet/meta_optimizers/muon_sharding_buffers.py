@@ -42,6 +42,7 @@ from .muon_sharding_types import (
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
     TRIGGER_BACKWARD,
+    is_hooked,
 )
 
 __all__ = ["ShardingState", "create_slice_param"]
@@ -217,6 +218,25 @@ class ShardingState:
                            else self.muon_buckets[ref[1]].buffers)
                 out.extend((b, phase.label) for b in buffers)
         return out
+
+    def develop_overlap_split(self, comm_overlap: bool, group_call: bool) -> tuple[list, list]:
+        """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``, from the same rule.
+
+        The plan hooks a buffer when :func:`is_hooked` says so (layout
+        ``overlap`` flags, :meth:`hooked_buffers`). develop splits by the same
+        colour rule but builds the split whether or not ``comm_overlap`` is
+        on, keeps one-rank groups, and counts the fused 2-D buffers as overlap
+        only without group call or with ``comm_overlap``; develop's tests pin
+        those lists, so they differ from the hooked set exactly there (with
+        ``comm_overlap`` on: overlap less one-rank groups == hooked).
+        """
+        fused_2d = [(b, bucket.colour) for bucket in self.muon_buckets for b in bucket.buffers]
+        slices = [(b, self.rs_colour[id(b)]) for b in self.rs_buffers]
+        sync_only = [b for b, colour in fused_2d + slices if not is_hooked(True, colour)]
+        ids = {id(b) for b in sync_only}
+        overlap_2d = fused_2d if (not group_call or comm_overlap) else []
+        overlap = [b for b, _ in overlap_2d + slices if id(b) not in ids]
+        return sync_only, overlap
 
     def phase_group(self, phase):
         """The process group a plan phase runs on."""

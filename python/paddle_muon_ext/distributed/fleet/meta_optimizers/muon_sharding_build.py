@@ -279,19 +279,15 @@ def describe_like_develop(
 
 
 def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """Split buffers into sync-only (shared colours) and hook-launched, as develop."""
+    """Split buffers into sync-only (shared colours) and hook-launched, as develop.
+
+    The lists come from ``ShardingState.develop_overlap_split``, next to the
+    plan's hook rule; develop's ``_compute_shared_colors`` names the colours.
+    """
     opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
-    fused_2d = opt.comm_buffer_2d if opt._use_fuse_gradients else []
-    opt._sync_only_buffers = opt._select_sync_only_buffers(
-        fused_2d, opt._shared_colors
-    ) + opt._select_sync_only_buffers(opt._comm_buffer_list, opt._shared_colors)
+    opt._sync_only_buffers, opt._overlap_comm_buffers = opt._state.develop_overlap_split(
+        opt.comm_overlap, opt.use_group_call_opt)
     opt._sync_only_buffer_ids = {id(b) for b in opt._sync_only_buffers}
-    overlap_2d = []
-    if opt._use_fuse_gradients and (not opt.use_group_call_opt or opt.comm_overlap):
-        overlap_2d = [b for b in fused_2d if id(b) not in opt._sync_only_buffer_ids]
-    opt._overlap_comm_buffers = overlap_2d + [
-        b for b in opt._comm_buffer_list if id(b) not in opt._sync_only_buffer_ids
-    ]
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:
