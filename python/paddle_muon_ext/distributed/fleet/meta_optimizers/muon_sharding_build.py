@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 from collections import OrderedDict
 from typing import Any
+from typing import Callable
 from typing import TYPE_CHECKING
 
 import paddle
@@ -67,8 +68,12 @@ if TYPE_CHECKING:
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 
-def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:
+def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None,
+                   gpus_per_node: Callable[[], int] | None = None) -> None:
+    """Build ``opt`` (``MuonShardingOptimizer.__init__``; its Args)."""
     opt._inner_opt = optimizer
+    # read only where the node size matters (group call, machine-balanced owners)
+    opt._resolve_gpus_per_node = gpus_per_node or resolve_gpus_per_node
     opt._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
     if strategy is None:
         strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
@@ -123,9 +128,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt.trainer_comms: list = []
     opt.trainer_same_card_comms: list = []
     if opt._settings.comm_group_call_opt:
-        opt._plan = HierarchicalCommPlan.from_hcg(
-            opt._hcg, resolve_gpus_per_node()
-        )
+        opt._plan = HierarchicalCommPlan.from_hcg(opt._hcg, opt._resolve_gpus_per_node())
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
     opt._has_staged_api = has_staged_api(optimizer)
@@ -450,7 +453,7 @@ def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     # develop's node numbering: global rank // GPUs per node
-    machine = opt._rank // resolve_gpus_per_node()
+    machine = opt._rank // opt._resolve_gpus_per_node()
     gathered: list = []
     if dist.get_world_size() > 1:
         dist.all_gather_object(gathered, (opt._rank, machine, mine))

@@ -50,7 +50,7 @@ import contextlib
 import importlib
 import os
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import paddle
 import paddle.distributed as dist
@@ -295,6 +295,11 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
             to ``fleet.get_hybrid_communicate_group()``.
         strategy (DistributedStrategy|None): defaults to fleet's user-defined
             strategy, the one develop reads (a keyword for tools and tests).
+        gpus_per_node (Callable[[], int]|None): how the GPUs per node are
+            found, called only with ``comm_group_call_opt`` or
+            ``machine_balanced_2d_partition`` on; defaults to
+            ``resolve_gpus_per_node`` (``PADDLE_LOCAL_SIZE``, else the device
+            count). A keyword for tools and tests.
 
     Examples:
         .. code-block:: python
@@ -309,8 +314,9 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
     """
 
     # ------------------------------------------------------------ construction
-    def __init__(self, optimizer, hcg=None, strategy=None) -> None:
-        _build.init_optimizer(self, optimizer, hcg, strategy)
+    def __init__(self, optimizer, hcg=None, strategy=None, *,
+                 gpus_per_node: Callable[[], int] | None = None) -> None:
+        _build.init_optimizer(self, optimizer, hcg, strategy, gpus_per_node)
 
     def _buffer_acc_steps(self, colour) -> int:
         # Without hooks the buffers never count check-ins: grads accumulate
