@@ -74,7 +74,7 @@ def _body(cfg, strategy):
     # this rank's view of the rule's input, collected here from the model
     groups: dict = {}
     for p in net.parameters():
-        info = core._muon_info[p.name]
+        info = core._muon_param_info_map[p.name]
         if not (info.use_muon or getattr(info, "use_hyperball", False)):
             continue
         color = getattr(p, "color", None)

@@ -77,6 +77,10 @@ class ShardingState:
         rs_buffers: element-wise ``FusedCommBuffer`` per layout slice buffer.
         rs_colour: ``id(buffer)`` -> colour key of each element-wise buffer.
         slice_params: parameter name -> its slice parameter.
+        cleared_colours: colour -> this rank's saved 1-D slices, for each
+            colour ``clear_param_storage`` freed (until the next step).
+        fused_state_buffers: dtype name -> the buffer holding this rank's
+            optimizer states (``enable_fuse_optimizer_states``).
     """
 
     rank: int
@@ -89,6 +93,8 @@ class ShardingState:
     rs_buffers: list = field(default_factory=list)
     rs_colour: dict = field(default_factory=dict)
     slice_params: dict = field(default_factory=dict)
+    cleared_colours: dict = field(default_factory=OrderedDict)
+    fused_state_buffers: dict = field(default_factory=dict)
 
     @property
     def group_of_ranks(self) -> dict:

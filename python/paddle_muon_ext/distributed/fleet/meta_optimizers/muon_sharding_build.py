@@ -86,10 +86,8 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     opt._parameter_list = list(optimizer._parameter_list)
     opt._origin_parameter_list = opt._parameter_list
-    opt._muon_info = optimizer._muon_param_info_map
-    opt._muon_param_info_map = opt._muon_info
+    opt._muon_param_info_map = optimizer._muon_param_info_map
     opt._default_group = opt._hcg.get_sharding_parallel_group()
-    opt._global_rank = opt._rank
     opt._sharding_world_size = opt._hcg.get_sharding_parallel_world_size()
     opt._sharding_rank = opt._hcg.get_sharding_parallel_rank()
     opt._use_avg = opt._settings.use_reduce_avg and (
@@ -124,18 +122,14 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             target.setdefault(opt._colour_key(param)[0], []).append(param)
     # Resolved only with the option on: upstream resolved the node size
     # unconditionally and crashed on hosts without a launcher or CUDA.
-    opt._plan = None
     opt.trainer_comms: list = []
     opt.trainer_same_card_comms: list = []
     if opt._settings.comm_group_call_opt:
-        opt._plan = HierarchicalCommPlan.from_hcg(opt._hcg, opt._resolve_gpus_per_node())
+        opt._state.plan = HierarchicalCommPlan.from_hcg(opt._hcg, opt._resolve_gpus_per_node())
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
     opt._has_staged_api = has_staged_api(optimizer)
-    opt._layout = opt._build_layout()
-    opt._state.layout, opt._state.plan = opt._layout, opt._plan
-    opt._owner_of: dict[str, int] = dict(opt._layout.owners)
-    opt._partitions: dict[str | None, Any] = dict(opt._layout.partitions)
+    opt._state.layout = opt._build_layout()
 
     # 2. allocation: groups and buffers, exactly as the layout says
     if opt._plan is not None:
@@ -152,9 +146,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     opt._describe_like_develop(muon_by_colour, other_by_colour)
     opt._select_overlap_buffers()
-    # clear_param_storage(color): colour -> this rank's saved 1-D slices
-    opt._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
-    opt._fused_state_buffers: dict[str, Any] = {}
     opt._sync_stages: list | None = None
 
     if opt.comm_overlap and not opt.pp_overlap:
@@ -183,7 +174,7 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
         **agreement.optimizer_options(opt._base_opt),
     )
-    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
+    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_param_info_map.get(p.name)))
                for p in opt._parameter_list if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     colour_ranks[None] = list(opt._default_group.ranks)
@@ -282,15 +273,10 @@ def describe_like_develop(
 
 
 def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """Split buffers into sync-only (shared colours) and hook-launched, as develop.
-
-    The lists come from ``ShardingState.develop_overlap_split``, next to the
-    plan's hook rule; develop's ``_compute_shared_colors`` names the colours.
-    """
+    """develop's shared colours; its sync-only / overlap buffer lists are views
+    (``_DevelopStateSurface``) of ``ShardingState.develop_overlap_split``,
+    which sits next to the step plan's hook rule."""
     opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
-    opt._sync_only_buffers, opt._overlap_comm_buffers = opt._state.develop_overlap_split(
-        opt.comm_overlap, opt.use_group_call_opt)
-    opt._sync_only_buffer_ids = {id(b) for b in opt._sync_only_buffers}
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:
@@ -503,7 +489,7 @@ def partition_2d_parameters_machine_balanced(
 
 
 def uses_muon(opt: MuonShardingOptimizer, param) -> bool:
-    info = opt._muon_info.get(param.name)
+    info = opt._muon_param_info_map.get(param.name)
     if info is None:
         raise ShardingAssertionError(
             f"parameter {param.name} (shape {list(param.shape)}) has no entry "

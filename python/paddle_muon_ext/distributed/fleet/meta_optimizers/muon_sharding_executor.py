@@ -240,7 +240,7 @@ def _reduce(opt, phase, run: StepRun, last: bool) -> None:
 
 def _reset_storage(opt, phase, run: StepRun, last: bool) -> None:
     # Colours freed by clear_param_storage get their storage back first, as in develop.
-    run.storage_was_cleared = bool(opt._cleared_colours)
+    run.storage_was_cleared = bool(opt._state.cleared_colours)
     opt.reset_param_storage()
 
 

@@ -162,8 +162,17 @@ class _DevelopStateSurface:
     _color_to_comm_buffer_list = property(lambda self: self._state.rs_buffers_by_raw_colour())
     param2bucket = property(lambda self: self._state.buffers_of_params())
     _local_2d = property(lambda self: self._state.owned_muon_params())
+    # develop's sync-only / overlap split, derived next to the step plan's hook rule
+    _sync_only_buffers = property(lambda self: self._overlap_split()[0])
+    _overlap_comm_buffers = property(lambda self: self._overlap_split()[1])
+    _sync_only_buffer_ids = property(lambda self: {id(b) for b in self._sync_only_buffers})
+    # develop's aliases of this optimizer's own names
+    _global_rank = property(lambda self: self._rank)
     _grad_tensors = staticmethod(ShardingState.grad_tensors)
     _create_slice_param = staticmethod(create_slice_param)
+
+    def _overlap_split(self) -> tuple[list, list]:
+        return self._state.develop_overlap_split(self.comm_overlap, self.use_group_call_opt)
 
     def _build_muon_bucket(self, spec, by_name: dict) -> MuonBucket:
         return self._state._muon_bucket(spec, self._buffer_acc_steps, self._use_avg)
@@ -362,6 +371,12 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
             setattr(opt, name, value)
 
     # ------------------------------------------------------------ what it built
+    # views of the one state (the build sets them there)
+    _layout = _state_attr("layout")
+    _plan = _state_attr("plan")
+    _owner_of = property(lambda self: self._layout.owners)
+    _partitions = property(lambda self: self._layout.partitions)
+
     @property
     def sharding_layout(self) -> ShardingLayout:
         """The placement this optimizer was built from (owners, buckets, ranges, schedule)."""
@@ -370,7 +385,7 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
     @property
     def clear_color(self) -> set:
         """develop's set of colours :meth:`clear_param_storage` freed (until the next step)."""
-        return set(self._cleared_colours)
+        return set(self._state.cleared_colours)
 
     @property
     def _base_opt(self):
@@ -384,7 +399,7 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
 
     @property
     def comm_plan(self) -> HierarchicalCommPlan | None:
-        """The hierarchical routing plan (None with comm_group_call_opt off)."""
+        """The hierarchical routing plan, ``muon_comm_plan`` (None with comm_group_call_opt off)."""
         return self._plan
 
     @property
@@ -483,7 +498,7 @@ class MuonShardingOptimizer(_DevelopStateSurface, _DevelopMethodSurface):
     def fused_states_buffers(self) -> dict[str, Any]:
         """dtype name -> the buffer holding this rank's optimizer states
         (``enable_fuse_optimizer_states``; empty before the first step)."""
-        return dict(self._fused_state_buffers)
+        return dict(self._state.fused_state_buffers)
 
     def state_dict(self) -> dict:
         """This rank's optimizer state (owned matrices and local slices)."""

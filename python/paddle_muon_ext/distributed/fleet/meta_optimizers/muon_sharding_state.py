@@ -59,7 +59,7 @@ def fuse_optimizer_states(opt) -> None:
     for t in states:
         by_dtype.setdefault(str(t.dtype), []).append(t)
     for dtype, tensors in by_dtype.items():
-        fused = opt._fused_state_buffers.get(dtype)
+        fused = opt._state.fused_state_buffers.get(dtype)
         if fused is not None and all(t._is_shared_buffer_with(fused) for t in tensors):
             continue
         total = sum(int(t._numel()) for t in tensors)
@@ -72,7 +72,7 @@ def fuse_optimizer_states(opt) -> None:
             view._share_buffer_to(t)
             t.get_tensor()._set_dims(shape)
             offset += numel
-        opt._fused_state_buffers[dtype] = fused
+        opt._state.fused_state_buffers[dtype] = fused
 
 
 def set_state_dict(opt, state_dict: dict) -> None:
