@@ -70,8 +70,8 @@ class ShardingState:
         rank: this global rank.
         colour_groups: colour key -> Group (first-seen order).
         layout: the :class:`ShardingLayout` the buffers follow.
-        plan: the hierarchical plan (None: flat routing).
-        plan_groups: the node / same-card groups of this rank (with ``plan``).
+        plan: the hierarchical routing plan, ``muon_comm_plan`` (None: flat routing).
+        plan_groups: the node / same-card groups of this rank (with the routing ``plan``).
         param_by_name: trainable parameter name -> parameter.
         muon_buckets: :class:`MuonBucket` per layout bucket, same order.
         rs_buffers: element-wise ``FusedCommBuffer`` per layout slice buffer.
@@ -210,7 +210,7 @@ class ShardingState:
         return out
 
     def hooked_buffers(self) -> list:
-        """(buffer, phase label) of the plan's backward phases.
+        """(buffer, phase label) of the step plan's backward phases.
 
         The same buffers as develop's ``_overlap_comm_buffers``, less those of
         one-rank groups (nothing to send).
@@ -228,7 +228,7 @@ class ShardingState:
     def develop_overlap_split(self, comm_overlap: bool, group_call: bool) -> tuple[list, list]:
         """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``, from the same rule.
 
-        The plan hooks a buffer when :func:`is_hooked` says so (layout
+        The step plan hooks a buffer when :func:`is_hooked` says so (layout
         ``overlap`` flags, :meth:`hooked_buffers`). develop splits by the same
         colour rule but builds the split whether or not ``comm_overlap`` is
         on, keeps one-rank groups, and counts the fused 2-D buffers as overlap
@@ -245,7 +245,7 @@ class ShardingState:
         return sync_only, overlap
 
     def phase_group(self, phase):
-        """The process group a plan phase runs on."""
+        """The process group a step-plan phase runs on."""
         if phase.route == ROUTE_INTRA_NODE:
             return self.plan_groups.node_group
         if phase.route == ROUTE_CROSS_NODE:

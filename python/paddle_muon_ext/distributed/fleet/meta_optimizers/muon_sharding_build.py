@@ -109,7 +109,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             timer_helper.set_timers()
         opt.timers = timer_helper.get_timers()
 
-    # 1. data: colours, groups, plan and the layout; nothing allocated yet
+    # 1. data: colours, groups, routing plan and the layout; nothing allocated yet
     opt._state.colour_groups = opt._collect_colour_groups()
     # Before any other collective, and before the per-parameter errors below
     # that one rank alone could raise while the others wait.
@@ -524,7 +524,7 @@ def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
     return result
 
 
-def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+def colour_to_group_info_from_params(params, sharding_group) -> OrderedDict:
     """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen."""
     def entry(group) -> dict:
         return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
@@ -538,7 +538,7 @@ def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
     return info
 
 
-def buffer_color(buffer):
+def buffer_colour(buffer):
     """The colour of a buffer, read from its first parameter as develop does."""
     # develop's rule: a dict colour gives its 'color' as written (None when
     # absent, -1 stays -1); any other colour gives its key (None for -1/None).

@@ -210,8 +210,8 @@ class _DevelopMethodSurface:
     _machine_balanced_owners = _build.machine_balanced_owners
     _partition_2d_parameters_machine_balanced = _build.partition_2d_parameters_machine_balanced
     _uses_muon = _build.uses_muon
-    _build_color_to_group_info_from_params = staticmethod(_build.color_to_group_info_from_params)
-    _buffer_color = staticmethod(_build.buffer_color)
+    _build_color_to_group_info_from_params = staticmethod(_build.colour_to_group_info_from_params)
+    _buffer_color = staticmethod(_build.buffer_colour)
 
     @classmethod
     def _compute_shared_colors(cls, params) -> set:

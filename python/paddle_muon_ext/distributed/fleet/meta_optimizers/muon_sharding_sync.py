@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The parameter sync of MuonShardingOptimizer: the plan's sync phases, executed.
+"""The parameter sync of MuonShardingOptimizer: the step plan's sync phases, executed.
 
 Plain functions of the optimizer (``opt``), bound as its methods
 ``_build_sync_stages``, ``_launch_stage_sync``, ``_broadcast_2d_params``,
