@@ -19,7 +19,7 @@ element-wise (reduce-scatter, AdamW on the slice, all-gather). ``ShardingLayout`
 decides what moves when (data) and its step plan is the program:
 ``reduce_gradients`` and ``step`` run its phases (``muon_sharding_executor``);
 the groups, buffers and slices live in one ``ShardingState``
-(``muon_sharding_buffers``). The class body is the program: construction,
+(``muon_sharding_buffers``). The class body holds construction,
 the step loop (``reduce_gradients``, ``step``, ``clear_grad``) and the state
 API; the build/runtime/sync/state modules hold the bodies.
 
@@ -36,7 +36,7 @@ state: ``comm_buffer_2d``, ``_comm_buffer_list``, ``param2bucket``,
 ``reorder_params``, ``_step_with_sync_overlap``, ...). Also develop's: the
 module names ``g_shard_bypass_dygraph_optimizer``, ``_is_trainable``,
 ``get_gpus_per_node``, ``get_trainer_ranks``, ``get_same_card_rank``, and the
-data attributes the build fills (``_params_2d_by_color``, ``_slice_params``,
+data attributes the build fills (``_params_2d_by_color``, ``_params_1d``,
 ``_sync_stages``, ``trainer_comms``, the mirrored config, ...).
 
 Constructing the optimizer installs nothing process-wide: on a CPU-only build
