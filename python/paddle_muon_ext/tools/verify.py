@@ -162,9 +162,9 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
 def _layout_of(opt):
     """The ShardingLayout of a (possibly fleet-wrapped) Muon sharding optimizer, or None."""
     for _ in range(4):
-        layout = getattr(opt, "__dict__", {}).get("_layout")
-        if layout is not None:
-            return layout
+        # the class's own property, never a name a wrapper forwards by __getattr__
+        if isinstance(getattr(type(opt), "sharding_layout", None), property):
+            return opt.sharding_layout
         opt = getattr(opt, "__dict__", {}).get("_inner_opt")
         if opt is None:
             return None

@@ -145,6 +145,28 @@ class TestSharedColours(unittest.TestCase):
         got = MuonShardingOptimizer._select_sync_only_buffers(bufs, shared)
         self.assertEqual([id(b) for b in got], [id(bufs[0]), id(bufs[2])])
 
+    def test_overlap_split_is_develops_with_or_without_comm_overlap(self):
+        # §8.5: sync-only = 2-D then 1-D buffers of a shared colour, built
+        # whether or not comm_overlap is on; overlap = the other fused 2-D
+        # buffers (only without group call or with comm_overlap), then the
+        # other 1-D buffers; one-rank groups are not dropped.
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_buffers import (
+            ShardingState,
+        )
+
+        m_default, m_shared, r_default, r_shared = (types.SimpleNamespace(n=n) for n in "abcd")
+        state = ShardingState(rank=0)
+        state.muon_buckets = [types.SimpleNamespace(colour=None, buffers=[m_default]),
+                              types.SimpleNamespace(colour=NO_HOOK, buffers=[m_shared])]
+        state.rs_buffers = [r_shared, r_default]
+        state.rs_colour = {id(r_shared): NO_HOOK, id(r_default): None}
+        for overlap, group_call, want_overlap in (
+                (False, False, "ac"), (True, False, "ac"), (False, True, "c"), (True, True, "ac")):
+            with self.subTest(comm_overlap=overlap, group_call=group_call):
+                sync_only, over = state.develop_overlap_split(overlap, group_call)
+                self.assertEqual([b.n for b in sync_only], ["b", "d"])
+                self.assertEqual("".join(b.n for b in over), want_overlap)
+
     def test_colour_group_info_from_params(self):
         default = types.SimpleNamespace(ranks=[0, 1, 2, 3], rank=2)
         moe = types.SimpleNamespace(ranks=[1, 3], rank=-1)

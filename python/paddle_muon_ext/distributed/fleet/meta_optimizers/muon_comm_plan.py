@@ -18,7 +18,7 @@ reduce onto the rank of each node whose card equals ``card(owner)``, then a
 cross-node reduce among those same-card ranks onto the owner (broadcast in
 reverse). ``node(r) = r // gpus_per_node``, ``card(r) = r % gpus_per_node``.
 
-The plan is plain data derived once from the MoE topology (``hcg._moe_topo``)
+The routing plan is plain data derived once from the MoE topology (``hcg._moe_topo``)
 and validated at construction: every node lies inside one sharding group
 (pipeline stage) and each sharding group spans >= 2 nodes, so the mean of
 per-node means is the group mean. Queries are table look-ups. Nothing here
@@ -118,7 +118,9 @@ def _fmt_ranks(ranks: Sequence[int]) -> str:
 
 
 class HierarchicalCommPlan:
-    """Node groups, same-card groups and per-rank routes for ``comm_group_call_opt``.
+    """The routing plan: node groups, same-card groups and per-rank routes for
+    ``comm_group_call_opt`` (not the step plan, ``muon_sharding_step_plan``,
+    nor the ``plan`` tool).
 
     Build with :meth:`from_topology` or :meth:`from_hcg` (which validate);
     queries read the per-rank route table built here and do not re-validate.
@@ -169,7 +171,7 @@ class HierarchicalCommPlan:
     def from_topology(
         cls, moe_topo: Any, gpus_per_node: int, mp_degree: int = 1
     ) -> HierarchicalCommPlan:
-        """Build and validate the plan from the MoE topology.
+        """Build and validate the routing plan from the MoE topology.
 
         Args:
             moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"``
@@ -236,7 +238,7 @@ class HierarchicalCommPlan:
 
     @classmethod
     def from_hcg(cls, hcg: Any, gpus_per_node: int) -> HierarchicalCommPlan:
-        """Build the plan from a hybrid communicate group.
+        """Build the routing plan from a hybrid communicate group.
 
         Args:
             hcg: an ``EPHybridCommunicateGroup`` (needs ``_moe_topo`` and

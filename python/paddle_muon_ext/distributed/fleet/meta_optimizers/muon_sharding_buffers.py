@@ -42,6 +42,7 @@ from .muon_sharding_types import (
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
     TRIGGER_BACKWARD,
+    is_hooked,
 )
 
 __all__ = ["ShardingState", "create_slice_param"]
@@ -69,13 +70,17 @@ class ShardingState:
         rank: this global rank.
         colour_groups: colour key -> Group (first-seen order).
         layout: the :class:`ShardingLayout` the buffers follow.
-        plan: the hierarchical plan (None: flat routing).
-        plan_groups: the node / same-card groups of this rank (with ``plan``).
+        plan: the hierarchical routing plan, ``muon_comm_plan`` (None: flat routing).
+        plan_groups: the node / same-card groups of this rank (with the routing ``plan``).
         param_by_name: trainable parameter name -> parameter.
         muon_buckets: :class:`MuonBucket` per layout bucket, same order.
         rs_buffers: element-wise ``FusedCommBuffer`` per layout slice buffer.
         rs_colour: ``id(buffer)`` -> colour key of each element-wise buffer.
         slice_params: parameter name -> its slice parameter.
+        cleared_colours: colour -> this rank's saved 1-D slices, for each
+            colour ``clear_param_storage`` freed (until the next step).
+        fused_state_buffers: dtype name -> the buffer holding this rank's
+            optimizer states (``enable_fuse_optimizer_states``).
     """
 
     rank: int
@@ -88,6 +93,8 @@ class ShardingState:
     rs_buffers: list = field(default_factory=list)
     rs_colour: dict = field(default_factory=dict)
     slice_params: dict = field(default_factory=dict)
+    cleared_colours: dict = field(default_factory=OrderedDict)
+    fused_state_buffers: dict = field(default_factory=dict)
 
     @property
     def group_of_ranks(self) -> dict:
@@ -203,7 +210,7 @@ class ShardingState:
         return out
 
     def hooked_buffers(self) -> list:
-        """(buffer, phase label) of the plan's backward phases.
+        """(buffer, phase label) of the step plan's backward phases.
 
         The same buffers as develop's ``_overlap_comm_buffers``, less those of
         one-rank groups (nothing to send).
@@ -218,8 +225,27 @@ class ShardingState:
                 out.extend((b, phase.label) for b in buffers)
         return out
 
+    def develop_overlap_split(self, comm_overlap: bool, group_call: bool) -> tuple[list, list]:
+        """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``, from the same rule.
+
+        The step plan hooks a buffer when :func:`is_hooked` says so (layout
+        ``overlap`` flags, :meth:`hooked_buffers`). develop splits by the same
+        colour rule but builds the split whether or not ``comm_overlap`` is
+        on, keeps one-rank groups, and counts the fused 2-D buffers as overlap
+        only without group call or with ``comm_overlap``; develop's tests pin
+        those lists, so they differ from the hooked set exactly there (with
+        ``comm_overlap`` on: overlap less one-rank groups == hooked).
+        """
+        fused_2d = [(b, bucket.colour) for bucket in self.muon_buckets for b in bucket.buffers]
+        slices = [(b, self.rs_colour[id(b)]) for b in self.rs_buffers]
+        sync_only = [b for b, colour in fused_2d + slices if not is_hooked(True, colour)]
+        ids = {id(b) for b in sync_only}
+        overlap_2d = fused_2d if (not group_call or comm_overlap) else []
+        overlap = [b for b, _ in overlap_2d + slices if id(b) not in ids]
+        return sync_only, overlap
+
     def phase_group(self, phase):
-        """The process group a plan phase runs on."""
+        """The process group a step-plan phase runs on."""
         if phase.route == ROUTE_INTRA_NODE:
             return self.plan_groups.node_group
         if phase.route == ROUTE_CROSS_NODE:

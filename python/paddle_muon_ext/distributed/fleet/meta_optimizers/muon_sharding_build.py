@@ -16,10 +16,9 @@
 Groups, layout, owners, the clip's groups and develop's descriptive
 attributes; the buffers and slice parameters are built by the state object
 (``muon_sharding_buffers.ShardingState``) the construction fills. Split from
-``muon_sharding_optimizer`` so that file stays readable: develop's exporter
-check needs every develop method defined *in* that file, so each one stays
-there as a thin method calling the function of the same name here (``opt`` is
-the optimizer). This module never imports the optimizer's module (the
+``muon_sharding_optimizer`` so that file stays readable: each function takes
+the optimizer (``opt``) first, and that file binds it under develop's method
+name (``_DevelopMethodSurface``), so there is one body per method. This module never imports the optimizer's module (the
 imports run one way); what both need lives in ``muon_sharding_types``.
 """
 
@@ -28,6 +27,7 @@ from __future__ import annotations
 import importlib
 from collections import OrderedDict
 from typing import Any
+from typing import Callable
 from typing import TYPE_CHECKING
 
 import paddle
@@ -68,8 +68,12 @@ if TYPE_CHECKING:
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 
-def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:
+def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None,
+                   gpus_per_node: Callable[[], int] | None = None) -> None:
+    """Build ``opt`` (``MuonShardingOptimizer.__init__``; its Args)."""
     opt._inner_opt = optimizer
+    # read only where the node size matters (group call, machine-balanced owners)
+    opt._resolve_gpus_per_node = gpus_per_node or resolve_gpus_per_node
     opt._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
     if strategy is None:
         strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
@@ -82,10 +86,8 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     opt._parameter_list = list(optimizer._parameter_list)
     opt._origin_parameter_list = opt._parameter_list
-    opt._muon_info = optimizer._muon_param_info_map
-    opt._muon_param_info_map = opt._muon_info
+    opt._muon_param_info_map = optimizer._muon_param_info_map
     opt._default_group = opt._hcg.get_sharding_parallel_group()
-    opt._global_rank = opt._rank
     opt._sharding_world_size = opt._hcg.get_sharding_parallel_world_size()
     opt._sharding_rank = opt._hcg.get_sharding_parallel_rank()
     opt._use_avg = opt._settings.use_reduce_avg and (
@@ -107,7 +109,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             timer_helper.set_timers()
         opt.timers = timer_helper.get_timers()
 
-    # 1. data: colours, groups, plan and the layout; nothing allocated yet
+    # 1. data: colours, groups, routing plan and the layout; nothing allocated yet
     opt._state.colour_groups = opt._collect_colour_groups()
     # Before any other collective, and before the per-parameter errors below
     # that one rank alone could raise while the others wait.
@@ -120,20 +122,14 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             target.setdefault(opt._colour_key(param)[0], []).append(param)
     # Resolved only with the option on: upstream resolved the node size
     # unconditionally and crashed on hosts without a launcher or CUDA.
-    opt._plan = None
     opt.trainer_comms: list = []
     opt.trainer_same_card_comms: list = []
     if opt._settings.comm_group_call_opt:
-        opt._plan = HierarchicalCommPlan.from_hcg(
-            opt._hcg, resolve_gpus_per_node()
-        )
+        opt._state.plan = HierarchicalCommPlan.from_hcg(opt._hcg, opt._resolve_gpus_per_node())
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
     opt._has_staged_api = has_staged_api(optimizer)
-    opt._layout = opt._build_layout()
-    opt._state.layout, opt._state.plan = opt._layout, opt._plan
-    opt._owner_of: dict[str, int] = dict(opt._layout.owners)
-    opt._partitions: dict[str | None, Any] = dict(opt._layout.partitions)
+    opt._state.layout = opt._build_layout()
 
     # 2. allocation: groups and buffers, exactly as the layout says
     if opt._plan is not None:
@@ -150,9 +146,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     opt._describe_like_develop(muon_by_colour, other_by_colour)
     opt._select_overlap_buffers()
-    # clear_param_storage(color): colour -> this rank's saved 1-D slices
-    opt._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
-    opt._fused_state_buffers: dict[str, Any] = {}
     opt._sync_stages: list | None = None
 
     if opt.comm_overlap and not opt.pp_overlap:
@@ -181,7 +174,7 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
         **agreement.optimizer_options(opt._base_opt),
     )
-    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
+    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_param_info_map.get(p.name)))
                for p in opt._parameter_list if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     colour_ranks[None] = list(opt._default_group.ranks)
@@ -280,19 +273,10 @@ def describe_like_develop(
 
 
 def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """Split buffers into sync-only (shared colours) and hook-launched, as develop."""
+    """develop's shared colours; its sync-only / overlap buffer lists are views
+    (``_DevelopStateSurface``) of ``ShardingState.develop_overlap_split``,
+    which sits next to the step plan's hook rule."""
     opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
-    fused_2d = opt.comm_buffer_2d if opt._use_fuse_gradients else []
-    opt._sync_only_buffers = opt._select_sync_only_buffers(
-        fused_2d, opt._shared_colors
-    ) + opt._select_sync_only_buffers(opt._comm_buffer_list, opt._shared_colors)
-    opt._sync_only_buffer_ids = {id(b) for b in opt._sync_only_buffers}
-    overlap_2d = []
-    if opt._use_fuse_gradients and (not opt.use_group_call_opt or opt.comm_overlap):
-        overlap_2d = [b for b in fused_2d if id(b) not in opt._sync_only_buffer_ids]
-    opt._overlap_comm_buffers = overlap_2d + [
-        b for b in opt._comm_buffer_list if id(b) not in opt._sync_only_buffer_ids
-    ]
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:
@@ -455,7 +439,7 @@ def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     # develop's node numbering: global rank // GPUs per node
-    machine = opt._rank // resolve_gpus_per_node()
+    machine = opt._rank // opt._resolve_gpus_per_node()
     gathered: list = []
     if dist.get_world_size() > 1:
         dist.all_gather_object(gathered, (opt._rank, machine, mine))
@@ -505,7 +489,7 @@ def partition_2d_parameters_machine_balanced(
 
 
 def uses_muon(opt: MuonShardingOptimizer, param) -> bool:
-    info = opt._muon_info.get(param.name)
+    info = opt._muon_param_info_map.get(param.name)
     if info is None:
         raise ShardingAssertionError(
             f"parameter {param.name} (shape {list(param.shape)}) has no entry "
@@ -540,7 +524,8 @@ def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
     return result
 
 
-def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+def colour_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+    """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen."""
     def entry(group) -> dict:
         return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
 
@@ -553,7 +538,8 @@ def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
     return info
 
 
-def buffer_color(buffer):
+def buffer_colour(buffer):
+    """The colour of a buffer, read from its first parameter as develop does."""
     # develop's rule: a dict colour gives its 'color' as written (None when
     # absent, -1 stays -1); any other colour gives its key (None for -1/None).
     params = buffer.params

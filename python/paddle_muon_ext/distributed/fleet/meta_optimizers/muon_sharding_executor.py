@@ -16,7 +16,7 @@
 ``ShardingLayout.step_plan()`` lists every phase of a step (waits, reduces,
 found_inf, the clip, the updates, fused states, the syncs); this module has
 one executor per phase kind (``StepPhase.op``) and runs the phases of a
-trigger in plan order. The order lives in the plan only: ``reduce_gradients``
+trigger in step-plan order. The order lives in the step plan only: ``reduce_gradients``
 runs the ``reduce_gradients`` phases and ``step`` the ``step`` / ``sync[k]``
 ones, and every collective an executor issues is one of the items its
 phase's ``ops`` were derived from (``muon_sharding_step_plan.phase_ops``), so
@@ -111,11 +111,11 @@ def is_step_phase(phase) -> bool:
 
 
 def run_phases(opt: MuonShardingOptimizer, phases: Iterable, run: StepRun) -> StepRun:
-    """Run each phase with the executor of its kind, in the given (plan) order.
+    """Run each phase with the executor of its kind, in the given (step-plan) order.
 
     Args:
         opt: the optimizer (buffers, groups, inner optimizer).
-        phases: plan phases, in plan order.
+        phases: step-plan phases, in step-plan order.
         run: the call's shared state.
 
     Returns:
@@ -150,12 +150,12 @@ def _timed_phase(opt, phase, run: StepRun) -> contextlib.AbstractContextManager:
 
 # ------------------------------------------------------------ entry points
 def reduce_gradients(opt: MuonShardingOptimizer) -> None:
-    """The plan's ``reduce_gradients`` phases (the hooks launched the ``backward`` ones)."""
+    """The step plan's ``reduce_gradients`` phases (the hooks launched the ``backward`` ones)."""
     run_phases(opt, opt._layout.phases_of(TRIGGER_REDUCE), StepRun(opt))
 
 
 def reduce_2d_grads(opt: MuonShardingOptimizer, op=None) -> None:
-    """Only the plan's 2-D reduce phases (develop's ``_reduce_2d_grads``).
+    """Only the step plan's 2-D reduce phases (develop's ``_reduce_2d_grads``).
 
     Args:
         op (ReduceOp|None): AVG, or SUM where the build has no AVG (default:
@@ -169,7 +169,7 @@ def reduce_2d_grads(opt: MuonShardingOptimizer, op=None) -> None:
 
 
 def step(opt: MuonShardingOptimizer) -> list:
-    """The plan's ``step`` phases: update owned matrices and local slices, then sync.
+    """The step plan's ``step`` phases: update owned matrices and local slices, then sync.
 
     Returns:
         list: the (param, grad) pairs this rank updated.
@@ -181,7 +181,7 @@ def step(opt: MuonShardingOptimizer) -> list:
 
 
 def _step_phases(layout) -> tuple:
-    # the step's phases of the (cached, immutable) plan, filtered once
+    # the step's phases of the (cached, immutable) step plan, filtered once
     cached = layout.__dict__.get("_executor_step_phases")
     if cached is None:
         cached = tuple(ph for ph in layout.step_plan() if is_step_phase(ph))
@@ -190,7 +190,7 @@ def _step_phases(layout) -> tuple:
 
 
 def staged_update(opt: MuonShardingOptimizer, params_grads: list) -> None:
-    """The staged part of the plan on given pairs: clip, per stage update and sync, wait.
+    """The staged part of the step plan on given pairs: clip, per stage update and sync, wait.
 
     develop's ``_step_with_sync_overlap`` (``step`` runs the same phases).
     """
@@ -202,7 +202,10 @@ def staged_update(opt: MuonShardingOptimizer, params_grads: list) -> None:
 
 
 def sync_parameters(opt: MuonShardingOptimizer) -> None:
-    """Only the plan's sync phases, each completed (develop's ``_sharding_sync_parameters``)."""
+    """Only the step plan's sync phases, each completed.
+
+    develop's ``_sharding_sync_parameters``.
+    """
     run_phases(opt, [ph for ph in opt._layout.step_plan()
                      if is_step_phase(ph) and ph.op in _SYNC_OPS + (OP_FINISH_SYNC,)],
                StepRun(opt))
@@ -240,7 +243,7 @@ def _reduce(opt, phase, run: StepRun, last: bool) -> None:
 
 def _reset_storage(opt, phase, run: StepRun, last: bool) -> None:
     # Colours freed by clear_param_storage get their storage back first, as in develop.
-    run.storage_was_cleared = bool(opt._cleared_colours)
+    run.storage_was_cleared = bool(opt._state.cleared_colours)
     opt.reset_param_storage()
 
 

@@ -26,7 +26,7 @@ computes, for one rank,
 * the ordered collectives of one training step.
 
 Nothing here needs a process group or a Paddle tensor, so the optimizer, the
-plan tool, ``verify`` and the benchmarks all read the same object: the
+``plan`` tool (``tools/plan``), ``verify`` and the benchmarks all read the same object: the
 optimizer allocates buffers and groups from it and nothing else.
 """
 
@@ -130,7 +130,7 @@ class ShardingLayout:
         rank: the global rank the layout is for.
         groups: colour key -> global ranks of the colour group (group order).
         settings: the :class:`LayoutSettings`.
-        plan: the hierarchical plan (None: flat routing everywhere).
+        plan: the hierarchical routing plan, ``muon_comm_plan`` (None: flat routing everywhere).
         owners: Muon parameter name -> owning global rank.
         partitions: colour key -> OwnerPartition (load figures for tools).
         muon_buckets: :class:`MuonBucketSpec` in issue order.
@@ -172,7 +172,7 @@ class ShardingLayout:
                 used by ``params`` needs an entry containing ``rank``.
             rank: this global rank.
             settings: placement options.
-            plan: with it, default-colour (``None``) Muon buckets route
+            plan: the routing plan; with it, default-colour (``None``) Muon buckets route
                 hierarchically.
             fixed_owners: Muon parameter name -> owning global rank, decided
                 beforehand for the whole job (develop's machine-balanced
@@ -283,15 +283,15 @@ class ShardingLayout:
         return _step_plan.build_step_plan(self)
 
     def phases_of(self, trigger: str) -> list:
-        """The phases of one trigger, in plan order."""
-        # read every step by the executors: filter the cached plan once per trigger
+        """The phases of one trigger, in step-plan order."""
+        # read every step by the executors: filter the cached step plan once per trigger
         cache = self.__dict__.setdefault("_phases_of_cache", {})
         if trigger not in cache:
             cache[trigger] = tuple(ph for ph in self.step_plan() if ph.trigger == trigger)
         return list(cache[trigger])
 
     def schedule(self) -> list:
-        """Ordered collectives this rank issues in one step (the plan's ops).
+        """Ordered collectives this rank issues in one step (the step plan's ops).
 
         Hook-launched ops (``trigger == "backward"``) are listed in model order
         of their buffers; their real order follows the backward pass.

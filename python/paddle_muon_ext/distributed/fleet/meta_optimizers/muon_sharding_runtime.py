@@ -14,10 +14,10 @@
 """Bodies of :class:`MuonShardingOptimizer`'s per-step helpers.
 
 Gradient / parameter storage clearing and the small helpers the step plan's
-executors call (``muon_sharding_executor`` runs the step itself). Split from ``muon_sharding_optimizer`` the same
-way as ``muon_sharding_build``: the thin develop methods stay there, the
-bodies live here (``opt`` is the optimizer); like the build module it never
-imports the optimizer's module.
+executors call (``muon_sharding_executor`` runs the step itself). Split from
+``muon_sharding_optimizer`` the same way as ``muon_sharding_build``: that
+file binds these functions (``opt`` first) as its methods; like the build
+module this one never imports the optimizer's module.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def clear_param_storage(opt: MuonShardingOptimizer, color) -> None:
     Args:
         color: the colour key (None for the default sharding group).
     """
-    if color in opt._cleared_colours:
+    if color in opt._state.cleared_colours:
         return
     saved = {}
     for buffer in opt._rs_buffers:
@@ -116,7 +116,7 @@ def clear_param_storage(opt: MuonShardingOptimizer, color) -> None:
         if bucket.colour == color and bucket.owner != opt._rank:
             for p in bucket.params:
                 p._clear_to_zero_allocation()
-    opt._cleared_colours[color] = saved
+    opt._state.cleared_colours[color] = saved
 
 
 def reset_param_storage(opt: MuonShardingOptimizer) -> None:
@@ -125,7 +125,7 @@ def reset_param_storage(opt: MuonShardingOptimizer) -> None:
     Element-wise parameters get this rank's slice back; other values are
     refilled by the next parameter sync.
     """
-    for color, saved in opt._cleared_colours.items():
+    for color, saved in opt._state.cleared_colours.items():
         for buffer in opt._rs_buffers:
             if opt._rs_colour[id(buffer)] != color:
                 continue
@@ -137,7 +137,7 @@ def reset_param_storage(opt: MuonShardingOptimizer) -> None:
             if bucket.colour == color and bucket.owner != opt._rank:
                 for p in bucket.params:
                     paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
-    opt._cleared_colours.clear()
+    opt._state.cleared_colours.clear()
 
 
 def _clear_gradient_of(param, set_to_zero: bool) -> None:
