@@ -61,6 +61,7 @@ from .muon_checkpoint_commit import (
 )
 from .muon_checkpoint_common import (
     DEFAULT_TIMEOUT_S,
+    CheckpointMismatchError,
     CheckpointSaveError,
     check_values,
     data_file,
@@ -72,6 +73,7 @@ from .muon_checkpoint_common import (
     per_rank,
 )
 from .muon_checkpoint_listing import committed_checkpoints, incomplete_reason
+from .muon_checkpoint_replicas import replica_conflicts
 
 __all__ = ["DEFAULT_TIMEOUT_S", "STALE_SAVE_S", "save_sharded_checkpoint"]
 
@@ -432,5 +434,15 @@ def _sweep_failed(path: str) -> None:
 
 
 def _write_shards(state_dict: dict, directory: str, process_group, unique_id: int) -> None:
+    # flex_checkpoint writes a piece several ranks hold once: copies that
+    # differ would lose all but one silently (e.g. expert weights described as
+    # the whole tensor on every expert-parallel rank)
+    conflicts = replica_conflicts(state_dict, process_group, common.ranks_of(process_group)[1])
+    if conflicts:
+        raise CheckpointMismatchError(
+            "refused before writing: ranks hold different values for the same checkpoint "
+            "piece, and flex_checkpoint would keep one copy: " + "; ".join(conflicts)
+            + " (describe each rank's part in sharded_state_dict() with its global offset, "
+            "e.g. expert weights along the expert axis)")
     dist.save_state_dict(state_dict, directory, process_group=process_group,
                          unique_id=unique_id)
