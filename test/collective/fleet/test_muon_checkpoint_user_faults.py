@@ -24,6 +24,9 @@ Ranks as threads (``ThreadRanks``), seconds in all:
 * ``TestLoadOnAFullDisk``: a rank that cannot reserve its load-guard files
   (a disk a failed save filled) made every rank wait 20 s and fail with
   "stopped responding"; now the ranks agree to load unsupervised at once.
+* ``TestCommitFailures``: the marker on a full disk, a rename the file
+  system refuses (was reported as "appeared meanwhile (another save of the
+  same id?)" whatever the errno); the previous checkpoint stays the newest.
 * ``TestSameCheckpointSpelledDifferently``: ``ckpt`` and ``ckpt/../ckpt``
   on two ranks were refused as "a save committed meanwhile".
 
@@ -53,6 +56,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointSaveError,
+    latest_complete_checkpoint,
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
@@ -194,6 +198,39 @@ class TestSameCheckpointSpelledDifferently(_Dir):
             alias if r else self.root, unique_id=0))
         for rank in (0, 1):
             self.assertIsInstance(results[rank], str, f"rank {rank}: {results[rank]!r}")
+
+
+class TestCommitFailures(_Dir):
+    def test_a_failing_commit_names_its_cause_and_keeps_the_previous_checkpoint(self):
+        first = save_sharded_checkpoint(whole(arrays(0)), self.root)
+        cases = [
+            # (name, patcher, fragments, fragment that must not appear)
+            ("marker on a full disk",
+             mock.patch.object(save_mod, "write_json_atomic",
+                               side_effect=OSError(errno.ENOSPC, "No space left on device",
+                                                   "checkpoint.complete.json")),
+             ["rank 0 (coordinator) could not commit", "No space left on device",
+              "checkpoint.complete.json"], None),
+            ("rename refused by the file system",
+             mock.patch.object(save_mod.os, "rename",
+                               side_effect=OSError(errno.EIO, "Input/output error")),
+             ["could not commit: renaming", "failed: OSError: [Errno 5] Input/output error"],
+             "appeared meanwhile"),
+        ]
+        for name, patcher, fragments, absent in cases:
+            with self.subTest(name):
+                with patcher:
+                    results = ThreadRanks(2, self.root).run(lambda r: save_sharded_checkpoint(
+                        whole(arrays(0)), self.root, timeout_s=15.0))
+                for rank in (0, 1):
+                    error = results[rank]
+                    self.assertIsInstance(error, CheckpointSaveError, f"rank {rank}: {error!r}")
+                    for fragment in fragments:
+                        self.assertIn(fragment, str(error))
+                    if absent:
+                        self.assertNotIn(absent, str(error), "a refused rename is no race")
+                self.assertEqual(committed(self.root), ["checkpoint_0"])
+                self.assertEqual(latest_complete_checkpoint(self.root), first)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import errno
 import math
 import numbers
 import os
@@ -169,8 +170,12 @@ def _commit(handshake: SaveHandshake, statuses: dict, tmp: str, final: str,
     try:
         os.rename(tmp, final)
     except OSError as exc:
-        raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save of "
-                           f"the same id?): {exc}") from None
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(final):
+            raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save "
+                               f"of the same id?): {exc}") from None
+        # not a race: the file system refused the rename (EIO, EXDEV, ...)
+        raise RuntimeError(f"could not commit: renaming {tmp} to {final} failed: "
+                           f"{type(exc).__name__}: {exc}") from None
     # committed: what follows must not turn the commit into a reported failure
     try:
         fsync_path(os.path.dirname(final))
