@@ -27,6 +27,8 @@ Ranks as threads (``ThreadRanks``), seconds in all:
 * ``TestCommitFailures``: the marker on a full disk, a rename the file
   system refuses (was reported as "appeared meanwhile (another save of the
   same id?)" whatever the errno); the previous checkpoint stays the newest.
+* ``TestVerifiedListing``: ``latest_complete_checkpoint(verify=True)``
+  returned a checkpoint whose marker was altered, which the load refuses.
 * ``TestSameCheckpointSpelledDifferently``: ``ckpt`` and ``ckpt/../ckpt``
   on two ranks were refused as "a save committed meanwhile".
 
@@ -231,6 +233,25 @@ class TestCommitFailures(_Dir):
                         self.assertNotIn(absent, str(error), "a refused rename is no race")
                 self.assertEqual(committed(self.root), ["checkpoint_0"])
                 self.assertEqual(latest_complete_checkpoint(self.root), first)
+
+
+class TestVerifiedListing(_Dir):
+    def test_an_altered_marker_is_skipped_as_the_load_refuses_it(self):
+        first = save_sharded_checkpoint(whole(arrays(0)), self.root)
+        second = save_sharded_checkpoint(whole(arrays(1)), self.root)
+        marker = os.path.join(second, "checkpoint.complete.json")
+        with open(marker, encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn('"float32"', text)
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(text.replace('"float32"', '"float64"', 1))  # one dtype in the summary
+        with self.assertRaisesRegex(Exception, "layout summary differs"):
+            load_sharded_checkpoint(whole({k: np.zeros_like(v) for k, v in arrays(0).items()}),
+                                    self.root, unique_id=1)
+        self.assertEqual(latest_complete_checkpoint(self.root, verify=True), first,
+                         "verify=True must skip what the load refuses")
+        self.assertEqual(latest_complete_checkpoint(self.root), second,
+                         "without verify only marker, ids and sizes are checked (documented)")
 
 
 if __name__ == "__main__":
