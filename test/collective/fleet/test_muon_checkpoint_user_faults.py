@@ -29,6 +29,11 @@ Ranks as threads (``ThreadRanks``), seconds in all:
   same id?)" whatever the errno); the previous checkpoint stays the newest.
 * ``TestVerifiedListing``: ``latest_complete_checkpoint(verify=True)``
   returned a checkpoint whose marker was altered, which the load refuses.
+* ``TestMalformedArguments``: a ``ShardedWeight`` whose local tensor does
+  not match its ``local_shape`` or that reaches past its global shape was
+  saved as given (a checkpoint that loads wrong values); a
+  ``process_group`` that is no group raised ``AttributeError: 'str' object
+  has no attribute 'ranks'``.
 * ``TestSameCheckpointSpelledDifferently``: ``ckpt`` and ``ckpt/../ckpt``
   on two ranks were refused as "a save committed meanwhile".
 
@@ -252,6 +257,54 @@ class TestVerifiedListing(_Dir):
                          "verify=True must skip what the load refuses")
         self.assertEqual(latest_complete_checkpoint(self.root), second,
                          "without verify only marker, ids and sizes are checked (documented)")
+
+
+class TestMalformedArguments(_Dir):
+    def test_sharded_weights_that_describe_no_piece_are_refused_naming_the_key(self):
+        ones = paddle.ones([4])
+        cases = [
+            ("local tensor of another size", ShardedWeight("q", ones, (5,), (5,), (0,)),
+             "state_dict['q']: the local tensor holds 4 elements (shape [4]), local_shape [5]"),
+            ("past the global shape", ShardedWeight("q", ones, (4,), (4,), (3,)),
+             "dimension 0: offset 3 + local size 4 lies outside the global size 4"),
+            ("negative offset", ShardedWeight("q", ones, (4,), (8,), (-1,)),
+             "offset -1 + local size 4 lies outside the global size 8"),
+            ("ranks of the shapes differ", ShardedWeight("q", ones, (4,), (2, 4), (0, 0)),
+             "must have one entry per dimension"),
+            ("flattened range longer than the tensor",
+             ShardedWeight("q", ones, (2, 3), (2, 3), (0, 0), True, slice(0, 5)),
+             "the local tensor holds 4 elements, flattened_range slice(0, 5, None) names 5"),
+            ("flattened range past the local shape",
+             ShardedWeight("q", ones, (2, 3), (2, 3), (0, 0), True, slice(4, 8)),
+             "flattened_range slice(4, 8, None) must lie within the 6 local elements"),
+        ]
+        for name, value, fragment in cases:
+            with self.subTest(name):
+                with self.assertRaises(CheckpointSaveError) as ctx:
+                    save_sharded_checkpoint({"q": value}, self.root)
+                self.assertIn(fragment, str(ctx.exception))
+                self.assertEqual(os.listdir(self.root), [], "nothing may be written")
+        # what the package's own states look like stays accepted: stored 2-D,
+        # described 3-D; a flattened slice; a 0-d and an empty tensor
+        fine = {
+            "experts": ShardedWeight("experts", paddle.ones([4, 3]), (2, 2, 3), (4, 2, 3),
+                                     (2, 0, 0)),
+            "slice": ShardedWeight("slice", paddle.ones([2]), (2, 3), (2, 3), (0, 0), True,
+                                   slice(4, 6)),
+            "scalar": paddle.to_tensor(1.0),
+            "empty": paddle.zeros([0, 3]),
+        }
+        self.assertTrue(save_sharded_checkpoint(fine, self.root).endswith("checkpoint_0"))
+
+    def test_a_process_group_that_is_no_group_is_named(self):
+        for bad in ("x", 3, object()):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(TypeError, r"process_group=.*: must be a "
+                                            r"paddle.distributed Group"):
+                    save_sharded_checkpoint(whole(arrays(0)), self.root, process_group=bad)
+                with self.assertRaisesRegex(TypeError, r"process_group=.*: must be a "
+                                            r"paddle.distributed Group"):
+                    load_sharded_checkpoint(whole(arrays(0)), self.root, process_group=bad)
 
 
 if __name__ == "__main__":
