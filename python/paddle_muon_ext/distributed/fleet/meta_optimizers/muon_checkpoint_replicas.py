@@ -100,6 +100,8 @@ def replica_conflicts(state_dict: dict, process_group, ranks: list[int]) -> list
     names of the conflicting pieces only when there are some); every rank
     returns the same lines.
     """
+    if len(ranks) == 1:
+        return []  # one rank: nothing to compare with
     try:
         mine = fingerprints(state_dict)
     except Exception as exc:  # noqa: BLE001 - the rank still takes part in the gather
