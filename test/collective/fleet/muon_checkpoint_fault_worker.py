@@ -27,7 +27,8 @@ saving into different paths, float64 / float16 targets of a float32
 checkpoint, a different model B saved into the same directory, a truncated,
 a grown shard, a flipped byte in a shard and in the metadata, a symlink to
 another id, a real full disk (argv[2]: a small tmpfs, when the test could
-mount one), and last a rank killed while writing its shard (rank 1 exits;
+mount one; then the previous checkpoint reloaded while that disk stays
+full), and last a rank killed while writing its shard (rank 1 exits;
 rank 0 must fail within the heartbeat timeout).
 
 With ``FAULT_CASE=load_fails_inside_paddle`` it runs only that case, in a
@@ -328,6 +329,26 @@ def main() -> None:
         dist.barrier()
         report("real_full_disk", **outcome, **previous_intact(disk, disk_hash),
                left=leftover_files(disk))
+        # 6b. the disk stays full (another writer filled it): the previous
+        # checkpoint still reloads (the load's agreement needs no new block)
+        filler = os.path.join(disk, "filler")
+        if dist.get_rank() == 0:
+            try:
+                with open(filler, "wb") as f:
+                    while True:
+                        f.write(b"\0" * 4096)
+                        f.flush()
+            except OSError:
+                pass
+        dist.barrier()
+        target = zeros_like(values("A", 0))
+        outcome = attempt(lambda: load_sharded_checkpoint(target, disk, unique_id=0))
+        got, want = read_back(target), expected_local(values("A", 0))
+        exact = outcome["error"] is None and all(np.array_equal(got[k], want[k]) for k in want)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            os.remove(filler)
+        report("reload_on_full_disk", **outcome, bit_exact=exact, left=leftover_files(disk))
 
     # 7. rank 1 killed while writing its shard (last: it leaves the job)
     dist.barrier()

@@ -80,7 +80,12 @@ class CheckpointLoadError(RuntimeError):
 # Communication, looked up at call time (tests run ranks as threads).
 def ranks_of(process_group) -> tuple[int, list[int]]:
     if process_group is not None:
-        return dist.get_rank(), list(process_group.ranks)
+        ranks = getattr(process_group, "ranks", None)
+        if not isinstance(ranks, (list, tuple)) or not ranks:
+            raise TypeError(f"process_group={process_group!r}: must be a "
+                            "paddle.distributed Group (e.g. dist.new_group(...)) or None "
+                            "(every rank)")
+        return dist.get_rank(), list(ranks)
     return dist.get_rank(), list(range(max(dist.get_world_size(), 1)))
 
 
@@ -136,6 +141,48 @@ def check_values(state_dict: dict) -> None:
         elif not isinstance(value, (paddle.Tensor, ShardedWeight)):
             raise TypeError(f"state_dict[{key!r}] is a {type(value).__name__}; save "
                             "Tensors or ShardedWeights (sharded_state_dict())")
+        elif isinstance(value, ShardedWeight):
+            problem = _sharded_weight_problem(value)
+            if problem:
+                raise ValueError(f"state_dict[{key!r}]: {problem}")
+
+
+def _sharded_weight_problem(sw: ShardedWeight) -> str | None:
+    """Why ``sw`` does not describe a piece of its global tensor, or None.
+
+    flex_checkpoint saves what it is given: a local tensor of another size
+    than its ``local_shape``, or a piece reaching past the global shape,
+    makes a checkpoint that loads wrong values (a hand-written
+    ``sharded_state_dict()``, e.g. expert offsets). A tensor stored 2-D and
+    described 3-D is fine: the element counts are compared, not the shapes.
+    """
+    local, glob, offset = (tuple(sw.local_shape), tuple(sw.global_shape),
+                           tuple(sw.global_offset))
+    if not (len(local) == len(glob) == len(offset)):
+        return (f"local_shape {list(local)}, global_shape {list(glob)} and global_offset "
+                f"{list(offset)} must have one entry per dimension")
+    for dim, (o, n, g) in enumerate(zip(offset, local, glob)):
+        if o < 0 or n < 0 or o + n > g:
+            return (f"dimension {dim}: offset {o} + local size {n} lies outside the global "
+                    f"size {g} (global_offset {list(offset)}, local_shape {list(local)}, "
+                    f"global_shape {list(glob)})")
+    count = 1
+    for n in local:
+        count *= int(n)
+    held = 1
+    for n in sw.local_tensor.shape:
+        held *= int(n)
+    if sw.is_flattened:
+        span = sw.flattened_range
+        if span is None or not 0 <= span.start <= span.stop <= count:
+            return f"flattened_range {span} must lie within the {count} local elements"
+        if held != span.stop - span.start:
+            return (f"the local tensor holds {held} elements, flattened_range {span} "
+                    f"names {span.stop - span.start}")
+    elif held != count:
+        return (f"the local tensor holds {held} elements (shape {list(sw.local_tensor.shape)}), "
+                f"local_shape {list(local)} names {count}")
+    return None
 
 
 def listed(keys) -> str:

@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import os
 
+import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
 from .muon_checkpoint_commit import (
     CHECKPOINT_PREFIX,
+    MARKER,
     checkpoint_id,
     failed_save,
     file_digest,
     read_marker,
 )
-from .muon_checkpoint_common import path_problem
+from .muon_checkpoint_common import layout_summary, path_problem
 
 __all__ = [
     "committed_checkpoints",
@@ -87,6 +89,17 @@ def incomplete_reason(directory: str, verify: bool = False) -> str | None:
             return f"{path}: {size} bytes, the marker says {entry['size']}"
         if verify and file_digest(path)[1] != entry["sha256"]:
             return f"{path}: SHA-256 differs from the marker's"
+    if verify:
+        # the marker itself carries no checksum: its layout summary must
+        # describe the (verified) metadata, as the load checks
+        try:
+            summary = layout_summary(paddle.load(os.path.join(directory,
+                                                              marker["metadata_file"])))
+        except Exception as exc:  # noqa: BLE001 - unpickling fails in many ways
+            return f"{marker['metadata_file']}: unreadable ({type(exc).__name__}: {exc})"
+        if summary != marker["tensors"]:
+            return (f"{os.path.join(directory, MARKER)}: layout summary "
+                    f"differs from {marker['metadata_file']} (the marker was altered)")
     return None
 
 

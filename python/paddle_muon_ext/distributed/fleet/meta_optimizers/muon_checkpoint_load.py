@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import paddle.distributed as dist
+from paddle.distributed.fleet.utils.log_util import logger
 from paddle.distributed.flex_checkpoint.dcp.utils import flatten_state_dict
 
 from . import muon_checkpoint_common as common
@@ -111,20 +112,33 @@ def _guard_of(directory: str) -> tuple[str, bool]:
 
 
 def _read_agreed(read: Callable[[], None], reports: list, rank: int, ranks: list[int],
-                 directory: str) -> None:
-    """Run Paddle's load under a :class:`LoadGuard` when every rank can write
-    its guard files, so that a failure inside it is one error on every rank."""
+                 directory: str, process_group=None) -> None:
+    """Run Paddle's load under a :class:`LoadGuard` when every rank could
+    prepare its guard files, so that a failure inside it is one error on every
+    rank; where any rank could not (a full disk, a read-only directory), every
+    rank loads unsupervised: reading needs no room."""
     root, _ = _guard_of(directory)
     guard = None
     if len(ranks) > 1 and all(r.get("guard_writable") for r in reports):
         guard = LoadGuard(root, reports[0]["token"], rank, ranks, directory, DEFAULT_TIMEOUT_S)
         try:
             guard.start()
+            problem = None
         except OSError as exc:
-            # the others see no heartbeat of this rank and fail the load too
+            problem = f"rank {rank} could not prepare {guard.path}: {type(exc).__name__}: {exc}"
+        try:
+            # every rank is here (Paddle's collectives come next anyway)
+            problems = [p for p in common.gather(problem, process_group, ranks) if p]
+        except Exception as exc:  # noqa: BLE001 - e.g. gloo's timeout: a rank is gone
+            guard.abandon()
             raise CheckpointLoadError(
-                f"loading {directory}: rank {rank} could not prepare {guard.path} "
-                f"({type(exc).__name__}: {exc}); nothing was read") from exc
+                f"loading {directory}: the ranks {ranks} could not agree before reading "
+                f"({type(exc).__name__}: {one_line(exc)}); nothing was read") from exc
+        if problems:
+            guard.abandon()
+            guard = None
+            logger.warning(f"checkpoint: loading {directory} unsupervised (a failure inside "
+                           f"Paddle's load fails only its rank): {problems[0]}")
     with cpu_resharding():
         if guard is not None:
             guard.run(read)
@@ -230,7 +244,10 @@ def load_sharded_checkpoint(
             + "\n  ".join(corrupt_lines) + "\nLoad an earlier checkpoint (unique_id=...) or "
             "save again.")
     directory, uid, saved = mine["directory"], mine["uid"], mine["saved"]
-    if len({r["identity"] for r in reports}) > 1 or len({r["directory"] for r in reports}) > 1:
+    # the same checkpoint spelled differently (``a/../a``, a symlinked parent) is
+    # one checkpoint: compared by identity and real path
+    if (len({r["identity"] for r in reports}) > 1
+            or len({os.path.realpath(r["directory"]) for r in reports}) > 1):
         where = ", ".join(f"rank {r['rank']}: path {r['path']!r} -> {r['directory']}"
                           for r in reports)
         if len({r["path"] for r in reports}) > 1:
@@ -256,5 +273,5 @@ def load_sharded_checkpoint(
         )
     # flat: the checks' keys are the keys loaded (in place, nested or not)
     _read_agreed(lambda: _read_shards(flat, directory, process_group, uid, **load_kwargs),
-                 reports, rank, ranks, directory)
+                 reports, rank, ranks, directory, process_group)
     return directory

@@ -62,6 +62,13 @@ HEARTBEAT_S = 0.5
 POLL_S = 0.05
 #: A guard directory unchanged this long belongs to a load that is over.
 STALE_S = 120.0
+#: bytes reserved per rank for its outcome (an error is cut to fit)
+_RESERVED = 8192
+
+
+def _pad(encoded: bytes) -> bytes:
+    """``encoded`` padded with spaces to the reserved size (JSON ignores them)."""
+    return encoded + b" " * max(0, _RESERVED - len(encoded))
 
 
 class LoadGuard:
@@ -92,18 +99,40 @@ class LoadGuard:
         return os.path.join(self.path, f"{kind}_{rank}")
 
     def start(self) -> None:
-        """Create the guard directory and start this rank's heartbeat.
+        """Create the guard directory, reserve this rank's files, start the heartbeat.
+
+        Everything this rank will write later is allocated here: the outcome
+        is written in place into a reserved ``slot_<rank>`` and renamed, and
+        ``pending_<rank>`` is renamed to ``decided_<rank>``; neither needs a
+        new block, so a load still agrees on a disk that a failed save (or
+        anything else) filled meanwhile.
 
         Raises:
-            OSError: the directory cannot be made (the caller then loads
-                unsupervised).
+            OSError: the directory or the reservation cannot be made (the
+                ranks then agree to load unsupervised).
         """
         _sweep_stale(os.path.dirname(self.path))
         os.makedirs(self.path, exist_ok=True)
+        with open(self._file("slot", self.rank), "wb") as f:
+            f.write(_pad(json.dumps({"pending": True}).encode()))
+        open(self._file("pending", self.rank), "wb").close()
         open(self._file("alive", self.rank), "wb").close()
         self._beat = threading.Thread(target=self._beat_loop, daemon=True,
                                       name=f"checkpoint-load-heartbeat-{self.rank}")
         self._beat.start()
+
+    def abandon(self) -> None:
+        """Remove this rank's reserved files (the ranks load unsupervised)."""
+        self._stop.set()
+        for kind in ("slot", "pending", "alive"):
+            try:
+                os.remove(self._file(kind, self.rank))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.path)  # the last rank to leave removes the directory
+        except OSError:
+            pass
 
     def _beat_loop(self) -> None:
         path = self._file("alive", self.rank)
@@ -189,12 +218,21 @@ class LoadGuard:
                 "loaded may hold part of the checkpoint: load again:\n  " + "\n  ".join(f"rank {r}: {m}" for r, m in failed))
 
     def _report(self, error: str | None, blame: int | None = None) -> None:
-        tmp = self._file("tmp", self.rank)
+        """Write the outcome into the reserved slot (in place: no new block
+        on a full disk), then publish it with a rename."""
         blame = self.rank if blame is None else blame
+        data = {"rank": self.rank, "error": error, "blame": blame}
+        encoded = json.dumps(data).encode()
+        if error is not None and len(encoded) > _RESERVED:
+            data["error"] = error[:_RESERVED // 8] + " ..."
+            encoded = json.dumps(data).encode()
+        slot, outcome = self._file("slot", self.rank), self._file("outcome", self.rank)
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"rank": self.rank, "error": error, "blame": blame}, f)
-            os.replace(tmp, self._file("outcome", self.rank))
+            target = slot if os.path.exists(slot) else outcome
+            with open(target, "r+b") as f:
+                f.write(_pad(encoded))
+            if target == slot:
+                os.replace(slot, outcome)
         except OSError as exc:  # the others see this rank's heartbeat stop
             self._stop.set()
             logger.error(f"checkpoint: rank {self.rank} could not report its load to "
@@ -206,7 +244,7 @@ class LoadGuard:
                 data = json.load(f)
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) else None
+        return data if isinstance(data, dict) and not data.get("pending") else None
 
     def _done(self, wait: bool) -> None:
         """Mark this rank decided; the files go once every rank decided.
@@ -218,7 +256,10 @@ class LoadGuard:
         """
         deadline = time.monotonic() + self.timeout_s
         try:
-            open(self._file("decided", self.rank), "wb").close()
+            try:
+                os.replace(self._file("pending", self.rank), self._file("decided", self.rank))
+            except FileNotFoundError:
+                open(self._file("decided", self.rank), "wb").close()
             while os.path.isdir(self.path):  # gone: another rank removed it
                 if all(r in self._dead or os.path.exists(self._file("decided", r))
                        for r in self.ranks):

@@ -27,6 +27,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import errno
 import math
 import numbers
 import os
@@ -61,6 +62,7 @@ from .muon_checkpoint_commit import (
 )
 from .muon_checkpoint_common import (
     DEFAULT_TIMEOUT_S,
+    CheckpointMismatchError,
     CheckpointSaveError,
     check_values,
     data_file,
@@ -72,6 +74,7 @@ from .muon_checkpoint_common import (
     per_rank,
 )
 from .muon_checkpoint_listing import committed_checkpoints, incomplete_reason
+from .muon_checkpoint_replicas import replica_conflicts
 
 __all__ = ["DEFAULT_TIMEOUT_S", "STALE_SAVE_S", "save_sharded_checkpoint"]
 
@@ -167,8 +170,12 @@ def _commit(handshake: SaveHandshake, statuses: dict, tmp: str, final: str,
     try:
         os.rename(tmp, final)
     except OSError as exc:
-        raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save of "
-                           f"the same id?): {exc}") from None
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(final):
+            raise RuntimeError(f"could not commit: {final} appeared meanwhile (another save "
+                               f"of the same id?): {exc}") from None
+        # not a race: the file system refused the rename (EIO, EXDEV, ...)
+        raise RuntimeError(f"could not commit: renaming {tmp} to {final} failed: "
+                           f"{type(exc).__name__}: {exc}") from None
     # committed: what follows must not turn the commit into a reported failure
     try:
         fsync_path(os.path.dirname(final))
@@ -432,5 +439,15 @@ def _sweep_failed(path: str) -> None:
 
 
 def _write_shards(state_dict: dict, directory: str, process_group, unique_id: int) -> None:
+    # flex_checkpoint writes a piece several ranks hold once: copies that
+    # differ would lose all but one silently (e.g. expert weights described as
+    # the whole tensor on every expert-parallel rank)
+    conflicts = replica_conflicts(state_dict, process_group, common.ranks_of(process_group)[1])
+    if conflicts:
+        raise CheckpointMismatchError(
+            "refused before writing: ranks hold different values for the same checkpoint "
+            "piece, and flex_checkpoint would keep one copy: " + "; ".join(conflicts)
+            + " (describe each rank's part in sharded_state_dict() with its global offset, "
+            "e.g. expert weights along the expert axis)")
     dist.save_state_dict(state_dict, directory, process_group=process_group,
                          unique_id=unique_id)
