@@ -1594,6 +1594,15 @@ class TestHyperball(unittest.TestCase):
             self.assertTrue(np.array_equal(to_np(p), bf16_round(master)))
 
 
+# Gradients of norm ~1e-5 (values and targets at 1e-7): after step 1 the
+# gradient is dominated by the step-1 update, and the fp32 momentum / Nesterov
+# sums that feed Newton-Schulz round at that much larger scale. Measured on
+# an AVX-512 Xeon against the float64 reference: step 1 <= 9.4e-7, after
+# steps 2-3 up to 2.0e-5 (`e`) and 1.34e-5 (`w`) with muon_epsilon=None.
+# The floor this test checks moves the update by > 1e-3, 20x above this.
+RTOL_TINY_GRADS = 5e-5
+
+
 class TestMuonEpsilon(_Case):
     def test_ns_floor_is_muon_epsilon_and_adamw_keeps_adam_epsilon(self):
         # gradients of norm ~1e-5: the floor 1e-3 dominates the NS normalisation
@@ -1614,7 +1623,7 @@ class TestMuonEpsilon(_Case):
                 scale_ref(u.shape, r.version, r.extra)
             expect = ref_train(ref, names, values, consts, [True, True, False], 3)
             for name, got, r, v in zip(names, runs[muon_eps], expect, values):
-                self.assertLessEqual(max_rel(got - v, r - v), RTOL,
+                self.assertLessEqual(max_rel(got - v, r - v), RTOL_TINY_GRADS,
                                      f"{name}, muon_epsilon={muon_eps}: update differs")
         self.assertGreater(max_rel(runs[1e-3][0], runs[None][0]), 1e-3,
                            "muon_epsilon must change the Muon update")

@@ -35,7 +35,7 @@ from unittest import mock
 from tool_loader import REPO_ROOT
 
 from paddle_muon_ext import cli
-from paddle_muon_ext.tools import cluster, guard
+from paddle_muon_ext.tools import cluster, cluster_run, guard
 
 PACKAGE = os.path.join(REPO_ROOT, "python")
 LAYOUT = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--model", "tiny"]
@@ -173,7 +173,7 @@ class TestJsonIsPure(unittest.TestCase):
         argv = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",
                 "--moe-sharding", "2", "--json"]
         out, err = io.StringIO(), io.StringIO()
-        with mock.patch.object(cluster, "probe_capability", return_value="needs root"), \
+        with mock.patch.object(cluster_run, "probe_capability", return_value="needs root"), \
                 redirect_stdout(out), redirect_stderr(err):
             self.assertEqual(cli.main(argv), cluster.EXIT_UNAVAILABLE)
         self.assertEqual(json.loads(out.getvalue())["status"], "UNAVAILABLE")

@@ -125,25 +125,107 @@ class TestBoundByHand(unittest.TestCase):
         # moe: 100 + 2 * (6 * 1) / 4 = 103
         # reduce-scatter as NCCL rings: the sharding group's 4 B cross 2 node
         # boundaries at 3/4 * 4 = 3 B each (6 B) and 2 NVLink edges (6 B); each
-        # moe group's 2 B cross 2 boundaries at 1/2 * 2 = 1 B (2 B):
-        # 101 + (6 + 6e-3 + 2 + 2) / 4 = 103.5015
+        # moe group's 2 B cross 2 boundaries at 1/2 * 2 = 1 B (2 B); latency:
+        # the sharding group's ring hops but the closing one, 1 node cut (100)
+        # and 2 in-node hops (1 each): 102 + (6 + 6e-3 + 2 + 2) / 4 = 104.5015
         for name, want in (("dense_reduce", 103.505), ("moe_reduce", 103.0),
-                           ("reduce_scatter", 103.5015)):
+                           ("reduce_scatter", 104.5015)):
             self.assertAlmostEqual(res["families_s"][name], want, places=9)
-        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 103.0 + 103.5015), places=9)
+        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 103.0 + 104.5015), places=9)
         # inter-node bytes: dense 10, moe 6 + 6, rings 6 + 2 + 2; each twice
         self.assertAlmostEqual(res["inter_node_bytes"], 64.0, places=9)
 
-    def test_gloo_keeps_the_floor_for_reduce_scatter(self) -> None:
+    def test_gloo_reduce_scatter_is_its_ring_all_reduce(self) -> None:
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB, "gloo")
-        # one round at alpha_nvlink 1; (4 + 8e-3 + 2 * 2) / 4 = 2.002 (floor bytes)
-        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 1 + 2.002, places=9)
-        self.assertAlmostEqual(res["inter_node_bytes"], 60.0, places=9)
+        # gloo's reduce-scatter is a ring all-reduce in rank order: twice round
+        # the ring. The sharding group's 4 B: 4 edges of 2 * 3/4 * 4 = 6 B, 2 of
+        # them across nodes (12 B at beta_net 1, 12 B at 1e-3); each moe group's
+        # 2 B: 2 edges of 2 * 1/2 * 2 = 2 B, both across (4 B): (12.012 + 8) / 4
+        # = 5.003; latency 2 (p - 1) rounds across nodes: 6 * 100 = 600
+        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 5.003, places=9)
+        # the all-gather once round: 3 rounds (300) + (6.006 + 4) / 4
+        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 2.5015, places=9)
+        # inter-node bytes: Muon floors 10 + 10 + 12 + 12, rings 12 + 4 + 4 and 6 + 2 + 2
+        self.assertAlmostEqual(res["inter_node_bytes"], 74.0, places=9)
 
     def test_ring_bytes_inside_one_node(self) -> None:
         # 4 ranks on one node: 4 edges of 3/4 * 8 = 6 B, none across nodes
         self.assertEqual(cb.ring_link_bytes(cb.GroupLoad(4, 1, 4, 8.0)), (0.0, 24.0))
         self.assertEqual(cb.ring_link_bytes(cb.GroupLoad(1, 1, 1, 8.0)), (0.0, 0.0))
+
+
+class TestLaunchesByHand(unittest.TestCase):
+    """Latency floors that count launches (one buffer per dtype at the least)."""
+
+    def test_rings_pay_every_hop_but_the_closing_one_per_dtype(self) -> None:
+        # 4 ranks on 2 nodes: channel 0 crosses 2 node cuts (one closes the
+        # ring) and makes 2 in-node hops: 100 + 2 * 1 = 102 a launch; 2 dtypes
+        self.assertAlmostEqual(cb.ring_latency_s(cb.GroupLoad(4, 2, 2, 8.0, 2), AB), 204.0,
+                               places=9)
+        # one node: 3 in-node hops
+        self.assertAlmostEqual(cb.ring_latency_s(cb.GroupLoad(4, 1, 4, 8.0), AB), 3.0, places=9)
+        self.assertEqual(cb.ring_latency_s(cb.GroupLoad(4, 2, 2, 0.0, 3), AB), 0.0)
+
+    def test_a_flat_chain_leaves_out_its_dearest_hop(self) -> None:
+        # ring of 2 node cuts and 2 in-node hops (202) less one node cut
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(4, 2, 2, 8.0), AB), 102.0,
+                               places=9)
+        # one rank per node: only node cuts
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(2, 2, 1, 8.0), AB), 100.0,
+                               places=9)
+        self.assertAlmostEqual(cb.chain_latency_s(cb.GroupLoad(4, 1, 4, 8.0), AB), 3.0, places=9)
+
+    def test_muon_family_takes_the_cheaper_route(self) -> None:
+        g = cb.GroupLoad(4, 2, 2, 8.0, 2)
+        # flat: 2 chains of 102; hierarchical: 1 node cut + 1 in-node hop, once
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=False), 204.0, places=9)
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=True), 101.0, places=9)
+        # the hooks launch each dtype's intra-node reduce alone
+        self.assertAlmostEqual(cb.muon_latency_s(g, AB, hierarchical=True, hooked=True), 102.0,
+                               places=9)
+
+    def test_hooked_hierarchical_reduce_weighs_launches_against_rails(self) -> None:
+        # 4 ranks on 2 nodes of 2, S = 8: 1 node cut (100) and half the bytes
+        # inside a node (4e-3); 1 buffer: 1 launch (1) and one rail carries the
+        # cross-node bytes (1/2 * 8 = 4); 2 buffers: 2 launches, two rails (2):
+        # 100.004 + min(1 + 4, 2 + 2)
+        g = cb.GroupLoad(4, 2, 2, 8.0)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, AB), 104.004, places=9)
+        # dear launches (alpha_nvlink 10): one buffer is cheaper, 10 + 4
+        dear = AlphaBeta(alpha_nvlink=10.0, beta_nvlink=BV, alpha_net=AN, beta_net=BN)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, dear), 114.004, places=9)
+        # two dtypes: two buffers at least
+        two = cb.GroupLoad(4, 2, 2, 8.0, 2)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(two, dear), 100.004 + 20 + 2,
+                               places=9)
+
+    def test_comm_overlap_raises_the_dense_reduce_to_the_cheaper_hooked_route(self) -> None:
+        fam = cb.layout_families(_TwoByTwo(), [METAS])
+        plain = cb.step_bound(fam, AB)["families_s"]["dense_reduce"]
+        hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]["dense_reduce"]
+        # S = 10: flat 102 + (10 + 20e-3) / 4 = 104.505; hierarchical 100 + 5e-3
+        # + min(1 + 5, 2 + 2.5) = 104.505; without overlap 101 + 2.505
+        self.assertAlmostEqual(plain, 103.505, places=9)
+        self.assertAlmostEqual(hooked, 104.505, places=9)
+
+    def test_layout_families_count_dtypes_with_bytes(self) -> None:
+        metas = [SimpleNamespace(nbytes=4, use_muon=False, colour=None, dtype="bfloat16"),
+                 SimpleNamespace(nbytes=2, use_muon=False, colour=None, dtype="float32"),
+                 SimpleNamespace(nbytes=0, use_muon=False, colour=None, dtype="float16"),
+                 SimpleNamespace(nbytes=6, use_muon=True, colour=None, dtype="bfloat16"),
+                 SimpleNamespace(nbytes=2, use_muon=True, colour=None, dtype="float32")]
+        fam = cb.layout_families(_TwoByTwo(), [metas])
+        self.assertEqual(fam["reduce_scatter"][0][1][0], cb.GroupLoad(4, 2, 2, 6.0, 2))
+        self.assertEqual(fam["dense_reduce"][0][1][0], cb.GroupLoad(4, 2, 2, 8.0, 2))
+        # comm_overlap moves the dense reduce's floor only: its 2 dtypes' hooked
+        # intra-node reduces pay the in-node hop twice (102 instead of 101)
+        plain = cb.step_bound(fam, AB)["families_s"]
+        hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]
+        self.assertEqual(plain["dense_broadcast"], hooked["dense_broadcast"])
+        self.assertAlmostEqual(hooked["dense_reduce"] - plain["dense_reduce"], 1.0, places=9)
+        # rings: 2 launches of 102; the sharding group's 6 B cross 2 node cuts at
+        # 3/4 * 6 = 4.5 B each (9) and 2 NVLink edges (9e-3), over 4 ranks
+        self.assertAlmostEqual(plain["reduce_scatter"], 204.0 + (9.0 + 9e-3) / 4, places=9)
 
 
 def _params():

@@ -154,3 +154,66 @@ class TestGlooByHand(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _op(phase: str, op: str, group, root, nbytes: float, coalesced: bool = False):
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_step_plan import (
+        CommOp,
+    )
+
+    return CommOp("reduce_gradients", phase, op, group, root, "float32", int(nbytes // 4), None,
+                  coalesced, nbytes)
+
+
+class TestRunsAndAllReduceByHand(unittest.TestCase):
+    def test_a_run_of_one_buckets_chunks_costs_what_its_chunks_cost_one_by_one(self) -> None:
+        # Three flat reduces onto rank 0 of {0, 1, 2, 3} (two nodes of two):
+        # channel 0's ring is [1, 0, 3, 2]; each chain leaves out 0 -> 3 (a
+        # network hop), so each op pays 2 AN + 2 AV - AN = 102; three: 306.
+        group = (0, 1, 2, 3)
+        sizes = (8.0, 16.0, 24.0)
+        shared = _path(world=4)
+        shared.replay((op, op.payload) for op in
+                      [_op("reduce_to_owner", "reduce", group, 0, n) for n in sizes])
+        # the same ops on three equal but distinct group tuples: never one run
+        apart = _path(world=4)
+        apart.replay((op, op.payload) for op in
+                     [_op("reduce_to_owner", "reduce", tuple(list(group)), 0, n) for n in sizes])
+        got, want = shared.summary(), apart.summary()
+        self.assertEqual(got["collectives_per_step"]["sharding"], 3)
+        self.assertEqual(got["coalesced_launches_per_step"]["sharding"], 3)
+        for key in ("estimated_time_s", "inter_node_bytes", "intra_node_bytes"):
+            self.assertAlmostEqual(got[key], want[key], delta=abs(want[key]) * 1e-12, msg=key)
+        # latency alone (no beta): the three chains' 306
+        no_beta = CostPath("latency", 4, 2, AlphaBeta(alpha_nvlink=AV, beta_nvlink=0.0,
+                                                      alpha_net=AN, beta_net=0.0))
+        no_beta.replay((op, op.payload) for op in
+                       [_op("reduce_to_owner", "reduce", group, 0, n) for n in sizes])
+        self.assertAlmostEqual(no_beta.summary()["estimated_time_s"], 306.0, places=9)
+
+    def test_an_all_reduce_is_a_reduce_scatter_then_an_all_gather(self) -> None:
+        # {0, 1, 2, 3} on two nodes of two: two channels; channel 0's ring
+        # [1, 0, 3, 2] has hops AV, AN, AV and the closing AN, so one pass
+        # pays AV + AN + AV = 102; each rank sends one edge per channel of
+        # S * 3/4 / 2 = 3 B, one of its two across nodes: 3 BN + 3 BV per pass.
+        path = _path(world=4)
+        op = _op("clip_all_reduce", "all_reduce", (0, 1, 2, 3), None, S)
+        path.replay([(op, op.payload)])
+        res = path.summary()
+        self.assertAlmostEqual(res["estimated_time_s"], 2 * (102.0 + 3 * BN + 3 * BV), places=9)
+        self.assertEqual(res["collectives_per_step"]["sharding"], 1)
+        self.assertEqual(list(res["estimated_time_phases_s"]), ["all_reduce"])
+        # element-wise, not Muon traffic
+        self.assertEqual(res["estimated_muon_time_s"], 0.0)
+        self.assertEqual(res["inter_node_bytes"], 0.0)
+        self.assertAlmostEqual(res["inter_node_bytes_all"], 2 * 4 * 3.0, places=9)
+
+    def test_gloo_charges_an_all_reduce_as_its_ring(self) -> None:
+        path = _path("gloo", world=4)
+        op = _op("clip_all_reduce", "all_reduce", (0, 1, 2, 3), None, S)
+        path.replay([(op, op.payload)])
+        res = path.summary()
+        # gloo's ring all-reduce: every ring edge 2 * S * 3/4 = 12 B
+        self.assertAlmostEqual(res["inter_node_bytes_all"] + res["intra_node_bytes_all"],
+                               4 * 12.0, places=9)
+        self.assertEqual(res["collectives_per_step"]["sharding"], 1)

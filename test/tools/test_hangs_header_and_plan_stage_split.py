@@ -19,7 +19,7 @@ import unittest
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
 from paddle_muon_ext.tools import hangs, presets
-from paddle_muon_ext.tools.plan import split_stages
+from paddle_muon_ext.tools.plan_world import split_stages
 
 
 def _dump(rank: int, in_flight: bool) -> dict:

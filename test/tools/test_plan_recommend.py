@@ -116,6 +116,31 @@ class TestRecommend(unittest.TestCase):
         self.assertLessEqual(rec["best"]["ratio_to_default"], 0.85)
         self.assertLessEqual(rec["best"]["ratio_to_bound"], 1.15)
 
+    def test_pick_within_1_15_of_the_bound_with_one_rank_moe_groups_over_16_nodes(self) -> None:
+        # ep 64 leaves one-rank moe_sharding groups: the step is the dense Muon
+        # traffic and the element-wise rings, whose latency (every hop of a
+        # 64-rank ring, once per dtype) no option removes; the bound counts it
+        cfg = MuonCommConfig(ep=64, moe_sharding=1, pp=2, gpus_per_node=8,
+                             model="ernie-moe-small")
+        res, est = _run(cfg, get_preset("ernie-moe-small"))
+        rec = recommend.recommend(res, est)
+        self.assertLessEqual(rec["best"]["estimated_time_s"],
+                             rec["default"]["estimated_time_s"])
+        self.assertLessEqual(rec["best"]["ratio_to_bound"], 1.15)
+        for c in rec["candidates"]:
+            self.assertGreaterEqual(c["ratio_to_bound"], 1.0 - 1e-12, c["config"])
+
+    def test_large_moe_preset_is_the_21b_shape(self) -> None:
+        # 28 layers: 4 attention matrices each (112); layer 0's dense MLP (3);
+        # 27 MoE layers of a router gate, 64 experts x 3 and 2 shared experts
+        # fused into 3 matrices (27 x 196 = 5292): 5407 Muon matrices, 5184 experts
+        params = get_preset("ernie-moe-large")
+        muon = [p for p in params if p.use_muon]
+        self.assertEqual((len(muon), sum(p.is_expert for p in muon)), (5407, 5184))
+        self.assertEqual({p.shape for p in muon if p.is_expert}, {(2560, 1536), (1536, 2560)})
+        shared = [p for p in muon if "shared_experts" in p.name]
+        self.assertEqual({p.shape for p in shared}, {(2560, 3072), (3072, 2560)})
+
     def test_default_is_reported_for_a_non_default_run(self) -> None:
         res, _ = _run(CFG, _params(), buffer_mb=1024.0, rule="balanced")
         alone = compute_plan(CFG, AlphaBeta(), params=_params(), compare_rules=False)
@@ -178,6 +203,51 @@ class TestPlanCli(unittest.TestCase):
         self.assertRegex(text, r"recommended: comm_group_call_opt (on|off), \w+ owners, "
                          r"[\d.]+ MB buffers: .* = [\d.]+x default, [\d.]+x bound")
         self.assertIn("  why: ", text)
+
+
+class TestRecommendSweepBench(unittest.TestCase):
+    """tools/bench/bench_recommend.py: the sweep's checks and its exit codes."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from tool_loader import load_tool
+
+        cls.bench = load_tool(os.path.join("bench", "bench_recommend.py"), "_bench_recommend")
+
+    def _run(self, *argv: str):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = self.bench.main(list(argv))
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_a_small_sweep_holds_every_check(self) -> None:
+        rc, out, err = self._run("--models", "tiny", "--nodes", "2", "--ep", "2", "4",
+                                 "--pp", "1", "--gpus-per-node", "2", "--buffers", "256",
+                                 "--partition", "upstream_greedy", "--json")
+        fig = json.loads(out)
+        self.assertEqual(fig["runs"], 2, "ep 2 and ep 4 over 2 nodes of 2 cards")
+        self.assertEqual((rc, fig["failures"]), (0, []), err)
+        self.assertLessEqual(fig["worst_ratio_to_bound"]["ratio_to_bound"], 1.15)
+
+    def test_a_pick_past_the_bound_target_fails_the_sweep(self) -> None:
+        from unittest import mock
+
+        with mock.patch.object(self.bench, "TARGET_RATIO_TO_BOUND", 0.5):
+            rc, out, _ = self._run("--models", "tiny", "--nodes", "2", "--ep", "2",
+                                   "--pp", "1", "--gpus-per-node", "2", "--buffers", "256",
+                                   "--partition", "balanced")
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL tiny 2x2 ep 2 pp 1 buffer 256 MB balanced: the pick is", out)
+
+    def test_bad_input_is_one_error_line(self) -> None:
+        rc, out, err = self._run("--models", "no-such-model")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertTrue(err.startswith("error: --models no-such-model: not a preset"), err)
+        self.assertEqual(len(err.strip().splitlines()), 1)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types impor
 )
 from paddle_muon_ext.tools import plan as plan_mod  # noqa: E402
 from paddle_muon_ext.tools.args import MuonCommConfig  # noqa: E402
+from paddle_muon_ext.tools.plan_world import group_class_key  # noqa: E402
 from paddle_muon_ext.tools import cost_model  # noqa: E402
-from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, Rings  # noqa: E402
+from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath  # noqa: E402
+from paddle_muon_ext.tools.cost_rings import Rings  # noqa: E402
 from tool_loader import load_tool  # noqa: E402
 
 bench = load_tool(os.path.join("bench", "bench_plan_scale.py"), "_bench_plan_scale")
@@ -110,7 +112,7 @@ class TestPlanByClass(unittest.TestCase):
         assert_close(self, got, want)
 
     def test_class_key_is_the_node_pattern(self) -> None:
-        key = plan_mod.group_class_key
+        key = group_class_key
         # a shift by whole nodes, or onto other cards, keeps the pattern
         self.assertEqual(key((1, 5, 9), 4), key((13, 17, 21), 4),
                          "groups one node apart on every entry must share a class")
@@ -286,6 +288,44 @@ class TestBenchPlanScale(unittest.TestCase):
         self.assertEqual(out, "", "nothing on stdout for an error")
         self.assertEqual(err.strip().splitlines(), [
             "error: --sizes 17: not a multiple of pp x ep = 4, pass sizes divisible by it"])
+
+    def test_command_line_rows_time_a_child_plan_on_the_matrix_model(self) -> None:
+        rc, out, err = self._run("--matrices", "24", "--shape", "64", "32", "--sizes", "16",
+                                 "--ep", "8", "--gpus-per-node", "8", "--json")
+        self.assertEqual(rc, 0, err)
+        fig = json.loads(out)
+        self.assertEqual(fig["model"], {"matrices": 24, "shape": [64, 32], "dtype": "bfloat16"})
+        (row,) = fig["rows"]  # plan only: no --recommend
+        self.assertEqual((row["ranks"], row["command"], row["target_s"]), (16, "plan", 10.0))
+        run = row["runs"]["this tree"]
+        self.assertNotIn("note", run, "the child plan failed")
+        self.assertGreater(run["cpu_seconds"], 0.0, "the child's CPU time was not read")
+        self.assertGreater(run["peak_rss_MiB"], 10.0, "the child's peak RSS was not read")
+
+    def test_the_matrix_model_is_plans_model_format(self) -> None:
+        import tempfile
+
+        from paddle_muon_ext.tools.args import load_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.json")
+            bench.write_matrix_model(path, 3, (8192, 8192))
+            params = load_model(path)
+        self.assertEqual([(p.name, p.shape, p.dtype, p.use_muon) for p in params],
+                         [(f"w{i}", (8192, 8192), "bfloat16", True) for i in range(3)])
+
+    def test_command_line_flags_need_matrices_and_a_real_revision(self) -> None:
+        for argv, line in ((("--recommend",), "error: --recommend and --against time the "
+                            "command line: pass --matrices N"),
+                           (("--matrices", "0", "--sizes", "16", "--ep", "8"),
+                            "error: --matrices 0: must be in 1..200000 (plan's model limit)")):
+            rc, out, err = self._run(*argv)
+            self.assertEqual((rc, out, err.strip()), (2, "", line))
+        rc, out, err = self._run("--matrices", "2", "--sizes", "16", "--ep", "8", "--against",
+                                 "no-such-revision")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertTrue(err.startswith("error: --against no-such-revision: not a revision"), err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
 
 
 if __name__ == "__main__":

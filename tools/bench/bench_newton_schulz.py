@@ -37,15 +37,21 @@ one alternative formulation (the element-wise ops folded into
 numerically against newton_schulz, so the report says where the non-matmul
 time goes and what a change would buy.
 
-Grouped mode (``--grouped COUNTxMxN ...``): one MoE owner's Muon update,
-``Muon.update_params`` on the same matrices, per matrix
-(``ns_per_matrix=True``) against develop's grouped path (same-key matrices
-stacked into one batched Newton-Schulz, split at ``--max-group-bytes``),
-alternating repetitions in one run; prints ``grouped_speedup =
-per_matrix_ms / grouped_ms``, the sub-group sizes chosen and the largest
-difference between the two results. The default owner is 64 x [512, 1408]
-plus 4 x [2048, 2048] scaled by 1/4 per edge (``--scale 4``) so it finishes
-in about a minute on a CPU; ``--scale 1`` is the real size (GPU).
+Grouped mode (``--grouped [COUNTxMxN ...]``): one MoE owner's Muon update,
+``Muon.update_params`` on the same matrices, three ways, alternating
+repetitions in one run: per matrix (``ns_per_matrix=True``), develop's
+grouping (same-key matrices stacked into one batched Newton-Schulz, split at
+``--max-group-bytes``; ``ns_cpu_chunk_bytes=0``) and this package's default
+(develop's batches cut into ``ns_cpu_chunk_bytes`` chunks on a CPU place).
+Prints per case ``speedup = per_matrix_ms / ms`` of both grouped variants,
+the batch sizes each makes and the largest difference from the per-matrix
+result; ``RESULT grouped_speedup`` is ours on the main case. The main case
+is the owner of every spec together; with several specs each also runs
+alone, then every ``--grouped-cases`` spec (``--grouped`` with no spec: the
+default owner 64 x [512, 1408] plus 4 x [2048, 2048], then 256 x [512, 1024],
+256 x [128, 256] (small matrices) and 16 x [1024, 2816]). Edges are divided by ``--scale``
+(default 4) so a run finishes in about a minute on a CPU; ``--scale 1`` is
+the real size (GPU).
 
 Importable: ``bench(...)`` returns a dict with ``overall_ratio`` and per
 shape ``ratio``; ``bench_grouped(...)`` the grouped figures; ``main(argv)``
@@ -70,6 +76,7 @@ if _PY not in sys.path:
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
+from paddle_muon_ext.optimizer import muon as muon_module  # noqa: E402
 from paddle_muon_ext.optimizer import (  # noqa: E402
     Muon,
     build_muon_param_info_map,
@@ -82,6 +89,9 @@ DEFAULT_SHAPES = ("1024x1024", "1024x4096", "16x512x1408")
 # A MoE owner: 64 expert matrices [512, 1408] and 4 dense [2048, 2048].
 DEFAULT_GROUPED = ("64x512x1408", "4x2048x2048")
 DEFAULT_GROUPED_SCALE = 4
+# More cases of ``--grouped`` alone: small matrices (launch-bound) and a key
+# of large ones (one batch far beyond a core's L2).
+DEFAULT_GROUPED_CASES = ("256x512x1024", "256x128x256", "16x1024x2816")
 
 
 def parse_shape(text: str) -> List[int]:
@@ -254,14 +264,9 @@ def _owner(spec: Sequence[List[int]], seed: int):
     return params, grads
 
 
-def bench_grouped(groups: Sequence[str] = DEFAULT_GROUPED, scale: int = DEFAULT_GROUPED_SCALE,
-                  steps: int = 5, reps: int = 3, warmup: int = 1,
-                  max_group_bytes: Optional[int] = 2 * 1024**3) -> Dict:
-    """Per-matrix vs grouped ``update_params`` of one owner, side by side."""
-    spec = [parse_group(g, scale) for g in groups]
+def _update_runs(spec: Sequence[List[int]], steps: int, variants: Dict[str, Dict]) -> Dict:
     runs = {}
-    for label, kwargs in (("per_matrix", {"ns_per_matrix": True}),
-                          ("grouped", {"muon_max_group_bytes": max_group_bytes})):
+    for label, kwargs in variants.items():
         params, grads = _owner(spec, seed=0)
         opt = Muon(learning_rate=0.02, parameters=params, ns_steps=steps,
                    ns_matmul_dtype=paddle.float32 if not paddle.is_compiled_with_cuda()
@@ -269,54 +274,133 @@ def bench_grouped(groups: Sequence[str] = DEFAULT_GROUPED, scale: int = DEFAULT_
                    muon_param_info_map=build_muon_param_info_map(params), **kwargs)
         muon, _ = opt.prepare_optimize(list(zip(params, grads)))
         runs[label] = (opt, params, muon)
+    return runs
+
+
+def _batches(opt, muon) -> Dict[str, List[int]]:
+    """Per Muon shape, the sizes of the batched Newton-Schulz calls update_params makes."""
+    by_key: Dict = {}
+    for pg in muon:
+        by_key.setdefault(opt.muon_group_key(pg[0]), []).append(pg)
+    out = {}
+    for key, group in by_key.items():
+        subs = [[pg] for pg in group] if opt._ns_per_matrix else opt._split_group_by_bytes(group)
+        out["x".join(map(str, key[1]))] = [len(chunk) for sub in subs
+                                           for chunk in opt._cpu_ns_chunks(sub)]
+    return out
+
+
+def bench_grouped_case(spec: Sequence[List[int]], steps: int = 5, reps: int = 3,
+                       warmup: int = 1, max_group_bytes: Optional[int] = 2 * 1024**3) -> Dict:
+    """One owner's ``update_params``, three ways, alternating repetitions in one run.
+
+    * ``per_matrix``: ``ns_per_matrix=True`` (one Newton-Schulz per matrix).
+    * ``develop``: develop's grouping, one batch per key up to
+      ``muon_max_group_bytes`` (``ns_cpu_chunk_bytes=0``).
+    * ``grouped``: this package's default (develop's batches, cut into
+      ``ns_cpu_chunk_bytes`` chunks on a CPU place).
+    """
+    variants = {
+        "per_matrix": {"ns_per_matrix": True},
+        "develop": {"muon_max_group_bytes": max_group_bytes, "ns_cpu_chunk_bytes": 0},
+        "grouped": {"muon_max_group_bytes": max_group_bytes},
+    }
+    runs = _update_runs(spec, steps, variants)
 
     def update(label):
         opt, _, muon = runs[label]
         return lambda: opt.update_params(muon, [])
 
-    samples = {"per_matrix": [], "grouped": []}
+    samples = {label: [] for label in variants}
     for i in range(warmup + reps):
-        for label in samples:  # alternate: both see the same machine load
+        # alternate the order: every variant sees the same machine load
+        order = list(samples) if i % 2 == 0 else list(reversed(list(samples)))
+        for label in order:
             t = _time(update(label))
             if i >= warmup:
                 samples[label].append(t)
-    opt, _, muon = runs["grouped"]
-    by_key: Dict = {}
-    for pg in muon:
-        by_key.setdefault(opt.muon_group_key(pg[0]), []).append(pg)
-    splits = {"x".join(map(str, key[1])): [len(sub) for sub in opt._split_group_by_bytes(group)]
-              for key, group in by_key.items()}
-    diff = max(float(np.max(np.abs(a.numpy().astype("float64") - b.numpy())))
-               for a, b in zip(runs["per_matrix"][1], runs["grouped"][1]))
+
+    def diff(label):
+        return max(float(np.max(np.abs(a.numpy().astype("float64") - b.numpy())))
+                   for a, b in zip(runs["per_matrix"][1], runs[label][1]))
+
     res = {
         "groups": [f"{c}x{m}x{n}" for c, m, n in spec],
+        "per_matrix_ms": 1000.0 * statistics.median(samples["per_matrix"]),
+        "develop_ms": 1000.0 * statistics.median(samples["develop"]),
+        "grouped_ms": 1000.0 * statistics.median(samples["grouped"]),
+        "splits": _batches(runs["develop"][0], runs["develop"][2]),
+        "chunks": _batches(runs["grouped"][0], runs["grouped"][2]),
+        "max_abs_diff": diff("grouped"),
+        "develop_max_abs_diff": diff("develop"),
+    }
+    # Speedups: median over repetitions of per-matrix / variant within the
+    # same repetition (run back to back, so load drifting between
+    # repetitions cancels); the medians of the times are printed beside.
+    for label, key in (("grouped", "grouped_speedup"), ("develop", "develop_grouped_speedup")):
+        res[key] = statistics.median(
+            p / g for p, g in zip(samples["per_matrix"], samples[label]))
+    return res
+
+
+def bench_grouped(groups: Sequence[str] = DEFAULT_GROUPED, scale: int = DEFAULT_GROUPED_SCALE,
+                  steps: int = 5, reps: int = 3, warmup: int = 1,
+                  max_group_bytes: Optional[int] = 2 * 1024**3,
+                  cases: Sequence[str] = ()) -> Dict:
+    """Per-matrix vs grouped ``update_params``: the owner ``groups``, then more cases.
+
+    The main case is the owner made of every ``groups`` spec; with more than
+    one spec each also runs alone, then each of ``cases`` (one spec each).
+    Top-level keys are the main case's (:func:`bench_grouped_case`); ``cases``
+    lists every case.
+    """
+    main_spec = [parse_group(g, scale) for g in groups]
+    specs = [main_spec]
+    if len(main_spec) > 1:
+        specs += [[one] for one in main_spec]
+    specs += [[parse_group(c, scale)] for c in cases]
+    results = [bench_grouped_case(spec, steps, reps, warmup, max_group_bytes) for spec in specs]
+    res = dict(results[0])
+    res.update({
         "scale": scale,
         "steps": steps,
         "max_group_bytes": max_group_bytes,
-        "per_matrix_ms": 1000.0 * statistics.median(samples["per_matrix"]),
-        "grouped_ms": 1000.0 * statistics.median(samples["grouped"]),
-        "splits": splits,
-        "max_abs_diff": diff,
+        "chunk_bytes": muon_module._CPU_NS_CHUNK_BYTES,
         "device": paddle.device.get_device(),
-    }
-    res["grouped_speedup"] = res["per_matrix_ms"] / res["grouped_ms"]
+        "cases": results,
+    })
     return res
 
 
 def _main_grouped(args, argv) -> Dict:
     print("# bench_newton_schulz --grouped: Muon.update_params of one owner, per matrix "
-          "(ns_per_matrix=True) vs grouped (develop's batched Newton-Schulz)")
+          "(ns_per_matrix=True) vs develop's batched Newton-Schulz (ns_cpu_chunk_bytes=0) vs "
+          "ours (develop's batches cut into CPU chunks)")
     print(f"# command: python3 tools/bench/bench_newton_schulz.py "
           f"{' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}".rstrip())
-    res = bench_grouped(args.grouped, args.scale, args.steps, args.reps, args.warmup,
-                        args.max_group_bytes or None)
+    groups = args.grouped or list(DEFAULT_GROUPED)
+    cases = args.grouped_cases if args.grouped_cases is not None else (
+        [] if args.grouped else list(DEFAULT_GROUPED_CASES))
+    res = bench_grouped(groups, args.scale, args.steps, args.reps, args.warmup,
+                        args.max_group_bytes or None, cases)
     print(f"# paddle {paddle.__version__}, device {res['device']}, steps={args.steps}, "
           f"reps={args.reps} (median, alternating), warmup={args.warmup}, edges / {args.scale}"
-          f"{' (scaled down for a CPU)' if args.scale > 1 else ''}")
-    print(f"# owner {res['groups']}, muon_max_group_bytes={res['max_group_bytes']}: "
-          f"sub-group sizes per key {res['splits']}")
-    print(f"per_matrix {res['per_matrix_ms']:.1f} ms, grouped {res['grouped_ms']:.1f} ms, "
-          f"max |difference| {res['max_abs_diff']:.1e}")
+          f"{' (scaled down for a CPU)' if args.scale > 1 else ''}, "
+          f"muon_max_group_bytes={res['max_group_bytes']}, ns_cpu_chunk_bytes={res['chunk_bytes']}")
+    print(f"{'case':<28} {'per-matrix ms':>13} {'develop ms':>10} {'ratio':>6} {'ours ms':>8} "
+          f"{'ratio':>6} {'max|diff|':>9}  batches develop -> ours")
+    for case in res["cases"]:
+        print(f"{'+'.join(case['groups']):<28} {case['per_matrix_ms']:>13.1f} "
+              f"{case['develop_ms']:>10.1f} {case['develop_grouped_speedup']:>6.3f} "
+              f"{case['grouped_ms']:>8.1f} {case['grouped_speedup']:>6.3f} "
+              f"{max(case['max_abs_diff'], case['develop_max_abs_diff']):>9.1e}  "
+              f"{case['splits']} -> {case['chunks']}")
+    print("# ratio = median over repetitions of per-matrix time / that column's time in the "
+          "same repetition (> 1: faster than one matrix at a time); ms are medians")
+    for case in res["cases"][1:]:
+        print(f"RESULT grouped_speedup[{'+'.join(case['groups'])}]={case['grouped_speedup']:.3f} "
+              f"develop={case['develop_grouped_speedup']:.3f}")
+    print(f"RESULT develop_grouped_speedup={res['develop_grouped_speedup']:.3f}")
     print(f"RESULT grouped_speedup={res['grouped_speedup']:.3f}")
     return res
 
@@ -329,15 +413,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--grouped", nargs="+", metavar="COUNTxMxN",
-                    help=f"grouped vs per-matrix update of one owner, e.g. "
-                         f"{' '.join(DEFAULT_GROUPED)}")
+    ap.add_argument("--grouped", nargs="*", metavar="COUNTxMxN",
+                    help=f"grouped vs per-matrix update of one owner (alone: "
+                         f"{' '.join(DEFAULT_GROUPED)}, then each of those and "
+                         f"{' '.join(DEFAULT_GROUPED_CASES)})")
+    ap.add_argument("--grouped-cases", nargs="*", metavar="COUNTxMxN",
+                    help="more --grouped cases, one key each (default with --grouped "
+                         "alone: " + " ".join(DEFAULT_GROUPED_CASES) + ")")
     ap.add_argument("--scale", type=int, default=DEFAULT_GROUPED_SCALE,
                     help="divide every --grouped edge by this (default %(default)s; 1 on a GPU)")
     ap.add_argument("--max-group-bytes", type=int, default=2 * 1024**3,
                     help="muon_max_group_bytes of the grouped run (0: no limit)")
     args = ap.parse_args(argv)
-    if args.grouped:
+    if args.grouped is not None:
         try:
             return _main_grouped(args, argv)
         except ValueError as err:

@@ -21,9 +21,9 @@ What is compared (per simulated rank, same process, same run):
 
 * sharded: ``opt.reduce_gradients(params, hcg)`` + ``opt.step()`` of a
   :class:`MuonShardingOptimizer` (``step`` runs the inner Muon on the matrices
-  this rank owns and AdamW on its 1-D slices, then
-  ``_sharding_sync_parameters``: flatten/broadcast owned matrices, unflatten
-  the others, all-gather slices).
+  this rank owns and AdamW on its 1-D slices, then the plan's sync phases,
+  each a ``_run_sync_phase`` call timed as the sync: flatten/broadcast owned
+  matrices, all-gather slices; the others' unflatten follows them).
 * plain ("same local work"): a fresh single-process ``Muon`` whose parameter
   list is exactly what that rank updates: a copy of every Muon matrix it owns
   (same shape, same gradient values) and a 1-D tensor per local slice (same
@@ -183,17 +183,19 @@ def _rank_body(spec: Dict, reps: int, warmup: int, ns_steps: int, strategy):
             else:
                 p._copy_gradient_from(g)
 
-        # Time the sync separately for the breakdown (step() calls it through
-        # the instance, so an instance attribute wraps it).
+        # Time the sync separately for the breakdown: step() runs each sync
+        # phase of the plan through the instance, so an instance attribute
+        # wraps it.
         sync_time = [0.0]
-        original_sync = opt._sharding_sync_parameters
+        original_sync = opt._run_sync_phase
 
-        def timed_sync():
+        def timed_sync(*args, **kwargs):
             t0 = time.perf_counter()
-            original_sync()
+            out = original_sync(*args, **kwargs)
             sync_time[0] += time.perf_counter() - t0
+            return out
 
-        opt._sharding_sync_parameters = timed_sync
+        opt._run_sync_phase = timed_sync
 
         def sharded_step():
             sync_time[0] = 0.0

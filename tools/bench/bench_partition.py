@@ -56,12 +56,14 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
         sys.path.insert(0, _p)
 
 import moe_presets  # noqa: E402
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (  # noqa: E402
     MatrixSpec,
+    optimizer_state_bytes,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (  # noqa: E402
     balance_floor,
     balanced_partition,
     machine_balanced_owner_indices,
-    optimizer_state_bytes,
     upstream_partition,
 )
 
@@ -206,7 +208,12 @@ _MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sh
 
 def load_revision(rev: str):
     """The partition module as committed at git revision ``rev`` (imported
-    from a temporary copy), or ValueError naming the revision."""
+    from a temporary copy), or ValueError naming the revision.
+
+    Only the rules' module is taken from ``rev``: its relative imports (the
+    matrix records in ``muon_sharding_owner_meta``, the refinement search in
+    ``muon_sharding_refine``, the dtype table) resolve against this checkout.
+    """
     import subprocess
     import tempfile
 

@@ -27,6 +27,20 @@ per-rank method (``test/tools/plan_per_rank.py``, the tool's method before it
 went by class) runs up to ``--per-rank-max`` ranks. The growth exponent is the
 least-squares slope of log(CPU time) over log(ranks); target <= 1.2. Timings on a
 shared machine are noisy: read the ratio and the exponent.
+
+The command line at its stated scale, side by side with a git revision:
+
+    python tools/bench/bench_plan_scale.py --matrices 100000 [--shape 8192 8192]
+        --sizes 1024 [--ep 8] [--recommend] [--against REV] [--json]
+
+writes a model file of ``--matrices`` dense bf16 ``--shape`` matrices (a
+temporary directory), and runs ``paddle-muon-ext plan`` on it (and ``plan
+--recommend`` with ``--recommend``) in a fresh process per run, this tree
+and, with ``--against``, the package as committed at ``REV`` (``git
+archive``): the child's CPU seconds (user + system: on a shared box the
+honest figure), wall seconds and peak RSS, and each revision's CPU over
+this tree's. Targets: ``plan`` <= 10 s, ``plan --recommend`` <= 30 s at
+100,000 matrices over 1,024 ranks (one process, idle box).
 """
 
 from __future__ import annotations
@@ -187,6 +201,114 @@ def format_table(fig: Dict) -> str:
     return "\n".join(lines)
 
 
+#: Targets of the command line at its stated scale (seconds, one process).
+CLI_TARGETS_S = {"plan": 10.0, "plan --recommend": 30.0}
+
+
+def write_matrix_model(path: str, matrices: int, shape: Sequence[int]) -> None:
+    """A model file of ``matrices`` dense bf16 matrices of ``shape`` (plan's --model format)."""
+    dims = [int(d) for d in shape]
+    with open(path, "w") as f:
+        json.dump([{"name": f"w{i}", "shape": dims, "dtype": "bfloat16"}
+                   for i in range(matrices)], f)
+
+
+def _tree_at(rev: str, into: str) -> str:
+    """The package as committed at ``rev``, extracted under ``into``; its python/ dir."""
+    try:
+        archive = subprocess.run(["git", "-C", _REPO, "archive", rev, "python"],
+                                 capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ValueError(f"--against {rev}: not a revision of this repository "
+                         f"({(getattr(exc, 'stderr', b'') or b'').decode().strip() or exc}); "
+                         "pass one such as main or HEAD~3") from None
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return os.path.join(into, "python")
+
+
+def run_cli(python_dir: str, argv: Sequence[str], timeout: float) -> Dict:
+    """Run ``paddle-muon-ext`` from ``python_dir`` in a fresh process: its CPU
+    seconds (user + system), wall seconds and peak RSS (MiB)."""
+    import tempfile
+    import threading
+
+    env = dict(os.environ, PYTHONPATH=python_dir)
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "paddle_muon_ext.cli", *argv],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = (err.read().decode(errors="replace").strip().splitlines() or ["no output"])
+            note = (f"killed after {timeout:g} s" if proc.returncode < 0
+                    else f"failed: {tail[-1]}")
+            return {"cpu_seconds": None, "seconds": None, "peak_rss_MiB": None, "note": note}
+    return {"cpu_seconds": usage.ru_utime + usage.ru_stime, "seconds": wall,
+            "peak_rss_MiB": usage.ru_maxrss / 1024}
+
+
+def bench_cli(args: argparse.Namespace) -> Dict:
+    """``plan`` (and ``plan --recommend``) on the matrix model at each size, this
+    tree and ``--against``'s, side by side."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_plan_scale_") as tmp:
+        model = os.path.join(tmp, "model.json")
+        write_matrix_model(model, args.matrices, args.shape)
+        trees = [("this tree", os.path.join(_REPO, "python"))]
+        if args.against:
+            os.mkdir(os.path.join(tmp, "rev"))
+            trees.append((args.against, _tree_at(args.against, os.path.join(tmp, "rev"))))
+        commands = ["plan"] + (["plan --recommend"] if args.recommend else [])
+        rows = []
+        for size in args.sizes:
+            layout = ["--ep", str(args.ep), "--moe-sharding", str(size // (args.ep * args.pp)),
+                      "--pp", str(args.pp), "--gpus-per-node", str(args.gpus_per_node),
+                      "--model", model, "--json"]
+            for command in commands:
+                row: Dict = {"ranks": size, "command": command,
+                             "target_s": CLI_TARGETS_S[command], "runs": {}}
+                for label, python_dir in trees:
+                    argv = ["plan", *layout] + (["--recommend"] if "recommend" in command else [])
+                    row["runs"][label] = run_cli(python_dir, argv, args.timeout)
+                    print(f"[bench] {size} ranks {command} ({label}): "
+                          f"{_fmt_s(row['runs'][label]['cpu_seconds'])} CPU", file=sys.stderr)
+                mine = row["runs"]["this tree"]["cpu_seconds"]
+                if args.against:
+                    theirs = row["runs"][args.against]["cpu_seconds"]
+                    row["against_over_this_tree"] = (theirs / mine if theirs and mine else None)
+                row["met"] = mine is not None and mine <= row["target_s"]
+                rows.append(row)
+    return {"model": {"matrices": args.matrices, "shape": list(args.shape), "dtype": "bfloat16"},
+            "layout": {"ep": args.ep, "pp": args.pp, "gpus_per_node": args.gpus_per_node},
+            "against": args.against, "rows": rows}
+
+
+def format_cli_table(fig: Dict) -> str:
+    m, lay = fig["model"], fig["layout"]
+    lines = [f"paddle-muon-ext plan: {m['matrices']:,} x {m['shape']} {m['dtype']}, ep={lay['ep']} "
+             f"pp={lay['pp']} gpus_per_node={lay['gpus_per_node']} (CPU s = user + system of "
+             "the process; peak RSS)"]
+    for r in fig["rows"]:
+        parts = []
+        for label, run in r["runs"].items():
+            parts.append(f"{label}: {_fmt_s(run['cpu_seconds'])} CPU, {_fmt_s(run['seconds'])} "
+                         f"wall, {_fmt_mb(run['peak_rss_MiB'])}{' ' + run['note'] if run.get('note') else ''}")
+        ratio = r.get("against_over_this_tree")
+        lines.append(f"{r['ranks']:>6} ranks {r['command']:<17} | " + " | ".join(parts)
+                     + (f" | {fig['against']} / this tree {ratio:.2f}x" if ratio else "")
+                     + f" | target <= {r['target_s']:g} s: {'met' if r['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
 def _check(args: argparse.Namespace) -> None:
     from paddle_muon_ext.tools import limits
 
@@ -194,6 +316,16 @@ def _check(args: argparse.Namespace) -> None:
                         ("--gpus-per-node", args.gpus_per_node)):
         if value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")
+    if args.matrices is not None:
+        from paddle_muon_ext.tools import limits as _limits
+
+        if not 1 <= args.matrices <= _limits.LIMITS.model_entries:
+            raise ValueError(f"--matrices {args.matrices}: must be in 1.."
+                             f"{_limits.LIMITS.model_entries} (plan's model limit)")
+        if any(not 1 <= d <= _limits.LIMITS.dim for d in args.shape):
+            raise ValueError(f"--shape {args.shape}: dims must be in 1..{_limits.LIMITS.dim}")
+    elif args.recommend or args.against:
+        raise ValueError("--recommend and --against time the command line: pass --matrices N")
     for size in args.sizes:
         if size % (args.ep * args.pp) or size < args.ep * args.pp:
             raise ValueError(f"--sizes {size}: not a multiple of pp x ep = "
@@ -217,6 +349,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--in-process", action="store_true",
                     help="measure in this process (peaks then only grow)")
     ap.add_argument("--json", action="store_true", help="print only a JSON dict")
+    ap.add_argument("--matrices", type=int, default=None,
+                    help="time the command line on a model of this many dense bf16 matrices "
+                         "(e.g. 100000 with --sizes 1024) instead of compute_plan by method")
+    ap.add_argument("--shape", type=int, nargs=2, default=[8192, 8192],
+                    help="each matrix's shape with --matrices (default 8192 8192)")
+    ap.add_argument("--recommend", action="store_true",
+                    help="with --matrices, also time plan --recommend")
+    ap.add_argument("--against", default=None,
+                    help="with --matrices, also time the package at this git revision")
     ap.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     try:
         args = ap.parse_args(argv)
@@ -226,6 +367,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _check(args)
         if args.child:
             print(json.dumps(measure(args.sizes[0], args.child, args)))
+            return 0
+        if args.matrices is not None:
+            fig = bench_cli(args)
+            print(json.dumps(fig, indent=1) if args.json else format_cli_table(fig))
             return 0
         fig = bench(args)
     except ValueError as exc:

@@ -305,7 +305,16 @@ def _patched_hybrid_configs(original: property) -> property:
                 )
             proto = self.strategy.hybrid_configs.sharding_configs
             for key, value in sharding.items():
-                setattr(proto, key, value)
+                try:
+                    setattr(proto, key, value)
+                except (TypeError, ValueError) as exc:
+                    # protobuf's text names neither the field nor the value
+                    kind = type(getattr(proto, key)).__name__
+                    raise TypeError(
+                        f"hybrid_configs['sharding_configs'][{key!r}]={value!r} "
+                        f"({type(value).__name__}) does not fit the field ({kind}): "
+                        f"{' '.join(str(exc).split())}; pass a value of its type ({kind})."
+                    ) from None
             if extras:
                 set_muon_sharding_options(self, **extras)
         original.fset(self, configs)

@@ -83,7 +83,7 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    help="also estimate comm_group_call_opt off/on x every owner rule x "
                    "buffers of 64/256/1024 MB (and --buffer-size-MB) and name the fastest, "
                    "with its ratio to the default and to the lower bound (JSON: "
-                   '"recommend"); the default wins ties; about 3x plan\'s time (12 paths '
+                   '"recommend"); the default wins ties; about 2.5x plan\'s time (12 paths '
                    "instead of 4)")
     p.add_argument("--json", action="store_true",
                    help="print only a JSON dict on stdout (notes go to stderr)")
@@ -184,7 +184,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     from .cost_model import AlphaBeta
-    from .plan import build_layout_plan, compute_plan, json_ready
+    from .plan import compute_plan, json_ready
+    from .plan_world import build_layout_plan
     from .report import format_table, render_png
 
     group_call = not args.no_group_call

@@ -36,673 +36,41 @@ Cleanup: every name carries a per-run prefix (``pmc-<pid>-``); namespaces,
 links and every process inside them are removed on success, failure, timeout,
 SIGINT / SIGTERM / SIGHUP. Namespaces of an earlier run whose pid is gone
 (SIGKILL) are swept at the next start.
+
+``--recommended`` asks the plan tool which configuration to use on the
+cluster's own layout, model and links (``cluster_compare``) and trains the
+default configuration, then the recommended one, instead of the option off /
+on: measured beside predicted inter-node bytes and step time per
+configuration, and the recommended / default ratios.
+
+This module is the command line (``add_parser``, ``main``, the summary and
+the comparison table); ``cluster_run`` runs the cluster, ``cluster_netns``
+builds and removes its network.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import time
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional
+
+from .cluster_netns import ClusterUnavailable
+from .cluster_run import (
+    DEFAULT_HIDDEN,
+    DEFAULT_INNER,
+    DEFAULT_LINK_MBIT,
+    ClusterConfig,
+    ClusterInterrupted,
+    ClusterResult,
+    fmt_bytes,
+    run_cluster,
+)
 
 #: Exit status when the box cannot build a cluster (not root, no netns / tbf).
 EXIT_UNAVAILABLE = 2
-#: The bytes of a step are mostly Muon messages of the resized tiny model;
-#: 100 Mbit/s makes the link, not the 2-core CPU, the bottleneck of a step.
-DEFAULT_LINK_MBIT = 100.0
-DEFAULT_HIDDEN = 256
-DEFAULT_INNER = 64
-#: comm_buffer_size_MB of the worker's strategy (fused gradient buffers).
-WORKER_BUFFER_MB = 1.0
-MASTER_PORT = 36170
-#: Largest inputs: nodes fit one /24 of 198.18.0.0/15; the rest keeps a run on
-#: one box within minutes.
-MAX_NODES = 200
-MAX_PROCS = 64
-MAX_STEPS = 1000
-MAX_DIM = 8192
-_SUBNET_PREFIX = "198.18.0."
-_FIRST_HOST = 10
-_NS_RE = re.compile(r"^pmc-([0-9a-f]+)p?-(br|n\d+)$")
 
-_THIS = os.path.abspath(__file__)
 
-
-def checkout_root() -> str:
-    """The source checkout this module runs from (editable install)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_THIS))))
-
-
-def worker_script() -> str:
-    return os.path.join(checkout_root(), "test", "collective", "fleet", "cluster_muon_worker.py")
-
-
-def tiny_moe_params(hidden: int, inner: int, local_experts: int = 2) -> List[Dict[str, Any]]:
-    """The worker model's parameters in model order (``muon_tiny_moe.TinyMoE``
-    resized): name, shape, is_expert; matrices are Muon parameters."""
-    h, i = hidden, inner
-    out = [("dense.w_in", (h, h), False), ("dense.b_in", (h,), False),
-           ("dense.norm_w", (h,), False), ("dense.w_out", (h, 2 * h), False)]
-    for e in range(local_experts):
-        out += [(f"expert.up{e}", (h, i), True), (f"expert.down{e}", (i, h), True)]
-    out += [("expert.fused", (local_experts, h, i), True), ("expert.bias", (h,), True)]
-    return [{"name": n, "shape": s, "is_expert": x, "use_muon": len(s) >= 2}
-            for n, s, x in out]
-
-
-class ClusterUnavailable(RuntimeError):
-    """This box cannot build namespaces / veths / tbf (the reason is the message)."""
-
-
-class ClusterInterrupted(RuntimeError):
-    """A signal arrived; the run is cleaned up and abandoned.
-
-    Attributes:
-        signum: the signal (the exit status is 128 + signum, as a shell reports).
-    """
-
-    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
-        super().__init__(message)
-        self.signum = int(signum)
-
-
-def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, stdin=subprocess.DEVNULL)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"'{' '.join(argv)}' failed: {done.stderr.strip() or done.returncode}")
-    return done
-
-
-# --------------------------------------------------------------------------
-# names and the network
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ClusterNames:
-    """Every name and address one run creates; ``run_id`` is its pid in hex."""
-
-    run_id: str
-    nodes: int
-
-    @property
-    def bridge_ns(self) -> str:
-        return f"pmc-{self.run_id}-br"
-
-    @property
-    def bridge(self) -> str:
-        return f"pmc{self.run_id}br"
-
-    def node_ns(self, k: int) -> str:
-        return f"pmc-{self.run_id}-n{k}"
-
-    def node_if(self, k: int) -> str:
-        return f"pmc{self.run_id}n{k}"
-
-    def bridge_if(self, k: int) -> str:
-        return f"pmc{self.run_id}b{k}"
-
-    def ip(self, k: int) -> str:
-        return f"{_SUBNET_PREFIX}{_FIRST_HOST + k}"
-
-    def namespaces(self) -> List[str]:
-        return [self.bridge_ns] + [self.node_ns(k) for k in range(self.nodes)]
-
-    @classmethod
-    def for_this_process(cls, nodes: int) -> ClusterNames:
-        if not 1 <= nodes <= MAX_NODES:
-            raise ValueError(f"--nodes must be in 1..{MAX_NODES} (one /24 of 198.18.0.0/15), got {nodes}")
-        return cls(f"{os.getpid():x}", nodes)
-
-
-def _tbf(link_mbit: float) -> List[str]:
-    # burst holds a 64 KiB GSO packet whole, so counters see what TCP sent
-    burst = max(96 * 1024, int(link_mbit * 1e6 / 8 / 100))
-    return ["tbf", "rate", f"{link_mbit}mbit", "burst", str(burst), "latency", "400ms"]
-
-
-def probe_capability() -> Optional[str]:
-    """None when this box can build a cluster, else the one-line reason."""
-    if os.name != "posix" or not hasattr(os, "geteuid"):
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "network namespaces need root (run as root or skip the cluster)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"'{tool}' not found: install iproute2"
-    names = ClusterNames(f"{os.getpid():x}p", 1)
-    ns = names.node_ns(0)
-    try:
-        _run(["ip", "netns", "add", ns])
-    except RuntimeError as exc:
-        return f"cannot create a network namespace: {exc}"
-    try:
-        _run(["ip", "-n", ns, "link", "add", names.node_if(0), "type", "veth",
-              "peer", "name", names.bridge_if(0)])
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", names.node_if(0), "root", *_tbf(100)])
-    except RuntimeError as exc:
-        return f"veth / tbf unavailable: {exc}"
-    else:
-        # workers read their link's counters from a sysfs that 'ip netns exec' remounts
-        seen = _run(["ip", "netns", "exec", ns, "cat",
-                     f"/sys/class/net/{names.node_if(0)}/statistics/tx_bytes"], check=False)
-        if seen.returncode != 0:
-            return f"'ip netns exec' cannot show the namespace's sysfs: {seen.stderr.strip()}"
-    finally:
-        _run(["ip", "netns", "del", ns], check=False)
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def list_namespaces() -> List[str]:
-    done = _run(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
-
-
-def _ns_pids(ns: str) -> List[int]:
-    done = _run(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in done.stdout.split() if x.isdigit()]
-
-
-def remove_namespaces(namespaces: Sequence[str], grace_s: float = 3.0) -> None:
-    """Kill every process inside ``namespaces``, then delete them (and their links)."""
-    present = set(list_namespaces())
-    namespaces = [ns for ns in namespaces if ns in present]
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        pids = [p for ns in namespaces for p in _ns_pids(ns)]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while pids and time.monotonic() < deadline:
-            pids = [p for ns in namespaces for p in _ns_pids(ns)]
-            time.sleep(0.1)
-    for ns in namespaces:
-        _run(["ip", "netns", "del", ns], check=False)
-
-
-def sweep_stale() -> List[str]:
-    """Remove namespaces of earlier runs whose process is gone; returns their names."""
-    stale = []
-    for ns in list_namespaces():
-        m = _NS_RE.match(ns)
-        if m and not _pid_alive(int(m.group(1), 16)):
-            stale.append(ns)
-    remove_namespaces(stale, grace_s=1.0)
-    return stale
-
-
-class NetnsCluster:
-    """The namespaces, bridge and rate-limited veths of one run.
-
-    ``up()`` records each namespace before creating it, so ``down()`` (always
-    called, also after a failed or interrupted ``up``) removes whatever exists;
-    links and qdiscs live inside the namespaces and go with them.
-    """
-
-    def __init__(self, names: ClusterNames, link_mbit: float) -> None:
-        if not link_mbit > 0:
-            raise ValueError(f"--link-mbit must be > 0, got {link_mbit}")
-        self.names = names
-        self.link_mbit = link_mbit
-        self.created: List[str] = []
-
-    def _add_ns(self, ns: str) -> None:
-        # recorded first: a signal between the two lines must not leak it
-        self.created.append(ns)
-        _run(["ip", "netns", "add", ns])
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-
-    def up(self) -> None:
-        n = self.names
-        self._add_ns(n.bridge_ns)
-        _run(["ip", "-n", n.bridge_ns, "link", "add", n.bridge, "type", "bridge"])
-        _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge, "up"])
-        for k in range(n.nodes):
-            ns = n.node_ns(k)
-            self._add_ns(ns)
-            _run(["ip", "-n", ns, "link", "add", n.node_if(k), "type", "veth",
-                  "peer", "name", n.bridge_if(k), "netns", n.bridge_ns])
-            _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge_if(k), "master", n.bridge])
-            _run(["ip", "-n", n.bridge_ns, "link", "set", n.bridge_if(k), "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{n.ip(k)}/24", "dev", n.node_if(k)])
-            _run(["ip", "-n", ns, "link", "set", n.node_if(k), "up"])
-            for where, dev in ((ns, n.node_if(k)), (n.bridge_ns, n.bridge_if(k))):
-                _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root",
-                      *_tbf(self.link_mbit)])
-
-    def down(self) -> None:
-        remove_namespaces(list(reversed(self.created)))
-        self.created = []
-
-    def netns_inode(self, k: int) -> int:
-        return os.stat(os.path.join("/run/netns", self.names.node_ns(k))).st_ino
-
-    def link_bytes(self, k: int) -> Tuple[int, int]:
-        """(tx, rx) of node ``k``'s veth, read through netlink."""
-        done = _run(["ip", "-j", "-s", "-n", self.names.node_ns(k), "link", "show", "dev",
-                     self.names.node_if(k)])
-        stats = json.loads(done.stdout)[0]["stats64"]
-        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
-
-    def leftovers(self) -> List[str]:
-        """Namespaces of this run that still exist (empty after ``down``)."""
-        present = set(list_namespaces())
-        return [ns for ns in self.names.namespaces() if ns in present]
-
-
-# --------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ClusterConfig:
-    """One cluster run, as given on the command line."""
-
-    nodes: int
-    procs_per_node: int
-    ep: int
-    moe_sharding: int
-    steps: int = 3
-    link_mbit: float = DEFAULT_LINK_MBIT
-    hidden: int = DEFAULT_HIDDEN
-    inner: int = DEFAULT_INNER
-    group_call: str = "both"
-    timeout_s: float = 900.0
-    mode: str = "train"
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
-
-    def validate(self) -> None:
-        """Every value checked before anything is built (ValueError naming the flag).
-
-        A layout the ``comm_group_call_opt`` pass cannot run (one node, one
-        process per node, ...) is refused here, with ``--group-call 0`` as
-        the way to train it, rather than after the flat pass has trained.
-        """
-        self.validate_values()
-        why = self.group_call_refusal() if self.group_call != "0" else None
-        if why:
-            raise ValueError(
-                f"--nodes {self.nodes} --procs-per-node {self.procs_per_node}: the "
-                f"comm_group_call_opt pass cannot run on this layout ({why}); pass "
-                "--group-call 0 to train the flat path alone")
-
-    def validate_values(self) -> None:
-        """The checks that need no Paddle (types, ranges, the world size): run
-        first, so a bad flag is refused in well under a second, before the
-        layout check imports Paddle."""
-        for flag, value, high in (("--nodes", self.nodes, MAX_NODES),
-                                  ("--procs-per-node", self.procs_per_node, MAX_PROCS),
-                                  ("--ep", self.ep, MAX_PROCS * MAX_NODES),
-                                  ("--moe-sharding", self.moe_sharding, MAX_PROCS * MAX_NODES),
-                                  ("--steps", self.steps, MAX_STEPS),
-                                  ("--hidden", self.hidden, MAX_DIM),
-                                  ("--inner", self.inner, MAX_DIM)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{flag} must be an integer, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-            if value > high:
-                raise ValueError(f"{flag} {value}: above the limit {high} of this tool")
-        for flag, value, high in (("--link-mbit", self.link_mbit, 1e5),
-                                  ("--timeout", self.timeout_s, 86400.0)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{flag} must be a finite number > 0, got {value!r}")
-            if value > high:
-                raise ValueError(f"{flag} {value:g}: above the limit {high:g}")
-        if self.ep * self.moe_sharding != self.world_size:
-            raise ValueError(
-                f"--ep {self.ep} x --moe-sharding {self.moe_sharding} = "
-                f"{self.ep * self.moe_sharding} ranks, but --nodes {self.nodes} x "
-                f"--procs-per-node {self.procs_per_node} = {self.world_size}")
-        if self.group_call not in ("0", "1", "both"):
-            raise ValueError(f"--group-call must be 0, 1 or both, got {self.group_call!r}")
-
-    def group_call_refusal(self) -> Optional[str]:
-        """Why the optimizer would refuse ``comm_group_call_opt`` here, or None."""
-        if self.mode != "train":
-            return None
-        from .args import MuonCommConfig
-
-        try:
-            MuonCommConfig(ep=self.ep, moe_sharding=self.moe_sharding, pp=1,
-                           gpus_per_node=self.procs_per_node).build_plan()
-        except ValueError as exc:
-            return str(exc)
-        return None
-
-    def passes(self) -> List[int]:
-        return {"0": [0], "1": [1], "both": [0, 1]}[self.group_call]
-
-
-@dataclass
-class ClusterResult:
-    """What a run observed; ``status`` is PASS / FAIL."""
-
-    config: ClusterConfig
-    status: str = "FAIL"
-    problems: List[str] = field(default_factory=list)
-    ranks: Dict[int, Dict[str, Any]] = field(default_factory=dict)
-    steps: Dict[Tuple[int, int], Dict[str, float]] = field(default_factory=dict)
-    probes: List[Dict[str, Any]] = field(default_factory=list)
-    node_of_rank: Dict[int, int] = field(default_factory=dict)
-    prediction: Optional[Dict[str, Any]] = None
-    wall_s: float = 0.0
-    log_dir: str = ""
-    leftovers: List[str] = field(default_factory=list)
-
-    def per_pass(self) -> Dict[int, Dict[str, float]]:
-        """group_call -> measured bytes / step time, averaged over the timed steps.
-
-        Step 1 is left out when there are more (it builds fused buffers and the
-        first messages open connections); its bytes are reported separately.
-        """
-        out: Dict[int, Dict[str, float]] = {}
-        for g in self.config.passes():
-            rows = [(s, v) for (gc, s), v in sorted(self.steps.items()) if gc == g]
-            if not rows:
-                continue
-            timed = [v for s, v in rows if s > 1] or [v for _, v in rows]
-            n = len(timed)
-            out[g] = {
-                "timed_steps": n,
-                "inter_node_bytes_per_step": sum(v["tx"] for v in timed) / n,
-                "inter_node_rx_bytes_per_step": sum(v["rx"] for v in timed) / n,
-                "step_time_s": sum(v["seconds"] for v in timed) / n,
-                "first_step_bytes": rows[0][1]["tx"],
-            }
-        return out
-
-    def to_json(self) -> Dict[str, Any]:
-        return {
-            "status": self.status,
-            "problems": self.problems,
-            "config": self.config.__dict__,
-            "node_of_rank": {str(r): n for r, n in sorted(self.node_of_rank.items())},
-            "measured": {("on" if g else "off"): v for g, v in self.per_pass().items()},
-            "steps": [{"group_call": g, "step": s, **v} for (g, s), v in sorted(self.steps.items())],
-            "probes": self.probes,
-            "prediction": self.prediction,
-            "wall_s": self.wall_s,
-            "log_dir": self.log_dir,
-            "leftovers": self.leftovers,
-        }
-
-
-_RECORD_RE = re.compile(r"CLUSTER_(RANK|STEP|PROBE) (\{.*\})\s*$")
-
-
-class _LogFollower:
-    """Reads new complete lines of the workers' logs as they grow."""
-
-    def __init__(self, log_root: str) -> None:
-        self.log_root = log_root
-        self.offsets: Dict[str, int] = {}
-
-    def files(self) -> List[str]:
-        out = []
-        for dirpath, _, names in os.walk(self.log_root):
-            out += [os.path.join(dirpath, n) for n in sorted(names) if n.startswith("workerlog.")]
-        return sorted(out)
-
-    def new_lines(self) -> Iterator[str]:
-        for path in self.files():
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            self.offsets[path] = self.offsets.get(path, 0) + end
-            for line in data[:end].decode(errors="replace").splitlines():
-                yield line
-
-
-def _worker_env(cfg: ClusterConfig, names: ClusterNames, k: int) -> Dict[str, str]:
-    env = {k_: v for k_, v in os.environ.items()
-           if not k_.startswith(("PADDLE_", "GLOO_", "FLAGS_selected"))}
-    # paddle 3.3.1's launcher dies on a set-but-empty CUDA_VISIBLE_DEVICES
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    root = checkout_root()
-    paths = [os.path.join(root, "python"), os.path.join(root, "test", "collective", "fleet"),
-             os.path.join(root, "test")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env.update({
-        "PYTHONPATH": os.pathsep.join(paths),
-        "PYTHONUNBUFFERED": "1",
-        "GLOO_SOCKET_IFNAME": names.node_if(k),
-        "MUON_EP": str(cfg.ep), "MUON_MS": str(cfg.moe_sharding),
-        "MUON_STEPS": str(cfg.steps), "MUON_GROUP_CALL": cfg.group_call,
-        "MUON_HIDDEN": str(cfg.hidden), "MUON_INNER": str(cfg.inner),
-        "MUON_CLUSTER_MODE": cfg.mode,
-    })
-    return env
-
-
-def _launch_argv(cfg: ClusterConfig, names: ClusterNames, k: int, log_dir: str) -> List[str]:
-    return ["ip", "netns", "exec", names.node_ns(k), sys.executable, "-m",
-            "paddle.distributed.launch",
-            "--master", f"{names.ip(0)}:{MASTER_PORT}", "--nnodes", str(cfg.nodes),
-            "--rank", str(k), "--nproc_per_node", str(cfg.procs_per_node),
-            "--host", names.ip(k), "--log_dir", log_dir, "--log_overwrite", "true",
-            worker_script()]
-
-
-class _Progress:
-    """Collects the workers' records; prints one line per finished step."""
-
-    def __init__(self, cfg: ClusterConfig, result: ClusterResult,
-                 emit: Callable[[str], None]) -> None:
-        self.cfg, self.result, self.emit = cfg, result, emit
-        self.pending: Dict[Tuple[int, int], List[Dict[str, Any]]] = defaultdict(list)
-
-    def feed(self, line: str) -> None:
-        m = _RECORD_RE.search(line)
-        if not m:
-            return
-        kind, rec = m.group(1), json.loads(m.group(2))
-        if kind == "RANK":
-            self.result.ranks[int(rec["rank"])] = rec
-        elif kind == "PROBE":
-            self.result.probes.append(rec)
-        else:
-            key = (int(rec["group_call"]), int(rec["step"]))
-            self.pending[key].append(rec)
-            if len(self.pending[key]) == self.cfg.world_size:
-                recs = self.pending.pop(key)
-                row = {"seconds": max(r["seconds"] for r in recs),
-                       "tx": sum(r["tx"] for r in recs if r["leader"]),
-                       "rx": sum(r["rx"] for r in recs if r["leader"]),
-                       "loss": recs[0]["loss"]}
-                self.result.steps[key] = row
-                self.emit(f"[cluster] option {'on ' if key[0] else 'off'} step "
-                          f"{key[1]}/{rec['steps']}: step time {row['seconds']:.3f} s, "
-                          f"inter-node {_fmt_bytes(row['tx'])} sent "
-                          f"({_fmt_bytes(row['rx'])} received)")
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _check_ranks(cfg: ClusterConfig, result: ClusterResult, inode_to_node: Dict[int, int]) -> None:
-    """Each rank's namespace must be the node the optimizer's plan puts it on."""
-    problems = result.problems
-    missing = sorted(set(range(cfg.world_size)) - set(result.ranks))
-    if missing:
-        problems.append(f"ranks {missing} reported no CLUSTER_RANK record")
-    for r, rec in sorted(result.ranks.items()):
-        node = inode_to_node.get(int(rec["netns_inode"]))
-        if node is None:
-            problems.append(f"rank {r} runs in no namespace of this cluster")
-            continue
-        result.node_of_rank[r] = node
-        if rec.get("paddle_local_size") != str(cfg.procs_per_node):
-            problems.append(f"rank {r}: PADDLE_LOCAL_SIZE={rec.get('paddle_local_size')} from "
-                            f"the launcher, expected {cfg.procs_per_node}")
-        if cfg.mode != "train" or 1 not in cfg.passes():
-            continue
-        if rec.get("plan_node") != node or rec.get("plan_gpus_per_node") != cfg.procs_per_node:
-            problems.append(f"rank {r} runs on node {node} but the optimizer's plan says node "
-                            f"{rec.get('plan_node')} (gpus_per_node "
-                            f"{rec.get('plan_gpus_per_node')})")
-        for g, diff in rec.get("max_abs_diff", {}).items():
-            if not diff <= 1e-5:
-                problems.append(f"rank {r} group_call={g}: max |param - reference| {diff:.3e}")
-
-
-def _drive(cfg: ClusterConfig, names: ClusterNames, net: NetnsCluster, result: ClusterResult,
-           log_root: str, procs: List[subprocess.Popen], emit: Callable[[str], None],
-           start: float) -> None:
-    """Start one launcher per node, follow the logs until all exit (or one
-    fails, or the timeout), then check what the ranks reported."""
-    emit(f"[cluster] {cfg.nodes} nodes x {cfg.procs_per_node} procs: namespaces "
-         f"{names.node_ns(0)}..{cfg.nodes - 1}, bridge {names.bridge_ns}, links "
-         f"{cfg.link_mbit:g} Mbit/s (tbf), node 0 at {names.ip(0)}")
-    inode_to_node = {net.netns_inode(k): k for k in range(cfg.nodes)}
-    for k in range(cfg.nodes):
-        node_dir = os.path.join(log_root, f"node{k}")
-        os.makedirs(node_dir)
-        out = open(os.path.join(node_dir, "launcher.log"), "w")
-        try:
-            procs.append(subprocess.Popen(
-                _launch_argv(cfg, names, k, node_dir), env=_worker_env(cfg, names, k),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=node_dir, start_new_session=True))
-        finally:
-            out.close()
-    follower = _LogFollower(log_root)
-    progress = _Progress(cfg, result, emit)
-    deadline = start + cfg.timeout_s
-    while True:
-        for line in follower.new_lines():
-            progress.feed(line)
-        codes = [p.poll() for p in procs]
-        # one failed node leaves the others waiting on it: stop at once
-        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-            break
-        if time.monotonic() > deadline:
-            result.problems.append(f"timed out after {cfg.timeout_s:.0f} s")
-            break
-        time.sleep(0.2)
-    for line in follower.new_lines():
-        progress.feed(line)
-    codes = [p.poll() for p in procs]
-    if any(c != 0 for c in codes) and not result.problems:
-        result.problems.append("launcher exit codes " + ", ".join(
-            f"node {k}: {'running' if c is None else c}" for k, c in enumerate(codes)))
-    for path in follower.files():
-        with open(path, errors="replace") as f:
-            for line in f:
-                if "MUON_CHECK_FAILED" in line:
-                    result.problems.append(line.strip())
-    _check_ranks(cfg, result, inode_to_node)
-    if cfg.mode == "train":
-        missing = [(g, s) for g in cfg.passes() for s in range(1, cfg.steps + 1)
-                   if (g, s) not in result.steps]
-        if missing and not result.problems:
-            result.problems.append(f"steps without records from every rank: {missing}")
-
-
-def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
-                keep_logs: bool = False) -> ClusterResult:
-    """Build the cluster, run the workers, tear everything down; never raises
-    for a failed run (see ``result.problems``).
-
-    Raises:
-        ClusterUnavailable: the box cannot build namespaces (nothing was created).
-        ClusterInterrupted: a signal arrived (everything was cleaned up first).
-        ValueError: an invalid configuration.
-    """
-    cfg.validate()
-    reason = probe_capability()
-    if reason:
-        raise ClusterUnavailable(reason)
-    if not os.path.isfile(worker_script()):
-        raise ClusterUnavailable(f"worker {worker_script()} not found: the cluster runs from a "
-                                 "source checkout (pip install -e .)")
-    sweep_stale()
-    names = ClusterNames.for_this_process(cfg.nodes)
-    net = NetnsCluster(names, cfg.link_mbit)
-    result = ClusterResult(cfg)
-    log_root = tempfile.mkdtemp(prefix="muon_cluster_")
-    result.log_dir = log_root
-    procs: List[subprocess.Popen] = []
-    start = time.monotonic()
-    try:
-        try:
-            net.up()
-        except RuntimeError as exc:
-            result.problems.append(f"building the network failed: {exc}")
-        else:
-            _drive(cfg, names, net, result, log_root, procs, emit, start)
-    except ClusterInterrupted:
-        if not keep_logs:
-            shutil.rmtree(log_root, ignore_errors=True)
-        raise
-    finally:
-        net.down()
-        for p in procs:
-            # Normally gone with its namespace; a launcher that is not (it left
-            # the namespace, or down() failed) dies with its session here.
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            p.wait()
-        result.leftovers = net.leftovers()
-        result.wall_s = time.monotonic() - start
-    if result.leftovers:
-        result.problems.append(f"namespaces left behind: {result.leftovers}")
-    result.status = "FAIL" if result.problems else "PASS"
-    if result.status == "FAIL":
-        _report_logs(log_root, emit)
-    elif not keep_logs:
-        shutil.rmtree(log_root, ignore_errors=True)
-    return result
-
-
-def _report_logs(log_root: str, emit: Callable[[str], None], tail: int = 15) -> None:
-    emit(f"[cluster] logs kept in {log_root}")
-    for path in _LogFollower(log_root).files() + sorted(
-            os.path.join(log_root, d, "launcher.log") for d in os.listdir(log_root)):
-        if not os.path.isfile(path):
-            continue
-        with open(path, errors="replace") as f:
-            lines = [ln for ln in f.read().splitlines() if "CLUSTER_" not in ln]
-        emit(f"----- {os.path.relpath(path, log_root)} (last {tail} lines) -----")
-        for ln in lines[-tail:]:
-            emit(ln)
-
-
-# --------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register the ``cluster`` subcommand on an argparse subparsers object."""
     c = sub.add_parser(
@@ -726,6 +94,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--group-call", default=None, choices=("0", "1", "both"),
                    help="comm_group_call_opt passes (default both: off, then on; 0 alone "
                    "where the option cannot run, e.g. --procs-per-node 1)")
+    c.add_argument("--recommended", action="store_true",
+                   help="ask the plan tool (plan --recommend: gloo, this layout, the tiny "
+                   "MoE, the links' rate) for the fastest configuration (comm_group_call_opt, "
+                   "muon_partition_strategy, comm_buffer_size_MB), then train the default "
+                   "configuration and the recommended one (each against the reference) and "
+                   "print per configuration inter-node bytes/step and step time, measured / "
+                   "predicted, and the recommended/default ratios; the default alone when "
+                   "it is the recommendation. Not with --group-call")
     c.add_argument("--timeout", type=float, default=900.0,
                    help="seconds, > 0 (default 900)")
     c.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
@@ -745,6 +121,11 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
                         link_mbit=args.link_mbit, hidden=args.hidden, inner=args.inner,
                         group_call=args.group_call or "both", timeout_s=args.timeout)
     cfg.validate_values()
+    if getattr(args, "recommended", False):
+        if args.group_call is not None:
+            raise ValueError("--recommended trains the default and the recommended "
+                             "configuration; drop --group-call")
+        return cfg
     if args.group_call is None:
         why = cfg.group_call_refusal()
         if why:
@@ -787,12 +168,12 @@ def summary_line(result: ClusterResult) -> str:
     parts = [result.status, f"nodes={cfg.nodes}", f"ranks={cfg.world_size}",
              f"ep={cfg.ep}", f"moe_sharding={cfg.moe_sharding}"]
     for g, v in result.per_pass().items():
-        tag = "on" if g else "off"
+        tag = cfg.pass_name(g)
         parts.append(f"{tag}: inter_node_bytes/step={v['inter_node_bytes_per_step']:.0f} "
                      f"step_time={v['step_time_s']:.3f}s")
     if result.prediction:
         for g in cfg.passes():
-            tag = "on" if g else "off"
+            tag = cfg.pass_name(g)
             pred = result.prediction.get(tag)
             if pred is not None:
                 parts.append(f"{tag}_predicted={pred['inter_node_bytes']:.0f}")
@@ -809,8 +190,11 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
     """
     from .guard import emit_json
 
+    rec = None
     try:
         cfg = config_from_args(args)
+        if getattr(args, "recommended", False):
+            cfg, rec = _recommended_config(cfg)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -826,7 +210,10 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
         except ClusterInterrupted as exc:
             print(f"[cluster] {exc}; namespaces, links and processes removed", file=sys.stderr)
             return 128 + exc.signum
-    if predict is not None and result.status == "PASS":
+    comp = None
+    if rec is not None and result.status == "PASS":
+        comp = _compare_recommended(result, rec)
+    elif predict is not None and result.status == "PASS":
         try:
             result.prediction = predict(cfg)
         except ValueError as exc:  # the run passed; a missing prediction does not fail it
@@ -835,11 +222,50 @@ def main(args: argparse.Namespace, predict: Optional[Callable[[ClusterConfig], D
             for line in comparison_lines(result):
                 print(line)
     if args.json:
-        emit_json(result.to_json())
+        out = result.to_json()
+        if rec is not None:
+            out["recommended"] = comp
+        emit_json(out)
     for problem in result.problems:
         print(f"  {problem}")
     print(summary_line(result))
     return 0 if result.status == "PASS" else 1
+
+
+def _recommended_config(cfg: ClusterConfig):
+    """(the run's configuration with the default and the recommended pass,
+    the plan tool's recommendation); ValueError when it cannot plan the layout."""
+    import dataclasses
+
+    from . import cluster_compare
+
+    rec = cluster_compare.recommend_for_cluster(cfg)
+    passes = cluster_compare.pass_configs(rec)
+    cfg = dataclasses.replace(cfg, pass_configs=passes,
+                              group_call="both" if any(p[0] for p in passes) else "0")
+    cfg.validate()
+    if len(passes) == 1:
+        print("note: the recommendation is the default configuration; training it once",
+              file=sys.stderr)
+    return cfg, rec
+
+
+def _compare_recommended(result: ClusterResult, rec: Dict) -> Dict:
+    """Predict each pass, print the comparison table; returns its JSON."""
+    from . import cluster_compare
+
+    cfg = result.config
+    predictions = {}
+    for g in cfg.passes():
+        gc, rule, mb = cfg.pass_configs[g]
+        predictions[cfg.pass_name(g)] = cluster_compare.predict(
+            cfg, {"comm_group_call_opt": gc, "muon_partition_strategy": rule,
+                  "comm_buffer_size_MB": mb})
+    result.prediction = predictions
+    comp = cluster_compare.comparison(result, rec, predictions)
+    for line in cluster_compare.comparison_lines(comp):
+        print(line)
+    return comp
 
 
 def comparison_lines(result: ClusterResult) -> List[str]:
@@ -852,17 +278,17 @@ def comparison_lines(result: ClusterResult) -> List[str]:
         return fn(g) if g in measured else "-"
 
     rows.append(("measured inter-node bytes/step",
-                 *(cell(g, lambda g: _fmt_bytes(measured[g]["inter_node_bytes_per_step"]))
+                 *(cell(g, lambda g: fmt_bytes(measured[g]["inter_node_bytes_per_step"]))
                    for g in (0, 1))))
     rows.append(("predicted (plan tool, gloo)",
-                 *(_fmt_bytes(pred[t]["inter_node_bytes"]) if t in pred else "-"
+                 *(fmt_bytes(pred[t]["inter_node_bytes"]) if t in pred else "-"
                    for t in ("off", "on"))))
     rows.append(("measured / predicted",
                  *(f"{measured[g]['inter_node_bytes_per_step'] / pred[t]['inter_node_bytes']:.3f}"
                    if g in measured and t in pred and pred[t]["inter_node_bytes"] else "-"
                    for g, t in ((0, "off"), (1, "on")))))
     rows.append(("  of which dense Muon (predicted)",
-                 *(_fmt_bytes(pred[t]["dense_muon_bytes"]) if t in pred else "-"
+                 *(fmt_bytes(pred[t]["dense_muon_bytes"]) if t in pred else "-"
                    for t in ("off", "on"))))
     if 0 in measured and 1 in measured and "off" in pred and "on" in pred:
         # MoE-colour and 1-D traffic is the same with the option on and off,
@@ -870,8 +296,8 @@ def comparison_lines(result: ClusterResult) -> List[str]:
         saved = (measured[0]["inter_node_bytes_per_step"]
                  - measured[1]["inter_node_bytes_per_step"])
         rows.append(("dense saving off - on: measured",
-                     _fmt_bytes(saved),
-                     f"predicted {_fmt_bytes(pred['off']['dense_muon_bytes'] - pred['on']['dense_muon_bytes'])}"))
+                     fmt_bytes(saved),
+                     f"predicted {fmt_bytes(pred['off']['dense_muon_bytes'] - pred['on']['dense_muon_bytes'])}"))
     rows.append(("measured step time",
                  *(cell(g, lambda g: f"{measured[g]['step_time_s']:.3f} s") for g in (0, 1))))
     w0 = max(len(r[0]) for r in rows)

@@ -25,12 +25,14 @@ The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cost_model import BACKENDS, AlphaBeta
 
-__all__ = ["FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s", "family_floor_s",
-           "latency_floor_s", "layout_families", "link_floor_bytes", "ring_link_bytes",
+__all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
+           "chain_latency_s", "family_floor_s", "hooked_hierarchical_reduce_s", "latency_floor_s",
+           "layout_families",
+           "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
            "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
@@ -38,8 +40,12 @@ __all__ = ["FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s", "famil
 #: the MoE colour, and the element-wise reduce-scatter / all-gather.
 FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast",
             "reduce_scatter", "all_gather")
-#: Families the NCCL model always runs as rings (no option changes them).
+#: Families the model always runs as rings (no option changes them; gloo's
+#: rings are in ascending rank order, node by node as NCCL's).
 RING_FAMILIES = ("reduce_scatter", "all_gather")
+#: The Muon families (owner reduce / broadcast); only the dense colour's may
+#: route hierarchically.
+MUON_FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast")
 
 
 @dataclass(frozen=True)
@@ -51,12 +57,16 @@ class GroupLoad:
         nodes: nodes the group spans (``n``).
         per_node: most of its ranks on one node (``k``).
         nbytes: payload bytes the family moves in the group (``S``).
+        launches: collectives every configuration launches at least (the
+            element-wise families: one buffer per dtype at the least, whatever
+            the buffer size; 1 elsewhere).
     """
 
     ranks: int
     nodes: int
     per_node: int
     nbytes: float
+    launches: int = 1
 
 
 def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:
@@ -95,7 +105,7 @@ def ring_link_bytes(g: GroupLoad) -> Tuple[float, float]:
     return crossings * share, (g.ranks - crossings) * share
 
 
-def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False) -> float:
+def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False, passes: int = 1) -> float:
     """Link-seconds ``g`` needs at least, summed over its ranks (not yet spread).
 
     The inter-node floor bytes pay ``beta_net``; the rest of the ``(p - 1) S``
@@ -107,13 +117,15 @@ def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False) -> float:
         ab: alpha-beta constants.
         ring: the bytes of a ring reduce-scatter / all-gather
             (:func:`ring_link_bytes`), each at its own link's beta.
+        passes: times the ring carries them (gloo's reduce-scatter is its
+            ring all-reduce: 2).
 
     Returns:
         float: seconds (sum over the group's senders).
     """
     if ring:
         inter, intra = ring_link_bytes(g)
-        return inter * ab.beta_net + intra * ab.beta_nvlink
+        return passes * (inter * ab.beta_net + intra * ab.beta_nvlink)
     inter, intra = link_floor_bytes(g)
     return inter * ab.beta_net + intra * min(ab.beta_net, ab.beta_nvlink)
 
@@ -147,8 +159,126 @@ def latency_floor_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl") -> float
     return (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * cheapest
 
 
+def ring_latency_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl", passes: int = 1) -> float:
+    """Latency of ``g``'s element-wise family as rings, the least any configuration pays.
+
+    NCCL: the model charges a ring reduce-scatter / all-gather the alpha of
+    every hop of channel 0 but the one closing the ring: its ``n`` node cuts
+    less the closing one at ``alpha_net``, its ``p - n`` in-node hops at
+    ``alpha_nvlink`` (one node: ``p - 1`` in-node hops). gloo: ``p - 1``
+    rounds a pass (``passes``: 2 for its reduce-scatter, a ring all-reduce),
+    each at ``alpha_net`` once the ring crosses nodes. No option changes a
+    ring, and every configuration launches one at least per buffer
+    (``launches``).
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+        passes: gloo's passes round the ring.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    if backend == "gloo":
+        alpha = ab.alpha_net if g.nodes > 1 else ab.alpha_nvlink
+        return g.launches * passes * (g.ranks - 1) * alpha
+    if g.nodes > 1:
+        one = (g.nodes - 1) * ab.alpha_net + (g.ranks - g.nodes) * ab.alpha_nvlink
+    else:
+        one = (g.ranks - 1) * ab.alpha_nvlink
+    return g.launches * one
+
+
+def chain_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """Latency the model charges one flat reduce / broadcast of ``g``, at the least.
+
+    A flat op pays every hop of its channel-0 chain: the ring's ``n`` node
+    cuts (``alpha_net``) and ``p - n`` in-node hops (``alpha_nvlink``; one node:
+    ``p`` in-node hops) less the one edge the root's chain leaves out, at most
+    the dearest of them.
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    if g.nodes <= 1:
+        return (g.ranks - 1) * ab.alpha_nvlink
+    full = g.nodes * ab.alpha_net + (g.ranks - g.nodes) * ab.alpha_nvlink
+    dearest = max(ab.alpha_net, ab.alpha_nvlink) if g.ranks > g.nodes else ab.alpha_net
+    return full - dearest
+
+
+def muon_latency_s(g: GroupLoad, ab: AlphaBeta, hierarchical: bool,
+                   hooked: bool = False) -> float:
+    """The least latency of one Muon reduce / broadcast family of ``g`` on NCCL.
+
+    Flat, every op (chunk or parameter) pays its chain (:func:`chain_latency_s`)
+    and every configuration issues one op per dtype at least (``launches``).
+    The hierarchical route (the default colour only) pays the coalesced
+    launches once: ``(n - 1) alpha_net`` across nodes and ``(k - 1)
+    alpha_nvlink`` inside one -- per dtype inside the node when the backward
+    hooks launch each buffer's intra-node reduce (``hooked``: ``comm_overlap``).
+    The family's floor is the cheaper route.
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+        hierarchical: the family may route hierarchically (default colour).
+        hooked: the intra-node reduces are launched one by one (comm_overlap).
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    flat = g.launches * chain_latency_s(g, ab)
+    if not hierarchical:
+        return flat
+    intra = (g.per_node - 1) * ab.alpha_nvlink * (g.launches if hooked else 1)
+    return min(flat, (g.nodes - 1) * ab.alpha_net + intra)
+
+
+def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """The least time of a stage's dense reduce on the hierarchical route under
+    ``comm_overlap`` (the hooks launch each buffer's intra-node reduce alone).
+
+    With ``B`` buffers (at least one per dtype) the owners sit on at most
+    ``c = min(B, k)`` cards. Intra-node: ``B`` launches of ``k - 1`` NVLink hops,
+    and each node's non-roots send every byte once: the busiest rank at least
+    ``(k - 1) / k S`` at ``beta_nvlink``. Cross-node (coalesced): ``n - 1``
+    network hops, and a card's same-card ranks together send ``(n - 1)`` times
+    the bytes its owners hold, so the busiest rank of the busiest card at
+    least ``(n - 1) S / (n c)`` at ``beta_net``. The least over ``B``: more
+    buffers spread the rails but pay more launches.
+
+    Args:
+        g: the stage's dense Muon group (``launches``: its dtypes).
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    n, k, S = g.nodes, g.per_node, g.nbytes
+    fixed = (n - 1) * ab.alpha_net + (k - 1) / k * S * ab.beta_nvlink
+    return fixed + min(
+        b * (k - 1) * ab.alpha_nvlink + (n - 1) * S * ab.beta_net / (n * min(b, k))
+        for b in range(g.launches, max(g.launches, k) + 1))
+
+
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
-                   backend: str = "nccl", ring: bool = False) -> Tuple[float, float]:
+                   backend: str = "nccl", ring: bool = False,
+                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1
+                   ) -> Tuple[float, float]:
     """(latency, bandwidth) floor of one phase family.
 
     Args:
@@ -157,27 +287,42 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
             set sends at least the set's mean.
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
-        ring: the family runs as rings (:func:`bandwidth_floor_s`).
+        ring: the family runs as rings whatever the options
+            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`).
+        muon: a Muon family on NCCL, ``(hierarchical, hooked)`` for
+            :func:`muon_latency_s`; None: one launch's generic floor
+            (:func:`latency_floor_s`).
+        passes: times the ring carries the bytes (gloo's reduce-scatter: 2).
 
     Returns:
-        tuple: the largest one-launch latency of any group, and the largest
-        mean link-seconds per rank of any rank set.
+        tuple: the largest latency of any group (one launch; as rings, its
+        rings' launches), and the largest mean link-seconds per rank of any
+        rank set.
     """
-    latency = max((latency_floor_s(g, ab, backend) for _, groups in rank_sets for g in groups),
-                  default=0.0)
-    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring) for g in groups) / size
+    def lat(g: GroupLoad) -> float:
+        if ring:
+            return ring_latency_s(g, ab, backend, passes)
+        if muon is not None and backend == "nccl":
+            return muon_latency_s(g, ab, *muon)
+        return latency_floor_s(g, ab, backend)
+
+    latency = max((lat(g) for _, groups in rank_sets for g in groups), default=0.0)
+    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring, passes) for g in groups) / size
                      for size, groups in rank_sets if size), default=0.0)
     return latency, bandwidth
 
 
 def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]],
-               ab: AlphaBeta, backend: str = "nccl") -> Dict[str, Any]:
+               ab: AlphaBeta, backend: str = "nccl", comm_overlap: bool = False
+               ) -> Dict[str, Any]:
     """The step's bound: the sum of every family's latency and bandwidth floor.
 
     Args:
         families: family name -> rank sets (:func:`family_floor_s`).
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
+        comm_overlap: the run's ``comm_overlap`` (every candidate keeps it):
+            the hooks launch each dense buffer's intra-node reduce alone.
 
     Returns:
         dict: ``bound_s`` (seconds), ``families_s`` (name -> seconds) and
@@ -186,20 +331,33 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
     per: Dict[str, float] = {}
     inter = 0.0
     for name, rank_sets in families.items():
-        # NCCL: the element-wise collectives are rings whatever the options
-        ring = backend == "nccl" and name in RING_FAMILIES
-        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring)
+        # the element-wise collectives are rings whatever the options (gloo's
+        # reduce-scatter is its ring all-reduce: twice round the ring)
+        ring = name in RING_FAMILIES
+        passes = 2 if backend == "gloo" and name == "reduce_scatter" else 1
+        muon = None
+        if name in MUON_FAMILIES:
+            muon = (name.startswith("dense_"), comm_overlap and name == "dense_reduce")
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes)
         per[name] = latency + bandwidth
+        if muon is not None and muon[1] and backend == "nccl":
+            # hooked dense reduce: the flat route's floor, or the hierarchical
+            # route's per stage with its launches and rails weighed together
+            flat, _ = family_floor_s(rank_sets, ab, backend, False, (False, False))
+            hier = max((hooked_hierarchical_reduce_s(g, ab) for _, groups in rank_sets
+                        for g in groups), default=0.0)
+            per[name] = max(per[name], min(flat + bandwidth, hier))
         count = ring_link_bytes if ring else link_floor_bytes
-        inter += sum(count(g)[0] for _, groups in rank_sets for g in groups)
+        inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 
-def _load(ranks: Sequence[int], gpn: int, nbytes: float) -> GroupLoad:
+def _load(ranks: Sequence[int], gpn: int, nbytes: float, launches: int = 1) -> GroupLoad:
     per_node: Dict[int, int] = {}
     for r in ranks:
         per_node[r // gpn] = per_node.get(r // gpn, 0) + 1
-    return GroupLoad(len(ranks), len(per_node), max(per_node.values()), float(nbytes))
+    return GroupLoad(len(ranks), len(per_node), max(per_node.values()), float(nbytes),
+                     max(1, launches))
 
 
 def layout_families(plan, stage_metas: Sequence[Sequence[Any]]
@@ -219,18 +377,25 @@ def layout_families(plan, stage_metas: Sequence[Sequence[Any]]
     out: Dict[str, List[Tuple[int, List[GroupLoad]]]] = {f: [] for f in FAMILIES}
     for stage, metas in enumerate(stage_metas):
         sums = {(muon, expert): 0 for muon in (True, False) for expert in (True, False)}
+        # buffers are per dtype: each dtype with bytes is one launch at least
+        dtypes: Dict[Tuple[bool, bool], set] = {k: set() for k in sums}
         for m in metas:
-            sums[(bool(m.use_muon), m.colour is not None)] += m.nbytes
+            key = (bool(m.use_muon), m.colour is not None)
+            sums[key] += m.nbytes
+            if m.nbytes > 0:
+                dtypes[key].add(getattr(m, "dtype", None))
         dense = tuple(plan.sharding_group_ranks(stage))
         moe_groups = {}
         for r in dense:
             group = tuple(plan.moe_sharding_ranks(r))
             moe_groups.setdefault(min(group), group)
         size = len(dense)
-        dense_muon = [_load(dense, gpn, sums[(True, False)])]
-        moe_muon = [_load(g, gpn, sums[(True, True)]) for g in moe_groups.values()]
-        other = [_load(dense, gpn, sums[(False, False)])] + [
-            _load(g, gpn, sums[(False, True)]) for g in moe_groups.values()]
+        dense_muon = [_load(dense, gpn, sums[(True, False)], len(dtypes[(True, False)]))]
+        moe_muon = [_load(g, gpn, sums[(True, True)], len(dtypes[(True, True)]))
+                    for g in moe_groups.values()]
+        other = [_load(dense, gpn, sums[(False, False)], len(dtypes[(False, False)]))] + [
+            _load(g, gpn, sums[(False, True)], len(dtypes[(False, True)]))
+            for g in moe_groups.values()]
         for name, groups in (("dense_reduce", dense_muon), ("dense_broadcast", dense_muon),
                              ("moe_reduce", moe_muon), ("moe_broadcast", moe_muon),
                              ("reduce_scatter", other), ("all_gather", other)):

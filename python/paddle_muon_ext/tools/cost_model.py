@@ -52,16 +52,30 @@ min(beta_net, beta_nvlink)`` link-seconds. (Rail spread) only the group's
 ranks send its bytes, and a sum of per-phase maxima is at least the mean
 over any set of ranks of what they send in all the family's phases: per
 pipeline stage, the family's link-seconds over the stage's ranks. (Launches)
-every group with bytes launches at least once per family, and a chain's
-farthest byte crosses ``n - 1`` node cuts and ``k - 1`` hops inside a node:
-``(n - 1) alpha_net + (k - 1) min(alpha)`` (gloo: one round), the coalesced
-hierarchical launch's cost; the largest such group latency. (Overlap) the
+buffers are per (owner, dtype), so every group issues at least one op per
+dtype with bytes (``d``) in each family. A flat Muon op pays its whole
+channel-0 chain: the ring's ``n`` node cuts at ``alpha_net`` and ``p - n``
+in-node hops at ``alpha_nvlink`` less the one edge its root leaves out (at
+most the dearest); so flat pays ``d`` chains. The hierarchical route (the
+default colour only) pays its coalesced launches once, ``(n - 1) alpha_net +
+(k - 1) alpha_nvlink``; when ``comm_overlap``'s hooks launch each dense
+buffer's intra-node reduce alone (the run's ``comm_overlap`` holds for every
+candidate), ``B >= d`` buffers pay ``B`` in-node launches and put the owners on
+at most ``min(B, k)`` cards, whose same-card ranks carry all the cross-node
+bytes: per stage the least over ``B`` of ``(n - 1) alpha_net + B (k - 1)
+alpha_nvlink + (k - 1) / k S beta_nvlink + (n - 1) S beta_net / (n min(B,
+k))``. A Muon family's floor is the cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
+all-gather run as rings whatever the options: on nccl ``d`` launches of
+``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
+the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
+reduce-scatter (a ring all-reduce) two passes of twice the bytes. A family
+takes its largest group latency. (Overlap) the
 model charges every phase as exposed, ``comm_overlap`` included (it changes
 which op launches a buffer, not the phase sum), so the bound hides nothing
-either. (Rings) the element-wise reduce-scatter / all-gather run as NCCL
-rings whatever the options, so on ``nccl`` the bound takes the rings' bytes
-(``n (p - 1) / p S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead
-of the floor; gloo keeps the floor. The bound is the sum over families of
+either. (Rings) the element-wise reduce-scatter / all-gather run as rings
+whatever the options, so the bound takes the rings' bytes (``n (p - 1) / p
+S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead of the floor;
+gloo's reduce-scatter twice that. The bound is the sum over families of
 latency + bandwidth floors. The gap to a configuration: owners not spread
 over nodes and rails, phases that do not overlap (the hierarchical path's
 intra- and cross-node steps), extra launches of small buckets.
@@ -75,22 +89,25 @@ world of 16,384 ranks costs what its classes cost.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
 from ..distributed.fleet.meta_optimizers import muon_sharding_types as mst
+from .cost_rings import Group, Phase, Rings, ring_structure
 
-__all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "max_over_mean",
-           "ratio", "cost_phase"]
+__all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "RING_OPS",
+           "max_over_mean", "ratio", "cost_phase"]
 
 KINDS = ("sharding", "moe_sharding", "node", "same_card")
+#: Unrooted collectives, charged as rings: an all-reduce (e.g. the global-norm
+#: clip's) is a reduce-scatter then an all-gather of the same bytes.
+RING_OPS = ("reduce_scatter", "all_gather", "all_reduce")
 #: Collective algorithms the bytes model knows (``--backend``): NCCL rings
 #: (above) or gloo as measured (:mod:`paddle_muon_ext.tools.gloo_model`).
 BACKENDS = ("nccl", "gloo")
-OTHER_PHASES = ("reduce_scatter", "all_gather")
+OTHER_PHASES = ("reduce_scatter", "all_gather", "all_reduce")
 
 
 @dataclass(frozen=True)
@@ -124,114 +141,13 @@ def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
         return "reduce_scatter", kind
     if op.phase == mst.PHASE_ALL_GATHER:
         return "all_gather", kind
+    if op.op == "all_reduce":  # whatever its phase label: one unrooted ring phase
+        return "all_reduce", kind
     if op.phase in (mst.PHASE_INTRA_NODE_REDUCE, mst.PHASE_INTRA_NODE_BROADCAST):
         return op.phase, "node"
     if op.phase in (mst.PHASE_CROSS_NODE_REDUCE, mst.PHASE_CROSS_NODE_BROADCAST):
         return op.phase, "same_card"
     return f"{colour}_{op.op}", kind
-
-
-class _Phase:
-    """Traffic of one phase: per-rank egress and per-group latency."""
-
-    def __init__(self, name: str, world: int) -> None:
-        self.name = name
-        self.intra = [0.0] * world
-        self.inter = [0.0] * world
-        self.latency: Dict[Tuple[int, ...], float] = {}
-
-    def time(self, ab: AlphaBeta) -> float:
-        bw = max(
-            (e * ab.beta_net + i * ab.beta_nvlink for e, i in zip(self.inter, self.intra)),
-            default=0.0,
-        )
-        return max(self.latency.values(), default=0.0) + bw
-
-
-class Rings:
-    """The channel rings of one group (module docstring), without listing them.
-
-    Ranks are taken node by node (ascending); channel ``j`` visits each node's
-    ranks rotated by ``j mod k + 1`` (``k`` ranks on that node), so a group of
-    ``p`` ranks on nodes of ``C`` ranks has ``C`` rings of ``p`` entries. Only
-    channel 0 is listed (latency); neighbours and how often each rank sends
-    are arithmetic, so a group costs O(p), not O(p x C) (16,384 ranks on
-    1,024-card nodes would otherwise list 16 M entries).
-    """
-
-    def __init__(self, ranks: Tuple[int, ...], gpn: int) -> None:
-        by_node: Dict[int, List[int]] = {}
-        for r in ranks:  # ascending = node by node, card by card
-            by_node.setdefault(r // gpn, []).append(r)
-        self.blocks: List[List[int]] = [by_node[n] for n in sorted(by_node)]
-        self.channels = max(len(m) for m in self.blocks)
-        self.where: Dict[int, Tuple[int, int]] = {
-            r: (b, j) for b, mem in enumerate(self.blocks) for j, r in enumerate(mem)}
-        self.ring0 = [r for mem in self.blocks for r in mem[1:] + mem[:1]]
-        self.index0 = {r: i for i, r in enumerate(self.ring0)}
-        n_blocks = len(self.blocks)
-        senders = []
-        cards = [0] * gpn
-        channels = self.channels
-        for mem in self.blocks:
-            k = len(mem)
-            for j, r in enumerate(mem):
-                # r ends its node's run in channel ch iff ch mod k == j; that hop
-                # leaves the node when the group spans more than one node.
-                last = channels // k + (1 if j < channels % k else 0)
-                inter = last if n_blocks > 1 else 0
-                senders.append((r, channels - inter, inter))
-                cards[r % gpn] += inter
-        self.senders = (senders, cards, sum(cards), sum(s[1] for s in senders))
-
-    def next(self, channel: int, rank: int) -> int:
-        """The rank after ``rank`` in ring ``channel``."""
-        b, j = self.where[rank]
-        mem = self.blocks[b]
-        k = len(mem)
-        if j != channel % k:  # not the last of its node's run
-            return mem[(j + 1) % k]
-        nxt = self.blocks[(b + 1) % len(self.blocks)]
-        return nxt[(channel % len(nxt) + 1) % len(nxt)]
-
-    def prev(self, channel: int, rank: int) -> int:
-        """The rank before ``rank`` in ring ``channel``."""
-        b, j = self.where[rank]
-        mem = self.blocks[b]
-        k = len(mem)
-        if j != (channel % k + 1) % k:  # not the first of its node's run
-            return mem[(j - 1) % k]
-        before = self.blocks[b - 1]
-        return before[channel % len(before)]
-
-    def ring(self, channel: int) -> List[int]:
-        """Ring ``channel`` listed (for tests and small groups)."""
-        out: List[int] = []
-        for mem in self.blocks:
-            cut = channel % len(mem) + 1
-            out.extend(mem[cut:] + mem[:cut])
-        return out
-
-
-@functools.lru_cache(maxsize=512)
-def _ring_structure(ranks: Tuple[int, ...], gpn: int) -> Rings:
-    # Cached: the flat and hierarchical paths of both partition rules share groups.
-    return Rings(ranks, gpn)
-
-
-class _Group:
-    """One group's ranks (ascending) and what the model derives from them, once.
-
-    Hashed by identity: a 16k-rank tuple as a dict key would be hashed at
-    every look-up.
-    """
-
-    __slots__ = ("ranks", "rings", "latency")
-
-    def __init__(self, ranks: Tuple[int, ...]) -> None:
-        self.ranks = ranks
-        self.rings: Optional[Rings] = None
-        self.latency: Optional[Tuple[float, List[float]]] = None
 
 
 class CostPath:
@@ -246,7 +162,7 @@ class CostPath:
         self.world = world
         self.gpn = gpn
         self.ab = ab
-        self.phases: "OrderedDict[str, _Phase]" = OrderedDict()
+        self.phases: "OrderedDict[str, Phase]" = OrderedDict()
         self.calls: Counter = Counter()
         self.launches: Counter = Counter()
         self.detail: Dict[str, Counter] = {k: Counter() for k in KINDS}
@@ -261,9 +177,9 @@ class CostPath:
         self.colour_bound: Counter = Counter()
         self.colour_rail: Dict[str, List[float]] = {"dense": [0.0] * gpn, "moe": [0.0] * gpn}
         self.phase_triggers: Dict[str, str] = {}
-        self._groups: Dict[Tuple[int, ...], _Group] = {}
-        # id(an op's group object) -> (that object, kept alive; its _Group)
-        self._by_id: Dict[int, Tuple[Any, _Group]] = {}
+        self._groups: Dict[Tuple[int, ...], Group] = {}
+        # id(an op's group object) -> (that object, kept alive; its Group)
+        self._by_id: Dict[int, Tuple[Any, Group]] = {}
         self._deferred: Dict[tuple, float] = {}
         # replay_class scope: copies of the template being charged (1 outside),
         # and where per-rank bytes go (None: the phases' world arrays).
@@ -273,14 +189,14 @@ class CostPath:
         self._local_rails: Dict[Tuple[int, Optional[str]], float] = {}
         self._blocks: List[tuple] = []
 
-    def phase(self, name: str) -> _Phase:
+    def phase(self, name: str) -> Phase:
         if name not in self.phases:
-            self.phases[name] = _Phase(name, self.world)
+            self.phases[name] = Phase(name, self.world)
         return self.phases[name]
 
-    def _group(self, group: Any) -> _Group:
-        """The :class:`_Group` of a rank sequence (any order), or ``group`` itself."""
-        if isinstance(group, _Group):
+    def _group(self, group: Any) -> Group:
+        """The :class:`Group` of a rank sequence (any order), or ``group`` itself."""
+        if isinstance(group, Group):
             return group
         seen = self._by_id.get(id(group))
         if seen is not None and seen[0] is group:
@@ -288,7 +204,7 @@ class CostPath:
         ranks = tuple(sorted(group))
         handle = self._groups.get(ranks)
         if handle is None:
-            handle = self._groups[ranks] = _Group(ranks)
+            handle = self._groups[ranks] = Group(ranks)
         self._by_id[id(group)] = (group, handle)
         return handle
 
@@ -296,10 +212,10 @@ class CostPath:
         """The group's channel rings (see the module docstring)."""
         g = self._group(group)
         if g.rings is None:
-            g.rings = _ring_structure(g.ranks, self.gpn)
+            g.rings = ring_structure(g.ranks, self.gpn)
         return g.rings
 
-    def _send(self, ph: _Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
+    def _send(self, ph: Phase, src: int, dst: int, nbytes: float, muon: Optional[str]) -> bool:
         gpn = self.gpn
         inter = src // gpn != dst // gpn
         if self._local is None:
@@ -335,15 +251,22 @@ class CostPath:
     def _alpha(self, inter: bool) -> float:
         return self.ab.alpha_net if inter else self.ab.alpha_nvlink
 
-    def rooted(self, ph: _Phase, kind: str, what: str, group, root: int, nbytes: float,
-               colour: str, coalesced: bool = False) -> None:
-        """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``."""
+    def rooted(self, ph: Phase, kind: str, what: str, group, root: int, nbytes: float,
+               colour: str, coalesced: bool = False, count: int = 1) -> None:
+        """A reduce onto / broadcast from ``root`` of a Muon buffer of ``colour``.
+
+        ``count`` ops of the same phase, group, root and colour moving
+        ``nbytes`` together (nccl only): their bytes are linear in the size
+        and each pays the same latency, so they are charged at once.
+        """
         group = self._group(group)
-        self.calls[kind] += self._mult
-        self.detail[kind][what] += self._mult
+        self.calls[kind] += self._mult * count
+        self.detail[kind][what] += self._mult * count
         if len(group.ranks) < 2:
             return
         if self.backend == "gloo":
+            if count != 1:
+                raise ValueError("rooted: gloo charges one op at a time (count must be 1)")
             self._gloo(ph, what, group, nbytes, colour, root, coalesced)
             return
         rings = self.rings(group)
@@ -362,10 +285,21 @@ class CostPath:
             full, alphas = self._ring_latency(group)
             i = rings.index0[root]
             missing = alphas[i] if what == "reduce" else alphas[i - 1]
-            ph.latency[group] = ph.latency.get(group, 0.0) + full - missing
+            ph.latency[group] = ph.latency.get(group, 0.0) + count * (full - missing)
 
-    def ring_collective(self, ph: _Phase, kind: str, what: str, group, nbytes: float) -> None:
-        """A reduce-scatter or all-gather of ``nbytes`` (whole buffer) in ``group``."""
+    def ring_collective(self, ph: Phase, kind: str, what: str, group, nbytes: float) -> None:
+        """A reduce-scatter, all-gather or all-reduce of ``nbytes`` (whole buffer) in ``group``.
+
+        An all-reduce runs as a reduce-scatter then an all-gather on the same
+        rings: twice the bytes and twice the latency of either.
+        """
+        if what == "all_reduce" and self.backend != "gloo":
+            self.calls[kind] += self._mult
+            self.launches[kind] += self._mult
+            self.detail[kind][what] += self._mult
+            for _ in range(2):
+                self._ring_pass(ph, group, nbytes)
+            return
         group = self._group(group)
         self.calls[kind] += self._mult
         self.launches[kind] += self._mult
@@ -376,6 +310,14 @@ class CostPath:
         if self.backend == "gloo":
             self._gloo(ph, what, group, nbytes, None, None, False)
             return
+        self._ring_pass(ph, group, nbytes)
+
+    def _ring_pass(self, ph: Phase, group, nbytes: float) -> None:
+        """One pass round the rings: every edge carries ``(p - 1) / p`` of a channel's share."""
+        group = self._group(group)
+        p = len(group.ranks)
+        if p < 2:
+            return
         rings = self.rings(group)
         share = nbytes * (p - 1) / p / rings.channels
         self._charge_rings(ph, group, share, None)
@@ -383,12 +325,12 @@ class CostPath:
         # every channel-0 hop but the one closing the ring (into ring[0])
         ph.latency[group] = ph.latency.get(group, 0.0) + full - alphas[-1]
 
-    def _charge_rings(self, ph: _Phase, group: _Group, share: float,
+    def _charge_rings(self, ph: Phase, group: Group, share: float,
                       colour: Optional[str]) -> None:
         key = (ph.name, group, colour)
         self._deferred[key] = self._deferred.get(key, 0.0) + share
 
-    def _ring_senders(self, group: _Group) -> tuple:
+    def _ring_senders(self, group: Group) -> tuple:
         return self.rings(group).senders
 
     def _flush(self) -> None:
@@ -429,7 +371,7 @@ class CostPath:
                 self.other_intra += n_intra * share * m
         self._deferred.clear()
 
-    def _ring_latency(self, group: _Group) -> Tuple[float, List[float]]:
+    def _ring_latency(self, group: Group) -> Tuple[float, List[float]]:
         """Channel 0: the alpha of each hop ring[i] -> ring[i + 1], and their sum."""
         if group.latency is None:
             ring, gpn = self.rings(group).ring0, self.gpn
@@ -437,7 +379,7 @@ class CostPath:
             group.latency = (sum(alphas), alphas)
         return group.latency
 
-    def _gloo(self, ph: _Phase, what: str, group, nbytes: float, colour: Optional[str],
+    def _gloo(self, ph: Phase, what: str, group, nbytes: float, colour: Optional[str],
               root: Optional[int], coalesced: bool) -> None:
         """One collective as gloo runs it (``paddle_muon_ext.tools.gloo_model``)."""
         from . import gloo_model
@@ -455,29 +397,59 @@ class CostPath:
         self.colour_bound[colour] += 2 * (group_nodes - 1) * nbytes
 
     def replay(self, ops: Iterable[Tuple[msl.CommOp, float]]) -> None:
-        """Charge group-level ops (each once, with its payload bytes), in schedule order."""
+        """Charge group-level ops (each once, with its payload bytes), in schedule order.
+
+        On nccl a run of consecutive rooted ops that differ only in size (the
+        chunks of one bucket: same trigger, phase, group object, root, colour
+        and coalescing) is charged as one op of their summed bytes, ``count``
+        times the calls, launches and latency: the model is linear in the bytes,
+        and a 100,000-matrix model's 50,000 chunk reduces become one charge per
+        bucket. Runs never reorder ops (a phase's first op still names its
+        trigger, an uncoalesced op's latency still precedes a coalesced launch).
+        """
         launched = set()
+        run = None  # [key, op, summed bytes, count]
         for op, nbytes in ops:
-            name, kind = cost_phase(op)
-            ph = self.phase(name)
-            self.phase_triggers.setdefault(name, op.trigger)
-            group = self._group(op.group)
-            if op.op in ("reduce_scatter", "all_gather"):
-                what = "reduce_scatter" if op.op == "reduce_scatter" else "all_gather"
-                self.ring_collective(ph, kind, what, group, nbytes)
+            if self.backend != "gloo" and op.op not in RING_OPS:
+                key = (id(op.group), op.trigger, op.phase, op.op, op.root, op.colour,
+                       op.coalesced)
+                if run is not None and run[0] == key:
+                    run[2] += nbytes
+                    run[3] += 1
+                    continue
+                if run is not None:
+                    self._replay_one(run[1], run[2], run[3], launched)
+                run = [key, op, nbytes, 1]
                 continue
-            colour = "dense" if op.colour is None else "moe"
-            hier = kind in ("node", "same_card")
-            coalesced = op.coalesced and hier
-            self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced)
-            if not op.coalesced:
-                self.launches[kind] += self._mult
-            elif (name, group) not in launched:
-                launched.add((name, group))
-                self.launches[kind] += self._mult
-                if hier:
-                    alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
-                    ph.latency[group] = (len(group.ranks) - 1) * alpha
+            if run is not None:
+                self._replay_one(run[1], run[2], run[3], launched)
+                run = None
+            self._replay_one(op, nbytes, 1, launched)
+        if run is not None:
+            self._replay_one(run[1], run[2], run[3], launched)
+
+    def _replay_one(self, op: msl.CommOp, nbytes: float, count: int, launched: set) -> None:
+        """Charge ``count`` ops like ``op`` moving ``nbytes`` in all (see :meth:`replay`)."""
+        name, kind = cost_phase(op)
+        ph = self.phase(name)
+        self.phase_triggers.setdefault(name, op.trigger)
+        group = self._group(op.group)
+        if op.op in RING_OPS:
+            self.ring_collective(ph, kind, op.op, group, nbytes)
+            return
+        colour = "dense" if op.colour is None else "moe"
+        hier = kind in ("node", "same_card")
+        coalesced = op.coalesced and hier
+        self.rooted(ph, kind, op.op, group, op.root, nbytes, colour, coalesced=coalesced,
+                    count=count)
+        if not op.coalesced:
+            self.launches[kind] += self._mult * count
+        elif (name, group) not in launched:
+            launched.add((name, group))
+            self.launches[kind] += self._mult
+            if hier:
+                alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
+                ph.latency[group] = (len(group.ranks) - 1) * alpha
 
     def declare(self, ops: Iterable[msl.CommOp]) -> None:
         """Create the phases of ``ops`` in this order (their first op names the trigger).

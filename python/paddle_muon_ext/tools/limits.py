@@ -289,6 +289,26 @@ def read_model_file(path: str) -> List[dict]:
 
 
 def _entry(path: str, index: int, obj: Any) -> dict:
+    if type(obj) is dict:
+        # the common case, a valid entry, checked without building the message
+        # text (200,000 entries): any doubt goes to the checks below
+        name, shape = obj.get("name"), obj.get("shape")
+        dtype = obj.get("dtype", "float32")
+        is_expert, use_muon = obj.get("is_expert"), obj.get("use_muon")
+        dim = LIMITS.dim
+        if (type(name) is str and name and type(shape) is list and 1 <= len(shape) <= 3
+                and all(type(d) is int and 1 <= d <= dim for d in shape)
+                and (use_muon is None or type(use_muon) is bool)
+                and (is_expert is None or type(is_expert) is bool)
+                and type(dtype) is str and dtype in _DTYPES
+                and not (use_muon and len(shape) == 1)):
+            return {"name": name, "shape": tuple(shape), "dtype": dtype,
+                    "is_expert": bool(is_expert), "use_muon": use_muon}
+    return _entry_checked(path, index, obj)
+
+
+def _entry_checked(path: str, index: int, obj: Any) -> dict:
+    """:func:`_entry` naming the first problem of ``obj``."""
     where = f"model file {path} entry {index}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise InputError(where, _short(obj), "needs a non-empty string 'name' "

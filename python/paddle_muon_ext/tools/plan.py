@@ -28,296 +28,40 @@ split); expert parameters take the MoE colour (their moe_sharding group).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
-from ..distributed.fleet.meta_optimizers.muon_sharding_layout import (
-    LayoutSettings,
-    ShardingLayout,
-)
-from ..distributed.fleet.meta_optimizers.muon_sharding_types import (
-    PHASE_INTRA_NODE_BROADCAST,
-    PHASE_INTRA_NODE_REDUCE,
-)
+from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding_partition import balance_floor
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
+from .plan_world import (
+    EXPERT_COLOUR,
+    Stage,
+    WorldByClass,
+    build_layout_plan,
+    split_stages,
+    stage_floor,
+)
 
 __all__ = [
-    "EXPERT_COLOUR",
     "PARTITION_RULES",
     "TARGET_HIER_RATIO",
     "TARGET_RAIL_IMBALANCE",
-    "WorldByClass",
     "compute_plan",
-    "group_class_key",
+    "json_ready",
     "predict_cluster",
-    "split_stages",
 ]
 
 #: Targets of the hierarchical path (checked on every run, printed with the table).
 TARGET_HIER_RATIO = 1.01
 TARGET_RAIL_IMBALANCE = 1.05
-#: Colour key of expert parameters (the MoE models' convention).
-EXPERT_COLOUR = "moe_expert"
 #: Partition rules reported side by side (the option table's choices; the
 #: default, as the optimizer's, is the option table's: develop's rule).
 PARTITION_RULES = PARTITION_STRATEGIES
-
-
-class FlatPathPlan(HierarchicalCommPlan):
-    """The layout's groups without ``comm_group_call_opt``'s node preconditions.
-
-    The flat path reduces straight to each owner, so a single node or one
-    card per node is a valid layout for it; only the hierarchical path needs
-    several nodes of equal stages.
-    """
-
-    @staticmethod
-    def _check_gpus_per_node(gpus_per_node: Any) -> int:
-        # one card per node is a valid flat layout (the tools checked >= 1)
-        return int(gpus_per_node)
-
-    @staticmethod
-    def _check_nodes(*_args: Any) -> None:
-        return None
-
-
-def build_layout_plan(cfg: MuonCommConfig, group_call: bool = True) -> HierarchicalCommPlan:
-    """The plan of ``cfg``: validated for the hierarchical path, or flat-only.
-
-    Raises:
-        ValueError: the layout cannot be placed (the message says why and what works).
-    """
-    if group_call:
-        return cfg.build_plan()
-    if cfg.world_size % cfg.gpus_per_node:
-        raise ValueError(
-            f"world size {cfg.world_size} (pp x moe_sharding x ep = {cfg.pp} x "
-            f"{cfg.moe_sharding} x {cfg.ep}) is not a multiple of --gpus-per-node "
-            f"{cfg.gpus_per_node}, so the ranks do not fill whole nodes; pass the cards of "
-            "one node")
-    return FlatPathPlan.from_topology(cfg.build_topology(), cfg.gpus_per_node)
-
-
-def _pbytes(p: presets.ParamSpec) -> int:
-    return p.to_meta().nbytes
-
-
-def split_stages(params: Sequence[presets.ParamSpec], pp: int) -> List[List[presets.ParamSpec]]:
-    """Contiguous split in model order at equal cumulative parameter bytes."""
-    stages: List[List[presets.ParamSpec]] = [[] for _ in range(pp)]
-    sizes = [_pbytes(p) for p in params]  # once each: 200,000 entries are read twice
-    total = sum(sizes) or 1
-    before = 0
-    for p, b in zip(params, sizes):
-        mid = before + b / 2.0
-        stages[min(pp - 1, int(mid * pp // total))].append(p)
-        before += b
-    return stages
-
-
-class _Stage(list):
-    """One pipeline stage's parameters, with what every path derives from them
-    computed once: ``compute_plan`` builds four paths (two rules, flat and
-    hierarchical) of the same stages, and on 200,000 parameters these views
-    and the balance floors were a third of its time."""
-
-    def __init__(self, params: Sequence[presets.ParamSpec]) -> None:
-        super().__init__(params)
-        self._metas: Optional[list] = None
-        self._specs: Dict[bool, list] = {}
-        self._floors: Dict[Tuple[bool, int], Any] = {}
-
-    def metas(self) -> list:
-        """The layout's view of every parameter (:meth:`ParamSpec.to_meta`)."""
-        if self._metas is None:
-            self._metas = [p.to_meta(EXPERT_COLOUR) for p in self]
-        return self._metas
-
-    def floor(self, expert: bool, nranks: int):
-        """:func:`balance_floor` of the stage's Muon matrices of one colour."""
-        key = (expert, nranks)
-        if key not in self._floors:
-            if expert not in self._specs:
-                self._specs[expert] = [p.to_matrix_spec() for p in self
-                                       if p.use_muon and p.is_expert == expert]
-            self._floors[key] = balance_floor(self._specs[expert], nranks)
-        return self._floors[key]
-
-
-def _metas(sparams: Sequence[presets.ParamSpec]) -> list:
-    return (sparams.metas() if isinstance(sparams, _Stage)
-            else [p.to_meta(EXPERT_COLOUR) for p in sparams])
-
-
-def _floor(sparams: Sequence[presets.ParamSpec], expert: bool, nranks: int):
-    if isinstance(sparams, _Stage):
-        return sparams.floor(expert, nranks)
-    return balance_floor([p.to_matrix_spec() for p in sparams
-                          if p.use_muon and p.is_expert == expert], nranks)
-
-
-class _Bucket(NamedTuple):
-    """What the report needs of one Muon bucket of the world."""
-
-    colour: Any
-    group: Tuple[int, ...]
-    owner: int
-    dtype: str
-    num_params: int
-    nbytes: int
-    grad_chunks: int
-    route: str
-
-
-def _bucket(b, group=None, owner=None) -> _Bucket:
-    """``b``'s figures; ``group``/``owner`` rename it onto another group of its class."""
-    return _Bucket(b.colour, b.group if group is None else group,
-                   b.owner if owner is None else owner, b.dtype, len(b.params),
-                   sum(b.param_bytes), len(b.reduce_numels()), b.route_kind)
-
-
-def group_class_key(group: Sequence[int], gpn: int) -> tuple:
-    """Which entries share a node (nodes numbered in order) and each entry's
-    place among its node's entries.
-
-    Two groups with the same key issue the same collectives up to renaming
-    entry ``i`` onto entry ``i``, and the renaming keeps whether each byte
-    crosses nodes and the order of the cost model's rings; the rail of a byte
-    is the sender's own card (:meth:`CostPath.replay_class` charges each copy
-    to its own ranks' rails).
-    """
-    nodes: Dict[int, List[int]] = {}
-    for r in sorted(group):
-        nodes.setdefault(r // gpn, []).append(r)
-    order = {n: i for i, n in enumerate(sorted(nodes))}
-    place = {r: j for members in nodes.values() for j, r in enumerate(members)}
-    return tuple((order[r // gpn], place[r]) for r in group)
-
-
-@dataclasses.dataclass
-class WorldByClass:
-    """One path's collectives and owners, computed per class of rank.
-
-    The layout of a rank depends only on its stage, its moe_sharding group
-    and its card; the group collectives of a step are those issued by each
-    group's lowest rank. So only the first node of each stage (which leads
-    the stage's sharding group, its same-card groups and, as the template of
-    all the stage's nodes, the intra-node ones) and the lowest rank of one
-    moe_sharding group per class (:func:`group_class_key`) get a layout;
-    every other node and moe_sharding group is charged as a copy of its
-    class's template.
-
-    Attributes:
-        buckets: every Muon bucket once, in the order the ranks meet them.
-        ops: ``(leader, index, op)`` of ops charged once, ``index`` in the
-            leader's schedule.
-        classes: ``(members, [(leader, index, op)])``: ops of the template
-            ``members[0]``, charged for every member.
-        partitions: ``(group, OwnerPartition)`` of every colour group.
-        stage_partitions: per stage, colour -> the partition of the stage's
-            groups of that colour.
-        num_other_buffers: distinct element-wise buffers of the world.
-    """
-
-    buckets: List[_Bucket]
-    ops: List[tuple]
-    classes: List[tuple]
-    partitions: List[tuple]
-    stage_partitions: List[dict]
-    num_other_buffers: int
-
-    @classmethod
-    def build(cls, plan, stages: Sequence[Sequence[presets.ParamSpec]],
-              settings: LayoutSettings, hierarchical: bool) -> "WorldByClass":
-        gpn = plan.gpus_per_node
-        world = cls([], [], [], [], [], 0)
-        entities = []  # (first rank, colour position, buckets)
-        for stage, sparams in enumerate(stages):
-            metas = _metas(sparams)
-            dense = plan.sharding_group_ranks(stage)
-            node0 = plan.node_ranks(min(dense) // gpn)
-            moe_groups: Dict[int, Tuple[int, ...]] = {}
-            for r in sorted(dense):
-                group = plan.moe_sharding_ranks(r)
-                moe_groups.setdefault(group[0], group)
-            members: Dict[tuple, List[Tuple[int, ...]]] = {}
-            for group in moe_groups.values():
-                members.setdefault(group_class_key(group, gpn), []).append(group)
-            templates = {m[0][0]: m for m in members.values()}  # leader -> members
-            node_class: List[tuple] = []
-            moe_class: Dict[int, List[tuple]] = {t: [] for t in templates}
-            # Full layouts where a stage's sharding group or a moe_sharding class is
-            # led; the other ranks of the first node only lead their same-card
-            # group, whose collectives the default colour alone decides: they
-            # take the stage's default-colour layout renamed (ranks of one group
-            # share it, as the optimizer's layouts do). The sharding group's leader
-            # is its lowest rank: on the flat path a node may hold several stages
-            # (--no-group-call), so not node0[0].
-            full = {min(dense)} | {min(m[0]) for m in members.values()}
-            dense_only = sorted(set(node0) - full) if hierarchical else []
-            dense_layout = None
-            lay0 = None
-            # id(group tuple) -> (the tuple, kept alive so its id stays unique; its lowest rank)
-            lowest: Dict[int, Tuple[tuple, int]] = {}
-            for rank in sorted(full | set(dense_only)):
-                moe = plan.moe_sharding_ranks(rank)
-                if rank in full:
-                    lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
-                                               settings, plan if hierarchical else None)
-                    lay0 = lay0 or lay
-                else:
-                    if dense_layout is None:
-                        dense_layout = ShardingLayout.build(
-                            [m for m in metas if m.colour is None], {None: dense}, min(dense),
-                            settings, plan)
-                    lay = dataclasses.replace(dense_layout, rank=rank)
-                for idx, op in enumerate(lay.schedule()):
-                    seen = lowest.get(id(op.group))
-                    if seen is None:
-                        seen = lowest[id(op.group)] = (op.group, min(op.group))
-                    if rank != seen[1]:
-                        continue  # another rank leads this group
-                    item = (rank, idx, op)
-                    if op.phase in (PHASE_INTRA_NODE_REDUCE, PHASE_INTRA_NODE_BROADCAST):
-                        if rank == node0[0]:
-                            node_class.append(item)
-                    elif op.colour is None:
-                        world.ops.append(item)  # the sharding group or a same-card group
-                    elif moe[0] in moe_class:
-                        moe_class[moe[0]].append(item)
-                if rank in full and moe[0] in templates and rank == min(moe):
-                    t_index = {r: i for i, r in enumerate(moe)}
-                    t_buckets = [b for b in lay.muon_buckets if b.colour is not None]
-                    for group in templates[moe[0]]:
-                        entities.append((min(group), list(lay.partitions).index(EXPERT_COLOUR)
-                                         if t_buckets else 0, sorted(
-                            _bucket(b, group, group[t_index[b.owner]]) for b in t_buckets)))
-            if node_class:
-                world.classes.append(
-                    ([plan.node_ranks(n) for n in plan.nodes_of_stage(stage)], node_class))
-            world.classes.extend((templates[t], ops) for t, ops in moe_class.items() if ops)
-            colours = list(lay0.partitions)
-            if None in lay0.partitions:
-                entities.append((min(dense), colours.index(None),
-                                 [_bucket(b) for b in lay0.muon_buckets if b.colour is None]))
-                world.partitions.append((dense, lay0.partitions[None]))
-            if EXPERT_COLOUR in lay0.partitions:
-                part = lay0.partitions[EXPERT_COLOUR]
-                world.partitions.extend((g, part) for g in moe_groups.values())
-            world.stage_partitions.append(dict(lay0.partitions))
-            world.num_other_buffers += sum(1 for s in lay0.slice_buffers if s.colour is None)
-            world.num_other_buffers += len(moe_groups) * sum(
-                1 for s in lay0.slice_buffers if s.colour is not None)
-        entities.sort(key=lambda e: e[:2])
-        world.buckets = [b for e in entities for b in e[2]]
-        return world
 
 
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
@@ -368,7 +112,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
                 "colour": label, "stage": stage, "nranks": part.nranks,
                 "num_params": len(part.owners), "num_buckets": part.num_buffers(),
                 "state_bytes_max_over_mean": part.state_bytes_max_over_mean(),
-                "state_floor": _floor(sparams, colour is not None, part.nranks)[0],
+                "state_floor": stage_floor(sparams, colour is not None, part.nranks)[0],
             }
             if colour is not None:
                 row = {**row, "groups": len(plan.sharding_group_ranks(stage)) // part.nranks}
@@ -477,7 +221,7 @@ def compute_plan(
     plan = build_layout_plan(cfg, group_call)
     if params is None:
         params = cfg.load_params()
-    stages = [_Stage(s) for s in split_stages(params, cfg.pp)]
+    stages = [Stage(s) for s in split_stages(params, cfg.pp)]
     settings = LayoutSettings(comm_buffer_size_MB=buffer_size_MB, comm_overlap=comm_overlap,
                               partition_strategy=partition_strategy)
     flat = _path(plan, stages, ab, settings, False, backend)
@@ -613,15 +357,15 @@ def predict_cluster(ccfg) -> Dict[str, Any]:
         collective of a step) and the Muon bytes per path; no ``"on"`` when
         the run trains the flat path alone (``--group-call 0``).
     """
-    from . import cluster
+    from . import cluster_run
 
     cfg = MuonCommConfig(ep=ccfg.ep, moe_sharding=ccfg.moe_sharding, pp=1,
                          gpus_per_node=ccfg.procs_per_node, model="cluster tiny MoE")
     params = [presets.ParamSpec(p["name"], tuple(p["shape"]), "float32", p["is_expert"],
                                 p["use_muon"])
-              for p in cluster.tiny_moe_params(ccfg.hidden, ccfg.inner)]
+              for p in cluster_run.tiny_moe_params(ccfg.hidden, ccfg.inner)]
     group_call = getattr(ccfg, "group_call", "both") != "0"
-    res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=cluster.WORKER_BUFFER_MB,
+    res = compute_plan(cfg, AlphaBeta(), buffer_size_MB=cluster_run.WORKER_BUFFER_MB,
                        params=params, backend="gloo", compare_rules=False,
                        group_call=group_call)
     paths = (("off", "flat"), ("on", "hierarchical")) if group_call else (("off", "flat"),)

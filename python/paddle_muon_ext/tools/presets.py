@@ -28,6 +28,11 @@ Presets:
 * ``"dense-heavy"`` -- no experts: 24 layers of 4096-wide attention (q/k/v/o
   ``[4096, 4096]``) and MLP (gate/up ``[4096, 16384]``, down ``[16384, 4096]``),
   bf16; 168 Muon matrices, 12.9 GB of them.
+* ``"ernie-moe-large"`` -- ERNIE-4.5-21B-A3B-like large MoE: hidden 2560,
+  28 layers (layer 0 dense FFN ``[2560, 12288]``, 27 MoE layers of 64 routed
+  experts ``[2560, 1536]`` / ``[1536, 2560]`` + 2 shared experts fused to
+  ``[2560, 3072]``), GQA attention (20 heads, 4 KV heads), bf16; 5,407 Muon
+  matrices, 5,184 of them experts.
 * ``"tiny"`` -- a handful of matrices for unit tests.
 
 :func:`load_json` reads a list of objects with the same fields (``dtype``,
@@ -62,10 +67,16 @@ DEFAULT_EXCLUDE_PATTERNS: Tuple[str, ...] = (
 )
 
 
+#: The default patterns as one expression (a 200,000-entry model is matched once per name).
+_DEFAULT_EXCLUDE = re.compile("|".join(f"(?:{p})" for p in DEFAULT_EXCLUDE_PATTERNS))
+
+
 def muon_applies(name: str, shape: Sequence[int], exclude=DEFAULT_EXCLUDE_PATTERNS) -> bool:
     """Muon applies to >= 2-D parameters not matched by an exclude pattern."""
     if len(shape) < 2:
         return False
+    if exclude is DEFAULT_EXCLUDE_PATTERNS:
+        return _DEFAULT_EXCLUDE.search(name) is None
     return not any(re.search(p, name) for p in exclude)
 
 
@@ -83,7 +94,7 @@ class ParamSpec:
 
     def to_matrix_spec(self):
         """The partitioner's view."""
-        from ..distributed.fleet.meta_optimizers.muon_sharding_partition import MatrixSpec
+        from ..distributed.fleet.meta_optimizers.muon_sharding_owner_meta import MatrixSpec
 
         return MatrixSpec(self.name, tuple(self.shape), self.dtype)
 
@@ -181,6 +192,11 @@ _PRESETS: Dict[str, Callable[[], List[ParamSpec]]] = {
     # no experts: every Muon matrix is dense, the traffic comm_group_call_opt routes
     "dense-heavy": lambda: ernie_moe(hidden=4096, layers=24, dense_layers=24, num_heads=32,
                                      num_kv_heads=32, dense_intermediate=16384),
+    # ERNIE-4.5-21B-A3B's shape: most Muon bytes are experts, as on real large MoEs
+    "ernie-moe-large": lambda: ernie_moe(hidden=2560, layers=28, dense_layers=1,
+                                         num_experts=64, moe_intermediate=1536,
+                                         shared_experts=2, dense_intermediate=12288,
+                                         num_heads=20, num_kv_heads=4),
     "tiny": _tiny,
 }
 

@@ -33,6 +33,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_def
 from . import cost_bound
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
+from .plan_world import build_layout_plan
 
 __all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "annotate", "config", "recommend",
            "why_line"]
@@ -77,8 +78,6 @@ class _Estimates:
     """
 
     def __init__(self, res: Dict[str, Any], ab: AlphaBeta) -> None:
-        from . import plan as plan_mod
-
         self.res = res
         self.ab = ab
         c = res["config"]
@@ -92,7 +91,7 @@ class _Estimates:
         self.hier_plan = res["_plan"] if c["group_call"] else None
         if self.hier_plan is None:
             try:  # the option's preconditions: several nodes of equal stages
-                self.hier_plan = plan_mod.build_layout_plan(res["_cfg"], True)
+                self.hier_plan = build_layout_plan(res["_cfg"], True)
             except ValueError:
                 self.hier_plan = None
         self.times: Dict[Key, float] = {}
@@ -126,7 +125,8 @@ class _Estimates:
 
 def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
     families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
-    return cost_bound.step_bound(families, ab, res["config"]["backend"])
+    c = res["config"]
+    return cost_bound.step_bound(families, ab, c["backend"], c["comm_overlap"])
 
 
 def _entry(cfg: Dict[str, Any], t: float, t0: float, b: float) -> Dict[str, Any]:

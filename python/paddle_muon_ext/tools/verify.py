@@ -57,8 +57,15 @@ VERIFY_MODEL = "tiny-moe"
 #: Largest world the data-moving simulated world runs by default; larger
 #: worlds are verified schedule-only (every rank, every collective).
 DATA_MAX_RANKS = 64
-#: Ops the optimizer never issues itself (the global-norm clip's all_reduce).
-_NOT_OPTIMIZER_OPS = ("all_reduce",)
+
+
+def _step_records(records: Sequence) -> list:
+    """The collectives of training steps: every one of them carries its plan phase's label.
+
+    Construction's collectives (group creation, the rank agreement's
+    all-reduces) carry none.
+    """
+    return [r for r in records if r.group_seq is not None and r.phase is not None]
 
 
 class CheckoutMissing(RuntimeError):
@@ -119,7 +126,8 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
 
     Args:
         layout: the rank's ShardingLayout.
-        records: the rank's CommRecords (markers and clip all-reduces are skipped).
+        records: the rank's CommRecords (markers and construction's unlabelled
+            collectives are skipped; the clip's all-reduces are plan phases).
         steps: optimizer steps the records cover.
 
     Returns:
@@ -128,7 +136,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     from ..distributed.fleet.meta_optimizers.muon_sharding_types import TRIGGER_BACKWARD
 
     got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
-           for r in records if r.group_seq is not None and r.op not in _NOT_OPTIMIZER_OPS]
+           for r in _step_records(records)]
     expected = layout.schedule()
     per_step = len(expected)
     if len(got) != per_step * steps:
@@ -154,9 +162,9 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
 def _layout_of(opt):
     """The ShardingLayout of a (possibly fleet-wrapped) Muon sharding optimizer, or None."""
     for _ in range(4):
-        layout = getattr(opt, "__dict__", {}).get("_layout")
-        if layout is not None:
-            return layout
+        # the class's own property, never a name a wrapper forwards by __getattr__
+        if isinstance(getattr(type(opt), "sharding_layout", None), property):
+            return opt.sharding_layout
         opt = getattr(opt, "__dict__", {}).get("_inner_opt")
         if opt is None:
             return None
@@ -166,9 +174,8 @@ def _layout_of(opt):
 def _phase_counts(world) -> Dict[str, int]:
     counts: Counter = Counter()
     for trace in world.traces:
-        for rec in trace:
-            if rec.group_seq is not None and rec.op not in _NOT_OPTIMIZER_OPS:
-                counts[str(rec.phase)] += 1
+        for rec in _step_records(trace):
+            counts[str(rec.phase)] += 1
     return dict(sorted(counts.items()))
 
 
@@ -199,7 +206,8 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
     Same parameters and settings as ``rep`` (every rank of the simulated
     model holds the same names and shapes); groups from the topology: the
     stage's sharding group for the default colour, the rank's moe_sharding
-    group for the others. Ranks sharing a moe_sharding group share the build.
+    group for the others; the clip's all-reduces (if ``rep`` has them) on the
+    rank's sharding / pipe group. Ranks sharing a moe_sharding group share the build.
 
     Raises:
         ValueError: ``rep``'s own groups are not the topology's (the rebuilt
@@ -218,16 +226,28 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
                          "topology's sharding / moe_sharding groups")
     from ..distributed.fleet.meta_optimizers.muon_sharding_layout import ShardingLayout
 
+    stages = sorted({plan.stage_of(r) for r in range(plan.world_size)})
+
+    def clip_groups_of(rank: int) -> list:
+        # rep's clip all-reduces, on this rank's sharding group / pipe group
+        stage = sorted(plan.sharding_group_ranks(plan.stage_of(rank)))
+        mine = sorted(plan.sharding_group_ranks(plan.stage_of(rep.rank)))
+        pipe = tuple(sorted(sorted(plan.sharding_group_ranks(s))[stage.index(rank)]
+                            for s in stages))
+        return [tuple(stage) if sorted(g) == mine else pipe for g in rep.clip_groups]
+
     layouts: Dict[int, Any] = {}
     for rank in range(plan.world_size):
         if rank in layouts:
             continue
-        first = ShardingLayout.build(params, groups_of(rank), rank, rep.settings, rep.plan)
+        first = ShardingLayout.build(params, groups_of(rank), rank, rep.settings, rep.plan,
+                                     clip_groups=clip_groups_of(rank))
         # the ranks that share every group of ``rank`` share its layout
         sharers = (plan.moe_sharding_ranks(rank) if any(k is not None for k in rep.groups)
                    else plan.sharding_group_ranks(plan.stage_of(rank)))
         for r in sharers:
-            layouts[r] = first if r == rank else dataclasses.replace(first, rank=r)
+            layouts[r] = first if r == rank else dataclasses.replace(
+                first, rank=r, clip_groups=tuple(clip_groups_of(r)))
     return layouts
 
 

@@ -21,12 +21,20 @@ that the cluster launcher parses:
 * ``CLUSTER_RANK``  once per rank: its network namespace (inode of
   ``/proc/self/ns/net``), host, ``PADDLE_LOCAL_SIZE`` and what the
   optimizer's plan says its node and card are.
-* ``CLUSTER_STEP``  once per rank and step: step time, and on the node's
+* ``CLUSTER_STEP``  once per rank and step: step time, its forward + backward
+  time, the single-process reference step's time, the pass's options as the
+  optimizer read them (``applied``), and on the node's
   local rank 0 the bytes its node link sent / received during the step
   (``/sys/class/net/<GLOO_SOCKET_IFNAME>/statistics``; inter-node traffic
   only, since same-node ranks talk over loopback).
 * ``CLUSTER_PROBE`` (``MUON_CLUSTER_MODE=probe``): link bytes of single
   collectives, to see which algorithm gloo runs.
+
+``MUON_PASS_CONFIGS`` (``cluster --recommended``): a JSON list of configurations
+(``comm_group_call_opt``, ``muon_partition_strategy``, ``comm_buffer_size_MB``),
+one training pass each, its index the ``pass`` of every record; without it the
+passes are ``MUON_GROUP_CALL``'s (option off / on, 1 MB buffers, the default
+owner rule) and ``pass`` is the option's value.
 
 The model is the tiny MoE of ``muon_tiny_moe`` resized by ``MUON_HIDDEN`` /
 ``MUON_INNER`` so messages are large against per-packet headers. Every step
@@ -54,6 +62,7 @@ from muon_test_compat import (  # noqa: E402
     distributed_optimizer,
     register_cpu_tensor_fusion,
     set_muon_sharding_options,
+    sharded_core,
 )
 
 
@@ -94,14 +103,14 @@ class LinkWindow:
         dist.barrier()
         self._start = link_bytes() if self.leader else (0, 0)
         dist.barrier()
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         if exc[0] is not None:
             return
         dist.barrier()
-        self.seconds = time.perf_counter() - self._t0
+        self.seconds = time.perf_counter() - self.t0
         end = link_bytes() if self.leader else (0, 0)
         self.tx, self.rx = end[0] - self._start[0], end[1] - self._start[1]
 
@@ -124,28 +133,75 @@ def _identity(rank: int, plan) -> dict:
     }
 
 
-def train_pass(group_call: bool, ep: int, steps: int, reference, expert_coord, leader: bool):
+#: The buffer size of a pass when MUON_PASS_CONFIGS does not name one (fused buffers).
+LEGACY_BUFFER_MB = 1
+
+
+def pass_configs() -> list[tuple[int, dict]]:
+    """(pass label, configuration) of every training pass, in order."""
+    raw = os.environ.get("MUON_PASS_CONFIGS")
+    if raw:
+        return list(enumerate(json.loads(raw)))
+    group_calls = {"0": [False], "1": [True], "both": [False, True]}[
+        os.environ.get("MUON_GROUP_CALL", "both")]
+    # the owner rule stays whatever the optimizer defaults to
+    return [(int(g), {"comm_group_call_opt": g, "muon_partition_strategy": None,
+                      "comm_buffer_size_MB": LEGACY_BUFFER_MB}) for g in group_calls]
+
+
+def apply_pass_config(strategy, config: dict) -> None:
+    """Set one pass's three options on the fleet strategy (the optimizer reads
+    them when it is built, so each pass gets its own)."""
+    set_muon_sharding_options(strategy, comm_group_call_opt=bool(config["comm_group_call_opt"]),
+                              partition_strategy=config.get("muon_partition_strategy"))
+    # the proto field is an integer; the recommended sizes are whole MB
+    strategy.hybrid_configs["sharding_configs"].comm_buffer_size_MB = int(
+        round(float(config["comm_buffer_size_MB"])))
+
+
+def applied_config(opt) -> dict:
+    """The three options as the built optimizer read them (so the launcher can
+    check each pass trained the configuration it asked for)."""
+    s = sharded_core(opt)._settings
+    return {"comm_group_call_opt": bool(s.comm_group_call_opt),
+            "muon_partition_strategy": s.muon_partition_strategy,
+            "comm_buffer_size_MB": float(s.comm_buffer_size_MB)}
+
+
+def train_pass(label: int, config: dict, ep: int, steps: int, reference, expert_coord,
+               leader: bool):
     """One training run; returns (max |param - reference|, the optimizer's plan)."""
     hcg = fleet.get_hybrid_communicate_group()
-    set_muon_sharding_options(fleet.fleet._user_defined_strategy, comm_group_call_opt=group_call)
+    group_call = bool(config["comm_group_call_opt"])
+    apply_pass_config(fleet.fleet._user_defined_strategy, config)
     rank = dist.get_rank()
     moe_group = hcg.get_moe_sharding_parallel_group() if ep > 1 else None
     net = muon_tiny_moe.TinyMoE(expert_coord, moe_group)
     model = fleet.distributed_model(net)
     opt = distributed_optimizer(muon_tiny_moe.make_muon(list(net.parameters())))
     plan = getattr(opt._inner_opt, "comm_plan", None)
+    applied = applied_config(opt)
     worst = 0.0
     for step in range(steps):
         x = paddle.to_tensor(muon_tiny_moe.batch(step, rank))
         with LinkWindow(leader) as window:
             loss = model(x)
             loss.backward()
+            # forward + backward: local compute (no collective before opt.step
+            # with comm_overlap off), so the launcher can split the step time
+            fwd_bwd = time.perf_counter() - window.t0
             opt.step()
             opt.clear_grad()
-        _emit("STEP", rank=rank, group_call=int(group_call), step=step + 1, steps=steps,
-              seconds=window.seconds, tx=window.tx, rx=window.rx, leader=leader,
-              loss=float(loss))
+        # the reference step: every rank's forward/backward and Muon on every
+        # matrix in one process, no collective -- the step's compute, timed
+        # under the same load (every rank runs it at once)
+        t_ref = time.perf_counter()
         reference.step(step)
+        ref_s = time.perf_counter() - t_ref
+        _emit("STEP", rank=rank, group_call=int(group_call), step=step + 1, steps=steps,
+              pass_label=label, applied=applied,
+              seconds=window.seconds, fwd_bwd_s=fwd_bwd, reference_step_s=ref_s,
+              tx=window.tx, rx=window.rx, leader=leader, loss=float(loss))
         worst = max(worst, compare(net, reference, expert_coord, rank, step))
     return worst, plan
 
@@ -191,11 +247,11 @@ def main() -> None:
     world = int(os.environ["PADDLE_TRAINERS_NUM"])
     ep, ms = _env_int("MUON_EP", 1), _env_int("MUON_MS", 1)
     steps = _env_int("MUON_STEPS", 3)
-    passes = {"0": [False], "1": [True], "both": [False, True]}[
-        os.environ.get("MUON_GROUP_CALL", "both")]
+    passes = pass_configs()
     if ms * ep != world:
         fail(f"world size {world} != moe_sharding {ms} x ep {ep}")
-    strategy = build_strategy(ep, ms, world, passes[0], fused=True, overlap=False)
+    strategy = build_strategy(ep, ms, world, bool(passes[0][1]["comm_group_call_opt"]),
+                              fused=True, overlap=False)
     fleet.init(is_collective=True, strategy=strategy)
     rank = dist.get_rank()
     leader = _local_rank() == 0
@@ -209,12 +265,12 @@ def main() -> None:
     expert_of_rank = {r: topo.get_coord(r).expert for r in range(world)}
     expert_coord = hcg.get_expert_parallel_rank()
     plan, diffs = None, {}
-    for group_call in passes:
+    for label, config in passes:
         reference = muon_tiny_moe.Reference(expert_of_rank)
-        worst, pass_plan = train_pass(group_call, ep, steps, reference, expert_coord, leader)
-        diffs[int(group_call)] = worst
-        plan = pass_plan if group_call else plan
-        print(f"MUON_PASS rank={rank} group_call={int(group_call)} "
+        worst, pass_plan = train_pass(label, config, ep, steps, reference, expert_coord, leader)
+        diffs[label] = worst
+        plan = pass_plan if config["comm_group_call_opt"] else plan
+        print(f"MUON_PASS rank={rank} pass={label} config={json.dumps(config, sort_keys=True)} "
               f"max_abs_diff_vs_reference={worst:.3e}", flush=True)
     _emit("RANK", max_abs_diff=diffs, **_identity(rank, plan))
     print(f"MUON_OK rank={rank}", flush=True)

@@ -27,8 +27,15 @@ saving into different paths, float64 / float16 targets of a float32
 checkpoint, a different model B saved into the same directory, a truncated,
 a grown shard, a flipped byte in a shard and in the metadata, a symlink to
 another id, a real full disk (argv[2]: a small tmpfs, when the test could
-mount one), and last a rank killed while writing its shard (rank 1 exits;
+mount one; then the previous checkpoint reloaded while that disk stays
+full), and last a rank killed while writing its shard (rank 1 exits;
 rank 0 must fail within the heartbeat timeout).
+
+With ``FAULT_CASE=load_fails_inside_paddle`` it runs only that case, in a
+launch of its own (it leaves rank 0's read blocked in Paddle's collectives, so
+nothing can follow it): rank 1 cannot read its shard inside Paddle's
+``load_state_dict`` (after every check passed) and stays alive until rank 0
+reported, so rank 0's error cannot come from rank 1's exit.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from muon_test_compat import register_cpu_tensor_fusion  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
     CheckpointCorruptError,
+    CheckpointLoadError,
     CheckpointMismatchError,
     CheckpointSaveError,
     latest_complete_checkpoint,
@@ -150,7 +158,7 @@ def attempt(call) -> dict:
     try:
         call()
     except (CheckpointSaveError, CheckpointCorruptError, CheckpointMismatchError,
-            FileExistsError, FileNotFoundError, ValueError) as exc:
+            CheckpointLoadError, FileExistsError, FileNotFoundError, ValueError) as exc:
         return {"error": type(exc).__name__, "message": str(exc),
                 "seconds": time.time() - t0}
     return {"error": None, "message": "", "seconds": time.time() - t0}
@@ -180,11 +188,39 @@ def corrupt(path: str, how: str) -> None:
         f.write(bytes(data))
 
 
+def load_fails_inside_paddle(root: str) -> None:
+    """Rank 1's shard unreadable inside Paddle's load; rank 1 lives on meanwhile."""
+    rank = dist.get_rank()
+    directory = save_sharded_checkpoint(state(values("A", 0)), root)
+    real_load = paddle.load
+
+    def unreadable(path, *args, **kwargs):
+        if str(path).endswith(".distcp"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_load(path, *args, **kwargs)
+
+    if rank == 1:
+        paddle.load = unreadable
+    outcome = attempt(lambda: load_sharded_checkpoint(zeros_like(values("A", 0)), root))
+    paddle.load = real_load
+    reported = os.path.join(root, f"reported_{rank}")
+    report("load_fails_inside_paddle", directory=directory, **outcome)
+    open(reported, "w").close()
+    if rank == 1:  # alive until rank 0 reported: its error is not rank 1's exit
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(root, "reported_0")) and time.time() < deadline:
+            time.sleep(0.05)
+    sys.stdout.flush()
+    os._exit(0)  # rank 0's read is still blocked in Paddle's collectives
+
+
 def main() -> None:
     install_gloo_compat()
     register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     dist.init_parallel_env()
     root = sys.argv[1]
+    if os.environ.get("FAULT_CASE") == "load_fails_inside_paddle":
+        load_fails_inside_paddle(root)
     original_cuda = paddle.Tensor.cuda
     rank = dist.get_rank()
     real_save = paddle.save
@@ -293,6 +329,26 @@ def main() -> None:
         dist.barrier()
         report("real_full_disk", **outcome, **previous_intact(disk, disk_hash),
                left=leftover_files(disk))
+        # 6b. the disk stays full (another writer filled it): the previous
+        # checkpoint still reloads (the load's agreement needs no new block)
+        filler = os.path.join(disk, "filler")
+        if dist.get_rank() == 0:
+            try:
+                with open(filler, "wb") as f:
+                    while True:
+                        f.write(b"\0" * 4096)
+                        f.flush()
+            except OSError:
+                pass
+        dist.barrier()
+        target = zeros_like(values("A", 0))
+        outcome = attempt(lambda: load_sharded_checkpoint(target, disk, unique_id=0))
+        got, want = read_back(target), expected_local(values("A", 0))
+        exact = outcome["error"] is None and all(np.array_equal(got[k], want[k]) for k in want)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            os.remove(filler)
+        report("reload_on_full_disk", **outcome, bit_exact=exact, left=leftover_files(disk))
 
     # 7. rank 1 killed while writing its shard (last: it leaves the job)
     dist.barrier()

@@ -13,10 +13,13 @@
 # limitations under the License.
 """Worker: MuonShardingOptimizer's rank agreement on real gloo processes.
 
-Launched with 2 processes (sharding_degree=2). ``AGREE_MODE``:
+Launched with 2 processes (sharding_degree=2), or 4 (dp_degree=2 x
+sharding_degree=2: two sharding groups). ``AGREE_MODE``:
 
 * ``order``: the last rank passes its parameters in reverse order; every
-  rank prints ``AGREE_RESULT`` with the error it got at construction.
+  rank prints ``AGREE_RESULT`` with the error it got at construction (on 4
+  ranks only the last sharding group disagrees: the other one must refuse
+  too instead of going on).
 * ``bench``: constructs ``AGREE_REPS`` times with the check and as often
   with it replaced by a no-op, alternating, and prints ``AGREE_BENCH`` with
   the median milliseconds of each (``tools/bench/bench_rank_agreement.py``).
@@ -66,8 +69,9 @@ def main() -> None:
     register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1,
-                               "sharding_degree": world}
+    dp = 2 if world == 4 else 1
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": 1,
+                               "sharding_degree": world // dp}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     rank = dist.get_rank()
@@ -78,6 +82,7 @@ def main() -> None:
             outcome = {"rank": rank, "error": None, "message": ""}
         except Exception as error:  # noqa: BLE001 - reported to the test
             outcome = {"rank": rank, "error": type(error).__name__, "message": str(error)}
+        outcome["sharding_group"] = list(hcg.get_sharding_parallel_group().ranks)
         print("AGREE_RESULT " + json.dumps(outcome), flush=True)
         return
     reps = int(os.environ.get("AGREE_REPS", "20"))

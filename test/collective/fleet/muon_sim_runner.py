@@ -179,8 +179,12 @@ class RankState:
     extra: Any = None
 
 
-def build_rank(cfg: SimConfig, strategy) -> tuple[Any, Any, Any, int | None]:
-    """Construct this thread's model and sharded optimizer."""
+def build_rank(cfg: SimConfig, strategy, **opt_kwargs) -> tuple[Any, Any, Any, int | None]:
+    """Construct this thread's model and sharded optimizer.
+
+    ``opt_kwargs`` go to ``MuonShardingOptimizer`` (its injection points,
+    e.g. ``gpus_per_node``); not with ``cfg.via_fleet``.
+    """
     hcg = fleet.get_hybrid_communicate_group()
     coord = hcg.get_expert_parallel_rank() if cfg.ep > 1 else None
     moe_group = hcg.get_moe_sharding_parallel_group() if cfg.ep > 1 else None
@@ -190,9 +194,10 @@ def build_rank(cfg: SimConfig, strategy) -> tuple[Any, Any, Any, int | None]:
         multi_precision=cfg.matrix_dtype != "float32",
     )
     if cfg.via_fleet:
+        assert not opt_kwargs, "fleet's wrapper builds the optimizer itself"
         opt = fleet_optimizer(muon, hcg, strategy)
     else:
-        opt = MuonShardingOptimizer(muon, hcg, strategy)
+        opt = MuonShardingOptimizer(muon, hcg, strategy, **opt_kwargs)
     return hcg, net, opt, coord
 
 

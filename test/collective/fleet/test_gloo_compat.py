@@ -50,6 +50,11 @@ from paddle.base import core  # noqa: E402
 
 import gloo_compat as gc  # noqa: E402
 from launch_utils import LaunchResult, run_paddle_launch  # noqa: E402
+from paddle_muon_ext.distributed.fleet.utils import (  # noqa: E402
+    gloo_compat_alltoall as a2a,
+    gloo_compat_groups as groups,
+    gloo_compat_ops as gc_ops,
+)
 
 CHECK_SCRIPT = os.path.join(_HERE, "gloo_compat_check.py")
 
@@ -212,11 +217,11 @@ class TestGlooCompatUnits(unittest.TestCase):
                     _EnvGuard(GLOO_COMPAT=value, PADDLE_DISTRI_BACKEND="nccl"):
                 self.assertTrue(gc.gloo_expected(), f"GLOO_COMPAT={value!r} must force it on")
         with _EnvGuard(**{gc.STORE_TIMEOUT_ENV: None}):
-            self.assertEqual(gc._store_timeout(), 300, "sub-group store timeout default")
+            self.assertEqual(groups._store_timeout(), 300, "sub-group store timeout default")
         with _EnvGuard(PADDLE_CURRENT_ENDPOINT="10.1.2.3:6170"):
-            self.assertEqual(gc._my_host(), "10.1.2.3", "the master publishes its own host")
+            self.assertEqual(groups._my_host(), "10.1.2.3", "the master publishes its own host")
         with _EnvGuard(PADDLE_CURRENT_ENDPOINT=None):
-            self.assertEqual(gc._my_host(), "127.0.0.1")
+            self.assertEqual(groups._my_host(), "127.0.0.1")
 
     def test_emulated_reduce_scatter_on_four_ranks(self):
         # Rank 2 of 4 whose peers hold the same input: the all_reduce (SUM
@@ -238,7 +243,7 @@ class TestGlooCompatUnits(unittest.TestCase):
             with self.subTest(op=op):
                 ops.clear()
                 inp, out = paddle.to_tensor(x), paddle.zeros([4])
-                task = gc._emulated_reduce_scatter(out, inp, op, Group(), all_reduce)
+                task = gc_ops.emulated_reduce_scatter(out, inp, op, Group(), all_reduce)
                 self.assertEqual(task, "task")
                 want_op = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
                 self.assertEqual(ops, [want_op], "the all_reduce ran with the wrong op")
@@ -248,7 +253,7 @@ class TestGlooCompatUnits(unittest.TestCase):
 
     def test_bad_emulated_local_size_is_refused(self):
         with _EnvGuard(**{gc.EMULATED_LOCAL_SIZE_ENV: "0"}):
-            with self.assertRaisesRegex(ValueError, "GLOO_COMPAT_LOCAL_SIZE must be >= 1"):
+            with self.assertRaisesRegex(ValueError, "GLOO_COMPAT_LOCAL_SIZE='0': must be a positive integer"):
                 gc.apply_emulated_local_size()
 
     def test_uninstall_unsets_a_local_size_that_was_not_there(self):
@@ -270,7 +275,7 @@ class TestGlooCompatUnits(unittest.TestCase):
 
         fake_core = types.SimpleNamespace(TCPStore=mock.Mock(side_effect=OSError("in use")))
         default = Store()
-        with mock.patch.object(gc, "core", fake_core):
+        with mock.patch.object(groups, "core", fake_core):
             with self.assertRaisesRegex(RuntimeError, r"sub-group pg7 \(gid 7\) store could "
                                         r"not bind .*in use"):
                 gc.create_subgroup_store(default, 0, 3, 7, "pg7")
@@ -286,9 +291,9 @@ class TestGlooCompatUnits(unittest.TestCase):
 
         fake_core = types.SimpleNamespace(ProcessGroupGloo=types.SimpleNamespace(
             create=lambda store, rank, size, gid: ("gloo", store, rank, size, gid)))
-        impl = gc._make_new_pg_impl(original)
-        with mock.patch.object(gc, "core", fake_core), \
-                mock.patch.object(gc, "create_subgroup_store", return_value="own store") as own:
+        impl = groups.make_new_pg_impl(original)
+        with mock.patch.object(groups, "core", fake_core), \
+                mock.patch.object(groups, "create_subgroup_store", return_value="own store") as own:
             self.assertEqual(impl("nccl", "default", 0, 2, "pg3", group_id=3), "original")
             self.assertEqual(impl("gloo", "default", 0, 4, "pg0", group_id=0), "original")
             self.assertEqual(impl("gloo", "default", 1, 4, "pg5", group_id=5),
@@ -302,10 +307,10 @@ class TestGlooCompatUnits(unittest.TestCase):
         def fake_broadcast(tensor, src=0, group=None, sync_op=True, use_calc_stream=False):
             calls.append((sync_op, use_calc_stream))
 
-        wrapped = gc._stream_generic(fake_broadcast)
-        with mock.patch.object(gc, "is_gloo_group", return_value=True):
+        wrapped = gc_ops.stream_generic(fake_broadcast)
+        with mock.patch.object(gc_ops, "is_gloo_group", return_value=True):
             wrapped(paddle.ones([1]), src=0, sync_op=False, use_calc_stream=True)
-        with mock.patch.object(gc, "is_gloo_group", return_value=False):
+        with mock.patch.object(gc_ops, "is_gloo_group", return_value=False):
             wrapped(paddle.ones([1]), src=0, sync_op=False, use_calc_stream=True)
         self.assertEqual(calls, [(True, False), (False, True)])
 
@@ -320,7 +325,7 @@ class TestGlooCompatUnits(unittest.TestCase):
             process_group = object()
             nranks, rank, ranks = 2, 0, [0, 1]
 
-        wrapped = gc._stream_avg_prescale(fake_reduce)
+        wrapped = gc_ops.stream_avg_prescale(fake_reduce)
         t = paddle.ones([2])
         wrapped(t, dst=1, op=dist.ReduceOp.AVG, group=FakeGroup(), sync_op=True,
                 use_calc_stream=True)
@@ -334,9 +339,9 @@ class TestGlooCompatUnits(unittest.TestCase):
         def fake_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, sync_op=True):
             calls.append(("all_reduce", op))
 
-        gc._reduce_scatter_compat(fake_reduce_scatter, lambda: None, "tensor", "tensor_list")(
+        gc_ops.reduce_scatter_compat(fake_reduce_scatter, lambda: None, "tensor", "tensor_list")(
             t, [t, t], op=dist.ReduceOp.AVG, group=FakeGroup())
-        gc._top_all_reduce(fake_all_reduce, lambda: None)(
+        gc_ops.top_all_reduce(fake_all_reduce, lambda: None)(
             t, op=dist.ReduceOp.AVG, group=FakeGroup())
         self.assertEqual(calls[1:], [("reduce_scatter", dist.ReduceOp.AVG),
                                      ("all_reduce", dist.ReduceOp.AVG)])
@@ -469,7 +474,7 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
         def fn(r, g):
             ins = [paddle.to_tensor(_sent(r, d, _rows(r, d))) for d in range(n)]
             outs = [paddle.full([_rows(s, r), 2], -1.0) for s in range(n)]
-            gc._emulated_all_to_all_list(outs, ins, g)
+            a2a.emulated_all_to_all_list(outs, ins, g)
             return [o.numpy() for o in outs]
 
         results, errors = _ThreadWorld(n).run(fn)
@@ -482,7 +487,7 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
     def test_list_form_empty_out_list_is_filled_like_the_inputs(self):
         def fn(r, g):
             outs = []
-            gc._emulated_all_to_all_list(outs, [paddle.to_tensor(_sent(r, d, 1)) for d in range(2)], g)
+            a2a.emulated_all_to_all_list(outs, [paddle.to_tensor(_sent(r, d, 1)) for d in range(2)], g)
             return [o.numpy() for o in outs]
 
         results, errors = _ThreadWorld(2).run(fn)
@@ -498,10 +503,10 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
             out_split = [_rows(s, r) for s in range(n)]
             x = paddle.to_tensor(np.concatenate([_sent(r, d, in_split[d]) for d in range(n)]))
             split = paddle.full([sum(out_split), 2], -1.0)
-            gc._emulated_all_to_all_single(split, x, out_split, in_split, g)
+            a2a.emulated_all_to_all_single(split, x, out_split, in_split, g)
             even = paddle.full([2 * n, 2], -1.0)
             x2 = paddle.to_tensor(np.concatenate([_sent(r, d, 2) for d in range(n)]))
-            gc._emulated_all_to_all_tensor(even, x2, g)
+            a2a.emulated_all_to_all_tensor(even, x2, g)
             return split.numpy(), even.numpy()
 
         results, errors = _ThreadWorld(n).run(fn)
@@ -517,7 +522,7 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
 
         def fn(r, g):
             out = paddle.zeros([0, 2])
-            return gc._emulated_all_to_all_single(out, paddle.zeros([0, 2]), None, None, g)
+            return a2a.emulated_all_to_all_single(out, paddle.zeros([0, 2]), None, None, g)
 
         results, errors = world.run(fn)
         self.assertFalse(errors, errors)
@@ -528,7 +533,7 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
         def fn(r, g):
             out_split = [2, 2] if r else [3, 1]  # rank 0 expects 3 rows from itself
             out = paddle.zeros([4, 2])
-            gc._emulated_all_to_all_single(out, paddle.ones([4, 2]), out_split, None, g)
+            a2a.emulated_all_to_all_single(out, paddle.ones([4, 2]), out_split, None, g)
 
         _, errors = _ThreadWorld(2).run(fn)
         self.assertEqual(sorted(errors), [0, 1], "every rank raises (no rank left waiting)")
@@ -538,35 +543,35 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
 
     def test_one_ranks_bad_arguments_are_refused_on_every_rank(self):
         cases = {
-            "list length": (lambda r, g: gc._emulated_all_to_all_list(
+            "list length": (lambda r, g: a2a.emulated_all_to_all_list(
                 [paddle.ones([1])] * 2, [paddle.ones([1])] * (3 if r == 1 else 2), g),
                 "3 input and 2 output tensors for a group of 2"),
-            "dtype": (lambda r, g: gc._emulated_all_to_all_list(
+            "dtype": (lambda r, g: a2a.emulated_all_to_all_list(
                 [paddle.ones([1], dtype="int64" if r == 1 else "float32"), paddle.ones([1])],
                 [paddle.ones([1])] * 2, g), r"out_tensor_list\[0\] has dtype paddle.int64, the input has paddle.float32"),
-            "split sum": (lambda r, g: gc._emulated_all_to_all_single(
+            "split sum": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([4]), paddle.ones([4]), None, [1, 2] if r == 1 else None, g),
                 r"in_tensor split sizes \[1, 2\] must be 2 non-negative numbers summing to its 4"),
-            "negative split": (lambda r, g: gc._emulated_all_to_all_single(
+            "negative split": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([4]), paddle.ones([4]), None, [-1, 5] if r == 1 else None, g),
                 r"in_tensor split sizes \[-1, 5\] must be 2 non-negative numbers"),
-            "out dtype": (lambda r, g: gc._emulated_all_to_all_single(
+            "out dtype": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([2], dtype="int64" if r == 1 else "float32"), paddle.ones([2]), None,
                 None, g), "out_tensor has dtype paddle.int64"),
-            "indivisible": (lambda r, g: gc._emulated_all_to_all_single(
+            "indivisible": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([4]), paddle.ones([3 if r == 1 else 4]), None, None, g),
                 "in_tensor has 3 rows, not divisible by the group size 2"),
-            "0-D": (lambda r, g: gc._emulated_all_to_all_single(
+            "0-D": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([2]), paddle.ones([]) if r == 1 else paddle.ones([2]), None, None, g),
                 "in_tensor is 0-D"),
-            "output list length": (lambda r, g: gc._emulated_all_to_all_list(
+            "output list length": (lambda r, g: a2a.emulated_all_to_all_list(
                 [paddle.ones([1])] * (3 if r == 1 else 2), [paddle.ones([1])] * 2, g),
                 "2 input and 3 output tensors for a group of 2"),
-            "output split sum": (lambda r, g: gc._emulated_all_to_all_single(
+            "output split sum": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([4]), paddle.ones([4]), [1, 2] if r == 1 else None, None, g),
                 r"out_tensor split sizes \[1, 2\] must be 2 non-negative numbers summing to "
                 r"its 4"),
-            "output indivisible": (lambda r, g: gc._emulated_all_to_all_single(
+            "output indivisible": (lambda r, g: a2a.emulated_all_to_all_single(
                 paddle.ones([3 if r == 1 else 4]), paddle.ones([4]), None, None, g),
                 "out_tensor has 3 rows, not divisible by the group size 2"),
         }
@@ -580,7 +585,7 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
     def test_empty_input_list_is_refused(self):
         g = types.SimpleNamespace(nranks=2, rank=0)
         with self.assertRaisesRegex(RuntimeError, "in_tensor_list is empty"):
-            gc._emulated_all_to_all_list([], [], g)
+            a2a.emulated_all_to_all_list([], [], g)
 
     def test_non_gloo_groups_reach_paddles_helper(self):
         calls = []
@@ -593,10 +598,10 @@ class TestGlooAllToAllEmulation(unittest.TestCase):
             calls.append("emulated")
             return "emulated"
 
-        wrapped = gc._a2a_dygraph_compat(original, emulation)
-        with mock.patch.object(gc, "is_gloo_group", return_value=False):
+        wrapped = a2a.a2a_dygraph_compat(original, emulation)
+        with mock.patch.object(a2a, "is_gloo_group", return_value=False):
             self.assertEqual(wrapped("o", "i", "nccl group", False, True), "native")
-        with mock.patch.object(gc, "is_gloo_group", return_value=True):
+        with mock.patch.object(a2a, "is_gloo_group", return_value=True):
             self.assertEqual(wrapped("o", "i", group="gloo group", sync_op=False,
                                      use_calc_stream=True), "emulated")
         self.assertEqual(calls, [(False, True), "emulated"])

@@ -24,7 +24,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-import gloo_compat as gc
+from paddle_muon_ext.distributed.fleet.utils import gloo_compat_ops as ops
 
 
 class TestStreamAvgOnGloo(unittest.TestCase):
@@ -42,8 +42,8 @@ class TestStreamAvgOnGloo(unittest.TestCase):
             nranks = 4
 
         t = paddle.to_tensor(np.array([2.0, -6.0, 10.0], dtype="float32"))
-        with mock.patch.object(gc, "is_gloo_group", return_value=gloo):
-            task = gc._stream_avg_prescale(four_equal_ranks)(
+        with mock.patch.object(ops, "is_gloo_group", return_value=gloo):
+            task = ops.stream_avg_prescale(four_equal_ranks)(
                 t, op=op, group=Group(), sync_op=False, use_calc_stream=True)
         self.assertEqual(task, "task")
         return t.numpy(), seen

@@ -24,11 +24,13 @@ import math
 import unittest
 from fractions import Fraction
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
     MatrixSpec,
-    balanced_partition,
     newton_schulz_cost,
     optimizer_state_bytes,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+    balanced_partition,
 )
 
 

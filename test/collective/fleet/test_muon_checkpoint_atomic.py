@@ -39,6 +39,7 @@ from unittest import mock
 import numpy as np
 
 import paddle
+from paddle.distributed.fleet.utils.log_util import logger
 from paddle.distributed.flex_checkpoint.dcp.metadata import (
     LocalTensorIndex,
     LocalTensorMetadata,
@@ -48,8 +49,13 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
 from muon_checkpoint_model import CheckpointNet
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint as ckpt
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_checkpoint_commit as commit,
+    muon_checkpoint_common as common,
+    muon_checkpoint_load as load_mod,
+    muon_checkpoint_save as save_mod,
+    muon_checkpoint_verify as verify_mod,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -174,7 +180,7 @@ class TestSingleProcess(_Dir):
         os.remove(os.path.join(missing, "2.metadata"))
         os.makedirs(os.path.join(self.root, "checkpoint_3"))  # no marker
         os.makedirs(os.path.join(self.root, commit.tmp_name(4, "abc")))
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             self.assertEqual(latest_complete_checkpoint(self.root), good)
         text = "\n".join(logs.output)
         self.assertIn(".checkpoint_4.tmp-abc: a save that never committed", text)
@@ -204,7 +210,7 @@ class TestSingleProcess(_Dir):
             f.seek(30)
             f.write(bytes([byte[0] ^ 4]))
         self.assertEqual(latest_complete_checkpoint(self.root), flipped, "sizes alone pass")
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             self.assertEqual(latest_complete_checkpoint(self.root, verify=True), good)
         self.assertIn(f"{victim}: SHA-256 differs", "\n".join(logs.output))
 
@@ -270,7 +276,7 @@ class TestSingleProcess(_Dir):
     def test_other_model_is_refused_before_reading(self):
         save_sharded_checkpoint(whole(arrays(1)), self.root)
         other = whole({"w": np.zeros((2, 2), "float32")})
-        with mock.patch.object(ckpt, "_read_shards") as read:
+        with mock.patch.object(load_mod, "_read_shards") as read:
             with self.assertRaises(CheckpointMismatchError) as info:
                 load_sharded_checkpoint(other, self.root)
         read.assert_not_called()
@@ -340,7 +346,7 @@ class TestSingleProcess(_Dir):
     def test_concurrent_saves_with_automatic_ids_both_commit(self):
         # two jobs saving into one directory at the same moment claim distinct ids
         start = threading.Barrier(4)
-        real_propose = ckpt._propose
+        real_propose = save_mod._propose
 
         def propose_together(path, unique_id):
             start.wait(timeout=30)
@@ -354,7 +360,7 @@ class TestSingleProcess(_Dir):
             except Exception as exc:  # noqa: BLE001 - the outcome under test
                 outcomes[seed] = exc
 
-        with mock.patch.object(ckpt, "_propose", propose_together):
+        with mock.patch.object(save_mod, "_propose", propose_together):
             threads = [threading.Thread(target=run, args=(s,)) for s in (1, 2, 3, 4)]
             for t in threads:
                 t.start()
@@ -364,7 +370,7 @@ class TestSingleProcess(_Dir):
         # two saves that see each other both yield an id: ids may skip
         self.assertEqual(len(names), 4, f"every concurrent save must commit its own id: "
                                         f"{outcomes}")
-        self.assertTrue(all(ckpt.checkpoint_id(n) is not None for n in names), outcomes)
+        self.assertTrue(all(commit.checkpoint_id(n) is not None for n in names), outcomes)
         for seed, directory in outcomes.items():
             target = whole({k: np.zeros_like(v) for k, v in arrays(0).items()})
             load_sharded_checkpoint(target, directory)
@@ -379,7 +385,7 @@ class TestSingleProcess(_Dir):
             if not os.path.exists(rival):  # another job claims id 0 at the same moment
                 real_mkdir(rival)
 
-        with mock.patch.object(ckpt.os, "mkdir", mkdir_with_rival):
+        with mock.patch.object(save_mod.os, "mkdir", mkdir_with_rival):
             directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
         self.assertEqual(os.path.basename(directory), "checkpoint_1")
         self.assertEqual(sorted(os.listdir(self.root)), [os.path.basename(rival),
@@ -388,7 +394,7 @@ class TestSingleProcess(_Dir):
     def test_concurrent_saves_of_one_id_never_corrupt(self):
         # both write at once into their own temporary directories; one rename wins
         both_writing = threading.Barrier(2)
-        real = ckpt._write_shards
+        real = save_mod._write_shards
 
         def write_together(*args, **kwargs):
             # generous: on a loaded box one thread may reach here long after the other
@@ -406,7 +412,7 @@ class TestSingleProcess(_Dir):
             except Exception as exc:  # noqa: BLE001  shown in the failure message
                 outcomes[seed] = f"unexpected {type(exc).__name__}: {exc}"
 
-        with mock.patch.object(ckpt, "_write_shards", write_together):
+        with mock.patch.object(save_mod, "_write_shards", write_together):
             threads = [threading.Thread(target=run, args=(s,)) for s in (1, 2)]
             for t in threads:
                 t.start()
@@ -442,6 +448,8 @@ class ThreadRanks:
         self.barrier = threading.Barrier(n)
         self.slots: list = [None] * n
         self.faults: dict[int, object] = {}
+        #: stands for Paddle's load_state_dict (replace it to plant a fault there)
+        self.read = lambda *args, **kwargs: None
 
     def ranks(self, process_group):
         return self.local.rank, list(range(self.n))
@@ -482,10 +490,10 @@ class ThreadRanks:
             except Exception as exc:  # noqa: BLE001 - the outcome under test
                 results[rank] = exc
 
-        with mock.patch.object(ckpt, "_ranks", self.ranks), \
-                mock.patch.object(ckpt, "_gather", self.gather), \
-                mock.patch.object(ckpt, "_write_shards", self.write), \
-                mock.patch.object(ckpt, "_read_shards", lambda *a, **k: None), \
+        with mock.patch.object(common, "ranks_of", self.ranks), \
+                mock.patch.object(common, "gather", self.gather), \
+                mock.patch.object(save_mod, "_write_shards", self.write), \
+                mock.patch.object(load_mod, "_read_shards", self.read), \
                 mock.patch.object(commit, "HEARTBEAT_S", 0.05), \
                 mock.patch.object(commit, "ACK_WAIT_S", 1.0):
             threads = [threading.Thread(target=main, args=(r,)) for r in range(self.n)]
@@ -558,7 +566,7 @@ class TestRanksAsThreads(_Dir):
         (left,) = os.listdir(self.root)
         self.assertEqual(os.listdir(os.path.join(self.root, left)), [".status"],
                          "a failed save must free its shards at once")
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             self.assertIsNone(latest_complete_checkpoint(self.root))
         self.assertIn(f"{left}: a save that never committed (failed)", "\n".join(logs.output))
         self.save(3)
@@ -618,7 +626,7 @@ class TestRanksAsThreads(_Dir):
                 raise OSError(errno.EIO, "Input/output error")
             real_fsync(path)
 
-        with mock.patch.object(ckpt, "fsync_path", parent_fails):
+        with mock.patch.object(save_mod, "fsync_path", parent_fails):
             results = self.save(2)
         final = os.path.join(self.root, "checkpoint_0")
         self.assertEqual(results, {0: final, 1: final})
@@ -640,7 +648,7 @@ class TestRanksAsThreads(_Dir):
             os.makedirs(os.path.join(dst, "x"))
             real_rename(src, dst)
 
-        with mock.patch.object(ckpt.os, "rename", someone_else_first):
+        with mock.patch.object(save_mod.os, "rename", someone_else_first):
             results = self.save(2)
         for rank in (0, 1):
             self.assertIsInstance(results[rank], CheckpointSaveError)
@@ -656,7 +664,7 @@ class TestRanksAsThreads(_Dir):
                 meta.storage_metadata[LocalTensorIndex("ghost", (0,))] = "9_0.distcp"
             return meta
 
-        with mock.patch.object(ckpt.paddle, "load", with_ghost):
+        with mock.patch.object(save_mod.paddle, "load", with_ghost):
             results = self.save(2)
         self.assert_one_failure(results, (0, 1), "data files no rank reported: ['9_0.distcp']")
 
@@ -679,8 +687,8 @@ class TestRanksAsThreads(_Dir):
         def gloo_timeout(obj, process_group, ranks):
             raise RuntimeError("[gloo] Timed out waiting 30000ms for recv operation")
 
-        with mock.patch.object(ckpt, "_ranks", lambda g: (0, [0, 1])), \
-                mock.patch.object(ckpt, "_gather", gloo_timeout):
+        with mock.patch.object(common, "ranks_of", lambda g: (0, [0, 1])), \
+                mock.patch.object(common, "gather", gloo_timeout):
             with self.assertRaisesRegex(CheckpointSaveError, r"the ranks \[0, 1\] could not "
                                         r"agree before writing \(RuntimeError: \[gloo\] Timed"):
                 save_sharded_checkpoint(whole(arrays(1)), self.root)
@@ -688,7 +696,7 @@ class TestRanksAsThreads(_Dir):
 
     def test_a_file_one_rank_cannot_read_is_reported_by_every_rank(self):
         save_sharded_checkpoint(whole(arrays(0)), self.root)
-        real_digest = ckpt.file_digest
+        real_digest = verify_mod.file_digest
         ranks = ThreadRanks(2, self.root)
 
         def digest(path):
@@ -696,7 +704,7 @@ class TestRanksAsThreads(_Dir):
                 raise PermissionError(errno.EACCES, "Permission denied", path)
             return real_digest(path)
 
-        with mock.patch.object(ckpt, "file_digest", digest):
+        with mock.patch.object(verify_mod, "file_digest", digest):
             results = ranks.run(lambda r: load_sharded_checkpoint(whole(arrays(0)), self.root))
         for rank in (0, 1):
             self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")
@@ -726,7 +734,7 @@ class TestRanksAsThreads(_Dir):
         other = os.path.join(self.root, "elsewhere")
         shutil.copytree(os.path.join(self.root, "checkpoint_0"), other)
         ranks = ThreadRanks(2, self.root)
-        with mock.patch.object(ckpt, "_read_shards") as read:
+        with mock.patch.object(load_mod, "_read_shards") as read:
             results = ranks.run(lambda r: load_sharded_checkpoint(
                 whole(arrays(0)), other if r else self.root))
         read.assert_not_called()
@@ -741,14 +749,14 @@ class TestRanksAsThreads(_Dir):
         for seed in (0, 1):
             save_sharded_checkpoint(whole(arrays(seed)), self.root)
         ranks = ThreadRanks(2, self.root)
-        real = ckpt._newest_complete
+        real = verify_mod.newest_complete
 
         def late(path, verify):
             if ranks.local.rank == 1:
                 return real(path, verify)
             return os.path.join(path, "checkpoint_0"), []
 
-        with mock.patch.object(ckpt, "_newest_complete", late):
+        with mock.patch.object(verify_mod, "newest_complete", late):
             results = ranks.run(lambda r: load_sharded_checkpoint(whole(arrays(0)), self.root))
         for rank in (0, 1):
             self.assertIsInstance(results[rank], CheckpointCorruptError, f"rank {rank}")

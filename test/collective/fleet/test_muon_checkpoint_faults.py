@@ -203,6 +203,16 @@ class TestCheckpointFaultMatrix(unittest.TestCase):
         self.assert_previous_intact("real_full_disk", per_rank)
         self.assertEqual(per_rank[0]["left"], [], "a failed save must free its shards")
 
+    def test_previous_checkpoint_reloads_while_the_disk_stays_full(self):
+        if self.mount_error is not None:
+            self.skipTest(f"cannot mount a small tmpfs here: {self.mount_error}")
+        per_rank = self.outcome("reload_on_full_disk")
+        for rank in (0, 1):
+            self.assertIsNone(per_rank[rank]["error"], per_rank[rank]["message"])
+            self.assertTrue(per_rank[rank]["bit_exact"], f"rank {rank} loaded other values")
+            self.assertLess(per_rank[rank]["seconds"], 10, "no rank may wait for a heartbeat")
+        self.assertEqual(per_rank[0]["left"], [], "the load's guard files must be removed")
+
     def test_rank_killed_mid_save(self):
         data = self.outcome("killed_rank", ranks=(0,))[0]
         self.assertEqual(data["error"], "CheckpointSaveError", data["message"])

@@ -32,9 +32,9 @@ import unittest
 
 import numpy as np
 import paddle
+from paddle.distributed.fleet.utils.log_util import logger
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint as ckpt
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,
@@ -103,7 +103,7 @@ class TestMarkerFieldTypes(_Dir):
             with self.subTest(expected=expected):
                 with open(marker_path, "w") as f:
                     json.dump(data, f)
-                with self.assertLogs(ckpt.logger, "WARNING") as logs:
+                with self.assertLogs(logger, "WARNING") as logs:
                     self.assertIsNone(latest_complete_checkpoint(self.root))
                 self.assertIn(f"completion marker malformed: {expected}",
                               "\n".join(logs.output))

@@ -43,11 +43,19 @@ from unittest import mock
 import numpy as np
 
 import paddle
+from paddle.distributed.fleet.utils.log_util import logger
 
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint as ckpt
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (
+    muon_checkpoint_commit as commit,
+    muon_checkpoint_common as common,
+    muon_checkpoint_listing as listing,
+    muon_checkpoint_load as load_mod,
+    muon_checkpoint_reshard as reshard,
+    muon_checkpoint_save as save_mod,
+    muon_checkpoint_verify as verify_mod,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -75,7 +83,7 @@ class TestLoadRefusals(_Dir):
         save_sharded_checkpoint(whole(arrays(1)), self.root)
         for dtype in ("float64", "float16", "bfloat16"):
             target = zeros(dtype)
-            with mock.patch.object(ckpt, "_read_shards") as read, \
+            with mock.patch.object(load_mod, "_read_shards") as read, \
                     self.assertRaises(CheckpointMismatchError) as info:
                 load_sharded_checkpoint(target, self.root)
             read.assert_not_called()
@@ -106,18 +114,18 @@ class TestLoadRefusals(_Dir):
         for call in (lambda t: load_sharded_checkpoint(t, self.root, unique_id=8),
                      lambda t: load_sharded_checkpoint(t, link)):
             target = zeros()
-            with mock.patch.object(ckpt, "_read_shards") as read, \
+            with mock.patch.object(load_mod, "_read_shards") as read, \
                     self.assertRaises(CheckpointCorruptError) as info:
                 call(target)
             read.assert_not_called()
             self.assertIn(f"{link}: holds checkpoint 0 (its marker's unique_id), not 8 "
                           "(a symlink to", str(info.exception))
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             latest = latest_complete_checkpoint(self.root)
         self.assertEqual(latest, os.path.join(self.root, "checkpoint_0"),
                          "the newest name is a link to id 0: skipped, not returned")
         self.assertIn("checkpoint_8: holds checkpoint 0", "\n".join(logs.output))
-        with self.assertLogs(ckpt.logger, "WARNING"):
+        with self.assertLogs(logger, "WARNING"):
             self.assertEqual(load_sharded_checkpoint(zeros(), self.root),
                              os.path.join(self.root, "checkpoint_0"))
 
@@ -136,7 +144,7 @@ class TestLoadRefusals(_Dir):
         size = os.path.getsize(shard)
         with open(shard, "ab") as f:
             f.write(b"\0" * 16)
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             self.assertEqual(latest_complete_checkpoint(self.root),
                              os.path.join(self.root, "checkpoint_0"))
         self.assertIn(f"{shard}: {size + 16} bytes, the marker says {size}",
@@ -159,7 +167,7 @@ class TestLoadRefusals(_Dir):
         directory = save_sharded_checkpoint(whole(arrays(1)), self.root)
         with open(os.path.join(directory, commit.MARKER), "w") as f:
             f.write("[" * 200000 + "]" * 200000)
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             self.assertIsNone(latest_complete_checkpoint(self.root))
         self.assertIn("completion marker unreadable (RecursionError", "\n".join(logs.output))
         with self.assertRaisesRegex(CheckpointCorruptError, "unreadable .RecursionError"):
@@ -185,7 +193,7 @@ class TestLoadRefusals(_Dir):
         for data, expected in cases:
             with open(marker_path, "w") as f:
                 json.dump(data, f)
-            with self.assertLogs(ckpt.logger, "WARNING") as logs:
+            with self.assertLogs(logger, "WARNING") as logs:
                 self.assertIsNone(latest_complete_checkpoint(self.root), expected)
             self.assertIn(f"completion marker malformed: {expected}", "\n".join(logs.output))
             with self.assertRaisesRegex(CheckpointCorruptError, "marker malformed"):
@@ -198,12 +206,12 @@ class TestLoadRefusals(_Dir):
         def denied(path):
             raise PermissionError(13, "Permission denied", path)
 
-        with mock.patch.object(ckpt, "file_digest", denied), \
-                self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with mock.patch.object(listing, "file_digest", denied), \
+                self.assertLogs(logger, "WARNING") as logs:
             self.assertIsNone(latest_complete_checkpoint(self.root, verify=True))
         self.assertIn(f"skipping incomplete {directory}: could not be read (PermissionError: "
                       f"[Errno 13] Permission denied: '{directory}", "\n".join(logs.output))
-        with mock.patch.object(ckpt, "_resolve", side_effect=PermissionError(13, "denied")), \
+        with mock.patch.object(verify_mod, "_resolve", side_effect=PermissionError(13, "denied")), \
                 self.assertRaisesRegex(CheckpointCorruptError, rf"rank 0: {self.root}: could "
                                        r"not be read \(PermissionError"):
             load_sharded_checkpoint(zeros(), self.root)
@@ -239,11 +247,11 @@ class TestSaveHygiene(_Dir):
         return tmp
 
     def test_the_next_save_reclaims_what_killed_saves_left(self):
-        old = ckpt.STALE_SAVE_S + 60
+        old = save_mod.STALE_SAVE_S + 60
         dead = self.leftover(3, "dead", old, old)
         alive = self.leftover(4, "alive", old, 0.0)  # its ranks still beat
         starting = self.leftover(5, "starting", 1.0, 1.0)
-        with self.assertLogs(ckpt.logger, "WARNING") as logs:
+        with self.assertLogs(logger, "WARNING") as logs:
             saved = save_sharded_checkpoint(whole(arrays(1)), self.root)
         self.assertFalse(os.path.exists(dead), "a killed save's directory stays forever")
         self.assertIn(f"removing {dead}: a save that never committed", "\n".join(logs.output))
@@ -257,7 +265,7 @@ class TestSaveHygiene(_Dir):
     def test_reclaiming_never_removes_a_committed_checkpoint_however_old(self):
         # an hourly save: every committed checkpoint is older than the
         # reclaim horizon, and only uncommitted temporary directories may go
-        old = ckpt.STALE_SAVE_S + 3600
+        old = save_mod.STALE_SAVE_S + 3600
         first = save_sharded_checkpoint(whole(arrays(1)), self.root)
         now = time.time()
         for directory, _, names in os.walk(first):
@@ -288,7 +296,7 @@ class TestSaveHygiene(_Dir):
         self.assertEqual(commit.last_activity(tmp), 5000.0, "the newest heartbeat counts")
 
     def test_a_longer_timeout_waits_longer_before_reclaiming(self):
-        age = ckpt.STALE_SAVE_S + 60
+        age = save_mod.STALE_SAVE_S + 60
         tmp = self.leftover(3, "slow", age, age)
         save_sharded_checkpoint(whole(arrays(1)), self.root, timeout_s=age)
         self.assertTrue(os.path.exists(tmp), "reclaimed before 2 x timeout_s")
@@ -317,9 +325,9 @@ class TestSaveHygiene(_Dir):
 
         def decide_then_swept(handshake, message, readers=None):
             real_decide(handshake, message, readers)
-            ckpt._sweep_failed(self.root)
+            save_mod._sweep_failed(self.root)
 
-        with mock.patch.object(ckpt.os, "rename", winner_first), \
+        with mock.patch.object(save_mod.os, "rename", winner_first), \
                 mock.patch.object(commit.SaveHandshake, "decide_failure", decide_then_swept), \
                 self.assertRaisesRegex(CheckpointSaveError, "could not commit: .*checkpoint_3 "
                                        "appeared meanwhile"):
@@ -398,7 +406,7 @@ class TestArguments(_Dir):
                     call()
                 self.assertEqual(str(info.exception), message)
         save_sharded_checkpoint(whole(arrays(1)), self.root)
-        with mock.patch.object(ckpt, "_read_shards") as read, \
+        with mock.patch.object(load_mod, "_read_shards") as read, \
                 self.assertRaisesRegex(TypeError, r"^bogus: not an argument of paddle\."
                                        r"distributed\.load_state_dict \(the others it "
                                        r"takes: .*offload"):
@@ -484,9 +492,9 @@ class TestRanksAgree(_Dir):
         def gloo_timeout(obj, process_group, ranks):
             raise RuntimeError("[gloo] Timed out waiting 30000ms for recv operation\n" * 50)
 
-        with mock.patch.object(ckpt, "_ranks", lambda g: (0, [0, 1])), \
-                mock.patch.object(ckpt, "_gather", gloo_timeout), \
-                mock.patch.object(ckpt, "_read_shards") as read, \
+        with mock.patch.object(common, "ranks_of", lambda g: (0, [0, 1])), \
+                mock.patch.object(common, "gather", gloo_timeout), \
+                mock.patch.object(load_mod, "_read_shards") as read, \
                 self.assertRaisesRegex(RuntimeError, r"^loading \S+: the ranks \[0, 1\] could "
                                        r"not exchange their checks \(RuntimeError: \[gloo\] "
                                        r"Timed out") as info:
@@ -519,7 +527,7 @@ class TestCpuResharding(_Dir):
             seen["same"] = probe.cuda() is probe
             raise RuntimeError("planted failure inside Paddle's load")
 
-        with mock.patch.object(ckpt.dist, "load_state_dict", paddle_load), \
+        with mock.patch.object(load_mod.dist, "load_state_dict", paddle_load), \
                 self.assertRaisesRegex(RuntimeError, "planted failure"):
             load_sharded_checkpoint(zeros(), self.root)
         self.assertTrue(seen["same"], "during the load, .cuda() must keep CPU tensors")
@@ -531,34 +539,68 @@ class TestCpuResharding(_Dir):
         self.assertIs(paddle.Tensor.cuda, original)
         np.testing.assert_array_equal(numpy_of(target)["w"], arrays(1)["w"])
 
+    def test_a_users_own_tensor_cuda_is_put_back_after_the_load(self):
+        # The shim is process-wide while the load runs; what was there before
+        # (here a user's replacement, not Paddle's method) must come back.
+        save_sharded_checkpoint(whole(arrays(1)), self.root)
+        had = "cuda" in paddle.Tensor.__dict__
+        before = paddle.Tensor.__dict__.get("cuda")
+
+        def restore():
+            if had:
+                paddle.Tensor.cuda = before
+            else:
+                del paddle.Tensor.cuda
+
+        def users_cuda(tensor, *args, **kwargs):
+            return tensor
+
+        paddle.Tensor.cuda = users_cuda
+        self.addCleanup(restore)
+        seen = []
+
+        def paddle_load(state_dict, path, **kwargs):
+            seen.append(paddle.Tensor.cuda)
+            if len(seen) == 2:
+                raise RuntimeError("planted failure inside Paddle's load")
+
+        with mock.patch.object(load_mod.dist, "load_state_dict", paddle_load):
+            load_sharded_checkpoint(zeros(), self.root)
+            self.assertIs(paddle.Tensor.__dict__.get("cuda"), users_cuda)
+            with self.assertRaisesRegex(RuntimeError, "planted failure"):
+                load_sharded_checkpoint(zeros(), self.root)
+        self.assertEqual(seen, [reshard._stay_on_cpu] * 2, "the shim is in place during the load")
+        self.assertIs(paddle.Tensor.__dict__.get("cuda"), users_cuda,
+                      "the user's Tensor.cuda must be back after a failed load too")
+
     def test_nested_loads_restore_only_at_the_end(self):
         original = paddle.Tensor.cuda
-        with ckpt._cpu_resharding():
-            with ckpt._cpu_resharding():
-                self.assertIs(paddle.Tensor.cuda, ckpt._stay_on_cpu)
-            self.assertIs(paddle.Tensor.cuda, ckpt._stay_on_cpu)
+        with reshard.cpu_resharding():
+            with reshard.cpu_resharding():
+                self.assertIs(paddle.Tensor.cuda, reshard._stay_on_cpu)
+            self.assertIs(paddle.Tensor.cuda, reshard._stay_on_cpu)
         self.assertIs(paddle.Tensor.cuda, original)
 
     def test_a_gpu_build_is_left_alone(self):
         original = paddle.Tensor.cuda
-        with mock.patch.object(ckpt, "_needs_cpu_resharding", lambda: False):
-            with ckpt._cpu_resharding():
+        with mock.patch.object(reshard, "_needs_cpu_resharding", lambda: False):
+            with reshard.cpu_resharding():
                 self.assertIs(paddle.Tensor.cuda, original)
 
     def test_which_builds_need_it(self):
-        with mock.patch.object(ckpt.paddle, "is_compiled_with_cuda", lambda: False):
-            self.assertTrue(ckpt._needs_cpu_resharding())
-        with mock.patch.object(ckpt.paddle, "is_compiled_with_cuda", lambda: True):
+        with mock.patch.object(reshard.paddle, "is_compiled_with_cuda", lambda: False):
+            self.assertTrue(reshard._needs_cpu_resharding())
+        with mock.patch.object(reshard.paddle, "is_compiled_with_cuda", lambda: True):
             for count, expected in ((0, True), (2, False)):
-                with mock.patch.object(ckpt.paddle.device.cuda, "device_count",
+                with mock.patch.object(reshard.paddle.device.cuda, "device_count",
                                        lambda count=count: count):
-                    self.assertEqual(ckpt._needs_cpu_resharding(), expected)
+                    self.assertEqual(reshard._needs_cpu_resharding(), expected)
 
             def no_driver():
                 raise RuntimeError("no CUDA driver")
 
-            with mock.patch.object(ckpt.paddle.device.cuda, "device_count", no_driver):
-                self.assertTrue(ckpt._needs_cpu_resharding())
+            with mock.patch.object(reshard.paddle.device.cuda, "device_count", no_driver):
+                self.assertTrue(reshard._needs_cpu_resharding())
 
 
 if __name__ == "__main__":

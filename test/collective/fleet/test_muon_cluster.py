@@ -49,16 +49,16 @@ import time
 import unittest
 from unittest import mock
 
-from paddle_muon_ext.tools import cluster
+from paddle_muon_ext.tools import cluster, cluster_netns as netns, cluster_run as crun
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
-_UNAVAILABLE = cluster.probe_capability()
+_UNAVAILABLE = netns.probe_capability()
 
 
 def _ours(pid: int) -> list[str]:
     prefix = f"pmc-{pid:x}-"
-    return [ns for ns in cluster.list_namespaces() if ns.startswith(prefix)]
+    return [ns for ns in netns.list_namespaces() if ns.startswith(prefix)]
 
 
 def _processes_on(ifname_prefix: str) -> list[int]:
@@ -202,10 +202,10 @@ class TestRunClusterOrchestration(unittest.TestCase):
 
         lines: list[str] = []
         _FakeNet.downs = 0
-        with mock.patch.object(cluster, "probe_capability", return_value=None), \
-                mock.patch.object(cluster, "sweep_stale", return_value=[]), \
-                mock.patch.object(cluster, "NetnsCluster", net or _FakeNet), \
-                mock.patch.object(cluster, "_launch_argv", argv):
+        with mock.patch.object(crun, "probe_capability", return_value=None), \
+                mock.patch.object(crun, "sweep_stale", return_value=[]), \
+                mock.patch.object(crun, "NetnsCluster", net or _FakeNet), \
+                mock.patch.object(crun, "_launch_argv", argv):
             result = cluster.run_cluster(cfg, emit=lines.append)
         self.addCleanup(shutil.rmtree, result.log_dir, True)
         self.assertEqual(_FakeNet.downs, 1, "the network must be torn down exactly once")
@@ -252,7 +252,7 @@ class TestClusterHelpers(unittest.TestCase):
     """The launcher's bookkeeping, without namespaces."""
 
     def test_names_stay_in_limits(self) -> None:
-        names = cluster.ClusterNames("3fffff", 200)
+        names = netns.ClusterNames("3fffff", 200)
         for k in (0, 199):
             self.assertLessEqual(len(names.node_if(k)), 15)  # IFNAMSIZ - 1
             self.assertLessEqual(len(names.bridge_if(k)), 15)
@@ -260,7 +260,7 @@ class TestClusterHelpers(unittest.TestCase):
         self.assertEqual(names.ip(199), "198.18.0.209")
         self.assertEqual(len(set(names.namespaces())), 201)
         with self.assertRaisesRegex(ValueError, "--nodes"):
-            cluster.ClusterNames.for_this_process(201)
+            netns.ClusterNames.for_this_process(201)
 
     def test_params_match_the_worker_model(self) -> None:
         import muon_tiny_moe
@@ -272,7 +272,7 @@ class TestClusterHelpers(unittest.TestCase):
         finally:
             muon_tiny_moe.H, muon_tiny_moe.INNER = saved
         got = [(p["name"], tuple(p["shape"]), p["is_expert"])
-               for p in cluster.tiny_moe_params(32, 8)]
+               for p in crun.tiny_moe_params(32, 8)]
         want = [(p.name, tuple(p.shape), p.name.startswith("expert."))
                 for p in net.parameters()]
         self.assertEqual(got, want)
@@ -285,7 +285,7 @@ class TestClusterHelpers(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, message):
                 cluster.ClusterConfig(**kwargs).validate()
         with self.assertRaisesRegex(ValueError, "--link-mbit"):
-            cluster.NetnsCluster(cluster.ClusterNames("1", 1), 0)
+            netns.NetnsCluster(netns.ClusterNames("1", 1), 0)
 
     def _records(self, cfg, node_of):
         """Worker records of a clean 2 x 2 run (2 steps, both passes)."""
@@ -309,7 +309,7 @@ class TestClusterHelpers(unittest.TestCase):
         cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, steps=2)
         result = cluster.ClusterResult(cfg)
         emitted: list[str] = []
-        progress = cluster._Progress(cfg, result, emitted.append)
+        progress = crun._Progress(cfg, result, emitted.append)
         for line in self._records(cfg, {0: 0, 1: 0, 2: 1, 3: 1}):
             progress.feed(line)
         progress.feed("a line without a record")
@@ -320,7 +320,7 @@ class TestClusterHelpers(unittest.TestCase):
         per = result.per_pass()
         self.assertEqual(per[0]["inter_node_bytes_per_step"], 2 * 1002)  # step 1 left out
         self.assertEqual(per[1]["first_step_bytes"], 2 * 2001)
-        cluster._check_ranks(cfg, result, {100: 0, 101: 1})
+        crun._check_ranks(cfg, result, {100: 0, 101: 1})
         self.assertEqual(result.problems, [])
         self.assertEqual(result.node_of_rank, {0: 0, 1: 0, 2: 1, 3: 1})
         result.status = "PASS"
@@ -338,14 +338,14 @@ class TestClusterHelpers(unittest.TestCase):
     def test_rank_on_the_wrong_node_is_reported(self) -> None:
         cfg = cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, steps=2)
         result = cluster.ClusterResult(cfg)
-        progress = cluster._Progress(cfg, result, lambda _: None)
+        progress = crun._Progress(cfg, result, lambda _: None)
         for line in self._records(cfg, {0: 0, 1: 1, 2: 0, 3: 1}):
             progress.feed(line)
         del result.ranks[3]
         result.ranks[2]["netns_inode"] = 999
         result.ranks[0]["paddle_local_size"] = "1"
         result.ranks[0]["max_abs_diff"]["1"] = 0.5
-        cluster._check_ranks(cfg, result, {100: 0, 101: 1})
+        crun._check_ranks(cfg, result, {100: 0, 101: 1})
         text = "\n".join(result.problems)
         self.assertIn("ranks [3] reported no CLUSTER_RANK", text)
         self.assertIn("rank 1 runs on node 1 but the optimizer's plan says node 0", text)
@@ -360,7 +360,7 @@ class TestClusterHelpers(unittest.TestCase):
         cluster.add_parser(parser.add_subparsers(dest="command"))
         args = parser.parse_args(["cluster", "--nodes", "2", "--procs-per-node", "2",
                                   "--ep", "2", "--moe-sharding", "2"])
-        with mock.patch.object(cluster, "probe_capability", return_value="needs root"), \
+        with mock.patch.object(crun, "probe_capability", return_value="needs root"), \
                 mock.patch("builtins.print") as printed:
             self.assertEqual(cluster.main(args), cluster.EXIT_UNAVAILABLE)
         printed.assert_called_once_with("error: cluster unavailable: needs root", file=sys.stderr)
@@ -423,9 +423,9 @@ class TestClusterHelpers(unittest.TestCase):
     def test_each_limit_is_the_largest_value_accepted(self) -> None:
         # the limits are inclusive: the limit passes, one above it is refused
         base = dict(nodes=2, procs_per_node=2, ep=2, moe_sharding=2, group_call="0")
-        for name, limit, flag in (("steps", cluster.MAX_STEPS, "--steps"),
-                                  ("hidden", cluster.MAX_DIM, "--hidden"),
-                                  ("inner", cluster.MAX_DIM, "--inner"),
+        for name, limit, flag in (("steps", crun.MAX_STEPS, "--steps"),
+                                  ("hidden", crun.MAX_DIM, "--hidden"),
+                                  ("inner", crun.MAX_DIM, "--inner"),
                                   ("timeout_s", 86400.0, "--timeout"),
                                   ("link_mbit", 1e5, "--link-mbit")):
             with self.subTest(field=name):
@@ -436,10 +436,10 @@ class TestClusterHelpers(unittest.TestCase):
 
     def test_not_root_is_a_reason(self) -> None:
         with mock.patch.object(os, "geteuid", return_value=1000):
-            self.assertIn("root", cluster.probe_capability())
+            self.assertIn("root", netns.probe_capability())
         with mock.patch.object(os, "geteuid", return_value=0), \
-                mock.patch.object(cluster.shutil, "which", return_value=None):
-            self.assertIn("iproute2", cluster.probe_capability())
+                mock.patch.object(netns.shutil, "which", return_value=None):
+            self.assertIn("iproute2", netns.probe_capability())
 
     def test_sweep_removes_only_runs_whose_process_is_gone(self) -> None:
         """A SIGKILLed run leaves its namespaces; the next run removes them, and
@@ -447,10 +447,10 @@ class TestClusterHelpers(unittest.TestCase):
         dead, alive = 0x3ffffe, os.getpid()
         present = [f"pmc-{dead:x}-br", f"pmc-{dead:x}-n0", f"pmc-{dead:x}p-n0",
                    f"pmc-{alive:x}-n0", "somebody-elses-ns"]
-        with mock.patch.object(cluster, "list_namespaces", return_value=present), \
-                mock.patch.object(cluster, "_pid_alive", side_effect=lambda p: p == alive), \
-                mock.patch.object(cluster, "remove_namespaces") as remove:
-            swept = cluster.sweep_stale()
+        with mock.patch.object(netns, "list_namespaces", return_value=present), \
+                mock.patch.object(netns, "_pid_alive", side_effect=lambda p: p == alive), \
+                mock.patch.object(netns, "remove_namespaces") as remove:
+            swept = netns.sweep_stale()
         self.assertEqual(swept, present[:3])
         remove.assert_called_once_with(present[:3], grace_s=1.0)
 
@@ -477,11 +477,11 @@ class TestClusterHelpers(unittest.TestCase):
         return calls, run
 
     def test_network_commands_and_teardown(self) -> None:
-        names = cluster.ClusterNames("ab", 2)
+        names = netns.ClusterNames("ab", 2)
         calls, run = self._fake_ip(namespaces=names.namespaces(), pids={"pmc-ab-n1": [4242]})
-        net = cluster.NetnsCluster(names, 50)
-        with mock.patch.object(cluster, "_run", run), \
-                mock.patch.object(cluster.os, "kill") as kill:
+        net = netns.NetnsCluster(names, 50)
+        with mock.patch.object(netns, "_run", run), \
+                mock.patch.object(netns.os, "kill") as kill:
             net.up()
             self.assertEqual(net.link_bytes(1), (7, 9))
             net.down()
@@ -498,14 +498,14 @@ class TestClusterHelpers(unittest.TestCase):
 
     def test_capability_probe_reports_each_missing_piece(self) -> None:
         with mock.patch.object(os, "geteuid", return_value=0), \
-                mock.patch.object(cluster.shutil, "which", return_value="/sbin/ip"):
+                mock.patch.object(netns.shutil, "which", return_value="/sbin/ip"):
             for fail, reason in (("netns add", "cannot create a network namespace"),
                                  ("tbf", "veth / tbf unavailable"),
                                  ("cat", "cannot show the namespace's sysfs"),
                                  (None, None)):
                 calls, run = self._fake_ip(fail=fail)
-                with mock.patch.object(cluster, "_run", run):
-                    got = cluster.probe_capability()
+                with mock.patch.object(netns, "_run", run):
+                    got = netns.probe_capability()
                 if reason is None:
                     self.assertIsNone(got)
                 else:
@@ -514,11 +514,11 @@ class TestClusterHelpers(unittest.TestCase):
                     self.assertEqual(calls[-1][:3], ["ip", "netns", "del"], "probe cleans up")
 
     def test_pid_alive(self) -> None:
-        self.assertTrue(cluster._pid_alive(os.getpid()))
-        with mock.patch.object(cluster.os, "kill", side_effect=ProcessLookupError):
-            self.assertFalse(cluster._pid_alive(1))
-        with mock.patch.object(cluster.os, "kill", side_effect=PermissionError):
-            self.assertTrue(cluster._pid_alive(1))
+        self.assertTrue(netns._pid_alive(os.getpid()))
+        with mock.patch.object(netns.os, "kill", side_effect=ProcessLookupError):
+            self.assertFalse(netns._pid_alive(1))
+        with mock.patch.object(netns.os, "kill", side_effect=PermissionError):
+            self.assertTrue(netns._pid_alive(1))
 
     def test_log_follower_reads_complete_lines_once(self) -> None:
         import tempfile
@@ -528,7 +528,7 @@ class TestClusterHelpers(unittest.TestCase):
             path = os.path.join(root, "node0", "workerlog.0")
             with open(path, "w") as f:
                 f.write("one\ntw")
-            follow = cluster._LogFollower(root)
+            follow = crun._LogFollower(root)
             self.assertEqual(list(follow.new_lines()), ["one"])
             with open(path, "a") as f:
                 f.write("o\n")

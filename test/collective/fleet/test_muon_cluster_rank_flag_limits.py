@@ -19,20 +19,32 @@ from __future__ import annotations
 
 import unittest
 
-from paddle_muon_ext.tools import cluster
+from paddle_muon_ext.tools import cluster, cluster_netns as netns, cluster_run as crun
 
 
 class TestRankFlagLimits(unittest.TestCase):
     def test_ep_and_moe_sharding_accept_the_largest_world_and_refuse_one_more(self):
-        top = cluster.MAX_NODES * cluster.MAX_PROCS
-        base = dict(nodes=cluster.MAX_NODES, procs_per_node=cluster.MAX_PROCS, group_call="0")
+        top = netns.MAX_NODES * crun.MAX_PROCS
+        base = dict(nodes=netns.MAX_NODES, procs_per_node=crun.MAX_PROCS, group_call="0")
         for field, flag, other in (("ep", "--ep", "moe_sharding"),
                                    ("moe_sharding", "--moe-sharding", "ep")):
             with self.subTest(flag=flag):
-                cluster.ClusterConfig(**base, **{field: top, other: 1}).validate_values()
+                # probe mode: the MoE training refuses --ep 1 (tested below)
+                cluster.ClusterConfig(**base, **{field: top, other: 1},
+                                      mode="probe").validate_values()
                 with self.assertRaisesRegex(ValueError,
                                             f"^{flag} {top + 1}: above the limit {top} "):
-                    cluster.ClusterConfig(**base, **{field: top + 1, other: 1}).validate_values()
+                    cluster.ClusterConfig(**base, **{field: top + 1, other: 1},
+                                          mode="probe").validate_values()
+
+    def test_training_refuses_ep_1_naming_the_flag_before_any_worker_starts(self):
+        # ep=1 once crashed every worker on hcg._moe_topo (Paddle builds it for ep > 1 only)
+        with self.assertRaisesRegex(ValueError, r"^--ep 1: .*--ep 2 or more"):
+            cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=1,
+                                  moe_sharding=4).validate_values()
+        cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=2, moe_sharding=2).validate_values()
+        cluster.ClusterConfig(nodes=2, procs_per_node=2, ep=1, moe_sharding=4,
+                              mode="probe").validate_values()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-import gloo_compat as gc
+from paddle_muon_ext.distributed.fleet.utils import gloo_compat_ops as ops
 
 
 class TestGlooReduceKeepsNonRootInput(unittest.TestCase):
@@ -44,13 +44,13 @@ class TestGlooReduceKeepsNonRootInput(unittest.TestCase):
             paddle.assign(paddle.full(tensor.shape, 7.0, tensor.dtype), tensor)
             return Task()
 
-        return gc._nonroot_keeps_input(scribbling_reduce)
+        return ops.nonroot_keeps_input(scribbling_reduce)
 
     def test_a_non_root_buffer_keeps_its_input(self):
         for sync_op, calls in ((False, ["reduce", "wait"]), (True, ["reduce"])):
             log = []
             t = paddle.full([4], 2.0)
-            with mock.patch.object(gc, "is_gloo_group", return_value=True), \
+            with mock.patch.object(ops, "is_gloo_group", return_value=True), \
                     mock.patch.object(dist, "get_rank", return_value=1):
                 self._wrapped(log)(t, dst=0, sync_op=sync_op)
             np.testing.assert_array_equal(t.numpy(), 2.0, err_msg=f"sync_op={sync_op}")
@@ -61,7 +61,7 @@ class TestGlooReduceKeepsNonRootInput(unittest.TestCase):
         for gloo, rank in ((True, 0), (False, 1)):
             log = []
             t = paddle.full([4], 2.0)
-            with mock.patch.object(gc, "is_gloo_group", return_value=gloo), \
+            with mock.patch.object(ops, "is_gloo_group", return_value=gloo), \
                     mock.patch.object(dist, "get_rank", return_value=rank):
                 self._wrapped(log)(t, dst=0)
             np.testing.assert_array_equal(t.numpy(), 7.0, err_msg=f"gloo={gloo} rank={rank}")

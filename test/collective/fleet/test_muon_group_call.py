@@ -65,7 +65,6 @@ from muon_sim_runner import (
 from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_sharding_build,
     muon_sharding_optimizer as mso,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
@@ -349,14 +348,27 @@ class TestGroupCall(unittest.TestCase):
         """Upstream bug 3: node size resolved with the option off crashed CPU hosts."""
 
         def boom(*args, **kwargs):
-            raise AssertionError("resolve_gpus_per_node called with comm_group_call_opt off")
+            raise AssertionError("gpus_per_node called with comm_group_call_opt off")
 
-        cfg = SimConfig(ep=4, ms=2, gpn=None)
-        with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "abc"}), \
-                mock.patch.object(muon_sharding_build, "resolve_gpus_per_node", boom):
+        cfg = SimConfig(ep=4, ms=2, gpn=None, via_fleet=False)
+        # an unreadable PADDLE_LOCAL_SIZE too: the default resolver raises on it
+        with mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "abc"}):
             results, _ = run_world(cfg, mode="record", body=lambda c, s: sharded_core(
-                build_rank(c, s)[2]).comm_plan)
+                build_rank(c, s, gpus_per_node=boom)[2]).comm_plan)
         self.assertEqual(results, [None] * cfg.world, "a plan was built with the option off")
+
+    def test_option_on_reads_the_injected_gpus_per_node(self):
+        def body(c, s):
+            # after the world set PADDLE_LOCAL_SIZE from the config
+            os.environ["PADDLE_LOCAL_SIZE"] = "abc"
+            plan = build_rank(c, s, gpus_per_node=lambda: 2)[2].comm_plan
+            return plan.gpus_per_node, plan.num_nodes
+
+        cfg = SimConfig(ep=4, ms=2, gpn=4, via_fleet=False)
+        with mock.patch.dict(os.environ):
+            results, _ = run_world(cfg, mode="record", body=body)
+        self.assertEqual(results, [(2, cfg.world // 2)] * cfg.world,
+                         "the plan must use the injected node size, not the environment")
 
     def test_bad_local_size_env_raises(self):
         for value, fragment in BAD_ENV:

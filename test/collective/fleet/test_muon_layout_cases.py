@@ -243,11 +243,11 @@ class TestOneOwnerTwoDtypes(unittest.TestCase):
                 for op in self._layout(cfg, rank).schedule()])
             self.assertEqual(planned, expected, f"rank {rank}: ShardingLayout schedule")
 
-    def test_flat_group_of_four(self):
+    def test_flat_group_of_four_records_the_planned_dense_collectives(self):
         self._check(CaseConfig(ep=2, ms=2, matrix_dtype="bfloat16", clip=False,
                                partition="upstream_greedy"))
 
-    def test_hierarchical_two_nodes(self):
+    def test_hierarchical_two_nodes_records_the_planned_dense_collectives(self):
         self._check(CaseConfig(ep=2, ms=2, gpn=2, matrix_dtype="bfloat16", clip=False,
                                partition="upstream_greedy"))
 

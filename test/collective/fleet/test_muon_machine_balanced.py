@@ -23,7 +23,6 @@ single-process reference.
 from __future__ import annotations
 
 import math
-import os
 import types
 import unittest
 from unittest import mock
@@ -50,8 +49,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
     dtype_itemsize,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
     machine_balanced_owner_indices,
 )
 
@@ -75,7 +76,7 @@ def _body(cfg, strategy):
     # this rank's view of the rule's input, collected here from the model
     groups: dict = {}
     for p in net.parameters():
-        info = core._muon_info[p.name]
+        info = core._muon_param_info_map[p.name]
         if not (info.use_muon or getattr(info, "use_hyperball", False)):
             continue
         color = getattr(p, "color", None)
@@ -165,6 +166,7 @@ def _stub(params, group_ranks, rank=0):
     stub = types.SimpleNamespace(
         _settings=types.SimpleNamespace(machine_balanced_2d_partition=True),
         _parameter_list=params, _rank=rank, _global_rank=rank, comm_buffer_size_MB=BUFFER_MB,
+        _resolve_gpus_per_node=lambda: 1,  # one GPU per node: machine = rank
         _uses_muon=lambda p: len(p.shape) == 2,
         _colour_key=lambda p: (None, types.SimpleNamespace(ranks=list(group_ranks))),
     )
@@ -181,11 +183,6 @@ def _param(name, shape):
 
 
 class TestMachineBalancedGather(unittest.TestCase):
-    def setUp(self):
-        env = mock.patch.dict(os.environ, {"PADDLE_LOCAL_SIZE": "1"})
-        env.start()
-        self.addCleanup(env.stop)
-
     def test_one_rank_needs_no_gather(self):
         params = [_param("mb_a", [8, 4]), _param("mb_b", [4, 4]), _param("mb_bias", [4])]
         gather = mock.Mock(side_effect=AssertionError("gathered in a one-rank job"))

@@ -314,7 +314,7 @@ class TestRanksAgreeAtConstruction(unittest.TestCase):
         self.assertIn("expert.w [8, 4] float32 muon on rank", msg)
         self.assertIn(f"expert.w [8, 5] float32 muon on rank {odd_one}", msg)
 
-    def test_healthy_construction_reduces_once_per_group_and_gathers_nothing(self):
+    def test_healthy_construction_reduces_once_per_group_and_once_over_the_job(self):
         cfg = SimConfig(ep=2, ms=2, via_fleet=False)
 
         def body(cfg, strategy):
@@ -329,37 +329,83 @@ class TestRanksAgreeAtConstruction(unittest.TestCase):
             # (the hcg's own one-rank check all_reduce is not the optimizer's)
             ops = [(r.op, tuple(r.group_ranks), r.numel) for r in trace
                    if r.group_seq is not None and len(r.group_ranks) > 1]
+            # per group [hash, -hash]; then the job's verdict: one flag per rank
             self.assertEqual(ops, [("all_reduce", (0, 1, 2, 3), 8),
-                                   ("all_reduce", tuple(moe_groups[rank]), 8)],
+                                   ("all_reduce", tuple(moe_groups[rank]), 8),
+                                   ("all_reduce", (0, 1, 2, 3), 4)],
                              f"rank {rank}: construction collectives")
+
+
+    def test_a_group_disagreeing_makes_every_rank_of_the_job_refuse(self):
+        # Before: only the moe group of the odd rank raised; the other moe
+        # group went on into collectives the raised ranks never joined.
+        cfg = SimConfig(ep=2, ms=2, via_fleet=False)
+        topo = cfg.topology()
+        odd_one = max(r for r in range(cfg.world) if topo.get_coord(r).expert == 1)
+
+        def body(cfg, strategy):
+            rank = paddle.distributed.get_rank()
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            p = _param("expert.w", np.zeros((8, 5) if rank == odd_one else (8, 4), "float32"))
+            moe = hcg.get_moe_sharding_parallel_group()
+            p.color = {"color": "moe_expert", "group": moe}
+            try:
+                MuonShardingOptimizer(make_muon(_dense_params() + [p], clip=False), hcg,
+                                      strategy)
+            except RankDisagreementError as error:
+                return list(moe.ranks), str(error)
+            return list(moe.ranks), None
+
+        outcomes, _ = run_world(cfg, body=body)
+        odd_group = next(g for g, _ in outcomes if odd_one in g)
+        self.assertLess(len(odd_group), cfg.world, "the case needs a rank outside the group")
+        for rank, (group, message) in enumerate(outcomes):
+            self.assertIsNotNone(message, f"rank {rank} went on past construction")
+            self.assertIn(f"expert.w [8, 5] float32 muon on rank {odd_one}", message)
+            if rank in odd_group:
+                self.assertTrue(message.startswith("MuonShardingOptimizer: the ranks of "
+                                                   "colour 'moe_expert'"), message)
+            else:
+                self.assertIn(f"rank {rank} refuses too: rank(s) {sorted(odd_group)} found "
+                              "their group disagreeing", message)
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class TestRanksAgreeOnGloo(unittest.TestCase):
-    """Two real gloo processes: the order mismatch is refused on both ranks."""
+    """Four real gloo processes, two sharding groups: the last group's order
+    mismatch is refused there, naming the parameter, and every rank of the
+    other group refuses too instead of going on."""
 
-    def test_reversed_parameter_order_is_refused_on_every_rank(self):
+    def test_reversed_parameter_order_is_refused_on_every_rank_of_the_job(self):
         from launch_utils import run_paddle_launch
 
         repo = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
         env = {"AGREE_MODE": "order", "PYTHONPATH": os.pathsep.join(
             [os.path.join(repo, "python"), _HERE, os.environ.get("PYTHONPATH", "")])}
-        result = run_paddle_launch(os.path.join(_HERE, "muon_rank_agreement_worker.py"), 2,
-                                   env, timeout_s=180).check()
+        result = run_paddle_launch(os.path.join(_HERE, "muon_rank_agreement_worker.py"), 4,
+                                   env, timeout_s=240).check()
         outcomes = {}
         for log in result.worker_logs.values():
             for line in log.splitlines():
                 if line.startswith("AGREE_RESULT "):
                     data = json.loads(line[len("AGREE_RESULT "):])
                     outcomes[data["rank"]] = data
-        self.assertEqual(sorted(outcomes), [0, 1], f"verdicts: {outcomes}")
+        self.assertEqual(sorted(outcomes), [0, 1, 2, 3], f"verdicts: {outcomes}")
+        last_group = outcomes[3]["sharding_group"]
+        self.assertEqual(len(last_group), 2, f"two sharding groups of 2: {outcomes}")
+        first, other = last_group
+        detail = (f"parameter #0 (agree.w_in) is agree.w_in [16, 16] float32 muon on rank "
+                  f"{first} but agree.norm [8] float32 adamw on rank {other}")
         for rank, data in outcomes.items():
             self.assertEqual(data["error"], "RankDisagreementError", f"rank {rank}: {data}")
-            self.assertIn("ranks [1] differ from rank 0", data["message"])
-            self.assertIn("parameter #0 (agree.w_in) is agree.w_in [16, 16] float32 muon on "
-                          "rank 0 but agree.norm [8] float32 adamw on rank 1", data["message"])
+            self.assertIn(detail, data["message"])
+            if rank in last_group:
+                self.assertIn(f"ranks [{other}] differ from rank {first}", data["message"])
+            else:
+                self.assertIn(f"rank {rank} refuses too: rank(s) {last_group}",
+                              data["message"])
 
 
 if __name__ == "__main__":

@@ -145,6 +145,28 @@ class TestSharedColours(unittest.TestCase):
         got = MuonShardingOptimizer._select_sync_only_buffers(bufs, shared)
         self.assertEqual([id(b) for b in got], [id(bufs[0]), id(bufs[2])])
 
+    def test_overlap_split_is_develops_with_or_without_comm_overlap(self):
+        # §8.5: sync-only = 2-D then 1-D buffers of a shared colour, built
+        # whether or not comm_overlap is on; overlap = the other fused 2-D
+        # buffers (only without group call or with comm_overlap), then the
+        # other 1-D buffers; one-rank groups are not dropped.
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_buffers import (
+            ShardingState,
+        )
+
+        m_default, m_shared, r_default, r_shared = (types.SimpleNamespace(n=n) for n in "abcd")
+        state = ShardingState(rank=0)
+        state.muon_buckets = [types.SimpleNamespace(colour=None, buffers=[m_default]),
+                              types.SimpleNamespace(colour=NO_HOOK, buffers=[m_shared])]
+        state.rs_buffers = [r_shared, r_default]
+        state.rs_colour = {id(r_shared): NO_HOOK, id(r_default): None}
+        for overlap, group_call, want_overlap in (
+                (False, False, "ac"), (True, False, "ac"), (False, True, "c"), (True, True, "ac")):
+            with self.subTest(comm_overlap=overlap, group_call=group_call):
+                sync_only, over = state.develop_overlap_split(overlap, group_call)
+                self.assertEqual([b.n for b in sync_only], ["b", "d"])
+                self.assertEqual("".join(b.n for b in over), want_overlap)
+
     def test_colour_group_info_from_params(self):
         default = types.SimpleNamespace(ranks=[0, 1, 2, 3], rank=2)
         moe = types.SimpleNamespace(ranks=[1, 3], rank=-1)
@@ -519,7 +541,10 @@ class TestDevelopAttributes(unittest.TestCase):
             hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
             net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
             opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
-            own = vars(opt)
+            # the optimizer's own: set on it, or a view its class defines
+            # over its state (develop's buffer names), never the inner Muon's
+            own = set(vars(opt)) | {n for n in dir(type(opt))
+                                    if isinstance(getattr(type(opt), n), property)}
             return {
                 "not_forwarded": [n for n in (
                     "tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB",
@@ -852,8 +877,11 @@ class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
             groups = {None: tuple(hcg.get_sharding_parallel_group().ranks),
                       "moe_expert": tuple(hcg.get_moe_sharding_parallel_group().ranks)}
             rank = paddle.distributed.get_rank()
+            # make_muon clips by global norm: Paddle's HybridParallelClipGrad
+            # all-reduces the norm twice over the sharding group (pp == 1)
             tool = ShardingLayout.build([s.to_meta("moe_expert") for s in specs], groups, rank,
-                                        LayoutSettings(comm_buffer_size_MB=1))
+                                        LayoutSettings(comm_buffer_size_MB=1),
+                                        clip_groups=[groups[None]] * 2)
             mine = opt.sharding_layout
 
             def phases(layout):

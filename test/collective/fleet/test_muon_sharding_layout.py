@@ -150,7 +150,7 @@ class TestBucketsAndRoutes(unittest.TestCase):
         self.assertEqual(dataclasses.replace(layout, rank=0).local_range("n"), (0, 64))
         self.assertEqual(layout.owned_params(), [])
 
-    def test_chunk_by_size(self):
+    def test_chunks_close_at_the_size_limit_and_never_split_an_item(self):
         mb = 1024 * 1024
         self.assertEqual(chunk_by_size([mb, mb, 3 * mb, mb], 2), [[0, 1], [2], [3]])
         self.assertEqual(chunk_by_size([5, 6], 0), [[0], [1]])

@@ -31,6 +31,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings im
     ShardingSettings,
 )
 from paddle_muon_ext.distributed.fleet.utils import gloo_compat as gc
+from paddle_muon_ext.distributed.fleet.utils import gloo_compat_groups as groups
 
 
 def _strategy(sharding=None, pp=None, **hybrid):
@@ -109,13 +110,13 @@ class TestEnvironmentVariables(unittest.TestCase):
             (gc.FORCE_ENV, "maybe", gc.gloo_backend_selected,
              "GLOO_COMPAT='maybe': must be one of"),
             (gc.FORCE_ENV, "2", gc.gloo_expected, "GLOO_COMPAT='2'"),
-            (gc.STORE_TIMEOUT_ENV, "abc", gc._store_timeout,
-             "GLOO_COMPAT_STORE_TIMEOUT must be >= 1, got 'abc'"),
-            (gc.STORE_TIMEOUT_ENV, "0", gc._store_timeout,
-             "GLOO_COMPAT_STORE_TIMEOUT must be >= 1"),
-            (gc.STORE_TIMEOUT_ENV, "1.5", gc._store_timeout, "got '1.5'"),
+            (gc.STORE_TIMEOUT_ENV, "abc", groups._store_timeout,
+             "GLOO_COMPAT_STORE_TIMEOUT='abc': must be a positive integer"),
+            (gc.STORE_TIMEOUT_ENV, "0", groups._store_timeout,
+             "GLOO_COMPAT_STORE_TIMEOUT='0': must be a positive integer"),
+            (gc.STORE_TIMEOUT_ENV, "1.5", groups._store_timeout, "GLOO_COMPAT_STORE_TIMEOUT='1.5': must be a positive integer"),
             (gc.EMULATED_LOCAL_SIZE_ENV, "two", gc.apply_emulated_local_size,
-             "GLOO_COMPAT_LOCAL_SIZE must be >= 1, got 'two'"),
+             "GLOO_COMPAT_LOCAL_SIZE='two': must be a positive integer"),
             (mss.OVERLAP_SYNC_ENV, "yes", mss.read_overlap_optimize_and_sync,
              "FLAGS_muon_sharding_overlap_optimize_and_sync='yes' is not an integer"),
         ]
@@ -136,9 +137,9 @@ class TestEnvironmentVariables(unittest.TestCase):
         with mock.patch.dict(os.environ, {gc.FORCE_ENV: " ", "PADDLE_DISTRI_BACKEND": "gloo"}):
             self.assertTrue(gc.gloo_backend_selected(), "blank: the launcher's backend decides")
         with mock.patch.dict(os.environ, {gc.STORE_TIMEOUT_ENV: "45"}):
-            self.assertEqual(gc._store_timeout(), 45)
+            self.assertEqual(groups._store_timeout(), 45)
         with mock.patch.dict(os.environ, {gc.STORE_TIMEOUT_ENV: ""}):
-            self.assertEqual(gc._store_timeout(), 300)
+            self.assertEqual(groups._store_timeout(), 300)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,17 @@ import math
 import random
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
     MatrixSpec,
     OwnerPartition,
+    newton_schulz_cost,
+    optimizer_state_bytes,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
     balance_floor,
     balanced_partition,
     develop_active_ranks,
     machine_balanced_owner_indices,
-    newton_schulz_cost,
-    optimizer_state_bytes,
     partition_2d_parameters,
     upstream_partition,
 )

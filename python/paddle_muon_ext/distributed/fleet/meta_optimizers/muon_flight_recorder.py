@@ -43,13 +43,18 @@ A dump (JSON, ``muon_flight_rank<R>.json``) is written to
 
 Every dump also holds the Python stacks of the process's threads (``stacks``:
 the thread in the oldest unfinished collective first, then the main thread;
-at most :data:`STACK_FRAMES` innermost frames each), read with
+at most :data:`~.muon_flight_stacks.STACK_FRAMES` innermost frames each), read with
 ``sys._current_frames()`` when the dump is written: nothing is installed for
 it, and ``hangs`` shows the stuck rank's stack.
 
 ``PADDLE_MUON_FLIGHT_RECORDER=0`` turns recording off;
 ``PADDLE_MUON_FLIGHT_ENTRIES`` sets N (default 2048). The same approach as
 PyTorch's NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``).
+
+This module records and dumps; the dump format and :func:`diagnose` live in
+``muon_flight_diagnosis`` (no paddle needed: the ``hangs`` tool reads dumps
+anywhere), the stacks in ``muon_flight_stacks``, the checks of the
+environment variables in ``fleet/utils/env_util``.
 """
 
 from __future__ import annotations
@@ -63,9 +68,11 @@ import socket
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
+
+from ..utils.env_util import env_positive
+from .muon_flight_diagnosis import DUMP_FORMAT, DUMP_PREFIX, FIELDS, RankState, diagnose
+from .muon_flight_stacks import thread_stacks
 
 
 def _logger():
@@ -92,24 +99,10 @@ ENV_ENTRIES = "PADDLE_MUON_FLIGHT_ENTRIES"
 ENV_DIR = "PADDLE_MUON_FLIGHT_DIR"
 ENV_TIMEOUT = "PADDLE_MUON_FLIGHT_TIMEOUT"
 LAUNCHER_LOG_DIR_ENV = "PADDLE_LOG_DIR"
-DUMP_PREFIX = "muon_flight_rank"
 REQUEST_FILE = "muon_flight.request"
-DUMP_FORMAT = "paddle_muon_ext.flight_recorder/1"
 DEFAULT_ENTRIES = 2048
 DEFAULT_TIMEOUT_S = 600.0
 _POLL_S = 1.0
-#: Bounds of the Python stacks in a dump: innermost frames kept per thread,
-#: threads kept, characters per frame (a dump stays small and a frame whose
-#: source line is huge cannot bloat it).
-STACK_FRAMES = 32
-STACK_THREADS = 16
-STACK_FRAME_CHARS = 400
-
-# Field order of one ring-buffer entry (a list: cheapest to build per collective).
-FIELDS = (
-    "seq", "group_seq", "phase", "op", "group_id", "group_ranks", "root",
-    "dtype", "numel", "start", "finish",
-)
 _SEQ, _GSEQ, _PHASE, _OP, _GID, _RANKS, _ROOT, _DTYPE, _NUMEL, _START, _FINISH = range(11)
 # After FIELDS (not dumped as a field): the thread that issued the collective,
 # so a dump's stacks can name the thread blocked in it.
@@ -139,23 +132,6 @@ def exit_phase(previous: str | None) -> None:
 def phase_of_thread(ident: int | None = None) -> str | None:
     """The phase thread ``ident`` (default: the calling thread) is in, or None."""
     return _PHASES.get(threading.get_ident() if ident is None else ident)
-
-
-def _env_positive(name: str, default: float, kind: type) -> Any:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return kind(default)
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    # not (value > 0): NaN compares false; inf would never time out
-    if value is None or not (0 < value < float("inf")):
-        raise ValueError(
-            f"{name}={raw!r}: must be a positive finite {kind.__name__}; unset it for "
-            f"the default {default}"
-        )
-    return value
 
 
 def _env_flag(name: str, default: str) -> bool:
@@ -209,8 +185,8 @@ class FlightRecorder:
         self.enabled = (
             _env_flag(ENV_ENABLE, "1") if enabled is None else enabled
         )
-        self.capacity = capacity or _env_positive(ENV_ENTRIES, DEFAULT_ENTRIES, int)
-        self.timeout_s = _env_positive(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, float)
+        self.capacity = capacity or env_positive(ENV_ENTRIES, DEFAULT_ENTRIES, int)
+        self.timeout_s = env_positive(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, float)
         self._entries: collections.deque = collections.deque(maxlen=self.capacity)
         self._in_flight: dict[int, list] = {}
         self._issued: dict[tuple, int] = {}
@@ -480,42 +456,6 @@ class FlightRecorder:
         return None
 
 
-def thread_stacks(in_collective: int | None = None) -> list[dict]:
-    """The Python stacks of this process's threads, bounded, as JSON-ready data.
-
-    Read from ``sys._current_frames()`` (a snapshot; installs nothing). The
-    thread in a collective comes first, then the main thread, then the rest;
-    the watchdog's own thread is left out (its stack is this dump).
-
-    Args:
-        in_collective (int|None): ident of the thread blocked in a collective.
-
-    Returns:
-        list[dict]: per thread ``thread`` (name), ``ident``, ``main``,
-        ``in_collective`` and ``frames`` (``traceback.format_stack`` strings,
-        outermost first, the innermost :data:`STACK_FRAMES` at most).
-    """
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    here = threading.get_ident()
-    stacks = []
-    for ident, frame in sys._current_frames().items():
-        if ident == here and names.get(ident) == "muon-flight-watchdog":
-            continue
-        # limit > 0 keeps the innermost frames (outermost first, as printed)
-        frames = traceback.format_stack(frame, limit=STACK_FRAMES)
-        stacks.append({
-            "thread": names.get(ident),
-            "ident": ident,
-            "main": ident == main,
-            "in_collective": ident == in_collective,
-            "frames": [f if len(f) <= STACK_FRAME_CHARS else f[:STACK_FRAME_CHARS - 3] + "..."
-                       for f in frames],
-        })
-    stacks.sort(key=lambda s: (not s["in_collective"], not s["main"]))
-    return stacks[:STACK_THREADS]
-
-
 def _signal_pipe() -> tuple[int, int] | None:
     """(read, write) ends of a pipe that receives every signal's number, or None.
 
@@ -575,157 +515,3 @@ def arm() -> FlightRecorder:
 def disarm() -> None:
     """Undo :func:`arm`: stop the watchdog, restore SIGUSR1 and ``sys.excepthook``."""
     get_flight_recorder().disarm()
-
-
-# ------------------------------------------------------------------ analysis
-@dataclass
-class RankState:
-    """What one rank's dump (or the simulated world) says about that rank.
-
-    Attributes:
-        rank: global rank.
-        phase: the phase its main thread is in (None: outside any phase).
-        in_flight: collectives issued and not finished, oldest first, as
-            dicts with the keys of :data:`FIELDS`.
-        issued: per ``(group_id, group_ranks)``, collectives issued on it.
-        last_finished: its most recent finished collective (a dict) or None.
-        note: e.g. ``"already returned"``.
-    """
-
-    rank: int
-    phase: str | None = None
-    in_flight: list = field(default_factory=list)
-    issued: dict = field(default_factory=dict)
-    last_finished: dict | None = None
-    note: str = ""
-
-    @classmethod
-    def from_dump(cls, data: Mapping) -> RankState:
-        """Build from a dump written by :meth:`FlightRecorder.dump`."""
-        entries = data.get("entries", [])
-        return cls(
-            rank=int(data["rank"]),
-            phase=data.get("phase"),
-            in_flight=[e for e in entries if e.get("finish") is None],
-            issued={(i["group_id"], tuple(i["group_ranks"])): int(i["count"])
-                    for i in data.get("issued", [])},
-            last_finished=next((e for e in reversed(entries) if e.get("finish") is not None), None),
-        )
-
-
-def phase_text(phase: str | None) -> str:
-    """``phase 'x'``, or ``outside any phase`` for None."""
-    return "outside any phase" if phase is None else f"phase {phase!r}"
-
-
-def describe_collective(e: Mapping) -> str:
-    """``reduce #3 on group 7 [1, 3] (root 3, float32, numel 4096, phase 'x')``."""
-    extra = [f"root {e['root']}"] if e.get("root") is not None else []
-    extra += [str(e.get("dtype")), f"numel {e.get('numel')}", phase_text(e.get("phase"))]
-    return (f"{e['op']} #{e['group_seq']} on group {e['group_id']} "
-            f"[{_rank_list(e['group_ranks'])}] ({', '.join(extra)})")
-
-
-#: Rank lists longer than this are shown by their first and last members and
-#: their length, so a report stays linear in the world size.
-_LIST_SHOWN = 16
-
-
-def _rank_list(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) <= _LIST_SHOWN:
-        return ", ".join(map(str, ranks))
-    return (", ".join(map(str, ranks[:8])) + ", ..., " + ", ".join(map(str, ranks[-4:]))
-            + f" ({len(ranks)} ranks)")
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + _rank_list(ranks)
-
-
-def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> list[str]:
-    """Name the rank(s) everyone waits for, from every rank's state.
-
-    A rank waits in its oldest in-flight collective for each member of that
-    group that has issued fewer collectives on the group than the one it
-    waits in. Following these edges, the ranks waited for that are not
-    themselves waiting in a collective (or left no dump) are the culprits.
-
-    Args:
-        states: rank -> :class:`RankState` (ranks without a dump absent).
-        world_size: to list ranks that left no state at all.
-
-    Returns:
-        Report lines; the first says who is stuck, in the words
-        ``rank R is the rank the others wait for`` (or that none is waiting).
-    """
-    waits: dict[int, tuple[dict, list[int]]] = {}
-    # Each member's count on a group is looked up once per group, not once per
-    # waiting rank: hashing a group's rank tuple costs its length, and a world
-    # of n ranks waiting on one n-rank group would otherwise cost n**3.
-    issued_on: dict[tuple, dict[int, int]] = {}
-    for rank, state in sorted(states.items()):
-        if not state.in_flight:
-            continue
-        e = state.in_flight[0]
-        key = (e["group_id"], tuple(e["group_ranks"]))
-        counts = issued_on.get(key)
-        if counts is None:
-            counts = issued_on[key] = {p: states[p].issued.get(key, 0)
-                                       for p in set(key[1]) if p in states}
-        behind = [p for p in key[1] if p != rank
-                  and (p not in counts or counts[p] <= e["group_seq"])]
-        waits[rank] = (e, behind)
-    if not waits:
-        return ["no rank is waiting in a collective of the optimizer"]
-    # The collective whose waiters wait for p alone says most about p: one
-    # pass over the wait edges keeps the best one for every rank waited for.
-    best: dict[int, tuple] = {}
-    for i, (e, behind) in enumerate(waits.values()):
-        rank_key = (len(behind), e["seq"] if e.get("seq") is not None else 0, i)
-        for p in behind:
-            if p not in waits and (p not in best or rank_key < best[p][0]):
-                best[p] = (rank_key, e)
-    culprits = sorted(best)
-    lines = []
-    silent = [p for p in culprits if p not in states]
-    if len(silent) > _LIST_SHOWN:
-        # many ranks without a dump (a lost node): one line, not one per rank
-        others = len({id(best[p][1]) for p in silent}) > 1
-        lines.append(f"{_ranks(silent)} are the ranks the others wait for: they left no "
-                     "dump (crashed, or on nodes whose log dirs were not collected); they "
-                     f"wait in {describe_collective(best[silent[0]][1])}"
-                     + (" and other collectives" if others else ""))
-        culprits = [p for p in culprits if p in states]
-    for p in culprits:
-        state = states.get(p)
-        awaited = best[p][1]
-        if state is None:
-            lines.append(f"rank {p} is the rank the others wait for: it left no dump "
-                         f"(crashed, or on a node whose log dir was not collected); "
-                         f"they wait in {describe_collective(awaited)}")
-            continue
-        last = (describe_collective(state.last_finished) if state.last_finished
-                else "none recorded")
-        note = f", {state.note}" if state.note else ""
-        where = "outside any phase" if state.phase is None else f"in phase {state.phase!r}"
-        lines.append(f"rank {p} is the rank the others wait for: {where}"
-                     f"{note}, it has not issued {describe_collective(awaited)}; "
-                     f"its last finished collective: {last}")
-    if not lines:
-        lines.append("no rank is outside a collective: "
-                     f"{_ranks(sorted(waits))} wait on each other (collectives issued "
-                     "in a different order on different ranks)")
-    by_collective: dict[tuple, list[int]] = collections.OrderedDict()
-    for rank, (e, behind) in sorted(waits.items()):
-        k = (describe_collective(e), tuple(behind))
-        by_collective.setdefault(k, []).append(rank)
-    for (what, behind), ranks in by_collective.items():
-        verb = "waits" if len(ranks) == 1 else "wait"
-        whom = _ranks(list(behind)) if behind else "nobody (every peer issued it)"
-        lines.append(f"  {_ranks(ranks)} {verb} in {what} for {whom}")
-    if world_size:
-        missing = [r for r in range(world_size) if r not in states]
-        if missing:
-            lines.append(f"  no dump from {_ranks(missing)}")
-    return lines

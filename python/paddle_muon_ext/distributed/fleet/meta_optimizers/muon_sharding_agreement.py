@@ -34,10 +34,16 @@ reduce rather than a gather of hashes: every member learns the verdict from
 the same result, and a log-only collective layer (which moves no data)
 reads as agreement instead of an exchange it cannot do.
 
-The members of the group that disagrees raise; ranks outside it (another
-pipeline stage, another expert's group) carry on until their next collective
-with a raised rank, where the launcher ends the job with this error in the
-raising ranks' logs.
+Then every rank of the job learns the verdict: one ``all_reduce(MAX)`` over
+the whole job of a flag per rank (``world_size`` int64 words). When any rank
+found a disagreement, the ranks gather their messages and every rank
+raises: the members of the group that disagrees with the first difference,
+the others (another pipeline stage, another expert's group) naming the
+disagreeing ranks and that difference - none goes on into a collective a
+refusing rank never joins. After a disagreement in the sharding group its
+members skip the colour groups (their colour orders may differ, so those
+checks would not line up); the job-wide verdict is the next collective of
+every rank either way.
 """
 
 from __future__ import annotations
@@ -278,35 +284,76 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
             f"parameters); {_FIX}.")
 
 
+def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
+    """Compare one digest over its group: None when every member agrees."""
+    words = digest_words(digest)
+    probe = paddle.to_tensor(words + [-w for w in words], dtype="int64")
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
+    got = [int(v) for v in probe.numpy().tolist()]
+    if got[:_WORDS] == [-v for v in got[_WORDS:]]:
+        return None
+    gathered: list = []
+    dist.all_gather_object(gathered, digest, group=group)
+    # the hashes differed, so the records do: never fall through silently
+    return first_difference(gathered) or (
+        f"MuonShardingOptimizer: the ranks of {digest.label} {list(digest.ranks)} "
+        f"hashed their parameters differently; {_FIX}.")
+
+
+def _refuse_on_every_rank(message: Optional[str]) -> None:
+    """The job-wide verdict: raise on every rank when any rank disagreed.
+
+    Collective over the whole job (the default group): a flag per rank,
+    reduced with MAX; only when a flag is set are the messages gathered.
+    """
+    world = int(dist.get_world_size())
+    if world <= 1:
+        if message is not None:
+            raise RankDisagreementError(message)
+        return
+    rank = int(dist.get_rank())
+    flags = paddle.to_tensor([int(r == rank and message is not None) for r in range(world)],
+                             dtype="int64")
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    refusing = [r for r, v in enumerate(flags.numpy().tolist()) if v]
+    if not refusing:
+        return
+    messages: list = []  # every rank saw the same flags: every rank gathers
+    dist.all_gather_object(messages, message)
+    if message is not None:
+        raise RankDisagreementError(message)
+    first = next((m for m in messages if m), "(their message did not arrive)")
+    raise RankDisagreementError(
+        f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
+        f"group disagreeing, and every rank of the job stops at construction so that none "
+        f"waits in a collective the others never join. First of their errors: {first}")
+
+
 def check_ranks_agree(digests: Sequence[GroupDigest],
                       group_of: Callable[[GroupDigest], Any]) -> None:
-    """Compare each digest with the other members of its group; raise on the first mismatch.
+    """Compare each digest with the other members of its group; every rank
+    of the job raises when any group disagrees.
 
     Collective: every member of every group must call it with its digests in
     the same order (the sharding group's first; its "colour order" field makes
-    the later ones line up before they run).
+    the later ones line up before they run), and every rank of the job calls
+    it (the verdict is exchanged over the whole job).
 
     Args:
         digests: this rank's digests (:func:`group_digests`).
         group_of: digest -> the process group to exchange it on.
 
     Raises:
-        RankDisagreementError: one line naming the first difference and the ranks.
+        RankDisagreementError: on every rank, one line: a member of the group
+            that disagrees names the first difference and the ranks; another
+            rank names the disagreeing ranks and that difference.
     """
-    for digest in digests:
+    message = None
+    for index, digest in enumerate(digests):
         if len(digest.ranks) <= 1:
             continue  # nobody to disagree with
-        group = group_of(digest)
-        words = digest_words(digest)
-        probe = paddle.to_tensor(words + [-w for w in words], dtype="int64")
-        dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
-        got = [int(v) for v in probe.numpy().tolist()]
-        if got[:_WORDS] == [-v for v in got[_WORDS:]]:
-            continue
-        gathered: list = []
-        dist.all_gather_object(gathered, digest, group=group)
-        message = first_difference(gathered)
-        # the hashes differed, so the records do: never fall through silently
-        raise RankDisagreementError(message or (
-            f"MuonShardingOptimizer: the ranks of {digest.label} {list(digest.ranks)} "
-            f"hashed their parameters differently; {_FIX}."))
+        found = _group_disagreement(digest, group_of(digest))
+        message = message or found
+        if index == 0 and message is not None:
+            break  # the colour orders may differ: the later checks would not line up
+    _refuse_on_every_rank(message)

@@ -13,11 +13,12 @@
 # limitations under the License.
 """Bodies of :class:`MuonShardingOptimizer`'s construction methods.
 
-Groups, layout, owners, buffers, slice parameters and hooks. Split from
-``muon_sharding_optimizer`` so that file stays readable: develop's exporter
-check needs every develop method defined *in* that file, so each one stays
-there as a thin method calling the function of the same name here (``opt`` is
-the optimizer). This module never imports the optimizer's module (the
+Groups, layout, owners, the clip's groups and develop's descriptive
+attributes; the buffers and slice parameters are built by the state object
+(``muon_sharding_buffers.ShardingState``) the construction fills. Split from
+``muon_sharding_optimizer`` so that file stays readable: each function takes
+the optimizer (``opt``) first, and that file binds it under develop's method
+name (``_DevelopMethodSurface``), so there is one body per method. This module never imports the optimizer's module (the
 imports run one way); what both need lives in ``muon_sharding_types``.
 """
 
@@ -26,16 +27,20 @@ from __future__ import annotations
 import importlib
 from collections import OrderedDict
 from typing import Any
+from typing import Callable
 from typing import TYPE_CHECKING
 
+import paddle
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelClipGrad,
+)
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle.distributed as dist
 
 from . import muon_sharding_agreement as agreement
-from . import muon_sharding_collectives as comm
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_layout import LayoutSettings
 from .muon_sharding_layout import ParamMeta
@@ -48,14 +53,12 @@ from .muon_sharding_settings import _user_set_sharding_config
 from .muon_sharding_settings import _warn_once
 from .muon_sharding_settings import read_overlap_optimize_and_sync
 from .muon_sharding_types import DEFAULT_COLOUR
-from .muon_sharding_types import DEFAULT_RAW_COLOUR
-from .muon_sharding_types import ROUTE_HIERARCHICAL
 from .muon_sharding_types import STAGED_API
-from .muon_sharding_types import TRIGGER_BACKWARD
 from .muon_sharding_types import dtype_itemsize
 from .muon_sharding_types import is_trainable
 from .muon_sharding_types import parse_colour
-from .muon_fused_buffer import MuonBucket
+from .muon_sharding_buffers import ShardingState
+from .muon_sharding_executor import has_staged_api
 
 if TYPE_CHECKING:
     from .muon_sharding_optimizer import MuonShardingOptimizer
@@ -65,8 +68,12 @@ if TYPE_CHECKING:
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 
-def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None) -> None:
+def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=None,
+                   gpus_per_node: Callable[[], int] | None = None) -> None:
+    """Build ``opt`` (``MuonShardingOptimizer.__init__``; its Args)."""
     opt._inner_opt = optimizer
+    # read only where the node size matters (group call, machine-balanced owners)
+    opt._resolve_gpus_per_node = gpus_per_node or resolve_gpus_per_node
     opt._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
     if strategy is None:
         strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
@@ -74,13 +81,13 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt._rank = dist.get_rank()
     opt._check_supported_config(optimizer)
     opt._settings.check(opt._hcg.get_pipe_parallel_world_size())
+    # the one runtime state (groups, buffers, slices), filled as the build goes
+    opt._state = ShardingState(rank=opt._rank)
 
     opt._parameter_list = list(optimizer._parameter_list)
     opt._origin_parameter_list = opt._parameter_list
-    opt._muon_info = optimizer._muon_param_info_map
-    opt._muon_param_info_map = opt._muon_info
+    opt._muon_param_info_map = optimizer._muon_param_info_map
     opt._default_group = opt._hcg.get_sharding_parallel_group()
-    opt._global_rank = opt._rank
     opt._sharding_world_size = opt._hcg.get_sharding_parallel_world_size()
     opt._sharding_rank = opt._hcg.get_sharding_parallel_rank()
     opt._use_avg = opt._settings.use_reduce_avg and (
@@ -102,8 +109,8 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             timer_helper.set_timers()
         opt.timers = timer_helper.get_timers()
 
-    # 1. data: colours, groups, plan and the layout; nothing allocated yet
-    opt._colour_groups: dict[str | None, Any] = opt._collect_colour_groups()
+    # 1. data: colours, groups, routing plan and the layout; nothing allocated yet
+    opt._state.colour_groups = opt._collect_colour_groups()
     # Before any other collective, and before the per-parameter errors below
     # that one rank alone could raise while the others wait.
     check_ranks_agree(opt)
@@ -115,19 +122,14 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             target.setdefault(opt._colour_key(param)[0], []).append(param)
     # Resolved only with the option on: upstream resolved the node size
     # unconditionally and crashed on hosts without a launcher or CUDA.
-    opt._plan = None
-    opt._plan_groups = None
     opt.trainer_comms: list = []
     opt.trainer_same_card_comms: list = []
     if opt._settings.comm_group_call_opt:
-        opt._plan = HierarchicalCommPlan.from_hcg(
-            opt._hcg, resolve_gpus_per_node()
-        )
+        opt._state.plan = HierarchicalCommPlan.from_hcg(opt._hcg, opt._resolve_gpus_per_node())
         opt._check_plan_matches_sharding_group()
     opt.overlap_optimize_and_sync = opt._resolve_overlap_optimize_and_sync(optimizer)
-    opt._layout = opt._build_layout()
-    opt._owner_of: dict[str, int] = dict(opt._layout.owners)
-    opt._partitions: dict[str | None, Any] = dict(opt._layout.partitions)
+    opt._has_staged_api = has_staged_api(optimizer)
+    opt._state.layout = opt._build_layout()
 
     # 2. allocation: groups and buffers, exactly as the layout says
     if opt._plan is not None:
@@ -136,8 +138,7 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
         log = logger.info if opt._rank == 0 else logger.debug
         log("MuonShardingOptimizer: comm_group_call_opt on\n%s", opt._plan.describe())
     by_name = {p.name: p for p in opt._parameter_list if is_trainable(p)}
-    opt._param_by_name = by_name
-    opt._group_of_ranks = {tuple(g.ranks): g for g in opt._colour_groups.values()}
+    opt._state.param_by_name = by_name
     opt._build_2d_comm_buffers(by_name)
     opt._build_1d_comm_buffers(by_name)
     opt._names_longest_first: list[str] | None = None
@@ -145,9 +146,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
     opt._describe_like_develop(muon_by_colour, other_by_colour)
     opt._select_overlap_buffers()
-    # clear_param_storage(color): colour -> this rank's saved 1-D slices
-    opt._cleared_colours: dict[str | None, dict[str, Any]] = OrderedDict()
-    opt._fused_state_buffers: dict[str, Any] = {}
     opt._sync_stages: list | None = None
 
     if opt.comm_overlap and not opt.pp_overlap:
@@ -176,7 +174,7 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
         **agreement.optimizer_options(opt._base_opt),
     )
-    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_info.get(p.name)))
+    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_param_info_map.get(p.name)))
                for p in opt._parameter_list if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     colour_ranks[None] = list(opt._default_group.ranks)
@@ -234,7 +232,7 @@ def create_group_call_groups(opt: MuonShardingOptimizer) -> None:
         created.append(group)
         return group
 
-    opt._plan_groups = opt._plan.create_groups(opt._rank, new_group)
+    opt._state.plan_groups = opt._plan.create_groups(opt._rank, new_group)
     # develop's names: trainer_comms[machine], trainer_same_card_comms[stage][card]
     n_nodes = opt._plan.num_nodes
     opt.trainer_comms = created[:n_nodes]
@@ -270,35 +268,15 @@ def describe_like_develop(
         opt._param2rank_2d_by_color[colour] = to_rank
         # develop keeps each colour's list sorted (stably) by owner
         opt._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
-    opt._local_2d = opt._owned_muon_params()
-    opt.comm_buffer_2d = [b for bucket in opt._muon_buckets for b in bucket.buffers]
-    # develop's name for the element-wise (reduce-scatter) buffers
-    opt._comm_buffer_list = opt._rs_buffers
-    opt._color_to_comm_buffer_list: dict = OrderedDict()
-    for buffer in opt._rs_buffers:
-        colour = opt._rs_colour[id(buffer)]
-        raw = DEFAULT_RAW_COLOUR if colour is DEFAULT_COLOUR else colour
-        opt._color_to_comm_buffer_list.setdefault(raw, []).append(buffer)
-    opt.param2bucket: dict[str, list] = OrderedDict()
-    for buffer in opt.comm_buffer_2d + opt._rs_buffers:
-        for p in buffer.params:
-            opt.param2bucket.setdefault(p.name, []).append(buffer)
+    # the buffer views (comm_buffer_2d, _comm_buffer_list, param2bucket, ...)
+    # are properties over the state (_DevelopStateSurface)
 
 
 def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """Split buffers into sync-only (shared colours) and hook-launched, as develop."""
+    """develop's shared colours; its sync-only / overlap buffer lists are views
+    (``_DevelopStateSurface``) of ``ShardingState.develop_overlap_split``,
+    which sits next to the step plan's hook rule."""
     opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
-    fused_2d = opt.comm_buffer_2d if opt._use_fuse_gradients else []
-    opt._sync_only_buffers = opt._select_sync_only_buffers(
-        fused_2d, opt._shared_colors
-    ) + opt._select_sync_only_buffers(opt._comm_buffer_list, opt._shared_colors)
-    opt._sync_only_buffer_ids = {id(b) for b in opt._sync_only_buffers}
-    overlap_2d = []
-    if opt._use_fuse_gradients and (not opt.use_group_call_opt or opt.comm_overlap):
-        overlap_2d = [b for b in fused_2d if id(b) not in opt._sync_only_buffer_ids]
-    opt._overlap_comm_buffers = overlap_2d + [
-        b for b in opt._comm_buffer_list if id(b) not in opt._sync_only_buffer_ids
-    ]
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:
@@ -414,7 +392,30 @@ def build_layout(opt: MuonShardingOptimizer) -> ShardingLayout:
     )
     groups = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     return ShardingLayout.build(metas, groups, opt._rank, settings, opt._plan,
-                                fixed_owners=opt._machine_balanced_owners())
+                                fixed_owners=opt._machine_balanced_owners(),
+                                clip_groups=clip_groups(opt))
+
+
+def clip_groups(opt: MuonShardingOptimizer) -> list:
+    """The groups the global-norm clip all-reduces its norm over, in issue order.
+
+    Paddle's ``HybridParallelClipGrad`` (swapped in for a
+    ``ClipGradByGlobalNorm``): the sharding group twice (distributed and
+    replicated norms), then the pipe group. Empty when the clip is not its own
+    step phase (no global-norm clip, no staged API, or the update bypassed).
+    """
+    if opt._bypass_update or not opt._has_staged_api:
+        return []
+    clip = opt._base_opt._grad_clip
+    if not isinstance(clip, (paddle.nn.ClipGradByGlobalNorm, HybridParallelClipGrad)):
+        return []
+    hcg, groups = opt._hcg, []
+    if hcg.get_sharding_parallel_world_size() > 1:
+        ranks = list(hcg.get_sharding_parallel_group().ranks)
+        groups += [ranks, ranks]
+    if hcg.get_pipe_parallel_world_size() > 1:
+        groups.append(list(hcg.get_pipe_parallel_group().ranks))
+    return groups
 
 
 def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None:
@@ -438,7 +439,7 @@ def machine_balanced_owners(opt: MuonShardingOptimizer) -> dict[str, int] | None
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     # develop's node numbering: global rank // GPUs per node
-    machine = opt._rank // resolve_gpus_per_node()
+    machine = opt._rank // opt._resolve_gpus_per_node()
     gathered: list = []
     if dist.get_world_size() > 1:
         dist.all_gather_object(gathered, (opt._rank, machine, mine))
@@ -488,7 +489,7 @@ def partition_2d_parameters_machine_balanced(
 
 
 def uses_muon(opt: MuonShardingOptimizer, param) -> bool:
-    info = opt._muon_info.get(param.name)
+    info = opt._muon_param_info_map.get(param.name)
     if info is None:
         raise ShardingAssertionError(
             f"parameter {param.name} (shape {list(param.shape)}) has no entry "
@@ -497,73 +498,6 @@ def uses_muon(opt: MuonShardingOptimizer, param) -> bool:
         )
     # develop's keep_whole: hyperball parameters are owned whole too
     return bool(info.use_muon or getattr(info, "use_hyperball", False))
-
-
-def build_muon_bucket(opt: MuonShardingOptimizer, spec, by_name: dict) -> MuonBucket:
-    group = opt._colour_groups[spec.colour]
-    params = [by_name[n] for n in spec.params]
-    hierarchical = spec.route == ROUTE_HIERARCHICAL
-    bucket = MuonBucket(colour=spec.colour, group=group, owner=spec.owner,
-                        dtype=params[0].dtype, params=params, hierarchical=hierarchical)
-    # A hierarchical buffer's own reduce (launched by the overlap hooks) is
-    # its first hop: inside the node, onto the rank with the owner's card.
-    if hierarchical:
-        buf_group = opt._plan_groups.node_group
-        buf_dst = opt._plan.intra_node_root(spec.owner, opt._rank)
-    else:
-        buf_group, buf_dst = group, spec.owner
-    bucket.buffers = [
-        tensor_fusion_helper.FusedCommBuffer(
-            f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
-            [by_name[n] for n in chunk],
-            buf_group,
-            acc_steps=opt._buffer_acc_steps(spec.colour),
-            act=tensor_fusion_helper.HOOK_ACTION.REDUCE,
-            dst=buf_dst,
-            release_grads=False,
-            **comm.fused_buffer_scaling(opt._use_avg),
-        )
-        for i, chunk in enumerate(spec.chunks)
-    ]
-    return bucket
-
-
-def build_reduce_scatter_buffer(opt: MuonShardingOptimizer, spec, by_name: dict) -> None:
-    chunk = [by_name[n] for n in spec.params]
-    buffer = tensor_fusion_helper.FusedCommBuffer(
-        f"slice_{spec.colour}_{spec.dtype}_{len(opt._rs_buffers)}",
-        chunk,
-        opt._colour_groups[spec.colour],
-        acc_steps=opt._buffer_acc_steps(spec.colour),
-        act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-        release_grads=opt._settings.release_grads,
-        **comm.fused_buffer_scaling(opt._use_avg),
-    )
-    # FusedCommBuffer leaves a weakref for Paddle's own sharding
-    # optimizer to collect; this optimizer keeps its buffers.
-    if hasattr(chunk[0], "comm_buffer_ref"):
-        del chunk[0].comm_buffer_ref
-    opt._rs_buffers.append(buffer)
-    opt._rs_colour[id(buffer)] = spec.colour
-    for p in chunk:
-        opt._slice_params[p.name] = opt._create_slice_param(p)
-
-
-def hooked_buffers(opt: MuonShardingOptimizer) -> list:
-    """(buffer, phase label) of the plan's backward phases.
-
-    The same buffers as develop's ``_overlap_comm_buffers``, less those of
-    one-rank groups (nothing to send).
-    """
-    out = []
-    for phase in opt._layout.phases_of(TRIGGER_BACKWARD):
-        if len(phase.group) <= 1:
-            continue  # a one-rank group holds its result already
-        for ref, _ in phase.items:
-            buffers = ([opt._rs_buffers[ref[1]]] if ref[0] == "slice"
-                       else opt._muon_buckets[ref[1]].buffers)
-            out.extend((b, phase.label) for b in buffers)
-    return out
 
 
 def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
@@ -590,7 +524,8 @@ def filter_parameters(opt: MuonShardingOptimizer, parameter_list, hcg) -> list:
     return result
 
 
-def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+def colour_to_group_info_from_params(params, sharding_group) -> OrderedDict:
+    """Colour key -> ``{'group', 'world_size', 'rank'}``: None first, dict colours as seen."""
     def entry(group) -> dict:
         return {"group": group, "world_size": len(group.ranks), "rank": group.rank}
 
@@ -603,7 +538,8 @@ def color_to_group_info_from_params(params, sharding_group) -> OrderedDict:
     return info
 
 
-def buffer_color(buffer):
+def buffer_colour(buffer):
+    """The colour of a buffer, read from its first parameter as develop does."""
     # develop's rule: a dict colour gives its 'color' as written (None when
     # absent, -1 stays -1); any other colour gives its key (None for -1/None).
     params = buffer.params

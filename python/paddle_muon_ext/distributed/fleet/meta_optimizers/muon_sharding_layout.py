@@ -26,7 +26,7 @@ computes, for one rank,
 * the ordered collectives of one training step.
 
 Nothing here needs a process group or a Paddle tensor, so the optimizer, the
-plan tool, ``verify`` and the benchmarks all read the same object: the
+``plan`` tool (``tools/plan``), ``verify`` and the benchmarks all read the same object: the
 optimizer allocates buffers and groups from it and nothing else.
 """
 
@@ -130,12 +130,16 @@ class ShardingLayout:
         rank: the global rank the layout is for.
         groups: colour key -> global ranks of the colour group (group order).
         settings: the :class:`LayoutSettings`.
-        plan: the hierarchical plan (None: flat routing everywhere).
+        plan: the hierarchical routing plan, ``muon_comm_plan`` (None: flat routing everywhere).
         owners: Muon parameter name -> owning global rank.
         partitions: colour key -> OwnerPartition (load figures for tools).
         muon_buckets: :class:`MuonBucketSpec` in issue order.
         slice_buffers: :class:`SliceBufferSpec` in issue order.
         params: name -> :class:`ParamMeta`.
+        clip_groups: global ranks of each group the global-norm clip
+            all-reduces its norm over, in issue order (Paddle's
+            ``HybridParallelClipGrad``: the sharding group twice, then the
+            pipe group); empty: the step has no such clip.
     """
 
     rank: int
@@ -147,6 +151,7 @@ class ShardingLayout:
     muon_buckets: list
     slice_buffers: list
     params: dict = field(repr=False)
+    clip_groups: tuple = ()
 
     @classmethod
     def build(
@@ -157,6 +162,7 @@ class ShardingLayout:
         settings: LayoutSettings = LayoutSettings(),
         plan: HierarchicalCommPlan | None = None,
         fixed_owners: Mapping[str, int] | None = None,
+        clip_groups: Sequence[Sequence[int]] = (),
     ) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
@@ -166,11 +172,13 @@ class ShardingLayout:
                 used by ``params`` needs an entry containing ``rank``.
             rank: this global rank.
             settings: placement options.
-            plan: with it, default-colour (``None``) Muon buckets route
+            plan: the routing plan; with it, default-colour (``None``) Muon buckets route
                 hierarchically.
             fixed_owners: Muon parameter name -> owning global rank, decided
                 beforehand for the whole job (develop's machine-balanced
                 rule); None: ``settings.partition_strategy`` per colour group.
+            clip_groups: the global-norm clip's all-reduce groups (see the
+                attribute); the default: no clip collective in the step.
 
         Returns:
             ShardingLayout: the layout.
@@ -217,7 +225,8 @@ class ShardingLayout:
             slices.extend(colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
-                   params={p.name: p for p in params})
+                   params={p.name: p for p in params},
+                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
@@ -274,11 +283,15 @@ class ShardingLayout:
         return _step_plan.build_step_plan(self)
 
     def phases_of(self, trigger: str) -> list:
-        """The phases of one trigger, in plan order."""
-        return [ph for ph in self.step_plan() if ph.trigger == trigger]
+        """The phases of one trigger, in step-plan order."""
+        # read every step by the executors: filter the cached step plan once per trigger
+        cache = self.__dict__.setdefault("_phases_of_cache", {})
+        if trigger not in cache:
+            cache[trigger] = tuple(ph for ph in self.step_plan() if ph.trigger == trigger)
+        return list(cache[trigger])
 
     def schedule(self) -> list:
-        """Ordered collectives this rank issues in one step (the plan's ops).
+        """Ordered collectives this rank issues in one step (the step plan's ops).
 
         Hook-launched ops (``trigger == "backward"``) are listed in model order
         of their buffers; their real order follows the backward pass.

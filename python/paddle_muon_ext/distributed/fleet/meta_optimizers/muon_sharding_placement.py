@@ -23,6 +23,7 @@ sharing a colour group share one computation (a 512-rank plan stays fast).
 from __future__ import annotations
 
 import functools
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
@@ -33,8 +34,10 @@ from .muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from .muon_sharding_partition import (
+from .muon_sharding_owner_meta import (
     MatrixSpec,
+)
+from .muon_sharding_partition import (
     balanced_partition,
     partition_from_owners,
     upstream_partition,
@@ -229,24 +232,29 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
     for p in params:
         grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
     out = []
+    fused = settings.fused
+    route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
+    overlap = fused and is_hooked(settings.comm_overlap, colour)
     for (owner, dtype), bparams in sorted(grouped.items()):
         chunks = chunk_numels = chunk_bytes = ()
-        if settings.fused:
-            idx = chunk_by_size([p.nbytes for p in bparams], settings.comm_buffer_size_MB)
+        numels = [p.numel for p in bparams]
+        nbytes = [p.nbytes for p in bparams]
+        if fused:
+            # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
+            # a 100,000-matrix plan pads every parameter once per path
+            align = max(1, settings.alignment_bytes // itemsize(dtype))
+            padded = [(n + align - 1) // align * align for n in numels]
+            idx = chunk_by_size(nbytes, settings.comm_buffer_size_MB)
             chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
-            chunk_numels = tuple(
-                sum(padded_numel(bparams[i].numel, dtype, settings, 1) for i in c)
-                for c in idx
-            )
-            chunk_bytes = tuple(sum(bparams[i].nbytes for i in c) for c in idx)
+            chunk_numels = tuple(sum(padded[i] for i in c) for c in idx)
+            chunk_bytes = tuple(sum(nbytes[i] for i in c) for c in idx)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
             params=tuple(p.name for p in bparams), chunks=chunks,
-            route=ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT,
-            overlap=settings.fused and is_hooked(settings.comm_overlap, colour),
-            numel=sum(p.numel for p in bparams), chunk_numels=chunk_numels,
-            param_numels=tuple(p.numel for p in bparams), chunk_bytes=chunk_bytes,
-            param_bytes=tuple(p.nbytes for p in bparams),
+            route=route, overlap=overlap,
+            numel=sum(numels), chunk_numels=chunk_numels,
+            param_numels=tuple(numels), chunk_bytes=chunk_bytes,
+            param_bytes=tuple(nbytes),
         ))
     return tuple(out)
 
@@ -298,10 +306,25 @@ def fixed_owners(colour, group: tuple, params: Sequence[ParamMeta],
     return tuple(out)
 
 
+# The last parameter tuple's MatrixSpecs: the paths plan --recommend builds
+# (two routes x two rules x three buffer sizes) hand the same ParamMeta objects
+# in fresh tuples; checked by identity, so any other list is converted anew.
+_last_specs: list = [(), []]
+
+
+def _matrix_specs(params: tuple) -> list:
+    last, specs = _last_specs
+    if len(last) == len(params) and all(map(operator.is_, last, params)):
+        return specs
+    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
+    _last_specs[:] = [params, specs]
+    return specs
+
+
 @functools.lru_cache(maxsize=1024)
 def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
                         fixed: tuple | None = None):
-    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
+    specs = _matrix_specs(params)
     if fixed is None:
         owner_of, partition = assign_muon_owners(
             specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)

@@ -14,8 +14,8 @@
 """MuonShardingOptimizer's optimizer state: checkpoint keys, local filtering, fused storage.
 
 Plain functions of the optimizer (``opt``): its methods ``set_state_dict``,
-``sharded_state_dict``, ``_state_owner``, ``_fuse_optimizer_states`` ... call
-them, so the class stays a short list of develop's entry points.
+``sharded_state_dict`` call them and ``_state_owner``,
+``_fuse_optimizer_states`` ... are bound to them, so each has one body.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def fuse_optimizer_states(opt) -> None:
     for t in states:
         by_dtype.setdefault(str(t.dtype), []).append(t)
     for dtype, tensors in by_dtype.items():
-        fused = opt._fused_state_buffers.get(dtype)
+        fused = opt._state.fused_state_buffers.get(dtype)
         if fused is not None and all(t._is_shared_buffer_with(fused) for t in tensors):
             continue
         total = sum(int(t._numel()) for t in tensors)
@@ -72,7 +72,7 @@ def fuse_optimizer_states(opt) -> None:
             view._share_buffer_to(t)
             t.get_tensor()._set_dims(shape)
             offset += numel
-        opt._fused_state_buffers[dtype] = fused
+        opt._state.fused_state_buffers[dtype] = fused
 
 
 def set_state_dict(opt, state_dict: dict) -> None:
@@ -188,6 +188,8 @@ def create_local_states(opt) -> None:
 
 
 def state_owner(opt, state_key: str) -> tuple[str, str] | None:
+    """(parameter name, develop's state name) of a state key, names tried
+    longest first; None when no trainable parameter prefixes it."""
     if opt._names_longest_first is None:
         opt._names_longest_first = sorted(
             set(opt._owner_of) | set(opt._slice_params), key=len, reverse=True

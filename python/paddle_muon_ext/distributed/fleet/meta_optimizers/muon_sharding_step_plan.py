@@ -29,7 +29,27 @@ from typing import TYPE_CHECKING, Hashable
 
 from .muon_sharding_stages import build_sync_stages, stage_element_limit
 from .muon_sharding_types import (
+    COLLECTIVE_OPS,
+    OP_ALL_GATHER,
+    OP_BROADCAST,
+    OP_CLIP,
+    OP_COLLECT_GRADS,
+    OP_COPY_GRADS_IN,
+    OP_FINISH_SYNC,
+    OP_FOUND_INF,
+    OP_FUSE_STATES,
+    OP_PREPARE,
+    OP_REDUCE,
+    OP_REDUCE_SCATTER,
+    OP_RESET_STORAGE,
+    OP_STAGE_UPDATE,
+    OP_UPDATE,
+    OP_WAIT_HOOKED,
     PHASE_ALL_GATHER,
+    PHASE_CLIP,
+    PHASE_UPDATE,
+    ROUTE_CLIP,
+    ROUTE_LOCAL,
     PHASE_CROSS_NODE_BROADCAST,
     PHASE_CROSS_NODE_REDUCE,
     PHASE_INTRA_NODE_BROADCAST,
@@ -57,8 +77,14 @@ __all__ = [
     "flat_reduce_phase",
     "flat_broadcast_phase",
     "build_step_plan",
+    "phase_ops",
+    "make_phase",
     "sync_stages",
+    "CLIP_NORM_DTYPE",
 ]
+
+#: What the global-norm clip all-reduces: one float32 squared norm per call.
+CLIP_NORM_DTYPE = "float32"
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,23 +131,30 @@ class SyncStageSpec:
 
 @dataclass(frozen=True)
 class StepPhase:
-    """One phase of the step plan: one collective pattern on one group.
+    """One phase of the step plan: a collective pattern on one group, or a local step.
 
     Attributes:
         trigger: when it runs: ``"backward"`` (a buffer's hook),
-            ``"reduce_gradients"``, ``"step"`` (the parameter sync), or
-            ``"sync[k]"`` (the sync of update stage k, overlapped update).
+            ``"reduce_gradients"``, ``"step"``, or ``"sync[k]"`` (the sync
+            of update stage k, overlapped update; run by ``step``).
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: ``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather``.
+        op: what it does (``muon_sharding_types.OP_*``): a collective
+            (``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather`` /
+            ``all_reduce``, the clip's) or a local kind (``wait_hooked``,
+            ``found_inf``, ``update``, ``stage_update``, ``fuse_states``, ...);
+            the executors dispatch on it.
         route: ``flat`` (the colour group), ``intra_node`` / ``cross_node``
-            (the hierarchical groups) or ``slices`` (each element-wise
-            buffer's own group).
-        group: global ranks of the group (empty for ``slices``).
+            (the hierarchical groups), ``slices`` (each element-wise
+            buffer's own group), ``clip_groups`` (each clip group) or
+            ``local`` (no collective).
+        group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
         items: ``(buffer ref, root global rank)``; refs are ``("muon", i)``
             (``muon_buckets[i]``: its gradient parts or broadcast buffer),
             ``("slice", i)`` (``slice_buffers[i]``), ``("stage", k, j)``
-            (owner buffer j of sync stage k).
-        ops: the collectives this rank issues for the phase.
+            (owner buffer j of sync stage k), ``("stage", k)`` (the update of
+            stage k), ``("clip", i)`` (``clip_groups[i]``).
+        ops: the collectives this rank issues for the phase, derived from
+            ``items`` by :func:`phase_ops` (empty for a local phase).
     """
 
     trigger: str
@@ -216,49 +249,100 @@ def sync_stages(layout: ShardingLayout) -> tuple:
     return layout.__dict__["_sync_stage_cache"]
 
 
-def staged_sync_phases(layout: ShardingLayout) -> list:
-    """The sync phases of the overlapped update: stage k's, after stage k's update.
+def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
+              group: tuple, items: tuple) -> tuple:
+    """The collectives this rank issues for a phase: derived from its items only.
 
-    Items of a 2-D stage are ``("stage", k, j)`` (its j-th owner buffer).
+    The one place a phase's items become :class:`CommOp` s, so what
+    :meth:`ShardingLayout.schedule` (and every tool) reads is what the
+    executors run: each executor walks the same ``items``.
+
+    Args:
+        layout: the rank's layout.
+        trigger, label, op, group: the phase's (see :class:`StepPhase`).
+        items: ``(ref, root)`` pairs (see :class:`StepPhase`).
+
+    Returns:
+        tuple[CommOp]: empty for a phase that issues no collective.
+    """
+    if op not in COLLECTIVE_OPS:
+        return ()
+    # the sync of stage k is part of step; hooks and reduce_gradients name themselves
+    op_trigger = TRIGGER_STEP if trigger.startswith(TRIGGER_SYNC) else trigger
+    coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != TRIGGER_BACKWARD
+    ops: list = []
+    for ref, root in items:
+        kind = ref[0]
+        if kind == "slice":
+            buf = layout.slice_buffers[ref[1]]
+            ops.append(CommOp(op_trigger, label, op, buf.group, None, buf.dtype,
+                              buf.shard_numel, buf.colour, False, buf.payload))
+        elif kind == "clip":
+            ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref[1]], None,
+                              CLIP_NORM_DTYPE, 1, None, False, itemsize(CLIP_NORM_DTYPE)))
+        elif kind == "stage":
+            stage = sync_stages(layout)[ref[1]]
+            _, dtype, _, numel = stage.owners[ref[2]]
+            ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
+                              coalesced, numel * itemsize(dtype)))
+        elif op == OP_REDUCE:
+            b = layout.muon_buckets[ref[1]]
+            ops.extend(CommOp(op_trigger, label, op, group, root, b.dtype, n, b.colour,
+                              coalesced, payload) for n, payload in b.reduce_parts())
+        else:
+            b = layout.muon_buckets[ref[1]]
+            ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
+                              coalesced, b.numel * itemsize(b.dtype)))
+    return tuple(ops)
+
+
+def make_phase(layout: ShardingLayout, trigger: str, label: str, op: str, route: str,
+               group: tuple = (), items: tuple = ()) -> StepPhase:
+    """A :class:`StepPhase` whose ``ops`` come from :func:`phase_ops` (never by hand)."""
+    group, items = tuple(group), tuple(items)
+    return StepPhase(trigger, label, op, route, group, items,
+                     phase_ops(layout, trigger, label, op, group, items))
+
+
+def local_phase(layout: ShardingLayout, trigger: str, op: str, label: str | None = None,
+                items: tuple = ()) -> StepPhase:
+    """A phase that issues no collective (a wait, the update, found_inf, ...)."""
+    return make_phase(layout, trigger, label or op, op, ROUTE_LOCAL, (), items)
+
+
+def staged_sync_phases(layout: ShardingLayout) -> list:
+    """Stage k's update, then stage k's sync phases, for every stage.
+
+    Items of a 2-D stage's sync are ``("stage", k, j)`` (its j-th owner buffer);
+    the update of stage k has the item ``("stage", k)``.
     """
     phases: list = []
     plan, rank = layout.plan, layout.rank
     for k, stage in enumerate(sync_stages(layout)):
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
+                                  f"{PHASE_UPDATE}[{k}]", ((("stage", k), None),)))
         trigger = f"{TRIGGER_SYNC}[{k}]"
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
-            phases.append(StepPhase(
-                trigger, PHASE_ALL_GATHER, "all_gather", ROUTE_SLICES, buf.group,
-                ((("slice", stage.buffer_index), None),),
-                (CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
-                        buf.dtype, buf.shard_numel, buf.colour, False, buf.payload),)))
+            phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, OP_ALL_GATHER,
+                                     ROUTE_SLICES, buf.group,
+                                     ((("slice", stage.buffer_index), None),)))
             continue
-
-        def bcast(label, group, root, dtype, numel):
-            return CommOp(TRIGGER_STEP, label, "broadcast", group, root, dtype, numel,
-                          stage.colour, True, numel * itemsize(dtype))
-
         entries = list(enumerate(stage.owners))
         if plan is not None and stage.colour is None:
             node, same_card = hier_groups(layout)
             cross = [(j, o) for j, o in entries if plan.in_cross_node_step(o[0], rank)]
-            phases.append(StepPhase(
-                trigger, PHASE_CROSS_NODE_BROADCAST, "broadcast", ROUTE_CROSS_NODE,
-                same_card, tuple((("stage", k, j), o[0]) for j, o in cross),
-                tuple(bcast(PHASE_CROSS_NODE_BROADCAST, same_card, o[0], o[1], o[3])
-                      for _, o in cross)))
-            roots = [plan.intra_node_root(o[0], rank) for _, o in entries]
-            phases.append(StepPhase(
-                trigger, PHASE_INTRA_NODE_BROADCAST, "broadcast", ROUTE_INTRA_NODE, node,
-                tuple((("stage", k, j), r) for (j, _), r in zip(entries, roots)),
-                tuple(bcast(PHASE_INTRA_NODE_BROADCAST, node, r, o[1], o[3])
-                      for (_, o), r in zip(entries, roots))))
+            phases.append(make_phase(
+                layout, trigger, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
+                same_card, tuple((("stage", k, j), o[0]) for j, o in cross)))
+            phases.append(make_phase(
+                layout, trigger, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
+                node, tuple((("stage", k, j), plan.intra_node_root(o[0], rank))
+                            for j, o in entries)))
         else:
-            label = flat_broadcast_phase(stage.group)
-            phases.append(StepPhase(
-                trigger, label, "broadcast", ROUTE_FLAT, stage.group,
-                tuple((("stage", k, j), o[0]) for j, o in entries),
-                tuple(bcast(label, stage.group, o[0], o[1], o[3]) for _, o in entries)))
+            phases.append(make_phase(
+                layout, trigger, flat_broadcast_phase(stage.group), OP_BROADCAST, ROUTE_FLAT,
+                stage.group, tuple((("stage", k, j), o[0]) for j, o in entries)))
     return phases
 
 
@@ -277,17 +361,23 @@ def flat_groups(buckets) -> list:
 
 
 def build_step_plan(layout: ShardingLayout) -> list:
-    """The step as data: ordered phases, each one collective pattern on one group.
+    """The step as data: every phase of a step, in the order the optimizer runs them.
 
     Every rank derives the same sequence from replicated metadata (its own
-    roots and routes differ). The optimizer's hooks, ``reduce_gradients``
-    and parameter sync walk the phases of their trigger; :meth:`schedule`
-    lists their collectives.
+    roots and routes differ). The backward hooks launch the ``backward``
+    phases; ``reduce_gradients`` runs the ``reduce_gradients`` phases and
+    ``step`` the ``step`` and ``sync[k]`` ones, each ``for phase in plan:
+    run(phase)`` (``muon_sharding_executor``); :meth:`schedule` lists the
+    collectives of the same phases (:func:`phase_ops`).
 
     Returns:
         list[StepPhase]: backward-hook phases (model order of their
-        buffers; the real order follows the backward pass), then
-        ``reduce_gradients``, then the parameter sync of ``step``.
+        buffers; the real order follows the backward pass); then
+        ``reduce_gradients``: copy released gradients in, wait for the
+        hooks, reduce-scatter and reduce what they did not launch; then
+        ``step``: storage reset, gradient collection, found_inf, the clip,
+        the update (stage by stage with its syncs when staged), fused
+        states and the parameter sync.
     """
     cached = layout.__dict__.get("_step_plan_cache")
     if cached is not None:
@@ -301,70 +391,70 @@ def build_step_plan(layout: ShardingLayout) -> list:
     if hier:
         node, same_card = hier_groups(layout)
 
-    def reduce_ops(trigger, label, group, b, root, coalesced):
-        return tuple(CommOp(trigger, label, "reduce", group, root, b.dtype, n, b.colour,
-                            coalesced, payload) for n, payload in b.reduce_parts())
-
-    def rs_op(trigger, buf):
-        return CommOp(trigger, PHASE_REDUCE_SCATTER, "reduce_scatter", buf.group, None,
-                      buf.dtype, buf.shard_numel, buf.colour, False, buf.payload)
-
-    # backward: hooks launch each hooked buffer's first hop, one op per buffer
+    # backward: hooks launch each hooked buffer's first hop, one phase per buffer
     hooked_rs = [i for i, s in enumerate(layout.slice_buffers)
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
         buf = layout.slice_buffers[i]
-        phases.append(StepPhase(TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER, "reduce_scatter",
-                                ROUTE_SLICES, buf.group, ((("slice", i), None),),
-                                (rs_op(TRIGGER_BACKWARD, buf),)))
+        phases.append(make_phase(layout, TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER,
+                                 OP_REDUCE_SCATTER, ROUTE_SLICES, buf.group,
+                                 ((("slice", i), None),)))
+    hooked_muon = []
     for b in layout.muon_buckets:
         if not b.overlap:
             continue
+        hooked_muon.append(index[id(b)])
         if b.route == ROUTE_HIERARCHICAL:
             label, route, group = PHASE_INTRA_NODE_REDUCE, ROUTE_INTRA_NODE, node
             root = plan.intra_node_root(b.owner, rank)
         else:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, \
                 b.owner
-        phases.append(StepPhase(TRIGGER_BACKWARD, label, "reduce", route, group,
-                                ((("muon", index[id(b)]), root),),
-                                reduce_ops(TRIGGER_BACKWARD, label, group, b, root, False)))
-    # reduce_gradients: what the hooks did not launch (and waits for what
-    # they did), then the second hop
+        phases.append(make_phase(layout, TRIGGER_BACKWARD, label, OP_REDUCE, route, group,
+                                 ((("muon", index[id(b)]), root),)))
+    # reduce_gradients: released gradients back in, the hooks' results waited
+    # for, what the hooks did not launch, then the second hop
+    phases.append(local_phase(layout, TRIGGER_REDUCE, OP_COPY_GRADS_IN))
     hooked = set(hooked_rs)
-    phases.append(StepPhase(
-        TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, "reduce_scatter", ROUTE_SLICES, (),
-        tuple((("slice", i), None) for i in range(len(layout.slice_buffers))),
-        tuple(rs_op(TRIGGER_REDUCE, buf) for i, buf in enumerate(layout.slice_buffers)
+    phases.append(local_phase(
+        layout, TRIGGER_REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
+        tuple((("muon", i), None) for i in hooked_muon)
+        + tuple((("slice", i), None) for i in hooked_rs)))
+    phases.append(make_phase(
+        layout, TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
+        tuple((("slice", i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [b for b in hier if not b.overlap]
     if intra:
-        items = tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
-                      for b in intra)
-        phases.append(StepPhase(
-            TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, "reduce", ROUTE_INTRA_NODE, node, items,
-            tuple(op for b, (_, root) in zip(intra, items)
-                  for op in reduce_ops(TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, node, b,
-                                       root, True))))
+        phases.append(make_phase(
+            layout, TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
+            tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
+                  for b in intra)))
     cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
     if hier:
-        phases.append(StepPhase(
-            TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, "reduce", ROUTE_CROSS_NODE, same_card,
-            tuple((("muon", index[id(b)]), b.owner) for b in cross),
-            tuple(op for b in cross
-                  for op in reduce_ops(TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, same_card,
-                                       b, b.owner, True))))
+        phases.append(make_phase(
+            layout, TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
+            same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross)))
     for group, buckets in flat_groups([b for b in flat if not b.overlap]):
-        label = flat_reduce_phase(group)
-        phases.append(StepPhase(
-            TRIGGER_REDUCE, label, "reduce", ROUTE_FLAT, group,
-            tuple((("muon", index[id(b)]), b.owner) for b in buckets),
-            tuple(op for b in buckets
-                  for op in reduce_ops(TRIGGER_REDUCE, label, group, b, b.owner, True))))
+        phases.append(make_phase(
+            layout, TRIGGER_REDUCE, flat_reduce_phase(group), OP_REDUCE, ROUTE_FLAT, group,
+            tuple((("muon", index[id(b)]), b.owner) for b in buckets)))
+    # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
+    phases.append(local_phase(layout, TRIGGER_STEP, OP_RESET_STORAGE))
+    phases.append(local_phase(layout, TRIGGER_STEP, OP_COLLECT_GRADS))
+    phases.append(local_phase(layout, TRIGGER_STEP, OP_FOUND_INF))
+    phases.append(make_phase(layout, TRIGGER_STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
+                             tuple((("clip", i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_PREPARE, PHASE_UPDATE))
         phases.extend(staged_sync_phases(layout))
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
     else:
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_UPDATE, PHASE_UPDATE))
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
         phases.extend(sync_phases(layout, hier, flat, node, same_card, index))
+        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
 
@@ -373,34 +463,20 @@ def sync_phases(layout: ShardingLayout, hier, flat, node, same_card, index) -> l
     """step: the parameter sync, the reduce's mirror."""
     rank, plan = layout.rank, layout.plan
     phases: list = []
-
-    def bcast(b, label, group, root):
-        return CommOp(TRIGGER_STEP, label, "broadcast", group, root, b.dtype, b.numel,
-                      b.colour, True, b.numel * itemsize(b.dtype))
-
     if hier:
         cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
-        phases.append(StepPhase(
-            TRIGGER_STEP, PHASE_CROSS_NODE_BROADCAST, "broadcast", ROUTE_CROSS_NODE,
-            same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross),
-            tuple(bcast(b, PHASE_CROSS_NODE_BROADCAST, same_card, b.owner)
-                  for b in cross)))
-        items = tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
-                      for b in hier)
-        phases.append(StepPhase(
-            TRIGGER_STEP, PHASE_INTRA_NODE_BROADCAST, "broadcast", ROUTE_INTRA_NODE, node,
-            items, tuple(bcast(b, PHASE_INTRA_NODE_BROADCAST, node, root)
-                         for b, (_, root) in zip(hier, items))))
+        phases.append(make_phase(
+            layout, TRIGGER_STEP, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
+            same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross)))
+        phases.append(make_phase(
+            layout, TRIGGER_STEP, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
+            node, tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
+                        for b in hier)))
     for group, buckets in flat_groups(flat):
-        label = flat_broadcast_phase(group)
-        phases.append(StepPhase(
-            TRIGGER_STEP, label, "broadcast", ROUTE_FLAT, group,
-            tuple((("muon", index[id(b)]), b.owner) for b in buckets),
-            tuple(bcast(b, label, group, b.owner) for b in buckets)))
-    phases.append(StepPhase(
-        TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", ROUTE_SLICES, (),
-        tuple((("slice", i), None) for i in range(len(layout.slice_buffers))),
-        tuple(CommOp(TRIGGER_STEP, PHASE_ALL_GATHER, "all_gather", buf.group, None,
-                     buf.dtype, buf.shard_numel, buf.colour, False, buf.payload)
-              for buf in layout.slice_buffers)))
+        phases.append(make_phase(
+            layout, TRIGGER_STEP, flat_broadcast_phase(group), OP_BROADCAST, ROUTE_FLAT, group,
+            tuple((("muon", index[id(b)]), b.owner) for b in buckets)))
+    phases.append(make_phase(
+        layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
+        tuple((("slice", i), None) for i in range(len(layout.slice_buffers)))))
     return phases

@@ -11,14 +11,16 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The parameter sync of MuonShardingOptimizer: the plan's sync phases, executed.
+"""The parameter sync of MuonShardingOptimizer: the step plan's sync phases, executed.
 
-Plain functions of the optimizer (``opt``); its methods ``_sharding_sync_parameters``,
+Plain functions of the optimizer (``opt``), bound as its methods
 ``_build_sync_stages``, ``_launch_stage_sync``, ``_broadcast_2d_params``,
-``reorder_params`` ... call them. Every broadcast and all-gather comes from a
+``reorder_params`` ... (``_DevelopMethodSurface``). Every broadcast and all-gather comes from a
 phase of ``ShardingLayout.step_plan()`` (trigger ``step``, or ``sync[k]`` for
-the overlapped update's stage k); develop-style stage dicts built by hand
-(no ``'phases'``) are synced as develop does.
+the overlapped update's stage k); a develop-style stage dict built by hand
+(no ``'phases'``), and develop's ``_broadcast_2d_params``, become one such
+phase over their own buffers (:func:`hand_built_phase`) and run through the
+same :func:`run_sync_phase`: there is one sync path.
 """
 
 from __future__ import annotations
@@ -28,22 +30,23 @@ from collections import OrderedDict
 import paddle
 
 from . import muon_sharding_collectives as comm
-from .muon_sharding_step_plan import flat_broadcast_phase
+from .muon_sharding_step_plan import StepPhase, flat_broadcast_phase
 from .muon_sharding_types import (
-    ROUTE_CROSS_NODE,
-    ROUTE_INTRA_NODE,
-    TRIGGER_STEP,
+    OP_ALL_GATHER,
+    OP_BROADCAST,
+    PHASE_ALL_GATHER,
+    ROUTE_FLAT,
+    ROUTE_SLICES,
     TRIGGER_SYNC,
 )
 
 __all__ = [
     "build_stage_dicts",
     "launch_stage_sync",
+    "hand_built_phase",
     "broadcast_2d_params",
     "reorder_params",
     "owner_dtype_buffers",
-    "sync_parameters",
-    "phase_group",
     "sync_buffer",
     "run_sync_phase",
 ]
@@ -73,16 +76,18 @@ def build_stage_dicts(opt) -> list:
 
 
 def launch_stage_sync(opt, stage: dict) -> list:
+    cache, unpack, group = {}, [], None
     phases = stage.get("phases")
     if phases is None:
-        if stage["kind"] == "1d":
-            return [comm.launch_all_gather(stage["buffer"])]
-        if stage["world_size"] <= 1:
+        # develop-style dict built by hand: its own buffers as one phase
+        phase = hand_built_phase(opt, stage, cache, unpack)
+        if phase is None:
             return []
-        return opt._broadcast_2d_params(stage["rank2params"], stage["group"])
-    cache, unpack, pending = {}, [], []
+        phases, group = [phase], stage.get("group")
+    pending = []
     for i, phase in enumerate(phases):
-        pending += opt._run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1)
+        pending += opt._run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1,
+                                       group=group)
 
     def copy_back():
         for buffer, params in unpack:
@@ -92,19 +97,37 @@ def launch_stage_sync(opt, stage: dict) -> list:
     return pending + [comm.PendingCollective([], [], "copy back", copy_back)]
 
 
-def broadcast_2d_params(opt, rank2params: dict, group) -> list:
-    routes, unpack = [], []
-    for owner, flat in opt._owner_dtype_buffers(rank2params, group, single_as_is=False):
-        routes.append((flat["param_buffer"], owner))
+def hand_built_phase(opt, stage: dict, cache: dict, unpack: list) -> StepPhase | None:
+    """A develop-style stage dict as one sync phase over its own buffers.
+
+    ``{'kind': '1d', 'buffer'}`` all-gathers the buffer; ``{'kind': '2d',
+    'group', 'world_size', 'rank2params'}`` broadcasts one flat buffer per
+    owner and dtype (the owner fills it, the others get it in ``unpack``).
+    The buffers go in ``cache`` under ``("hand", j)`` refs, which
+    :func:`run_sync_phase` resolves first. None: nothing to sync (one rank).
+    """
+    if stage["kind"] == "1d":
+        cache[("hand", 0)] = stage["buffer"]
+        return StepPhase(TRIGGER_SYNC, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
+                         ((("hand", 0), None),), ())
+    if stage["world_size"] <= 1:
+        return None
+    group, items = stage["group"], []
+    flats = opt._owner_dtype_buffers(stage["rank2params"], group, single_as_is=False)
+    for j, (owner, flat) in enumerate(flats):
+        cache[("hand", j)] = flat["param_buffer"]
         if owner != opt._rank:
             unpack.append((flat["param_buffer"], flat["params"]))
+        items.append((("hand", j), owner))
+    ranks = tuple(group.ranks)
+    return StepPhase(TRIGGER_SYNC, flat_broadcast_phase(ranks), OP_BROADCAST, ROUTE_FLAT,
+                     ranks, tuple(items), ())
 
-    def copy_back():
-        for buffer, params in unpack:
-            comm.unflatten_from(buffer, params)
 
-    with comm.comm_phase(flat_broadcast_phase(tuple(group.ranks))):
-        return [comm.launch_broadcast(routes, group, copy_back)]
+def broadcast_2d_params(opt, rank2params: dict, group) -> list:
+    # develop's helper: a hand-built 2-D stage of the whole group
+    return launch_stage_sync(opt, {"kind": "2d", "group": group, "rank2params": rank2params,
+                                   "world_size": len(group.ranks)})
 
 
 def reorder_params(opt, comm_list) -> list:
@@ -133,23 +156,6 @@ def owner_dtype_buffers(opt, rank2params: dict, group, single_as_is: bool):
             yield owner, {"param_buffer": buffer, "params": members}
 
 
-def sync_parameters(opt) -> None:
-    cache, unpack = {}, []
-    for phase in opt._layout.step_plan():
-        if phase.trigger == TRIGGER_STEP or phase.trigger.startswith(TRIGGER_SYNC):
-            opt._run_sync_phase(phase, cache, unpack, launch=False)
-    for buffer, params in unpack:
-        comm.unflatten_from(buffer, params)
-
-
-def phase_group(opt, phase):
-    if phase.route == ROUTE_INTRA_NODE:
-        return opt._plan_groups.node_group
-    if phase.route == ROUTE_CROSS_NODE:
-        return opt._plan_groups.same_card_group
-    return opt._group_of_ranks[tuple(phase.group)]
-
-
 def sync_buffer(opt, ref: tuple, cache: dict, unpack: list):
     if ref in cache:
         return cache[ref]
@@ -168,15 +174,21 @@ def sync_buffer(opt, ref: tuple, cache: dict, unpack: list):
     return buffer
 
 
-def run_sync_phase(opt, phase, cache: dict, unpack: list, launch: bool) -> list:
-    if phase.op == "all_gather":
-        buffers = [opt._rs_buffers[ref[1]] for ref, _ in phase.items]
+def run_sync_phase(opt, phase, cache: dict, unpack: list, launch: bool, group=None) -> list:
+    """Issue one sync phase; with ``launch`` leave it in flight (returned to wait on).
+
+    Refs already in ``cache`` (a hand-built phase's buffers) are used as they
+    are; ``group`` overrides the phase's group (a hand-built stage's own).
+    """
+    if phase.op == OP_ALL_GATHER:
+        buffers = [cache[ref] if ref in cache else opt._rs_buffers[ref[1]]
+                   for ref, _ in phase.items]
         if launch:
             return [comm.launch_all_gather(b) for b in buffers]
         comm.all_gather_slices(buffers)
         return []
     routes = [(opt._sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
-    group = opt._phase_group(phase)
+    group = opt._phase_group(phase) if group is None else group
     with comm.comm_phase(phase.label):
         if launch:
             return [comm.launch_broadcast(routes, group)]

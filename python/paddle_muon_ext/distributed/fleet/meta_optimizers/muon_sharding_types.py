@@ -49,6 +49,8 @@ __all__ = [
     "ROUTE_INTRA_NODE",
     "ROUTE_CROSS_NODE",
     "ROUTE_SLICES",
+    "ROUTE_CLIP",
+    "ROUTE_LOCAL",
     "TRIGGER_BACKWARD",
     "TRIGGER_REDUCE",
     "TRIGGER_STEP",
@@ -58,6 +60,9 @@ __all__ = [
     "PHASE_INTRA_NODE_REDUCE",
     "PHASE_CROSS_NODE_REDUCE",
     "PHASE_CROSS_NODE_BROADCAST",
+    "PHASE_CLIP",
+    "PHASE_UPDATE",
+    "COLLECTIVE_OPS",
     "PHASE_INTRA_NODE_BROADCAST",
 ]
 
@@ -241,6 +246,10 @@ ROUTE_HIERARCHICAL = "hierarchical"
 ROUTE_INTRA_NODE = "intra_node"
 ROUTE_CROSS_NODE = "cross_node"
 ROUTE_SLICES = "slices"
+#: The global-norm clip's all-reduces: each item names its own group.
+ROUTE_CLIP = "clip_groups"
+#: A phase that issues no collective (waits, update, found_inf, ...).
+ROUTE_LOCAL = "local"
 
 #: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
 TRIGGER_BACKWARD = "backward"
@@ -254,3 +263,36 @@ PHASE_INTRA_NODE_REDUCE = "intra_node_reduce"
 PHASE_CROSS_NODE_REDUCE = "cross_node_reduce"
 PHASE_CROSS_NODE_BROADCAST = "cross_node_broadcast"
 PHASE_INTRA_NODE_BROADCAST = "intra_node_broadcast"
+#: The global-norm clip (its norm all-reduces over the sharding / pipe groups).
+PHASE_CLIP = "clip_global_norm"
+#: The update's label (profiler, flight recorder): ``optimizer_step[k]`` per stage.
+PHASE_UPDATE = "optimizer_step"
+
+# What a phase does (StepPhase.op): the collectives, then the local kinds.
+OP_REDUCE_SCATTER = "reduce_scatter"
+OP_REDUCE = "reduce"
+OP_BROADCAST = "broadcast"
+OP_ALL_GATHER = "all_gather"
+OP_ALL_REDUCE = "all_reduce"
+COLLECTIVE_OPS = (OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_ALL_REDUCE)
+#: reduce_gradients: copy released 1-D gradients back into their buffers.
+OP_COPY_GRADS_IN = "copy_grads_in"
+#: reduce_gradients: wait for and scale what the backward hooks launched.
+OP_WAIT_HOOKED = "wait_hooked"
+#: step: give colours freed by clear_param_storage their storage back.
+OP_RESET_STORAGE = "reset_storage"
+#: step: link slice gradients and collect this rank's (param, grad) pairs.
+OP_COLLECT_GRADS = "collect_grads"
+#: step: skip the update when AMP found inf/nan.
+OP_FOUND_INF = "found_inf"
+#: step: the global-norm clip (collective: its all-reduces).
+OP_CLIP = OP_ALL_REDUCE
+#: step: the whole update (plain) / Muon's prepare_optimize (staged).
+OP_UPDATE = "update"
+OP_PREPARE = "prepare"
+#: step: stage k's update (staged sync), before stage k's sync phases.
+OP_STAGE_UPDATE = "stage_update"
+#: step: wait for every launched stage sync (staged) / unpack received buffers.
+OP_FINISH_SYNC = "finish_sync"
+#: step: move fresh optimizer states into the fused buffers.
+OP_FUSE_STATES = "fuse_states"

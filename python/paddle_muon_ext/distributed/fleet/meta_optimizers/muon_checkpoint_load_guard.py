@@ -1,0 +1,284 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The ranks agree on the outcome of Paddle's own load, through files.
+
+Every check of ``load_sharded_checkpoint`` runs before Paddle's
+``load_state_dict``; what fails inside it (a shard this rank cannot read, a
+memory error, Paddle's resharding refusing a layout) fails on one rank only,
+while the others wait in Paddle's collectives for a peer that will never
+come - or, when it failed after the last collective, go on with a job in
+which one rank holds nothing. So while Paddle's load runs, each rank's main
+thread supervises it: the load itself runs in a helper thread, and the ranks
+exchange their outcomes as small files in ``<root>/.muon_load-<token>/``
+(``<root>``: the directory holding the checkpoint, which saves write to
+anyway), never through a collective that could be blocked:
+
+* a rank whose load raised writes its error; every rank - also one still
+  blocked in Paddle's collectives - raises the same
+  :class:`~.muon_checkpoint_common.CheckpointLoadError` naming that rank, the
+  checkpoint and the error, within a poll (``POLL_S``);
+* a rank returns only once every rank reported success, so nobody trains on
+  with a rank that loaded nothing;
+* a rank that stops beating for ``timeout_s`` (killed, or frozen) fails the
+  load on every other rank, naming it (and the verdict is published, so the
+  rank fails too should it only have been frozen).
+
+A rank still blocked in Paddle's collectives when the error is raised leaves
+its helper thread there (it ends when the peers' processes do): the process
+group cannot be used again, and the message says to end the job. The files
+are removed once every rank decided; what a killed load left is removed by a
+later load after ``STALE_S``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+from paddle.distributed.fleet.utils.log_util import logger
+
+from .muon_checkpoint_commit import last_activity
+from .muon_checkpoint_common import CheckpointLoadError, one_line
+
+__all__ = ["GUARD_PREFIX", "LoadGuard"]
+
+GUARD_PREFIX = ".muon_load-"
+HEARTBEAT_S = 0.5
+POLL_S = 0.05
+#: A guard directory unchanged this long belongs to a load that is over.
+STALE_S = 120.0
+#: bytes reserved per rank for its outcome (an error is cut to fit)
+_RESERVED = 8192
+
+
+def _pad(encoded: bytes) -> bytes:
+    """``encoded`` padded with spaces to the reserved size (JSON ignores them)."""
+    return encoded + b" " * max(0, _RESERVED - len(encoded))
+
+
+class LoadGuard:
+    """One rank's side of the outcome exchange of one load.
+
+    Args:
+        root (str): where the guard directory goes (every rank sees it).
+        token (str): names this load; the same on every rank.
+        rank (int): this rank (global).
+        ranks (list[int]): every rank of the load.
+        directory (str): the checkpoint being loaded (for messages).
+        timeout_s (float): a rank whose heartbeat stops this long has failed.
+    """
+
+    def __init__(self, root: str, token: str, rank: int, ranks: list[int], directory: str,
+                 timeout_s: float) -> None:
+        self.path = os.path.join(root, f"{GUARD_PREFIX}{token}")
+        self.rank = rank
+        self.ranks = list(ranks)
+        self.directory = directory
+        self.timeout_s = float(timeout_s)
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        #: ranks this rank found dead: they never decide, the files go without them
+        self._dead: set[int] = set()
+
+    def _file(self, kind: str, rank: int) -> str:
+        return os.path.join(self.path, f"{kind}_{rank}")
+
+    def start(self) -> None:
+        """Create the guard directory, reserve this rank's files, start the heartbeat.
+
+        Everything this rank will write later is allocated here: the outcome
+        is written in place into a reserved ``slot_<rank>`` and renamed, and
+        ``pending_<rank>`` is renamed to ``decided_<rank>``; neither needs a
+        new block, so a load still agrees on a disk that a failed save (or
+        anything else) filled meanwhile.
+
+        Raises:
+            OSError: the directory or the reservation cannot be made (the
+                ranks then agree to load unsupervised).
+        """
+        _sweep_stale(os.path.dirname(self.path))
+        os.makedirs(self.path, exist_ok=True)
+        with open(self._file("slot", self.rank), "wb") as f:
+            f.write(_pad(json.dumps({"pending": True}).encode()))
+        open(self._file("pending", self.rank), "wb").close()
+        open(self._file("alive", self.rank), "wb").close()
+        self._beat = threading.Thread(target=self._beat_loop, daemon=True,
+                                      name=f"checkpoint-load-heartbeat-{self.rank}")
+        self._beat.start()
+
+    def abandon(self) -> None:
+        """Remove this rank's reserved files (the ranks load unsupervised)."""
+        self._stop.set()
+        for kind in ("slot", "pending", "alive"):
+            try:
+                os.remove(self._file(kind, self.rank))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.path)  # the last rank to leave removes the directory
+        except OSError:
+            pass
+
+    def _beat_loop(self) -> None:
+        path = self._file("alive", self.rank)
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(path)
+            except OSError:
+                pass  # removed: the load is decided
+
+    def run(self, load: Callable[[], None]) -> None:
+        """Run ``load`` in a helper thread; return once every rank loaded.
+
+        Raises:
+            CheckpointLoadError: on every rank, when any rank's load raised or
+                a rank stopped responding; names the ranks and the checkpoint.
+        """
+        box: dict = {}
+        finished = threading.Event()
+
+        def target() -> None:
+            try:
+                load()
+            except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                box["error"] = exc
+            finally:
+                finished.set()
+
+        helper = threading.Thread(target=target, daemon=True,
+                                  name=f"checkpoint-load-{self.rank}")
+        helper.start()
+        message = None
+        try:
+            message = self._decide(finished, box)
+        finally:
+            self._stop.set()
+            self._done(wait=message is None and finished.is_set())
+        if message is not None:
+            blocked = not finished.is_set()
+            raise CheckpointLoadError(message + (
+                f"\nRank {self.rank}'s own read is still blocked in Paddle's collectives: "
+                "the process group cannot be used again; end the job and restart it."
+                if blocked else "")) from box.get("error")
+
+    def _decide(self, finished: threading.Event, box: dict) -> str | None:
+        reported = False
+        seen: dict[int, tuple] = {}
+        while True:
+            if finished.is_set() and not reported:
+                error = box.get("error")
+                self._report(None if error is None else
+                             f"{type(error).__name__}: {one_line(error, 1000)}")
+                reported = True
+            outcomes = {r: self._read(r) for r in self.ranks}
+            failed = sorted({(o.get("blame", r), o["error"]) for r, o in outcomes.items()
+                             if o is not None and o.get("error")})
+            if failed:
+                return self._message(failed)
+            if all(o is not None for o in outcomes.values()):
+                return None
+            now = time.monotonic()
+            for r in self.ranks:
+                if outcomes[r] is not None or r == self.rank:
+                    continue
+                try:
+                    stamp = os.stat(self._file("alive", r)).st_mtime_ns
+                except OSError:
+                    stamp = None
+                if r not in seen or seen[r][0] != stamp:
+                    seen[r] = (stamp, now)
+                elif now - seen[r][1] > self.timeout_s:
+                    error = (f"stopped responding (no heartbeat for {self.timeout_s:g} s: "
+                             "killed or hung)")
+                    # published, so that a rank only frozen for a while fails too
+                    self._report(error, blame=r)
+                    self._dead.add(r)
+                    return self._message([(r, error)])
+            time.sleep(POLL_S)
+
+    def _message(self, failed: list[tuple[int, str]]) -> str:
+        ranks = [r for r, _ in failed]
+        return (f"loading {self.directory} failed inside paddle.distributed.load_state_dict "
+                f"on rank(s) {ranks}; every rank stops here, and the tensors being "
+                "loaded may hold part of the checkpoint: load again:\n  " + "\n  ".join(f"rank {r}: {m}" for r, m in failed))
+
+    def _report(self, error: str | None, blame: int | None = None) -> None:
+        """Write the outcome into the reserved slot (in place: no new block
+        on a full disk), then publish it with a rename."""
+        blame = self.rank if blame is None else blame
+        data = {"rank": self.rank, "error": error, "blame": blame}
+        encoded = json.dumps(data).encode()
+        if error is not None and len(encoded) > _RESERVED:
+            data["error"] = error[:_RESERVED // 8] + " ..."
+            encoded = json.dumps(data).encode()
+        slot, outcome = self._file("slot", self.rank), self._file("outcome", self.rank)
+        try:
+            target = slot if os.path.exists(slot) else outcome
+            with open(target, "r+b") as f:
+                f.write(_pad(encoded))
+            if target == slot:
+                os.replace(slot, outcome)
+        except OSError as exc:  # the others see this rank's heartbeat stop
+            self._stop.set()
+            logger.error(f"checkpoint: rank {self.rank} could not report its load to "
+                         f"{self.path}: {exc}")
+
+    def _read(self, rank: int) -> dict | None:
+        try:
+            with open(self._file("outcome", rank), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and not data.get("pending") else None
+
+    def _done(self, wait: bool) -> None:
+        """Mark this rank decided; the files go once every rank decided.
+
+        After a success (``wait``) every rank waits for the others to decide
+        and removes the directory itself, so that none returns while it is
+        still there; after a failure the last rank to decide removes it, not
+        waiting for ranks it found dead (what is left: a later load, once stale).
+        """
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            try:
+                os.replace(self._file("pending", self.rank), self._file("decided", self.rank))
+            except FileNotFoundError:
+                open(self._file("decided", self.rank), "wb").close()
+            while os.path.isdir(self.path):  # gone: another rank removed it
+                if all(r in self._dead or os.path.exists(self._file("decided", r))
+                       for r in self.ranks):
+                    shutil.rmtree(self.path, ignore_errors=True)
+                    return
+                if not wait or time.monotonic() > deadline:
+                    return
+                time.sleep(POLL_S)
+        except OSError:
+            pass  # removed meanwhile by another rank: done
+
+
+def _sweep_stale(root: str) -> None:
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(GUARD_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        newest = last_activity(path)
+        if newest is not None and time.time() - newest > STALE_S:
+            shutil.rmtree(path, ignore_errors=True)
