@@ -21,8 +21,8 @@ are integers from 1 to the tool's world limit and so is their product;
 ``>= 1`` and times ``--gpus-per-node`` is the world size. ``cluster``'s
 integer flags are ``1 .. limit`` (bools refused), ``--link-mbit`` and
 ``--timeout`` finite, positive and at most their limit, ``--ep x
---moe-sharding`` the ranks ``--nodes x --procs-per-node`` start,
-``--group-call`` 0, 1 or both (the passes run: flat, option, both); its
+--moe-sharding`` the ranks ``--nodes x --procs-per-node`` start (training
+needs ``--ep`` 2 or more, the link probe does not), ``--group-call`` 0, 1 or both (the passes run: flat, option, both); its
 per-pass figures average the steps after the first when there are more.
 """
 
@@ -33,7 +33,7 @@ import itertools
 import math
 import unittest
 
-from paddle_muon_ext.tools import cluster
+from paddle_muon_ext.tools import cluster, cluster_netns, cluster_run
 from paddle_muon_ext.tools.args import DEFAULT_ORDER, MuonCommConfig, build_config, parse_order
 from paddle_muon_ext.tools.limits import LIMITS
 
@@ -125,21 +125,19 @@ def _cluster(**overrides):
 
 
 class TestClusterFlags(unittest.TestCase):
-    INT_FLAGS = (("nodes", "--nodes", cluster.MAX_NODES), ("procs_per_node", "--procs-per-node",
-                                                            cluster.MAX_PROCS),
-                 ("steps", "--steps", cluster.MAX_STEPS), ("hidden", "--hidden", cluster.MAX_DIM),
-                 ("inner", "--inner", cluster.MAX_DIM))
+    INT_FLAGS = (("nodes", "--nodes", cluster_netns.MAX_NODES),
+                 ("procs_per_node", "--procs-per-node", cluster_run.MAX_PROCS),
+                 ("steps", "--steps", cluster_run.MAX_STEPS),
+                 ("hidden", "--hidden", cluster_run.MAX_DIM),
+                 ("inner", "--inner", cluster_run.MAX_DIM))
 
     def test_integer_flags(self) -> None:
         for field, flag, high in self.INT_FLAGS:
             for value in (True, 2.0, "2", None, 0, -1, 1, high, high + 1):
                 overrides = {field: value}
-                if field == "nodes" and isinstance(value, int) and not isinstance(value, bool) \
-                        and 1 <= value <= high:
-                    overrides.update(ep=value, moe_sharding=2)        # keep the world consistent
-                if field == "procs_per_node" and isinstance(value, int) \
+                if field in ("nodes", "procs_per_node") and isinstance(value, int) \
                         and not isinstance(value, bool) and 1 <= value <= high:
-                    overrides.update(ep=value, moe_sharding=2)
+                    overrides.update(ep=2, moe_sharding=value)        # keep the world consistent
                 cfg = _cluster(**overrides)
                 label = f"{flag} {value!r}"
                 if isinstance(value, bool) or not isinstance(value, int):
@@ -175,7 +173,7 @@ class TestClusterFlags(unittest.TestCase):
                 self.assertIn(fragment, str(ctx.exception), label)
 
     def test_ranks_must_match_the_processes(self) -> None:
-        for nodes, procs, ep, ms in itertools.product((1, 2, 3), (1, 2, 4), (1, 2, 4), (1, 2, 3)):
+        for nodes, procs, ep, ms in itertools.product((1, 2, 3), (1, 2, 4), (2, 3, 4), (1, 2, 3)):
             cfg = _cluster(nodes=nodes, procs_per_node=procs, ep=ep, moe_sharding=ms)
             if ep * ms == nodes * procs:
                 cfg.validate_values()
@@ -184,6 +182,16 @@ class TestClusterFlags(unittest.TestCase):
                                         f"ranks, but --nodes {nodes} x --procs-per-node {procs} "
                                         f"= {nodes * procs}"):
                 cfg.validate_values()
+
+    def test_training_needs_an_expert_group_and_the_link_probe_does_not(self) -> None:
+        for nodes, procs in ((1, 2), (2, 2), (4, 1)):
+            world = nodes * procs
+            train = _cluster(nodes=nodes, procs_per_node=procs, ep=1, moe_sharding=world,
+                             group_call="0")
+            with self.assertRaisesRegex(ValueError, "^--ep 1: .*--ep 2 or more"):
+                train.validate_values()
+            _cluster(nodes=nodes, procs_per_node=procs, ep=1, moe_sharding=world,
+                     group_call="0", mode="probe").validate_values()
 
     def test_group_call_values_and_passes(self) -> None:
         for value, passes in (("0", [0]), ("1", [1]), ("both", [0, 1])):

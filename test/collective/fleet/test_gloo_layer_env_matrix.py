@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import unittest
 
 import paddle
@@ -57,6 +58,11 @@ def _env(**values):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _refusal(name: str, raw: str) -> str:
+    """The one-line refusal names the variable and the value given."""
+    return f"^{name}.*{re.escape(repr(raw))}[^\n]*$"
 
 
 class TestBackendSwitchMatrix(unittest.TestCase):
@@ -113,8 +119,8 @@ class TestIntegerVariables(unittest.TestCase):
             with self.subTest(raw=raw), _env(GLOO_COMPAT_LOCAL_SIZE=raw, PADDLE_LOCAL_SIZE="8"):
                 try:
                     if value is None:
-                        with self.assertRaisesRegex(
-                                ValueError, f"GLOO_COMPAT_LOCAL_SIZE must be >= 1, got {raw!r}"):
+                        with self.assertRaisesRegex(ValueError, _refusal("GLOO_COMPAT_LOCAL_SIZE",
+                                                                         raw)):
                             gc.apply_emulated_local_size()
                         self.assertEqual(os.environ["PADDLE_LOCAL_SIZE"], "8")
                     elif value == "unset":
@@ -148,8 +154,8 @@ class TestIntegerVariables(unittest.TestCase):
                                              PADDLE_CURRENT_ENDPOINT=None):
                 default = Default()
                 if value is None:
-                    with self.assertRaisesRegex(
-                            ValueError, f"GLOO_COMPAT_STORE_TIMEOUT must be >= 1, got {raw!r}"):
+                    with self.assertRaisesRegex(ValueError, _refusal("GLOO_COMPAT_STORE_TIMEOUT",
+                                                                     raw)):
                         gc.create_subgroup_store(default, 0, 1, 91, "t")
                     self.assertFalse(hasattr(default, "published"), "refused before publishing")
                     continue
