@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+# paddle_muon_ext: compat-only  (tests the paddle 3.3.1 compat layer's strategy setter; not exported)
 """Paddle's own ``sharding_configs`` fields refused naming the field and value.
 
 Hostile list, session 32: ``strategy.hybrid_configs = {"sharding_configs":

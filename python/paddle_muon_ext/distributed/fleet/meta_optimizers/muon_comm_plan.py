@@ -67,9 +67,7 @@ _NODE = "node"
 _SAME_CARD = "same_card"
 
 
-# --------------------------------------------------------------------------
-# Plan data
-# --------------------------------------------------------------------------
+# The routing plan's data.
 @dataclass(frozen=True)
 class GroupSpec:
     """One communication group of the hierarchical path.
