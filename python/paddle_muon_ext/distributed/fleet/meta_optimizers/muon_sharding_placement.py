@@ -22,6 +22,7 @@ sharing a colour group share one computation (a 512-rank plan stays fast).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from .muon_sharding_options import (
 )
 from .muon_sharding_owner_meta import (
     MatrixSpec,
+    OwnerPartition,
 )
 from .muon_sharding_partition import (
     balanced_partition,
@@ -173,6 +175,19 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
     return chunks if chunks[0] else []
 
 
+def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
+    """The partition with group index ``p`` renamed ``rank_order[p]``."""
+    n = partition.nranks
+    state, ns = [0] * n, [0.0] * n
+    for p, r in enumerate(rank_order):
+        state[r] = partition.state_bytes[p]
+        ns[r] = partition.ns_cost[p]
+    return dataclasses.replace(
+        partition, owners={k: rank_order[v] for k, v in partition.owners.items()},
+        state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes),
+        notes=list(partition.notes))
+
+
 @functools.lru_cache(maxsize=256)
 def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
                       buffer_MB: float):
@@ -180,6 +195,14 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     if strategy == PARTITION_DEVELOP:
         return upstream_partition(list(specs), nranks, buffer_MB)
     if strategy == PARTITION_BALANCED:
+        if rank_order is not None and sorted(rank_order) == list(range(nranks)):
+            # The balanced rule sees a rank only through its rank_order
+            # position (every tie-break), so its result for an order is the
+            # identity order's with position p renamed rank_order[p]: the
+            # flat path (no order) and the hierarchical one (the spread
+            # order) share one computation, a second of a 100,000-matrix plan.
+            return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB),
+                            rank_order)
         return balanced_partition(list(specs), nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
     raise ValueError(
