@@ -250,6 +250,30 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
     return (numel + align - 1) // align * align
 
 
+def _fused_chunks(params, numels, nbytes, align: int, limit_MB: float) -> tuple:
+    """:func:`chunk_by_size` of one bucket with each chunk's names, padded
+    elements and bytes summed on the way (one pass: a 100,000-matrix plan
+    chunks every bucket once per path)."""
+    limit = limit_MB * 1024 * 1024
+    chunks, chunk_numels, chunk_bytes = [], [], []
+    names: list = []
+    padded = size = 0
+    for p, n, b in zip(params, numels, nbytes):
+        if names and size + b > limit:
+            chunks.append(tuple(names))
+            chunk_numels.append(padded)
+            chunk_bytes.append(size)
+            names, padded, size = [], 0, 0
+        names.append(p.name)
+        padded += (n + align - 1) // align * align
+        size += b
+    if names:
+        chunks.append(tuple(names))
+        chunk_numels.append(padded)
+        chunk_bytes.append(size)
+    return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
+
+
 def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
     grouped: dict = OrderedDict()
     for p in params:
@@ -266,11 +290,8 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
             # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
             # a 100,000-matrix plan pads every parameter once per path
             align = max(1, settings.alignment_bytes // itemsize(dtype))
-            padded = [(n + align - 1) // align * align for n in numels]
-            idx = chunk_by_size(nbytes, settings.comm_buffer_size_MB)
-            chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
-            chunk_numels = tuple(sum(padded[i] for i in c) for c in idx)
-            chunk_bytes = tuple(sum(nbytes[i] for i in c) for c in idx)
+            chunks, chunk_numels, chunk_bytes = _fused_chunks(
+                bparams, numels, nbytes, align, settings.comm_buffer_size_MB)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
             params=tuple(p.name for p in bparams), chunks=chunks,

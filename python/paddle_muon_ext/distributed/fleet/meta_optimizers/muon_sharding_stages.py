@@ -44,6 +44,9 @@ def stage_element_limit(comm_buffer_size_MB: float) -> int:
 
 
 def _numel(param) -> int:
+    numel = getattr(param, "numel", None)
+    if type(numel) is int:  # the layout's ParamMeta: counted once at construction
+        return numel
     return math.prod(int(d) for d in param.shape)
 
 

@@ -227,8 +227,9 @@ def sync_stages(layout: ShardingLayout) -> tuple:
     if cached is not None:
         return cached
     by_colour: dict = OrderedDict()
+    owners = layout.owners
     for meta in layout.params.values():
-        if meta.name in layout.owners:
+        if meta.name in owners:
             by_colour.setdefault(meta.colour, []).append(meta)
     sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
     for colour, metas in by_colour.items():
@@ -238,9 +239,10 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         # entry, and a per-rank table would cost O(group) on every rank
         by_rank: dict = {}
         for m in metas:
-            by_rank.setdefault(index[layout.owners[m.name]], []).append(m)
+            by_rank.setdefault(index[owners[m.name]], []).append(m)
         rank2params[colour] = OrderedDict(sorted(by_rank.items()))
-        sorted_by_colour[colour] = sorted(metas, key=lambda m: index[layout.owners[m.name]])
+        # stable by owner index: each owner's metas in model order, as by_rank holds them
+        sorted_by_colour[colour] = [m for _, ms in sorted(by_rank.items()) for m in ms]
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
     raw = build_sync_stages(
