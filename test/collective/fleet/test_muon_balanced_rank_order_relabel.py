@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The layout's balanced owners under a rank order are the rule's own result.
+"""The layout's balanced owners under a rank order are the rule's own result,
+and its hierarchical buckets are the ones placed from those owners.
 
 The placement computes the balanced rule once (identity order) and renames
 group position ``p`` to ``rank_order[p]`` for the hierarchical path's spread
@@ -32,9 +33,15 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
     balanced_partition,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+    LayoutSettings,
+    ParamMeta,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_BALANCED,
+    PARTITION_DEVELOP,
 )
+from paddle_muon_ext.tools.args import MuonCommConfig
 
 
 def _specs(rng: random.Random, count: int) -> tuple:
@@ -85,6 +92,42 @@ class TestBalancedOwnersUnderRankOrder(unittest.TestCase):
         with self.assertRaises(ValueError):
             placement._partition_cached(_specs(random.Random(1), 5), 4, (0, 1, 1, 2),
                                         PARTITION_BALANCED, 0.0)
+
+
+class TestHierarchicalBucketsFromTheirOwners(unittest.TestCase):
+    def setUp(self):
+        placement.colour_muon_layout.cache_clear()
+        self.addCleanup(placement.colour_muon_layout.cache_clear)
+
+    def _params(self) -> tuple:
+        rng = random.Random(11)
+        return tuple(ParamMeta(s.name, s.shape, s.dtype, None, True)
+                     for s in _specs(rng, 120))
+
+    def test_buckets_equal_the_placement_run_on_the_hierarchical_owners(self):
+        plan = MuonCommConfig(ep=4, moe_sharding=4, pp=1, gpus_per_node=4).build_plan()
+        group = tuple(plan.sharding_group_ranks(0))
+        params = self._params()
+        for rule in (PARTITION_DEVELOP, PARTITION_BALANCED):
+            for buffer_MB in (0.0, 0.05, 256.0):
+                settings = LayoutSettings(comm_buffer_size_MB=buffer_MB,
+                                          partition_strategy=rule)
+                owner_of, _, got = placement.colour_muon_layout(None, group, params, plan,
+                                                                 settings)
+                want = placement.muon_bucket_specs(None, group, params, owner_of, True,
+                                                   settings)
+                with self.subTest(rule=rule, buffer_MB=buffer_MB):
+                    self.assertEqual(got, want)
+                    self.assertTrue(all(b.route == "hierarchical" for b in got))
+
+    def test_owners_that_are_no_renaming_of_the_flat_ones_are_placed_afresh(self):
+        group = (0, 1, 2, 3)
+        params = self._params()
+        flat_owner_of, _, flat = placement.colour_muon_layout(
+            None, group, params, None, LayoutSettings(partition_strategy=PARTITION_BALANCED))
+        self.assertEqual(set(flat_owner_of.values()), set(group))
+        merged = {k: min(v, 1) for k, v in flat_owner_of.items()}  # two owners onto rank 1
+        self.assertIsNone(placement._renamed_buckets(flat_owner_of, flat, merged))
 
 
 if __name__ == "__main__":

@@ -376,8 +376,36 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
         partition = partition_from_owners(specs, len(group), dict(fixed),
                                           method="machine_balanced")
         owner_of = {name: group[idx] for name, idx in fixed}
-    buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None, settings)
+    buckets = None
+    if plan is not None:
+        # The hierarchical route's buckets are the flat route's (cached: the
+        # tools build both) renamed onto their owners, when the owners are a
+        # renaming of the flat ones (the same for develop's rule and fixed
+        # owners, a rank-order relabelling for the balanced rule).
+        flat_owner_of, _, flat_buckets = colour_muon_layout(colour, group, params, None,
+                                                            settings, fixed)
+        buckets = _renamed_buckets(flat_owner_of, flat_buckets, owner_of)
+    if buckets is None:
+        buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None,
+                                    settings)
     return owner_of, partition, buckets
+
+
+def _renamed_buckets(flat_owner_of: dict, flat_buckets: tuple, owner_of: dict):
+    """``flat_buckets`` on the hierarchical route with each owner renamed as
+    ``flat_owner_of`` -> ``owner_of`` renames it, in bucket order; None when
+    that is no one-to-one renaming of owners (the buckets then differ)."""
+    rename: dict = {}
+    for name, owner in flat_owner_of.items():
+        if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
+            return None
+    if len(set(rename.values())) != len(rename):
+        return None
+    out = [dataclasses.replace(b, owner=rename[b.owner], route=ROUTE_HIERARCHICAL)
+           for b in flat_buckets]
+    # muon_bucket_specs' order: by (owner, dtype)
+    out.sort(key=lambda b: (b.owner, b.dtype))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1024)
