@@ -92,7 +92,7 @@ def build_sync_stages(
         runs, run, size = [], [], 0
         for key, members in by_key.items():
             run.append(key)
-            size += sum(_numel(p) for p in members)
+            size += sum(map(_numel, members))
             if size >= limit:
                 runs.append(run)
                 run, size = [], 0

@@ -262,6 +262,11 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         group = stage["group"]
         owners = []
         for idx, metas in stage["rank2params"].items():
+            dtypes = {m.dtype for m in metas}
+            if len(dtypes) == 1:  # the common case: one buffer, the owner's metas in order
+                owners.append((group[idx], dtypes.pop(), tuple([m.name for m in metas]),
+                               sum([m.numel for m in metas])))
+                continue
             by_dtype: dict = OrderedDict()
             for m in metas:
                 by_dtype.setdefault(m.dtype, []).append(m)
