@@ -106,7 +106,9 @@ class TestHelpAnywhere(unittest.TestCase):
 
 class TestMissingPackages(unittest.TestCase):
     def test_missing_paddle_is_one_line_naming_the_extra(self) -> None:
-        proc = console("plan", *LAYOUT, blocked="paddle")
+        # verify trains with Paddle (plan does not import it: test_plan_without_paddle)
+        proc = console("verify", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                       blocked="paddle")
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertEqual(proc.stdout, "")
         self.assertNotIn("Traceback", proc.stderr)

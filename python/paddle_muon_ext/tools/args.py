@@ -20,9 +20,12 @@ parses and validates a layout the same way.
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import os
+from collections import namedtuple
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import limits, presets
 
@@ -30,6 +33,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_ORDER",
     "DEFAULT_BUFFER_MB",
+    "GridTopology",
     "MuonCommConfig",
     "add_config_args",
     "build_config",
@@ -49,6 +53,59 @@ _AXIS_ALIASES = {
     "ep": "expert",
     "expert": "expert",
 }
+
+
+class GridTopology:
+    """The rank grid of Paddle's ``CommunicateTopology``, without importing Paddle.
+
+    Ranks number the coordinates of ``names`` (outermost first) in row-major
+    order, as ``CommunicateTopology`` does; the methods are the ones
+    ``HierarchicalCommPlan.from_topology`` reads, with the same results.
+    The tools build layouts from this (importing Paddle was a seventh of
+    ``plan``'s time on 100,000 matrices); the optimizer reads Paddle's own.
+
+    Args:
+        names: axis names, outermost first.
+        dims: the degree of each axis.
+    """
+
+    def __init__(self, names: Sequence[str], dims: Sequence[int]) -> None:
+        self._names = list(names)
+        self._dims = [int(d) for d in dims]
+        self._coordinate = namedtuple("Coordinate", self._names)
+        self._world_size = math.prod(self._dims)
+
+    def get_hybrid_group_names(self) -> List[str]:
+        return self._names
+
+    def get_dim(self, axis_name: str) -> int:
+        return self._dims[self._names.index(axis_name)]
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def get_coord(self, rank: int):
+        """The coordinate namedtuple of ``rank`` (row-major, last axis fastest)."""
+        if not 0 <= rank < self._world_size:
+            raise ValueError(f"rank {rank} is outside the topology of {self._world_size} ranks")
+        coord = []
+        for d in reversed(self._dims):
+            rank, c = divmod(rank, d)
+            coord.append(c)
+        return self._coordinate(*reversed(coord))
+
+    def get_comm_list(self, axis_name: str) -> List[List[int]]:
+        """Ranks along ``axis_name`` for every coordinate of the other axes
+        (those in row-major order of the other axes)."""
+        axis = self._names.index(axis_name)
+        stride = math.prod(self._dims[axis + 1:])
+        others = [range(d) for i, d in enumerate(self._dims) if i != axis]
+        strides = [math.prod(self._dims[i + 1:]) for i in range(len(self._dims)) if i != axis]
+        out = []
+        for coord in itertools.product(*others):
+            base = sum(c * s for c, s in zip(coord, strides))
+            out.append([base + i * stride for i in range(self._dims[axis])])
+        return out
 
 
 @dataclass(frozen=True)
@@ -83,12 +140,10 @@ class MuonCommConfig:
         """Axis name -> degree."""
         return {"pipe": self.pp, "moe_sharding": self.moe_sharding, "expert": self.ep}
 
-    def build_topology(self):
-        """The MoE ``CommunicateTopology`` (what ``hcg._moe_topo`` would be)."""
-        from paddle.distributed.fleet.base.topology import CommunicateTopology
-
+    def build_topology(self) -> GridTopology:
+        """The MoE topology's rank grid (what ``hcg._moe_topo`` would be), without Paddle."""
         deg = self.degrees()
-        return CommunicateTopology(list(self.order), [deg[n] for n in self.order])
+        return GridTopology(list(self.order), [deg[n] for n in self.order])
 
     def build_plan(self):
         """The validated ``HierarchicalCommPlan`` (raises ValueError)."""

@@ -28,6 +28,7 @@ split); expert parameters take the MoE colour (their moe_sharding group).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
@@ -83,7 +84,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
         path.add_bound("dense" if b.colour is None else "moe", nodes_spanned(b.group), b.nbytes)
     path.declare(op for _, _, op in sorted(
         by_class.ops + [item for _, items in by_class.classes for item in items],
-        key=lambda item: item[:2]))
+        key=operator.itemgetter(0, 1)))
     path.replay((op, op.payload) for _, _, op in by_class.ops)
     for members, items in by_class.classes:
         path.replay_class([(op, op.payload) for _, _, op in items], members)

@@ -281,11 +281,16 @@ class WorldByClass:
                         dense_layout, rank=rank, slice_buffers=[],
                         muon_buckets=[b for b in dense_layout.muon_buckets
                                       if b.owner % gpn == card])
+                prev_group, leads = None, False
                 for idx, op in enumerate(lay.schedule()):
-                    seen = lowest.get(id(op.group))
-                    if seen is None:
-                        seen = lowest[id(op.group)] = (op.group, min(op.group))
-                    if rank != seen[1]:
+                    group = op.group
+                    if group is not prev_group:
+                        # a phase's ops share its group object: looked up once a run
+                        seen = lowest.get(id(group))
+                        if seen is None:
+                            seen = lowest[id(group)] = (group, min(group))
+                        prev_group, leads = group, rank == seen[1]
+                    if not leads:
                         continue  # another rank leads this group
                     item = (rank, idx, op)
                     if op.phase in (PHASE_INTRA_NODE_REDUCE, PHASE_INTRA_NODE_BROADCAST):

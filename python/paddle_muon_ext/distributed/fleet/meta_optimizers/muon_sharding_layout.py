@@ -82,12 +82,18 @@ class ParamMeta:
 
     def __post_init__(self) -> None:
         # Frozen: derived sizes are computed once, the schedule reads them often.
+        shape = self.shape
+        # a tuple of ints (the tools' specs) is kept as is: a plan builds
+        # 100,000 of these (bool is not an int here: it converts, as before)
+        if type(shape) is not tuple or not all(type(d) is int for d in shape):
+            shape = tuple(int(d) for d in shape)
+            object.__setattr__(self, "shape", shape)
         dtype = canonical_dtype(self.dtype)
-        numel = math.prod(int(d) for d in self.shape)
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "numel", numel)
-        object.__setattr__(self, "nbytes", numel * itemsize(dtype))
+        numel = math.prod(shape)
+        d = self.__dict__
+        d["dtype"] = dtype
+        d["numel"] = numel
+        d["nbytes"] = numel * itemsize(dtype)
 
 
 @dataclass(frozen=True)

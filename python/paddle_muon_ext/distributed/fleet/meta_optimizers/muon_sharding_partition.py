@@ -380,11 +380,16 @@ def upstream_partition(
     owners: Dict[str, int] = {}
     state = [0] * nranks
     ns = [0] * nranks
+    costs: Dict[tuple, Tuple[int, int]] = {}  # (shape, dtype) -> its loads: few kinds
     for r, idx in enumerate(per_rank):
         for i in idx:
             s = items[i]
-            state[r] += optimizer_state_bytes(s, multi_precision)
-            ns[r] += _ns_cost_int(s.shape)
+            cost = costs.get((s.shape, s.dtype))
+            if cost is None:
+                cost = costs[(s.shape, s.dtype)] = (
+                    optimizer_state_bytes(s, multi_precision), _ns_cost_int(s.shape))
+            state[r] += cost[0]
+            ns[r] += cost[1]
     owner_of = {i: r for r, idx in enumerate(per_rank) for i in idx}
     owners = {s.name: owner_of[i] for i, s in enumerate(items)}
     return OwnerPartition(

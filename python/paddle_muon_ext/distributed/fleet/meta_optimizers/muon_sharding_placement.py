@@ -22,6 +22,7 @@ sharing a colour group share one computation (a 512-rank plan stays fast).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from .muon_sharding_options import (
 )
 from .muon_sharding_owner_meta import (
     MatrixSpec,
+    OwnerPartition,
 )
 from .muon_sharding_partition import (
     balanced_partition,
@@ -173,6 +175,19 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
     return chunks if chunks[0] else []
 
 
+def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
+    """The partition with group index ``p`` renamed ``rank_order[p]``."""
+    n = partition.nranks
+    state, ns = [0] * n, [0.0] * n
+    for p, r in enumerate(rank_order):
+        state[r] = partition.state_bytes[p]
+        ns[r] = partition.ns_cost[p]
+    return dataclasses.replace(
+        partition, owners={k: rank_order[v] for k, v in partition.owners.items()},
+        state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes),
+        notes=list(partition.notes))
+
+
 @functools.lru_cache(maxsize=256)
 def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
                       buffer_MB: float):
@@ -180,6 +195,14 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     if strategy == PARTITION_DEVELOP:
         return upstream_partition(list(specs), nranks, buffer_MB)
     if strategy == PARTITION_BALANCED:
+        if rank_order is not None and sorted(rank_order) == list(range(nranks)):
+            # The balanced rule sees a rank only through its rank_order
+            # position (every tie-break), so its result for an order is the
+            # identity order's with position p renamed rank_order[p]: the
+            # flat path (no order) and the hierarchical one (the spread
+            # order) share one computation, a second of a 100,000-matrix plan.
+            return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB),
+                            rank_order)
         return balanced_partition(list(specs), nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
     raise ValueError(
@@ -227,6 +250,30 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
     return (numel + align - 1) // align * align
 
 
+def _fused_chunks(params, numels, nbytes, align: int, limit_MB: float) -> tuple:
+    """:func:`chunk_by_size` of one bucket with each chunk's names, padded
+    elements and bytes summed on the way (one pass: a 100,000-matrix plan
+    chunks every bucket once per path)."""
+    limit = limit_MB * 1024 * 1024
+    chunks, chunk_numels, chunk_bytes = [], [], []
+    names: list = []
+    padded = size = 0
+    for p, n, b in zip(params, numels, nbytes):
+        if names and size + b > limit:
+            chunks.append(tuple(names))
+            chunk_numels.append(padded)
+            chunk_bytes.append(size)
+            names, padded, size = [], 0, 0
+        names.append(p.name)
+        padded += (n + align - 1) // align * align
+        size += b
+    if names:
+        chunks.append(tuple(names))
+        chunk_numels.append(padded)
+        chunk_bytes.append(size)
+    return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
+
+
 def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
     grouped: dict = OrderedDict()
     for p in params:
@@ -243,11 +290,8 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
             # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
             # a 100,000-matrix plan pads every parameter once per path
             align = max(1, settings.alignment_bytes // itemsize(dtype))
-            padded = [(n + align - 1) // align * align for n in numels]
-            idx = chunk_by_size(nbytes, settings.comm_buffer_size_MB)
-            chunks = tuple(tuple(bparams[i].name for i in c) for c in idx)
-            chunk_numels = tuple(sum(padded[i] for i in c) for c in idx)
-            chunk_bytes = tuple(sum(nbytes[i] for i in c) for c in idx)
+            chunks, chunk_numels, chunk_bytes = _fused_chunks(
+                bparams, numels, nbytes, align, settings.comm_buffer_size_MB)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
             params=tuple(p.name for p in bparams), chunks=chunks,
@@ -332,8 +376,36 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
         partition = partition_from_owners(specs, len(group), dict(fixed),
                                           method="machine_balanced")
         owner_of = {name: group[idx] for name, idx in fixed}
-    buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None, settings)
+    buckets = None
+    if plan is not None:
+        # The hierarchical route's buckets are the flat route's (cached: the
+        # tools build both) renamed onto their owners, when the owners are a
+        # renaming of the flat ones (the same for develop's rule and fixed
+        # owners, a rank-order relabelling for the balanced rule).
+        flat_owner_of, _, flat_buckets = colour_muon_layout(colour, group, params, None,
+                                                            settings, fixed)
+        buckets = _renamed_buckets(flat_owner_of, flat_buckets, owner_of)
+    if buckets is None:
+        buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None,
+                                    settings)
     return owner_of, partition, buckets
+
+
+def _renamed_buckets(flat_owner_of: dict, flat_buckets: tuple, owner_of: dict):
+    """``flat_buckets`` on the hierarchical route with each owner renamed as
+    ``flat_owner_of`` -> ``owner_of`` renames it, in bucket order; None when
+    that is no one-to-one renaming of owners (the buckets then differ)."""
+    rename: dict = {}
+    for name, owner in flat_owner_of.items():
+        if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
+            return None
+    if len(set(rename.values())) != len(rename):
+        return None
+    out = [dataclasses.replace(b, owner=rename[b.owner], route=ROUTE_HIERARCHICAL)
+           for b in flat_buckets]
+    # muon_bucket_specs' order: by (owner, dtype)
+    out.sort(key=lambda b: (b.owner, b.dtype))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1024)

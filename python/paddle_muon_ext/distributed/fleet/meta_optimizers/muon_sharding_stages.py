@@ -44,6 +44,9 @@ def stage_element_limit(comm_buffer_size_MB: float) -> int:
 
 
 def _numel(param) -> int:
+    numel = getattr(param, "numel", None)
+    if type(numel) is int:  # the layout's ParamMeta: counted once at construction
+        return numel
     return math.prod(int(d) for d in param.shape)
 
 
@@ -89,7 +92,7 @@ def build_sync_stages(
         runs, run, size = [], [], 0
         for key, members in by_key.items():
             run.append(key)
-            size += sum(_numel(p) for p in members)
+            size += sum(map(_numel, members))
             if size >= limit:
                 runs.append(run)
                 run, size = [], 0

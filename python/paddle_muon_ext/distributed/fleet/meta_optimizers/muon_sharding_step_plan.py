@@ -192,6 +192,30 @@ class CommOp:
                 self.numel)
 
 
+_new_object = object.__new__
+_set_dict = object.__setattr__
+
+
+def _reduce_ops(template: CommOp, parts) -> list:
+    """``template`` with each ``(numel, payload)`` of ``parts``: one reduce per chunk.
+
+    The ops of a bucket differ in these two fields only; each is the
+    frozen dataclass ``CommOp(..., numel, ..., payload)`` would build, made
+    from a copy of the template's fields (a 100,000-matrix plan makes
+    400,000 of them; the dataclass ``__init__`` was twice as slow).
+    """
+    fields = template.__dict__
+    out = []
+    for numel, payload in parts:
+        op = _new_object(CommOp)
+        d = dict(fields)
+        d["numel"] = numel
+        d["payload"] = payload
+        _set_dict(op, "__dict__", d)
+        out.append(op)
+    return out
+
+
 def sync_stages(layout: ShardingLayout) -> tuple:
     """The stages of the overlapped update, identical on every rank but ``local_params``.
 
@@ -203,8 +227,9 @@ def sync_stages(layout: ShardingLayout) -> tuple:
     if cached is not None:
         return cached
     by_colour: dict = OrderedDict()
+    owners = layout.owners
     for meta in layout.params.values():
-        if meta.name in layout.owners:
+        if meta.name in owners:
             by_colour.setdefault(meta.colour, []).append(meta)
     sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
     for colour, metas in by_colour.items():
@@ -214,9 +239,10 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         # entry, and a per-rank table would cost O(group) on every rank
         by_rank: dict = {}
         for m in metas:
-            by_rank.setdefault(index[layout.owners[m.name]], []).append(m)
+            by_rank.setdefault(index[owners[m.name]], []).append(m)
         rank2params[colour] = OrderedDict(sorted(by_rank.items()))
-        sorted_by_colour[colour] = sorted(metas, key=lambda m: index[layout.owners[m.name]])
+        # stable by owner index: each owner's metas in model order, as by_rank holds them
+        sorted_by_colour[colour] = [m for _, ms in sorted(by_rank.items()) for m in ms]
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
     raw = build_sync_stages(
@@ -236,6 +262,11 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         group = stage["group"]
         owners = []
         for idx, metas in stage["rank2params"].items():
+            dtypes = {m.dtype for m in metas}
+            if len(dtypes) == 1:  # the common case: one buffer, the owner's metas in order
+                owners.append((group[idx], dtypes.pop(), tuple([m.name for m in metas]),
+                               sum([m.numel for m in metas])))
+                continue
             by_dtype: dict = OrderedDict()
             for m in metas:
                 by_dtype.setdefault(m.dtype, []).append(m)
@@ -287,8 +318,8 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
                               coalesced, numel * itemsize(dtype)))
         elif op == OP_REDUCE:
             b = layout.muon_buckets[ref[1]]
-            ops.extend(CommOp(op_trigger, label, op, group, root, b.dtype, n, b.colour,
-                              coalesced, payload) for n, payload in b.reduce_parts())
+            ops.extend(_reduce_ops(CommOp(op_trigger, label, op, group, root, b.dtype, 0,
+                                          b.colour, coalesced, 0), b.reduce_parts()))
         else:
             b = layout.muon_buckets[ref[1]]
             ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
