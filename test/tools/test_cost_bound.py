@@ -139,12 +139,14 @@ class TestBoundByHand(unittest.TestCase):
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB, "gloo")
         # gloo's reduce-scatter is a ring all-reduce in rank order: twice round
         # the ring. The sharding group's 4 B: 4 edges of 2 * 3/4 * 4 = 6 B, 2 of
-        # them across nodes (12 B at beta_net 1, 12 B at 1e-3); each moe group's
-        # 2 B: 2 edges of 2 * 1/2 * 2 = 2 B, both across (4 B): (12.012 + 8) / 4
-        # = 5.003; latency 2 (p - 1) rounds across nodes: 6 * 100 = 600
-        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 5.003, places=9)
-        # the all-gather once round: 3 rounds (300) + (6.006 + 4) / 4
-        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 2.5015, places=9)
+        # them across nodes (1 -> 2 and 3 -> 0); each moe group's 2 B: 2 edges of
+        # 2 * 1/2 * 2 = 2 B, both across. The ring is fixed, so the busiest rank
+        # exactly: rank 1 (or 3) sends 6 B + 2 B across at beta_net 1 = 8 (the
+        # mean over the stage would be (12.012 + 8) / 4 = 5.003); latency
+        # 2 (p - 1) rounds across nodes: 6 * 100 = 600
+        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 8.0, places=9)
+        # the all-gather once round: 3 rounds (300) + rank 1's 3 B + 1 B across
+        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 4.0, places=9)
         # inter-node bytes: Muon floors 10 + 10 + 12 + 12, rings 12 + 4 + 4 and 6 + 2 + 2
         self.assertAlmostEqual(res["inter_node_bytes"], 74.0, places=9)
 

@@ -24,16 +24,16 @@ The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
-           "chain_latency_s", "family_floor_s", "hooked_hierarchical_reduce_s", "latency_floor_s",
-           "layout_families",
+           "chain_latency_s", "family_floor_s", "gloo_muon_latency_s",
+           "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
            "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
-           "step_bound"]
+           "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
 #: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of
@@ -60,6 +60,9 @@ class GroupLoad:
         launches: collectives every configuration launches at least (the
             element-wise families: one buffer per dtype at the least, whatever
             the buffer size; 1 elsewhere).
+        members: the group's ranks (empty: unknown; the ring families then
+            fall back to the mean over the rank set).
+        gpus_per_node: ranks per node, for ``members`` (0: unknown).
     """
 
     ranks: int
@@ -67,6 +70,9 @@ class GroupLoad:
     per_node: int
     nbytes: float
     launches: int = 1
+    # where the group sits, for the exact ring floor (not part of its identity)
+    members: Tuple[int, ...] = field(default=(), compare=False, repr=False)
+    gpus_per_node: int = field(default=0, compare=False, repr=False)
 
 
 def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:
@@ -103,6 +109,119 @@ def ring_link_bytes(g: GroupLoad) -> Tuple[float, float]:
     share = (g.ranks - 1) / g.ranks * g.nbytes
     crossings = g.nodes if g.nodes > 1 else 0
     return crossings * share, (g.ranks - crossings) * share
+
+
+def route_link_bytes(g: GroupLoad, what: str, backend: str = "nccl",
+                     hierarchical: bool = False) -> Tuple[float, float, float]:
+    """Fewest bytes of a Muon reduce / broadcast of ``g`` as the model routes it.
+
+    ``(inter, intra, either)``: bytes that cross nodes, bytes that stay inside
+    one, and bytes that may do either (each at the cheaper beta). NCCL flat: a
+    chain is its ring less one edge per channel, and a ring crosses each of
+    the ``n`` node cuts once per channel: ``(n - 1) S`` across, ``S`` more on
+    the cut or inside (the left-out edge), the rest of ``(p - 1) S`` inside
+    (a group with one rank per node: all ``(n - 1) S`` across). NCCL
+    hierarchical (the dense colour): each node's non-roots send ``S`` inside,
+    the same-card chains ``(n - 1) S`` across. gloo reduce flat: its
+    rank-order ring (``n`` cuts of ``(p - 1) / p S``, the other ``p - n``
+    edges inside) and ``p - 1`` slices of ``S / p`` to the root, ``p - k`` of
+    them at least from other nodes; hierarchical: the same inside each node
+    (``k_N - 1 / k_N`` times ``S`` per node; ``p - n`` at the least, ``p -
+    n / k`` when every node holds ``k``) and across each same-card group
+    (``(n - 1)(1 + 1 / n) S``). gloo broadcast (a binomial tree, either
+    route): ``(p - 1) S``, ``(n - 1) S`` of it across at the least.
+
+    Args:
+        g: the group.
+        what: ``"reduce"`` or ``"broadcast"``.
+        backend: ``"nccl"`` or ``"gloo"``.
+        hierarchical: the hierarchical route (else flat).
+
+    Returns:
+        tuple: inter-node, intra-node and either-link bytes.
+    """
+    p, n, k, S = g.ranks, g.nodes, g.per_node, g.nbytes
+    if p < 2 or S <= 0:
+        return 0.0, 0.0, 0.0
+    if backend == "gloo" and what == "reduce":
+        if hierarchical:
+            inside = p - n / k if p == n * k else p - n
+            return (n - 1) * (1 + 1 / n) * S if n > 1 else 0.0, inside * S, 0.0
+        ring_inter = n if n > 1 else 0
+        share = (p - 1) / p * S
+        return (ring_inter * share + (p - k) / p * S, (p - ring_inter) * share,
+                (k - 1) / p * S)
+    if backend == "gloo" or hierarchical:
+        if backend == "gloo" and not hierarchical:
+            return (n - 1) * S, 0.0, (p - n) * S
+        return (n - 1) * S, (p - n) * S, 0.0
+    if n <= 1:
+        return 0.0, (p - 1) * S, 0.0
+    if p == n:
+        return (n - 1) * S, 0.0, 0.0
+    return (n - 1) * S, (p - n - 1) * S, S
+
+
+def route_floor_s(g: GroupLoad, ab: AlphaBeta, what: str, backend: str = "nccl",
+                  hierarchical: bool = False) -> float:
+    """Link-seconds of :func:`route_link_bytes`, summed over ``g``'s senders.
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+        what: ``"reduce"`` or ``"broadcast"``.
+        backend: ``"nccl"`` or ``"gloo"``.
+        hierarchical: the hierarchical route.
+
+    Returns:
+        float: seconds.
+    """
+    inter, intra, either = route_link_bytes(g, what, backend, hierarchical)
+    return inter * ab.beta_net + intra * ab.beta_nvlink + either * min(ab.beta_net,
+                                                                       ab.beta_nvlink)
+
+
+def ring_rank_seconds(groups: Sequence[GroupLoad], ab: AlphaBeta, backend: str = "nccl",
+                      passes: int = 1) -> Optional[float]:
+    """The busiest rank's link-seconds in ring collectives of ``groups``, exactly.
+
+    The element-wise families are rings whatever the options, and a group's
+    bytes are split over its buffers in proportion, so each rank sends what
+    its ring position gives it: NCCL, the model's channel rings
+    (:func:`.cost_rings.ring_structure`, ``(p - 1) / p S / C`` an edge); gloo,
+    one ring in rank order (``passes`` times ``(p - 1) / p S`` to the next
+    rank). A rank in several groups adds them up.
+
+    Args:
+        groups: the family's groups, with ``members`` and ``gpus_per_node``.
+        ab: alpha-beta constants.
+        backend: ``"nccl"`` or ``"gloo"``.
+        passes: times the ring carries the bytes.
+
+    Returns:
+        float or None: seconds; None when a group's members are unknown.
+    """
+    from .cost_rings import ring_structure
+
+    per: Dict[int, float] = {}
+    for g in groups:
+        if g.ranks < 2 or g.nbytes <= 0:
+            continue
+        if not g.members or g.gpus_per_node <= 0:
+            return None
+        gpn, ranks, p = g.gpus_per_node, tuple(sorted(g.members)), g.ranks
+        if backend == "gloo":
+            size = passes * (p - 1) / p * g.nbytes
+            for i, r in enumerate(ranks):
+                beta = ab.beta_net if r // gpn != ranks[(i + 1) % p] // gpn else ab.beta_nvlink
+                per[r] = per.get(r, 0.0) + size * beta
+            continue
+        rings = ring_structure(ranks, gpn)
+        share = passes * (p - 1) / p * g.nbytes / rings.channels
+        for r, k_intra, k_inter in rings.senders[0]:
+            per[r] = per.get(r, 0.0) + share * (k_intra * ab.beta_nvlink
+                                                + k_inter * ab.beta_net)
+    return max(per.values(), default=0.0)
 
 
 def bandwidth_floor_s(g: GroupLoad, ab: AlphaBeta, ring: bool = False, passes: int = 1) -> float:
@@ -275,10 +394,40 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
         for b in range(g.launches, max(g.launches, k) + 1))
 
 
+def gloo_muon_latency_s(g: GroupLoad, ab: AlphaBeta, what: str, hierarchical: bool) -> float:
+    """The least latency of one Muon reduce / broadcast family of ``g`` on gloo.
+
+    Flat, every op pays its rounds (:func:`.gloo_model.rounds`: ``p`` for a
+    reduce, ``ceil(log2 p)`` for a broadcast) at ``alpha_net`` once the group
+    crosses nodes (its ring or tree has a cross-node edge), one op per dtype
+    at least (``launches``). The hierarchical route's coalesced launches pay
+    ``(k - 1) alpha_nvlink`` inside and ``(n - 1) alpha_net`` across, and an
+    uncoalesced op there pays at least as much. The cheaper route.
+
+    Args:
+        g: the group.
+        ab: alpha-beta constants.
+        what: ``"reduce"`` or ``"broadcast"``.
+        hierarchical: the family may route hierarchically (default colour).
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    from .gloo_model import rounds
+
+    if g.ranks < 2 or g.nbytes <= 0:
+        return 0.0
+    alpha = ab.alpha_net if g.nodes > 1 else ab.alpha_nvlink
+    flat = g.launches * rounds(what, g.ranks) * alpha
+    if not hierarchical:
+        return flat
+    return min(flat, (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * ab.alpha_nvlink)
+
+
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
                    backend: str = "nccl", ring: bool = False,
-                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1
-                   ) -> Tuple[float, float]:
+                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1,
+                   what: Optional[str] = None) -> Tuple[float, float]:
     """(latency, bandwidth) floor of one phase family.
 
     Args:
@@ -288,27 +437,45 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
         ring: the family runs as rings whatever the options
-            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`).
-        muon: a Muon family on NCCL, ``(hierarchical, hooked)`` for
-            :func:`muon_latency_s`; None: one launch's generic floor
-            (:func:`latency_floor_s`).
+            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`); with every
+            group's ``members`` known, the busiest rank exactly
+            (:func:`ring_rank_seconds`).
+        muon: a Muon family, ``(hierarchical, hooked)`` for
+            :func:`muon_latency_s` (NCCL) / :func:`gloo_muon_latency_s`;
+            None: one launch's generic floor (:func:`latency_floor_s`).
         passes: times the ring carries the bytes (gloo's reduce-scatter: 2).
+        what: with ``muon``, ``"reduce"`` or ``"broadcast"``: the bytes of the
+            cheaper route the model can take (:func:`route_floor_s`) instead
+            of the generic floor.
 
     Returns:
         tuple: the largest latency of any group (one launch; as rings, its
         rings' launches), and the largest mean link-seconds per rank of any
-        rank set.
+        rank set (rings with members: the busiest rank's).
     """
     def lat(g: GroupLoad) -> float:
         if ring:
             return ring_latency_s(g, ab, backend, passes)
         if muon is not None and backend == "nccl":
             return muon_latency_s(g, ab, *muon)
+        if muon is not None and what is not None:
+            return gloo_muon_latency_s(g, ab, what, muon[0])
         return latency_floor_s(g, ab, backend)
 
+    def bw(g: GroupLoad) -> float:
+        if muon is not None and what is not None:
+            flat = route_floor_s(g, ab, what, backend, False)
+            return min(flat, route_floor_s(g, ab, what, backend, True)) if muon[0] else flat
+        return bandwidth_floor_s(g, ab, ring, passes)
+
     latency = max((lat(g) for _, groups in rank_sets for g in groups), default=0.0)
-    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring, passes) for g in groups) / size
+    bandwidth = max((sum(bw(g) for g in groups) / size
                      for size, groups in rank_sets if size), default=0.0)
+    if ring:
+        exact = ring_rank_seconds([g for _, groups in rank_sets for g in groups], ab, backend,
+                                  passes)
+        if exact is not None:
+            bandwidth = max(bandwidth, exact)
     return latency, bandwidth
 
 
@@ -335,18 +502,20 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
         # reduce-scatter is its ring all-reduce: twice round the ring)
         ring = name in RING_FAMILIES
         passes = 2 if backend == "gloo" and name == "reduce_scatter" else 1
-        muon = None
+        muon = what = None
         if name in MUON_FAMILIES:
             muon = (name.startswith("dense_"), comm_overlap and name == "dense_reduce")
-        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes)
+            what = name.split("_", 1)[1]
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes, what)
         per[name] = latency + bandwidth
         if muon is not None and muon[1] and backend == "nccl":
             # hooked dense reduce: the flat route's floor, or the hierarchical
             # route's per stage with its launches and rails weighed together
-            flat, _ = family_floor_s(rank_sets, ab, backend, False, (False, False))
+            flat_lat, flat_bw = family_floor_s(rank_sets, ab, backend, False, (False, False),
+                                               1, what)
             hier = max((hooked_hierarchical_reduce_s(g, ab) for _, groups in rank_sets
                         for g in groups), default=0.0)
-            per[name] = max(per[name], min(flat + bandwidth, hier))
+            per[name] = max(per[name], min(flat_lat + flat_bw, hier))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
@@ -357,7 +526,7 @@ def _load(ranks: Sequence[int], gpn: int, nbytes: float, launches: int = 1) -> G
     for r in ranks:
         per_node[r // gpn] = per_node.get(r // gpn, 0) + 1
     return GroupLoad(len(ranks), len(per_node), max(per_node.values()), float(nbytes),
-                     max(1, launches))
+                     max(1, launches), tuple(ranks), gpn)
 
 
 def layout_families(plan, stage_metas: Sequence[Sequence[Any]]
