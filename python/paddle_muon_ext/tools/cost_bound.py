@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
-           "chain_latency_s", "family_floor_s", "gloo_muon_latency_s",
+           "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_muon_latency_s",
            "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
            "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
            "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
@@ -394,6 +394,65 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
         for b in range(g.launches, max(g.launches, k) + 1))
 
 
+def flat_roots_floor_s(g: GroupLoad, ab: AlphaBeta, what: str) -> float:
+    """The least time of ``g``'s flat NCCL reduce / broadcast family, its
+    launches and its busiest rank weighed together.
+
+    Every op has one root and pays its chain (:func:`chain_latency_s`), so
+    ``B`` roots take ``max(B, d)`` ops. A reduce's chain leaves out only the
+    root's own edge: a rank that roots nothing sends every byte, ``S`` at its
+    channels' betas (the cheapest rank's, not knowing which). A broadcast's
+    chain leaves out the edge into the root, one sender a channel: ``B`` roots
+    spare at most ``B C`` ranks (``C`` channels), so with ``B C < p`` some rank
+    sends all of ``S``. Else the busiest rank sends the mean of the route's
+    bytes (:func:`route_floor_s`). Needs ``members``; 0 without them.
+
+    Args:
+        g: the group (``launches``: its dtypes, ``d``).
+        ab: alpha-beta constants.
+        what: ``"reduce"`` or ``"broadcast"``.
+
+    Returns:
+        float: seconds.
+    """
+    from .cost_rings import ring_structure
+
+    if g.ranks < 2 or g.nbytes <= 0 or not g.members or g.gpus_per_node <= 0:
+        return 0.0
+    p, d = g.ranks, g.launches
+    rings = ring_structure(tuple(sorted(g.members)), g.gpus_per_node)
+    c = rings.channels
+    rate = min((k_intra * ab.beta_nvlink + k_inter * ab.beta_net) / c
+               for _, k_intra, k_inter in rings.senders[0])
+    chain = chain_latency_s(g, ab)
+    spread = p if what == "reduce" else -(-p // c)  # fewest roots sparing every rank
+    out = max(d, spread) * chain + route_floor_s(g, ab, what) / p
+    if d < spread:
+        out = min(out, d * chain + g.nbytes * rate)
+    return out
+
+
+def _muon_family_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],
+                   ab: AlphaBeta, comm_overlap: bool) -> float:
+    """A Muon family's floor on NCCL: the flat route's, or (the dense colour)
+    the cheaper of it and the hierarchical route's."""
+    what = name.split("_", 1)[1]
+    groups = [g for _, gs in rank_sets for g in gs]
+    lat, bw = family_floor_s(rank_sets, ab, "nccl", False, (False, False), 1, what)
+    flat = max([lat + bw] + [flat_roots_floor_s(g, ab, what) for g in groups])
+    if not name.startswith("dense_"):
+        return flat
+    hooked = comm_overlap and what == "reduce"
+    hier = max(((g.nodes - 1) * ab.alpha_net
+                + (g.per_node - 1) * ab.alpha_nvlink * (g.launches if hooked else 1)
+                for g in groups if g.ranks > 1 and g.nbytes > 0), default=0.0)
+    hier += max((sum(route_floor_s(g, ab, what, "nccl", True) for g in gs) / size
+                 for size, gs in rank_sets if size), default=0.0)
+    if hooked:
+        hier = max([hier] + [hooked_hierarchical_reduce_s(g, ab) for g in groups])
+    return min(flat, hier)
+
+
 def gloo_muon_latency_s(g: GroupLoad, ab: AlphaBeta, what: str, hierarchical: bool) -> float:
     """The least latency of one Muon reduce / broadcast family of ``g`` on gloo.
 
@@ -508,14 +567,10 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
             what = name.split("_", 1)[1]
         latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes, what)
         per[name] = latency + bandwidth
-        if muon is not None and muon[1] and backend == "nccl":
-            # hooked dense reduce: the flat route's floor, or the hierarchical
-            # route's per stage with its launches and rails weighed together
-            flat_lat, flat_bw = family_floor_s(rank_sets, ab, backend, False, (False, False),
-                                               1, what)
-            hier = max((hooked_hierarchical_reduce_s(g, ab) for _, groups in rank_sets
-                        for g in groups), default=0.0)
-            per[name] = max(per[name], min(flat_lat + flat_bw, hier))
+        if muon is not None and backend == "nccl":
+            # each route's latency and bytes together (the hooked dense reduce:
+            # its launches and rails weighed per stage), the cheaper route
+            per[name] = max(per[name], _muon_family_s(name, rank_sets, ab, comm_overlap))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
