@@ -24,6 +24,7 @@ The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -176,9 +177,31 @@ def route_floor_s(g: GroupLoad, ab: AlphaBeta, what: str, backend: str = "nccl",
     Returns:
         float: seconds.
     """
+    if backend == "gloo" and not hierarchical and g.members and g.gpus_per_node > 0 \
+            and 1 < g.ranks <= GLOO_EXACT_RANKS and g.nbytes > 0:
+        return g.nbytes * _gloo_rooted_rate(tuple(sorted(g.members)), g.gpus_per_node, what,
+                                            ab.beta_net, ab.beta_nvlink)
     inter, intra, either = route_link_bytes(g, what, backend, hierarchical)
     return inter * ab.beta_net + intra * ab.beta_nvlink + either * min(ab.beta_net,
                                                                        ab.beta_nvlink)
+
+
+#: Largest gloo group whose every root is tried (:func:`route_floor_s`).
+GLOO_EXACT_RANKS = 512
+
+
+@functools.lru_cache(maxsize=256)
+def _gloo_rooted_rate(ranks: Tuple[int, ...], gpn: int, what: str, beta_net: float,
+                      beta_nvlink: float) -> float:
+    """The cheapest root's link-seconds per byte of a flat gloo reduce / broadcast."""
+    from .gloo_model import collective_edges
+
+    best = None
+    for root in ranks:
+        t = sum(size * (beta_net if a // gpn != b // gpn else beta_nvlink)
+                for a, b, size in collective_edges(what, ranks, 1.0, root))
+        best = t if best is None else min(best, t)
+    return best or 0.0
 
 
 def ring_rank_seconds(groups: Sequence[GroupLoad], ab: AlphaBeta, backend: str = "nccl",
@@ -432,25 +455,28 @@ def flat_roots_floor_s(g: GroupLoad, ab: AlphaBeta, what: str) -> float:
     return out
 
 
-def _muon_family_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],
-                   ab: AlphaBeta, comm_overlap: bool) -> float:
-    """A Muon family's floor on NCCL: the flat route's, or (the dense colour)
-    the cheaper of it and the hierarchical route's."""
+def _muon_routes_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],
+                   ab: AlphaBeta, backend: str, comm_overlap: bool) -> Tuple[float, float]:
+    """A Muon family's floor on the flat route and on the hierarchical one
+    (each route's latency and bytes; ``inf`` where the colour has no
+    hierarchical route)."""
     what = name.split("_", 1)[1]
     groups = [g for _, gs in rank_sets for g in gs]
-    lat, bw = family_floor_s(rank_sets, ab, "nccl", False, (False, False), 1, what)
-    flat = max([lat + bw] + [flat_roots_floor_s(g, ab, what) for g in groups])
+    lat, bw = family_floor_s(rank_sets, ab, backend, False, (False, False), 1, what)
+    flat = lat + bw
+    if backend == "nccl":
+        flat = max([flat] + [flat_roots_floor_s(g, ab, what) for g in groups])
     if not name.startswith("dense_"):
-        return flat
-    hooked = comm_overlap and what == "reduce"
+        return flat, float("inf")
+    hooked = comm_overlap and what == "reduce" and backend == "nccl"
     hier = max(((g.nodes - 1) * ab.alpha_net
                 + (g.per_node - 1) * ab.alpha_nvlink * (g.launches if hooked else 1)
                 for g in groups if g.ranks > 1 and g.nbytes > 0), default=0.0)
-    hier += max((sum(route_floor_s(g, ab, what, "nccl", True) for g in gs) / size
+    hier += max((sum(route_floor_s(g, ab, what, backend, True) for g in gs) / size
                  for size, gs in rank_sets if size), default=0.0)
     if hooked:
         hier = max([hier] + [hooked_hierarchical_reduce_s(g, ab) for g in groups])
-    return min(flat, hier)
+    return flat, hier
 
 
 def gloo_muon_latency_s(g: GroupLoad, ab: AlphaBeta, what: str, hierarchical: bool) -> float:
@@ -555,6 +581,7 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
         ``inter_node_bytes`` (the floor's inter-node bytes, every family).
     """
     per: Dict[str, float] = {}
+    routes: Dict[str, Tuple[float, float]] = {}
     inter = 0.0
     for name, rank_sets in families.items():
         # the element-wise collectives are rings whatever the options (gloo's
@@ -567,12 +594,20 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
             what = name.split("_", 1)[1]
         latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes, what)
         per[name] = latency + bandwidth
-        if muon is not None and backend == "nccl":
+        if muon is not None:
             # each route's latency and bytes together (the hooked dense reduce:
-            # its launches and rails weighed per stage), the cheaper route
-            per[name] = max(per[name], _muon_family_s(name, rank_sets, ab, comm_overlap))
+            # its launches and rails weighed per stage)
+            routes[name] = _muon_routes_s(name, rank_sets, ab, backend, comm_overlap)
+            per[name] = max(per[name], min(routes[name]))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
+    pair = ("dense_reduce", "dense_broadcast")
+    if all(n in routes for n in pair):
+        # comm_group_call_opt routes the dense reduce and broadcast together
+        best = min((0, 1), key=lambda i: sum(routes[n][i] for n in pair))
+        if sum(routes[n][best] for n in pair) > sum(per[n] for n in pair):
+            for n in pair:
+                per[n] = max(per[n], routes[n][best])
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 
