@@ -111,8 +111,8 @@ def sweep_one(args: argparse.Namespace, backend: str, comm_overlap: bool, consta
                        "ratio_to_bound": best["ratio_to_bound"]}
                 rows.append(row)
                 where = (f"{model} {nodes}x{args.gpus_per_node} ep {ep} pp {pp} "
-                         f"buffer {buffer_mb:g} MB {rule} {backend} "
-                         f"overlap {'on' if comm_overlap else 'off'} {constants}")
+                         f"buffer {buffer_mb:g} MB {rule}")
+                n_failed = len(failures)
                 if best["estimated_time_s"] > t0:
                     failures.append(f"{where}: the pick is slower than the default")
                 low = min(c["estimated_time_s"] for c in rec["candidates"])
@@ -130,6 +130,10 @@ def sweep_one(args: argparse.Namespace, backend: str, comm_overlap: bool, consta
                         and best["ratio_to_default"] > TARGET_DENSE_HEAVY_8X8:
                     failures.append(f"{where}: the pick is {best['ratio_to_default']:.3f}x the "
                                     f"default (target <= {TARGET_DENSE_HEAVY_8X8})")
+                # which sweep, after each message
+                failures[n_failed:] = [f"{f} [{backend}, overlap "
+                                       f"{'on' if comm_overlap else 'off'}, {constants}]"
+                                       for f in failures[n_failed:]]
     worst = max(rows, key=lambda r: r["ratio_to_bound"], default=None)
     return {"backend": backend, "comm_overlap": comm_overlap, "constants": constants,
             "runs": len(rows), "worst_ratio_to_bound": worst, "failures": failures,
