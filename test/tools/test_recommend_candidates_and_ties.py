@@ -114,6 +114,22 @@ class TestOneBufferCandidate(unittest.TestCase):
         # already held by a listed size: no extra candidate
         self.assertIsNone(rec.one_buffer_mb([_Stage([_m((900, MB))])]))
 
+    def test_the_one_buffer_size_needs_a_clear_gain(self) -> None:
+        MB = 2 ** 18
+        stages = (_Stage([_m((1500, MB))]),)  # 2048 MB holds it
+
+        def pick(fit_time):
+            def times(key):
+                return fit_time if key[2] == 2048.0 else (1.0 if key[2] == 1024.0 else 2.0)
+
+            est = _Est(times)
+            est.stages = stages
+            return rec.recommend(_res(2.0), est)["best"]["config"]["comm_buffer_size_MB"]
+
+        # 0.5 % faster than the 1,024 MB pick: not worth the memory; 2 % is
+        self.assertEqual(pick(0.995), 1024.0)
+        self.assertEqual(pick(0.98), 2048.0)
+
     def test_large_alpha_on_gloo_picks_one_buffer_within_the_bound(self) -> None:
         from paddle_muon_ext.tools.args import MuonCommConfig
         from paddle_muon_ext.tools.cost_model import AlphaBeta

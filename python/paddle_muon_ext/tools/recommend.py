@@ -35,7 +35,8 @@ from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
 from .plan_world import build_layout_plan
 
-__all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "annotate", "config",
+__all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "ONE_BUFFER_MIN_GAIN",
+           "annotate", "config",
            "one_buffer_mb", "recommend", "why_line"]
 
 #: Buffer sizes ``--recommend`` tries (MB), besides the run's own and
@@ -43,6 +44,9 @@ __all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "annotate", "co
 BUFFER_SIZES_MB = (64.0, 256.0, 1024.0)
 #: Largest buffer ``--recommend`` proposes (the tool's ``--buffer-size-MB`` limit).
 MAX_BUFFER_MB = 65536.0
+#: A buffer above every listed size (and the run's) costs memory the model does
+#: not weigh: it is picked only when this much faster than every other candidate.
+ONE_BUFFER_MIN_GAIN = 0.01
 #: What a user gets without touching the three knobs (one table holds each default).
 DEFAULT_CONFIG = {
     "comm_group_call_opt": False,
@@ -238,7 +242,8 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
 
     Candidates: ``comm_group_call_opt`` off / on (on only where the layout
     allows it) x every owner rule x :data:`BUFFER_SIZES_MB`, the run's own
-    buffer size and one buffer per colour and dtype (:func:`one_buffer_mb`). The default is a candidate and wins ties, so the pick is
+    buffer size and one buffer per colour and dtype (:func:`one_buffer_mb`;
+    picked only when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
     never slower than it.
 
     Args:
@@ -262,9 +267,15 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
                 if k not in keys:
                     keys.append(k)
     candidates = [_entry(config(*k), est.time(k), t0, b) for k in keys]
+    big = max(max(BUFFER_SIZES_MB), est.buffer)
     best = candidates[0]
     for c in candidates[1:]:
-        if c["estimated_time_s"] < best["estimated_time_s"]:
+        if c["estimated_time_s"] < best["estimated_time_s"] \
+                and c["config"]["comm_buffer_size_MB"] <= big:
+            best = c
+    for c in candidates[1:]:  # the one-buffer size: only for a clear gain
+        if c["config"]["comm_buffer_size_MB"] > big and c["estimated_time_s"] < min(
+                best["estimated_time_s"] * (1 - ONE_BUFFER_MIN_GAIN), t0):
             best = c
     others = candidates[1:]
     runner_up = min(others, key=lambda c: c["estimated_time_s"]) if others else None
