@@ -35,10 +35,12 @@ from paddle_muon_ext.tools.cost_model import AlphaBeta
 from paddle_muon_ext.tools.plan import compute_plan
 from paddle_muon_ext.tools.presets import ParamSpec, get_preset
 
-# (ep, moe_sharding, pp, gpus_per_node): one node, two, four; one rank per node
-# in a moe group; two stages; nodes shared by several ranks of a moe group
+# (ep, moe_sharding, pp, gpus_per_node): one node, two, three, four; one rank
+# per node in a moe group; two stages; nodes shared by several ranks of a moe
+# group; three cards a node
 LAYOUTS = ((2, 2, 1, 2), (4, 2, 1, 4), (2, 2, 2, 2), (1, 8, 1, 4), (2, 4, 1, 2),
-           (1, 4, 1, 2), (2, 4, 1, 4), (1, 6, 1, 2))
+           (1, 4, 1, 2), (2, 4, 1, 4), (1, 6, 1, 2), (1, 6, 1, 3), (3, 2, 1, 2),
+           (8, 2, 1, 4))
 
 
 def _params(rng: random.Random):
@@ -73,7 +75,7 @@ def _recommend(cfg, ab, params, backend, overlap, buffer_mb=256.0):
 class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
     def test_no_candidate_falls_below_the_bound(self) -> None:
         rng = random.Random(29)
-        for trial in range(160):
+        for trial in range(176):
             ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
             cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
             ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-7, 1e-2),
