@@ -65,7 +65,8 @@ class TestBenchRecommendSweeps(unittest.TestCase):
                       out)
 
     def test_unknown_backend_or_constants_is_one_error_line(self) -> None:
-        for argv in (("--backends", "mpi"), ("--constants", "warp-speed")):
+        for argv in (("--backends", "mpi"), ("--constants", "warp-speed"),
+                     ("--overlap", "maybe")):
             with self.subTest(argv=argv):
                 rc, out, err = _run(*TINY, *argv)
                 self.assertEqual((rc, out), (2, ""))

@@ -172,9 +172,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="the same as --overlap on")
     ap.add_argument("--backends", nargs="+", default=["nccl"],
                     help="backends to sweep (nccl, gloo)")
-    ap.add_argument("--overlap", nargs="+", default=None, choices=["off", "on"],
-                    help="comm_overlap settings to sweep (default: off, or on with "
-                         "--comm-overlap)")
+    ap.add_argument("--overlap", nargs="+", default=None,
+                    help="comm_overlap settings to sweep, off and/or on (default: off, or "
+                         "on with --comm-overlap)")
     ap.add_argument("--constants", nargs="+", default=["default"],
                     help=f"alpha-beta variations to sweep ({', '.join(CONSTANTS)})")
     ap.add_argument("--json", action="store_true", help="print only a JSON dict")
@@ -200,7 +200,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            + [f"--backends {b}: use one of {', '.join(BACKENDS)}"
               for b in args.backends if b not in BACKENDS]
            + [f"--constants {c}: use one of {', '.join(CONSTANTS)}"
-              for c in args.constants if c not in CONSTANTS])
+              for c in args.constants if c not in CONSTANTS]
+           + [f"--overlap {o}: use off or on" for o in args.overlap if o not in ("off", "on")])
     if bad:
         print(f"error: {bad[0]}", file=sys.stderr)
         return 2
