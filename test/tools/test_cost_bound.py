@@ -122,16 +122,18 @@ class TestBoundByHand(unittest.TestCase):
     def test_step_bound_of_two_by_two(self) -> None:
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB)
         # dense: 101 + (10 * 1 + 20 * 1e-3) / 4 = 103.505
-        # moe: 100 + 2 * (6 * 1) / 4 = 103
+        # (the flat route with one root: 102 + 10 * (1 + 1e-3) / 2 = 107.005 is dearer)
+        # moe (flat only): one root, and the other rank sends all 6 B across:
+        # 100 + 6 = 106; two roots, two chains: 200 + 6 / 2 = 203
         # reduce-scatter as NCCL rings: the sharding group's 4 B cross 2 node
         # boundaries at 3/4 * 4 = 3 B each (6 B) and 2 NVLink edges (6 B); each
         # moe group's 2 B cross 2 boundaries at 1/2 * 2 = 1 B (2 B); latency:
         # the sharding group's ring hops but the closing one, 1 node cut (100)
         # and 2 in-node hops (1 each): 102 + (6 + 6e-3 + 2 + 2) / 4 = 104.5015
-        for name, want in (("dense_reduce", 103.505), ("moe_reduce", 103.0),
-                           ("reduce_scatter", 104.5015)):
+        for name, want in (("dense_reduce", 103.505), ("moe_reduce", 106.0),
+                           ("moe_broadcast", 106.0), ("reduce_scatter", 104.5015)):
             self.assertAlmostEqual(res["families_s"][name], want, places=9)
-        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 103.0 + 104.5015), places=9)
+        self.assertAlmostEqual(res["bound_s"], 2 * (103.505 + 106.0 + 104.5015), places=9)
         # inter-node bytes: dense 10, moe 6 + 6, rings 6 + 2 + 2; each twice
         self.assertAlmostEqual(res["inter_node_bytes"], 64.0, places=9)
 
@@ -139,12 +141,14 @@ class TestBoundByHand(unittest.TestCase):
         res = cb.step_bound(cb.layout_families(_TwoByTwo(), [METAS]), AB, "gloo")
         # gloo's reduce-scatter is a ring all-reduce in rank order: twice round
         # the ring. The sharding group's 4 B: 4 edges of 2 * 3/4 * 4 = 6 B, 2 of
-        # them across nodes (12 B at beta_net 1, 12 B at 1e-3); each moe group's
-        # 2 B: 2 edges of 2 * 1/2 * 2 = 2 B, both across (4 B): (12.012 + 8) / 4
-        # = 5.003; latency 2 (p - 1) rounds across nodes: 6 * 100 = 600
-        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 5.003, places=9)
-        # the all-gather once round: 3 rounds (300) + (6.006 + 4) / 4
-        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 2.5015, places=9)
+        # them across nodes (1 -> 2 and 3 -> 0); each moe group's 2 B: 2 edges of
+        # 2 * 1/2 * 2 = 2 B, both across. The ring is fixed, so the busiest rank
+        # exactly: rank 1 (or 3) sends 6 B + 2 B across at beta_net 1 = 8 (the
+        # mean over the stage would be (12.012 + 8) / 4 = 5.003); latency
+        # 2 (p - 1) rounds across nodes: 6 * 100 = 600
+        self.assertAlmostEqual(res["families_s"]["reduce_scatter"], 600 + 8.0, places=9)
+        # the all-gather once round: 3 rounds (300) + rank 1's 3 B + 1 B across
+        self.assertAlmostEqual(res["families_s"]["all_gather"], 300 + 4.0, places=9)
         # inter-node bytes: Muon floors 10 + 10 + 12 + 12, rings 12 + 4 + 4 and 6 + 2 + 2
         self.assertAlmostEqual(res["inter_node_bytes"], 74.0, places=9)
 

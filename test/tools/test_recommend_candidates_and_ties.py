@@ -29,6 +29,7 @@ from paddle_muon_ext.tools.plan import PARTITION_RULES
 class _Est:
     def __init__(self, times, buffer=256.0, group_call_possible=False):
         self.times, self.buffer, self.group_call_possible = times, buffer, group_call_possible
+        self.stages = ()  # no parameters: no one-buffer candidate
 
     def time(self, key):
         return self.times(key)
@@ -80,6 +81,70 @@ class TestRecommendCandidates(unittest.TestCase):
         self.assertEqual(out["why"], f"{rec._describe(rec.config(*fast))} is 0.500x of the "
                          "default and 2.000x of the bound; dense Muon reduce/broadcast, all "
                          "the option reroutes, are 50% of the bound")
+
+
+class _Stage:
+    def __init__(self, metas):
+        self._metas = metas
+
+    def metas(self):
+        return self._metas
+
+
+def _m(shape, dtype="float32", use_muon=False, colour=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(shape=shape, dtype=dtype, use_muon=use_muon, colour=colour)
+
+
+class TestOneBufferCandidate(unittest.TestCase):
+    """Where latency dominates, one buffer per colour and dtype of the
+    element-wise parameters is the fastest step; ``--recommend`` proposes it."""
+
+    def test_the_size_holds_the_largest_element_wise_class(self) -> None:
+        MB = 2 ** 18  # comm_buffer_size_MB counts 2**18 elements a MB
+        stage = _Stage([_m((1500, MB)), _m((100, MB)),           # 1,600 MB float32
+                        _m((700, MB), "bfloat16"),               # another dtype
+                        _m((900, MB), colour="moe_expert"),      # another colour
+                        _m((5000, MB), use_muon=True)])          # Muon: not counted
+        # 1,600 MB and 5 % for alignment: 1,680 -> 2,048
+        self.assertEqual(rec.one_buffer_mb([stage]), 2048.0)
+        # the largest class of any stage
+        self.assertEqual(rec.one_buffer_mb([stage, _Stage([_m((3000, MB))])]), 4096.0)
+        # already held by a listed size: no extra candidate
+        self.assertIsNone(rec.one_buffer_mb([_Stage([_m((900, MB))])]))
+
+    def test_the_one_buffer_size_needs_a_clear_gain(self) -> None:
+        MB = 2 ** 18
+        stages = (_Stage([_m((1500, MB))]),)  # 2048 MB holds it
+
+        def pick(fit_time):
+            def times(key):
+                return fit_time if key[2] == 2048.0 else (1.0 if key[2] == 1024.0 else 2.0)
+
+            est = _Est(times)
+            est.stages = stages
+            return rec.recommend(_res(2.0), est)["best"]["config"]["comm_buffer_size_MB"]
+
+        # 0.5 % faster than the 1,024 MB pick: not worth the memory; 2 % is
+        self.assertEqual(pick(0.995), 1024.0)
+        self.assertEqual(pick(0.98), 2048.0)
+
+    def test_large_alpha_on_gloo_picks_one_buffer_within_the_bound(self) -> None:
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.plan import compute_plan
+        from paddle_muon_ext.tools.presets import get_preset
+
+        # 1 ms per network round: dense-heavy's 1.7 GB of element-wise bytes
+        # in two 1024 MB buffers pay gloo's 2 (p - 1) rounds twice (1.164x the
+        # bound before this candidate)
+        ab = AlphaBeta(alpha_net=1e-3, alpha_nvlink=1e-4)
+        cfg = MuonCommConfig(ep=8, moe_sharding=4, pp=1, gpus_per_node=8, model="dense-heavy")
+        res = compute_plan(cfg, ab, params=get_preset("dense-heavy"), backend="gloo")
+        out = rec.recommend(res, rec.annotate(res, ab))
+        self.assertGreater(out["best"]["config"]["comm_buffer_size_MB"], max(rec.BUFFER_SIZES_MB))
+        self.assertLessEqual(out["best"]["ratio_to_bound"], 1.15)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
     python tools/bench/bench_recommend.py [--models ernie-moe-small dense-heavy ernie-moe-large]
         [--nodes 2 4 8 16] [--ep 8 16 32 64] [--pp 1 2] [--gpus-per-node 8]
         [--buffers 256 0 16 1024] [--partition upstream_greedy balanced] [--comm-overlap]
-        [--json]
+        [--backends nccl gloo] [--overlap off on]
+        [--constants default slow-nvlink fast-net large-alpha] [--json]
 
 For every layout (``nodes x gpus_per_node`` ranks, ``moe_sharding = ranks /
 (pp x ep)``) and every run option (the run's own buffer size and owner rule,
@@ -27,6 +28,13 @@ bound), and the pick is within :data:`TARGET_RATIO_TO_BOUND` of it. Also
 checks the dense-heavy preset at 8 x 8, one stage, without ``--comm-overlap``
 (the pick's ratio to the default, target <= 0.85). Exit 1 when a check
 fails, 2 on bad input.
+
+Sweeps: every ``--backends`` x ``--overlap`` x ``--constants`` combination is
+one sweep over the layouts (the defaults run one: nccl, ``--comm-overlap`` as
+given, the default constants); the summary prints each sweep's worst pick /
+bound. Named constants (:data:`CONSTANTS`): ``slow-nvlink`` (NVLink at 20 GB/s,
+slower than the network), ``fast-net`` (a 400 GB/s network, faster than
+NVLink), ``large-alpha`` (1 ms network and 100 us NVLink latencies).
 """
 
 from __future__ import annotations
@@ -44,16 +52,38 @@ if os.path.join(_REPO, "python") not in sys.path:
 
 TARGET_RATIO_TO_BOUND = 1.15
 TARGET_DENSE_HEAVY_8X8 = 0.85
+#: Named alpha-beta variations (``--constants``), as AlphaBeta keyword arguments.
+CONSTANTS = {
+    "default": {},
+    "slow-nvlink": {"beta_nvlink": 1 / 20e9},
+    "fast-net": {"beta_net": 1 / 400e9},
+    "large-alpha": {"alpha_net": 1e-3, "alpha_nvlink": 1e-4},
+}
 
 
 def sweep(args: argparse.Namespace) -> Dict:
-    """Every layout x run option: the pick's ratios and the checks' failures."""
+    """Every sweep (backend x overlap x constants): its layouts' figures, and every failure."""
+    sweeps = []
+    for backend, overlap, name in itertools.product(args.backends, args.overlap, args.constants):
+        fig = sweep_one(args, backend, overlap == "on", name)
+        sweeps.append(fig)
+    rows = [r for f in sweeps for r in f["rows"]]
+    worst = max(rows, key=lambda r: r["ratio_to_bound"], default=None)
+    return {"runs": len(rows), "worst_ratio_to_bound": worst,
+            "failures": [x for f in sweeps for x in f["failures"]],
+            "target_ratio_to_bound": TARGET_RATIO_TO_BOUND,
+            "sweeps": [{k: v for k, v in f.items() if k != "rows"} for f in sweeps],
+            "rows": rows}
+
+
+def sweep_one(args: argparse.Namespace, backend: str, comm_overlap: bool, constants: str) -> Dict:
+    """Every layout x run option of one sweep: the pick's ratios and the checks' failures."""
     from paddle_muon_ext.tools import presets, recommend
     from paddle_muon_ext.tools.args import MuonCommConfig
     from paddle_muon_ext.tools.cost_model import AlphaBeta
     from paddle_muon_ext.tools.plan import compute_plan
 
-    ab = AlphaBeta()
+    ab = AlphaBeta(**CONSTANTS[constants])
     rows: List[Dict] = []
     failures: List[str] = []
     for model in args.models:
@@ -67,19 +97,22 @@ def sweep(args: argparse.Namespace) -> Dict:
             for buffer_mb, rule in itertools.product(args.buffers, args.partition):
                 try:
                     res = compute_plan(cfg, ab, buffer_size_MB=buffer_mb, params=params,
-                                       partition_strategy=rule, comm_overlap=args.comm_overlap)
+                                       partition_strategy=rule, comm_overlap=comm_overlap,
+                                       backend=backend)
                 except ValueError:
                     break  # the layout itself is refused (e.g. stages sharing a node)
                 rec = recommend.recommend(res, recommend.annotate(res, ab))
                 best, t0, bound = rec["best"], rec["default"]["estimated_time_s"], rec["bound_s"]
                 row = {"model": model, "nodes": nodes, "ep": ep, "pp": pp,
                        "moe_sharding": cfg.moe_sharding, "buffer_size_MB": buffer_mb,
-                       "partition": rule, "best": best["config"],
+                       "partition": rule, "backend": backend, "comm_overlap": comm_overlap,
+                       "constants": constants, "best": best["config"],
                        "ratio_to_default": best["ratio_to_default"],
                        "ratio_to_bound": best["ratio_to_bound"]}
                 rows.append(row)
                 where = (f"{model} {nodes}x{args.gpus_per_node} ep {ep} pp {pp} "
                          f"buffer {buffer_mb:g} MB {rule}")
+                n_failed = len(failures)
                 if best["estimated_time_s"] > t0:
                     failures.append(f"{where}: the pick is slower than the default")
                 low = min(c["estimated_time_s"] for c in rec["candidates"])
@@ -92,22 +125,34 @@ def sweep(args: argparse.Namespace) -> Dict:
                 # the issue's case: one stage, no overlap (with --comm-overlap and
                 # pp 2 the pick is 0.852x of that run's default)
                 if model == "dense-heavy" and nodes == 8 and args.gpus_per_node == 8 \
-                        and pp == 1 and not args.comm_overlap \
+                        and pp == 1 and not comm_overlap and backend == "nccl" \
+                        and constants == "default" \
                         and best["ratio_to_default"] > TARGET_DENSE_HEAVY_8X8:
                     failures.append(f"{where}: the pick is {best['ratio_to_default']:.3f}x the "
                                     f"default (target <= {TARGET_DENSE_HEAVY_8X8})")
+                # which sweep, after each message
+                failures[n_failed:] = [f"{f} [{backend}, overlap "
+                                       f"{'on' if comm_overlap else 'off'}, {constants}]"
+                                       for f in failures[n_failed:]]
     worst = max(rows, key=lambda r: r["ratio_to_bound"], default=None)
-    return {"runs": len(rows), "worst_ratio_to_bound": worst, "failures": failures,
-            "target_ratio_to_bound": TARGET_RATIO_TO_BOUND, "rows": rows}
+    return {"backend": backend, "comm_overlap": comm_overlap, "constants": constants,
+            "runs": len(rows), "worst_ratio_to_bound": worst, "failures": failures,
+            "rows": rows}
 
 
 def format_summary(fig: Dict) -> str:
-    lines = [f"plan --recommend over {fig['runs']} runs"]
-    w = fig["worst_ratio_to_bound"]
-    if w is not None:
-        lines.append(f"worst pick / bound: {w['ratio_to_bound']:.3f} ({w['model']} {w['nodes']} "
-                     f"nodes, ep {w['ep']}, pp {w['pp']}, buffer {w['buffer_size_MB']:g} MB; "
-                     f"target <= {fig['target_ratio_to_bound']})")
+    lines = [f"plan --recommend over {fig['runs']} runs "
+             f"(target pick / bound <= {fig['target_ratio_to_bound']})"]
+    for sw in fig["sweeps"]:
+        w = sw["worst_ratio_to_bound"]
+        head = (f"{sw['backend']}, overlap {'on' if sw['comm_overlap'] else 'off'}, "
+                f"{sw['constants']} constants: {sw['runs']} runs")
+        if w is None:
+            lines.append(f"{head}, no layout")
+            continue
+        lines.append(f"{head}, worst pick / bound {w['ratio_to_bound']:.3f} ({w['model']} "
+                     f"{w['nodes']} nodes, ep {w['ep']}, pp {w['pp']}, buffer "
+                     f"{w['buffer_size_MB']:g} MB)")
     lines += [f"FAIL {f}" for f in fig["failures"]] or ["every check holds"]
     return "\n".join(lines)
 
@@ -123,14 +168,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--buffers", type=float, nargs="+", default=[256.0, 0.0, 16.0, 1024.0],
                     help="the run's --buffer-size-MB values (each adds a candidate)")
     ap.add_argument("--partition", nargs="+", default=["upstream_greedy", "balanced"])
-    ap.add_argument("--comm-overlap", action="store_true")
+    ap.add_argument("--comm-overlap", action="store_true",
+                    help="the same as --overlap on")
+    ap.add_argument("--backends", nargs="+", default=["nccl"],
+                    help="backends to sweep (nccl, gloo)")
+    ap.add_argument("--overlap", nargs="+", default=None,
+                    help="comm_overlap settings to sweep, off and/or on (default: off, or "
+                         "on with --comm-overlap)")
+    ap.add_argument("--constants", nargs="+", default=["default"],
+                    help=f"alpha-beta variations to sweep ({', '.join(CONSTANTS)})")
     ap.add_argument("--json", action="store_true", help="print only a JSON dict")
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     from paddle_muon_ext.tools import presets
+    from paddle_muon_ext.tools.cost_model import BACKENDS
     from paddle_muon_ext.tools.plan import PARTITION_RULES
+
+    if args.overlap is None:
+        args.overlap = ["on" if args.comm_overlap else "off"]
 
     bad = ([f"--models {m}: not a preset ({', '.join(presets.list_presets())})"
             for m in args.models if m not in presets.list_presets()]
@@ -139,7 +196,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            + [f"{flag} {v}: must be >= 1" for flag, vals in
               (("--nodes", args.nodes), ("--ep", args.ep), ("--pp", args.pp),
                ("--gpus-per-node", [args.gpus_per_node])) for v in vals if v < 1]
-           + [f"--buffers {b:g}: must be >= 0" for b in args.buffers if b < 0])
+           + [f"--buffers {b:g}: must be >= 0" for b in args.buffers if b < 0]
+           + [f"--backends {b}: use one of {', '.join(BACKENDS)}"
+              for b in args.backends if b not in BACKENDS]
+           + [f"--constants {c}: use one of {', '.join(CONSTANTS)}"
+              for c in args.constants if c not in CONSTANTS]
+           + [f"--overlap {o}: use off or on" for o in args.overlap if o not in ("off", "on")])
     if bad:
         print(f"error: {bad[0]}", file=sys.stderr)
         return 2

@@ -24,16 +24,18 @@ The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .cost_bound_routes import (chain_latency_s, flat_roots_floor_s, gloo_muon_latency_s,
+                                ring_rank_seconds, route_floor_s, route_link_bytes)
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
-           "chain_latency_s", "family_floor_s", "hooked_hierarchical_reduce_s", "latency_floor_s",
-           "layout_families",
+           "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_muon_latency_s",
+           "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
            "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
-           "step_bound"]
+           "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
 #: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of
@@ -60,6 +62,9 @@ class GroupLoad:
         launches: collectives every configuration launches at least (the
             element-wise families: one buffer per dtype at the least, whatever
             the buffer size; 1 elsewhere).
+        members: the group's ranks (empty: unknown; the ring families then
+            fall back to the mean over the rank set).
+        gpus_per_node: ranks per node, for ``members`` (0: unknown).
     """
 
     ranks: int
@@ -67,6 +72,9 @@ class GroupLoad:
     per_node: int
     nbytes: float
     launches: int = 1
+    # where the group sits, for the exact ring floor (not part of its identity)
+    members: Tuple[int, ...] = field(default=(), compare=False, repr=False)
+    gpus_per_node: int = field(default=0, compare=False, repr=False)
 
 
 def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:
@@ -192,30 +200,6 @@ def ring_latency_s(g: GroupLoad, ab: AlphaBeta, backend: str = "nccl", passes: i
     return g.launches * one
 
 
-def chain_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:
-    """Latency the model charges one flat reduce / broadcast of ``g``, at the least.
-
-    A flat op pays every hop of its channel-0 chain: the ring's ``n`` node
-    cuts (``alpha_net``) and ``p - n`` in-node hops (``alpha_nvlink``; one node:
-    ``p`` in-node hops) less the one edge the root's chain leaves out, at most
-    the dearest of them.
-
-    Args:
-        g: the group.
-        ab: alpha-beta constants.
-
-    Returns:
-        float: seconds (0 for a group of one rank or no bytes).
-    """
-    if g.ranks < 2 or g.nbytes <= 0:
-        return 0.0
-    if g.nodes <= 1:
-        return (g.ranks - 1) * ab.alpha_nvlink
-    full = g.nodes * ab.alpha_net + (g.ranks - g.nodes) * ab.alpha_nvlink
-    dearest = max(ab.alpha_net, ab.alpha_nvlink) if g.ranks > g.nodes else ab.alpha_net
-    return full - dearest
-
-
 def muon_latency_s(g: GroupLoad, ab: AlphaBeta, hierarchical: bool,
                    hooked: bool = False) -> float:
     """The least latency of one Muon reduce / broadcast family of ``g`` on NCCL.
@@ -275,10 +259,34 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
         for b in range(g.launches, max(g.launches, k) + 1))
 
 
+def _muon_routes_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],
+                   ab: AlphaBeta, backend: str, comm_overlap: bool) -> Tuple[float, float]:
+    """A Muon family's floor on the flat route and on the hierarchical one
+    (each route's latency and bytes; ``inf`` where the colour has no
+    hierarchical route)."""
+    what = name.split("_", 1)[1]
+    groups = [g for _, gs in rank_sets for g in gs]
+    lat, bw = family_floor_s(rank_sets, ab, backend, False, (False, False), 1, what)
+    flat = lat + bw
+    if backend == "nccl":
+        flat = max([flat] + [flat_roots_floor_s(g, ab, what) for g in groups])
+    if not name.startswith("dense_"):
+        return flat, float("inf")
+    hooked = comm_overlap and what == "reduce" and backend == "nccl"
+    hier = max(((g.nodes - 1) * ab.alpha_net
+                + (g.per_node - 1) * ab.alpha_nvlink * (g.launches if hooked else 1)
+                for g in groups if g.ranks > 1 and g.nbytes > 0), default=0.0)
+    hier += max((sum(route_floor_s(g, ab, what, backend, True) for g in gs) / size
+                 for size, gs in rank_sets if size), default=0.0)
+    if hooked:
+        hier = max([hier] + [hooked_hierarchical_reduce_s(g, ab) for g in groups])
+    return flat, hier
+
+
 def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: AlphaBeta,
                    backend: str = "nccl", ring: bool = False,
-                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1
-                   ) -> Tuple[float, float]:
+                   muon: Optional[Tuple[bool, bool]] = None, passes: int = 1,
+                   what: Optional[str] = None) -> Tuple[float, float]:
     """(latency, bandwidth) floor of one phase family.
 
     Args:
@@ -288,27 +296,45 @@ def family_floor_s(rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]], ab: Alp
         ab: alpha-beta constants.
         backend: ``"nccl"`` or ``"gloo"``.
         ring: the family runs as rings whatever the options
-            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`).
-        muon: a Muon family on NCCL, ``(hierarchical, hooked)`` for
-            :func:`muon_latency_s`; None: one launch's generic floor
-            (:func:`latency_floor_s`).
+            (:func:`bandwidth_floor_s`, :func:`ring_latency_s`); with every
+            group's ``members`` known, the busiest rank exactly
+            (:func:`ring_rank_seconds`).
+        muon: a Muon family, ``(hierarchical, hooked)`` for
+            :func:`muon_latency_s` (NCCL) / :func:`gloo_muon_latency_s`;
+            None: one launch's generic floor (:func:`latency_floor_s`).
         passes: times the ring carries the bytes (gloo's reduce-scatter: 2).
+        what: with ``muon``, ``"reduce"`` or ``"broadcast"``: the bytes of the
+            cheaper route the model can take (:func:`route_floor_s`) instead
+            of the generic floor.
 
     Returns:
         tuple: the largest latency of any group (one launch; as rings, its
         rings' launches), and the largest mean link-seconds per rank of any
-        rank set.
+        rank set (rings with members: the busiest rank's).
     """
     def lat(g: GroupLoad) -> float:
         if ring:
             return ring_latency_s(g, ab, backend, passes)
         if muon is not None and backend == "nccl":
             return muon_latency_s(g, ab, *muon)
+        if muon is not None and what is not None:
+            return gloo_muon_latency_s(g, ab, what, muon[0])
         return latency_floor_s(g, ab, backend)
 
+    def bw(g: GroupLoad) -> float:
+        if muon is not None and what is not None:
+            flat = route_floor_s(g, ab, what, backend, False)
+            return min(flat, route_floor_s(g, ab, what, backend, True)) if muon[0] else flat
+        return bandwidth_floor_s(g, ab, ring, passes)
+
     latency = max((lat(g) for _, groups in rank_sets for g in groups), default=0.0)
-    bandwidth = max((sum(bandwidth_floor_s(g, ab, ring, passes) for g in groups) / size
+    bandwidth = max((sum(bw(g) for g in groups) / size
                      for size, groups in rank_sets if size), default=0.0)
+    if ring:
+        exact = ring_rank_seconds([g for _, groups in rank_sets for g in groups], ab, backend,
+                                  passes)
+        if exact is not None:
+            bandwidth = max(bandwidth, exact)
     return latency, bandwidth
 
 
@@ -329,26 +355,33 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
         ``inter_node_bytes`` (the floor's inter-node bytes, every family).
     """
     per: Dict[str, float] = {}
+    routes: Dict[str, Tuple[float, float]] = {}
     inter = 0.0
     for name, rank_sets in families.items():
         # the element-wise collectives are rings whatever the options (gloo's
         # reduce-scatter is its ring all-reduce: twice round the ring)
         ring = name in RING_FAMILIES
         passes = 2 if backend == "gloo" and name == "reduce_scatter" else 1
-        muon = None
+        muon = what = None
         if name in MUON_FAMILIES:
             muon = (name.startswith("dense_"), comm_overlap and name == "dense_reduce")
-        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes)
+            what = name.split("_", 1)[1]
+        latency, bandwidth = family_floor_s(rank_sets, ab, backend, ring, muon, passes, what)
         per[name] = latency + bandwidth
-        if muon is not None and muon[1] and backend == "nccl":
-            # hooked dense reduce: the flat route's floor, or the hierarchical
-            # route's per stage with its launches and rails weighed together
-            flat, _ = family_floor_s(rank_sets, ab, backend, False, (False, False))
-            hier = max((hooked_hierarchical_reduce_s(g, ab) for _, groups in rank_sets
-                        for g in groups), default=0.0)
-            per[name] = max(per[name], min(flat + bandwidth, hier))
+        if muon is not None:
+            # each route's latency and bytes together (the hooked dense reduce:
+            # its launches and rails weighed per stage)
+            routes[name] = _muon_routes_s(name, rank_sets, ab, backend, comm_overlap)
+            per[name] = max(per[name], min(routes[name]))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
+    pair = ("dense_reduce", "dense_broadcast")
+    if all(n in routes for n in pair):
+        # comm_group_call_opt routes the dense reduce and broadcast together
+        best = min((0, 1), key=lambda i: sum(routes[n][i] for n in pair))
+        if sum(routes[n][best] for n in pair) > sum(per[n] for n in pair):
+            for n in pair:
+                per[n] = max(per[n], routes[n][best])
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 
@@ -357,7 +390,7 @@ def _load(ranks: Sequence[int], gpn: int, nbytes: float, launches: int = 1) -> G
     for r in ranks:
         per_node[r // gpn] = per_node.get(r // gpn, 0) + 1
     return GroupLoad(len(ranks), len(per_node), max(per_node.values()), float(nbytes),
-                     max(1, launches))
+                     max(1, launches), tuple(ranks), gpn)
 
 
 def layout_families(plan, stage_metas: Sequence[Sequence[Any]]

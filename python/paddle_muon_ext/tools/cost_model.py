@@ -64,7 +64,7 @@ candidate), ``B >= d`` buffers pay ``B`` in-node launches and put the owners on
 at most ``min(B, k)`` cards, whose same-card ranks carry all the cross-node
 bytes: per stage the least over ``B`` of ``(n - 1) alpha_net + B (k - 1)
 alpha_nvlink + (k - 1) / k S beta_nvlink + (n - 1) S beta_net / (n min(B,
-k))``. A Muon family's floor is the cheaper route's; gloo keeps one round. The element-wise reduce-scatter /
+k))``. A Muon family's floor is the cheaper route's (gloo: below). The element-wise reduce-scatter /
 all-gather run as rings whatever the options: on nccl ``d`` launches of
 ``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
 the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
@@ -75,7 +75,29 @@ which op launches a buffer, not the phase sum), so the bound hides nothing
 either. (Rings) the element-wise reduce-scatter / all-gather run as rings
 whatever the options, so the bound takes the rings' bytes (``n (p - 1) / p
 S`` across nodes, ``(p - n) (p - 1) / p S`` inside) instead of the floor;
-gloo's reduce-scatter twice that. The bound is the sum over families of
+gloo's reduce-scatter twice that; their order is fixed and a group's bytes
+split over its buffers in proportion, so the family's bandwidth floor is the
+busiest rank's exactly (NCCL: its channels' edges; gloo: ``(p - 1) / p S`` a
+pass to the next rank in rank order), not the stage's mean. (Routes) the
+model's own routes send more than the physical floor: a flat NCCL chain is
+its ring less one edge a channel, so ``(n - 1) S`` across, ``S`` on a cut or
+inside (the cheaper beta), ``(p - n - 1) S`` inside at ``beta_nvlink``; the
+hierarchical route ``(n - 1) S`` across and ``(p - n) S`` inside; a flat gloo
+reduce its rank-order ring (``n`` cuts of ``(p - 1) / p S``, ``p - n`` edges
+inside) plus ``p - 1`` slices of ``S / p``, ``p - k`` from other nodes (its
+hierarchical route the same per node, ``k - 1 / k`` times ``S``, and per
+same-card group across); a flat gloo reduce / broadcast at its cheapest
+root's edges, every root tried (groups up to 512 ranks). gloo latency: a flat
+op pays :func:`.gloo_model.rounds` rounds (``p`` reduce, ``ceil(log2 p)``
+broadcast) at ``alpha_net`` once it crosses nodes; the hierarchical route
+``(k - 1) alpha_nvlink + (n - 1) alpha_net`` at the least. (Roots) each flat
+op has one root and pays a chain: ``B`` roots are ``max(B, d)`` chains; a
+reduce's non-root sends every byte of its group, so with ``B < p`` some
+rank sends ``S`` at its channels' betas (the cheapest rank's), and a
+broadcast spares one sender a channel, so with ``B C < p`` (``C``
+channels) the same; else the mean. Per group the least of the two.
+``comm_group_call_opt`` routes the dense reduce and broadcast together, so
+their floors take one route. The bound is the sum over families of
 latency + bandwidth floors. The gap to a configuration: owners not spread
 over nodes and rails, phases that do not overlap (the hierarchical path's
 intra- and cross-node steps), extra launches of small buckets.

@@ -35,11 +35,18 @@ from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
 from .plan_world import build_layout_plan
 
-__all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "annotate", "config", "recommend",
-           "why_line"]
+__all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "ONE_BUFFER_MIN_GAIN",
+           "annotate", "config",
+           "one_buffer_mb", "recommend", "why_line"]
 
-#: Buffer sizes ``--recommend`` tries (MB), besides the run's own.
+#: Buffer sizes ``--recommend`` tries (MB), besides the run's own and
+#: :func:`one_buffer_mb`'s.
 BUFFER_SIZES_MB = (64.0, 256.0, 1024.0)
+#: Largest buffer ``--recommend`` proposes (the tool's ``--buffer-size-MB`` limit).
+MAX_BUFFER_MB = 65536.0
+#: A buffer above every listed size (and the run's) costs memory the model does
+#: not weigh: it is picked only when this much faster than every other candidate.
+ONE_BUFFER_MIN_GAIN = 0.01
 #: What a user gets without touching the three knobs (one table holds each default).
 DEFAULT_CONFIG = {
     "comm_group_call_opt": False,
@@ -123,6 +130,39 @@ class _Estimates:
         return self.times[key]
 
 
+def one_buffer_mb(stages) -> Optional[float]:
+    """The smallest power-of-two buffer size (MB) holding each stage's
+    element-wise (non-Muon) parameters of one colour and dtype in one buffer,
+    when above every size of :data:`BUFFER_SIZES_MB` (else None).
+
+    Every buffer is a launch of each element-wise ring; where latency
+    dominates (a large alpha, gloo's per-round latency) fewer buffers are the
+    faster step, and the bound counts one per dtype.
+
+    Args:
+        stages: the run's stages (``metas()``: ``shape``, ``dtype``, ``colour``).
+
+    Returns:
+        float or None: MB (``comm_buffer_size_MB``: 2**18 elements a MB).
+    """
+    most = 0
+    for stage in stages:
+        numel: Dict[Tuple[Any, Any], int] = {}
+        for m in stage.metas():
+            if m.use_muon:
+                continue
+            n = 1
+            for d in m.shape:
+                n *= int(d)
+            key = (m.colour, getattr(m, "dtype", None))
+            numel[key] = numel.get(key, 0) + n
+        most = max([most] + list(numel.values()))
+    mb = 1.0
+    while mb * 2 ** 18 < most * 1.05 and mb < MAX_BUFFER_MB:  # 5 %: alignment padding
+        mb *= 2
+    return mb if mb > max(BUFFER_SIZES_MB) else None
+
+
 def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
     families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
     c = res["config"]
@@ -201,8 +241,9 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     """Estimate every candidate and add the ``recommend`` object to ``res``.
 
     Candidates: ``comm_group_call_opt`` off / on (on only where the layout
-    allows it) x every owner rule x :data:`BUFFER_SIZES_MB` and the run's own
-    buffer size. The default is a candidate and wins ties, so the pick is
+    allows it) x every owner rule x :data:`BUFFER_SIZES_MB`, the run's own
+    buffer size and one buffer per colour and dtype (:func:`one_buffer_mb`;
+    picked only when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
     never slower than it.
 
     Args:
@@ -216,7 +257,8 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
 
     vs = res["vs_default"]
     b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
-    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer})
+    fit = one_buffer_mb(est.stages)
+    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | ({fit} if fit else set()))
     keys: List[Key] = [_key(DEFAULT_CONFIG)]
     for group_call in ((False, True) if est.group_call_possible else (False,)):
         for rule in PARTITION_RULES:
@@ -225,9 +267,15 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
                 if k not in keys:
                     keys.append(k)
     candidates = [_entry(config(*k), est.time(k), t0, b) for k in keys]
+    big = max(max(BUFFER_SIZES_MB), est.buffer)
     best = candidates[0]
     for c in candidates[1:]:
-        if c["estimated_time_s"] < best["estimated_time_s"]:
+        if c["estimated_time_s"] < best["estimated_time_s"] \
+                and c["config"]["comm_buffer_size_MB"] <= big:
+            best = c
+    for c in candidates[1:]:  # the one-buffer size: only for a clear gain
+        if c["config"]["comm_buffer_size_MB"] > big and c["estimated_time_s"] < min(
+                best["estimated_time_s"] * (1 - ONE_BUFFER_MIN_GAIN), t0):
             best = c
     others = candidates[1:]
     runner_up = min(others, key=lambda c: c["estimated_time_s"]) if others else None
