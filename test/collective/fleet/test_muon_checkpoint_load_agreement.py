@@ -51,6 +51,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint_load_guard import (
     GUARD_PREFIX,
+    LoadGuard,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -221,6 +222,39 @@ class TestLoadFailsInsidePaddleOnGloo(unittest.TestCase):
             self.assertIn("1_0.distcp", data["message"])
             self.assertLess(data["seconds"], PROMPT_S, f"rank {rank} was not prompt")
         self.assertEqual([n for n in os.listdir(root) if n.startswith(GUARD_PREFIX)], [])
+
+
+
+class TestGuardRemoval(unittest.TestCase):
+    def test_a_rank_deciding_while_the_last_one_removes_the_guard_leaves_nothing(self):
+        # The race seen once in CI: rank 0 found rank 1 dead and removed the
+        # guard while rank 1, only slow, wrote its "decided" file into it; the
+        # directory was listed, emptied, then could not be removed.
+        root = tempfile.mkdtemp(prefix="muon_guard_race_")
+        self.addCleanup(shutil.rmtree, root, True)
+        guards = [LoadGuard(root, "race", r, [0, 1], "ckpt", timeout_s=5.0) for r in (0, 1)]
+        for g in guards:
+            g.start()
+            self.addCleanup(g._stop.set)
+        late = os.path.join(guards[1].path, "decided_1")
+        real_rmdir = os.rmdir
+        wrote = []
+
+        def rmdir_after_a_late_write(path, *args, **kwargs):
+            if not wrote:  # the slow rank writes between the listing and the removal
+                wrote.append(True)
+                try:
+                    open(late, "wb").close()
+                except OSError:
+                    wrote.append("refused: the guard was already gone")
+            return real_rmdir(path, *args, **kwargs)
+
+        guards[0]._dead.add(1)
+        with mock.patch("os.rmdir", rmdir_after_a_late_write):
+            guards[0]._done(wait=False)
+        self.assertTrue(wrote, "the removal never reached os.rmdir")
+        self.assertEqual([n for n in os.listdir(root) if n.startswith(GUARD_PREFIX)], [],
+                         "a half-removed guard directory was left")
 
 
 if __name__ == "__main__":

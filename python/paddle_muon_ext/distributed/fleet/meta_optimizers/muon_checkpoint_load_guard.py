@@ -260,16 +260,46 @@ class LoadGuard:
                 os.replace(self._file("pending", self.rank), self._file("decided", self.rank))
             except FileNotFoundError:
                 open(self._file("decided", self.rank), "wb").close()
-            while os.path.isdir(self.path):  # gone: another rank removed it
-                if all(r in self._dead or os.path.exists(self._file("decided", r))
-                       for r in self.ranks):
-                    shutil.rmtree(self.path, ignore_errors=True)
-                    return
-                if not wait or time.monotonic() > deadline:
-                    return
-                time.sleep(POLL_S)
         except OSError:
-            pass  # removed meanwhile by another rank: done
+            pass  # the directory is gone: another rank removed it
+        while os.path.isdir(self.path):
+            if all(r in self._dead or os.path.exists(self._file("decided", r))
+                   for r in self.ranks):
+                _remove_guard_dir(self.path, self.rank)
+                return
+            if not wait or time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
+        # Another rank renamed it away; after a success return only once its
+        # removal is complete, so no rank sees guard files after its load.
+        while wait and _removal_pending(self.path) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+
+def _remove_guard_dir(path: str, rank: int) -> None:
+    """Remove a guard directory in one step for every other rank.
+
+    ``rmtree`` alone lists, deletes, then removes the directory: a rank still
+    writing its ``decided`` file in between (one found dead, or slow) made the
+    last step fail and left the directory behind. Renamed away first, the
+    directory is gone at once; a late write then fails (the rank is done), and
+    an interrupted clean-up keeps the prefix, so a later load sweeps it.
+    """
+    gone = f"{path}.gone-{rank}-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.rename(path, gone)
+    except OSError:
+        return  # another rank removed it first
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _removal_pending(path: str) -> bool:
+    """Whether a renamed-away copy of the guard ``path`` is still being removed."""
+    root, base = os.path.split(path)
+    try:
+        return any(n.startswith(f"{base}.gone-") for n in os.listdir(root))
+    except OSError:
+        return False
 
 
 def _sweep_stale(root: str) -> None:
