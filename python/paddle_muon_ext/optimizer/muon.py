@@ -155,6 +155,22 @@ _LEGACY_MASTER_STATE_KEY = re.compile(
 )
 
 
+def _runs_of_at_most(params_grads: list, limit_bytes: float) -> Iterator[list]:
+    """Consecutive runs of ``(param, grad)`` pairs of at most ``limit_bytes``
+    (counted at ``_GROUP_BYTES_PER_ELEMENT``); a larger parameter runs alone.
+    The one rule behind both ``muon_max_group_bytes`` and ``ns_cpu_chunk_bytes``."""
+    current, size = [], 0
+    for pg in params_grads:
+        nbytes = math.prod(pg[0].shape) * _GROUP_BYTES_PER_ELEMENT
+        if current and size + nbytes > limit_bytes:
+            yield current
+            current, size = [], 0
+        current.append(pg)
+        size += nbytes
+    if current:
+        yield current
+
+
 @dataclass
 class MuonParamInfo:
     """How Muon treats one parameter.
@@ -1089,16 +1105,7 @@ class Muon(Optimizer):
         if not max_bytes:
             yield group_params_grads
             return
-        current, size = [], 0
-        for pg in group_params_grads:
-            nbytes = math.prod(pg[0].shape) * _GROUP_BYTES_PER_ELEMENT
-            if current and size + nbytes > max_bytes:
-                yield current
-                current, size = [], 0
-            current.append(pg)
-            size += nbytes
-        if current:
-            yield current
+        yield from _runs_of_at_most(group_params_grads, max_bytes)
 
     def _cpu_ns_chunks(self, group_params_grads: list) -> Iterator[list]:
         """A sub-group as develop batches it, cut for a CPU place (package addition).
@@ -1121,16 +1128,7 @@ class Muon(Optimizer):
                 or not group_params_grads[0][0].place.is_cpu_place()):
             yield group_params_grads
             return
-        current, size = [], 0
-        for pg in group_params_grads:
-            nbytes = math.prod(pg[0].shape) * _GROUP_BYTES_PER_ELEMENT
-            if current and size + nbytes > limit:
-                yield current
-                current, size = [], 0
-            current.append(pg)
-            size += nbytes
-        if current:
-            yield current
+        yield from _runs_of_at_most(group_params_grads, limit)
 
     @imperative_base.no_grad()
     def _muon_update_group(
