@@ -224,14 +224,25 @@ def register_cpu_tensor_fusion() -> bool:
 
 
 @contextlib.contextmanager
-def local_size(gpn: int | None) -> Iterator[None]:
-    """``PADDLE_LOCAL_SIZE`` (GPUs per node, as the launcher sets it); None unsets it."""
-    saved = os.environ.pop("PADDLE_LOCAL_SIZE", None)
-    if gpn is not None:
-        os.environ["PADDLE_LOCAL_SIZE"] = str(gpn)
+def env_vars(**values: str | None) -> Iterator[None]:
+    """Set (str) or unset (None) environment variables for the block; each is
+    put back as it was afterwards, also when the block raises."""
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:
-        os.environ.pop("PADDLE_LOCAL_SIZE", None)
-        if saved is not None:
-            os.environ["PADDLE_LOCAL_SIZE"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def local_size(gpn: int | None) -> contextlib.AbstractContextManager:
+    """``PADDLE_LOCAL_SIZE`` (GPUs per node, as the launcher sets it); None unsets it."""
+    return env_vars(PADDLE_LOCAL_SIZE=None if gpn is None else str(gpn))

@@ -28,7 +28,6 @@ under the group's rendezvous key (unique per group id and name).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import unittest
@@ -37,27 +36,13 @@ import paddle
 
 from paddle_muon_ext.distributed.fleet.utils import gloo_compat as gc
 
+from muon_test_compat import env_vars
+
 ON = ("1", "true", "on", "yes", "ON", "True", " Yes ", "YES")
 OFF = ("0", "false", "off", "no", "OFF", "False", " No ")
 BAD = ("2", "maybe", "enable", "y", "n")
 
 
-@contextlib.contextmanager
-def _env(**values):
-    saved = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _refusal(name: str, raw: str) -> str:
@@ -72,7 +57,7 @@ class TestBackendSwitchMatrix(unittest.TestCase):
         for force in (None, "") + ON + OFF:
             for backend in backends:
                 with self.subTest(force=force, backend=backend), \
-                        _env(GLOO_COMPAT=force, PADDLE_DISTRI_BACKEND=backend):
+                        env_vars(GLOO_COMPAT=force, PADDLE_DISTRI_BACKEND=backend):
                     if force and force.strip().lower() in ("1", "true", "on", "yes"):
                         expected = selected = True
                     elif force and force.strip():
@@ -90,7 +75,7 @@ class TestBackendSwitchMatrix(unittest.TestCase):
         for word in BAD:
             for backend in (None, "gloo", "nccl"):
                 with self.subTest(word=word, backend=backend), \
-                        _env(GLOO_COMPAT=word, PADDLE_DISTRI_BACKEND=backend):
+                        env_vars(GLOO_COMPAT=word, PADDLE_DISTRI_BACKEND=backend):
                     for check in (gc.gloo_expected, gc.gloo_backend_selected):
                         with self.assertRaisesRegex(ValueError, f"GLOO_COMPAT={word!r}"):
                             check()
@@ -99,7 +84,7 @@ class TestBackendSwitchMatrix(unittest.TestCase):
         for force, backend, active in (("0", "gloo", False), ("1", "nccl", True),
                                        (None, "nccl", False), (None, "Gloo", True)):
             with self.subTest(force=force, backend=backend), \
-                    _env(GLOO_COMPAT=force, PADDLE_DISTRI_BACKEND=backend,
+                    env_vars(GLOO_COMPAT=force, PADDLE_DISTRI_BACKEND=backend,
                          GLOO_COMPAT_LOCAL_SIZE=None):
                 gc.uninstall_gloo_compat()
                 try:
@@ -116,7 +101,8 @@ class TestIntegerVariables(unittest.TestCase):
 
     def test_emulated_local_size(self) -> None:
         for raw, value in self.TABLE + (("", "unset"),):
-            with self.subTest(raw=raw), _env(GLOO_COMPAT_LOCAL_SIZE=raw, PADDLE_LOCAL_SIZE="8"):
+            with self.subTest(raw=raw), \
+                    env_vars(GLOO_COMPAT_LOCAL_SIZE=raw, PADDLE_LOCAL_SIZE="8"):
                 try:
                     if value is None:
                         with self.assertRaisesRegex(ValueError, _refusal("GLOO_COMPAT_LOCAL_SIZE",
@@ -135,7 +121,7 @@ class TestIntegerVariables(unittest.TestCase):
 
     def test_uninstall_restores_the_first_value_after_repeated_applies(self) -> None:
         for before in ("8", None):
-            with self.subTest(before=before), _env(PADDLE_LOCAL_SIZE=before,
+            with self.subTest(before=before), env_vars(PADDLE_LOCAL_SIZE=before,
                                                    GLOO_COMPAT_LOCAL_SIZE="2"):
                 gc.apply_emulated_local_size()
                 os.environ["GLOO_COMPAT_LOCAL_SIZE"] = "4"
@@ -150,7 +136,7 @@ class TestIntegerVariables(unittest.TestCase):
                 self.published = (key, value)
 
         for raw, value in self.TABLE + (("", 300),):
-            with self.subTest(raw=raw), _env(GLOO_COMPAT_STORE_TIMEOUT=raw,
+            with self.subTest(raw=raw), env_vars(GLOO_COMPAT_STORE_TIMEOUT=raw,
                                              PADDLE_CURRENT_ENDPOINT=None):
                 default = Default()
                 if value is None:

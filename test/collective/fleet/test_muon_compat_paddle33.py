@@ -48,6 +48,7 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper
 
 from muon_sim_runner import SimConfig, build_rank, max_abs_diff, reference_values, run_world
 from muon_sim_runner import sharded_core, train_steps
+from muon_test_compat import env_vars
 from muon_tiny_moe import CLIP_NORM, LR, TinyMoE, batch, make_muon
 
 import paddle_muon_ext
@@ -96,23 +97,6 @@ def _replaced(target, name, value):
             setattr(target, name, saved)
 
 
-@contextlib.contextmanager
-def _env(**values):
-    """Set (str) or unset (None) environment variables for the block."""
-    saved = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -616,7 +600,7 @@ class TestDegreeCheck(unittest.TestCase):
              r"sharding_degree\(2\) x sep_degree\(1\) = 2 ranks, but the job has 4"),
         ]
         for configs, world, fragment in cases:
-            with self.subTest(configs=configs, world=world), _env(PADDLE_TRAINERS_NUM=world):
+            with self.subTest(configs=configs, world=world), env_vars(PADDLE_TRAINERS_NUM=world):
                 with self.assertRaisesRegex(AssertionError, fragment):
                     fleet.DistributedStrategy().hybrid_configs = configs
 
@@ -629,7 +613,7 @@ class TestDegreeCheck(unittest.TestCase):
             ({"sharding_configs": {"comm_overlap": True}}, "3"),  # no degree assigned
         ]
         for configs, world in cases:
-            with self.subTest(configs=configs, world=world), _env(PADDLE_TRAINERS_NUM=world):
+            with self.subTest(configs=configs, world=world), env_vars(PADDLE_TRAINERS_NUM=world):
                 strategy = fleet.DistributedStrategy()
                 strategy.hybrid_configs = configs
                 for key, value in configs.items():
@@ -658,7 +642,7 @@ class TestDegreeCheck(unittest.TestCase):
             ({"sep_degree": "2"}, TypeError, "'sep_degree'\\]='2'"),
         ]
         for configs, exc, fragment in cases:
-            with self.subTest(configs=configs), _env(PADDLE_TRAINERS_NUM=None):
+            with self.subTest(configs=configs), env_vars(PADDLE_TRAINERS_NUM=None):
                 with self.assertRaisesRegex(exc, fragment) as ctx:
                     fleet.DistributedStrategy().hybrid_configs = configs
                 self.assertNotIn("\n", str(ctx.exception))
@@ -666,7 +650,7 @@ class TestDegreeCheck(unittest.TestCase):
         with self.assertRaisesRegex(AssertionError, "key:bogus_degree not in hybrid_configs"):
             fleet.DistributedStrategy().hybrid_configs = {"bogus_degree": "x"}
         # what Paddle accepts and means stays accepted: inferred dp, 0 = not split
-        with _env(PADDLE_TRAINERS_NUM=None):
+        with env_vars(PADDLE_TRAINERS_NUM=None):
             strategy = fleet.DistributedStrategy()
             strategy.hybrid_configs = {"dp_degree": -1, "mp_degree": 0, "ep_degree": 1}
             self.assertEqual(strategy.hybrid_configs["mp_degree"], 0)
@@ -691,7 +675,7 @@ class TestDegreeCheck(unittest.TestCase):
             {"sharding_configs": {"muon_partition_strategy": "fastest"}},
         ]
         for configs in refused:
-            with self.subTest(configs=configs), _env(PADDLE_TRAINERS_NUM=None):
+            with self.subTest(configs=configs), env_vars(PADDLE_TRAINERS_NUM=None):
                 with self.assertRaises((AssertionError, ValueError, TypeError)):
                     strategy.hybrid_configs = configs
                 got, want = strategy.hybrid_configs, before.hybrid_configs
@@ -704,7 +688,7 @@ class TestDegreeCheck(unittest.TestCase):
                 self.assertEqual(strategy.sync_param_name, ["emb"])
 
     def test_unpatched_paddle_is_unchanged(self):
-        with _env(PADDLE_TRAINERS_NUM="4"):
+        with env_vars(PADDLE_TRAINERS_NUM="4"):
             strategy = fleet.DistributedStrategy()
             strategy.hybrid_configs = _moe_configs(sharding_degree=4)  # Paddle accepts it
         self.assertEqual(strategy.hybrid_configs["sharding_degree"], 4)
@@ -728,7 +712,7 @@ class TestGlooLayerFromPatch(unittest.TestCase):
         ]
         for backend, force, expected in cases:
             with self.subTest(backend=backend, force=force), \
-                    _env(PADDLE_DISTRI_BACKEND=backend, GLOO_COMPAT=force):
+                    env_vars(PADDLE_DISTRI_BACKEND=backend, GLOO_COMPAT=force):
                 added = patch_paddle()
                 self.assertIs(gloo_compat.is_installed(), expected, added)
                 self.assertEqual(any("gloo" in item for item in added), expected, added)
@@ -738,7 +722,7 @@ class TestGlooLayerFromPatch(unittest.TestCase):
 
     def test_a_layer_installed_by_the_user_is_left_to_the_user(self):
         gloo_compat.install_gloo_compat(force=True)
-        with _env(PADDLE_DISTRI_BACKEND="gloo"):
+        with env_vars(PADDLE_DISTRI_BACKEND="gloo"):
             self.assertFalse(any("gloo" in item for item in patch_paddle()))
             unpatch_paddle()
         self.assertTrue(gloo_compat.is_installed(), "unpatch removed the user's own install")
