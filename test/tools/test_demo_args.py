@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 from contextlib import redirect_stderr, redirect_stdout
 from unittest import mock
@@ -42,12 +43,20 @@ class _Result:
         return "(logs)"
 
 
+_MKDTEMP = tempfile.mkdtemp
+
+
 def _run(argv: list, result: _Result | None = None) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     launch = mock.MagicMock(return_value=result)
-    with redirect_stdout(out), redirect_stderr(err), \
+    # A FAIL verdict keeps its log directory for the user; the faked runs'
+    # directories live in one the test removes.
+    with tempfile.TemporaryDirectory(prefix="muon_demo_test_") as logs, \
+            redirect_stdout(out), redirect_stderr(err), \
             mock.patch.object(demo, "run_paddle_launch", launch), \
-            mock.patch.object(demo, "follow", lambda *a, **k: None):
+            mock.patch.object(demo, "follow", lambda *a, **k: None), \
+            mock.patch.object(demo.tempfile, "mkdtemp",
+                              lambda prefix="": _MKDTEMP(prefix=prefix, dir=logs)):
         code = demo.main(argv)
     return code, out.getvalue(), err.getvalue()
 
