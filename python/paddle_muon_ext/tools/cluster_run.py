@@ -514,6 +514,7 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
     result.log_dir = log_root
     procs: List[subprocess.Popen] = []
     start = time.monotonic()
+    interrupted: Optional[ClusterInterrupted] = None
     try:
         try:
             net.up()
@@ -521,10 +522,8 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
             result.problems.append(f"building the network failed: {exc}")
         else:
             _drive(cfg, names, net, result, log_root, procs, emit, start)
-    except ClusterInterrupted:
-        if not keep_logs:
-            shutil.rmtree(log_root, ignore_errors=True)
-        raise
+    except ClusterInterrupted as exc:
+        interrupted = exc
     finally:
         net.down()
         for p in procs:
@@ -538,6 +537,12 @@ def run_cluster(cfg: ClusterConfig, emit: Callable[[str], None] = print,
             p.wait()
         result.leftovers = net.leftovers()
         result.wall_s = time.monotonic() - start
+    if interrupted is not None:
+        # only now: until the launchers were killed above they still wrote
+        # worker logs into it, and a removal under them left the directory
+        if not keep_logs:
+            shutil.rmtree(log_root, ignore_errors=True)
+        raise interrupted
     if result.leftovers:
         result.problems.append(f"namespaces left behind: {result.leftovers}")
     result.status = "FAIL" if result.problems else "PASS"
