@@ -31,7 +31,7 @@ run() {  # run NAME PYTEST-ARGS...: one group, live output prefixed [NAME]
   echo "[$name] start at $(stamp): pytest $*"
   # pytest's exit status is written to a file: inside a pipeline it would be
   # the prefixer's. The log keeps the group's output for the summary.
-  { python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q \
+  { python -m coverage run -p --branch --source=python/paddle_muon_ext -m pytest -q -rfE \
       --durations=10 "$@" 2>&1 || echo "$?" >"$LOGS/$name.rc"; } \
     | tee "$LOGS/$name.log" | sed -u "s/^/[$name] /"
   [ -f "$LOGS/$name.rc" ] && status="$(cat "$LOGS/$name.rc")"
@@ -73,6 +73,11 @@ for name in legacy_mock fleet group_call tools; do
   failed_total=$((failed_total + ${f:-0} + ${e:-0}))
 done
 echo "total: $passed_total passed, $failed_total failed"
+# The failed tests' names last, where a truncated CI log still shows them
+# (pytest's -rfE lines, e.g. "FAILED test/tools/x.py::T::test_y - AssertionError: ...").
+for name in legacy_mock fleet group_call tools; do
+  grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" 2>/dev/null | cut -c1-400 | sed "s/^/[$name] /" || true
+done
 if [ "$failed" -ne 0 ]; then
   echo "some test group failed (see above)" >&2
   exit 1

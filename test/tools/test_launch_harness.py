@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The launch harness reruns a job only when its TCPStore port was taken."""
+"""The launch harness reruns a job only when its TCPStore port was taken, and
+its failure message names a worker that died on a signal in its first line."""
 
 from __future__ import annotations
 
@@ -65,6 +66,22 @@ class TestPortRaceRetry(unittest.TestCase):
         self.assertEqual(calls, 2, "the port race is retried once, not forever")
         self.assertIs(got, second)
         self.assertFalse(got.ok)
+
+
+class TestFailureMessageNamesTheDeadRank(unittest.TestCase):
+    def test_a_worker_abort_is_named_in_the_first_line(self):
+        aborted = ("PASS: rank 0 of 2\nFatal Python error: Aborted\n\n"
+                   "Current thread 0x1 (most recent call first):\n  <no Python frame>\n")
+        result = LaunchResult(cmd=["launch"], returncode=1, wall_s=1.0, timed_out=False,
+                              log_dir="unused", launcher_output="",
+                              worker_logs={0: "PASS\n", 1: aborted})
+        first = result.failure_message().splitlines()[0]
+        self.assertIn("returncode=1", first)
+        self.assertIn("fatal: {1: 'Fatal Python error: Aborted'}", first)
+
+    def test_a_plain_failure_names_no_fatal_rank(self):
+        first = _result(1, "MUON_CHECK_FAILED").failure_message().splitlines()[0]
+        self.assertNotIn("fatal", first)
 
 
 if __name__ == "__main__":

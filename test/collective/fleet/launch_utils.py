@@ -86,6 +86,11 @@ class LaunchResult:
             f"returncode={self.returncode} wall={self.wall_s:.1f}s\n"
             f"cmd: {' '.join(self.cmd)}\nlog_dir: {self.log_dir}\n"
         )
+        # first in the message: a truncated CI log still shows which rank died how
+        fatal = {r: _first_fatal_line(log) for r, log in self.worker_logs.items()}
+        fatal = {r: line for r, line in fatal.items() if line}
+        if fatal:
+            head = head.replace("\n", f" fatal: {fatal}\n", 1)
         parts = [head, f"----- launcher (last {self.tail_lines} lines) -----",
                  _tail(self.launcher_output, self.tail_lines)]
         if not self.worker_logs:
@@ -104,6 +109,14 @@ class LaunchResult:
     def workers_printing(self, marker: str) -> list[int]:
         """Ranks whose log contains ``marker``."""
         return sorted(r for r, log in self.worker_logs.items() if marker in log)
+
+
+def _first_fatal_line(log: str) -> str:
+    """The first line of a signal death or abort in a workerlog ("" if none)."""
+    for line in log.splitlines():
+        if line.startswith(("Fatal Python error", "terminate called")) or "Aborted" in line[:40]:
+            return line.strip()[:160]
+    return ""
 
 
 def _pids_with_token(token: str) -> list[int]:
