@@ -33,9 +33,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+    PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
+from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
@@ -49,6 +51,7 @@ from .plan_world import (
 )
 
 __all__ = [
+    "FLAT_RULES",
     "PARTITION_RULES",
     "TARGET_HIER_RATIO",
     "TARGET_RAIL_IMBALANCE",
@@ -63,6 +66,22 @@ TARGET_RAIL_IMBALANCE = 1.05
 #: Partition rules reported side by side (the option table's choices; the
 #: default, as the optimizer's, is the option table's: develop's rule).
 PARTITION_RULES = PARTITION_STRATEGIES
+#: The rules that differ on the flat path (``rail`` is ``balanced`` there).
+FLAT_RULES = tuple(r for r in PARTITION_RULES if r != PARTITION_RAIL)
+
+
+def rules_on_path(plan, hierarchical: bool) -> Tuple[str, ...]:
+    """The owner rules that place differently on one path of ``plan``.
+
+    Args:
+        plan: the layout's plan.
+        hierarchical: the hierarchical path (``comm_group_call_opt`` on).
+
+    Returns:
+        tuple: every rule where ``rail`` applies (the hierarchical path, a
+        sharding group over two or more nodes); else :data:`FLAT_RULES`.
+    """
+    return PARTITION_RULES if hierarchical and rail_applies(plan) else FLAT_RULES
 
 
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
@@ -306,7 +325,7 @@ def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backen
     """Figures of the chosen partition rule, and of every other rule if asked."""
     rules = {settings.partition_strategy: _rule_figures(flat, hier)}
     if compare_rules:
-        for other in PARTITION_RULES:
+        for other in rules_on_path(plan, hier is not None):
             if other not in rules:
                 o_settings = dataclasses.replace(settings, partition_strategy=other)
                 rules[other] = _rule_figures(
