@@ -33,6 +33,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+    PARTITION_BALANCED,
     PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
@@ -324,15 +325,25 @@ def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backen
                    compare_rules: bool) -> Dict[str, Any]:
     """Figures of the chosen partition rule, and of every other rule if asked."""
     rules = {settings.partition_strategy: _rule_figures(flat, hier)}
+    # rail's flat path is balanced's (the same owners): counted once
+    flats = {_flat_rule(settings.partition_strategy): flat}
     if compare_rules:
         for other in rules_on_path(plan, hier is not None):
             if other not in rules:
                 o_settings = dataclasses.replace(settings, partition_strategy=other)
+                o_flat = flats.get(_flat_rule(other))
+                if o_flat is None:
+                    o_flat = flats[other] = _path(plan, stages, ab, o_settings, False, backend)
                 rules[other] = _rule_figures(
-                    _path(plan, stages, ab, o_settings, False, backend),
+                    o_flat,
                     None if hier is None else _path(plan, stages, ab, o_settings, True, backend),
                 )
     return rules
+
+
+def _flat_rule(rule: str) -> str:
+    # the rule whose owners ``rule`` gives on the flat path
+    return PARTITION_BALANCED if rule == PARTITION_RAIL else rule
 
 
 def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,

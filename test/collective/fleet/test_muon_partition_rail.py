@@ -59,6 +59,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options imp
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import MatrixSpec
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
     balanced_partition,
+    partition_from_owners,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
 from paddle_muon_ext.tools.args import MuonCommConfig
@@ -169,6 +170,11 @@ class TestRailSpread(unittest.TestCase):
         self.assertTrue(set(owners.values()) <= set(group))
         self.assertEqual(len({owners[f"gate{i}"] for i in range(6)}), 1)
         self.assertEqual(set(part.owners), {s.name for s in specs})
+        # the loads it reports are those of its owners
+        index = {r: i for i, r in enumerate(group)}
+        again = partition_from_owners(specs, len(group),
+                                      {k: index[v] for k, v in owners.items()}, "check")
+        self.assertEqual((part.state_bytes, part.ns_cost), (again.state_bytes, again.ns_cost))
 
     def test_every_rank_and_any_input_order_give_one_owner_map(self):
         plan = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=4).build_plan()

@@ -54,8 +54,9 @@ from .muon_sharding_owner_meta import (
     OwnerPartition,
     _check_rank_order,
     _check_specs,
+    _ns_cost_int,
+    optimizer_state_bytes,
 )
-from .muon_sharding_partition import partition_from_owners
 from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
 
 __all__ = ["RAIL_METHOD", "rail_applies", "rail_positions", "rail_partition"]
@@ -138,7 +139,20 @@ def rail_partition(
             rank_load[r], rail_load[card[r]], node_load[node[r]], pref[r]))[:cap]
         _place_class(sorted(sorted(classes[d]), key=size.__getitem__, reverse=True),
                      allowed, size, node, card, pref, rank_load, rail_load, node_load, owner)
-    return partition_from_owners(items, nranks, owner, RAIL_METHOD, multi_precision)
+    state = [0] * nranks
+    ns = [0] * nranks
+    costs: Dict[tuple, Tuple[int, int]] = {}  # (shape, dtype) -> its loads: few kinds
+    for s in items:
+        cost = costs.get((s.shape, s.dtype))
+        if cost is None:
+            cost = costs[(s.shape, s.dtype)] = (
+                optimizer_state_bytes(s, multi_precision), _ns_cost_int(s.shape))
+        r = owner[s.name]
+        state[r] += cost[0]
+        ns[r] += cost[1]
+    return OwnerPartition(nranks=nranks, owners={s.name: owner[s.name] for s in items},
+                          state_bytes=state, ns_cost=[float(c) for c in ns],
+                          dtypes={s.name: s.dtype for s in items}, method=RAIL_METHOD)
 
 
 def _place_class(names, allowed, size, node, card, pref, rank_load, rail_load, node_load,
