@@ -29,7 +29,7 @@ import unittest
 from paddle_muon_ext.tools import cli, recommend
 from paddle_muon_ext.tools.args import MuonCommConfig
 from paddle_muon_ext.tools.cost_model import AlphaBeta
-from paddle_muon_ext.tools.plan import PARTITION_RULES, compute_plan
+from paddle_muon_ext.tools.plan import FLAT_RULES, PARTITION_RULES, compute_plan
 from paddle_muon_ext.tools.presets import ParamSpec, get_preset
 
 DEFAULT_RULE = "upstream_greedy"
@@ -67,8 +67,12 @@ class TestRecommend(unittest.TestCase):
                                  partition_strategy=key[1], compare_rules=False)
             want = alone["hierarchical" if key[0] else "flat"]["estimated_time_s"]
             self.assertAlmostEqual(c["estimated_time_s"], want, delta=want * 1e-12, msg=key)
-        # on/off x every rule x 64/256/1024 MB and the run's own 0.004 MB
-        self.assertEqual(seen, {(g, r, b) for g in (False, True) for r in PARTITION_RULES
+        # on/off x every rule x 64/256/1024 MB and the run's own 0.004 MB; rail
+        # (two nodes here) on the hierarchical path only: on the flat one it is balanced
+        self.assertNotIn("rail", FLAT_RULES)
+        self.assertIn("rail", PARTITION_RULES)
+        self.assertEqual(seen, {(g, r, b) for g in (False, True)
+                                for r in (PARTITION_RULES if g else FLAT_RULES)
                                 for b in (0.004, 64.0, 256.0, 1024.0)})
 
     def test_pick_is_the_fastest_and_ratios_divide_by_default_and_bound(self) -> None:
@@ -99,8 +103,10 @@ class TestRecommend(unittest.TestCase):
         one_node = MuonCommConfig(ep=2, moe_sharding=2, pp=1, gpus_per_node=4, model="tiny")
         res, est = _run(one_node, _params(), group_call=False)
         rec = recommend.recommend(res, est)
-        self.assertEqual(len(rec["candidates"]), len(PARTITION_RULES) * 3)
+        self.assertEqual(len(rec["candidates"]), len(FLAT_RULES) * 3)
         self.assertFalse(any(c["config"]["comm_group_call_opt"] for c in rec["candidates"]))
+        self.assertFalse(any(c["config"]["muon_partition_strategy"] == "rail"
+                             for c in rec["candidates"]))
 
     def test_no_group_call_run_still_offers_the_option(self) -> None:
         res, est = _run(CFG, _params(), group_call=False)
@@ -176,7 +182,8 @@ class TestPlanCli(unittest.TestCase):
         self.assertEqual(set(rec["default"]), {"config", "estimated_time_s"})
         self.assertLessEqual(rec["best"]["estimated_time_s"], rec["default"]["estimated_time_s"])
         self.assertGreater(rec["bound_s"], 0)
-        self.assertEqual(len(rec["candidates"]), 2 * len(PARTITION_RULES) * 3)
+        # flat: upstream_greedy, balanced; hierarchical (two nodes): and rail
+        self.assertEqual(len(rec["candidates"]), (len(FLAT_RULES) + len(PARTITION_RULES)) * 3)
 
     def test_every_plan_output_has_the_default_and_ratios(self) -> None:
         rc, out, _ = _cli(BASE + ["--json"])

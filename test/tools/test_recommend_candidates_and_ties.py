@@ -23,12 +23,13 @@ from __future__ import annotations
 import unittest
 
 from paddle_muon_ext.tools import recommend as rec
-from paddle_muon_ext.tools.plan import PARTITION_RULES
+from paddle_muon_ext.tools.plan import FLAT_RULES, PARTITION_RULES
 
 
 class _Est:
-    def __init__(self, times, buffer=256.0, group_call_possible=False):
+    def __init__(self, times, buffer=256.0, group_call_possible=False, rail_possible=False):
         self.times, self.buffer, self.group_call_possible = times, buffer, group_call_possible
+        self.rail_possible = rail_possible
         self.stages = ()  # no parameters: no one-buffer candidate
 
     def time(self, key):
@@ -51,11 +52,17 @@ class TestRecommendCandidates(unittest.TestCase):
 
     def test_the_runs_own_buffer_and_group_call_on_are_candidates(self):
         out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, buffer=512.0,
-                                            group_call_possible=True))
+                                            group_call_possible=True, rail_possible=True))
         keys = {rec._key(c["config"]) for c in out["candidates"]}
-        want = {(g, rule, b) for g in (False, True) for rule in PARTITION_RULES
+        # rail: with the option on only (on the flat path it is balanced)
+        want = {(g, rule, b) for g in (False, True)
+                for rule in (PARTITION_RULES if g else FLAT_RULES)
                 for b in set(rec.BUFFER_SIZES_MB) | {512.0}} | {DEFAULT_KEY}
         self.assertEqual(keys, want)
+        out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, buffer=512.0,
+                                            group_call_possible=True, rail_possible=False))
+        self.assertEqual({rec._key(c["config"])[1] for c in out["candidates"]},
+                         set(FLAT_RULES))
         out = rec.recommend(_res(2.0), _Est(lambda k: 2.0, group_call_possible=False))
         self.assertFalse(any(c["config"]["comm_group_call_opt"] for c in out["candidates"]))
 
@@ -72,7 +79,7 @@ class TestRecommendCandidates(unittest.TestCase):
 
 
     def test_a_faster_choice_is_compared_with_the_default_and_the_bound(self):
-        fast = (False, PARTITION_RULES[-1], 1024.0)
+        fast = (False, FLAT_RULES[-1], 1024.0)
         families = {"dense_reduce": 0.125, "dense_broadcast": 0.125, "moe_reduce": 0.25}
         out = rec.recommend(_res(2.0, bound=0.5, families=families),
                             _Est(lambda k: 1.0 if k == fast else 2.0))

@@ -60,7 +60,8 @@ class MuonShardingOptions:
         comm_group_call_opt (bool): hierarchical Muon reduces/broadcasts.
         machine_balanced_2d_partition (bool): develop's machine-balanced owners.
         muon_partition_strategy (str): ``"upstream_greedy"`` (develop's rule,
-            the default) or ``"balanced"`` (recommended).
+            the default), ``"balanced"`` (recommended) or ``"rail"`` (the
+            hierarchical path's rail spread; elsewhere ``"balanced"``).
         overlap_sync_group_call (bool): overlapped stage sync over the
             hierarchical route.
     """

@@ -33,9 +33,12 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+    PARTITION_BALANCED,
+    PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
+from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
@@ -49,6 +52,7 @@ from .plan_world import (
 )
 
 __all__ = [
+    "FLAT_RULES",
     "PARTITION_RULES",
     "TARGET_HIER_RATIO",
     "TARGET_RAIL_IMBALANCE",
@@ -63,6 +67,22 @@ TARGET_RAIL_IMBALANCE = 1.05
 #: Partition rules reported side by side (the option table's choices; the
 #: default, as the optimizer's, is the option table's: develop's rule).
 PARTITION_RULES = PARTITION_STRATEGIES
+#: The rules that differ on the flat path (``rail`` is ``balanced`` there).
+FLAT_RULES = tuple(r for r in PARTITION_RULES if r != PARTITION_RAIL)
+
+
+def rules_on_path(plan, hierarchical: bool) -> Tuple[str, ...]:
+    """The owner rules that place differently on one path of ``plan``.
+
+    Args:
+        plan: the layout's plan.
+        hierarchical: the hierarchical path (``comm_group_call_opt`` on).
+
+    Returns:
+        tuple: every rule where ``rail`` applies (the hierarchical path, a
+        sharding group over two or more nodes); else :data:`FLAT_RULES`.
+    """
+    return PARTITION_RULES if hierarchical and rail_applies(plan) else FLAT_RULES
 
 
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
@@ -305,15 +325,25 @@ def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backen
                    compare_rules: bool) -> Dict[str, Any]:
     """Figures of the chosen partition rule, and of every other rule if asked."""
     rules = {settings.partition_strategy: _rule_figures(flat, hier)}
+    # rail's flat path is balanced's (the same owners): counted once
+    flats = {_flat_rule(settings.partition_strategy): flat}
     if compare_rules:
-        for other in PARTITION_RULES:
+        for other in rules_on_path(plan, hier is not None):
             if other not in rules:
                 o_settings = dataclasses.replace(settings, partition_strategy=other)
+                o_flat = flats.get(_flat_rule(other))
+                if o_flat is None:
+                    o_flat = flats[other] = _path(plan, stages, ab, o_settings, False, backend)
                 rules[other] = _rule_figures(
-                    _path(plan, stages, ab, o_settings, False, backend),
+                    o_flat,
                     None if hier is None else _path(plan, stages, ab, o_settings, True, backend),
                 )
     return rules
+
+
+def _flat_rule(rule: str) -> str:
+    # the rule whose owners ``rule`` gives on the flat path
+    return PARTITION_BALANCED if rule == PARTITION_RAIL else rule
 
 
 def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
 from . import cost_bound
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
@@ -101,9 +102,15 @@ class _Estimates:
                 self.hier_plan = build_layout_plan(res["_cfg"], True)
             except ValueError:
                 self.hier_plan = None
+        from .plan import FLAT_RULES
+
+        # where rail applies it is a candidate of the hierarchical path only
+        # (on the flat path it is balanced)
+        self.rail_possible = self.hier_plan is not None and rail_applies(self.hier_plan)
         self.times: Dict[Key, float] = {}
         for rule, fig in res["partition_rules"].items():
-            self.times[(False, rule, self.buffer)] = fig["flat_estimated_time_s"]
+            if rule in FLAT_RULES or rule == c["partition_strategy"]:
+                self.times[(False, rule, self.buffer)] = fig["flat_estimated_time_s"]
             if "hierarchical_estimated_time_s" in fig:
                 self.times[(True, rule, self.buffer)] = fig["hierarchical_estimated_time_s"]
         rule = c["partition_strategy"]
@@ -241,7 +248,8 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     """Estimate every candidate and add the ``recommend`` object to ``res``.
 
     Candidates: ``comm_group_call_opt`` off / on (on only where the layout
-    allows it) x every owner rule x :data:`BUFFER_SIZES_MB`, the run's own
+    allows it) x every owner rule (``rail`` only with the option on and a
+    sharding group over two or more nodes) x :data:`BUFFER_SIZES_MB`, the run's own
     buffer size and one buffer per colour and dtype (:func:`one_buffer_mb`;
     picked only when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
     never slower than it.
@@ -253,7 +261,7 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     Returns:
         dict: ``{"default", "best", "bound_s", "candidates", "why"}``.
     """
-    from .plan import PARTITION_RULES
+    from .plan import FLAT_RULES, PARTITION_RULES
 
     vs = res["vs_default"]
     b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
@@ -261,7 +269,8 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | ({fit} if fit else set()))
     keys: List[Key] = [_key(DEFAULT_CONFIG)]
     for group_call in ((False, True) if est.group_call_possible else (False,)):
-        for rule in PARTITION_RULES:
+        rules = PARTITION_RULES if group_call and est.rail_possible else FLAT_RULES
+        for rule in rules:
             for buffer_mb in buffers:
                 k = (group_call, rule, buffer_mb)
                 if k not in keys:

@@ -802,7 +802,7 @@ class TestOptionTable(unittest.TestCase):
             "machine_balanced_2d_partition": False,
             "muon_partition_strategy": "upstream_greedy", "overlap_sync_group_call": False})
         self.assertEqual(mso.option("muon_partition_strategy").choices,
-                         ("upstream_greedy", "balanced"))
+                         ("upstream_greedy", "balanced", "rail"))
         self.assertEqual({o.name for o in mso.added_options()},
                          {"muon_partition_strategy", "overlap_sync_group_call"},
                          "only the options develop's proto lacks are added by the export")

@@ -103,8 +103,9 @@ class LayoutSettings:
     Attributes:
         comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
         comm_overlap: backward hooks launch each buffer's first reduce.
-        partition_strategy: ``"upstream_greedy"`` (develop's rule, the default) or
-            ``"balanced"``.
+        partition_strategy: ``"upstream_greedy"`` (develop's rule, the default),
+            ``"balanced"`` or ``"rail"`` (hierarchical groups over >= 2 nodes;
+            elsewhere ``"balanced"``).
         alignment_bytes: per-parameter padding of fused buffers.
         overlap_sync: develop's ``overlap_optimize_and_sync``: the step
             updates stage by stage and syncs each stage while the next one

@@ -41,6 +41,7 @@ __all__ = [
     "SHARDING_OPTIONS",
     "PARTITION_DEVELOP",
     "PARTITION_BALANCED",
+    "PARTITION_RAIL",
     "PARTITION_STRATEGIES",
     "option",
     "option_default",
@@ -50,10 +51,12 @@ __all__ = [
     "kept_options",
 ]
 
-# Owner rules of muon_partition_strategy: develop's rule (the default) and ours.
+# Owner rules of muon_partition_strategy: develop's rule (the default) and ours
+# (rail: the hierarchical path's; elsewhere it is balanced).
 PARTITION_DEVELOP = "upstream_greedy"
 PARTITION_BALANCED = "balanced"
-PARTITION_STRATEGIES: Tuple[str, ...] = (PARTITION_DEVELOP, PARTITION_BALANCED)
+PARTITION_RAIL = "rail"
+PARTITION_STRATEGIES: Tuple[str, ...] = (PARTITION_DEVELOP, PARTITION_BALANCED, PARTITION_RAIL)
 
 _PY_TYPES = {"bool": bool, "string": str}
 
@@ -108,8 +111,9 @@ SHARDING_OPTIONS: Tuple[ShardingOption, ...] = (
     ShardingOption(
         "muon_partition_strategy", PARTITION_DEVELOP, "string",
         'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" (develop\'s '
-        'rule) or "balanced" (state bytes and Newton-Schulz cost balanced over ranks; '
-        'recommended).',
+        'rule), "balanced" (state bytes and Newton-Schulz cost balanced over ranks; '
+        'recommended) or "rail" (with comm_group_call_opt over >= 2 nodes: bytes '
+        'spread evenly over card rails, then nodes; elsewhere "balanced").',
         choices=PARTITION_STRATEGIES),
     ShardingOption(
         "overlap_sync_group_call", False, "bool",

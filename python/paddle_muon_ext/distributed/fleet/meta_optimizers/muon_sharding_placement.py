@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
 from .muon_sharding_options import (
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
+    PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
@@ -44,6 +45,7 @@ from .muon_sharding_partition import (
     partition_from_owners,
     upstream_partition,
 )
+from .muon_sharding_rail import rail_partition, rail_positions
 from .muon_sharding_types import (
     ROUTE_FLAT,
     ROUTE_HIERARCHICAL,
@@ -190,8 +192,11 @@ def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
 
 @functools.lru_cache(maxsize=256)
 def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
-                      buffer_MB: float):
+                      buffer_MB: float, positions: tuple | None = None):
     # Group-local: every group of the same size and specs shares one result.
+    if strategy == PARTITION_RAIL:
+        return rail_partition(list(specs), positions,
+                              rank_order=None if rank_order is None else list(rank_order))
     if strategy == PARTITION_DEVELOP:
         return upstream_partition(list(specs), nranks, buffer_MB)
     if strategy == PARTITION_BALANCED:
@@ -224,7 +229,9 @@ def assign_muon_owners(
         group_ranks: the colour group's global ranks, in group order.
         plan: hierarchical plan; with it, equally loaded ranks are preferred in
             an order alternating cards and nodes so owners spread over rails.
-        partition_strategy: ``"upstream_greedy"`` (develop's rule) or ``"balanced"``.
+        partition_strategy: ``"upstream_greedy"`` (develop's rule), ``"balanced"``
+            or ``"rail"`` (:mod:`.muon_sharding_rail`; without ``plan`` or on a
+            group of one node it is ``"balanced"``).
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
@@ -233,15 +240,19 @@ def assign_muon_owners(
         identical (shared, do not mutate) result.
     """
     ranks = [int(r) for r in group_ranks]
-    rank_order = None
-    if plan is not None and partition_strategy == PARTITION_BALANCED:
+    rank_order = positions = None
+    if partition_strategy == PARTITION_RAIL:
+        positions = rail_positions(plan, ranks)
+        if positions is None:  # no rail crosses nodes: the balanced rule's owners
+            partition_strategy = PARTITION_BALANCED
+    if plan is not None and partition_strategy in (PARTITION_BALANCED, PARTITION_RAIL):
         index = {r: i for i, r in enumerate(ranks)}
         rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
     # Only develop's rule reads the buffer size: keying the balanced rule on it
     # would recompute the same owners for every buffer size plan --recommend tries.
     key_MB = float(buffer_size_MB) if partition_strategy == PARTITION_DEVELOP else 0.0
     partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
-                                  key_MB)
+                                  key_MB, positions)
     return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
 
 

@@ -100,7 +100,7 @@ class ShardingSettings:
     are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
     ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
     ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
-    the default) or ``"balanced"``. ``machine_balanced_2d_partition`` is
+    the default), ``"balanced"`` or ``"rail"`` (the option table's choices). ``machine_balanced_2d_partition`` is
     develop's switch (#79763). ``overlap_sync_group_call`` (ours, default off)
     keeps the overlapped stage sync on under ``comm_group_call_opt``, routed
     hierarchically; develop turns the overlap off there.
