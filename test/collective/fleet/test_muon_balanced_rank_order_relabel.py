@@ -70,7 +70,7 @@ class TestBalancedOwnersUnderRankOrder(unittest.TestCase):
             order = list(range(nranks))
             rng.shuffle(order)
             got = placement._partition_cached(specs, nranks, tuple(order),
-                                              PARTITION_BALANCED, 0.0)
+                                              PARTITION_BALANCED, 0.0, None)
             want = balanced_partition(list(specs), nranks, rank_order=order)
             with self.subTest(trial=trial, nranks=nranks, params=len(specs)):
                 self.assertEqual(got.owners, want.owners)
@@ -82,16 +82,29 @@ class TestBalancedOwnersUnderRankOrder(unittest.TestCase):
         specs = _specs(random.Random(7), 40)
         with mock.patch.object(placement, "balanced_partition",
                                wraps=placement.balanced_partition) as rule:
-            flat = placement._partition_cached(specs, 8, None, PARTITION_BALANCED, 0.0)
+            flat = placement._partition_cached(specs, 8, None, PARTITION_BALANCED, 0.0, None)
             hier = placement._partition_cached(specs, 8, (0, 4, 1, 5, 2, 6, 3, 7),
-                                               PARTITION_BALANCED, 0.0)
+                                               PARTITION_BALANCED, 0.0, None)
         self.assertEqual(rule.call_count, 1)
         self.assertEqual(sorted(flat.state_bytes), sorted(hier.state_bytes))
+
+    def test_the_flat_and_hierarchical_owners_of_a_group_run_the_rule_once(self):
+        # through the callers' entry point (the cache keys every argument as
+        # passed: a call that omits a default would miss the other's entry)
+        specs = _specs(random.Random(9), 40)
+        plan = MuonCommConfig(ep=2, moe_sharding=4, pp=1, gpus_per_node=4).build_plan()
+        group = tuple(plan.sharding_group_ranks(0))
+        with mock.patch.object(placement, "balanced_partition",
+                               wraps=placement.balanced_partition) as rule:
+            flat, _ = placement.assign_muon_owners(specs, group, None, PARTITION_BALANCED)
+            hier, _ = placement.assign_muon_owners(specs, group, plan, PARTITION_BALANCED)
+        self.assertEqual(rule.call_count, 1)
+        self.assertEqual(set(flat), set(hier))
 
     def test_an_order_that_is_no_permutation_is_still_refused(self):
         with self.assertRaises(ValueError):
             placement._partition_cached(_specs(random.Random(1), 5), 4, (0, 1, 1, 2),
-                                        PARTITION_BALANCED, 0.0)
+                                        PARTITION_BALANCED, 0.0, None)
 
 
 class TestHierarchicalBucketsFromTheirOwners(unittest.TestCase):

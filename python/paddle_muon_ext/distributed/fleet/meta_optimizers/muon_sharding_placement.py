@@ -192,8 +192,11 @@ def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
 
 @functools.lru_cache(maxsize=256)
 def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
-                      buffer_MB: float, positions: tuple | None = None):
+                      buffer_MB: float, positions: tuple | None):
     # Group-local: every group of the same size and specs shares one result.
+    # Every argument is required: lru_cache keys a call that omits a default
+    # apart from one that passes it, and the flat and hierarchical owners of a
+    # group must share one entry.
     if strategy == PARTITION_RAIL:
         return rail_partition(list(specs), positions,
                               rank_order=None if rank_order is None else list(rank_order))
@@ -206,7 +209,7 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
             # identity order's with position p renamed rank_order[p]: the
             # flat path (no order) and the hierarchical one (the spread
             # order) share one computation, a second of a 100,000-matrix plan.
-            return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB),
+            return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB, None),
                             rank_order)
         return balanced_partition(list(specs), nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
