@@ -121,6 +121,31 @@ class TestOneBufferCandidate(unittest.TestCase):
         # already held by a listed size: no extra candidate
         self.assertIsNone(rec.one_buffer_mb([_Stage([_m((900, MB))])]))
 
+    def test_the_muon_size_holds_the_largest_muon_class(self) -> None:
+        MB = 2 ** 18
+        stage = _Stage([_m((1200, MB), "bfloat16", True, "moe_expert"),
+                        _m((1200, MB), "bfloat16", True, "moe_expert"),  # 2,400 MB
+                        _m((1500, MB), "bfloat16", True),                # dense colour
+                        _m((3000, MB), "float32", True, "moe_expert"),   # another dtype
+                        _m((9000, MB))])                                 # element-wise
+        # 3,000 MB and 5 %: 3,150 -> 4,096 (the 9,000 MB element-wise class
+        # sizes the other candidate, 16,384)
+        self.assertEqual(rec.one_buffer_mb([stage], muon=True), 4096.0)
+        self.assertEqual(rec.one_buffer_mb([stage]), 16384.0)
+        # develop's rule gives a class int(fp32 MB / buffer MB) + 1 owners:
+        # at 4,096 MB each class above has one owner, one buffer
+        self.assertIsNone(rec.one_buffer_mb([_Stage([_m((500, MB), use_muon=True)])],
+                                            muon=True))
+
+    def test_both_one_buffer_sizes_are_candidates(self) -> None:
+        MB = 2 ** 18
+        stages = (_Stage([_m((1500, MB)), _m((3000, MB), "bfloat16", True)]),)
+        est = _Est(lambda key: 1.0)
+        est.stages = stages
+        sizes = {c["config"]["comm_buffer_size_MB"]
+                 for c in rec.recommend(_res(1.0), est)["candidates"]}
+        self.assertEqual(sizes, {64.0, 256.0, 1024.0, 2048.0, 4096.0})
+
     def test_the_one_buffer_size_needs_a_clear_gain(self) -> None:
         MB = 2 ** 18
         stages = (_Stage([_m((1500, MB))]),)  # 2048 MB holds it
@@ -152,6 +177,27 @@ class TestOneBufferCandidate(unittest.TestCase):
         out = rec.recommend(res, rec.annotate(res, ab))
         self.assertGreater(out["best"]["config"]["comm_buffer_size_MB"], max(rec.BUFFER_SIZES_MB))
         self.assertLessEqual(out["best"]["ratio_to_bound"], 1.15)
+
+    def test_large_alpha_on_nccl_picks_one_muon_buffer_within_the_bound(self) -> None:
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.plan import compute_plan
+        from paddle_muon_ext.tools.presets import get_preset
+
+        # 1 ms per network hop: each MoE group (one rank a node) pays a
+        # 7-hop chain per owner; at 1,024 MB develop's rule gives its 2 GB of
+        # expert matrices 4 owners (1.229x the bound before this candidate);
+        # the size holding the largest Muon class gives every class one owner
+        ab = AlphaBeta(alpha_net=1e-3, alpha_nvlink=1e-4)
+        cfg = MuonCommConfig(ep=8, moe_sharding=8, pp=1, gpus_per_node=8,
+                             model="ernie-moe-small")
+        res = compute_plan(cfg, ab, params=get_preset("ernie-moe-small"))
+        out = rec.recommend(res, rec.annotate(res, ab))
+        self.assertEqual(out["best"]["config"]["comm_buffer_size_MB"],
+                         rec.one_buffer_mb(res["_stages"], muon=True))
+        self.assertLessEqual(out["best"]["ratio_to_bound"], 1.15)
+        self.assertLessEqual(out["best"]["estimated_time_s"],
+                             out["default"]["estimated_time_s"])
 
 
 if __name__ == "__main__":

@@ -137,17 +137,25 @@ class _Estimates:
         return self.times[key]
 
 
-def one_buffer_mb(stages) -> Optional[float]:
+def one_buffer_mb(stages, muon: bool = False) -> Optional[float]:
     """The smallest power-of-two buffer size (MB) holding each stage's
     element-wise (non-Muon) parameters of one colour and dtype in one buffer,
-    when above every size of :data:`BUFFER_SIZES_MB` (else None).
+    when above every size of :data:`BUFFER_SIZES_MB` (else None); with
+    ``muon``, its Muon matrices of one colour and dtype instead.
 
     Every buffer is a launch of each element-wise ring; where latency
     dominates (a large alpha, gloo's per-round latency) fewer buffers are the
-    faster step, and the bound counts one per dtype.
+    faster step, and the bound counts one per dtype. A Muon buffer has one
+    owner, and each owner is one more flat chain (NCCL) or gloo reduce /
+    broadcast: the owner rules fill a buffer before opening the next, so
+    one buffer per colour and dtype is the one-launch configuration the
+    bound's flat Muon floor counts (e.g. ernie-moe-small at 8 x 8, ep 8,
+    alpha 1 ms: 1.229x the bound at 1,024 MB, 1.066x at 4,096 MB).
 
     Args:
-        stages: the run's stages (``metas()``: ``shape``, ``dtype``, ``colour``).
+        stages: the run's stages (``metas()``: ``shape``, ``dtype``, ``colour``,
+            ``use_muon``).
+        muon: size the Muon matrices' buffers instead of the element-wise ones.
 
     Returns:
         float or None: MB (``comm_buffer_size_MB``: 2**18 elements a MB).
@@ -156,7 +164,7 @@ def one_buffer_mb(stages) -> Optional[float]:
     for stage in stages:
         numel: Dict[Tuple[Any, Any], int] = {}
         for m in stage.metas():
-            if m.use_muon:
+            if bool(m.use_muon) != muon:
                 continue
             n = 1
             for d in m.shape:
@@ -265,8 +273,8 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
 
     vs = res["vs_default"]
     b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
-    fit = one_buffer_mb(est.stages)
-    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | ({fit} if fit else set()))
+    fits = {one_buffer_mb(est.stages), one_buffer_mb(est.stages, muon=True)} - {None}
+    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | fits)
     keys: List[Key] = [_key(DEFAULT_CONFIG)]
     for group_call in ((False, True) if est.group_call_possible else (False,)):
         rules = PARTITION_RULES if group_call and est.rail_possible else FLAT_RULES
