@@ -95,6 +95,45 @@ class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
                                             c["config"])
 
 
+class TestGlooOwnerPairBoundRandomised(unittest.TestCase):
+    """gloo with a large alpha and a network as fast as NVLink or faster: the
+    flat reduce / broadcast pair's floor (few owners save rounds, load the
+    binomial roots) binds, and still no candidate falls below the bound. The
+    run's buffer size sets develop's owner count (from one to every rank)."""
+
+    def test_no_candidate_falls_below_the_pair_bound(self) -> None:
+        from unittest import mock
+
+        from paddle_muon_ext.tools import cost_bound
+
+        rng = random.Random(2929)
+        raised = 0
+        for trial in range(40):
+            ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
+            cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
+            ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-6, 1e-3),
+                           beta_nvlink=1 / _log_uniform(rng, 1e10, 1e12),
+                           alpha_net=_log_uniform(rng, 1e-5, 1e-2),
+                           beta_net=1 / _log_uniform(rng, 1e11, 1e13))
+            params = _params(rng) + [
+                ParamSpec(f"x{i}.weight", (256, 32 * rng.randint(1, 16)), "bfloat16",
+                          bool(i % 2), True) for i in range(rng.randint(4, 24))]
+            buffer_mb = rng.choice((0.01, 0.03, 0.1, 0.3, 1.0))
+            overlap = bool(trial % 2)
+            rec = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)
+            b = rec["bound_s"]
+            with mock.patch.object(cost_bound, "gloo_flat_pair_floor_s", lambda g, ab: 0.0):
+                if b > _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)["bound_s"]:
+                    raised += 1
+            with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
+                              buffer_mb=buffer_mb):
+                for c in rec["candidates"]:
+                    self.assertGreaterEqual(c["estimated_time_s"], b * (1 - 1e-12),
+                                            c["config"])
+        # the pair floor is what these trials exercise
+        self.assertGreaterEqual(raised, 10)
+
+
 class TestPickWithinItsBound(unittest.TestCase):
     """The cases the floors were loose on: gloo's rank-order rings and
     reduce, and NVLink slower than the network (every intra-node byte of

@@ -27,12 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cost_bound_routes import (chain_latency_s, flat_roots_floor_s, gloo_muon_latency_s,
-                                ring_rank_seconds, route_floor_s, route_link_bytes)
+from .cost_bound_routes import (chain_latency_s, flat_roots_floor_s, gloo_flat_pair_floor_s,
+                                gloo_muon_latency_s, ring_rank_seconds, route_floor_s,
+                                route_link_bytes)
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
-           "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_muon_latency_s",
+           "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
+           "gloo_muon_latency_s",
            "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
            "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
            "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
@@ -375,13 +377,21 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
             per[name] = max(per[name], min(routes[name]))
         count = ring_link_bytes if ring else link_floor_bytes
         inter += passes * sum(count(g)[0] for _, groups in rank_sets for g in groups)
-    pair = ("dense_reduce", "dense_broadcast")
-    if all(n in routes for n in pair):
-        # comm_group_call_opt routes the dense reduce and broadcast together
-        best = min((0, 1), key=lambda i: sum(routes[n][i] for n in pair))
-        if sum(routes[n][best] for n in pair) > sum(per[n] for n in pair):
-            for n in pair:
-                per[n] = max(per[n], routes[n][best])
+    for red, bc in (("dense_reduce", "dense_broadcast"), ("moe_reduce", "moe_broadcast")):
+        if red not in routes or bc not in routes:
+            continue
+        # comm_group_call_opt routes the dense reduce and broadcast together:
+        # each route's floor holds for the configurations on it (the MoE
+        # colour's are all flat, its hierarchical route inf)
+        on = [max(per[red], routes[red][i]) + max(per[bc], routes[bc][i]) for i in (0, 1)]
+        if backend == "gloo":
+            # the same owners root both phases (gloo_flat_pair_floor_s)
+            on[0] = max([on[0]] + [gloo_flat_pair_floor_s(g, ab)
+                                   for _, groups in families[red] for g in groups])
+        best = min((0, 1), key=lambda i: on[i])
+        if on[best] > per[red] + per[bc]:
+            per[red] = max(per[red], routes[red][best])
+            per[bc] = on[best] - per[red]
     return {"bound_s": sum(per.values()), "families_s": per, "inter_node_bytes": inter}
 
 

@@ -30,8 +30,8 @@ from .cost_model import AlphaBeta
 if TYPE_CHECKING:  # cost_bound imports this module
     from .cost_bound import GroupLoad
 
-__all__ = ["GLOO_EXACT_RANKS", "chain_latency_s", "flat_roots_floor_s", "gloo_muon_latency_s",
-           "ring_rank_seconds", "route_floor_s", "route_link_bytes"]
+__all__ = ["GLOO_EXACT_RANKS", "chain_latency_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
+           "gloo_muon_latency_s", "ring_rank_seconds", "route_floor_s", "route_link_bytes"]
 
 
 def chain_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:
@@ -243,6 +243,54 @@ def gloo_muon_latency_s(g: GroupLoad, ab: AlphaBeta, what: str, hierarchical: bo
     return min(flat, (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * ab.alpha_nvlink)
 
 
+def gloo_flat_pair_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """The least time of ``g``'s flat gloo Muon reduce and broadcast together,
+    their owners weighed against their launches.
+
+    Each Muon buffer has one owner: it is reduced onto it and broadcast from
+    it, one op at the least each (``d`` dtypes: ``d`` buffers at the least).
+    With ``m`` distinct owners, both phases issue ``max(m, d)`` ops, each
+    paying :func:`.gloo_model.rounds` rounds (``p`` a reduce, ``ceil(log2
+    p)`` a broadcast) at ``alpha_net`` once ``g`` crosses nodes. A broadcast
+    is a binomial tree whose root sends the whole op to each of its children,
+    so the ``m`` owners together send at least ``S c`` (``c``: the cheapest
+    root's link-seconds a byte to its own children) and the busiest of them
+    ``S c / m``; the busiest rank also sends at least the mean of the
+    broadcast's bytes (:func:`route_floor_s` over ``p``). The reduce's
+    busiest rank sends at least its mean. A rank's load in a phase is at
+    least its load from ``g``, and the phase takes ``g``'s latency at the
+    least, so the two phases take at least, for some ``m`` in ``1 .. p``:
+    ``max(m, d) (R_reduce + R_broadcast) alpha + reduce mean + max(broadcast
+    mean, S c / m)``; the floor is the least over ``m``. (Few owners save
+    launches and load the roots; the separate floors take one launch for the
+    reduce and ``p`` roots for the broadcast.)
+
+    Args:
+        g: the group (``launches``: its dtypes, ``d``; ``members`` for the
+            exact roots, else ``c`` counts every child at the cheaper beta).
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    from .gloo_model import rounds
+
+    p, S = g.ranks, g.nbytes
+    if p < 2 or S <= 0:
+        return 0.0
+    alpha = ab.alpha_net if g.nodes > 1 else ab.alpha_nvlink
+    per_op = (rounds("reduce", p) + rounds("broadcast", p)) * alpha
+    reduce_mean = route_floor_s(g, ab, "reduce", "gloo") / p
+    bcast_mean = route_floor_s(g, ab, "broadcast", "gloo") / p
+    if g.members and g.gpus_per_node > 0 and p <= GLOO_EXACT_RANKS:
+        root = _gloo_root_rate(tuple(sorted(g.members)), g.gpus_per_node, ab.beta_net,
+                               ab.beta_nvlink)
+    else:
+        root = rounds("broadcast", p) * min(ab.beta_net, ab.beta_nvlink)
+    return min(max(m, g.launches) * per_op + reduce_mean + max(bcast_mean, S * root / m)
+               for m in range(1, p + 1))
+
+
 #: Largest gloo group whose every root is tried (:func:`route_floor_s`).
 GLOO_EXACT_RANKS = 512
 
@@ -259,3 +307,16 @@ def _gloo_rooted_rate(ranks: Tuple[int, ...], gpn: int, what: str, beta_net: flo
                 for a, b, size in collective_edges(what, ranks, 1.0, root))
         best = t if best is None else min(best, t)
     return best or 0.0
+
+
+@functools.lru_cache(maxsize=256)
+def _gloo_root_rate(ranks: Tuple[int, ...], gpn: int, beta_net: float,
+                    beta_nvlink: float) -> float:
+    """The cheapest root's own link-seconds per byte in a gloo broadcast: the
+    binomial tree's root sends to the relative indices 1, 2, 4, ... below ``p``
+    (:func:`.gloo_model.broadcast_edges`)."""
+    p = len(ranks)
+    offsets = [1 << j for j in range((p - 1).bit_length())]
+    return min(sum(beta_net if a // gpn != ranks[(i + o) % p] // gpn else beta_nvlink
+                   for o in offsets)
+               for i, a in enumerate(ranks))

@@ -96,6 +96,13 @@ reduce's non-root sends every byte of its group, so with ``B < p`` some
 rank sends ``S`` at its channels' betas (the cheapest rank's), and a
 broadcast spares one sender a channel, so with ``B C < p`` (``C``
 channels) the same; else the mean. Per group the least of the two.
+(Owners, gloo) a buffer is reduced onto its owner and broadcast from it, so
+``m`` owners are ``max(m, d)`` flat ops in each phase, and a binomial
+broadcast's root sends the op to each child: the owners together send ``S
+c`` (``c``: the cheapest root's own link-seconds a byte), the busiest ``S c
+/ m``; the flat pair takes at least the least over ``m`` of ``max(m, d)
+(R_reduce + R_broadcast) alpha`` + the reduce's mean + ``max(broadcast
+mean, S c / m)`` (:func:`.cost_bound_routes.gloo_flat_pair_floor_s`).
 ``comm_group_call_opt`` routes the dense reduce and broadcast together, so
 their floors take one route. The bound is the sum over families of
 latency + bandwidth floors. The gap to a configuration: owners not spread
