@@ -189,28 +189,35 @@ class TestLaunchesByHand(unittest.TestCase):
                                places=9)
 
     def test_hooked_hierarchical_reduce_weighs_launches_against_rails(self) -> None:
-        # 4 ranks on 2 nodes of 2, S = 8: 1 node cut (100) and half the bytes
-        # inside a node (4e-3); 1 buffer: 1 launch (1) and one rail carries the
-        # cross-node bytes (1/2 * 8 = 4); 2 buffers: 2 launches, two rails (2):
-        # 100.004 + min(1 + 4, 2 + 2)
+        # 4 ranks on 2 nodes of 2, S = 8: 1 node cut (100). B buffers: B
+        # launches (B); inside a node the rank of a card without owners sends
+        # all 8 B (8e-3, B = 1), else half (4e-3); across, the busiest rank
+        # sends 8 / cap(B): one owner, its card's other rank sends all 8 (cap
+        # 1); two owners: two cards with one each, or one card with both
+        # (cap 2); three: one card owned on both nodes (2) + one (1) = 3;
+        # four: both cards on both nodes = 4.
+        # B = 1: 1 + 8e-3 + 8; B = 2: 2 + 4e-3 + 4; B = 3: 3 + 4e-3 + 8/3;
+        # B = 4: 4 + 4e-3 + 2
         g = cb.GroupLoad(4, 2, 2, 8.0)
-        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, AB), 104.004, places=9)
-        # dear launches (alpha_nvlink 10): one buffer is cheaper, 10 + 4
-        dear = AlphaBeta(alpha_nvlink=10.0, beta_nvlink=BV, alpha_net=AN, beta_net=BN)
-        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, dear), 114.004, places=9)
-        # two dtypes: two buffers at least
-        two = cb.GroupLoad(4, 2, 2, 8.0, 2)
-        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(two, dear), 100.004 + 20 + 2,
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, AB), 103.004 + 8 / 3,
                                places=9)
+        # dear launches (alpha_nvlink 10): one buffer is cheaper, 10 + 8e-3 + 8
+        dear = AlphaBeta(alpha_nvlink=10.0, beta_nvlink=BV, alpha_net=AN, beta_net=BN)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(g, dear), 118.008, places=9)
+        # two dtypes: two buffers at least, 20 + 4e-3 + 4
+        two = cb.GroupLoad(4, 2, 2, 8.0, 2)
+        self.assertAlmostEqual(cb.hooked_hierarchical_reduce_s(two, dear), 124.004, places=9)
 
     def test_comm_overlap_raises_the_dense_reduce_to_the_cheaper_hooked_route(self) -> None:
         fam = cb.layout_families(_TwoByTwo(), [METAS])
         plain = cb.step_bound(fam, AB)["families_s"]["dense_reduce"]
         hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]["dense_reduce"]
-        # S = 10: flat 102 + (10 + 20e-3) / 4 = 104.505; hierarchical 100 + 5e-3
-        # + min(1 + 5, 2 + 2.5) = 104.505; without overlap 101 + 2.505
+        # S = 10, one dtype: hierarchical 100 + min over B of B launches + the
+        # intra-node bytes (10e-3 for B = 1, else 5e-3) + 10 / cap(B) (cap 1, 2,
+        # 3, 4 for B = 1 .. 4; see above): B = 3, 103.005 + 10 / 3 (the flat
+        # route's floor is 107.005); without overlap 101 + 2.505
         self.assertAlmostEqual(plain, 103.505, places=9)
-        self.assertAlmostEqual(hooked, 104.505, places=9)
+        self.assertAlmostEqual(hooked, 103.005 + 10 / 3, places=9)
 
     def test_layout_families_count_dtypes_with_bytes(self) -> None:
         metas = [SimpleNamespace(nbytes=4, use_muon=False, colour=None, dtype="bfloat16"),
@@ -222,11 +229,14 @@ class TestLaunchesByHand(unittest.TestCase):
         self.assertEqual(fam["reduce_scatter"][0][1][0], cb.GroupLoad(4, 2, 2, 6.0, 2))
         self.assertEqual(fam["dense_reduce"][0][1][0], cb.GroupLoad(4, 2, 2, 8.0, 2))
         # comm_overlap moves the dense reduce's floor only: its 2 dtypes' hooked
-        # intra-node reduces pay the in-node hop twice (102 instead of 101)
+        # intra-node reduces pay the in-node hop per buffer and the owners'
+        # cards carry the cross-node bytes: 100 + 3 + 4e-3 + 8 / 3 (3 buffers)
+        # against 101 + (8 + 16e-3) / 4 coalesced
         plain = cb.step_bound(fam, AB)["families_s"]
         hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]
         self.assertEqual(plain["dense_broadcast"], hooked["dense_broadcast"])
-        self.assertAlmostEqual(hooked["dense_reduce"] - plain["dense_reduce"], 1.0, places=9)
+        self.assertAlmostEqual(hooked["dense_reduce"], 103.004 + 8 / 3, places=9)
+        self.assertAlmostEqual(plain["dense_reduce"], 103.004, places=9)
         # rings: 2 launches of 102; the sharding group's 6 B cross 2 node cuts at
         # 3/4 * 6 = 4.5 B each (9) and 2 NVLink edges (9e-3), over 4 ranks
         self.assertAlmostEqual(plain["reduce_scatter"], 204.0 + (9.0 + 9e-3) / 4, places=9)

@@ -236,14 +236,21 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
     """The least time of a stage's dense reduce on the hierarchical route under
     ``comm_overlap`` (the hooks launch each buffer's intra-node reduce alone).
 
-    With ``B`` buffers (at least one per dtype) the owners sit on at most
-    ``c = min(B, k)`` cards. Intra-node: ``B`` launches of ``k - 1`` NVLink hops,
-    and each node's non-roots send every byte once: the busiest rank at least
-    ``(k - 1) / k S`` at ``beta_nvlink``. Cross-node (coalesced): ``n - 1``
-    network hops, and a card's same-card ranks together send ``(n - 1)`` times
-    the bytes its owners hold, so the busiest rank of the busiest card at
-    least ``(n - 1) S / (n c)`` at ``beta_net``. The least over ``B``: more
-    buffers spread the rails but pay more launches.
+    With ``B`` buffers (at least one per dtype) the owners are at most ``B``
+    ranks. Intra-node: ``B`` launches of ``k - 1`` NVLink hops, and in every
+    node each buffer goes to the rank on its owner's card, so a rank sends
+    ``S`` less what its card owns: ``S`` when ``B < k`` leaves a card without
+    owners, else ``(k - 1) / k S`` at the least, at ``beta_nvlink``.
+    Cross-node (coalesced): ``n - 1`` network hops, and a card's buffer
+    goes down its same-card chain to the owner, so rank (node, card) sends
+    the card's bytes ``S_c`` less its own: all of ``S_c`` on a card whose
+    owners sit on fewer than ``n`` nodes ("partial"), ``(n - 1) / n S_c`` at the
+    least on one with owners on every node ("full", ``n`` owners). With
+    ``f`` full and ``q`` partial cards (``f n + q <= B``, ``f + q <= k``) the
+    busiest rank sends ``X >= S / (f n / (n - 1) + q)``; ``cap(B)``, the
+    largest such sum, gives ``S beta_net / cap(B)``. The least over ``B``
+    (up to ``k n``, past which nothing spreads further): more buffers
+    spread the rails but pay more launches.
 
     Args:
         g: the stage's dense Muon group (``launches``: its dtypes).
@@ -255,10 +262,19 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
     if g.ranks < 2 or g.nbytes <= 0:
         return 0.0
     n, k, S = g.nodes, g.per_node, g.nbytes
-    fixed = (n - 1) * ab.alpha_net + (k - 1) / k * S * ab.beta_nvlink
-    return fixed + min(
-        b * (k - 1) * ab.alpha_nvlink + (n - 1) * S * ab.beta_net / (n * min(b, k))
-        for b in range(g.launches, max(g.launches, k) + 1))
+
+    def cross(b: int) -> float:
+        if n < 2:
+            return 0.0
+        cap = max(f * n / (n - 1) + min(k - f, b - f * n) for f in range(min(k, b // n) + 1))
+        return S * ab.beta_net / cap
+
+    def intra(b: int) -> float:
+        return S * ab.beta_nvlink * (1.0 if b < k else (k - 1) / k)
+
+    return (n - 1) * ab.alpha_net + min(
+        b * (k - 1) * ab.alpha_nvlink + intra(b) + cross(b)
+        for b in range(g.launches, max(g.launches, k * n) + 1))
 
 
 def _muon_routes_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],

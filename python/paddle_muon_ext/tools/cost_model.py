@@ -60,11 +60,14 @@ most the dearest); so flat pays ``d`` chains. The hierarchical route (the
 default colour only) pays its coalesced launches once, ``(n - 1) alpha_net +
 (k - 1) alpha_nvlink``; when ``comm_overlap``'s hooks launch each dense
 buffer's intra-node reduce alone (the run's ``comm_overlap`` holds for every
-candidate), ``B >= d`` buffers pay ``B`` in-node launches and put the owners on
-at most ``min(B, k)`` cards, whose same-card ranks carry all the cross-node
-bytes: per stage the least over ``B`` of ``(n - 1) alpha_net + B (k - 1)
-alpha_nvlink + (k - 1) / k S beta_nvlink + (n - 1) S beta_net / (n min(B,
-k))``. A Muon family's floor is the cheaper route's (gloo: below). The element-wise reduce-scatter /
+candidate), ``B >= d`` buffers pay ``B`` in-node launches and have at most
+``B`` owners; a rank sends what its card owns less its own share (inside a
+node: ``S`` less its card's; ``S`` when ``B < k``), and a card owned on fewer
+than ``n`` nodes leaves a rank that sends all its bytes across: per stage the
+least over ``B`` of ``(n - 1) alpha_net + B (k - 1) alpha_nvlink`` + the
+intra-node bytes + ``S beta_net / cap(B)``, ``cap(B)`` the most of ``f n /
+(n - 1) + q`` over ``f`` cards owned on every node and ``q`` others (``f n +
+q <= B``, ``f + q <= k``; :func:`.cost_bound.hooked_hierarchical_reduce_s`). A Muon family's floor is the cheaper route's (gloo: below). The element-wise reduce-scatter /
 all-gather run as rings whatever the options: on nccl ``d`` launches of
 ``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
 the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
