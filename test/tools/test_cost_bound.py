@@ -228,15 +228,21 @@ class TestLaunchesByHand(unittest.TestCase):
         fam = cb.layout_families(_TwoByTwo(), [metas])
         self.assertEqual(fam["reduce_scatter"][0][1][0], cb.GroupLoad(4, 2, 2, 6.0, 2))
         self.assertEqual(fam["dense_reduce"][0][1][0], cb.GroupLoad(4, 2, 2, 8.0, 2))
-        # comm_overlap moves the dense reduce's floor only: its 2 dtypes' hooked
-        # intra-node reduces pay the in-node hop per buffer and the owners'
-        # cards carry the cross-node bytes: 100 + 3 + 4e-3 + 8 / 3 (3 buffers)
-        # against 101 + (8 + 16e-3) / 4 coalesced
+        # comm_overlap: the 2 dtypes' hooked intra-node reduces pay the in-node
+        # hop per buffer and the owners' cards carry the cross-node bytes:
+        # 100 + 3 + 4e-3 + 8 / 3 (3 buffers) against 101 + (8 + 16e-3) / 4
+        # coalesced; the broadcast from the same owners: both phases 2 * 100 +
+        # 1 (coalesced broadcast) + B + 2 (4e-3 + 8 / cap(B)), least at B = 4
+        # (both cards owned on both nodes): 209.008
         plain = cb.step_bound(fam, AB)["families_s"]
         hooked = cb.step_bound(fam, AB, comm_overlap=True)["families_s"]
-        self.assertEqual(plain["dense_broadcast"], hooked["dense_broadcast"])
+        self.assertAlmostEqual(plain["dense_broadcast"], 103.004, places=9)
         self.assertAlmostEqual(hooked["dense_reduce"], 103.004 + 8 / 3, places=9)
         self.assertAlmostEqual(plain["dense_reduce"], 103.004, places=9)
+        self.assertAlmostEqual(hooked["dense_reduce"] + hooked["dense_broadcast"], 209.008,
+                               places=9)
+        self.assertAlmostEqual(cb.hooked_hierarchical_pair_s(fam["dense_reduce"][0][1][0], AB),
+                               209.008, places=9)
         # rings: 2 launches of 102; the sharding group's 6 B cross 2 node cuts at
         # 3/4 * 6 = 4.5 B each (9) and 2 NVLink edges (9e-3), over 4 ranks
         self.assertAlmostEqual(plain["reduce_scatter"], 204.0 + (9.0 + 9e-3) / 4, places=9)

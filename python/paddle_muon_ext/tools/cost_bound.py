@@ -34,10 +34,10 @@ from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
            "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
-           "gloo_muon_latency_s",
-           "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
-           "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
-           "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
+           "gloo_muon_latency_s", "hooked_hierarchical_pair_s", "hooked_hierarchical_reduce_s",
+           "latency_floor_s", "layout_families", "link_floor_bytes", "muon_latency_s",
+           "ring_latency_s", "ring_link_bytes", "ring_rank_seconds", "route_floor_s",
+           "route_link_bytes", "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
 #: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of
@@ -259,6 +259,31 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
     Returns:
         float: seconds (0 for a group of one rank or no bytes).
     """
+    return _hooked_s(g, ab, False)
+
+
+def hooked_hierarchical_pair_s(g: GroupLoad, ab: AlphaBeta) -> float:
+    """The least time of a stage's dense reduce and broadcast together on the
+    hierarchical route under ``comm_overlap``.
+
+    The broadcast runs from the reduce's owners, coalesced (one ``(n - 1)
+    alpha_net + (k - 1) alpha_nvlink``), down the same chains the other way:
+    a rank sends each buffer but those whose chain it ends, one rank a
+    buffer, so the owners' count bounds its spread as the reduce's
+    (:func:`hooked_hierarchical_reduce_s`: the same intra-node bytes and
+    ``S beta_net / cap(B)``), with the same ``B``.
+
+    Args:
+        g: the stage's dense Muon group (``launches``: its dtypes).
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 for a group of one rank or no bytes).
+    """
+    return _hooked_s(g, ab, True)
+
+
+def _hooked_s(g: GroupLoad, ab: AlphaBeta, pair: bool) -> float:
     if g.ranks < 2 or g.nbytes <= 0:
         return 0.0
     n, k, S = g.nodes, g.per_node, g.nbytes
@@ -272,9 +297,10 @@ def hooked_hierarchical_reduce_s(g: GroupLoad, ab: AlphaBeta) -> float:
     def intra(b: int) -> float:
         return S * ab.beta_nvlink * (1.0 if b < k else (k - 1) / k)
 
-    return (n - 1) * ab.alpha_net + min(
-        b * (k - 1) * ab.alpha_nvlink + intra(b) + cross(b)
-        for b in range(g.launches, max(g.launches, k * n) + 1))
+    phases = 2 if pair else 1
+    fixed = phases * (n - 1) * ab.alpha_net + (k - 1) * ab.alpha_nvlink * (phases - 1)
+    return fixed + min(b * (k - 1) * ab.alpha_nvlink + phases * (intra(b) + cross(b))
+                       for b in range(g.launches, max(g.launches, k * n) + 1))
 
 
 def _muon_routes_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]]],
@@ -400,6 +426,10 @@ def step_bound(families: Mapping[str, Sequence[Tuple[int, Sequence[GroupLoad]]]]
         # each route's floor holds for the configurations on it (the MoE
         # colour's are all flat, its hierarchical route inf)
         on = [max(per[red], routes[red][i]) + max(per[bc], routes[bc][i]) for i in (0, 1)]
+        if comm_overlap and backend == "nccl" and red == "dense_reduce":
+            # the hooked reduce's owners root the broadcast too
+            on[1] = max([on[1]] + [hooked_hierarchical_pair_s(g, ab)
+                                   for _, groups in families[red] for g in groups])
         if backend == "gloo":
             # the same owners root both phases (gloo_flat_pair_floor_s)
             on[0] = max([on[0]] + [gloo_flat_pair_floor_s(g, ab)
