@@ -69,7 +69,8 @@ intra-node bytes + ``S beta_net / cap(B)``, ``cap(B)`` the most of ``f n /
 (n - 1) + q`` over ``f`` cards owned on every node and ``q`` others (``f n +
 q <= B``, ``f + q <= k``; :func:`.cost_bound.hooked_hierarchical_reduce_s`);
 the broadcast from the same owners (each buffer's chain ends at one rank)
-the same bytes with the same ``B``, its launches coalesced. A Muon family's floor is the cheaper route's (gloo: below). The element-wise reduce-scatter /
+the same bytes with the same ``B``, its launches coalesced. A Muon family's
+floor is the cheaper route's (gloo: below). The element-wise reduce-scatter /
 all-gather run as rings whatever the options: on nccl ``d`` launches of
 ``(n - 1) alpha_net + (p - n) alpha_nvlink`` each (every hop of channel 0 but
 the closing one); gloo's, in rank order, ``p - 1`` rounds a pass, its
