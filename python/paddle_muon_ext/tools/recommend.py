@@ -258,8 +258,9 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     Candidates: ``comm_group_call_opt`` off / on (on only where the layout
     allows it) x every owner rule (``rail`` only with the option on and a
     sharding group over two or more nodes) x :data:`BUFFER_SIZES_MB`, the run's own
-    buffer size and one buffer per colour and dtype (:func:`one_buffer_mb`;
-    picked only when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
+    buffer size and one buffer per colour and dtype of the element-wise
+    parameters and of the Muon matrices (:func:`one_buffer_mb`; picked only
+    when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
     never slower than it.
 
     Args:
