@@ -95,35 +95,40 @@ class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
                                             c["config"])
 
 
-class TestGlooOwnerPairBoundRandomised(unittest.TestCase):
-    """gloo with a large alpha and a network as fast as NVLink or faster: the
-    flat reduce / broadcast pair's floor (few owners save rounds, load the
-    binomial roots) binds, and still no candidate falls below the bound. The
-    run's buffer size sets develop's owner count (from one to every rank)."""
+class TestOwnerPairBoundsRandomised(unittest.TestCase):
+    """The floors that weigh a buffer count against launches for a reduce and
+    its broadcast together: gloo's flat pair (few owners save rounds, load
+    the binomial roots) with a large alpha and a network as fast as NVLink or
+    faster, and NCCL's hooked hierarchical pair under ``comm_overlap`` (few
+    owners save launches, load one rail). Each binds in many trials, and no
+    candidate falls below the bound. The run's buffer size sets develop's
+    owner count (from one to every rank)."""
 
-    def test_no_candidate_falls_below_the_pair_bound(self) -> None:
+    def _sweep(self, backend: str, floor: str, seed: int, beta_net_hi: float) -> None:
         from unittest import mock
 
         from paddle_muon_ext.tools import cost_bound
 
-        rng = random.Random(2929)
+        rng = random.Random(seed)
         raised = 0
-        for trial in range(40):
+        for trial in range(60):
             ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
             cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
-            ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-6, 1e-3),
-                           beta_nvlink=1 / _log_uniform(rng, 1e10, 1e12),
-                           alpha_net=_log_uniform(rng, 1e-5, 1e-2),
-                           beta_net=1 / _log_uniform(rng, 1e11, 1e13))
+            # latency-bound and byte-bound trials both (the tiny model moves MBs)
+            ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-7, 1e-3),
+                           beta_nvlink=1 / _log_uniform(rng, 1e8, 1e12),
+                           alpha_net=_log_uniform(rng, 1e-6, 1e-2),
+                           beta_net=1 / _log_uniform(rng, 1e8, beta_net_hi))
             params = _params(rng) + [
                 ParamSpec(f"x{i}.weight", (256, 32 * rng.randint(1, 16)), "bfloat16",
                           bool(i % 2), True) for i in range(rng.randint(4, 24))]
             buffer_mb = rng.choice((0.01, 0.03, 0.1, 0.3, 1.0))
-            overlap = bool(trial % 2)
-            rec = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)
+            overlap = backend == "nccl" or bool(trial % 2)
+            rec = _recommend(cfg, ab, params, backend, overlap, buffer_mb)
             b = rec["bound_s"]
-            with mock.patch.object(cost_bound, "gloo_flat_pair_floor_s", lambda g, ab: 0.0):
-                if b > _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)["bound_s"]:
+            with mock.patch.object(cost_bound, floor, lambda g, ab: 0.0):
+                if b > _recommend(cfg, ab, params, backend, overlap, buffer_mb)["bound_s"] \
+                        * (1 + 1e-9):
                     raised += 1
             with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
                               buffer_mb=buffer_mb):
@@ -132,6 +137,12 @@ class TestGlooOwnerPairBoundRandomised(unittest.TestCase):
                                             c["config"])
         # the pair floor is what these trials exercise
         self.assertGreaterEqual(raised, 10)
+
+    def test_gloo_flat_pair_large_alpha_fast_network(self) -> None:
+        self._sweep("gloo", "gloo_flat_pair_floor_s", 2929, 1e13)
+
+    def test_nccl_hooked_hierarchical_pair(self) -> None:
+        self._sweep("nccl", "hooked_hierarchical_pair_s", 3030, 1e11)
 
 
 class TestPickWithinItsBound(unittest.TestCase):
