@@ -259,8 +259,9 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     allows it) x every owner rule (``rail`` only with the option on and a
     sharding group over two or more nodes) x :data:`BUFFER_SIZES_MB`, the run's own
     buffer size and one buffer per colour and dtype of the element-wise
-    parameters and of the Muon matrices (:func:`one_buffer_mb`; picked only
-    when :data:`ONE_BUFFER_MIN_GAIN` faster than the rest). The default is a candidate and wins ties, so the pick is
+    parameters and (develop's rule only) of the Muon matrices
+    (:func:`one_buffer_mb`; picked only when :data:`ONE_BUFFER_MIN_GAIN`
+    faster than the rest). The default is a candidate and wins ties, so the pick is
     never slower than it.
 
     Args:
@@ -274,13 +275,19 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
 
     vs = res["vs_default"]
     b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
-    fits = {one_buffer_mb(est.stages), one_buffer_mb(est.stages, muon=True)} - {None}
-    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | fits)
+    fit = one_buffer_mb(est.stages)
+    muon_fit = one_buffer_mb(est.stages, muon=True)
+    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | ({fit, muon_fit} - {None}))
+    # only develop's rule sizes its owner count by the buffer: the Muon size
+    # alone is tried with it (the time budget at 100,000 matrices)
+    muon_only = {muon_fit} - set(BUFFER_SIZES_MB) - {est.buffer, fit}
     keys: List[Key] = [_key(DEFAULT_CONFIG)]
     for group_call in ((False, True) if est.group_call_possible else (False,)):
         rules = PARTITION_RULES if group_call and est.rail_possible else FLAT_RULES
         for rule in rules:
             for buffer_mb in buffers:
+                if buffer_mb in muon_only and rule != DEFAULT_CONFIG["muon_partition_strategy"]:
+                    continue
                 k = (group_call, rule, buffer_mb)
                 if k not in keys:
                     keys.append(k)
