@@ -74,6 +74,23 @@ PARTITION_RULES = PARTITION_STRATEGIES
 FLAT_RULES = tuple(r for r in PARTITION_RULES if r != PARTITION_RAIL)
 
 
+# (id(owners), id(dtypes)) -> (owners, dtypes, num_buffers()): the paths of one
+# run share their partitions' maps (the placement caches return shared,
+# unmutated partitions; plan --recommend reads each of 4 maps 20 times); the
+# maps are held so their ids stay unique.
+_num_buffers_seen: Dict[Tuple[int, int], tuple] = {}
+
+
+def _num_buffers(part) -> int:
+    key = (id(part.owners), id(part.dtypes))
+    hit = _num_buffers_seen.get(key)
+    if hit is None or hit[0] is not part.owners or hit[1] is not part.dtypes:
+        if len(_num_buffers_seen) >= 64:
+            _num_buffers_seen.clear()
+        hit = _num_buffers_seen[key] = (part.owners, part.dtypes, part.num_buffers())
+    return hit[2]
+
+
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
           backend: str = "nccl") -> Dict[str, Any]:
     gpn, world = plan.gpus_per_node, plan.world_size
@@ -120,7 +137,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
                 continue
             row = {
                 "colour": label, "stage": stage, "nranks": part.nranks,
-                "num_params": len(part.owners), "num_buckets": part.num_buffers(),
+                "num_params": len(part.owners), "num_buckets": _num_buffers(part),
                 "state_bytes_max_over_mean": part.state_bytes_max_over_mean(),
                 "state_floor": stage_floor(sparams, colour is not None, part.nranks)[0],
             }
