@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -326,27 +327,63 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
     return (numel + align - 1) // align * align
 
 
-def _fused_chunks(params, numels, nbytes, align: int, limit_MB: float) -> tuple:
+class _BucketSums:
+    """Prefix sums of one bucket's parameters, shared by every buffer size.
+
+    ``names``; ``nbytes_before[k]``: bytes of parameters ``0..k-1``;
+    ``padded_before(align)[k]``: their elements padded to ``align``.
+    """
+
+    def __init__(self, params, numels, nbytes) -> None:
+        self.names = [p.name for p in params]
+        self.numels = numels
+        self.nbytes_before = [0, *itertools.accumulate(nbytes)]
+        self._padded: dict = {}
+
+    def padded_before(self, align: int) -> list:
+        if align not in self._padded:
+            self._padded[align] = [0, *itertools.accumulate(
+                (n + align - 1) // align * align for n in self.numels)]
+        return self._padded[align]
+
+
+def _fused_chunks(sums: _BucketSums, align: int, limit_MB: float) -> tuple:
     """:func:`chunk_by_size` of one bucket with each chunk's names, padded
-    elements and bytes summed on the way (one pass: a 100,000-matrix plan
-    chunks every bucket once per path)."""
+    elements and bytes (a 100,000-matrix plan chunks every bucket once per
+    path): a chunk takes the next parameter while its bytes stay within the
+    limit (at least one), found by a galloping search on the prefix sums
+    (a chunk of k parameters costs O(log k))."""
     limit = limit_MB * 1024 * 1024
+    before = sums.nbytes_before
+    padded = sums.padded_before(align)
+    names = sums.names
+    n = len(names)
     chunks, chunk_numels, chunk_bytes = [], [], []
-    names: list = []
-    padded = size = 0
-    for p, n, b in zip(params, numels, nbytes):
-        if names and size + b > limit:
-            chunks.append(tuple(names))
-            chunk_numels.append(padded)
-            chunk_bytes.append(size)
-            names, padded, size = [], 0, 0
-        names.append(p.name)
-        padded += (n + align - 1) // align * align
-        size += b
-    if names:
-        chunks.append(tuple(names))
-        chunk_numels.append(padded)
-        chunk_bytes.append(size)
+    start = 0
+    while start < n:
+        base = before[start]
+        # the first prefix end >= start + 2 whose bytes from start exceed the
+        # limit (n + 1: none); the parameter ending there opens the next chunk
+        lo, hi, step = start + 2, n + 1, 1
+        while True:  # gallop: every end below lo stays within the limit
+            probe = lo + step - 1
+            if probe >= hi:
+                break
+            if before[probe] - base > limit:
+                hi = probe + 1
+                break
+            lo, step = probe + 1, step * 2
+        while lo < hi:  # bisect [lo, hi); exact integer differences vs the limit
+            mid = (lo + hi) // 2
+            if before[mid] - base > limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        end = lo - 1
+        chunks.append(tuple(names[start:end]))
+        chunk_numels.append(padded[end] - padded[start])
+        chunk_bytes.append(before[end] - base)
+        start = end
     return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
 
 
@@ -357,7 +394,7 @@ _grouped_seen: OrderedDict = OrderedDict()
 
 
 def _group_by_owner(params, owner_of) -> list:
-    """``[((owner, dtype), params, numels, nbytes)]`` sorted by (owner, dtype)."""
+    """``[((owner, dtype), params, numels, nbytes, sums)]`` sorted by (owner, dtype)."""
     key = (id(params), id(owner_of))
     hit = _grouped_seen.get(key)
     if hit is not None and hit[0] is params and hit[1] is owner_of:
@@ -365,8 +402,10 @@ def _group_by_owner(params, owner_of) -> list:
     grouped: dict = OrderedDict()
     for p in params:
         grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
-    out = [(k, bparams, [p.numel for p in bparams], [p.nbytes for p in bparams])
-           for k, bparams in sorted(grouped.items())]
+    out = []
+    for k, bparams in sorted(grouped.items()):
+        numels, nbytes = [p.numel for p in bparams], [p.nbytes for p in bparams]
+        out.append((k, bparams, numels, nbytes, _BucketSums(bparams, numels, nbytes)))
     if type(params) is HashedTuple:  # immutable: safe to reuse by identity
         if len(_grouped_seen) >= 16:
             _grouped_seen.popitem(last=False)
@@ -379,14 +418,14 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
-    for (owner, dtype), bparams, numels, nbytes in _group_by_owner(params, owner_of):
+    for (owner, dtype), bparams, numels, nbytes, sums in _group_by_owner(params, owner_of):
         chunks = chunk_numels = chunk_bytes = ()
         if fused:
             # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
             # a 100,000-matrix plan pads every parameter once per path
             align = max(1, settings.alignment_bytes // itemsize(dtype))
             chunks, chunk_numels, chunk_bytes = _fused_chunks(
-                bparams, numels, nbytes, align, settings.comm_buffer_size_MB)
+                sums, align, settings.comm_buffer_size_MB)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
             params=tuple(p.name for p in bparams), chunks=chunks,
@@ -463,6 +502,13 @@ def _matrix_specs(params: tuple) -> HashedTuple:
 @functools.lru_cache(maxsize=1024)
 def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
                         fixed: tuple | None = None):
+    if plan is None and settings.partition_strategy == PARTITION_RAIL:
+        # without a plan the rail rule is the balanced one (assign_muon_owners):
+        # the flat placement under it (which its hierarchical one renames) is
+        # balanced's, one cache entry for both (6 positional arguments, as
+        # every call passes them)
+        return colour_muon_layout(colour, group, params, None, dataclasses.replace(
+            settings, partition_strategy=PARTITION_BALANCED), fixed)
     specs = _matrix_specs(params)
     if fixed is None:
         owner_of, partition = assign_muon_owners(
