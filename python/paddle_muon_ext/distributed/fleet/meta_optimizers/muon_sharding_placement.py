@@ -428,7 +428,7 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
                 sums, align, settings.comm_buffer_size_MB)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
-            params=tuple(p.name for p in bparams), chunks=chunks,
+            params=tuple(sums.names), chunks=chunks,
             route=route, overlap=overlap,
             numel=sum(numels), chunk_numels=chunk_numels,
             param_numels=tuple(numels), chunk_bytes=chunk_bytes,

@@ -194,7 +194,6 @@ class CommOp:
 
 
 _new_object = object.__new__
-_set_dict = object.__setattr__
 
 
 def _reduce_ops(template: CommOp, parts) -> list:
@@ -207,13 +206,14 @@ def _reduce_ops(template: CommOp, parts) -> list:
     """
     fields = template.__dict__
     out = []
+    append = out.append
     for numel, payload in parts:
         op = _new_object(CommOp)
-        d = dict(fields)
+        d = op.__dict__  # the new object's own (empty) dict: filled in place
+        d.update(fields)
         d["numel"] = numel
         d["payload"] = payload
-        _set_dict(op, "__dict__", d)
-        out.append(op)
+        append(op)
     return out
 
 
