@@ -179,7 +179,14 @@ def check_plotting() -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Run ``plan``."""
+    """Run ``plan`` (without the cyclic garbage collector: :func:`.plan.paused_gc`)."""
+    from .plan import paused_gc
+
+    with paused_gc():
+        return _cmd_plan(args)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
     cfg, png, params = check_plan_args(args)
     note = limits.check_local_size(cfg.gpus_per_node)
     if note:

@@ -33,6 +33,7 @@ optimizer allocates buffers and groups from it and nothing else.
 from __future__ import annotations
 
 import math
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
@@ -51,6 +52,7 @@ from .muon_sharding_types import (
     DEFAULT_ALIGNMENT_BYTES,
     DEVELOP_DEFAULT_BUFFER_MB,
     ROUTE_HIERARCHICAL,
+    HashedTuple,
     canonical_dtype,
     itemsize,
 )
@@ -127,6 +129,39 @@ class LayoutSettings:
         return self.comm_buffer_size_MB > 0
 
 
+# The last parameter list's split by colour (see _split_params).
+_last_split: list = [(), None]
+
+
+def _split_params(params: Sequence[ParamMeta]) -> tuple:
+    """``(colours, muon, other, by_name)`` of ``params``: the set of colours,
+    ``(colour, HashedTuple of its Muon parameters)`` and the same of the
+    element-wise ones in first-seen order, and name -> meta.
+
+    The tools build a layout per path and class of rank from one list of
+    100,000 parameters (20 paths under ``plan --recommend``): the last
+    list's split is reused when it holds the same (frozen) metas in the
+    same order, and its tuples hash once in the placement caches.
+    """
+    last, split = _last_split
+    if split is not None and len(last) == len(params) and all(map(operator.is_, last, params)):
+        return split
+    muon_by_colour: dict = OrderedDict()
+    other_by_colour: dict = OrderedDict()
+    frozen = True
+    for p in params:
+        frozen = frozen and type(p) is ParamMeta
+        target = muon_by_colour if p.use_muon else other_by_colour
+        target.setdefault(p.colour, []).append(p)
+    split = (frozenset(muon_by_colour) | frozenset(other_by_colour),
+             tuple((c, HashedTuple(ps)) for c, ps in muon_by_colour.items()),
+             tuple((c, HashedTuple(ps)) for c, ps in other_by_colour.items()),
+             {p.name: p for p in params})
+    if frozen:  # only frozen metas cannot change behind the cache
+        _last_split[:] = [tuple(params), split]
+    return split
+
+
 @dataclass
 class ShardingLayout:
     """Owners, buckets, element-wise ranges and the step schedule of one rank.
@@ -196,7 +231,8 @@ class ShardingLayout:
                 its colour group.
         """
         groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
-        for p in params:
+        colours, muon_by_colour, other_by_colour, by_name = _split_params(params)
+        for p in (() if colours <= groups.keys() else params):
             if p.colour not in groups:
                 raise ValueError(
                     f"parameter {p.name} has colour {p.colour!r} but no group was "
@@ -209,30 +245,25 @@ class ShardingLayout:
                     f"({list(ranks)}); every rank must hold the parameters of the "
                     "colour groups it belongs to."
                 )
-        muon_by_colour: dict = OrderedDict()
-        other_by_colour: dict = OrderedDict()
-        for p in params:
-            target = muon_by_colour if p.use_muon else other_by_colour
-            target.setdefault(p.colour, []).append(p)
 
         owners: dict = {}
         partitions: dict = {}
         buckets: list = []
-        for colour, cparams in muon_by_colour.items():
+        for colour, cparams in muon_by_colour:
             hier_plan = plan if colour is None else None
             fixed = None if fixed_owners is None else _fixed_owners_of(
                 colour, groups[colour], cparams, fixed_owners)
             owner_of, partition, cbuckets = colour_muon_layout(
-                colour, groups[colour], tuple(cparams), hier_plan, settings, fixed)
+                colour, groups[colour], cparams, hier_plan, settings, fixed)
             owners.update(owner_of)
             partitions[colour] = partition
             buckets.extend(cbuckets)
         slices: list = []
-        for colour, cparams in other_by_colour.items():
-            slices.extend(colour_slice_layout(colour, groups[colour], tuple(cparams), settings))
+        for colour, cparams in other_by_colour:
+            slices.extend(colour_slice_layout(colour, groups[colour], cparams, settings))
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
-                   params={p.name: p for p in params},
+                   params=by_name,
                    clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
     # ------------------------------------------------------------ queries

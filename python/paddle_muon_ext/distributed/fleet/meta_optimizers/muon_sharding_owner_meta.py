@@ -37,7 +37,7 @@ from typing import Dict, List, Sequence, Tuple
 # dtype sizes have one home (a leaf, no paddle).
 from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
 from .muon_sharding_types import canonical_float_dtype as _canonical_dtype
-from .muon_sharding_types import dtype_itemsize
+from .muon_sharding_types import HashedTuple, dtype_itemsize
 
 __all__ = [
     "MatrixSpec",
@@ -199,8 +199,13 @@ def _check_nranks(nranks) -> int:
 def _check_specs(specs) -> List[MatrixSpec]:
     if specs is None:
         raise TypeError("specs must be a sequence of MatrixSpec, got None")
+    if type(specs) is HashedTuple and specs.__dict__.get("_canonical_specs"):
+        # validated before (every rule of plan --recommend gets the same
+        # tuple): immutable, and its frozen specs were all kept as they are
+        return list(specs)
     out: List[MatrixSpec] = []
     seen = set()
+    kept = True
     for s in specs:
         if type(s) is MatrixSpec and type(s.name) is str and s.name \
                 and s.name not in seen and _check_shape(s.shape) is s.shape \
@@ -208,6 +213,7 @@ def _check_specs(specs) -> List[MatrixSpec]:
             seen.add(s.name)  # already canonical: kept as is
             out.append(s)
             continue
+        kept = False
         for attr in ("name", "shape", "dtype"):
             if not hasattr(s, attr):
                 raise TypeError(
@@ -221,6 +227,8 @@ def _check_specs(specs) -> List[MatrixSpec]:
         seen.add(s.name)
         dims = _check_shape(s.shape)
         out.append(MatrixSpec(s.name, dims, _canonical_dtype(s.dtype)))
+    if kept and type(specs) is HashedTuple:
+        specs.__dict__["_canonical_specs"] = True
     return out
 
 

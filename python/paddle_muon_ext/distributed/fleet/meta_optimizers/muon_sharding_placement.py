@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -39,14 +40,17 @@ from .muon_sharding_options import (
 from .muon_sharding_owner_meta import (
     MatrixSpec,
     OwnerPartition,
+    _check_specs,
 )
 from .muon_sharding_partition import (
     balanced_partition,
+    develop_active_ranks,
     partition_from_owners,
     upstream_partition,
 )
 from .muon_sharding_rail import rail_partition, rail_positions
 from .muon_sharding_types import (
+    HashedTuple,
     ROUTE_FLAT,
     ROUTE_HIERARCHICAL,
     is_hooked,
@@ -197,11 +201,12 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     # Every argument is required: lru_cache keys a call that omits a default
     # apart from one that passes it, and the flat and hierarchical owners of a
     # group must share one entry.
+    # the rules take the tuple itself: a HashedTuple is validated once (_check_specs)
     if strategy == PARTITION_RAIL:
-        return rail_partition(list(specs), positions,
+        return rail_partition(specs, positions,
                               rank_order=None if rank_order is None else list(rank_order))
     if strategy == PARTITION_DEVELOP:
-        return upstream_partition(list(specs), nranks, buffer_MB)
+        return upstream_partition(specs, nranks, buffer_MB)
     if strategy == PARTITION_BALANCED:
         if rank_order is not None and sorted(rank_order) == list(range(nranks)):
             # The balanced rule sees a rank only through its rank_order
@@ -211,11 +216,66 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
             # order) share one computation, a second of a 100,000-matrix plan.
             return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB, None),
                             rank_order)
-        return balanced_partition(list(specs), nranks,
+        return balanced_partition(specs, nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
     raise ValueError(
         f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
     )
+
+
+# (specs, nranks, caps) -> the first buffer size develop's rule ran with for
+# those caps; bounded as _partition_cached is.
+_develop_runs: OrderedDict = OrderedDict()
+
+
+def _develop_caps(specs: HashedTuple, nranks: int, buffer_MB: float) -> tuple:
+    """Develop's active ranks of each dtype class at ``buffer_MB``: the one
+    way the buffer size reaches develop's owners (:func:`develop_owner_indices`)."""
+    totals = specs.__dict__.get("_develop_class_numels")
+    if totals is None:
+        by_dtype: dict = {}
+        for s in _check_specs(specs):  # classes by canonical dtype, as the rule's
+            key = str(s.dtype)
+            by_dtype[key] = by_dtype.get(key, 0) + int(s.numel)
+        totals = specs.__dict__["_develop_class_numels"] = tuple(sorted(by_dtype.items()))
+    return tuple((key, develop_active_ranks([total], nranks, buffer_MB))
+                 for key, total in totals)
+
+
+@functools.lru_cache(maxsize=256)
+def _develop_partition(specs: HashedTuple, nranks: int, buffer_MB: float) -> OwnerPartition:
+    # plan --recommend tries four buffer sizes; on a large model every dtype
+    # class already uses the whole group at the smallest, so the owners are
+    # the same: computed once per caps, then only the method label (which
+    # names the buffer size) differs.
+    key = (specs, nranks, _develop_caps(specs, nranks, buffer_MB))
+    first = _develop_runs.get(key)
+    if first is None:
+        if len(_develop_runs) >= 256:
+            _develop_runs.popitem(last=False)
+        first = _develop_runs[key] = buffer_MB
+    partition = _partition_cached(specs, nranks, None, PARTITION_DEVELOP, first, None)
+    if first == buffer_MB:
+        return partition
+    return dataclasses.replace(partition, method=upstream_partition(
+        (), nranks, buffer_MB).method)
+
+
+# id(partition.owners) -> (the owners dict, kept alive so its id stays unique;
+# group ranks; name -> global rank): the buffer sizes plan --recommend tries
+# share one owner map per rule.
+_global_owners: OrderedDict = OrderedDict()
+
+
+def _owners_global(owners: dict, ranks: tuple) -> dict:
+    hit = _global_owners.get(id(owners))
+    if hit is not None and hit[0] is owners and hit[1] == ranks:
+        return hit[2]
+    out = {name: ranks[idx] for name, idx in owners.items()}
+    if len(_global_owners) >= 64:
+        _global_owners.popitem(last=False)
+    _global_owners[id(owners)] = (owners, ranks, out)
+    return out
 
 
 def assign_muon_owners(
@@ -242,7 +302,8 @@ def assign_muon_owners(
         the partition (group-local indices). Cached: identical inputs give the
         identical (shared, do not mutate) result.
     """
-    ranks = [int(r) for r in group_ranks]
+    ranks = tuple(int(r) for r in group_ranks)
+    specs = specs if type(specs) is HashedTuple else HashedTuple(specs)
     rank_order = positions = None
     if partition_strategy == PARTITION_RAIL:
         positions = rail_positions(plan, ranks)
@@ -253,10 +314,12 @@ def assign_muon_owners(
         rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
     # Only develop's rule reads the buffer size: keying the balanced rule on it
     # would recompute the same owners for every buffer size plan --recommend tries.
-    key_MB = float(buffer_size_MB) if partition_strategy == PARTITION_DEVELOP else 0.0
-    partition = _partition_cached(tuple(specs), len(ranks), rank_order, partition_strategy,
-                                  key_MB, positions)
-    return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
+    if partition_strategy == PARTITION_DEVELOP:
+        partition = _develop_partition(specs, len(ranks), float(buffer_size_MB))
+    else:
+        partition = _partition_cached(specs, len(ranks), rank_order, partition_strategy,
+                                      0.0, positions)
+    return _owners_global(partition.owners, ranks), partition
 
 
 def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
@@ -264,51 +327,108 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
     return (numel + align - 1) // align * align
 
 
-def _fused_chunks(params, numels, nbytes, align: int, limit_MB: float) -> tuple:
+class _BucketSums:
+    """Prefix sums of one bucket's parameters, shared by every buffer size.
+
+    ``names``; ``nbytes_before[k]``: bytes of parameters ``0..k-1``;
+    ``padded_before(align)[k]``: their elements padded to ``align``.
+    """
+
+    def __init__(self, params, numels, nbytes) -> None:
+        self.names = [p.name for p in params]
+        self.numels = numels
+        self.nbytes_before = [0, *itertools.accumulate(nbytes)]
+        self._padded: dict = {}
+
+    def padded_before(self, align: int) -> list:
+        if align not in self._padded:
+            self._padded[align] = [0, *itertools.accumulate(
+                (n + align - 1) // align * align for n in self.numels)]
+        return self._padded[align]
+
+
+def _fused_chunks(sums: _BucketSums, align: int, limit_MB: float) -> tuple:
     """:func:`chunk_by_size` of one bucket with each chunk's names, padded
-    elements and bytes summed on the way (one pass: a 100,000-matrix plan
-    chunks every bucket once per path)."""
+    elements and bytes (a 100,000-matrix plan chunks every bucket once per
+    path): a chunk takes the next parameter while its bytes stay within the
+    limit (at least one), found by a galloping search on the prefix sums
+    (a chunk of k parameters costs O(log k))."""
     limit = limit_MB * 1024 * 1024
+    before = sums.nbytes_before
+    padded = sums.padded_before(align)
+    names = sums.names
+    n = len(names)
     chunks, chunk_numels, chunk_bytes = [], [], []
-    names: list = []
-    padded = size = 0
-    for p, n, b in zip(params, numels, nbytes):
-        if names and size + b > limit:
-            chunks.append(tuple(names))
-            chunk_numels.append(padded)
-            chunk_bytes.append(size)
-            names, padded, size = [], 0, 0
-        names.append(p.name)
-        padded += (n + align - 1) // align * align
-        size += b
-    if names:
-        chunks.append(tuple(names))
-        chunk_numels.append(padded)
-        chunk_bytes.append(size)
+    start = 0
+    while start < n:
+        base = before[start]
+        # the first prefix end >= start + 2 whose bytes from start exceed the
+        # limit (n + 1: none); the parameter ending there opens the next chunk
+        lo, hi, step = start + 2, n + 1, 1
+        while True:  # gallop: every end below lo stays within the limit
+            probe = lo + step - 1
+            if probe >= hi:
+                break
+            if before[probe] - base > limit:
+                hi = probe + 1
+                break
+            lo, step = probe + 1, step * 2
+        while lo < hi:  # bisect [lo, hi); exact integer differences vs the limit
+            mid = (lo + hi) // 2
+            if before[mid] - base > limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        end = lo - 1
+        chunks.append(tuple(names[start:end]))
+        chunk_numels.append(padded[end] - padded[start])
+        chunk_bytes.append(before[end] - base)
+        start = end
     return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
 
 
-def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
+# (id(params), id(owner_of)) -> (params, owner_of, buckets' parameters): held
+# so the ids stay unique; the buffer sizes plan --recommend tries share one
+# owner map per rule (assign_muon_owners) and group its matrices once.
+_grouped_seen: OrderedDict = OrderedDict()
+
+
+def _group_by_owner(params, owner_of) -> list:
+    """``[((owner, dtype), params, numels, nbytes, sums)]`` sorted by (owner, dtype)."""
+    key = (id(params), id(owner_of))
+    hit = _grouped_seen.get(key)
+    if hit is not None and hit[0] is params and hit[1] is owner_of:
+        return hit[2]
     grouped: dict = OrderedDict()
     for p in params:
         grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
     out = []
+    for k, bparams in sorted(grouped.items()):
+        numels, nbytes = [p.numel for p in bparams], [p.nbytes for p in bparams]
+        out.append((k, bparams, numels, nbytes, _BucketSums(bparams, numels, nbytes)))
+    if type(params) is HashedTuple:  # immutable: safe to reuse by identity
+        if len(_grouped_seen) >= 16:
+            _grouped_seen.popitem(last=False)
+        _grouped_seen[key] = (params, owner_of, out)
+    return out
+
+
+def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
+    out = []
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
-    for (owner, dtype), bparams in sorted(grouped.items()):
+    for (owner, dtype), bparams, numels, nbytes, sums in _group_by_owner(params, owner_of):
         chunks = chunk_numels = chunk_bytes = ()
-        numels = [p.numel for p in bparams]
-        nbytes = [p.nbytes for p in bparams]
         if fused:
             # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
             # a 100,000-matrix plan pads every parameter once per path
             align = max(1, settings.alignment_bytes // itemsize(dtype))
             chunks, chunk_numels, chunk_bytes = _fused_chunks(
-                bparams, numels, nbytes, align, settings.comm_buffer_size_MB)
+                sums, align, settings.comm_buffer_size_MB)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
-            params=tuple(p.name for p in bparams), chunks=chunks,
+            params=tuple(sums.names), chunks=chunks,
             route=route, overlap=overlap,
             numel=sum(numels), chunk_numels=chunk_numels,
             param_numels=tuple(numels), chunk_bytes=chunk_bytes,
@@ -367,14 +487,14 @@ def fixed_owners(colour, group: tuple, params: Sequence[ParamMeta],
 # The last parameter tuple's MatrixSpecs: the paths plan --recommend builds
 # (two routes x two rules x three buffer sizes) hand the same ParamMeta objects
 # in fresh tuples; checked by identity, so any other list is converted anew.
-_last_specs: list = [(), []]
+_last_specs: list = [(), HashedTuple()]
 
 
-def _matrix_specs(params: tuple) -> list:
+def _matrix_specs(params: tuple) -> HashedTuple:
     last, specs = _last_specs
-    if len(last) == len(params) and all(map(operator.is_, last, params)):
+    if last is params or len(last) == len(params) and all(map(operator.is_, last, params)):
         return specs
-    specs = [MatrixSpec(p.name, p.shape, p.dtype) for p in params]
+    specs = HashedTuple(MatrixSpec(p.name, p.shape, p.dtype) for p in params)
     _last_specs[:] = [params, specs]
     return specs
 
@@ -382,6 +502,13 @@ def _matrix_specs(params: tuple) -> list:
 @functools.lru_cache(maxsize=1024)
 def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
                         fixed: tuple | None = None):
+    if plan is None and settings.partition_strategy == PARTITION_RAIL:
+        # without a plan the rail rule is the balanced one (assign_muon_owners):
+        # the flat placement under it (which its hierarchical one renames) is
+        # balanced's, one cache entry for both (6 positional arguments, as
+        # every call passes them)
+        return colour_muon_layout(colour, group, params, None, dataclasses.replace(
+            settings, partition_strategy=PARTITION_BALANCED), fixed)
     specs = _matrix_specs(params)
     if fixed is None:
         owner_of, partition = assign_muon_owners(
@@ -405,15 +532,36 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
     return owner_of, partition, buckets
 
 
+# (id(flat), id(hier)) -> (flat, hier, renaming or None): the owner maps are
+# shared by the buffer sizes plan --recommend tries (assign_muon_owners), so
+# each pair is compared once; held so the ids stay unique.
+_renamings: OrderedDict = OrderedDict()
+
+
+def _owner_renaming(flat_owner_of: dict, owner_of: dict):
+    key = (id(flat_owner_of), id(owner_of))
+    hit = _renamings.get(key)
+    if hit is not None and hit[0] is flat_owner_of and hit[1] is owner_of:
+        return hit[2]
+    rename: dict = {}
+    for name, owner in flat_owner_of.items():
+        if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
+            rename = None
+            break
+    if rename is not None and len(set(rename.values())) != len(rename):
+        rename = None
+    if len(_renamings) >= 16:
+        _renamings.popitem(last=False)
+    _renamings[key] = (flat_owner_of, owner_of, rename)
+    return rename
+
+
 def _renamed_buckets(flat_owner_of: dict, flat_buckets: tuple, owner_of: dict):
     """``flat_buckets`` on the hierarchical route with each owner renamed as
     ``flat_owner_of`` -> ``owner_of`` renames it, in bucket order; None when
     that is no one-to-one renaming of owners (the buckets then differ)."""
-    rename: dict = {}
-    for name, owner in flat_owner_of.items():
-        if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
-            return None
-    if len(set(rename.values())) != len(rename):
+    rename = _owner_renaming(flat_owner_of, owner_of)
+    if rename is None:
         return None
     out = [dataclasses.replace(b, owner=rename[b.owner], route=ROUTE_HIERARCHICAL)
            for b in flat_buckets]

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
 
-__all__ = ["build_sync_stages", "run_staged_update", "stage_element_limit"]
+__all__ = ["build_sync_stages", "run_staged_update", "stage_element_limit", "stage_runs"]
 
 # One MB of fp32 elements: develop sizes stages as comm_buffer_size_MB * 2**18.
 _ELEMENTS_PER_MB = 2**18
@@ -48,6 +48,33 @@ def _numel(param) -> int:
     if type(numel) is int:  # the layout's ParamMeta: counted once at construction
         return numel
     return math.prod(int(d) for d in param.shape)
+
+
+def stage_runs(key_numels: Sequence[int], limit: int) -> list:
+    """How adjacent Muon groups form stages: the number of keys in each run.
+
+    A run closes once its elements reach ``limit``; the last run holds the
+    rest. The one place the rule lives: :func:`build_sync_stages` splits by
+    it, and the layout's cache keys stages on it (buffer sizes giving the
+    same runs give the same stages).
+
+    Args:
+        key_numels: elements of each key, in stage order.
+        limit: :func:`stage_element_limit`.
+
+    Returns:
+        list[int]: keys per run.
+    """
+    runs, run, size = [], 0, 0
+    for n in key_numels:
+        run += 1
+        size += n
+        if size >= limit:
+            runs.append(run)
+            run, size = 0, 0
+    if run:
+        runs.append(run)
+    return runs
 
 
 def build_sync_stages(
@@ -89,15 +116,11 @@ def build_sync_stages(
             by_key.setdefault(group_key(p), []).append(p)
         for key, members in by_key.items():
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
-        runs, run, size = [], [], 0
-        for key, members in by_key.items():
-            run.append(key)
-            size += sum(map(_numel, members))
-            if size >= limit:
-                runs.append(run)
-                run, size = [], 0
-        if run:
-            runs.append(run)
+        keys_in_order = list(by_key)
+        runs, start = [], 0
+        for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
+            runs.append(keys_in_order[start:start + n])
+            start += n
         for keys in runs:
             wanted = {id(p) for k in keys for p in by_key[k]}
             owned = OrderedDict(

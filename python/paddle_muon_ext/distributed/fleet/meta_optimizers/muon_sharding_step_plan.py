@@ -27,7 +27,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
-from .muon_sharding_stages import build_sync_stages, stage_element_limit
+from .muon_sharding_stages import _numel as _stage_numel
+from .muon_sharding_stages import build_sync_stages, stage_element_limit, stage_runs
 from .muon_sharding_types import (
     COLLECTIVE_OPS,
     OP_ALL_GATHER,
@@ -193,7 +194,6 @@ class CommOp:
 
 
 _new_object = object.__new__
-_set_dict = object.__setattr__
 
 
 def _reduce_ops(template: CommOp, parts) -> list:
@@ -206,13 +206,14 @@ def _reduce_ops(template: CommOp, parts) -> list:
     """
     fields = template.__dict__
     out = []
+    append = out.append
     for numel, payload in parts:
         op = _new_object(CommOp)
-        d = dict(fields)
+        d = op.__dict__  # the new object's own (empty) dict: filled in place
+        d.update(fields)
         d["numel"] = numel
         d["payload"] = payload
-        _set_dict(op, "__dict__", d)
-        out.append(op)
+        append(op)
     return out
 
 
@@ -226,12 +227,47 @@ def sync_stages(layout: ShardingLayout) -> tuple:
     cached = layout.__dict__.get("_sync_stage_cache")
     if cached is not None:
         return cached
+    entry = _stage_inputs(layout)
+    sorted_by_colour, rank2params, info, key_numels = entry[4]
+    limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
+    # the buffer size reaches the stages only through the runs of keys
+    result_key = (tuple((c, tuple(stage_runs(ns, limit))) for c, ns in key_numels.items()),
+                  tuple(layout.slice_buffers))
+    stages = entry[5].get(result_key)
+    if stages is None:
+        stages = entry[5][result_key] = _convert_stages(layout, build_sync_stages(
+            sorted_by_colour, rank2params, info, layout.slice_buffers,
+            lambda buf: buf.params, _stage_group_key, limit))
+    layout.__dict__["_sync_stage_cache"] = stages
+    return stages
+
+
+def _stage_group_key(m):
+    return m.group_key if m.group_key is not None else (None, m.shape)
+
+
+# The stage inputs of the last layouts: (params, owners, groups, rank, inputs,
+# {(runs, slice buffers): stages}). plan --recommend builds the flat path for
+# four buffer sizes with the same owners: the grouping of 100,000 matrices
+# by owner and key is done once, and the stages once per distinct runs.
+# Matched by the params dict's identity (shared by layouts of one parameter
+# list, never mutated; held so its id stays unique) and equal owners, groups
+# and rank.
+_stage_memo: list = []
+
+
+def _stage_inputs(layout: ShardingLayout) -> tuple:
+    for entry in _stage_memo:
+        if entry[0] is layout.params and entry[3] == layout.rank \
+                and entry[2] == layout.groups and entry[1] == layout.owners:
+            return entry
     by_colour: dict = OrderedDict()
     owners = layout.owners
     for meta in layout.params.values():
         if meta.name in owners:
             by_colour.setdefault(meta.colour, []).append(meta)
     sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
+    key_numels: dict = OrderedDict()
     for colour, metas in by_colour.items():
         ranks = layout.groups[colour]
         index = _group_index(tuple(ranks))
@@ -245,12 +281,22 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         sorted_by_colour[colour] = [m for _, ms in sorted(by_rank.items()) for m in ms]
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
-    raw = build_sync_stages(
-        sorted_by_colour, rank2params, info, layout.slice_buffers,
-        lambda buf: buf.params,
-        lambda m: m.group_key if m.group_key is not None else (None, m.shape),
-        stage_element_limit(layout.settings.comm_buffer_size_MB),
-    )
+        # each key's elements in first-seen order: build_sync_stages' runs
+        numels: dict = OrderedDict()
+        for m in sorted_by_colour[colour]:
+            k = _stage_group_key(m)
+            numels[k] = numels.get(k, 0) + _stage_numel(m)
+        key_numels[colour] = list(numels.values())
+    entry = (layout.params, dict(owners), dict(layout.groups), layout.rank,
+             (sorted_by_colour, rank2params, info, key_numels), {})
+    if len(_stage_memo) >= 4:
+        del _stage_memo[0]
+    _stage_memo.append(entry)
+    return entry
+
+
+def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
+    """build_sync_stages' dicts as :class:`SyncStageSpec` s."""
     stages = []
     for stage in raw:
         if stage["kind"] == "1d":
@@ -276,8 +322,7 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         stages.append(SyncStageSpec(
             "2d", stage["color"], group, tuple(stage["keys"]), tuple(owners),
             tuple(m.name for m in stage["local_params"])))
-    layout.__dict__["_sync_stage_cache"] = tuple(stages)
-    return layout.__dict__["_sync_stage_cache"]
+    return tuple(stages)
 
 
 def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,

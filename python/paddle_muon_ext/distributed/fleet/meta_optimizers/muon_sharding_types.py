@@ -28,6 +28,7 @@ from typing import Any, Dict, Hashable, Tuple
 
 __all__ = [
     "FLOAT_DTYPE_SIZES",
+    "HashedTuple",
     "NON_FLOAT_DTYPE_SIZES",
     "DTYPE_ALIASES",
     "canonical_dtype",
@@ -296,3 +297,22 @@ OP_STAGE_UPDATE = "stage_update"
 OP_FINISH_SYNC = "finish_sync"
 #: step: move fresh optimizer states into the fused buffers.
 OP_FUSE_STATES = "fuse_states"
+
+
+class HashedTuple(tuple):
+    """A tuple that hashes its items once.
+
+    ``lru_cache`` hashes every argument on every call; a plan of 100,000
+    matrices passes the same 100,000-item tuple of parameters to the
+    placement caches once per path (20 paths under ``plan --recommend``),
+    and hashing it item by item each time was a second of the run. Equal to
+    (and hashing as) the plain tuple of the same items, so cache entries
+    are shared with callers that pass plain tuples. Its items must be
+    immutable (frozen dataclasses, ints, strings).
+    """
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
