@@ -84,7 +84,7 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    help="also estimate comm_group_call_opt off/on x every owner rule x "
                    "buffers of 64/256/1024 MB (and --buffer-size-MB) and name the fastest, "
                    "with its ratio to the default and to the lower bound (JSON: "
-                   '"recommend"); the default wins ties; about 3x plan\'s time (12-20 paths '
+                   '"recommend"); the default wins ties; about 2x plan\'s time (12-20 paths '
                    "instead of 4)")
     p.add_argument("--json", action="store_true",
                    help="print only a JSON dict on stdout (notes go to stderr)")
