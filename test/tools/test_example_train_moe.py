@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import unittest
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,10 +50,11 @@ def readme_moe_fragment() -> str:
 
 
 class TestTrainMoeExample(unittest.TestCase):
-    def _launch(self, *args: str) -> tuple:
+    def _launch(self, *args: str, log_dir: str | None = None) -> tuple:
         # A user's environment plus the emulated nodes: 2 cards per node.
         env = {"CUDA_VISIBLE_DEVICES": "", "GLOO_COMPAT": "", "GLOO_COMPAT_LOCAL_SIZE": "2"}
-        result = run_paddle_launch(EXAMPLE, 4, env=env, timeout_s=240, args=args)
+        result = run_paddle_launch(EXAMPLE, 4, env=env, timeout_s=240, args=args,
+                                   log_dir=log_dir)
         print(f"train_moe on 4 processes {list(args)}: {result.wall_s:.1f}s")
         log = result.worker_logs.get(0, "")
         verdicts = {int(r): (word, float(d)) for word, r, d in VERDICT.findall(log)}
@@ -83,7 +85,10 @@ class TestTrainMoeExample(unittest.TestCase):
         # The gradient contract (docs/USAGE.md): without 1/ep the experts'
         # gradients are ep x too large; with the global-norm clip active that moves parameters
         # by ~2.4e-4 in 3 steps (documented as >= 1e-4), far above 1e-5.
-        result, verdicts = self._launch("--wrong-expert-scale")
+        # a failed launch keeps its own log dir for debugging: this one fails
+        # on purpose, so it logs into a directory the test removes
+        with tempfile.TemporaryDirectory(prefix="train_moe_wrong_scale_") as log_dir:
+            result, verdicts = self._launch("--wrong-expert-scale", log_dir=log_dir)
         self.assertFalse(result.ok, "a wrong expert scale exited 0\n" + result.failure_message())
         self.assertIn("expert gradient scale 1,", result.worker_logs[0])
         for rank, (word, diff) in verdicts.items():
