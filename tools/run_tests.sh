@@ -74,9 +74,10 @@ for name in legacy_mock fleet group_call tools; do
 done
 echo "total: $passed_total passed, $failed_total failed"
 # The failed tests' names last, where a truncated CI log still shows them
-# (pytest's -rfE lines, e.g. "FAILED test/tools/x.py::T::test_y - AssertionError: ...").
+# (pytest's -rfE lines, e.g. "FAILED test/tools/x.py::T::test_y - AssertionError: ...",
+# and SUBFAILED for a failed subtest).
 for name in legacy_mock fleet group_call tools; do
-  grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" 2>/dev/null | cut -c1-400 | sed "s/^/[$name] /" || true
+  grep -E '^(SUB)?(FAILED|ERROR)[ (]' "$LOGS/$name.log" 2>/dev/null | cut -c1-400 | sed "s/^/[$name] /" || true
 done
 if [ "$failed" -ne 0 ]; then
   echo "some test group failed (see above)" >&2
