@@ -72,6 +72,12 @@ def _recommend(cfg, ab, params, backend, overlap, buffer_mb=256.0):
     return recommend.recommend(res, recommend.annotate(res, ab))
 
 
+def _assert_no_candidate_below_the_bound(test: unittest.TestCase, rec: dict) -> None:
+    for c in rec["candidates"]:
+        test.assertGreaterEqual(c["estimated_time_s"], rec["bound_s"] * (1 - 1e-12),
+                                c["config"])
+
+
 class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
     def test_no_candidate_falls_below_the_bound(self) -> None:
         rng = random.Random(29)
@@ -90,9 +96,7 @@ class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
             with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, backend=backend,
                               overlap=overlap, buffer_mb=buffer_mb):
                 self.assertGreater(b, 0.0)
-                for c in rec["candidates"]:
-                    self.assertGreaterEqual(c["estimated_time_s"], b * (1 - 1e-12),
-                                            c["config"])
+                _assert_no_candidate_below_the_bound(self, rec)
 
 
 class TestOwnerPairBoundsRandomised(unittest.TestCase):
@@ -132,9 +136,7 @@ class TestOwnerPairBoundsRandomised(unittest.TestCase):
                     raised += 1
             with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
                               buffer_mb=buffer_mb):
-                for c in rec["candidates"]:
-                    self.assertGreaterEqual(c["estimated_time_s"], b * (1 - 1e-12),
-                                            c["config"])
+                _assert_no_candidate_below_the_bound(self, rec)
         # the pair floor is what these trials exercise
         self.assertGreaterEqual(raised, 10)
 

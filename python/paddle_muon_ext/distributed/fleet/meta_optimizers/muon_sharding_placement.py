@@ -223,6 +223,35 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     )
 
 
+class _IdentityMemo:
+    """Results keyed by the identity of the objects they were computed from.
+
+    The buffer sizes ``plan --recommend`` tries share one owner map per rule
+    and one parameter tuple, so work on them is looked up by ``id``; each
+    entry holds its objects (their ids stay unique while it lives) and an
+    optional hashable ``extra`` compared by value. Oldest first out past
+    ``maxsize``.
+    """
+
+    _MISSING = object()
+
+    def __init__(self, maxsize: int) -> None:
+        self._entries: OrderedDict = OrderedDict()
+        self._maxsize = maxsize
+
+    def get(self, objs: tuple, extra: Hashable = ()):
+        """The stored result, or ``_IdentityMemo._MISSING``."""
+        hit = self._entries.get((tuple(map(id, objs)), extra))
+        if hit is not None and all(map(operator.is_, hit[0], objs)):
+            return hit[1]
+        return self._MISSING
+
+    def put(self, objs: tuple, value, extra: Hashable = ()) -> None:
+        if len(self._entries) >= self._maxsize:
+            self._entries.popitem(last=False)
+        self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
+
+
 # (specs, nranks, caps) -> the first buffer size develop's rule ran with for
 # those caps; bounded as _partition_cached is.
 _develop_runs: OrderedDict = OrderedDict()
@@ -261,20 +290,16 @@ def _develop_partition(specs: HashedTuple, nranks: int, buffer_MB: float) -> Own
         (), nranks, buffer_MB).method)
 
 
-# id(partition.owners) -> (the owners dict, kept alive so its id stays unique;
-# group ranks; name -> global rank): the buffer sizes plan --recommend tries
-# share one owner map per rule.
-_global_owners: OrderedDict = OrderedDict()
+# owner map -> name -> global rank, per group ranks: the buffer sizes
+# plan --recommend tries share one owner map per rule.
+_global_owners = _IdentityMemo(64)
 
 
 def _owners_global(owners: dict, ranks: tuple) -> dict:
-    hit = _global_owners.get(id(owners))
-    if hit is not None and hit[0] is owners and hit[1] == ranks:
-        return hit[2]
-    out = {name: ranks[idx] for name, idx in owners.items()}
-    if len(_global_owners) >= 64:
-        _global_owners.popitem(last=False)
-    _global_owners[id(owners)] = (owners, ranks, out)
+    out = _global_owners.get((owners,), ranks)
+    if out is _IdentityMemo._MISSING:
+        out = {name: ranks[idx] for name, idx in owners.items()}
+        _global_owners.put((owners,), out, ranks)
     return out
 
 
@@ -387,18 +412,17 @@ def _fused_chunks(sums: _BucketSums, align: int, limit_MB: float) -> tuple:
     return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
 
 
-# (id(params), id(owner_of)) -> (params, owner_of, buckets' parameters): held
-# so the ids stay unique; the buffer sizes plan --recommend tries share one
-# owner map per rule (assign_muon_owners) and group its matrices once.
-_grouped_seen: OrderedDict = OrderedDict()
+# (parameters, owner map) -> their buckets' parameters: the buffer sizes
+# plan --recommend tries share one owner map per rule (assign_muon_owners)
+# and group its matrices once.
+_grouped_seen = _IdentityMemo(16)
 
 
 def _group_by_owner(params, owner_of) -> list:
     """``[((owner, dtype), params, numels, nbytes, sums)]`` sorted by (owner, dtype)."""
-    key = (id(params), id(owner_of))
-    hit = _grouped_seen.get(key)
-    if hit is not None and hit[0] is params and hit[1] is owner_of:
-        return hit[2]
+    out = _grouped_seen.get((params, owner_of))
+    if out is not _IdentityMemo._MISSING:
+        return out
     grouped: dict = OrderedDict()
     for p in params:
         grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
@@ -407,9 +431,7 @@ def _group_by_owner(params, owner_of) -> list:
         numels, nbytes = [p.numel for p in bparams], [p.nbytes for p in bparams]
         out.append((k, bparams, numels, nbytes, _BucketSums(bparams, numels, nbytes)))
     if type(params) is HashedTuple:  # immutable: safe to reuse by identity
-        if len(_grouped_seen) >= 16:
-            _grouped_seen.popitem(last=False)
-        _grouped_seen[key] = (params, owner_of, out)
+        _grouped_seen.put((params, owner_of), out)
     return out
 
 
@@ -532,27 +554,24 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
     return owner_of, partition, buckets
 
 
-# (id(flat), id(hier)) -> (flat, hier, renaming or None): the owner maps are
-# shared by the buffer sizes plan --recommend tries (assign_muon_owners), so
-# each pair is compared once; held so the ids stay unique.
-_renamings: OrderedDict = OrderedDict()
+# (flat owner map, hierarchical owner map) -> the renaming or None: the owner
+# maps are shared by the buffer sizes plan --recommend tries
+# (assign_muon_owners), so each pair is compared once.
+_renamings = _IdentityMemo(16)
 
 
 def _owner_renaming(flat_owner_of: dict, owner_of: dict):
-    key = (id(flat_owner_of), id(owner_of))
-    hit = _renamings.get(key)
-    if hit is not None and hit[0] is flat_owner_of and hit[1] is owner_of:
-        return hit[2]
-    rename: dict = {}
+    rename = _renamings.get((flat_owner_of, owner_of))
+    if rename is not _IdentityMemo._MISSING:
+        return rename
+    rename = {}
     for name, owner in flat_owner_of.items():
         if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
             rename = None
             break
     if rename is not None and len(set(rename.values())) != len(rename):
         rename = None
-    if len(_renamings) >= 16:
-        _renamings.popitem(last=False)
-    _renamings[key] = (flat_owner_of, owner_of, rename)
+    _renamings.put((flat_owner_of, owner_of), rename)
     return rename
 
 
