@@ -30,7 +30,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
 
-__all__ = ["build_sync_stages", "run_staged_update", "stage_element_limit", "stage_runs"]
+__all__ = [
+    "build_sync_stages",
+    "key_numels",
+    "run_staged_update",
+    "stage_element_limit",
+    "stage_runs",
+]
 
 # One MB of fp32 elements: develop sizes stages as comm_buffer_size_MB * 2**18.
 _ELEMENTS_PER_MB = 2**18
@@ -75,6 +81,16 @@ def stage_runs(key_numels: Sequence[int], limit: int) -> list:
     if run:
         runs.append(run)
     return runs
+
+
+def key_numels(params: Sequence, group_key: Callable[[Any], Any]) -> list:
+    """Elements of each ``group_key`` of ``params``, keys in first-seen order:
+    what :func:`stage_runs` splits (as :func:`build_sync_stages` groups them)."""
+    numels: dict = OrderedDict()
+    for p in params:
+        k = group_key(p)
+        numels[k] = numels.get(k, 0) + _numel(p)
+    return list(numels.values())
 
 
 def build_sync_stages(

@@ -27,8 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
-from .muon_sharding_stages import _numel as _stage_numel
-from .muon_sharding_stages import build_sync_stages, stage_element_limit, stage_runs
+from .muon_sharding_stages import build_sync_stages, key_numels, stage_element_limit, stage_runs
 from .muon_sharding_types import (
     COLLECTIVE_OPS,
     OP_ALL_GATHER,
@@ -228,10 +227,10 @@ def sync_stages(layout: ShardingLayout) -> tuple:
     if cached is not None:
         return cached
     entry = _stage_inputs(layout)
-    sorted_by_colour, rank2params, info, key_numels = entry[4]
+    sorted_by_colour, rank2params, info, numels_of_keys = entry[4]
     limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
     # the buffer size reaches the stages only through the runs of keys
-    result_key = (tuple((c, tuple(stage_runs(ns, limit))) for c, ns in key_numels.items()),
+    result_key = (tuple((c, tuple(stage_runs(ns, limit))) for c, ns in numels_of_keys.items()),
                   tuple(layout.slice_buffers))
     stages = entry[5].get(result_key)
     if stages is None:
@@ -267,7 +266,7 @@ def _stage_inputs(layout: ShardingLayout) -> tuple:
         if meta.name in owners:
             by_colour.setdefault(meta.colour, []).append(meta)
     sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
-    key_numels: dict = OrderedDict()
+    numels_of_keys: dict = OrderedDict()
     for colour, metas in by_colour.items():
         ranks = layout.groups[colour]
         index = _group_index(tuple(ranks))
@@ -282,13 +281,9 @@ def _stage_inputs(layout: ShardingLayout) -> tuple:
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
         # each key's elements in first-seen order: build_sync_stages' runs
-        numels: dict = OrderedDict()
-        for m in sorted_by_colour[colour]:
-            k = _stage_group_key(m)
-            numels[k] = numels.get(k, 0) + _stage_numel(m)
-        key_numels[colour] = list(numels.values())
+        numels_of_keys[colour] = key_numels(sorted_by_colour[colour], _stage_group_key)
     entry = (layout.params, dict(owners), dict(layout.groups), layout.rank,
-             (sorted_by_colour, rank2params, info, key_numels), {})
+             (sorted_by_colour, rank2params, info, numels_of_keys), {})
     if len(_stage_memo) >= 4:
         del _stage_memo[0]
     _stage_memo.append(entry)
