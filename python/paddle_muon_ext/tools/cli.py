@@ -72,8 +72,8 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
     p.add_argument("--partition", choices=PARTITION_RULES, default=DEFAULT_PARTITION,
                    help="owner rule of the main figures (sharding_configs."
                    f"muon_partition_strategy; default {DEFAULT_PARTITION}, the optimizer's; "
-                   "the other rules' key figures are reported side by side; rail only "
-                   "where it differs from balanced: the hierarchical path over >= 2 nodes)")
+                   "develop's rule and balanced are reported side by side, and rail where "
+                   "it is the one chosen)")
     p.add_argument("--backend", choices=BACKENDS, default="nccl",
                    help="collective algorithms: nccl rings (GPU, default) or gloo as "
                    "measured on the namespace cluster (CPU)")

@@ -40,6 +40,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
     PARTITION_STRATEGIES,
     option_default,
 )
+from ..distributed.fleet.meta_optimizers.muon_sharding_types import IdentityMemo
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
@@ -77,21 +78,18 @@ PARTITION_RULES = PARTITION_STRATEGIES
 FLAT_RULES = tuple(r for r in PARTITION_RULES if r != PARTITION_RAIL)
 
 
-# (id(owners), id(dtypes)) -> (owners, dtypes, num_buffers()): the paths of one
-# run share their partitions' maps (the placement caches return shared,
-# unmutated partitions; plan --recommend reads each of 4 maps 20 times); the
-# maps are held so their ids stay unique.
-_num_buffers_seen: Dict[Tuple[int, int], tuple] = {}
+# a partition's (owners, dtypes) maps -> num_buffers(): the paths of one run
+# share their partitions' maps (the placement caches return shared,
+# unmutated partitions; plan --recommend reads each of 4 maps 20 times).
+_num_buffers_seen = IdentityMemo(64)
 
 
 def _num_buffers(part) -> int:
-    key = (id(part.owners), id(part.dtypes))
-    hit = _num_buffers_seen.get(key)
-    if hit is None or hit[0] is not part.owners or hit[1] is not part.dtypes:
-        if len(_num_buffers_seen) >= 64:
-            _num_buffers_seen.clear()
-        hit = _num_buffers_seen[key] = (part.owners, part.dtypes, part.num_buffers())
-    return hit[2]
+    n = _num_buffers_seen.get((part.owners, part.dtypes))
+    if n is IdentityMemo.MISSING:
+        n = part.num_buffers()
+        _num_buffers_seen.put((part.owners, part.dtypes), n)
+    return n
 
 
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,

@@ -51,6 +51,7 @@ from .muon_sharding_partition import (
 from .muon_sharding_rail import rail_partition, rail_positions
 from .muon_sharding_types import (
     HashedTuple,
+    IdentityMemo,
     ROUTE_FLAT,
     ROUTE_HIERARCHICAL,
     is_hooked,
@@ -223,35 +224,6 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     )
 
 
-class _IdentityMemo:
-    """Results keyed by the identity of the objects they were computed from.
-
-    The buffer sizes ``plan --recommend`` tries share one owner map per rule
-    and one parameter tuple, so work on them is looked up by ``id``; each
-    entry holds its objects (their ids stay unique while it lives) and an
-    optional hashable ``extra`` compared by value. Oldest first out past
-    ``maxsize``.
-    """
-
-    _MISSING = object()
-
-    def __init__(self, maxsize: int) -> None:
-        self._entries: OrderedDict = OrderedDict()
-        self._maxsize = maxsize
-
-    def get(self, objs: tuple, extra: Hashable = ()):
-        """The stored result, or ``_IdentityMemo._MISSING``."""
-        hit = self._entries.get((tuple(map(id, objs)), extra))
-        if hit is not None and all(map(operator.is_, hit[0], objs)):
-            return hit[1]
-        return self._MISSING
-
-    def put(self, objs: tuple, value, extra: Hashable = ()) -> None:
-        if len(self._entries) >= self._maxsize:
-            self._entries.popitem(last=False)
-        self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
-
-
 # (specs, nranks, caps) -> the first buffer size develop's rule ran with for
 # those caps; bounded as _partition_cached is.
 _develop_runs: OrderedDict = OrderedDict()
@@ -292,12 +264,12 @@ def _develop_partition(specs: HashedTuple, nranks: int, buffer_MB: float) -> Own
 
 # owner map -> name -> global rank, per group ranks: the buffer sizes
 # plan --recommend tries share one owner map per rule.
-_global_owners = _IdentityMemo(64)
+_global_owners = IdentityMemo(64)
 
 
 def _owners_global(owners: dict, ranks: tuple) -> dict:
     out = _global_owners.get((owners,), ranks)
-    if out is _IdentityMemo._MISSING:
+    if out is IdentityMemo.MISSING:
         out = {name: ranks[idx] for name, idx in owners.items()}
         _global_owners.put((owners,), out, ranks)
     return out
@@ -415,13 +387,13 @@ def _fused_chunks(sums: _BucketSums, align: int, limit_MB: float) -> tuple:
 # (parameters, owner map) -> their buckets' parameters: the buffer sizes
 # plan --recommend tries share one owner map per rule (assign_muon_owners)
 # and group its matrices once.
-_grouped_seen = _IdentityMemo(16)
+_grouped_seen = IdentityMemo(16)
 
 
 def _group_by_owner(params, owner_of) -> list:
     """``[((owner, dtype), params, numels, nbytes, sums)]`` sorted by (owner, dtype)."""
     out = _grouped_seen.get((params, owner_of))
-    if out is not _IdentityMemo._MISSING:
+    if out is not IdentityMemo.MISSING:
         return out
     grouped: dict = OrderedDict()
     for p in params:
@@ -557,12 +529,12 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
 # (flat owner map, hierarchical owner map) -> the renaming or None: the owner
 # maps are shared by the buffer sizes plan --recommend tries
 # (assign_muon_owners), so each pair is compared once.
-_renamings = _IdentityMemo(16)
+_renamings = IdentityMemo(16)
 
 
 def _owner_renaming(flat_owner_of: dict, owner_of: dict):
     rename = _renamings.get((flat_owner_of, owner_of))
-    if rename is not _IdentityMemo._MISSING:
+    if rename is not IdentityMemo.MISSING:
         return rename
     rename = {}
     for name, owner in flat_owner_of.items():

@@ -23,12 +23,15 @@ the layout, the partitioner and the offline tools all read the same table.
 from __future__ import annotations
 
 import functools
+import operator
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Hashable, Tuple
 
 __all__ = [
     "FLOAT_DTYPE_SIZES",
     "HashedTuple",
+    "IdentityMemo",
     "NON_FLOAT_DTYPE_SIZES",
     "DTYPE_ALIASES",
     "canonical_dtype",
@@ -316,3 +319,32 @@ class HashedTuple(tuple):
         if h is None:
             h = self.__dict__["_hash"] = tuple.__hash__(self)
         return h
+
+
+class IdentityMemo:
+    """Results keyed by the identity of the objects they were computed from.
+
+    The paths ``plan --recommend`` builds share one owner map per rule and
+    one parameter tuple, so work on them is looked up by ``id``; each
+    entry holds its objects (their ids stay unique while it lives) and an
+    optional hashable ``extra`` compared by value. Oldest first out past
+    ``maxsize``.
+    """
+
+    MISSING = object()
+
+    def __init__(self, maxsize: int) -> None:
+        self._entries: OrderedDict = OrderedDict()
+        self._maxsize = maxsize
+
+    def get(self, objs: tuple, extra: Hashable = ()):
+        """The stored result, or ``IdentityMemo.MISSING``."""
+        hit = self._entries.get((tuple(map(id, objs)), extra))
+        if hit is not None and all(map(operator.is_, hit[0], objs)):
+            return hit[1]
+        return self.MISSING
+
+    def put(self, objs: tuple, value, extra: Hashable = ()) -> None:
+        if len(self._entries) >= self._maxsize:
+            self._entries.popitem(last=False)
+        self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
