@@ -47,10 +47,16 @@ from muon_test_compat import (  # noqa: E402
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
+    muon_flight_recorder as fr,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
     muon_sharding_collectives as comm,
 )
 
 FAIL_STEP = 1
+# Written into the dump directory when the last rank stalls: dumps older than
+# it were taken on a slow step 0 (a loaded CI box), not on the hang.
+STALL_MARKER = "hangs_job.stalled"
 
 
 def main() -> None:
@@ -89,6 +95,8 @@ def main() -> None:
                 if mode == "crash_one":
                     raise ValueError("simulated bug on one rank")
                 print(f"[hangs job] rank {rank} stalls", flush=True)
+                with open(os.path.join(fr.dump_dir(), STALL_MARKER), "w"):
+                    pass
                 time.sleep(300)
             return real_reduce_onto(*args, **kwargs)
 

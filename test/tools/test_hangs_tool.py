@@ -36,6 +36,7 @@ from paddle_muon_ext.tools import hangs
 CULPRIT = "is the rank the others wait for"
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB_WORKER = os.path.join(HERE, "hangs_job_worker.py")
+STALL_MARKER = "hangs_job.stalled"  # hangs_job_worker.STALL_MARKER (it imports paddle)
 RAISED = "reduce on group [0, 1] (phase 'cross_node_reduce') raised RuntimeError: boom"
 
 
@@ -392,8 +393,23 @@ class TestRealGlooJobs(unittest.TestCase):
             env["PADDLE_LOCAL_SIZE"] = "2"  # 2 emulated nodes x 2 cards: option on
 
         def every_rank_dumped(d: str) -> bool:
-            return mode == "hang" and len(glob.glob(
-                os.path.join(d, f"{fr.DUMP_PREFIX}*.json"))) >= nproc
+            # Only dumps taken after the stall count: on a loaded box a slow
+            # step-0 collective can pass the 3 s timeout and dump every rank
+            # (CI saw it once) before anything hangs; the job goes on then and
+            # each rank dumps again, over the same file, once the hang is real.
+            if mode != "hang":
+                return False
+            try:
+                stalled = os.stat(os.path.join(d, STALL_MARKER)).st_mtime
+            except OSError:
+                return False
+            fresh = 0
+            for path in glob.glob(os.path.join(d, f"{fr.DUMP_PREFIX}*.json")):
+                try:
+                    fresh += os.stat(path).st_mtime >= stalled
+                except OSError:  # replaced between the glob and the stat
+                    pass
+            return fresh >= nproc
 
         result = run_paddle_launch(JOB_WORKER, nproc, env=env, timeout_s=240, log_dir=log_dir,
                                    stop_when=every_rank_dumped, keep_log_dir=True)
