@@ -42,6 +42,12 @@ its EP group, so the experts scale their gradient by ``1/ep`` in the graph
 (``_ScaleGrad``; ``param.register_hook`` is refused under MixPrecisionLayer).
 ``--wrong-expert-scale`` leaves the scale out, to see what that costs.
 
+``--checkpoint DIR`` saves model and optimizer after ``--resume-at`` steps
+(every expert once, at its offset among all experts:
+``Experts.sharded_state_dict``), builds both again as a new job would, loads
+the checkpoint and trains the remaining steps, so the check below covers the
+resumed run.
+
 Every rank then repeats the steps in one process on the whole batch (all
 experts local, no dispatch) and compares its parameters; rank 0 prints one
 ``PASS``/``FAIL`` line per rank (exit code 1 on any FAIL).
@@ -67,7 +73,14 @@ from paddle.distributed.fleet.utils.mix_precision_utils import (  # noqa: E402
     MixPrecisionLayer,
     MixPrecisionOptimizer,
 )
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight  # noqa: E402
 from paddle.optimizer.muon import MuonParamInfo, _default_should_use_muon  # noqa: E402
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
+    latest_complete_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 
 VOCAB, HIDDEN, INNER, CLASSES = 64, 16, 32, 8
 EXPERTS, TOP_K = 4, 2
@@ -178,6 +191,23 @@ class Experts(paddle.nn.Layer):
             p.no_sync = True  # experts differ across EP ranks: never broadcast at init
             setattr(self, name, p)
 
+    def sharded_state_dict(self, structured_name_prefix: str = "") -> dict:
+        """This rank's experts as rows ``first ..`` of all EXPERTS experts.
+
+        Paddle's default describes every parameter as whole at offset 0: the EP
+        ranks' different experts would then claim the same piece. With the
+        global shape and offset a checkpoint holds every expert once and loads
+        on another EP degree too; the optimizer's states follow these shapes.
+        """
+        out = super().sharded_state_dict(structured_name_prefix)
+        for name in ("up_weight", "down_weight", "bias"):
+            p, key = getattr(self, name), structured_name_prefix + name
+            out[key] = ShardedWeight(
+                key=key, local_tensor=p, local_shape=tuple(p.shape),
+                global_shape=(EXPERTS, *p.shape[1:]),
+                global_offset=(self.first,) + (0,) * (len(p.shape) - 1))
+        return out
+
     def forward(self, h, top_idx, top_w):
         group = self.ep_group
         if group is not None and group.nranks > 1:
@@ -248,10 +278,10 @@ def build(net: TinyMoE):
     return model, muon
 
 
-def train(model, opt, steps: int, world: int, rows: slice) -> list:
-    """``steps`` steps on the tokens ``rows`` of each global batch of ``world`` ranks."""
+def train(model, opt, steps: int, world: int, rows: slice, first: int = 0) -> list:
+    """Steps ``first .. steps - 1`` on the tokens ``rows`` of each global batch of ``world`` ranks."""
     losses = []
-    for step in range(steps):
+    for step in range(first, steps):
         ids, labels = global_batch(step, world)
         with paddle.amp.auto_cast(level="O2", dtype="bfloat16"):
             loss = model(paddle.to_tensor(ids[rows]), paddle.to_tensor(labels[rows]))
@@ -283,6 +313,13 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     parser.add_argument("--wrong-expert-scale", action="store_true",
                         help="leave out the 1/ep expert gradient scale (shows what it costs)")
+    parser.add_argument("--checkpoint", metavar="DIR", default=None,
+                        help="after --resume-at steps save model + optimizer into DIR (a "
+                             "directory every rank sees), build both again, load the "
+                             "checkpoint and train the remaining steps")
+    parser.add_argument("--resume-at", type=int, default=None, metavar="K",
+                        help="with --checkpoint: the step count to save and resume at "
+                             "(default: --steps - 1)")
     args = parser.parse_args(argv)
     world = dist.get_world_size()
     ep = args.ep if args.ep is not None else (2 if world > 1 else 1)
@@ -291,6 +328,18 @@ def main(argv: list | None = None) -> int:
                      f"and the {EXPERTS} experts")
     if args.steps < 1:
         parser.error(f"--steps {args.steps} must be >= 1")
+    if args.resume_at is not None and args.checkpoint is None:
+        parser.error("--resume-at needs --checkpoint DIR")
+    resume_at = args.steps
+    if args.checkpoint is not None:
+        if args.steps < 2:
+            parser.error(f"--checkpoint needs --steps >= 2 (got {args.steps}): it saves after "
+                         "one step or more and resumes for the rest")
+        resume_at = args.steps - 1 if args.resume_at is None else args.resume_at
+        if not 1 <= resume_at < args.steps:
+            parser.error(f"--resume-at {resume_at} must be between 1 and --steps - 1 "
+                         f"({args.steps - 1}): a checkpoint is saved after it and the rest "
+                         "of the steps run after the load")
 
     strategy = fleet.DistributedStrategy()
     configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": world}
@@ -309,8 +358,23 @@ def main(argv: list | None = None) -> int:
     ep_group = hcg.get_expert_parallel_group() if ep > 1 else None
     moe_group = hcg.get_moe_sharding_parallel_group() if ep > 1 else None
     scale = 1.0 if args.wrong_expert_scale else 1.0 / ep
-    net = TinyMoE(ep_group, moe_group, grad_scale=scale)
-    model, muon = build(net)
+
+    def make():
+        """The model (net and its wrappers) and the sharded optimizer, as a fresh job builds them."""
+        net = TinyMoE(ep_group, moe_group, grad_scale=scale)
+        model, muon = build(net)
+        if world > 1:
+            model = fleet.distributed_model(model)
+        opt = fleet.distributed_optimizer(MixPrecisionOptimizer(muon))
+        return net, model, opt
+
+    def checkpoint_state(net, opt) -> dict:
+        # by the inner net's structured names (the wrappers would prefix them)
+        state = net.sharded_state_dict()
+        state.update(opt.sharded_state_dict(state))  # creates a fresh optimizer's states
+        return state
+
+    net, model, opt = make()
     dtype = str(net.head.weight.dtype).replace("paddle.", "")
     if rank == 0:
         amp = ("bf16 (AMP O2)" if dtype == "bfloat16" else
@@ -318,11 +382,20 @@ def main(argv: list | None = None) -> int:
         print(f"train_moe: {world} processes, ep {ep} x moe_sharding {world // ep}, "
               f"comm_group_call_opt {args.group_call}, expert gradient scale {scale:g}, "
               f"amp {amp}", flush=True)
-    if world > 1:
-        model = fleet.distributed_model(model)
-    opt = fleet.distributed_optimizer(MixPrecisionOptimizer(muon))
-    losses = train(model, opt, args.steps, world,
-                   slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK))
+    rows = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
+    losses = train(model, opt, resume_at, world, rows)
+    if args.checkpoint is not None:
+        # A job that stops after resume_at steps and a new one that goes on:
+        # every rank saves its piece (each expert once, at its global offset),
+        # then a fresh model and optimizer load them and train the rest.
+        save_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint, keep_last=3)
+        saved = latest_complete_checkpoint(args.checkpoint)
+        net, model, opt = make()
+        load_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint)
+        if rank == 0:
+            print(f"checkpoint: saved after step {resume_at} as {saved}, loaded into a new "
+                  f"model and optimizer, {args.steps - resume_at} more step(s)", flush=True)
+        losses += train(model, opt, args.steps, world, rows, first=resume_at)
 
     # The same steps in this process alone, on the whole batch, every expert here.
     ref_net = TinyMoE()

@@ -16,15 +16,17 @@
 The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
 cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
 its own check against a single-process run with ``comm_group_call_opt`` off
-and on; a dispatch without the documented 1/ep expert gradient scale must fail
+(resumed from a checkpoint, every expert saved once) and on; a dispatch without the documented 1/ep expert gradient scale must fail
 that check by the documented amount; and the docs' MoE fragment must be
 lines of the example, so that CI runs it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -69,10 +71,38 @@ class TestTrainMoeExample(unittest.TestCase):
             self.assertEqual(word, "PASS", f"rank {rank}\n" + result.failure_message())
             self.assertLessEqual(diff, TOLERANCE)
 
-    def test_four_processes_pass_the_self_check_flat(self):
-        result, verdicts = self._launch()
+    def test_four_processes_pass_the_self_check_flat_resumed_from_a_checkpoint(self):
+        # The flat run stops after 2 of its 3 steps, saves, rebuilds model and
+        # optimizer, loads and takes step 3: the single-process check then
+        # covers the resumed run (a load that dropped the optimizer states
+        # ends 3.5e-2 away, measured).
+        with tempfile.TemporaryDirectory(prefix="train_moe_ckpt_") as ckpt:
+            result, verdicts = self._launch("--checkpoint", ckpt)
+            with open(os.path.join(ckpt, "checkpoint_0", "checkpoint.complete.json")) as f:
+                tensors = json.load(f)["tensors"]
         self._assert_all_pass(result, verdicts)
-        self.assertNotIn("comm_group_call_opt on", result.worker_logs[0])
+        log = result.worker_logs[0]
+        self.assertNotIn("comm_group_call_opt on", log)
+        self.assertIn("checkpoint: saved after step 2 as ", log)
+        self.assertIn("loaded into a new model and optimizer, 1 more step(s)", log)
+        # every expert once: the 4 experts' global shapes, not one EP rank's 2
+        self.assertEqual(tensors["experts.up_weight"]["global_shape"], [4, 16, 32])
+        self.assertEqual(tensors["experts.down_weight.moment1_0"]["global_shape"], [4, 32, 16])
+        self.assertEqual(tensors["experts.bias"]["global_shape"], [4, 16])
+
+    def test_checkpoint_flags_refused_before_any_work(self):
+        cases = {("--resume-at", "2"): "--resume-at needs --checkpoint DIR",
+                 ("--checkpoint", "unused", "--resume-at", "3"):
+                     "--resume-at 3 must be between 1 and --steps - 1 (2)",
+                 ("--checkpoint", "unused", "--steps", "1"): "--checkpoint needs --steps >= 2"}
+        for args, message in cases.items():
+            with self.subTest(args=args), tempfile.TemporaryDirectory() as cwd:
+                proc = subprocess.run([sys.executable, EXAMPLE, *args], cwd=cwd,
+                                      capture_output=True, text=True, timeout=120,
+                                      env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(message, proc.stderr.strip().splitlines()[-1])
+                self.assertEqual(os.listdir(cwd), [], "an argument error wrote files")
 
     def test_four_processes_pass_the_self_check_with_comm_group_call_opt(self):
         result, verdicts = self._launch("--group-call")
