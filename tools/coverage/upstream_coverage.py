@@ -65,10 +65,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 sys.path.insert(0, _HERE)
 import diff_coverage as dc  # noqa: E402  (git, diff parsing, coverage loading)
 
+sys.path.insert(0, os.path.dirname(_HERE))
+import export_upstream_patch as exporter  # noqa: E402  (the upstream-tests marker's home)
+
 SUITE_DIR = os.path.join("test", "collective", "fleet")
 SUITE_GLOB = re.compile(r"^test_muon_conformance.*\.py$")
-# Tests of the package's loader and gloo layer run no develop code; leave them out.
-NOT_SUITE = {"test_muon_conformance_loader.py", "test_muon_conformance_gloo_layer.py"}
 BUGS_DOC = "docs/UPSTREAM_BUGS.md"
 GROUP_CALL_FUNCTIONS = ("get_gpus_per_node", "get_same_card_rank", "get_trainer_ranks")
 GROUP_CALL_METHODS = ("reduce_gradients", "_reduce_2d_grads", "_broadcast_2d_params",
@@ -174,9 +175,18 @@ def base_lines(root: str, rev: str, relpath: str) -> set[int]:
 
 # ----------------------------------------------------------------- the run
 def suite_files() -> list[str]:
-    """The conformance test files, repo-relative."""
-    names = sorted(n for n in os.listdir(os.path.join(REPO_ROOT, SUITE_DIR))
-                   if SUITE_GLOB.match(n) and n not in NOT_SUITE)
+    """The conformance test files, repo-relative.
+
+    Those that go upstream (the exporter's ``upstream-tests`` marker): they run
+    develop's code; the package's own loader and gloo-layer tests, named alike,
+    run none.
+    """
+    names = []
+    for name in sorted(os.listdir(os.path.join(REPO_ROOT, SUITE_DIR))):
+        if SUITE_GLOB.match(name):
+            with open(os.path.join(REPO_ROOT, SUITE_DIR, name), encoding="utf-8") as f:
+                if exporter.is_upstream_test(f.read()):
+                    names.append(name)
     return [os.path.join(SUITE_DIR, n) for n in names]
 
 

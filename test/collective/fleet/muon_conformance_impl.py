@@ -90,6 +90,22 @@ STRATEGY_FIELD_MISSING = (
     "(PR #79448's proto field), which this MuonShardingOptimizer reads: build Paddle from "
     "the checkout under test")
 
+LOCAL_2D_MISSING = (
+    "this MuonShardingOptimizer has no _local_2d (the Muon matrices a rank owns), which the "
+    "owner-gradient checks read")
+
+
+def owned_matrix_names(opt: Any) -> set | None:
+    """Names of the Muon matrices this rank owns (develop's ``_local_2d``).
+
+    Returns:
+        The names, or None where the optimizer has no ``_local_2d`` (older
+        develop files): the caller skips with :data:`LOCAL_2D_MISSING`.
+    """
+    local = getattr(opt, "_local_2d", None)  # develop's __getattr__ raises AttributeError
+    return None if local is None else {p.name for p in local}
+
+
 #: Set to "1" to run the upstream-bug tests unmarked (their failures shown).
 SHOW_BUGS_ENV = "MUON_CONFORMANCE_SHOW_BUGS"
 

@@ -44,5 +44,28 @@ class TestAbsentMuonReason(_LoaderCase):
         self.assertEqual(got.reason, f"no {dl.MUON_RELPATH} in the checkout")
 
 
+class TestOwnedMatrixNamesOnOlderDevelopFiles(unittest.TestCase):
+    """The owner-gradient checks skip (not fail) on a develop file without ``_local_2d``."""
+
+    def test_owned_names_come_from_local_2d(self):
+        from muon_conformance_impl import owned_matrix_names
+
+        class _Param:
+            def __init__(self, name):
+                self.name = name
+
+        opt = mock.Mock(spec=["_local_2d"], _local_2d=[_Param("w_0"), _Param("w_2")])
+        self.assertEqual(owned_matrix_names(opt), {"w_0", "w_2"})
+
+    def test_an_optimizer_forwarding_unknown_names_to_its_inner_one_gives_none(self):
+        from muon_conformance_impl import owned_matrix_names
+
+        class _OlderDevelop:  # develop's __getattr__: unknown names go to the inner Muon
+            def __getattr__(self, item):
+                raise AttributeError(f"'Muon' object has no attribute {item!r}")
+
+        self.assertIsNone(owned_matrix_names(_OlderDevelop()))
+
+
 if __name__ == "__main__":
     unittest.main()
