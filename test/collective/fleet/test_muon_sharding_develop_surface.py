@@ -531,12 +531,14 @@ class TestOverlapOptimizeAndSync(unittest.TestCase):
                         "the parameter sync still runs under bypass")
 
 
-# develop's config mirrors and sharding-group facts: derived, so read-only
+# develop's config mirrors, sharding-group facts and shared colours: derived
+# from the settings / hcg / parameters, so read-only
 _DERIVED_MIRRORS = (
     "tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB", "use_reduce_avg",
     "enable_fuse_optimizer_states", "use_group_call_opt", "pp_overlap", "_use_pipeline_parallel",
     "sd_release_grads", "_use_fuse_gradients", "machine_balanced_2d_partition", "_enable_timer",
-    "_default_group", "_sharding_world_size", "_sharding_rank", "_origin_parameter_list")
+    "_default_group", "_sharding_world_size", "_sharding_rank", "_origin_parameter_list",
+    "_shared_colors")
 
 
 class TestDevelopAttributes(unittest.TestCase):

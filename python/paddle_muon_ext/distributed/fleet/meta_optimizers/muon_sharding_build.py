@@ -146,7 +146,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt._numel_of: dict[str, int] | None = None
 
     opt._describe_like_develop(muon_by_colour, other_by_colour)
-    opt._select_overlap_buffers()
     opt._sync_stages: list | None = None
 
     if opt.comm_overlap and not opt.pp_overlap:
@@ -253,13 +252,6 @@ def describe_like_develop(
         opt._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
     # the buffer views (comm_buffer_2d, _comm_buffer_list, param2bucket, ...)
     # are properties over the state (_DevelopStateSurface)
-
-
-def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """develop's shared colours; its sync-only / overlap buffer lists are views
-    (``_DevelopStateSurface``) of ``ShardingState.develop_overlap_split``,
-    which sits next to the step plan's hook rule."""
-    opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:

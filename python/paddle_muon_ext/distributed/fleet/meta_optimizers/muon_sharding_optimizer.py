@@ -176,7 +176,9 @@ class _DevelopStateSurface:
     _color_to_comm_buffer_list = property(lambda self: self._state.rs_buffers_by_raw_colour())
     param2bucket = property(lambda self: self._state.buffers_of_params())
     _local_2d = property(lambda self: self._state.owned_muon_params())
-    # develop's sync-only / overlap split, derived next to the step plan's hook rule
+    # develop's shared colours (of the parameters) and its sync-only / overlap
+    # split, derived next to the step plan's hook rule
+    _shared_colors = property(lambda self: self._compute_shared_colors(self._parameter_list))
     _sync_only_buffers = property(lambda self: self._overlap_split()[0])
     _overlap_comm_buffers = property(lambda self: self._overlap_split()[1])
     _sync_only_buffer_ids = property(lambda self: {id(b) for b in self._sync_only_buffers})
@@ -237,7 +239,6 @@ class _DevelopMethodSurface:
     _resolve_overlap_optimize_and_sync = _build.resolve_overlap_optimize_and_sync
     _create_group_call_groups = _build.create_group_call_groups
     _describe_like_develop = _build.describe_like_develop
-    _select_overlap_buffers = _build.select_overlap_buffers
     _check_plan_matches_sharding_group = _build.check_plan_matches_sharding_group
     _check_supported_config = _build.check_supported_config
     _colour_key = _build.colour_key
