@@ -531,6 +531,16 @@ class TestOverlapOptimizeAndSync(unittest.TestCase):
                         "the parameter sync still runs under bypass")
 
 
+# develop's config mirrors, sharding-group facts and shared colours: derived
+# from the settings / hcg / parameters, so read-only
+_DERIVED_MIRRORS = (
+    "tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB", "use_reduce_avg",
+    "enable_fuse_optimizer_states", "use_group_call_opt", "pp_overlap", "_use_pipeline_parallel",
+    "sd_release_grads", "_use_fuse_gradients", "machine_balanced_2d_partition", "_enable_timer",
+    "_default_group", "_sharding_world_size", "_sharding_rank", "_origin_parameter_list",
+    "_shared_colors")
+
+
 class TestDevelopAttributes(unittest.TestCase):
     """Config mirrors and develop's attributes live on the sharding optimizer."""
 
@@ -545,7 +555,19 @@ class TestDevelopAttributes(unittest.TestCase):
             # over its state (develop's buffer names), never the inner Muon's
             own = set(vars(opt)) | {n for n in dir(type(opt))
                                     if isinstance(getattr(type(opt), n), property)}
+
+            def refuses_write(name):
+                try:
+                    setattr(opt, name, getattr(opt, name))
+                except AttributeError:
+                    return True
+                return False
+
             return {
+                # one home per value: views of the settings / hcg, never a
+                # copy on the instance that a write could make disagree
+                "copied_or_writable": [n for n in _DERIVED_MIRRORS
+                                       if n in vars(opt) or not refuses_write(n)],
                 "not_forwarded": [n for n in (
                     "tensor_fusion", "accumulate_steps", "comm_overlap", "comm_buffer_size_MB",
                     "use_reduce_avg", "enable_fuse_optimizer_states", "use_group_call_opt",
@@ -585,6 +607,8 @@ class TestDevelopAttributes(unittest.TestCase):
             self.assertEqual(out["not_forwarded"], [],
                              "these attributes must be the sharding optimizer's own, not "
                              "forwarded to Muon by __getattr__")
+            self.assertEqual(out["copied_or_writable"], [],
+                             "develop's config mirrors must be read-only views of the settings")
             self.assertEqual(out["values"], (True, 2, 1, False, True, False, False, False, []))
             self.assertEqual(out["world"], (4, out["sharding_rank"], out["rank"]))
             self.assertEqual(set(out["buffers_1d"]), {-1, "moe_expert"},

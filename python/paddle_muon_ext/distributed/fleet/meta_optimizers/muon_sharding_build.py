@@ -84,16 +84,17 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     # the one runtime state (groups, buffers, slices), filled as the build goes
     opt._state = ShardingState(rank=opt._rank)
 
+    # develop's config mirrors and sharding-group facts are not set here:
+    # they are views of _settings / _hcg (_DevelopStateSurface), one home each.
     opt._parameter_list = list(optimizer._parameter_list)
-    opt._origin_parameter_list = opt._parameter_list
     opt._muon_param_info_map = optimizer._muon_param_info_map
-    opt._default_group = opt._hcg.get_sharding_parallel_group()
-    opt._sharding_world_size = opt._hcg.get_sharding_parallel_world_size()
-    opt._sharding_rank = opt._hcg.get_sharding_parallel_rank()
+    # Asks the build once (develop's use_reduce_avg reads this).
     opt._use_avg = opt._settings.use_reduce_avg and (
         _reduce_module.is_avg_reduce_op_supported()
     )
-    opt._mirror_config()
+    # As develop: whether the parameters had main_grad when the optimizer was
+    # built (a snapshot; the parameters are the caller's and may change).
+    opt._use_main_grad = hasattr(opt._parameter_list[0], "main_grad")
     if (opt._settings.use_reduce_avg and not opt._use_avg
             and _user_set_sharding_config(strategy, "use_reduce_avg")
             and _warn_once("reduce_avg")):
@@ -102,8 +103,8 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
             "AVG reduce (it needs CUDA and NCCL >= 2.10); reducing with SUM "
             "with each addend divided by nranks first instead."
         )
+    # Installs Paddle's process-wide timers when on: set once, here.
     opt.timers = None
-    opt._enable_timer = opt._settings.enable_optimizer_timer
     if opt._enable_timer:
         if not timer_helper.is_timer_initialized():
             timer_helper.set_timers()
@@ -145,7 +146,6 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     opt._numel_of: dict[str, int] | None = None
 
     opt._describe_like_develop(muon_by_colour, other_by_colour)
-    opt._select_overlap_buffers()
     opt._sync_stages: list | None = None
 
     if opt.comm_overlap and not opt.pp_overlap:
@@ -181,24 +181,6 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
     digests = agreement.group_digests(records, colour_ranks, options)
     agreement.check_ranks_agree(digests, lambda d: (
         opt._default_group if d.colour is None else opt._colour_groups[d.colour]))
-
-
-def mirror_config(opt: MuonShardingOptimizer) -> None:
-    """develop's config attributes, so callers read them here, not from Muon."""
-    s = opt._settings
-    opt.tensor_fusion = s.tensor_fusion
-    opt.accumulate_steps = s.accumulate_steps
-    opt.comm_overlap = s.comm_overlap
-    opt.comm_buffer_size_MB = s.comm_buffer_size_MB
-    opt.use_reduce_avg = opt._use_avg
-    opt.enable_fuse_optimizer_states = s.enable_fuse_optimizer_states
-    opt.use_group_call_opt = s.comm_group_call_opt
-    opt.pp_overlap = s.pp_sharding_comm_overlap
-    opt._use_pipeline_parallel = s.pp_degree > 1
-    opt.sd_release_grads = s.release_grads
-    opt._use_main_grad = hasattr(opt._parameter_list[0], "main_grad")
-    opt._use_fuse_gradients = s.fused
-    opt.machine_balanced_2d_partition = s.machine_balanced_2d_partition
 
 
 def resolve_overlap_optimize_and_sync(opt: MuonShardingOptimizer, optimizer) -> bool:
@@ -270,13 +252,6 @@ def describe_like_develop(
         opt._params_2d_by_color[colour] = sorted(params, key=lambda p: to_rank[p.name])
     # the buffer views (comm_buffer_2d, _comm_buffer_list, param2bucket, ...)
     # are properties over the state (_DevelopStateSurface)
-
-
-def select_overlap_buffers(opt: MuonShardingOptimizer) -> None:
-    """develop's shared colours; its sync-only / overlap buffer lists are views
-    (``_DevelopStateSurface``) of ``ShardingState.develop_overlap_split``,
-    which sits next to the step plan's hook rule."""
-    opt._shared_colors = opt._compute_shared_colors(opt._parameter_list)
 
 
 def check_plan_matches_sharding_group(opt: MuonShardingOptimizer) -> None:

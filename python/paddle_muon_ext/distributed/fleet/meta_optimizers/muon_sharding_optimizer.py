@@ -30,14 +30,16 @@ two marked mixins of this module, so the exporter's keep-every-name rule is
 met by inheritance (it counts members inherited from a class of the same
 module): ``_DevelopStateSurface`` (develop's attribute names as views of the
 state: ``comm_buffer_2d``, ``_comm_buffer_list``, ``param2bucket``,
-``_local_2d``, ``_color_to_comm_buffer_list`` ...) and
+``_local_2d``, ``_color_to_comm_buffer_list`` ...; of the settings: the
+config mirrors ``comm_overlap``, ``accumulate_steps``, ``use_group_call_opt``
+...; of the hcg: ``_default_group``, ``_sharding_rank`` ...) and
 ``_DevelopMethodSurface`` (develop's method names bound to the one body each:
 ``_buffer_color``, ``_reduce_2d_grads``, ``_launch_stage_sync``,
 ``reorder_params``, ``_step_with_sync_overlap``, ...). Also develop's: the
 module names ``g_shard_bypass_dygraph_optimizer``, ``_is_trainable``,
 ``get_gpus_per_node``, ``get_trainer_ranks``, ``get_same_card_rank``, and the
 data attributes the build fills (``_params_2d_by_color``, ``_params_1d``,
-``_sync_stages``, ``trainer_comms``, the mirrored config, ...).
+``_sync_stages``, ``trainer_comms``, ``timers``, ...).
 
 Constructing the optimizer installs nothing process-wide: on a CPU-only build
 Paddle's tensor-fusion table needs a CPU entry first, which the caller (the
@@ -127,6 +129,16 @@ def _state_attr(name: str) -> property:
                     doc=f"develop's name for ``ShardingState.{name}``.")
 
 
+def _settings_attr(name: str) -> property:
+    return property(lambda self: getattr(self._settings, name),
+                    doc=f"develop's name for ``ShardingSettings.{name}``.")
+
+
+def _hcg_attr(getter: str) -> property:
+    return property(lambda self: getattr(self._hcg, getter)(),
+                    doc=f"develop's name for ``hcg.{getter}()``.")
+
+
 def _state_method(name: str):
     def method(self, *args, **kwargs):
         return getattr(self._state, name)(*args, **kwargs)
@@ -136,11 +148,13 @@ def _state_method(name: str):
 
 
 class _DevelopStateSurface:
-    """develop's attribute surface over the one :class:`ShardingState` (``self._state``).
+    """develop's attribute surface over the objects the build owns.
 
-    The single place develop's names for groups, buffers and slices are
-    defined: read-only views of the state the build filled, so nothing keeps
-    a second copy; the step's executors read the state itself.
+    The single place develop's names for groups, buffers and slices (views
+    of the one :class:`ShardingState`, ``self._state``), for its config
+    mirrors (views of ``self._settings``, a ``ShardingSettings``) and for the
+    sharding group's facts (views of ``self._hcg``) are defined: read-only,
+    so nothing keeps a second copy; the step's executors read the owners.
     """
 
     _colour_groups = _state_attr("colour_groups")
@@ -162,12 +176,37 @@ class _DevelopStateSurface:
     _color_to_comm_buffer_list = property(lambda self: self._state.rs_buffers_by_raw_colour())
     param2bucket = property(lambda self: self._state.buffers_of_params())
     _local_2d = property(lambda self: self._state.owned_muon_params())
-    # develop's sync-only / overlap split, derived next to the step plan's hook rule
+    # develop's shared colours (of the parameters) and its sync-only / overlap
+    # split, derived next to the step plan's hook rule
+    _shared_colors = property(lambda self: self._compute_shared_colors(self._parameter_list))
     _sync_only_buffers = property(lambda self: self._overlap_split()[0])
     _overlap_comm_buffers = property(lambda self: self._overlap_split()[1])
     _sync_only_buffer_ids = property(lambda self: {id(b) for b in self._sync_only_buffers})
+    # develop's config mirrors, derived from the settings; read-only because
+    # the buffers and hooks were built from these values, so a write could
+    # only make the mirror disagree with what the optimizer does
+    tensor_fusion = _settings_attr("tensor_fusion")
+    accumulate_steps = _settings_attr("accumulate_steps")
+    comm_overlap = _settings_attr("comm_overlap")
+    comm_buffer_size_MB = _settings_attr("comm_buffer_size_MB")
+    enable_fuse_optimizer_states = _settings_attr("enable_fuse_optimizer_states")
+    use_group_call_opt = _settings_attr("comm_group_call_opt")
+    pp_overlap = _settings_attr("pp_sharding_comm_overlap")
+    sd_release_grads = _settings_attr("release_grads")
+    _use_fuse_gradients = _settings_attr("fused")
+    machine_balanced_2d_partition = _settings_attr("machine_balanced_2d_partition")
+    _enable_timer = _settings_attr("enable_optimizer_timer")
+    _use_pipeline_parallel = property(lambda self: self._settings.pp_degree > 1,
+                                      doc="develop's ``pp_degree > 1`` (ShardingSettings).")
+    # the sharding group's facts, as the hcg reports them
+    _default_group = _hcg_attr("get_sharding_parallel_group")
+    _sharding_world_size = _hcg_attr("get_sharding_parallel_world_size")
+    _sharding_rank = _hcg_attr("get_sharding_parallel_rank")
     # develop's aliases of this optimizer's own names
     _global_rank = property(lambda self: self._rank)
+    # the option as honoured: False where the build has no AVG reduce
+    use_reduce_avg = property(lambda self: self._use_avg)
+    _origin_parameter_list = property(lambda self: self._parameter_list)
     _grad_tensors = staticmethod(ShardingState.grad_tensors)
     _create_slice_param = staticmethod(create_slice_param)
 
@@ -197,11 +236,9 @@ class _DevelopMethodSurface:
     _NO_HOOK_COLORS = frozenset(NO_HOOK_COLOURS)
 
     # construction (muon_sharding_build)
-    _mirror_config = _build.mirror_config
     _resolve_overlap_optimize_and_sync = _build.resolve_overlap_optimize_and_sync
     _create_group_call_groups = _build.create_group_call_groups
     _describe_like_develop = _build.describe_like_develop
-    _select_overlap_buffers = _build.select_overlap_buffers
     _check_plan_matches_sharding_group = _build.check_plan_matches_sharding_group
     _check_supported_config = _build.check_supported_config
     _colour_key = _build.colour_key
