@@ -563,6 +563,13 @@ class TestDevelopAttributes(unittest.TestCase):
                     return True
                 return False
 
+            def refusal(name):
+                try:
+                    setattr(opt, name, False)
+                except AttributeError as exc:
+                    return str(exc)
+                return None
+
             return {
                 # one home per value: views of the settings / hcg, never a
                 # copy on the instance that a write could make disagree
@@ -584,6 +591,8 @@ class TestDevelopAttributes(unittest.TestCase):
                            opt.use_group_call_opt, opt._use_fuse_gradients,
                            opt.machine_balanced_2d_partition, opt.pp_overlap,
                            opt._use_pipeline_parallel, opt.trainer_comms),
+                "write_errors": {n: refusal(n) for n in ("comm_overlap", "use_group_call_opt",
+                                                          "_sharding_rank")},
                 "world": (opt._sharding_world_size, opt._sharding_rank, opt._global_rank),
                 "rank": paddle.distributed.get_rank(),
                 "sharding_rank": hcg.get_sharding_parallel_rank(),
@@ -604,6 +613,16 @@ class TestDevelopAttributes(unittest.TestCase):
 
         results, _ = run_world(cfg, body=body, mode="record")
         for out in results:
+            # a write would be ignored (buffers, hooks and plan are built):
+            # the refusal names the attribute, its source and the fix
+            errors = out["write_errors"]
+            self.assertIn("MuonShardingOptimizer.comm_overlap is read-only (got False): it is "
+                          "the strategy's comm_overlap option", errors["comm_overlap"])
+            self.assertIn("the strategy's comm_group_call_opt option",
+                          errors["use_group_call_opt"])
+            self.assertIn("hcg.get_sharding_parallel_rank()", errors["_sharding_rank"])
+            for message in errors.values():
+                self.assertIn("change the strategy and build a new optimizer", message)
             self.assertEqual(out["not_forwarded"], [],
                              "these attributes must be the sharding optimizer's own, not "
                              "forwarded to Muon by __getattr__")

@@ -129,13 +129,27 @@ def _state_attr(name: str) -> property:
                     doc=f"develop's name for ``ShardingState.{name}``.")
 
 
-def _settings_attr(name: str) -> property:
+def _refuse_write(develop_name: str, source: str):
+    def fset(self, value):
+        # develop stores a copy; here the buffers, hooks and step plan were
+        # built from the value at construction, so a later write would be
+        # silently ignored: refuse it and say where the value comes from
+        raise AttributeError(
+            f"{type(self).__name__}.{develop_name} is read-only (got {value!r}): it is "
+            f"{source}, fixed when the optimizer was built; change the strategy and build "
+            "a new optimizer")
+    return fset
+
+
+def _settings_attr(name: str, develop_name: str | None = None) -> property:
     return property(lambda self: getattr(self._settings, name),
+                    _refuse_write(develop_name or name, f"the strategy's {name} option"),
                     doc=f"develop's name for ``ShardingSettings.{name}``.")
 
 
-def _hcg_attr(getter: str) -> property:
+def _hcg_attr(getter: str, develop_name: str) -> property:
     return property(lambda self: getattr(self._hcg, getter)(),
+                    _refuse_write(develop_name, f"hcg.{getter}()"),
                     doc=f"develop's name for ``hcg.{getter}()``.")
 
 
@@ -190,18 +204,19 @@ class _DevelopStateSurface:
     comm_overlap = _settings_attr("comm_overlap")
     comm_buffer_size_MB = _settings_attr("comm_buffer_size_MB")
     enable_fuse_optimizer_states = _settings_attr("enable_fuse_optimizer_states")
-    use_group_call_opt = _settings_attr("comm_group_call_opt")
-    pp_overlap = _settings_attr("pp_sharding_comm_overlap")
-    sd_release_grads = _settings_attr("release_grads")
-    _use_fuse_gradients = _settings_attr("fused")
+    use_group_call_opt = _settings_attr("comm_group_call_opt", "use_group_call_opt")
+    pp_overlap = _settings_attr("pp_sharding_comm_overlap", "pp_overlap")
+    sd_release_grads = _settings_attr("release_grads", "sd_release_grads")
+    _use_fuse_gradients = _settings_attr("fused", "_use_fuse_gradients")
     machine_balanced_2d_partition = _settings_attr("machine_balanced_2d_partition")
-    _enable_timer = _settings_attr("enable_optimizer_timer")
+    _enable_timer = _settings_attr("enable_optimizer_timer", "_enable_timer")
     _use_pipeline_parallel = property(lambda self: self._settings.pp_degree > 1,
                                       doc="develop's ``pp_degree > 1`` (ShardingSettings).")
     # the sharding group's facts, as the hcg reports them
-    _default_group = _hcg_attr("get_sharding_parallel_group")
-    _sharding_world_size = _hcg_attr("get_sharding_parallel_world_size")
-    _sharding_rank = _hcg_attr("get_sharding_parallel_rank")
+    _default_group = _hcg_attr("get_sharding_parallel_group", "_default_group")
+    _sharding_world_size = _hcg_attr("get_sharding_parallel_world_size",
+                                    "_sharding_world_size")
+    _sharding_rank = _hcg_attr("get_sharding_parallel_rank", "_sharding_rank")
     # develop's aliases of this optimizer's own names
     _global_rank = property(lambda self: self._rank)
     # the option as honoured: False where the build has no AVG reduce
