@@ -170,7 +170,12 @@ class TestOneBufferCandidate(unittest.TestCase):
                   for c in rec.recommend(_res(1.0), est)["candidates"]
                   if c["config"]["comm_buffer_size_MB"] == 300.0}
         develop = rec.DEFAULT_CONFIG["muon_partition_strategy"]
+        # 6,000 fp32 MB of Muon bytes: 21 owners at 300 MB, 6 at 1,024
         self.assertEqual(at_fit, {(False, develop), (True, develop)})
+        # 6 fp32 MB: one owner at 300 MB as at 1,024 (the same rings): not tried
+        est.stages = (_Stage([_m((300, MB // 4)), _m((3, MB // 2), "bfloat16", True)]),)
+        self.assertNotIn(300.0, {c["config"]["comm_buffer_size_MB"]
+                                 for c in rec.recommend(_res(1.0), est)["candidates"]})
 
     def test_the_develop_fit_spreads_owners_under_large_alpha(self) -> None:
         from paddle_muon_ext.tools.args import MuonCommConfig

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding_partition import develop_active_ranks
 from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
 from ..distributed.fleet.meta_optimizers.muon_sharding_types import itemsize
 from . import cost_bound
@@ -218,6 +219,25 @@ def develop_fit_mb(stages) -> Optional[float]:
     return float(min(-(-most // 2 ** 20), MAX_BUFFER_MB))
 
 
+def _develop_owners(stages, buffer_mb: float) -> Tuple[int, ...]:
+    """Develop's owner count of each stage's Muon class (colour, dtype) at
+    ``buffer_mb``, before the group size caps it."""
+    out = []
+    for stage in stages:
+        numel: Dict[Tuple[Any, Any], int] = {}
+        for m in stage.metas():
+            if not m.use_muon:
+                continue
+            n = 1
+            for d in m.shape:
+                n *= int(d)
+            key = (m.colour, m.dtype)
+            numel[key] = numel.get(key, 0) + n
+        out += [develop_active_ranks([numel[k]], 1 << 62, buffer_mb)
+                for k in sorted(numel, key=str)]
+    return tuple(out)
+
+
 def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
     families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
     c = res["config"]
@@ -320,6 +340,14 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     fit = one_buffer_mb(est.stages)
     muon_fit = one_buffer_mb(est.stages, muon=True)
     develop_fit = develop_fit_mb(est.stages)
+    if develop_fit is not None:
+        above = [b for b in set(BUFFER_SIZES_MB) | {est.buffer, fit, muon_fit} - {None}
+                 if b >= develop_fit]
+        if above and _develop_owners(est.stages, develop_fit) == _develop_owners(
+                est.stages, min(above)):
+            # the next size up has the same rings and owners, and no more
+            # Muon chunks: nothing to gain
+            develop_fit = None
     buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer}
                      | ({fit, muon_fit, develop_fit} - {None}))
     # only develop's rule sizes its owner count by the buffer: the Muon size
