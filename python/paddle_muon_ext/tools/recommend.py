@@ -192,7 +192,8 @@ def develop_fit_mb(stages) -> Optional[float]:
     above it has the same rings and fewer owners, which costs where one
     owner's rail carries its whole share across nodes (ernie-moe-small at 8 x
     8, ep 64, ``comm_overlap``, alpha 1 ms / 100 us: 1.157x the bound at 1,024
-    MB, two owners on one card; 1.052x at this size, 405 MB).
+    MB, where each dtype class has one owner, both the group's first rank;
+    1.052x at this size, 405 MB, where the bf16 class has two).
 
     Args:
         stages: the run's stages (``metas()``: ``shape``, ``dtype``,
