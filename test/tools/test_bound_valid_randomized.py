@@ -147,6 +147,47 @@ class TestOwnerPairBoundsRandomised(unittest.TestCase):
         self._sweep("nccl", "hooked_hierarchical_pair_s", 3030, 1e11)
 
 
+class TestGlooReduceRingRandomised(unittest.TestCase):
+    """The flat gloo reduce's floor takes its rank-order ring's busiest rank
+    (every rank sends ``(p - 1) / p`` of its group to its successor, whatever
+    the root), not the stage's mean: with the network faster than NVLink in
+    most trials the in-node senders are the busiest, so the floor binds, and
+    no candidate falls below the bound."""
+
+    def test_the_ring_floor_binds_and_stays_below_every_candidate(self) -> None:
+        from unittest import mock
+
+        from paddle_muon_ext.tools import cost_bound, cost_bound_routes
+
+        def no_ring(groups, ab):
+            return 0.0
+
+        rng = random.Random(3131)
+        raised = 0
+        for trial in range(60):
+            ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
+            cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
+            ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-8, 1e-4),
+                           beta_nvlink=1 / _log_uniform(rng, 1e8, 1e11),
+                           alpha_net=_log_uniform(rng, 1e-8, 1e-4),
+                           beta_net=1 / _log_uniform(rng, 1e9, 1e13))
+            params = _params(rng)
+            overlap = bool(trial // 2 % 2)
+            buffer_mb = rng.choice((0.01, 0.1, 256.0) + (() if overlap else (0.0,)))
+            rec = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)
+            # the floor's own contribution: the bound without it (both modules
+            # call it: the flat route's floor and the owner pair's)
+            with mock.patch.object(cost_bound, "gloo_reduce_ring_s", no_ring), \
+                    mock.patch.object(cost_bound_routes, "gloo_reduce_ring_s", no_ring):
+                without = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)["bound_s"]
+            if rec["bound_s"] > without * (1 + 1e-9):
+                raised += 1
+            with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
+                              buffer_mb=buffer_mb):
+                _assert_no_candidate_below_the_bound(self, rec)
+        self.assertGreaterEqual(raised, 10)
+
+
 class TestPickWithinItsBound(unittest.TestCase):
     """The cases the floors were loose on: gloo's rank-order rings and
     reduce, and NVLink slower than the network (every intra-node byte of

@@ -33,27 +33,28 @@ class TestGlooFlatPairByHand(unittest.TestCase):
     # Reduce (any root, e.g. 0): ring 0->1 (in), 1->2 (net), 2->3 (in), 3->0 (net)
     # of 3/4 S each, slices of S/4 to the root from 1 (in), 2 and 3 (net):
     # (1.5 + 0.25) beta_nvlink + (1.5 + 0.5) beta_net = 19.5e-12 s a byte, over
-    # 4 ranks: 4.875 ms. Broadcast: the cheapest tree is rooted at 1 or 3
+    # 4 ranks: 4.875 ms; but the ring is the same whatever the root, and its
+    # in-node senders 0 and 2 send 3/4 S at beta_nvlink each: 7.5 ms. Broadcast: the cheapest tree is rooted at 1 or 3
     # (1->2, 1->3, 2->0: all across) 3e-12 s a byte, over 4 ranks 0.75 ms;
     # the cheapest root's own sends (1->2, 1->3) 2e-12 s a byte: 2 ms for S.
     # Rounds: 4 a reduce, 2 a broadcast, at 1 ms.
     def test_the_pair_floor_by_hand(self) -> None:
-        # m = 1: 6 ms + 4.875 + max(0.75, 2) = 12.875 ms;
-        # m = 2: 12 ms + 4.875 + max(0.75, 1) = 17.875 ms (more owners cost more)
-        self.assertAlmostEqual(cb.gloo_flat_pair_floor_s(G, AB), 12.875e-3, places=12)
+        # m = 1: 6 ms + 7.5 + max(0.75, 2) = 15.5 ms;
+        # m = 2: 12 ms + 7.5 + max(0.75, 1) = 20.5 ms (more owners cost more)
+        self.assertAlmostEqual(cb.gloo_flat_pair_floor_s(G, AB), 15.5e-3, places=12)
 
     def test_two_dtypes_pay_two_launches_at_least(self) -> None:
         g = cb.GroupLoad(4, 2, 2, S, 2, (0, 1, 2, 3), 2)
         # m = 1 or 2: 12 ms of rounds; m = 2 halves the roots' 2 ms
-        self.assertAlmostEqual(cb.gloo_flat_pair_floor_s(g, AB), 17.875e-3, places=12)
+        self.assertAlmostEqual(cb.gloo_flat_pair_floor_s(g, AB), 20.5e-3, places=12)
 
     def test_the_step_bound_takes_the_pair_over_the_separate_floors(self) -> None:
         fam = {"moe_reduce": [(4, [G])], "moe_broadcast": [(4, [G])]}
         out = cb.step_bound(fam, AB, "gloo")
-        # separately: reduce 4 ms + 4.875, broadcast 2 ms + 0.75 (its p roots
-        # spread the bytes): 11.625 ms; one owner is 12.875 ms
-        self.assertAlmostEqual(out["families_s"]["moe_reduce"], 8.875e-3, places=12)
-        self.assertAlmostEqual(out["bound_s"], 12.875e-3, places=12)
+        # separately: reduce 4 ms + 7.5 (its ring's busiest rank), broadcast
+        # 2 ms + 0.75 (its p roots spread the bytes): 14.25 ms; one owner is 15.5 ms
+        self.assertAlmostEqual(out["families_s"]["moe_reduce"], 11.5e-3, places=12)
+        self.assertAlmostEqual(out["bound_s"], 15.5e-3, places=12)
 
     def test_nccl_is_not_charged_the_gloo_pair(self) -> None:
         fam = {"moe_reduce": [(4, [G])], "moe_broadcast": [(4, [G])]}

@@ -142,9 +142,61 @@ class TestOneBufferCandidate(unittest.TestCase):
         stages = (_Stage([_m((1500, MB)), _m((3000, MB), "bfloat16", True)]),)
         est = _Est(lambda key: 1.0)
         est.stages = stages
-        sizes = {c["config"]["comm_buffer_size_MB"]
-                 for c in rec.recommend(_res(1.0), est)["candidates"]}
-        self.assertEqual(sizes, {64.0, 256.0, 1024.0, 2048.0, 4096.0})
+        candidates = rec.recommend(_res(1.0), est)["candidates"]
+        sizes = {c["config"]["comm_buffer_size_MB"] for c in candidates}
+        # and 1,500 MB: the smallest size holding the 1,500 MB of float32
+        # element-wise bytes in one buffer (develop_fit_mb)
+        self.assertEqual(sizes, {64.0, 256.0, 1024.0, 1500.0, 2048.0, 4096.0})
+
+    def test_the_develop_fit_is_the_smallest_one_ring_size(self) -> None:
+        MB = 2 ** 20  # bytes: the element-wise buffers are chunked by bytes
+        stage = _Stage([_m((300, MB // 4)), _m((100, MB // 4)),        # 400 MB float32
+                        _m((350, MB // 2), "bfloat16"),                # 350 MB bfloat16
+                        _m((401, MB // 4), colour="moe_expert"),       # 401 MB, other colour
+                        _m((5000, MB // 4), use_muon=True)])           # Muon: not counted
+        self.assertEqual(rec.develop_fit_mb([stage]), 401.0)
+        # a byte over a whole MB needs the next MB; the largest class of any stage
+        self.assertEqual(rec.develop_fit_mb([stage, _Stage([_m((MB + 1,), "uint8")])]), 401.0)
+        self.assertEqual(rec.develop_fit_mb([_Stage([_m((500 * MB + 1,), "uint8")])]), 501.0)
+        # only Muon matrices: no element-wise rings to fit
+        self.assertIsNone(rec.develop_fit_mb([_Stage([_m((8, 8), use_muon=True)])]))
+
+    def test_the_develop_fit_is_tried_with_develops_rule_only(self) -> None:
+        MB = 2 ** 20
+        stages = (_Stage([_m((300, MB // 4)), _m((3000, MB // 2), "bfloat16", True)]),)
+        est = _Est(lambda key: 1.0, group_call_possible=True, rail_possible=True)
+        est.stages = stages
+        at_fit = {(c["config"]["comm_group_call_opt"], c["config"]["muon_partition_strategy"])
+                  for c in rec.recommend(_res(1.0), est)["candidates"]
+                  if c["config"]["comm_buffer_size_MB"] == 300.0}
+        develop = rec.DEFAULT_CONFIG["muon_partition_strategy"]
+        # 6,000 fp32 MB of Muon bytes: 21 owners at 300 MB, 6 at 1,024
+        self.assertEqual(at_fit, {(False, develop), (True, develop)})
+        # 6 fp32 MB: one owner at 300 MB as at 1,024 (the same rings): not tried
+        est.stages = (_Stage([_m((300, MB // 4)), _m((3, MB // 2), "bfloat16", True)]),)
+        self.assertNotIn(300.0, {c["config"]["comm_buffer_size_MB"]
+                                 for c in rec.recommend(_res(1.0), est)["candidates"]})
+
+    def test_the_develop_fit_spreads_owners_under_large_alpha(self) -> None:
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.plan import compute_plan
+        from paddle_muon_ext.tools.presets import get_preset
+
+        # 1 ms network / 100 us NVLink hops, comm_overlap: at 512 MB and up the
+        # rings are one launch a dtype but develop's rule gives the 240 MB of
+        # dense Muon bytes one owner (one rail carries them across nodes,
+        # 1.157x the bound); the smallest one-ring size gives it two
+        ab = AlphaBeta(alpha_net=1e-3, alpha_nvlink=1e-4)
+        cfg = MuonCommConfig(ep=64, moe_sharding=1, pp=1, gpus_per_node=8,
+                             model="ernie-moe-small")
+        res = compute_plan(cfg, ab, params=get_preset("ernie-moe-small"), comm_overlap=True)
+        out = rec.recommend(res, rec.annotate(res, ab))
+        self.assertEqual(out["best"]["config"]["comm_buffer_size_MB"],
+                         rec.develop_fit_mb(res["_stages"]))
+        self.assertLessEqual(out["best"]["ratio_to_bound"], 1.15)
+        self.assertLessEqual(out["best"]["estimated_time_s"],
+                             out["default"]["estimated_time_s"])
 
     def test_the_one_buffer_size_needs_a_clear_gain(self) -> None:
         MB = 2 ** 18

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cost_bound_routes import (chain_latency_s, flat_roots_floor_s, gloo_flat_pair_floor_s,
-                                gloo_muon_latency_s, ring_rank_seconds, route_floor_s,
-                                route_link_bytes)
+                                gloo_muon_latency_s, gloo_reduce_ring_s, ring_rank_seconds,
+                                route_floor_s, route_link_bytes)
 from .cost_model import BACKENDS, AlphaBeta
 
 __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth_floor_s",
            "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
-           "gloo_muon_latency_s", "hooked_hierarchical_pair_s", "hooked_hierarchical_reduce_s",
-           "latency_floor_s", "layout_families", "link_floor_bytes", "muon_latency_s",
-           "ring_latency_s", "ring_link_bytes", "ring_rank_seconds", "route_floor_s",
+           "gloo_muon_latency_s", "gloo_reduce_ring_s", "hooked_hierarchical_pair_s",
+           "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
+           "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes", "ring_rank_seconds", "route_floor_s",
            "route_link_bytes", "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
@@ -314,6 +314,10 @@ def _muon_routes_s(name: str, rank_sets: Sequence[Tuple[int, Sequence[GroupLoad]
     flat = lat + bw
     if backend == "nccl":
         flat = max([flat] + [flat_roots_floor_s(g, ab, what) for g in groups])
+    elif what == "reduce":
+        # a flat gloo reduce's ring is in rank order whatever its root: the
+        # busiest rank's ring bytes exactly, not the stage's mean
+        flat = max(flat, lat + gloo_reduce_ring_s(groups, ab))
     if not name.startswith("dense_"):
         return flat, float("inf")
     hooked = comm_overlap and what == "reduce" and backend == "nccl"

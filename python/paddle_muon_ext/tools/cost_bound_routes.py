@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # cost_bound imports this module
     from .cost_bound import GroupLoad
 
 __all__ = ["GLOO_EXACT_RANKS", "chain_latency_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
-           "gloo_muon_latency_s", "ring_rank_seconds", "route_floor_s", "route_link_bytes"]
+           "gloo_muon_latency_s", "gloo_reduce_ring_s", "ring_rank_seconds", "route_floor_s",
+           "route_link_bytes"]
 
 
 def chain_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:
@@ -243,6 +244,29 @@ def gloo_muon_latency_s(g: GroupLoad, ab: AlphaBeta, what: str, hierarchical: bo
     return min(flat, (g.nodes - 1) * ab.alpha_net + (g.per_node - 1) * ab.alpha_nvlink)
 
 
+def gloo_reduce_ring_s(groups: Sequence[GroupLoad], ab: AlphaBeta) -> float:
+    """The busiest rank's link-seconds in the rings of flat gloo reduces of ``groups``.
+
+    A flat gloo reduce runs a ring reduce-scatter in the group's rank order
+    whatever its root (:func:`.gloo_model.reduce_edges`), so every rank sends
+    ``(p - 1) / p`` of each op's bytes to its successor: over the family,
+    ``(p - 1) / p S`` of each group at that edge's beta, exactly
+    (:func:`ring_rank_seconds`, one pass). The mean over the ranks
+    (:func:`route_floor_s`) lets the ranks whose edge leaves the node share
+    the dearer beta of the in-node edges (a network faster than NVLink: the
+    in-node senders are the busiest); the root's slices come on top.
+
+    Args:
+        groups: the family's groups, with ``members`` and ``gpus_per_node``.
+        ab: alpha-beta constants.
+
+    Returns:
+        float: seconds (0 when a group's members are unknown).
+    """
+    out = ring_rank_seconds(groups, ab, "gloo")
+    return 0.0 if out is None else out
+
+
 def gloo_flat_pair_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
     """The least time of ``g``'s flat gloo Muon reduce and broadcast together,
     their owners weighed against their launches.
@@ -280,7 +304,8 @@ def gloo_flat_pair_floor_s(g: GroupLoad, ab: AlphaBeta) -> float:
         return 0.0
     alpha = ab.alpha_net if g.nodes > 1 else ab.alpha_nvlink
     per_op = (rounds("reduce", p) + rounds("broadcast", p)) * alpha
-    reduce_mean = route_floor_s(g, ab, "reduce", "gloo") / p
+    reduce_mean = max(route_floor_s(g, ab, "reduce", "gloo") / p,
+                      gloo_reduce_ring_s([g], ab))
     bcast_mean = route_floor_s(g, ab, "broadcast", "gloo") / p
     if g.members and g.gpus_per_node > 0 and p <= GLOO_EXACT_RANKS:
         root = _gloo_root_rate(tuple(sorted(g.members)), g.gpus_per_node, ab.beta_net,

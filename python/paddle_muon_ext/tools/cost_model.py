@@ -109,6 +109,12 @@ c`` (``c``: the cheapest root's own link-seconds a byte), the busiest ``S c
 / m``; the flat pair takes at least the least over ``m`` of ``max(m, d)
 (R_reduce + R_broadcast) alpha`` + the reduce's mean + ``max(broadcast
 mean, S c / m)`` (:func:`.cost_bound_routes.gloo_flat_pair_floor_s`).
+(Reduce ring, gloo) a flat gloo reduce runs its ring reduce-scatter in
+rank order whatever its root, so every rank sends ``(p - 1) / p S`` of its
+group to its successor at that edge's beta: the flat route's floor and the
+owner pair's reduce take the busiest rank's ring bytes exactly
+(:func:`.cost_bound_routes.gloo_reduce_ring_s`; with the network faster
+than NVLink the in-node senders are the busiest), not the stage's mean.
 ``comm_group_call_opt`` routes the dense reduce and broadcast together, so
 their floors take one route. The bound is the sum over families of
 latency + bandwidth floors. The gap to a configuration: owners not spread

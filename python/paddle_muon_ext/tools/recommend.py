@@ -30,14 +30,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding_partition import develop_active_ranks
 from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
+from ..distributed.fleet.meta_optimizers.muon_sharding_types import itemsize
 from . import cost_bound
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
 from .plan_world import build_layout_plan
 
 __all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "ONE_BUFFER_MIN_GAIN",
-           "annotate", "config",
+           "annotate", "config", "develop_fit_mb",
            "one_buffer_mb", "recommend", "why_line"]
 
 #: Buffer sizes ``--recommend`` tries (MB), besides the run's own and
@@ -178,6 +180,65 @@ def one_buffer_mb(stages, muon: bool = False) -> Optional[float]:
     return mb if mb > max(BUFFER_SIZES_MB) else None
 
 
+def develop_fit_mb(stages) -> Optional[float]:
+    """The smallest whole-MB buffer size holding each stage's element-wise
+    (non-Muon) parameters of one colour and dtype in one buffer, by their
+    bytes as the slice buffers are chunked (None without such parameters).
+
+    Develop's owner rule gives a dtype class ``int(fp32 MB / buffer MB) + 1``
+    owners, so the buffer size that takes the element-wise rings down to one
+    launch per colour and dtype also sets how many owners share the Muon
+    bytes: the smallest such size keeps the most owners. A power-of-two size
+    above it has the same rings and fewer owners, which costs where one
+    owner's rail carries its whole share across nodes (ernie-moe-small at 8 x
+    8, ep 64, ``comm_overlap``, alpha 1 ms / 100 us: 1.157x the bound at 1,024
+    MB, where each dtype class has one owner, both the group's first rank;
+    1.052x at this size, 405 MB, where the bf16 class has two).
+
+    Args:
+        stages: the run's stages (``metas()``: ``shape``, ``dtype``,
+            ``colour``, ``use_muon``).
+
+    Returns:
+        float or None: MB (``comm_buffer_size_MB``: ``2**20`` bytes a MB for
+        the element-wise buffers).
+    """
+    most = 0
+    for stage in stages:
+        nbytes: Dict[Tuple[Any, Any], int] = {}
+        for m in stage.metas():
+            if m.use_muon:
+                continue
+            n = itemsize(m.dtype)
+            for d in m.shape:
+                n *= int(d)
+            key = (m.colour, m.dtype)
+            nbytes[key] = nbytes.get(key, 0) + n
+        most = max([most] + list(nbytes.values()))
+    if most <= 0:
+        return None
+    return float(min(-(-most // 2 ** 20), MAX_BUFFER_MB))
+
+
+def _develop_owners(stages, buffer_mb: float) -> Tuple[int, ...]:
+    """Develop's owner count of each stage's Muon class (colour, dtype) at
+    ``buffer_mb``, before the group size caps it."""
+    out = []
+    for stage in stages:
+        numel: Dict[Tuple[Any, Any], int] = {}
+        for m in stage.metas():
+            if not m.use_muon:
+                continue
+            n = 1
+            for d in m.shape:
+                n *= int(d)
+            key = (m.colour, m.dtype)
+            numel[key] = numel.get(key, 0) + n
+        out += [develop_active_ranks([numel[k]], 1 << 62, buffer_mb)
+                for k in sorted(numel, key=str)]
+    return tuple(out)
+
+
 def _bound(res: Dict[str, Any], ab: AlphaBeta) -> Dict[str, Any]:
     families = cost_bound.layout_families(res["_plan"], [s.metas() for s in res["_stages"]])
     c = res["config"]
@@ -261,8 +322,10 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     buffer size and one buffer per colour and dtype of the element-wise
     parameters and (develop's rule only) of the Muon matrices
     (:func:`one_buffer_mb`; picked only when :data:`ONE_BUFFER_MIN_GAIN`
-    faster than the rest). The default is a candidate and wins ties, so the pick is
-    never slower than it.
+    faster than the rest), and (develop's rule only) the smallest size
+    holding the element-wise ones in one buffer (:func:`develop_fit_mb`).
+    The default is a candidate and wins ties, so the pick is never slower
+    than it.
 
     Args:
         res: an annotated result (:func:`annotate`).
@@ -277,10 +340,22 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     b, t0 = vs["bound_s"], vs["default"]["estimated_time_s"]
     fit = one_buffer_mb(est.stages)
     muon_fit = one_buffer_mb(est.stages, muon=True)
-    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer} | ({fit, muon_fit} - {None}))
+    develop_fit = develop_fit_mb(est.stages)
+    if develop_fit is not None:
+        above = [b for b in set(BUFFER_SIZES_MB) | {est.buffer, fit, muon_fit} - {None}
+                 if b >= develop_fit]
+        if above and _develop_owners(est.stages, develop_fit) == _develop_owners(
+                est.stages, min(above)):
+            # the next size up has the same rings and owners, and no more
+            # Muon chunks: nothing to gain
+            develop_fit = None
+    buffers = sorted(set(BUFFER_SIZES_MB) | {est.buffer}
+                     | ({fit, muon_fit, develop_fit} - {None}))
     # only develop's rule sizes its owner count by the buffer: the Muon size
-    # alone is tried with it (the time budget at 100,000 matrices)
-    muon_only = {muon_fit} - set(BUFFER_SIZES_MB) - {est.buffer, fit}
+    # and the smallest one-ring size are tried with it alone (the time budget
+    # at 100,000 matrices; under the other rules a larger size has the same
+    # rings and owners, and no more Muon chunks)
+    muon_only = {muon_fit, develop_fit} - {None} - set(BUFFER_SIZES_MB) - {est.buffer, fit}
     keys: List[Key] = [_key(DEFAULT_CONFIG)]
     for group_call in ((False, True) if est.group_call_possible else (False,)):
         rules = PARTITION_RULES if group_call and est.rail_possible else FLAT_RULES
