@@ -82,7 +82,8 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    "every layout, a single node and --gpus-per-node 1 included")
     p.add_argument("--recommend", action="store_true",
                    help="also estimate comm_group_call_opt off/on x every owner rule x "
-                   "buffers of 64/256/1024 MB (and --buffer-size-MB) and name the fastest, "
+                   "buffers of 64/256/1024 MB (and --buffer-size-MB; with develop's rule also "
+                   "the sizes giving one buffer per colour and dtype) and name the fastest, "
                    "with its ratio to the default and to the lower bound (JSON: "
                    '"recommend"); the default wins ties; about 2x plan\'s time (12-20 paths '
                    "instead of 4)")
