@@ -134,7 +134,10 @@ def build_sync_stages(
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
         keys_in_order = list(by_key)
         runs, start = [], 0
-        for n in stage_runs(key_numels(params, group_key), limit):
+        # the per-key sums of key_numels, from the groups already at hand
+        # (key_numels would call group_key a second time per matrix, on
+        # plan's 100,000-matrix path too)
+        for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
             runs.append(keys_in_order[start:start + n])
             start += n
         for keys in runs:
