@@ -342,8 +342,9 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     muon_fit = one_buffer_mb(est.stages, muon=True)
     develop_fit = develop_fit_mb(est.stages)
     if develop_fit is not None:
-        above = [b for b in set(BUFFER_SIZES_MB) | {est.buffer, fit, muon_fit} - {None}
-                 if b >= develop_fit]
+        # (not ``b``: that name is the bound here)
+        above = [size for size in set(BUFFER_SIZES_MB) | ({est.buffer, fit, muon_fit} - {None})
+                 if size >= develop_fit]
         if above and _develop_owners(est.stages, develop_fit) == _develop_owners(
                 est.stages, min(above)):
             # the next size up has the same rings and owners, and no more
