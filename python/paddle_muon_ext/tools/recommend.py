@@ -139,6 +139,33 @@ class _Estimates:
         return self.times[key]
 
 
+def _class_totals(stage, muon: bool, in_bytes: bool = False) -> Dict[Tuple[Any, Any], int]:
+    """Elements (or bytes) of one stage's Muon matrices (``muon``) or
+    element-wise parameters by class, ``(colour, dtype)``: what one buffer
+    per colour and dtype must hold (:func:`one_buffer_mb`,
+    :func:`develop_fit_mb`) and what develop's rule counts owners by.
+
+    Args:
+        stage: a stage (``metas()``: ``shape``, ``dtype``, ``colour``, ``use_muon``).
+        muon: the Muon matrices, else the element-wise parameters.
+        in_bytes: bytes (the dtype's item size) instead of elements.
+
+    Returns:
+        dict: ``(colour, dtype)`` -> total, in first-seen order.
+    """
+    totals: Dict[Tuple[Any, Any], int] = {}
+    for m in stage.metas():
+        if bool(m.use_muon) != muon:
+            continue
+        dtype = getattr(m, "dtype", None)
+        n = itemsize(dtype) if in_bytes else 1
+        for d in m.shape:
+            n *= int(d)
+        key = (m.colour, dtype)
+        totals[key] = totals.get(key, 0) + n
+    return totals
+
+
 def one_buffer_mb(stages, muon: bool = False) -> Optional[float]:
     """The smallest power-of-two buffer size (MB) holding each stage's
     element-wise (non-Muon) parameters of one colour and dtype in one buffer,
@@ -162,18 +189,7 @@ def one_buffer_mb(stages, muon: bool = False) -> Optional[float]:
     Returns:
         float or None: MB (``comm_buffer_size_MB``: 2**18 elements a MB).
     """
-    most = 0
-    for stage in stages:
-        numel: Dict[Tuple[Any, Any], int] = {}
-        for m in stage.metas():
-            if bool(m.use_muon) != muon:
-                continue
-            n = 1
-            for d in m.shape:
-                n *= int(d)
-            key = (m.colour, getattr(m, "dtype", None))
-            numel[key] = numel.get(key, 0) + n
-        most = max([most] + list(numel.values()))
+    most = max((n for stage in stages for n in _class_totals(stage, muon).values()), default=0)
     mb = 1.0
     while mb * 2 ** 18 < most * 1.05 and mb < MAX_BUFFER_MB:  # 5 %: alignment padding
         mb *= 2
@@ -203,18 +219,8 @@ def develop_fit_mb(stages) -> Optional[float]:
         float or None: MB (``comm_buffer_size_MB``: ``2**20`` bytes a MB for
         the element-wise buffers).
     """
-    most = 0
-    for stage in stages:
-        nbytes: Dict[Tuple[Any, Any], int] = {}
-        for m in stage.metas():
-            if m.use_muon:
-                continue
-            n = itemsize(m.dtype)
-            for d in m.shape:
-                n *= int(d)
-            key = (m.colour, m.dtype)
-            nbytes[key] = nbytes.get(key, 0) + n
-        most = max([most] + list(nbytes.values()))
+    most = max((n for stage in stages
+                for n in _class_totals(stage, muon=False, in_bytes=True).values()), default=0)
     if most <= 0:
         return None
     return float(min(-(-most // 2 ** 20), MAX_BUFFER_MB))
@@ -225,15 +231,7 @@ def _develop_owners(stages, buffer_mb: float) -> Tuple[int, ...]:
     ``buffer_mb``, before the group size caps it."""
     out = []
     for stage in stages:
-        numel: Dict[Tuple[Any, Any], int] = {}
-        for m in stage.metas():
-            if not m.use_muon:
-                continue
-            n = 1
-            for d in m.shape:
-                n *= int(d)
-            key = (m.colour, m.dtype)
-            numel[key] = numel.get(key, 0) + n
+        numel = _class_totals(stage, muon=True)
         out += [develop_active_ranks([numel[k]], 1 << 62, buffer_mb)
                 for k in sorted(numel, key=str)]
     return tuple(out)
