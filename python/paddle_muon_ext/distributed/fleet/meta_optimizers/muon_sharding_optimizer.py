@@ -129,28 +129,26 @@ def _state_attr(name: str) -> property:
                     doc=f"develop's name for ``ShardingState.{name}``.")
 
 
-def _refuse_write(develop_name: str, source: str):
-    def fset(self, value):
-        # develop stores a copy; here the buffers, hooks and step plan were
-        # built from the value at construction, so a later write would be
-        # silently ignored: refuse it and say where the value comes from
+def _derived_attr(getter: Callable[[Any], Any], develop_name: str, source: str,
+                  fix: str = "change the strategy and build a new optimizer") -> property:
+    """A read-only develop name over the build's own objects. develop stores a
+    copy; here the buffers, hooks and step plan were built from the value, so
+    a later write would be silently ignored: it is refused, naming the source."""
+    def refuse(self, value):
         raise AttributeError(
             f"{type(self).__name__}.{develop_name} is read-only (got {value!r}): it is "
-            f"{source}, fixed when the optimizer was built; change the strategy and build "
-            "a new optimizer")
-    return fset
+            f"{source}, fixed when the optimizer was built; {fix}")
+    return property(getter, refuse, doc=f"develop's name for {source}.")
 
 
 def _settings_attr(name: str, develop_name: str | None = None) -> property:
-    return property(lambda self: getattr(self._settings, name),
-                    _refuse_write(develop_name or name, f"the strategy's {name} option"),
-                    doc=f"develop's name for ``ShardingSettings.{name}``.")
+    return _derived_attr(lambda self: getattr(self._settings, name), develop_name or name,
+                         f"the strategy's {name} option")
 
 
 def _hcg_attr(getter: str, develop_name: str) -> property:
-    return property(lambda self: getattr(self._hcg, getter)(),
-                    _refuse_write(develop_name, f"hcg.{getter}()"),
-                    doc=f"develop's name for ``hcg.{getter}()``.")
+    return _derived_attr(lambda self: getattr(self._hcg, getter)(), develop_name,
+                         f"hcg.{getter}()")
 
 
 def _state_method(name: str):
@@ -192,7 +190,9 @@ class _DevelopStateSurface:
     _local_2d = property(lambda self: self._state.owned_muon_params())
     # develop's shared colours (of the parameters) and its sync-only / overlap
     # split, derived next to the step plan's hook rule
-    _shared_colors = property(lambda self: self._compute_shared_colors(self._parameter_list))
+    _shared_colors = _derived_attr(
+        lambda self: self._compute_shared_colors(self._parameter_list), "_shared_colors",
+        "the colours of the parameters it was built with", "build a new optimizer")
     _sync_only_buffers = property(lambda self: self._overlap_split()[0])
     _overlap_comm_buffers = property(lambda self: self._overlap_split()[1])
     _sync_only_buffer_ids = property(lambda self: {id(b) for b in self._sync_only_buffers})
@@ -210,8 +210,8 @@ class _DevelopStateSurface:
     _use_fuse_gradients = _settings_attr("fused", "_use_fuse_gradients")
     machine_balanced_2d_partition = _settings_attr("machine_balanced_2d_partition")
     _enable_timer = _settings_attr("enable_optimizer_timer", "_enable_timer")
-    _use_pipeline_parallel = property(lambda self: self._settings.pp_degree > 1,
-                                      doc="develop's ``pp_degree > 1`` (ShardingSettings).")
+    _use_pipeline_parallel = _derived_attr(lambda self: self._settings.pp_degree > 1,
+                                           "_use_pipeline_parallel", "the strategy's pp_degree > 1")
     # the sharding group's facts, as the hcg reports them
     _default_group = _hcg_attr("get_sharding_parallel_group", "_default_group")
     _sharding_world_size = _hcg_attr("get_sharding_parallel_world_size",
@@ -220,8 +220,11 @@ class _DevelopStateSurface:
     # develop's aliases of this optimizer's own names
     _global_rank = property(lambda self: self._rank)
     # the option as honoured: False where the build has no AVG reduce
-    use_reduce_avg = property(lambda self: self._use_avg)
-    _origin_parameter_list = property(lambda self: self._parameter_list)
+    use_reduce_avg = _derived_attr(lambda self: self._use_avg, "use_reduce_avg",
+                                   "the strategy's use_reduce_avg option as this build honours it")
+    _origin_parameter_list = _derived_attr(lambda self: self._parameter_list,
+                                           "_origin_parameter_list", "the parameter list it "
+                                           "was built with", "build a new optimizer")
     _grad_tensors = staticmethod(ShardingState.grad_tensors)
     _create_slice_param = staticmethod(create_slice_param)
 
