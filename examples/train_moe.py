@@ -279,7 +279,8 @@ def build(net: TinyMoE):
 
 
 def train(model, opt, steps: int, world: int, rows: slice, first: int = 0) -> list:
-    """Steps ``first .. steps - 1`` on the tokens ``rows`` of each global batch of ``world`` ranks."""
+    """Steps ``first .. steps - 1`` on the tokens ``rows`` of each global batch
+    of ``world`` ranks."""
     losses = []
     for step in range(first, steps):
         ids, labels = global_batch(step, world)
@@ -360,7 +361,7 @@ def main(argv: list | None = None) -> int:
     scale = 1.0 if args.wrong_expert_scale else 1.0 / ep
 
     def make():
-        """The model (net and its wrappers) and the sharded optimizer, as a fresh job builds them."""
+        """The model (net and its wrappers) and the sharded optimizer, as a new job builds them."""
         net = TinyMoE(ep_group, moe_group, grad_scale=scale)
         model, muon = build(net)
         if world > 1:

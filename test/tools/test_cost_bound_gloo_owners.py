@@ -34,7 +34,8 @@ class TestGlooFlatPairByHand(unittest.TestCase):
     # of 3/4 S each, slices of S/4 to the root from 1 (in), 2 and 3 (net):
     # (1.5 + 0.25) beta_nvlink + (1.5 + 0.5) beta_net = 19.5e-12 s a byte, over
     # 4 ranks: 4.875 ms; but the ring is the same whatever the root, and its
-    # in-node senders 0 and 2 send 3/4 S at beta_nvlink each: 7.5 ms. Broadcast: the cheapest tree is rooted at 1 or 3
+    # in-node senders 0 and 2 send 3/4 S at beta_nvlink each: 7.5 ms.
+    # Broadcast: the cheapest tree is rooted at 1 or 3
     # (1->2, 1->3, 2->0: all across) 3e-12 s a byte, over 4 ranks 0.75 ms;
     # the cheapest root's own sends (1->2, 1->3) 2e-12 s a byte: 2 ms for S.
     # Rounds: 4 a reduce, 2 a broadcast, at 1 ms.

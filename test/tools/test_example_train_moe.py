@@ -16,8 +16,9 @@
 The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
 cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
 its own check against a single-process run with ``comm_group_call_opt`` off
-(resumed from a checkpoint, every expert saved once) and on; a dispatch without the documented 1/ep expert gradient scale must fail
-that check by the documented amount; and the docs' MoE fragment must be
+(resumed from a checkpoint, every expert saved once) and on; a dispatch
+without the documented 1/ep expert gradient scale must fail that check by
+the documented amount; and the docs' MoE fragment must be
 lines of the example, so that CI runs it.
 """
 

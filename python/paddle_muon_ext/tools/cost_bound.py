@@ -36,8 +36,8 @@ __all__ = ["FAMILIES", "MUON_FAMILIES", "RING_FAMILIES", "GroupLoad", "bandwidth
            "chain_latency_s", "family_floor_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
            "gloo_muon_latency_s", "gloo_reduce_ring_s", "hooked_hierarchical_pair_s",
            "hooked_hierarchical_reduce_s", "latency_floor_s", "layout_families",
-           "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes", "ring_rank_seconds", "route_floor_s",
-           "route_link_bytes", "step_bound"]
+           "link_floor_bytes", "muon_latency_s", "ring_latency_s", "ring_link_bytes",
+           "ring_rank_seconds", "route_floor_s", "route_link_bytes", "step_bound"]
 
 #: The model's phase families: Muon reduce and broadcast of the dense colour
 #: (flat ``dense_*`` or hierarchical ``intra_node_*`` + ``cross_node_*``) and of

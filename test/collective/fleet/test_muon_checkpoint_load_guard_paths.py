@@ -137,7 +137,8 @@ class TestSweep(_GuardCase):
         os.makedirs(other)
         os.utime(other, (past, past))
         guard_mod._sweep_stale(self.root)
-        self.assertEqual(sorted(os.listdir(self.root)), sorted(["checkpoint_3", f"{GUARD_PREFIX}new"]))
+        self.assertEqual(sorted(os.listdir(self.root)),
+                         sorted(["checkpoint_3", f"{GUARD_PREFIX}new"]))
 
     def test_missing_roots_are_no_error(self):
         missing = os.path.join(self.root, "gone")
