@@ -99,6 +99,40 @@ class TestBoundBelowEveryCandidateRandomised(unittest.TestCase):
                 _assert_no_candidate_below_the_bound(self, rec)
 
 
+def _floor_sweep(test: unittest.TestCase, seed: int, draw, floors) -> int:
+    """60 random trials of one floor: in each, no candidate is below the
+    bound (a subtest per trial).
+
+    Args:
+        draw: ``(rng, trial) -> (ab, params, backend, overlap, buffer_mb)``.
+        floors: ``(module, name)`` of the floor's function, set to 0 for the
+            bound without it (a module that imports it holds its own name).
+
+    Returns:
+        int: trials in which the floor raised the bound.
+    """
+    from contextlib import ExitStack
+    from unittest import mock
+
+    rng = random.Random(seed)
+    raised = 0
+    for trial in range(60):
+        ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
+        cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
+        ab, params, backend, overlap, buffer_mb = draw(rng, trial)
+        rec = _recommend(cfg, ab, params, backend, overlap, buffer_mb)
+        with ExitStack() as stack:
+            for module, name in floors:
+                stack.enter_context(mock.patch.object(module, name, lambda *args: 0.0))
+            without = _recommend(cfg, ab, params, backend, overlap, buffer_mb)["bound_s"]
+        if rec["bound_s"] > without * (1 + 1e-9):
+            raised += 1
+        with test.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
+                          buffer_mb=buffer_mb):
+            _assert_no_candidate_below_the_bound(test, rec)
+    return raised
+
+
 class TestOwnerPairBoundsRandomised(unittest.TestCase):
     """The floors that weigh a buffer count against launches for a reduce and
     its broadcast together: gloo's flat pair (few owners save rounds, load
@@ -109,15 +143,9 @@ class TestOwnerPairBoundsRandomised(unittest.TestCase):
     owner count (from one to every rank)."""
 
     def _sweep(self, backend: str, floor: str, seed: int, beta_net_hi: float) -> None:
-        from unittest import mock
-
         from paddle_muon_ext.tools import cost_bound
 
-        rng = random.Random(seed)
-        raised = 0
-        for trial in range(60):
-            ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
-            cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
+        def draw(rng, trial):
             # latency-bound and byte-bound trials both (the tiny model moves MBs)
             ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-7, 1e-3),
                            beta_nvlink=1 / _log_uniform(rng, 1e8, 1e12),
@@ -127,18 +155,10 @@ class TestOwnerPairBoundsRandomised(unittest.TestCase):
                 ParamSpec(f"x{i}.weight", (256, 32 * rng.randint(1, 16)), "bfloat16",
                           bool(i % 2), True) for i in range(rng.randint(4, 24))]
             buffer_mb = rng.choice((0.01, 0.03, 0.1, 0.3, 1.0))
-            overlap = backend == "nccl" or bool(trial % 2)
-            rec = _recommend(cfg, ab, params, backend, overlap, buffer_mb)
-            b = rec["bound_s"]
-            with mock.patch.object(cost_bound, floor, lambda g, ab: 0.0):
-                if b > _recommend(cfg, ab, params, backend, overlap, buffer_mb)["bound_s"] \
-                        * (1 + 1e-9):
-                    raised += 1
-            with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
-                              buffer_mb=buffer_mb):
-                _assert_no_candidate_below_the_bound(self, rec)
+            return ab, params, backend, backend == "nccl" or bool(trial % 2), buffer_mb
+
         # the pair floor is what these trials exercise
-        self.assertGreaterEqual(raised, 10)
+        self.assertGreaterEqual(_floor_sweep(self, seed, draw, [(cost_bound, floor)]), 10)
 
     def test_gloo_flat_pair_large_alpha_fast_network(self) -> None:
         self._sweep("gloo", "gloo_flat_pair_floor_s", 2929, 1e13)
@@ -155,18 +175,9 @@ class TestGlooReduceRingRandomised(unittest.TestCase):
     no candidate falls below the bound."""
 
     def test_the_ring_floor_binds_and_stays_below_every_candidate(self) -> None:
-        from unittest import mock
-
         from paddle_muon_ext.tools import cost_bound, cost_bound_routes
 
-        def no_ring(groups, ab):
-            return 0.0
-
-        rng = random.Random(3131)
-        raised = 0
-        for trial in range(60):
-            ep, ms, pp, gpn = LAYOUTS[trial % len(LAYOUTS)]
-            cfg = MuonCommConfig(ep=ep, moe_sharding=ms, pp=pp, gpus_per_node=gpn, model="tiny")
+        def draw(rng, trial):
             ab = AlphaBeta(alpha_nvlink=_log_uniform(rng, 1e-8, 1e-4),
                            beta_nvlink=1 / _log_uniform(rng, 1e8, 1e11),
                            alpha_net=_log_uniform(rng, 1e-8, 1e-4),
@@ -174,18 +185,11 @@ class TestGlooReduceRingRandomised(unittest.TestCase):
             params = _params(rng)
             overlap = bool(trial // 2 % 2)
             buffer_mb = rng.choice((0.01, 0.1, 256.0) + (() if overlap else (0.0,)))
-            rec = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)
-            # the floor's own contribution: the bound without it (both modules
-            # call it: the flat route's floor and the owner pair's)
-            with mock.patch.object(cost_bound, "gloo_reduce_ring_s", no_ring), \
-                    mock.patch.object(cost_bound_routes, "gloo_reduce_ring_s", no_ring):
-                without = _recommend(cfg, ab, params, "gloo", overlap, buffer_mb)["bound_s"]
-            if rec["bound_s"] > without * (1 + 1e-9):
-                raised += 1
-            with self.subTest(trial=trial, layout=(ep, ms, pp, gpn), ab=ab, overlap=overlap,
-                              buffer_mb=buffer_mb):
-                _assert_no_candidate_below_the_bound(self, rec)
-        self.assertGreaterEqual(raised, 10)
+            return ab, params, "gloo", overlap, buffer_mb
+
+        # both modules call it: the flat route's floor and the owner pair's
+        floors = [(cost_bound, "gloo_reduce_ring_s"), (cost_bound_routes, "gloo_reduce_ring_s")]
+        self.assertGreaterEqual(_floor_sweep(self, 3131, draw, floors), 10)
 
 
 class TestPickWithinItsBound(unittest.TestCase):
