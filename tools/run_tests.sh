@@ -88,4 +88,4 @@ python -m coverage report --skip-empty
 python tools/coverage/check_coverage.py --data-file .coverage \
   --min 90 'python/paddle_muon_ext/*' \
   --min 95 '*/muon_sharding_optimizer.py' \
-  --min 95 '*/muon_comm_plan.py'
+  --min 95 '*/muon_sharding/comm_plan.py'

@@ -34,6 +34,7 @@ def _paddle_missing() -> bool:
 # works anywhere; the first name that needs Paddle raises this message.
 _NEEDS_PADDLE = ("paddle_muon_ext needs PaddlePaddle 3.3.x: install 'paddlepaddle-gpu' on GPU "
                  "nodes, or 'pip install paddle_muon_ext[cpu]' for the CPU wheel.")
+_CHECKPOINT = ".distributed.fleet.meta_optimizers.muon_checkpoint"
 # Importing paddle takes seconds: the names below load on first use, so the
 # command-line tools answer a bad argument before paddle is imported.
 _LAZY = {
@@ -44,6 +45,14 @@ _LAZY = {
     "distributed_optimizer": ".compat_paddle_3_3.fleet_integration",
     "MuonShardingOptimizer": ".distributed.fleet.meta_optimizers.muon_sharding_optimizer",
     "Muon": ".optimizer",
+    # checkpoints (muon_checkpoint: atomic saves, verified loads)
+    "CheckpointCorruptError": _CHECKPOINT,
+    "CheckpointLoadError": _CHECKPOINT,
+    "CheckpointMismatchError": _CHECKPOINT,
+    "CheckpointSaveError": _CHECKPOINT,
+    "latest_complete_checkpoint": _CHECKPOINT,
+    "load_sharded_checkpoint": _CHECKPOINT,
+    "save_sharded_checkpoint": _CHECKPOINT,
     "MuonParamInfo": ".optimizer",
 }
 
@@ -65,12 +74,19 @@ def __dir__():
 
 __version__ = "0.1.0"
 __all__ = [
+    "CheckpointCorruptError",
+    "CheckpointLoadError",
+    "CheckpointMismatchError",
+    "CheckpointSaveError",
     "Muon",
     "MuonParamInfo",
     "MuonShardingOptimizer",
     "distributed_optimizer",
     "get_muon_sharding_options",
+    "latest_complete_checkpoint",
+    "load_sharded_checkpoint",
     "patch_paddle",
+    "save_sharded_checkpoint",
     "set_muon_sharding_options",
     "unpatch_paddle",
 ]

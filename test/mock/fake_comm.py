@@ -105,7 +105,7 @@ _NP_DTYPES = {
 
 
 _FLIGHT_MODULE = (
-    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder"
+    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight.recorder"
 )
 
 

@@ -27,13 +27,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
-    balance_floor,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import balance_floor
 from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, max_over_mean
 
 EXPERT_COLOUR = "moe_expert"

@@ -23,7 +23,7 @@ import os
 import pytest
 from tool_loader import load_tool
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     balanced_partition,
     upstream_partition,
 )
@@ -174,7 +174,7 @@ def test_fuzz_against_a_revision(capsys, monkeypatch):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     probe = subprocess.run(["git", "-C", repo, "cat-file", "-e",
                             "HEAD:python/paddle_muon_ext/distributed/fleet/meta_optimizers/"
-                            "muon_sharding_partition.py"], capture_output=True)
+                            "muon_sharding/partition.py"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("not a git checkout holding the partition module")
     small = ["--against", "HEAD", "--max-matrices", "200", "--max-ranks", "16", "--json"]

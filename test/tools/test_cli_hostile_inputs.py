@@ -35,7 +35,7 @@ from unittest import mock
 from tool_loader import REPO_ROOT
 
 from paddle_muon_ext import cli
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import recorder as fr
 
 LAYOUT = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2"]
 CLUSTER = ["cluster", "--nodes", "2", "--procs-per-node", "2", "--ep", "2",

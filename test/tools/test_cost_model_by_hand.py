@@ -157,9 +157,7 @@ if __name__ == "__main__":
 
 
 def _op(phase: str, op: str, group, root, nbytes: float, coalesced: bool = False):
-    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_step_plan import (
-        CommOp,
-    )
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import CommOp
 
     return CommOp("reduce_gradients", phase, op, group, root, "float32", int(nbytes // 4), None,
                   coalesced, nbytes)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import recorder as fr
 from paddle_muon_ext.tools import hangs, presets
 from paddle_muon_ext.tools.plan_world import split_stages
 

@@ -30,7 +30,7 @@ from unittest import mock
 from tool_loader import REPO_ROOT
 
 from paddle_muon_ext import cli
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import recorder as fr
 from paddle_muon_ext.tools import hangs
 
 CULPRIT = "is the rank the others wait for"

@@ -30,10 +30,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from mock.fake_hcg import PIPE_FIRST_MOE_ORDER  # noqa: E402
 from muon_sim_runner import SimConfig, run_world  # noqa: E402
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (  # noqa: E402
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (  # noqa: E402
     ParamMeta,
     ShardingLayout,
 )

@@ -76,7 +76,7 @@ def hand_result(hand_json):
 
 
 def test_plan_default_rule_is_the_optimizers(hand_json, capsys):
-    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
         ShardingSettings,
     )
 

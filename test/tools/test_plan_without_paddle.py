@@ -54,7 +54,7 @@ class TestGridTopologyIsPaddlesGrid(unittest.TestCase):
                                          paddles.get_coord(r)._asdict())
 
     def test_plan_from_grid_equals_plan_from_communicate_topology(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
             HierarchicalCommPlan,
         )
 

@@ -38,10 +38,10 @@ from muon_sim_runner import SimConfig, run_world  # noqa: E402
 
 from paddle.distributed.fleet.utils.log_util import logger  # noqa: E402
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (  # noqa: E402
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_step_plan import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (  # noqa: E402
     CommOp,
 )
 from paddle_muon_ext.tools import verify  # noqa: E402

@@ -85,7 +85,7 @@ import paddle  # noqa: E402
 
 from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy  # noqa: E402
 from mock.simulated_world import SimulatedWorld  # noqa: E402
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_recorder import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight.recorder import (  # noqa: E402
     get_flight_recorder,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (  # noqa: E402
@@ -95,7 +95,7 @@ from paddle_muon_ext.compat_paddle_3_3 import (  # noqa: E402
     register_cpu_tensor_fusion,
     set_muon_sharding_options,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (  # noqa: E402
     OVERLAP_SYNC_ENV,
 )
 from paddle_muon_ext.optimizer import Muon, MuonParamInfo, build_muon_param_info_map  # noqa: E402

@@ -56,11 +56,11 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
         sys.path.insert(0, _p)
 
 import moe_presets  # noqa: E402
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (  # noqa: E402
     MatrixSpec,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (  # noqa: E402
     balance_floor,
     balanced_partition,
     machine_balanced_owner_indices,
@@ -203,7 +203,7 @@ def _previous_balanced():
     return module._frozen_balanced_owners
 
 
-_MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sharding_partition.py"
+_MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sharding/partition.py"
 
 
 def load_revision(rev: str):

@@ -52,7 +52,7 @@ def bench_simulated(reps: int) -> dict:
     from muon_sim_runner import SimConfig, run_world
     from muon_tiny_moe import TinyMoE, make_muon
 
-    from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_build as build
+    from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import build
     from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
         MuonShardingOptimizer,
     )

@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
-    PARTITION_STRATEGIES,  # noqa: F401  (re-exported for callers of this module)
+from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
+    PARTITION_STRATEGIES,
     SHARDING_OPTIONS,
     check_option_value,
     option_default,

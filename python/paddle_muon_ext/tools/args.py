@@ -147,7 +147,7 @@ class MuonCommConfig:
 
     def build_plan(self):
         """The validated ``HierarchicalCommPlan`` (raises ValueError)."""
-        from ..distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
+        from ..distributed.fleet.meta_optimizers.muon_sharding.comm_plan import HierarchicalCommPlan
 
         return HierarchicalCommPlan.from_topology(self.build_topology(), self.gpus_per_node)
 

@@ -134,8 +134,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers import muon_sharding_layout as msl
-from ..distributed.fleet.meta_optimizers import muon_sharding_types as mst
+from ..distributed.fleet.meta_optimizers.muon_sharding import layout as msl
+from ..distributed.fleet.meta_optimizers.muon_sharding import types as mst
 from .cost_rings import Group, Phase, Rings, ring_structure
 
 __all__ = ["AlphaBeta", "BACKENDS", "CostPath", "KINDS", "OTHER_PHASES", "RING_OPS",

@@ -44,7 +44,7 @@ import re
 import sys
 from typing import Any, Optional, Sequence
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight_diagnosis import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight.diagnosis import (
     DUMP_FORMAT,
     DUMP_PREFIX,
     FIELDS,

@@ -33,14 +33,14 @@ import gc
 import operator
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
-from ..distributed.fleet.meta_optimizers.muon_sharding_options import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
+from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
     PARTITION_BALANCED,
     PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding_types import IdentityMemo
+from ..distributed.fleet.meta_optimizers.muon_sharding.types import IdentityMemo
 from . import presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio

@@ -94,13 +94,13 @@ class ParamSpec:
 
     def to_matrix_spec(self):
         """The partitioner's view."""
-        from ..distributed.fleet.meta_optimizers.muon_sharding_owner_meta import MatrixSpec
+        from ..distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
 
         return MatrixSpec(self.name, tuple(self.shape), self.dtype)
 
     def to_meta(self, expert_colour: str = "moe_expert"):
         """The layout's view: experts take ``expert_colour``, the rest the default group."""
-        from ..distributed.fleet.meta_optimizers.muon_sharding_layout import ParamMeta
+        from ..distributed.fleet.meta_optimizers.muon_sharding.layout import ParamMeta
 
         return ParamMeta(self.name, tuple(self.shape), self.dtype,
                          expert_colour if self.is_expert else None, self.use_muon)

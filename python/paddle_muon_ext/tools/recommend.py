@@ -28,11 +28,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_sharding_layout import LayoutSettings
-from ..distributed.fleet.meta_optimizers.muon_sharding_options import option_default
-from ..distributed.fleet.meta_optimizers.muon_sharding_partition import develop_active_ranks
-from ..distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
-from ..distributed.fleet.meta_optimizers.muon_sharding_types import itemsize
+from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
+from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding.partition import develop_active_ranks
+from ..distributed.fleet.meta_optimizers.muon_sharding.rail import rail_applies
+from ..distributed.fleet.meta_optimizers.muon_sharding.types import itemsize
 from . import cost_bound
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio

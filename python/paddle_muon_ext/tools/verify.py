@@ -133,7 +133,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     Returns:
         list[str]: readable differences (empty when identical).
     """
-    from ..distributed.fleet.meta_optimizers.muon_sharding_types import TRIGGER_BACKWARD
+    from ..distributed.fleet.meta_optimizers.muon_sharding.types import TRIGGER_BACKWARD
 
     got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
            for r in _step_records(records)]
@@ -224,7 +224,7 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
         raise ValueError(f"rank {rep.rank}: the optimizer's groups "
                          f"{ {str(k): list(v)[:8] for k, v in rep.groups.items()} } are not the "
                          "topology's sharding / moe_sharding groups")
-    from ..distributed.fleet.meta_optimizers.muon_sharding_layout import ShardingLayout
+    from ..distributed.fleet.meta_optimizers.muon_sharding.layout import ShardingLayout
 
     stages = sorted({plan.stage_of(r) for r in range(plan.world_size)})
 

@@ -42,8 +42,8 @@ from muon_test_compat import (  # noqa: E402
 )
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
-    muon_sharding_collectives as comm,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  # noqa: E402
+    collectives as comm,
 )
 
 

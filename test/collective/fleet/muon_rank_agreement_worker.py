@@ -35,7 +35,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_build as _build
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import build as _build
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )

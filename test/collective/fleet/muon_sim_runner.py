@@ -48,10 +48,10 @@ from muon_test_compat import (
 )
 from muon_tiny_moe import EXPERT_COLOUR, Reference, TinyMoE, batch, make_muon
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,

@@ -35,7 +35,7 @@ import tempfile
 import time
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint_commit import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint.commit import (
     MARKER,
     MARKER_FORMAT,
     STATUS_DIR,

@@ -28,16 +28,16 @@ import random
 import unittest
 from unittest import mock
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_placement as placement
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import MatrixSpec
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     balanced_partition,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options import (
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
 )

@@ -49,12 +49,12 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
 from muon_checkpoint_model import CheckpointNet
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_checkpoint_commit as commit,
-    muon_checkpoint_common as common,
-    muon_checkpoint_load as load_mod,
-    muon_checkpoint_save as save_mod,
-    muon_checkpoint_verify as verify_mod,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    commit,
+    common,
+    load as load_mod,
+    save as save_mod,
+    verify as verify_mod,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,

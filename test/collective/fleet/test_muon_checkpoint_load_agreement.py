@@ -41,15 +41,13 @@ from unittest import mock
 
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_checkpoint_load as load_mod,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import load as load_mod
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointLoadError,
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint_load_guard import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint.load_guard import (
     GUARD_PREFIX,
     LoadGuard,
 )

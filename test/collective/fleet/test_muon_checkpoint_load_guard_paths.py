@@ -33,13 +33,13 @@ import time
 import unittest
 from unittest import mock
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_checkpoint_load_guard as guard_mod,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    load_guard as guard_mod,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointLoadError,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint_load_guard import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint.load_guard import (
     GUARD_PREFIX,
     LoadGuard,
 )

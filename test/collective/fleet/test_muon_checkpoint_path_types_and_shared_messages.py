@@ -35,7 +35,7 @@ import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_checkpoint_commit as commit
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import commit
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,
     latest_complete_checkpoint,

@@ -47,14 +47,14 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_checkpoint_commit as commit,
-    muon_checkpoint_common as common,
-    muon_checkpoint_listing as listing,
-    muon_checkpoint_load as load_mod,
-    muon_checkpoint_reshard as reshard,
-    muon_checkpoint_save as save_mod,
-    muon_checkpoint_verify as verify_mod,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    commit,
+    common,
+    listing,
+    load as load_mod,
+    reshard,
+    save as save_mod,
+    verify as verify_mod,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,

@@ -56,10 +56,10 @@ from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
 from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_checkpoint_load_guard as guard_mod,
-    muon_checkpoint_replicas as replicas,
-    muon_checkpoint_save as save_mod,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    load_guard as guard_mod,
+    replicas,
+    save as save_mod,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointSaveError,

@@ -36,8 +36,8 @@ from muon_sim_runner import raises
 import paddle
 from paddle.distributed.fleet.base.topology import CommunicateTopology
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_comm_plan as mcp
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import comm_plan as mcp
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
     GroupSpec,
     HierarchicalCommPlan,
     HierarchicalGroups,

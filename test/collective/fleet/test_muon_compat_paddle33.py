@@ -65,9 +65,11 @@ from paddle_muon_ext.compat_paddle_3_3 import fleet_integration
 from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
 from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_optimizer as mso
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_options as options_module
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_settings as mss
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
+    options as options_module,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mss
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     ShardingSettings,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (

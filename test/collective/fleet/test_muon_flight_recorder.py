@@ -47,12 +47,12 @@ from launch_utils import run_paddle_launch  # noqa: E402
 from muon_sim_runner import SimConfig, run_world  # noqa: E402
 
 from mock.fake_comm import DeadlockError  # noqa: E402
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (  # noqa: E402
-    muon_flight_diagnosis as diag,
-    muon_flight_recorder as fr,
-    muon_flight_stacks as fstacks,
-    muon_sharding_collectives as comm,
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import (  # noqa: E402
+    diagnosis as diag,
+    recorder as fr,
+    stacks as fstacks,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import collectives as comm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUCK_WORKER = os.path.join(HERE, "muon_flight_stuck_worker.py")

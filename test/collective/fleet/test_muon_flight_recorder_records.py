@@ -27,9 +27,7 @@ from unittest import mock
 
 import paddle
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_flight_recorder as fr,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import recorder as fr
 
 
 class _Buffer:
@@ -58,8 +56,8 @@ class TestRecordedBuffersUnderMainGrad(unittest.TestCase):
     def test_all_gather_records_the_parameter_buffer(self):
         # Bug: the all-gather is recorded with the gradient buffer, which under
         # main_grad is fp32 while the parameters (what is gathered) are bf16.
-        from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-            muon_sharding_collectives as comm,
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
+            collectives as comm,
         )
 
         with mock.patch.dict(os.environ, {fr.ENV_ARM: "0"}):  # no handlers, no watchdog

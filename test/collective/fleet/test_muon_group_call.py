@@ -67,7 +67,7 @@ from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
     HierarchicalCommPlan,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (

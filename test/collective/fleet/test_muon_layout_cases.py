@@ -50,18 +50,18 @@ from muon_sim_runner import (
 from muon_test_compat import set_muon_sharding_options
 from muon_tiny_moe import H, init_dense
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import (
     assign_muon_owners,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     MatrixSpec,
     balanced_partition,
 )

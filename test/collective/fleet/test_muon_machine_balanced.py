@@ -41,7 +41,7 @@ from muon_sim_runner import (
 )
 from muon_test_compat import sharded_core
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
@@ -49,10 +49,10 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (
     dtype_itemsize,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     machine_balanced_owner_indices,
 )
 

@@ -157,13 +157,13 @@ class TestPackageImportGraph(unittest.TestCase):
         # Guards the walk itself: a wrong root or resolver would pass vacuously.
         mo = PACKAGE + ".distributed.fleet.meta_optimizers."
         self.assertIn(mo + "muon_sharding_optimizer", self.graph)
-        self.assertIn(mo + "muon_sharding_build", self.graph[mo + "muon_sharding_optimizer"])
-        self.assertIn(PACKAGE + ".distributed.fleet.meta_optimizers.muon_sharding_options",
+        self.assertIn(mo + "muon_sharding.build", self.graph[mo + "muon_sharding_optimizer"])
+        self.assertIn(PACKAGE + ".distributed.fleet.meta_optimizers.muon_sharding.options",
                       self.graph[COMPAT + ".strategy_options"])
         # `from ..utils.env_util import` (a sibling package) and `from . import x as y`
         self.assertIn(PACKAGE + ".distributed.fleet.utils.env_util",
-                      self.graph[mo + "muon_flight_recorder"])
-        self.assertIn(mo + "muon_checkpoint_common", self.graph[mo + "muon_checkpoint_save"])
+                      self.graph[mo + "muon_flight.recorder"])
+        self.assertIn(mo + "muon_checkpoint.common", self.graph[mo + "muon_checkpoint.save"])
 
     def test_no_import_cycle(self):
         cycles = import_cycles(self.graph)

@@ -46,22 +46,22 @@ from muon_sim_runner import (
     sharded_core,
 )
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_placement as placement
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_options import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options import (
     PARTITION_STRATEGIES,
     check_option_value,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import MatrixSpec
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     balanced_partition,
     partition_from_owners,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_rail import rail_applies
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.rail import rail_applies
 from paddle_muon_ext.tools.args import MuonCommConfig
 from paddle_muon_ext.tools.plan_world import build_layout_plan
 from paddle_muon_ext.tools.presets import get_preset

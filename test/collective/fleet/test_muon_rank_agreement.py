@@ -35,10 +35,8 @@ import paddle
 from muon_sim_runner import SimConfig, run_world
 from muon_tiny_moe import TinyMoE, _param, make_muon
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_sharding_agreement as agreement,
-)
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_agreement import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import agreement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.agreement import (
     GroupDigest,
     RankDisagreementError,
 )

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_sharding_agreement as agreement,
-)
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_agreement import (
-    GroupDigest,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import agreement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.agreement import GroupDigest
 
 
 def _rec(name, shape=(4, 4), dtype="float32", route="muon"):

@@ -42,13 +42,11 @@ from muon_sim_runner import SimConfig, run_world
 from muon_test_compat import fleet_optimizer, set_muon_sharding_options, sharded_core
 from muon_tiny_moe import TinyMoE, _param, batch, make_muon
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_sharding_collectives as comm,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import collectives as comm
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
@@ -56,7 +54,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_stages import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.stages import (
     build_sync_stages,
     run_staged_update,
     stage_element_limit,
@@ -150,7 +148,7 @@ class TestSharedColours(unittest.TestCase):
         # whether or not comm_overlap is on; overlap = the other fused 2-D
         # buffers (only without group call or with comm_overlap), then the
         # other 1-D buffers; one-rank groups are not dropped.
-        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_buffers import (
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.buffers import (
             ShardingState,
         )
 

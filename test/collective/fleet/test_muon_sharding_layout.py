@@ -35,21 +35,17 @@ from paddle.distributed.fleet.base.topology import CommunicateTopology
 from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
 from muon_test_compat import register_cpu_tensor_fusion
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_types as mst
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import types as mst
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
     HierarchicalCommPlan,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
-    chunk_by_size,
-)
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types import (
-    NO_HOOK_COLOURS,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import chunk_by_size
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import NO_HOOK_COLOURS
 
 MS_FIRST = ["moe_sharding", "pipe", "expert"]
 
@@ -280,8 +276,10 @@ class TestBucketsAndRoutes(unittest.TestCase):
 _DETERMINISM_SCRIPT = r"""
 import json, sys
 from paddle.distributed.fleet.base.topology import CommunicateTopology
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_comm_plan import HierarchicalCommPlan
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
+    HierarchicalCommPlan,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings, ParamMeta, ShardingLayout)
 
 out = {}

@@ -56,13 +56,11 @@ from muon_tiny_moe import CLIP_NORM, Reference, TinyMoE, batch, init_dense, make
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-    muon_sharding_settings as mss,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mss
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     ShardingSettings,
 )
 from paddle_muon_ext.optimizer.muon import Muon, MuonParamInfo
@@ -563,7 +561,7 @@ class TestConstructionErrors(unittest.TestCase):
                       "needs an optimizer built with")
 
     def test_device_count_failure_keeps_the_cause(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_comm_plan as mcp
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import comm_plan as mcp
 
         broken = RuntimeError("CUDA driver version is insufficient")
 
@@ -803,7 +801,7 @@ class TestDevelopSurface(unittest.TestCase):
         cfg = SimConfig(ep=2, ms=2)
 
         def body(cfg, strategy):
-            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
                 ShardingLayout,
             )
 

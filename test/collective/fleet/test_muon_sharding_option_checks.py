@@ -25,8 +25,8 @@ import types
 import unittest
 from unittest import mock
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_settings as mss
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mss
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     ShardingAssertionError,
     ShardingSettings,
 )

@@ -25,13 +25,13 @@ import math
 import random
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_owner_meta import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (
     MatrixSpec,
     OwnerPartition,
     newton_schulz_cost,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
     balance_floor,
     balanced_partition,
     develop_active_ranks,
@@ -791,7 +791,7 @@ class TestOptionTable(unittest.TestCase):
     """The one table of Muon-sharding options and the consumers reading it."""
 
     def test_entries(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_options as mso
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import options as mso
 
         names = [o.name for o in mso.SHARDING_OPTIONS]
         self.assertEqual(len(names), len(set(names)), f"an option listed twice: {names}")
@@ -823,13 +823,13 @@ class TestOptionTable(unittest.TestCase):
             import dataclasses
 
             from paddle_muon_ext.compat_paddle_3_3.strategy_options import MuonShardingOptions
-            from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-                muon_sharding_options as mso,
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
+                options as mso,
             )
-            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
                 LayoutSettings,
             )
-            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+            from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
                 ShardingSettings,
             )
         except ImportError as exc:  # pragma: no cover - only without paddle
@@ -929,9 +929,7 @@ class TestOwnersPerBufferSize(unittest.TestCase):
     """plan --recommend asks for owners at several buffer sizes."""
 
     def test_balanced_owners_are_computed_once_across_buffer_sizes(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers import (
-            muon_sharding_placement as placement,
-        )
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
 
         specs = [MatrixSpec(f"w{i}", (64 + 8 * i, 32)) for i in range(12)]
         ranks = list(range(4))

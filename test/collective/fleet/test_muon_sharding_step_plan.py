@@ -32,10 +32,10 @@ from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
 from muon_sim_runner import SimConfig, run_world
 from muon_test_compat import sharded_core
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     OVERLAP_SYNC_ENV,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_types import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import (
     PHASE_CLIP,
     TRIGGER_BACKWARD,
 )

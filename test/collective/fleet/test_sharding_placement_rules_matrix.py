@@ -39,21 +39,21 @@ import unittest
 from collections import OrderedDict
 from types import SimpleNamespace
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_collectives import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.collectives import (
     fused_buffer_scaling,
     sum_fallback_factors,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_layout import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_placement import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import (
     SliceBufferSpec,
     chunk_by_size,
     padded_numel,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_stages import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.stages import (
     build_sync_stages,
     stage_element_limit,
 )

@@ -65,21 +65,21 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_
 from paddle.distributed.fleet.utils import tensor_fusion_helper, timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .muon_fused_buffer import MuonBucket  # noqa: F401  (re-exported)
-from . import muon_sharding_collectives as comm
-from . import muon_sharding_build as _build
-from . import muon_sharding_executor as _executor
-from . import muon_sharding_runtime as _runtime
-from . import muon_sharding_state as _opt_state
-from . import muon_sharding_sync as _sync
-from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_buffers import ShardingState, create_slice_param
-from .muon_sharding_partition import partition_2d_parameters
-from .muon_sharding_layout import ShardingLayout
-from .muon_sharding_placement import assign_muon_owners
-from .muon_sharding_runtime import get_param_grad as _get_param_grad
-from .muon_sharding_stages import run_staged_update  # noqa: F401  (develop's module name)
-from .muon_sharding_types import (
+from .muon_sharding.fused_buffer import MuonBucket  # noqa: F401  (re-exported)
+from .muon_sharding import collectives as comm
+from .muon_sharding import build as _build
+from .muon_sharding import executor as _executor
+from .muon_sharding import runtime as _runtime
+from .muon_sharding import optimizer_state as _opt_state
+from .muon_sharding import sync as _sync
+from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
+from .muon_sharding.buffers import ShardingState, create_slice_param
+from .muon_sharding.partition import partition_2d_parameters
+from .muon_sharding.layout import ShardingLayout
+from .muon_sharding.placement import assign_muon_owners
+from .muon_sharding.runtime import get_param_grad as _get_param_grad
+from .muon_sharding.stages import run_staged_update  # noqa: F401  (develop's module name)
+from .muon_sharding.types import (
     DEFAULT_COLOUR,
     DEFAULT_RAW_COLOUR,
     NO_HOOK_COLOURS,

@@ -15,7 +15,7 @@
 
 A leaf module (standard library only) that the gloo layer
 (``fleet/utils/gloo_compat*``) and the Muon flight recorder
-(``fleet/meta_optimizers/muon_flight_recorder``) share, so that a bad value
+(``fleet/meta_optimizers/muon_flight/recorder``) share, so that a bad value
 of any of their variables is refused the same way: one line naming the
 variable, the value and what is accepted, instead of a silent fallback (a
 NaN timeout would never fire) or a traceback from ``int()``.

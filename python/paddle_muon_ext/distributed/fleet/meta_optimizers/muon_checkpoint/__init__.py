@@ -59,15 +59,15 @@ Where the code lives (one module per concern; this one is the public API):
 
 from __future__ import annotations
 
-from .muon_checkpoint_common import (
+from .common import (
     CheckpointCorruptError,
     CheckpointLoadError,
     CheckpointMismatchError,
     CheckpointSaveError,
 )
-from .muon_checkpoint_listing import latest_complete_checkpoint
-from .muon_checkpoint_load import load_sharded_checkpoint
-from .muon_checkpoint_save import save_sharded_checkpoint
+from .listing import latest_complete_checkpoint
+from .load import load_sharded_checkpoint
+from .save import save_sharded_checkpoint
 
 __all__ = [
     "CheckpointCorruptError",

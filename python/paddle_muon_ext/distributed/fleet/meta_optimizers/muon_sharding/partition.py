@@ -78,7 +78,7 @@ import heapq
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .muon_sharding_owner_meta import (
+from .owner_meta import (
     MatrixSpec,
     OwnerPartition,
     _check_nranks,
@@ -87,11 +87,11 @@ from .muon_sharding_owner_meta import (
     _ns_cost_int,
     optimizer_state_bytes,
 )
-from .muon_sharding_refine import refine
+from .refine import refine
 
 # dtype sizes and develop's buffer default have one home (a leaf, no paddle).
-from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
-from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
+from .types import DEVELOP_DEFAULT_BUFFER_MB
+from .types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
 
 __all__ = [
     "balanced_partition",

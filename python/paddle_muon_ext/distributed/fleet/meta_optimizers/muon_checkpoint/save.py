@@ -42,8 +42,8 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.log_util import logger
 
-from . import muon_checkpoint_common as common
-from .muon_checkpoint_commit import (
+from . import common
+from .commit import (
     ACK_WAIT_S,
     CHECKPOINT_PREFIX,
     MARKER,
@@ -60,7 +60,7 @@ from .muon_checkpoint_commit import (
     tmp_name,
     write_json_atomic,
 )
-from .muon_checkpoint_common import (
+from .common import (
     DEFAULT_TIMEOUT_S,
     CheckpointMismatchError,
     CheckpointSaveError,
@@ -73,8 +73,8 @@ from .muon_checkpoint_common import (
     path_problem,
     per_rank,
 )
-from .muon_checkpoint_listing import committed_checkpoints, incomplete_reason
-from .muon_checkpoint_replicas import replica_conflicts
+from .listing import committed_checkpoints, incomplete_reason
+from .replicas import replica_conflicts
 
 __all__ = ["DEFAULT_TIMEOUT_S", "STALE_SAVE_S", "save_sharded_checkpoint"]
 

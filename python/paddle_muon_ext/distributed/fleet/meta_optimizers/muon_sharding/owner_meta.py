@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
 # dtype sizes have one home (a leaf, no paddle).
-from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
-from .muon_sharding_types import canonical_float_dtype as _canonical_dtype
-from .muon_sharding_types import HashedTuple, dtype_itemsize
+from .types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
+from .types import canonical_float_dtype as _canonical_dtype
+from .types import HashedTuple, dtype_itemsize
 
 __all__ = [
     "MatrixSpec",

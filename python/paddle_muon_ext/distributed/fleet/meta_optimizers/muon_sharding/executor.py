@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import paddle.distributed as dist
 from paddle.distributed.fleet.utils.log_util import logger
 
-from . import muon_sharding_collectives as comm
-from .muon_sharding_types import (
+from . import collectives as comm
+from .types import (
     OP_ALL_GATHER,
     OP_BROADCAST,
     OP_CLIP,
@@ -59,7 +59,7 @@ from .muon_sharding_types import (
 )
 
 if TYPE_CHECKING:
-    from .muon_sharding_optimizer import MuonShardingOptimizer
+    from ..muon_sharding_optimizer import MuonShardingOptimizer
 
 __all__ = ["StepRun", "EXECUTORS", "run_phases", "reduce_gradients", "reduce_2d_grads",
            "step", "staged_update", "sync_parameters", "is_step_phase", "separate_clip",

@@ -31,9 +31,9 @@ from typing import Any
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .muon_checkpoint_commit import MARKER, checkpoint_name, file_digest, read_marker
-from .muon_checkpoint_common import LISTED, layout_summary, listed
-from .muon_checkpoint_listing import committed_checkpoints, id_mismatch, newest_complete
+from .commit import MARKER, checkpoint_name, file_digest, read_marker
+from .common import LISTED, layout_summary, listed
+from .listing import committed_checkpoints, id_mismatch, newest_complete
 
 __all__ = ["inspect_checkpoint"]
 

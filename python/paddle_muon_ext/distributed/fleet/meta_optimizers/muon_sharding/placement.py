@@ -30,37 +30,26 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
 
-from .muon_sharding_options import (
+from .options import (
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
     PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
-from .muon_sharding_owner_meta import (
-    MatrixSpec,
-    OwnerPartition,
-    _check_specs,
-)
-from .muon_sharding_partition import (
+from .owner_meta import MatrixSpec, OwnerPartition, _check_specs
+from .partition import (
     balanced_partition,
     develop_active_ranks,
     partition_from_owners,
     upstream_partition,
 )
-from .muon_sharding_rail import rail_partition, rail_positions
-from .muon_sharding_types import (
-    HashedTuple,
-    IdentityMemo,
-    ROUTE_FLAT,
-    ROUTE_HIERARCHICAL,
-    is_hooked,
-    itemsize,
-)
+from .rail import rail_partition, rail_positions
+from .types import HashedTuple, IdentityMemo, ROUTE_FLAT, ROUTE_HIERARCHICAL, is_hooked, itemsize
 
 if TYPE_CHECKING:
-    from .muon_comm_plan import HierarchicalCommPlan
-    from .muon_sharding_layout import LayoutSettings, ParamMeta
+    from .comm_plan import HierarchicalCommPlan
+    from .layout import LayoutSettings, ParamMeta
 
 @dataclass(frozen=True)
 class MuonBucketSpec:

@@ -38,17 +38,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
-from .muon_sharding_options import option_default
-from . import muon_sharding_step_plan as _step_plan
-from .muon_sharding_placement import (
+from .options import option_default
+from . import step_plan as _step_plan
+from .placement import (
     MuonBucketSpec,
     SliceBufferSpec,
     colour_muon_layout,
     colour_slice_layout,
     fixed_owners as _fixed_owners_of,
 )
-from .muon_sharding_step_plan import CommOp, StepPhase
-from .muon_sharding_types import (
+from .step_plan import CommOp, StepPhase
+from .types import (
     DEFAULT_ALIGNMENT_BYTES,
     DEVELOP_DEFAULT_BUFFER_MB,
     ROUTE_HIERARCHICAL,
@@ -58,7 +58,7 @@ from .muon_sharding_types import (
 )
 
 if TYPE_CHECKING:
-    from .muon_comm_plan import HierarchicalCommPlan
+    from .comm_plan import HierarchicalCommPlan
 
 __all__ = ["ParamMeta", "LayoutSettings", "ShardingLayout"]
 

@@ -49,7 +49,7 @@ import heapq
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .muon_sharding_owner_meta import (
+from .owner_meta import (
     MatrixSpec,
     OwnerPartition,
     _check_rank_order,
@@ -57,7 +57,7 @@ from .muon_sharding_owner_meta import (
     _ns_cost_int,
     optimizer_state_bytes,
 )
-from .muon_sharding_types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
+from .types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
 
 __all__ = ["RAIL_METHOD", "rail_applies", "rail_positions", "rail_partition"]
 

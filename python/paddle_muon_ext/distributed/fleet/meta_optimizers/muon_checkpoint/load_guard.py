@@ -52,8 +52,8 @@ from collections.abc import Callable
 
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .muon_checkpoint_commit import last_activity
-from .muon_checkpoint_common import CheckpointLoadError, one_line
+from .commit import last_activity
+from .common import CheckpointLoadError, one_line
 
 __all__ = ["GUARD_PREFIX", "LoadGuard"]
 

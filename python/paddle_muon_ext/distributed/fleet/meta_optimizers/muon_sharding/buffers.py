@@ -31,11 +31,11 @@ from typing import Any, Callable
 from paddle.base.framework import EagerParamBase
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 
-from . import muon_fused_buffer as fused
-from . import muon_sharding_collectives as comm
-from .muon_fused_buffer import MuonBucket
-from .muon_sharding_runtime import get_param_grad
-from .muon_sharding_types import (
+from . import fused_buffer as fused
+from . import collectives as comm
+from .fused_buffer import MuonBucket
+from .runtime import get_param_grad
+from .types import (
     DEFAULT_COLOUR,
     DEFAULT_RAW_COLOUR,
     ROUTE_CROSS_NODE,

@@ -70,9 +70,9 @@ import threading
 import time
 from typing import Any, Iterable, Mapping
 
-from ..utils.env_util import env_positive
-from .muon_flight_diagnosis import DUMP_FORMAT, DUMP_PREFIX, FIELDS, RankState, diagnose
-from .muon_flight_stacks import thread_stacks
+from ...utils.env_util import env_positive
+from .diagnosis import DUMP_FORMAT, DUMP_PREFIX, FIELDS, RankState, diagnose
+from .stacks import thread_stacks
 
 
 def _logger():

@@ -41,7 +41,7 @@ import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
-from . import muon_checkpoint_common as common
+from . import common
 
 __all__ = ["SAMPLE", "fingerprints", "replica_conflicts"]
 

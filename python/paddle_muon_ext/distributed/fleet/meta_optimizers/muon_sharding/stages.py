@@ -28,7 +28,7 @@ import math
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
-from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
+from .types import DEVELOP_DEFAULT_BUFFER_MB
 
 __all__ = [
     "build_sync_stages",

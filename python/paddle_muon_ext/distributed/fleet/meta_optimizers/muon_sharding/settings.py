@@ -28,13 +28,8 @@ from typing import Any
 
 import paddle
 
-from .muon_sharding_options import (
-    PARTITION_STRATEGIES,
-    SHARDING_OPTIONS,
-    kept_options,
-    option_default,
-)
-from .muon_sharding_types import DEVELOP_DEFAULT_BUFFER_MB
+from .options import PARTITION_STRATEGIES, SHARDING_OPTIONS, kept_options, option_default
+from .types import DEVELOP_DEFAULT_BUFFER_MB
 
 __all__ = [
     "ShardingSettings",

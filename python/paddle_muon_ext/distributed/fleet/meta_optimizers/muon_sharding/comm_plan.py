@@ -36,7 +36,7 @@ from typing import Any
 
 # GPUs per node (environment and device query) live in their own module;
 # absolute, so a copy of this file loaded on its own still finds them.
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_gpus_per_node import (  # noqa: F401
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.gpus_per_node import (  # noqa: F401
     LOCAL_SIZE_ENV,
     _default_device_count,
     resolve_gpus_per_node,

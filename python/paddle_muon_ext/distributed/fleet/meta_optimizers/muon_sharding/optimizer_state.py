@@ -26,7 +26,7 @@ from collections import OrderedDict
 
 import paddle
 
-from . import muon_fused_buffer as fused
+from . import fused_buffer as fused
 
 __all__ = [
     "fuse_optimizer_states",

@@ -40,28 +40,28 @@ from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle.distributed as dist
 
-from . import muon_sharding_agreement as agreement
-from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding_layout import LayoutSettings
-from .muon_sharding_layout import ParamMeta
-from .muon_sharding_layout import ShardingLayout
-from .muon_sharding_partition import machine_balanced_owner_indices
-from .muon_sharding_settings import ShardingAssertionError
-from .muon_sharding_settings import ShardingSettings
-from .muon_sharding_settings import ShardingTypeError
-from .muon_sharding_settings import _user_set_sharding_config
-from .muon_sharding_settings import _warn_once
-from .muon_sharding_settings import read_overlap_optimize_and_sync
-from .muon_sharding_types import DEFAULT_COLOUR
-from .muon_sharding_types import STAGED_API
-from .muon_sharding_types import dtype_itemsize
-from .muon_sharding_types import is_trainable
-from .muon_sharding_types import parse_colour
-from .muon_sharding_buffers import ShardingState
-from .muon_sharding_executor import has_staged_api
+from . import agreement
+from .comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
+from .layout import LayoutSettings
+from .layout import ParamMeta
+from .layout import ShardingLayout
+from .partition import machine_balanced_owner_indices
+from .settings import ShardingAssertionError
+from .settings import ShardingSettings
+from .settings import ShardingTypeError
+from .settings import _user_set_sharding_config
+from .settings import _warn_once
+from .settings import read_overlap_optimize_and_sync
+from .types import DEFAULT_COLOUR
+from .types import STAGED_API
+from .types import dtype_itemsize
+from .types import is_trainable
+from .types import parse_colour
+from .buffers import ShardingState
+from .executor import has_staged_api
 
 if TYPE_CHECKING:
-    from .muon_sharding_optimizer import MuonShardingOptimizer
+    from ..muon_sharding_optimizer import MuonShardingOptimizer
 
 # The package re-exports the reduce *function* under the module's name; the
 # module itself holds is_avg_reduce_op_supported.

@@ -30,11 +30,11 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_
 )
 import paddle
 
-from . import muon_fused_buffer as fused
-from . import muon_sharding_collectives as comm
+from . import fused_buffer as fused
+from . import collectives as comm
 
 if TYPE_CHECKING:
-    from .muon_sharding_optimizer import MuonShardingOptimizer
+    from ..muon_sharding_optimizer import MuonShardingOptimizer
 
 
 def get_param_grad(param):

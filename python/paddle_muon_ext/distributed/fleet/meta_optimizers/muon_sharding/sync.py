@@ -29,9 +29,9 @@ from collections import OrderedDict
 
 import paddle
 
-from . import muon_sharding_collectives as comm
-from .muon_sharding_step_plan import StepPhase, flat_broadcast_phase
-from .muon_sharding_types import (
+from . import collectives as comm
+from .step_plan import StepPhase, flat_broadcast_phase
+from .types import (
     OP_ALL_GATHER,
     OP_BROADCAST,
     PHASE_ALL_GATHER,

@@ -27,8 +27,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
-from .muon_sharding_stages import build_sync_stages, key_numels, stage_element_limit, stage_runs
-from .muon_sharding_types import (
+from .stages import build_sync_stages, key_numels, stage_element_limit, stage_runs
+from .types import (
     COLLECTIVE_OPS,
     OP_ALL_GATHER,
     OP_BROADCAST,
@@ -68,7 +68,7 @@ from .muon_sharding_types import (
 )
 
 if TYPE_CHECKING:
-    from .muon_sharding_layout import ShardingLayout
+    from .layout import ShardingLayout
 
 __all__ = [
     "SyncStageSpec",

@@ -35,8 +35,8 @@ import paddle.distributed as dist
 from paddle.distributed.fleet.utils.log_util import logger
 from paddle.distributed.flex_checkpoint.dcp.utils import flatten_state_dict
 
-from . import muon_checkpoint_common as common
-from .muon_checkpoint_common import (
+from . import common
+from .common import (
     DEFAULT_TIMEOUT_S,
     CheckpointCorruptError,
     CheckpointLoadError,
@@ -48,9 +48,9 @@ from .muon_checkpoint_common import (
     path_problem,
     per_rank,
 )
-from .muon_checkpoint_load_guard import LoadGuard
-from .muon_checkpoint_reshard import cpu_resharding
-from .muon_checkpoint_verify import inspect_checkpoint
+from .load_guard import LoadGuard
+from .reshard import cpu_resharding
+from .verify import inspect_checkpoint
 
 __all__ = ["load_sharded_checkpoint"]
 

@@ -27,15 +27,8 @@ import os
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .muon_checkpoint_commit import (
-    CHECKPOINT_PREFIX,
-    MARKER,
-    checkpoint_id,
-    failed_save,
-    file_digest,
-    read_marker,
-)
-from .muon_checkpoint_common import layout_summary, path_problem
+from .commit import CHECKPOINT_PREFIX, MARKER, checkpoint_id, failed_save, file_digest, read_marker
+from .common import layout_summary, path_problem
 
 __all__ = [
     "committed_checkpoints",

@@ -30,20 +30,15 @@ import paddle
 import paddle.distributed as dist
 from paddle.profiler import RecordEvent
 
-from . import muon_fused_buffer as fused
-from .muon_flight_recorder import (
-    enter_phase,
-    exit_phase,
-    get_flight_recorder,
-    phase_of_thread,
-)
+from . import fused_buffer as fused
+from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
 
 # The package re-exports the batch_isend_irecv *function* under the module's
 # name; _coalescing_manager lives in the module.
 _batch_isend_irecv = importlib.import_module(
     "paddle.distributed.communication.batch_isend_irecv"
 )
-from .muon_sharding_types import (
+from .types import (
     PHASE_ALL_GATHER,
     PHASE_CROSS_NODE_REDUCE,
     PHASE_INTRA_NODE_REDUCE,
