@@ -37,7 +37,7 @@ MARKER_OPS = (OP_NEW_GROUP, OP_COALESCE_BEGIN, OP_COALESCE_END)
 PhaseProvider = Callable[[], Optional[str]]
 
 _PHASE_MODULE = (
-    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.collectives"
+    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime"
 )
 
 

@@ -28,7 +28,7 @@ from paddle.distributed import fleet
 from mock.fake_comm import DeadlockError, NonMemberCollectiveError
 from mock.fake_hcg import make_hcg_factory, make_hybrid_strategy
 from mock.patching import fake_distributed, patch_points
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.collectives import comm_phase
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime import comm_phase
 from mock.schedule_checker import check_schedule
 from mock.simulated_world import RankFailedError, SimulatedWorld
 

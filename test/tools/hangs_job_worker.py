@@ -50,7 +50,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import (  # n
     recorder as fr,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  # noqa: E402
-    collectives as comm,
+    runtime as comm,
 )
 
 FAIL_STEP = 1

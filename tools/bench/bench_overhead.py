@@ -22,7 +22,7 @@ What is compared (per simulated rank, same process, same run):
 * sharded: ``opt.reduce_gradients(params, hcg)`` + ``opt.step()`` of a
   :class:`MuonShardingOptimizer` (``step`` runs the inner Muon on the matrices
   this rank owns and AdamW on its 1-D slices, then the plan's sync phases,
-  each a ``_run_sync_phase`` call timed as the sync: flatten/broadcast owned
+  each a ``ShardingRuntime.run_sync_phase`` call timed as the sync: flatten/broadcast owned
   matrices, all-gather slices; the others' unflatten follows them).
 * plain ("same local work"): a fresh single-process ``Muon`` whose parameter
   list is exactly what that rank updates: a copy of every Muon matrix it owns
@@ -184,10 +184,11 @@ def _rank_body(spec: Dict, reps: int, warmup: int, ns_steps: int, strategy):
                 p._copy_gradient_from(g)
 
         # Time the sync separately for the breakdown: step() runs each sync
-        # phase of the plan through the instance, so an instance attribute
-        # wraps it.
+        # phase of the plan through the runtime, so an instance attribute of
+        # the runtime wraps it.
         sync_time = [0.0]
-        original_sync = opt._run_sync_phase
+        runtime = opt._runtime
+        original_sync = runtime.run_sync_phase
 
         def timed_sync(*args, **kwargs):
             t0 = time.perf_counter()
@@ -195,7 +196,7 @@ def _rank_body(spec: Dict, reps: int, warmup: int, ns_steps: int, strategy):
             sync_time[0] += time.perf_counter() - t0
             return out
 
-        opt._run_sync_phase = timed_sync
+        runtime.run_sync_phase = timed_sync
 
         def sharded_step():
             sync_time[0] = 0.0

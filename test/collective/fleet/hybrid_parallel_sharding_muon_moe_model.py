@@ -123,7 +123,7 @@ def train(group_call: bool, ep: int, steps: int, fused: bool, overlap: bool,
     kinds = {tuple(hcg.get_sharding_parallel_group().ranks): "sharding"}
     if ep > 1:
         kinds[tuple(moe_group.ranks)] = "moe_sharding"
-    plan_groups = getattr(opt._inner_opt, "_plan_groups", None)
+    plan_groups = getattr(getattr(opt._inner_opt, "_runtime", None), "plan_groups", None)
     if plan_groups is not None:
         kinds[tuple(plan_groups.node_group.ranks)] = "node"
         kinds[tuple(plan_groups.same_card_group.ranks)] = "same_card"

@@ -43,7 +43,7 @@ from muon_test_compat import (  # noqa: E402
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  # noqa: E402
-    collectives as comm,
+    runtime as comm,
 )
 
 

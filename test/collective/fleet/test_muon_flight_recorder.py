@@ -52,7 +52,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import (  # n
     recorder as fr,
     stacks as fstacks,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import collectives as comm
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import runtime as comm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUCK_WORKER = os.path.join(HERE, "muon_flight_stuck_worker.py")

@@ -57,14 +57,14 @@ class TestRecordedBuffersUnderMainGrad(unittest.TestCase):
         # Bug: the all-gather is recorded with the gradient buffer, which under
         # main_grad is fp32 while the parameters (what is gathered) are bf16.
         from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
-            collectives as comm,
+            runtime as comm,
         )
 
         with mock.patch.dict(os.environ, {fr.ENV_ARM: "0"}):  # no handlers, no watchdog
             recorder = fr.FlightRecorder(enabled=True)
         buf = _Buffer()
         with mock.patch.object(comm, "get_flight_recorder", lambda: recorder):
-            comm.reduce_scatter_slices([buf], launched_by_hook=lambda b: False)
+            comm.reduce_scatter_slices([buf], launched_by_hook=False)
             comm.all_gather_slices([buf])
         self.assertEqual(buf.calls, ["reduce_scatter", "all_gather"])
         entries = {e["op"]: e for e in recorder.snapshot("test")["entries"]}

@@ -162,7 +162,7 @@ def _owner_grads(cfg, strategy):
     by_name = {p.name: k for k, p in {**{f"dense.{k}": p for k, p in net.dense.items()},
                                       **{f"expert.{k}": p for k, p in (net.experts or {}).items()}
                                       }.items()}
-    return coord, {by_name[p.name]: p.grad.numpy() for p in core._owned_muon_params()}
+    return coord, {by_name[p.name]: p.grad.numpy() for p in core._runtime.owned_muon_params()}
 
 
 OWNER_GRAD_CASES = {

@@ -41,6 +41,7 @@ from muon_sim_runner import (
 )
 from muon_test_compat import sharded_core
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import build
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
@@ -162,18 +163,12 @@ class TestMachineBalancedOwners(unittest.TestCase):
                              f"rank {rank} gathered with machine_balanced_2d_partition off")
 
 
-def _stub(params, group_ranks, rank=0):
-    stub = types.SimpleNamespace(
-        _settings=types.SimpleNamespace(machine_balanced_2d_partition=True),
-        _parameter_list=params, _rank=rank, _global_rank=rank, comm_buffer_size_MB=BUFFER_MB,
-        _resolve_gpus_per_node=lambda: 1,  # one GPU per node: machine = rank
-        _uses_muon=lambda p: len(p.shape) == 2,
-        _colour_key=lambda p: (None, types.SimpleNamespace(ranks=list(group_ranks))),
-    )
-    stub._partition_2d_parameters_machine_balanced = (
-        lambda info, machines: MuonShardingOptimizer._partition_2d_parameters_machine_balanced(
-            stub, info, machines))
-    return stub
+def _owners(params, group_ranks, rank=0):
+    """build.machine_balanced_owners on ``params`` of one colour group, one GPU per node."""
+    group = types.SimpleNamespace(ranks=list(group_ranks))
+    return build.machine_balanced_owners(
+        params, {p.name: (None, group) for p in params},
+        {p.name: len(p.shape) == 2 for p in params}, rank, 1, BUFFER_MB)
 
 
 def _param(name, shape):
@@ -188,7 +183,7 @@ class TestMachineBalancedGather(unittest.TestCase):
         gather = mock.Mock(side_effect=AssertionError("gathered in a one-rank job"))
         with mock.patch.object(dist, "get_world_size", lambda *a: 1), \
                 mock.patch.object(dist, "all_gather_object", gather):
-            owners = MuonShardingOptimizer._machine_balanced_owners(_stub(params, [0]))
+            owners = _owners(params, [0])
         # one machine, one bucket of 2 tiny matrices: develop's active = 1 rank
         self.assertEqual(owners, {"mb_a": 0, "mb_b": 0})
 
@@ -203,7 +198,7 @@ class TestMachineBalancedGather(unittest.TestCase):
         with mock.patch.object(dist, "get_world_size", lambda *a: 2), \
                 mock.patch.object(dist, "all_gather_object", gather):
             with self.assertRaisesRegex(ValueError, r"hold different keep-whole parameters"):
-                MuonShardingOptimizer._machine_balanced_owners(_stub(params, [0, 1]))
+                _owners(params, [0, 1])
 
 
 class TestFixedOwnersInLayout(unittest.TestCase):

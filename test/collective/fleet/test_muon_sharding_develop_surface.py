@@ -42,7 +42,7 @@ from muon_sim_runner import SimConfig, run_world
 from muon_test_compat import fleet_optimizer, set_muon_sharding_options, sharded_core
 from muon_tiny_moe import TinyMoE, _param, batch, make_muon
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import collectives as comm
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import runtime as comm
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
@@ -51,13 +51,16 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     ParamMeta,
     ShardingLayout,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import STAGED_API
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.stages import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     build_sync_stages,
-    run_staged_update,
     stage_element_limit,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    run_staged_update,
 )
 
 FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
@@ -91,7 +94,7 @@ def _fake_buffer(*params):
 
 def _has_staged_api() -> bool:
     muon = make_muon([_param("probe.w", np.zeros((2, 2), "float32"))])
-    return all(callable(getattr(muon, n, None)) for n in mso._STAGED_API)
+    return all(callable(getattr(muon, n, None)) for n in STAGED_API)
 
 
 class TestSharedColours(unittest.TestCase):
@@ -148,12 +151,12 @@ class TestSharedColours(unittest.TestCase):
         # whether or not comm_overlap is on; overlap = the other fused 2-D
         # buffers (only without group call or with comm_overlap), then the
         # other 1-D buffers; one-rank groups are not dropped.
-        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.buffers import (
-            ShardingState,
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime import (
+            ShardingRuntime,
         )
 
         m_default, m_shared, r_default, r_shared = (types.SimpleNamespace(n=n) for n in "abcd")
-        state = ShardingState(rank=0)
+        state = ShardingRuntime(rank=0)
         state.muon_buckets = [types.SimpleNamespace(colour=None, buffers=[m_default]),
                               types.SimpleNamespace(colour=NO_HOOK, buffers=[m_shared])]
         state.rs_buffers = [r_shared, r_default]
@@ -161,7 +164,9 @@ class TestSharedColours(unittest.TestCase):
         for overlap, group_call, want_overlap in (
                 (False, False, "ac"), (True, False, "ac"), (False, True, "c"), (True, True, "ac")):
             with self.subTest(comm_overlap=overlap, group_call=group_call):
-                sync_only, over = state.develop_overlap_split(overlap, group_call)
+                surface = types.SimpleNamespace(_runtime=state, comm_overlap=overlap,
+                                                use_group_call_opt=group_call)
+                sync_only, over = MuonShardingOptimizer._overlap_split(surface)
                 self.assertEqual([b.n for b in sync_only], ["b", "d"])
                 self.assertEqual("".join(b.n for b in over), want_overlap)
 
@@ -353,16 +358,15 @@ class TestPendingCollective(unittest.TestCase):
     def test_failed_launch_dumps_the_recorder_and_raises(self):
         group = types.SimpleNamespace(nranks=2, ranks=[0, 1])
 
-        def issue(tensor, peer):
-            raise RuntimeError("bad root")
-
         recorder = comm.get_flight_recorder()
         with mock.patch.object(recorder, "dump") as dump, \
                 mock.patch.object(comm._batch_isend_irecv, "_coalescing_manager",
                                   lambda g, tasks: contextmanager(lambda: (yield))()), \
-                mock.patch.object(recorder, "start", return_value=None):
+                mock.patch.object(recorder, "start", return_value=None), \
+                mock.patch.object(comm.dist, "broadcast",
+                                  side_effect=RuntimeError("bad root")):
             with self.assertRaisesRegex(RuntimeError, "bad root"):
-                comm._launch_coalesced(group, issue, [(paddle.zeros([2]), 0)], "broadcast")
+                comm.launch_coalesced("broadcast", [(paddle.zeros([2]), 0)], group)
         self.assertIn("raised RuntimeError: bad root", dump.call_args[0][0])
 
 
@@ -602,9 +606,9 @@ class TestDevelopAttributes(unittest.TestCase):
                 "collect": opt._collect_comm_buffers() is opt._comm_buffer_list,
                 # hooks go on the plan's backward phases: develop's overlap
                 # buffers less one-rank groups
-                "hooked": {id(b) for b, _ in opt._hooked_buffers()}
+                "hooked": {id(b) for b, _ in opt._runtime.hooked_buffers()}
                 == {id(b) for b in opt._overlap_comm_buffers if b._comm_group.nranks > 1},
-                "n_hooked": len(opt._hooked_buffers()),
+                "n_hooked": len(opt._runtime.hooked_buffers()),
                 "clear_color": opt.clear_color,
             }
 

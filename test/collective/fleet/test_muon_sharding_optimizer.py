@@ -34,6 +34,7 @@ import unittest
 
 import numpy as np
 import paddle
+from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.mix_precision_utils import (
     MixPrecisionLayer,
     MixPrecisionOptimizer,
@@ -155,7 +156,7 @@ class TestEquivalence(unittest.TestCase):
             net(paddle.to_tensor(batch(0, rank))).backward()
             core.reduce_gradients(list(net.parameters()), hcg)
             names = {p.name: key for key, p in _keyed_params(net).items()}
-            owned = {names[p.name]: p.grad.numpy() for p in core._owned_muon_params()}
+            owned = {names[p.name]: p.grad.numpy() for p in core._runtime.owned_muon_params()}
             others = {
                 names[p.name]: p.grad.numpy()
                 for p in net.parameters()
@@ -196,7 +197,7 @@ class TestEquivalence(unittest.TestCase):
             core.reduce_gradients(list(net.parameters()), hcg)
             core._assign_slice_grad()
             local = core.filter_parameters(list(net.parameters()), hcg)
-            core._ensure_global_clip()
+            core._runtime.ensure_global_clip()
             clip = core._inner_opt._grad_clip
             before = [float(np.abs(p.grad.numpy()).sum()) for p in local]
             clipped = clip([(p, p.grad) for p in local])  # scales in place
@@ -643,7 +644,7 @@ class TestDevelopSurface(unittest.TestCase):
             out["buffers_ok"] = (
                 set(map(id, opt.comm_buffer_2d)) == {id(b) for bk in opt.muon_buckets
                                                      for b in bk.buffers}
-                and opt._comm_buffer_list is opt._rs_buffers
+                and opt._comm_buffer_list is opt._runtime.rs_buffers
                 and all(opt.param2bucket[p.name] for p in opt._params_1d)
                 and set(opt._slice_params) == {p.name for p in opt._params_1d})
             out["inner_sees_local"] = (
@@ -1019,7 +1020,7 @@ class TestOptionsHonoured(unittest.TestCase):
                 def body(cfg, strategy, fields=fields):
                     state = _with_sharding_configs(**fields)(cfg, strategy)
                     core = sharded_core(state.optimizer)
-                    released = all(b.grad_storage is None for b in core._rs_buffers)
+                    released = all(b.grad_storage is None for b in core._runtime.rs_buffers)
                     return state, released
 
                 results, _ = run_world(cfg, body=body)
@@ -1061,7 +1062,7 @@ class TestOptionsHonoured(unittest.TestCase):
         def body(cfg, strategy):
             state = _with_sharding_configs(enable_fuse_optimizer_states=True)(cfg, strategy)
             core = sharded_core(state.optimizer)
-            base = core._base_opt
+            base = core._runtime.base_opt
             buffers = core.fused_states_buffers
             states = [t for per in base._accumulators.values() for t in per.values()
                       if int(t._numel()) > 1] + list(base._master_weights.values())
@@ -1100,13 +1101,13 @@ class TestOptionsHonoured(unittest.TestCase):
             def stop(self):
                 pass
 
-        saved = (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
-                 mso.timer_helper.get_timers, mso.timer_helper.set_timers)
+        saved = (paddle.is_compiled_with_cuda, timer_helper.is_timer_initialized,
+                 timer_helper.get_timers, timer_helper.set_timers)
         set_calls = []
         paddle.is_compiled_with_cuda = lambda: True
-        mso.timer_helper.is_timer_initialized = lambda: bool(set_calls)
-        mso.timer_helper.set_timers = lambda: set_calls.append(1)
-        mso.timer_helper.get_timers = lambda: FakeTimer
+        timer_helper.is_timer_initialized = lambda: bool(set_calls)
+        timer_helper.set_timers = lambda: set_calls.append(1)
+        timer_helper.get_timers = lambda: FakeTimer
         try:
             settings = ShardingSettings(enable_optimizer_timer=True)
             settings.check(pp_world_size=1)  # accepted on a CUDA build
@@ -1124,8 +1125,8 @@ class TestOptionsHonoured(unittest.TestCase):
             # register_cpu_tensor_fusion keeps "cpu" once set, whatever the build says
             run_world(cfg, body=body)
         finally:
-            (paddle.is_compiled_with_cuda, mso.timer_helper.is_timer_initialized,
-             mso.timer_helper.get_timers, mso.timer_helper.set_timers) = saved
+            (paddle.is_compiled_with_cuda, timer_helper.is_timer_initialized,
+             timer_helper.get_timers, timer_helper.set_timers) = saved
         self.assertEqual(set(started), {"reduce-gradients", "apply-optimize", "sync-parameters"})
         self.assertEqual(len(set_calls), 1, "Paddle's timers are set up once per process")
 
@@ -1151,7 +1152,7 @@ class TestOptionsHonoured(unittest.TestCase):
         with self.assertLogs(mso.logger, level="WARNING") as logs:
             results, _ = run_world(cfg)
         self.assertTrue(any("use_reduce_avg=True" in line for line in logs.output))
-        self.assertFalse(sharded_core(results[0].optimizer)._use_avg)
+        self.assertFalse(sharded_core(results[0].optimizer)._runtime.use_avg)
         _assert_matches_reference(self, cfg, results, "SUM fallback")
 
     def test_clear_grad_set_to_zero_false_frees_unfused_gradients(self):
@@ -1276,7 +1277,7 @@ def _option_outcomes(cfg: SimConfig, sharding=None, pp=None, want=None) -> dict:
         train_steps(cfg, hcg, net, opt, steps=1)
         core = sharded_core(opt)
         return (len(core.fused_states_buffers),
-                all(b.grad_storage is None for b in core._rs_buffers))
+                all(b.grad_storage is None for b in core._runtime.rs_buffers))
 
     results, world = run_world(cfg, mode="record", body=stepping)
     ops = [r for r in world.traces[0] if r.op == "reduce" and r.group_seq is not None]
@@ -1464,7 +1465,7 @@ class TestPipelineReleaseGradientsWithOverlap(unittest.TestCase):
             hcg, net, opt, coord = build_rank(cfg, strategy)
             train_steps(cfg, hcg, net, opt)
             core = sharded_core(opt)
-            return (net.named_values(), [b.grad_storage is None for b in core._rs_buffers])
+            return (net.named_values(), [b.grad_storage is None for b in core._runtime.rs_buffers])
 
         results, _ = run_world(cfg, body=body)
         expected = reference_values(cfg)

@@ -37,7 +37,7 @@ from muon_param_map import build_muon_param_info_map
 from muon_sim_runner import local_size
 from muon_test_compat import register_cpu_tensor_fusion, set_muon_sharding_options
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import collectives as comm
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import runtime as comm
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )

@@ -39,7 +39,7 @@ import unittest
 from collections import OrderedDict
 from types import SimpleNamespace
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.collectives import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime import (
     fused_buffer_scaling,
     sum_fallback_factors,
 )
@@ -53,7 +53,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement i
     chunk_by_size,
     padded_numel,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.stages import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     build_sync_stages,
     stage_element_limit,
 )

@@ -11,37 +11,332 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Bodies of :class:`MuonShardingOptimizer`'s per-step helpers.
-
-Gradient / parameter storage clearing and the small helpers the step plan's
-executors call (``muon_sharding_executor`` runs the step itself). Split from
-``muon_sharding_optimizer`` the same way as ``muon_sharding_build``: that
-file binds these functions (``opt`` first) as its methods; like the build
-module this one never imports the optimizer's module.
+"""The runtime of a built :class:`MuonShardingOptimizer`: its mutable state, its
+buffers with their communication, and the one loop that runs the layout's step plan.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+import importlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
+import paddle
+import paddle.distributed as dist
+from paddle.base.framework import EagerParamBase
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
     HybridParallelClipGrad,
 )
-import paddle
+from paddle.distributed.fleet.utils import tensor_fusion_helper
+from paddle.distributed.fleet.utils.log_util import logger
+from paddle.profiler import RecordEvent
 
-from . import fused_buffer as fused
-from . import collectives as comm
+from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
+from .types import (
+    OP_ALL_GATHER,
+    OP_BROADCAST,
+    OP_CLIP,
+    OP_COLLECT_GRADS,
+    OP_COPY_GRADS_IN,
+    OP_FINISH_SYNC,
+    OP_FOUND_INF,
+    OP_FUSE_STATES,
+    OP_PREPARE,
+    OP_REDUCE,
+    OP_REDUCE_SCATTER,
+    OP_RESET_STORAGE,
+    OP_STAGE_UPDATE,
+    OP_UPDATE,
+    OP_WAIT_HOOKED,
+    PHASE_ALL_GATHER,
+    PHASE_REDUCE_SCATTER,
+    ROUTE_CROSS_NODE,
+    ROUTE_HIERARCHICAL,
+    ROUTE_INTRA_NODE,
+    STAGED_API,
+    TRIGGER_BACKWARD,
+    TRIGGER_REDUCE,
+    TRIGGER_STEP,
+    TRIGGER_SYNC,
+)
 
-if TYPE_CHECKING:
-    from ..muon_sharding_optimizer import MuonShardingOptimizer
+# The package re-exports the batch_isend_irecv *function* under the module's
+# name; _coalescing_manager lives in the module.
+_batch_isend_irecv = importlib.import_module("paddle.distributed.communication.batch_isend_irecv")
+
+_SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
+# What an AMP overflow skips (the sync still runs when storage was freed).
+_UPDATE_OPS = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE, OP_FUSE_STATES)
+# develop's timer of each phase kind ("sync" phases: apply-optimize while
+# launched inside the staged update, else sync-parameters).
+_TIMER_OF = {OP_CLIP: "apply-optimize", OP_PREPARE: "apply-optimize",
+             OP_STAGE_UPDATE: "apply-optimize", OP_UPDATE: "apply-optimize",
+             OP_FINISH_SYNC: "sync-parameters"}
+
+
+# ----------------------------------------------------------- phase labels
+@contextlib.contextmanager
+def comm_phase(label: str) -> Iterator[None]:
+    """Label the collectives issued inside the block (profiler, flight recorder, recorder).
+
+    Args:
+        label (str): e.g. ``"intra_node_reduce"``.
+    """
+    previous = enter_phase(label)
+    event = RecordEvent(label)
+    event.begin()
+    try:
+        yield
+    finally:
+        event.end()
+        exit_phase(previous)
+
+
+def current_comm_phase() -> str | None:
+    """The label of the calling thread's innermost :func:`comm_phase`."""
+    return phase_of_thread()
+
+
+# ------------------------------------------------------------ collectives
+class PendingCollective:
+    """A launched coalesced block; :meth:`wait` completes it once, then runs ``then``."""
+
+    def __init__(self, tasks: list, entries: list, describe: str,
+                 then: Callable[[], None] | None = None) -> None:
+        self._tasks, self._entries, self._describe = tasks, entries, describe
+        self._then = then
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        recorder = get_flight_recorder()
+        try:
+            for task in self._tasks:
+                task.wait()
+        except Exception as exc:
+            recorder.dump(f"{self._describe} raised {type(exc).__name__}: {exc}",
+                          request_peers=True)
+            raise
+        recorder.finish(self._entries)
+        if self._then is not None:
+            self._then()
+
+
+def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
+                     then: Callable[[], None] | None = None) -> PendingCollective:
+    """Issue a reduce (onto each route's rank) or broadcast (from it) per route, one block.
+
+    Args:
+        op (str): ``"reduce"`` or ``"broadcast"``.
+        routes (Sequence[tuple[Tensor, int]]): tensor and root global rank.
+        group (Group): every rank of it issues the same routes.
+        reduce_op (ReduceOp|None): the reduce's op.
+        then (Callable|None): runs after the wait.
+
+    Returns:
+        PendingCollective: wait on it before reading the tensors.
+    """
+    # A one-rank group holds the result already; Paddle gives it no process
+    # group to coalesce on.
+    if not routes or group.nranks <= 1:
+        return PendingCollective([], [], op, then)
+    recorder = get_flight_recorder()
+    phase = phase_of_thread()
+    describe = f"{op} on group {list(group.ranks)} (phase {phase!r})"
+    tasks: list = []
+    entries: list = []
+    try:
+        with _batch_isend_irecv._coalescing_manager(group, tasks):
+            for tensor, root in routes:
+                entries.append(recorder.start(op, group, root, tensor, phase))
+                if op == OP_REDUCE:
+                    task = dist.reduce(tensor, dst=root, op=reduce_op, group=group,
+                                       sync_op=False)
+                else:
+                    task = dist.broadcast(tensor, src=root, group=group, sync_op=False)
+                if task is not None:
+                    tasks.append(task)
+    except Exception as exc:
+        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True)
+        raise
+    return PendingCollective(tasks, entries, describe, then)
+
+
+def reduce_onto(routes: Sequence[tuple], group, op) -> None:
+    """Reduce each tensor onto its rank (other ranks' tensors are garbage afterwards)."""
+    launch_coalesced(OP_REDUCE, routes, group, op).wait()
+
+
+def broadcast_from(routes: Sequence[tuple], group) -> None:
+    """Broadcast each tensor from its rank, one coalesced block."""
+    launch_coalesced(OP_BROADCAST, routes, group).wait()
+
+
+def sum_fallback_factors(nranks: int) -> tuple[float, float]:
+    """``(pre, post)`` divisors of a mean taken as SUM (no AVG reduce): ``pre * post == nranks``.
+
+    The whole factor goes before the sum: a sum of ``x_i / n`` is bounded by
+    ``max |x_i|``, so it stays finite wherever the single-process run does
+    (summing first overflows near the fp32 maximum).
+    """
+    return float(nranks), 1.0
+
+
+def fused_buffer_scaling(use_avg: bool) -> dict[str, bool]:
+    """``FusedCommBuffer`` keywords that scale like :func:`mean_onto` (pre-divide without AVG)."""
+    _, post = sum_fallback_factors(2)
+    return {"use_reduce_avg": use_avg, "scale_after_comm": post != 1.0}
+
+
+def mean_onto(routes: Sequence[tuple], group, op) -> None:
+    """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM scaled)."""
+    scaled = op == dist.ReduceOp.SUM and group.nranks > 1 and bool(routes)
+    pre, post = sum_fallback_factors(group.nranks)
+    if scaled and pre != 1.0:
+        for tensor, _ in routes:
+            tensor.scale_(1.0 / pre)
+    reduce_onto(routes, group, op)
+    if scaled and post != 1.0:
+        me = dist.get_rank()
+        for tensor, dst in routes:
+            if dst == me:
+                tensor.scale_(1.0 / post)
+
+
+def flatten_into(tensors: Sequence, out) -> None:
+    """Copy ``tensors`` back to back into the 1-D tensor ``out`` (in place)."""
+    paddle.assign(paddle.concat([t.reshape([-1]) for t in tensors]), output=out)
+
+
+def unflatten_from(flat, tensors: Sequence) -> None:
+    """Copy consecutive pieces of the 1-D ``flat`` into ``tensors`` (in place)."""
+    offset = 0
+    for t in tensors:
+        numel = int(t.numel())
+        paddle.assign(flat[offset: offset + numel].reshape(t.shape), output=t)
+        offset += numel
+
+
+# ------------------------------------- FusedCommBuffer internals, read here only
+def comm_group(buffer) -> Any:
+    """The group a ``FusedCommBuffer``'s collective runs on."""
+    return buffer._comm_group
+
+
+def has_local_slice(buffer, name: str) -> bool:
+    """Whether this rank's shard of the buffer holds part of parameter ``name``."""
+    return buffer._sharding_param_grad_view[name].has_effective_slice_param
+
+
+def fill_local_slice(buffer, name: str, slice_param) -> None:
+    """Point ``slice_param`` at this rank's part of parameter ``name``."""
+    buffer._sharding_param_grad_view[name].fill_slice_param(slice_param)
+
+
+def _save_local_slice(buffer, name: str):
+    view = buffer._sharding_param_grad_view[name]
+    if view._param_begin >= view._param_end:
+        return None
+    return view._param_buffer._slice(view._param_begin, view._param_end).clone()
+
+
+def _restore_local_slice(buffer, name: str, value) -> None:
+    view = buffer._sharding_param_grad_view[name]
+    paddle.assign(value, output=buffer.param_storage._slice(view._param_begin, view._param_end))
+
+
+def _buffer_op(buffer, op: str, run: Callable[[Any], None]) -> None:
+    """``run(buffer)``, recorded by the flight recorder as ``op`` on the buffer's group."""
+    recorder = get_flight_recorder()
+    phase = phase_of_thread()
+    group = comm_group(buffer)
+    tensor = buffer.grad_storage if op == OP_REDUCE_SCATTER else buffer.param_storage
+    entry = (recorder.start(op, group, None, tensor, phase)
+             if group.nranks > 1 and tensor is not None else None)
+    try:
+        run(buffer)
+    except Exception as exc:
+        recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
+                      f"{type(exc).__name__}: {exc}", request_peers=True)
+        raise
+    recorder.finish((entry,))
+
+
+def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
+    """Reduce-scatter (or, ``launched_by_hook``, only wait for) each 1-D buffer, and scale it."""
+
+    def run(buffer) -> None:
+        if not launched_by_hook and comm_group(buffer).nranks > 1:
+            buffer._comm_grads()
+        buffer.scale_grads()
+
+    with comm_phase(PHASE_REDUCE_SCATTER):
+        for buffer in buffers:
+            _buffer_op(buffer, OP_REDUCE_SCATTER, run)
+
+
+def all_gather_slices(buffers: Sequence) -> None:
+    """All-gather each 1-D parameter buffer from the ranks' slices."""
+    with comm_phase(PHASE_ALL_GATHER):
+        for buffer in buffers:
+            _buffer_op(buffer, OP_ALL_GATHER, lambda b: b.sync_params())
+
+
+def launch_all_gather(buffer) -> PendingCollective:
+    """Launch one 1-D buffer's all-gather (develop's ``sync_params(sync=False)``)."""
+    group = comm_group(buffer)
+    recorder = get_flight_recorder()
+    with comm_phase(PHASE_ALL_GATHER):
+        phase = phase_of_thread()
+        entry = None
+        if group.nranks > 1 and buffer.param_storage is not None:
+            entry = recorder.start(OP_ALL_GATHER, group, None, buffer.param_storage, phase)
+        buffer.sync_param_task = None
+        buffer.sync_params(sync=False, param2task={})
+        task, buffer.sync_param_task = buffer.sync_param_task, None
+    return PendingCollective([task] if task is not None else [], [entry],
+                             f"all_gather on group {list(group.ranks)} (phase {phase!r})")
+
+
+# ---------------------------------------------------------------- buffers
+@dataclass
+class MuonBucket:
+    """The Muon parameters of one (colour group, owner, dtype) and their reduce buffers.
+
+    Attributes:
+        colour: colour key (None for the default sharding group).
+        group: the colour's communication group.
+        owner: global rank that owns and updates these parameters.
+        dtype: parameter dtype.
+        params: parameters, in model order.
+        hierarchical: routed through the node / same-card groups.
+        buffers: fused gradient buffers (empty: per-parameter reduces).
+    """
+
+    colour: str | None
+    group: Any
+    owner: int
+    dtype: Any
+    params: list
+    hierarchical: bool
+    buffers: list = field(default_factory=list)
+
+    def grad_tensors(self) -> list:
+        """What the bucket reduces: its fused buffers, else each parameter's gradient."""
+        if self.buffers:
+            return [b.grad_storage for b in self.buffers]
+        return [get_param_grad(p) for p in self.params]
 
 
 def get_param_grad(param):
-    """The gradient to reduce: ``main_grad`` under MixPrecisionLayer, else ``grad``.
+    """The gradient to reduce (``main_grad`` under MixPrecisionLayer, else ``grad``).
 
-    A parameter without one this step (an unused branch) still takes part in
-    the collective, with zeros: other ranks may have a gradient.
+    A parameter without one this step still takes part, with zeros: other
+    ranks may have a gradient.
     """
     if hasattr(param, "main_grad"):
         if param.main_grad is None:
@@ -52,92 +347,512 @@ def get_param_grad(param):
     return param.grad
 
 
-def clear_grad(opt: MuonShardingOptimizer, set_to_zero: bool = True) -> None:
-    """Clear every gradient this optimizer manages.
+def create_slice_param(param) -> EagerParamBase:
+    """The 1-D slice parameter standing for ``param`` in the inner optimizer (same name)."""
+    slice_param = EagerParamBase(shape=[1], dtype=param.dtype)
+    slice_param.name = param.name
+    for attr in ("is_distributed", "optimize_attr", "need_clip", "no_sync"):
+        if hasattr(param, attr):
+            setattr(slice_param, attr, getattr(param, attr))
+    return slice_param
 
-    Args:
-        set_to_zero (bool): True zeroes gradients in place. False frees
-            what is not linked to a fused buffer (per-parameter Muon
-            gradients, ``main_grad`` of unfused parameters); fused buffers
-            stay allocated and are zeroed, since the parameters' gradients
-            are views into them, unless ``release_gradients`` releases the
-            1-D buffers.
+
+def has_staged_api(optimizer) -> bool:
+    """Whether ``optimizer`` has Muon's staged update API (clip / prepare / update apart)."""
+    return all(callable(getattr(optimizer, n, None)) for n in STAGED_API)
+
+
+@dataclass
+class _Call:
+    """What the phases of one ``reduce_gradients`` / ``step`` call hand each other."""
+
+    reduce_op: Any
+    staged: bool = False        # the update runs stage by stage
+    params_grads: list = field(default_factory=list)
+    skipped: bool = False       # AMP found inf/nan: no clip, no update
+    storage_was_cleared: bool = False
+    cache: dict = field(default_factory=dict)     # sync buffers by item ref
+    unpack: list = field(default_factory=list)    # (received buffer, params) to copy back
+    pending: list = field(default_factory=list)   # launched stage syncs
+    muon_by_id: dict = field(default_factory=OrderedDict)   # prepared, not yet updated
+    adamw_by_id: dict = field(default_factory=OrderedDict)
+
+    @property
+    def launching(self) -> bool:
+        """Stage syncs stay in flight until finish_sync (staged, not skipped)."""
+        return self.staged and not self.skipped
+
+
+# ---------------------------------------------------------------- runtime
+@dataclass
+class ShardingRuntime:
+    """Every piece of mutable state of one rank's built optimizer, and the step loop.
+
+    Built completely by ``muon_sharding.build`` from the layout; ``step`` and
+    ``reduce_gradients`` only walk the plan (:meth:`run`).
     """
-    for buffer in opt._all_buffers():
-        if buffer.grad_storage is not None:
-            buffer.grad_storage.zero_()
-    for bucket in opt._muon_buckets:
-        if not bucket.buffers:
-            for p in bucket.params:
-                _clear_gradient_of(p, set_to_zero)
-    release = opt._settings.release_grads
-    for sp in opt._slice_params.values():
-        if sp._is_initialized() and sp.grad is not None:
-            # A slice's gradient is a view into its 1-D buffer (nothing to
-            # free); a released buffer is rebuilt, so the slice must re-link.
-            sp.clear_gradient(not release)
-    if release:
-        # Released buffers are rebuilt from the parameters' own grads at
-        # the next reduce_gradients, so unlink those grads first.
-        for buffer in opt._rs_buffers:
-            if buffer.grad_storage is not None:
-                for p in buffer.params:
-                    p.clear_gradient(False)
-                fused.release_grad_storage(buffer)
 
+    rank: int                                    # this global rank
+    inner: Any = None                            # the inner optimizer (maybe MixPrecisionOptimizer)
+    hcg: Any = None                              # the hybrid communicate group
+    settings: Any = None                         # ShardingSettings of the strategy
+    layout: Any = None                           # the ShardingLayout the buffers follow
+    plan: Any = None                             # hierarchical routing plan (None: flat)
+    colour_groups: dict = field(default_factory=dict)   # colour key -> Group
+    plan_groups: Any = None                      # this rank's node / same-card groups
+    trainer_comms: list = field(default_factory=list)   # develop's node groups, by node
+    trainer_same_card_comms: list = field(default_factory=list)  # [stage][card] groups
+    param_by_name: dict = field(default_factory=dict)   # trainable name -> parameter
+    muon_buckets: list = field(default_factory=list)    # MuonBucket per layout bucket
+    rs_buffers: list = field(default_factory=list)      # element-wise FusedCommBuffers
+    rs_colour: dict = field(default_factory=dict)       # id(buffer) -> colour key
+    slice_params: dict = field(default_factory=dict)    # name -> its slice parameter
+    local_params: list = field(default_factory=list)    # what the inner optimizer updates
+    sync_stages: list | None = None              # develop's stage dicts (staged update)
+    use_avg: bool = False                        # AVG reduce (else SUM, pre-divided)
+    use_main_grad: bool = False                  # parameters had main_grad when built
+    overlap_optimize_and_sync: bool = False      # develop's resolved flag
+    staged: bool = False                         # the update runs stage by stage
+    separate_clip: bool = False                  # the clip is its own phase (staged API)
+    timers: Any = None                           # Paddle's timers when enabled
+    cleared_colours: dict = field(default_factory=OrderedDict)  # colour -> saved slices
+    fused_state_buffers: dict = field(default_factory=dict)     # dtype -> fused states
 
-def clear_param_storage(opt: MuonShardingOptimizer, color) -> None:
-    """Free the parameter storage of colour ``color`` until the next step.
+    # ------------------------------------------------------------ building
+    def build_muon_buckets(self, acc_steps_of: Callable[[Any], int]) -> None:
+        """One :class:`MuonBucket` (and its fused reduce buffers) per layout bucket."""
+        self.muon_buckets[:] = [self.muon_bucket(spec, acc_steps_of)
+                                for spec in self.layout.muon_buckets]
 
-    Freed: every element-wise parameter of the colour (this rank's slice
-    is kept aside) and every Muon matrix of the colour this rank does not
-    own (the owner's broadcast refills it). Owned matrices are kept: the
-    owner updates them whole. :meth:`step` restores the storage first,
-    then the update and the parameter sync make every value exact again.
+    def muon_bucket(self, spec, acc_steps_of: Callable[[Any], int]) -> MuonBucket:
+        params = [self.param_by_name[n] for n in spec.params]
+        hierarchical = spec.route == ROUTE_HIERARCHICAL
+        bucket = MuonBucket(spec.colour, self.colour_groups[spec.colour], spec.owner,
+                            params[0].dtype, params, hierarchical)
+        # A hierarchical buffer's own reduce (the overlap hooks') is its first
+        # hop: inside the node, onto the rank with the owner's card.
+        if hierarchical:
+            group, dst = self.plan_groups.node_group, self.plan.intra_node_root(spec.owner,
+                                                                                 self.rank)
+        else:
+            group, dst = bucket.group, spec.owner
+        bucket.buffers = [
+            tensor_fusion_helper.FusedCommBuffer(
+                f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
+                [self.param_by_name[n] for n in chunk], group,
+                acc_steps=acc_steps_of(spec.colour),
+                act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst, release_grads=False,
+                **fused_buffer_scaling(self.use_avg))
+            for i, chunk in enumerate(spec.chunks)
+        ]
+        return bucket
 
-    Args:
-        color: the colour key (None for the default sharding group).
-    """
-    if color in opt._state.cleared_colours:
-        return
-    saved = {}
-    for buffer in opt._rs_buffers:
-        if opt._rs_colour[id(buffer)] != color:
-            continue
-        for p in buffer.params:
-            kept = fused.save_local_slice(buffer, p.name)
-            if kept is not None:
-                saved[p.name] = kept
-            slice_param = opt._slice_params[p.name]
-            if slice_param._is_initialized():
-                slice_param._clear_dataptr()
-        fused.release_param_storage(buffer)
-    for bucket in opt._muon_buckets:
-        if bucket.colour == color and bucket.owner != opt._rank:
-            for p in bucket.params:
-                p._clear_to_zero_allocation()
-    opt._state.cleared_colours[color] = saved
+    def add_slice_buffer(self, spec, acc_steps_of: Callable[[Any], int]) -> None:
+        """Append the element-wise buffer of one layout slice buffer and its slice params."""
+        chunk = [self.param_by_name[n] for n in spec.params]
+        buffer = tensor_fusion_helper.FusedCommBuffer(
+            f"slice_{spec.colour}_{spec.dtype}_{len(self.rs_buffers)}", chunk,
+            self.colour_groups[spec.colour], acc_steps=acc_steps_of(spec.colour),
+            act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
+            release_grads=self.settings.release_grads, **fused_buffer_scaling(self.use_avg))
+        # FusedCommBuffer leaves a weakref for Paddle's own sharding optimizer
+        # to collect; this optimizer keeps its buffers.
+        if hasattr(chunk[0], "comm_buffer_ref"):
+            del chunk[0].comm_buffer_ref
+        self.rs_buffers.append(buffer)
+        self.rs_colour[id(buffer)] = spec.colour
+        for p in chunk:
+            self.slice_params[p.name] = create_slice_param(p)
 
+    def register_hooks(self) -> None:
+        """Backward hooks that launch each hooked buffer's first hop once its grads are in."""
+        for buffer, label in self.hooked_buffers():
+            for param in buffer.params:
+                param._register_backward_hook(_backward_hook(buffer, param, label))
 
-def reset_param_storage(opt: MuonShardingOptimizer) -> None:
-    """Give every colour freed by :meth:`clear_param_storage` its storage back.
+    # ------------------------------------------------------------- queries
+    @property
+    def group_of_ranks(self) -> dict:
+        """Global ranks -> the colour Group with them."""
+        return {tuple(g.ranks): g for g in self.colour_groups.values()}
 
-    Element-wise parameters get this rank's slice back; other values are
-    refilled by the next parameter sync.
-    """
-    for color, saved in opt._state.cleared_colours.items():
-        for buffer in opt._rs_buffers:
-            if opt._rs_colour[id(buffer)] != color:
+    def all_buffers(self) -> list:
+        """Every fused buffer: the Muon buckets', then the element-wise ones."""
+        return self.fused_2d_buffers() + list(self.rs_buffers)
+
+    def fused_2d_buffers(self) -> list:
+        """The Muon buckets' fused gradient buffers, in bucket order."""
+        return [b for bucket in self.muon_buckets for b in bucket.buffers]
+
+    def owned_muon_params(self) -> list:
+        """The whole matrices this rank owns and updates."""
+        return [p for bucket in self.muon_buckets if bucket.owner == self.rank
+                for p in bucket.params]
+
+    def local_slice_params(self) -> list:
+        """The slice parameters this rank holds a (non-empty) slice of."""
+        return [self.slice_params[p.name] for buffer in self.rs_buffers for p in buffer.params
+                if has_local_slice(buffer, p.name)]
+
+    def hooked_buffers(self) -> list:
+        """(buffer, phase label) of the step plan's backward phases (multi-rank groups)."""
+        out = []
+        for phase in self.layout.phases_of(TRIGGER_BACKWARD):
+            if len(phase.group) <= 1:
+                continue  # a one-rank group holds its result already
+            for ref, _ in phase.items:
+                buffers = ([self.rs_buffers[ref[1]]] if ref[0] == "slice"
+                           else self.muon_buckets[ref[1]].buffers)
+                out.extend((b, phase.label) for b in buffers)
+        return out
+
+    def phase_group(self, phase):
+        """The process group a step-plan phase runs on."""
+        if phase.route == ROUTE_INTRA_NODE:
+            return self.plan_groups.node_group
+        if phase.route == ROUTE_CROSS_NODE:
+            return self.plan_groups.same_card_group
+        return self.group_of_ranks[tuple(phase.group)]
+
+    @property
+    def base_opt(self):
+        """The innermost optimizer (the Muon that owns the state)."""
+        return optimizer_chain(self.inner)[-1]
+
+    # ---------------------------------------------------------------- loop
+    def run(self, phases: Sequence, call: _Call | None = None) -> _Call:
+        """Run each phase of the step plan (in its order) with the executor of its kind."""
+        call = call or _Call(self.reduce_op)
+        for i, phase in enumerate(phases):
+            if call.skipped and (phase.op in _UPDATE_OPS or (
+                    phase.op in _SYNC_OPS and not call.storage_was_cleared)):
                 continue
-            fused.restore_param_storage(buffer)
+            # a stage's last sync phase stays in flight; earlier ones complete
+            last = i + 1 == len(phases) or phases[i + 1].trigger != phase.trigger
+            with self._timed_phase(phase, call):
+                getattr(self, "_" + phase.op)(phase, call, last)
+        return call
+
+    @property
+    def reduce_op(self):
+        return dist.ReduceOp.AVG if self.use_avg else dist.ReduceOp.SUM
+
+    def reduce_gradients(self) -> None:
+        """The plan's ``reduce_gradients`` phases (the hooks launched the ``backward`` ones)."""
+        self.run(self.layout.phases_of(TRIGGER_REDUCE))
+
+    def step(self) -> list:
+        """The plan's ``step`` and ``sync[k]`` phases; returns the (param, grad) pairs updated."""
+        return self.run(self.step_phases(), _Call(self.reduce_op, staged=self.staged)
+                        ).params_grads
+
+    def step_phases(self, ops: tuple | None = None) -> tuple:
+        """The phases ``step`` runs (only those of kind ``ops`` when given)."""
+        return tuple(ph for ph in self.layout.step_plan()
+                     if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
+                     and (ops is None or ph.op in ops))
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """develop's timer ``name`` around the block (when timers are on)."""
+        if self.timers is None:
+            yield
+            return
+        self.timers(name).start()
+        try:
+            yield
+        finally:
+            self.timers(name).stop()
+
+    def _timed_phase(self, phase, call: _Call):
+        if self.timers is None:
+            return contextlib.nullcontext()
+        if phase.op in _SYNC_OPS:
+            return self.timed("apply-optimize" if call.launching else "sync-parameters")
+        name = _TIMER_OF.get(phase.op)
+        return self.timed(name) if name else contextlib.nullcontext()
+
+    # ----------------------------------------------------------- executors
+    def _copy_grads_in(self, phase, call: _Call, last: bool) -> None:
+        if self.settings.release_grads:
+            for buffer in self.rs_buffers:
+                if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
+                    for param in buffer.params:
+                        buffer._copy_grad_to_buffer(param)
+
+    def _wait_hooked(self, phase, call: _Call, last: bool) -> None:
+        slices = []
+        for ref, _ in phase.items:
+            if ref[0] == "slice":
+                slices.append(self.rs_buffers[ref[1]])
+            else:
+                for buffer in self.muon_buckets[ref[1]].buffers:
+                    buffer.scale_grads()
+        if slices:
+            reduce_scatter_slices(slices, launched_by_hook=True)
+
+    def _reduce_scatter(self, phase, call: _Call, last: bool) -> None:
+        reduce_scatter_slices([self.rs_buffers[ref[1]] for ref, _ in phase.items],
+                              launched_by_hook=False)
+
+    def _reduce(self, phase, call: _Call, last: bool) -> None:
+        routes = [(tensor, root) for ref, root in phase.items
+                  for tensor in self.muon_buckets[ref[1]].grad_tensors()]
+        with comm_phase(phase.label):
+            mean_onto(routes, self.phase_group(phase), call.reduce_op)
+
+    def _reset_storage(self, phase, call: _Call, last: bool) -> None:
+        call.storage_was_cleared = bool(self.cleared_colours)
+        self.reset_param_storage()
+
+    def _collect_grads(self, phase, call: _Call, last: bool) -> None:
+        self.assign_slice_grads()
+        for p in self.local_params:
+            grad = getattr(p, "main_grad", None)
+            if grad is None:
+                grad = p._grad_ivar()
+            if grad is not None:
+                call.params_grads.append((p, grad))
+        self.ensure_global_clip()
+
+    def _found_inf(self, phase, call: _Call, last: bool) -> None:
+        # AMP: HybridParallelGradScaler reaches minimize even after an overflow;
+        # found_inf is identical on all ranks (all-reduced MAX).
+        found_inf = self.inner._get_auxiliary_var("found_inf")
+        if found_inf is not None and bool(found_inf):
+            logger.warning("MuonShardingOptimizer: found inf/nan, step skipped")
+            call.skipped = True
+
+    def _all_reduce(self, phase, call: _Call, last: bool) -> None:
+        # The clip (OP_CLIP): its norm all-reduces carry the phase's label.
+        if self.separate_clip:
+            with comm_phase(phase.label):
+                call.params_grads = self.inner.apply_grad_clip(call.params_grads)
+
+    def _update(self, phase, call: _Call, last: bool) -> None:
+        # A phase: a rank stuck in Newton-Schulz shows it in the profiler and recorder.
+        with comm_phase(phase.label):
+            if self.separate_clip:
+                self.inner.update_params(*self.inner.prepare_optimize(call.params_grads))
+            else:  # no staged API (or bypassed): the inner optimizer clips itself
+                self.inner._apply_optimize(loss=None, startup_program=None,
+                                           params_grads=call.params_grads)
+
+    def _prepare(self, phase, call: _Call, last: bool) -> None:
+        muon, adamw = self.inner.prepare_optimize(call.params_grads)
+        call.muon_by_id = OrderedDict((id(p), (p, g)) for p, g in muon)
+        call.adamw_by_id = OrderedDict((id(p), (p, g)) for p, g in adamw)
+
+    def _stage_update(self, phase, call: _Call, last: bool) -> None:
+        # develop's overlap_optimize_and_sync: update stage k, its sync follows
+        stage_muon, stage_adamw = [], []
+        for p in self.sync_stages[phase.items[0][0][1]]["local_params"]:
+            if id(p) in call.muon_by_id:
+                stage_muon.append(call.muon_by_id.pop(id(p)))
+            elif id(p) in call.adamw_by_id:
+                stage_adamw.append(call.adamw_by_id.pop(id(p)))
+        if stage_muon or stage_adamw:
+            with comm_phase(phase.label):
+                self.inner.update_params(stage_muon, stage_adamw)
+
+    def _broadcast(self, phase, call: _Call, last: bool) -> None:
+        launch = call.launching and last
+        pending = self.run_sync_phase(phase, call.cache, call.unpack, launch=launch)
+        if not call.launching:
+            return
+        call.pending += pending
+        if last:
+            unpack, call.unpack = call.unpack, []
+            # waited after the stage's collectives: the received values land then
+            call.pending.append(PendingCollective([], [], "copy back",
+                                                  lambda: _unpack_all(unpack)))
+
+    _all_gather = _broadcast
+
+    def _finish_sync(self, phase, call: _Call, last: bool) -> None:
+        for task in call.pending:
+            task.wait()
+        call.pending = []
+        _unpack_all(call.unpack)
+        call.unpack = []
+        leftover = [p.name for p, _ in list(call.muon_by_id.values())
+                    + list(call.adamw_by_id.values())]
+        if call.launching and leftover:
+            raise AssertionError(
+                f"overlap_optimize_and_sync: parameters {leftover} have gradients but "
+                "belong to no sync stage; the stages were built for another parameter set.")
+
+    def _fuse_states(self, phase, call: _Call, last: bool) -> None:
+        if self.settings.enable_fuse_optimizer_states:
+            self.fuse_optimizer_states()
+
+    # ---------------------------------------------------------------- sync
+    def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool,
+                       group=None) -> list:
+        """Issue one sync phase; with ``launch`` leave it in flight (returned to wait on).
+
+        Refs already in ``cache`` (a hand-built phase's buffers) are used as
+        they are; ``group`` overrides the phase's group.
+        """
+        if phase.op == OP_ALL_GATHER:
+            buffers = [cache[ref] if ref in cache else self.rs_buffers[ref[1]]
+                       for ref, _ in phase.items]
+            if launch:
+                return [launch_all_gather(b) for b in buffers]
+            all_gather_slices(buffers)
+            return []
+        routes = [(self.sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
+        group = self.phase_group(phase) if group is None else group
+        with comm_phase(phase.label):
+            pending = launch_coalesced(OP_BROADCAST, routes, group)
+            if not launch:
+                pending.wait()
+                return []
+        return [pending]
+
+    def sync_buffer(self, ref: tuple, cache: dict, unpack: list):
+        """The flat broadcast buffer of a sync item (the owner fills it; others unpack it)."""
+        if ref in cache:
+            return cache[ref]
+        if ref[0] == "muon":
+            bucket = self.muon_buckets[ref[1]]
+            owner, params = bucket.owner, bucket.params
+        else:  # ("stage", k, j): owner buffer j of sync stage k
+            owner, _, names, _ = self.layout.sync_stages()[ref[1]].owners[ref[2]]
+            params = [self.param_by_name[n] for n in names]
+        buffer = paddle.empty([sum(int(p.numel()) for p in params)], dtype=params[0].dtype)
+        if owner == self.rank:
+            flatten_into(params, buffer)
+        else:
+            unpack.append((buffer, params))
+        cache[ref] = buffer
+        return buffer
+
+    # ------------------------------------------------ gradients and storage
+    def assign_slice_grads(self) -> None:
+        """Point each slice parameter's gradient at its part of the reduced 1-D buffer."""
+        for buffer in self.rs_buffers:
             for p in buffer.params:
-                if p.name in saved:
-                    fused.restore_local_slice(buffer, p.name, saved[p.name])
-        for bucket in opt._muon_buckets:
-            if bucket.colour == color and bucket.owner != opt._rank:
+                buffer.assign_slice_grad(p, self.slice_params[p.name])
+
+    def ensure_global_clip(self) -> None:
+        # Each rank holds only its owned matrices and slices: a plain global
+        # norm clip would clip by a per-rank norm. HybridParallelOptimizer swaps
+        # in its sharding-aware clip; used bare, swap it in here (on the
+        # optimizer that applies it, below any MixPrecisionOptimizer).
+        base = self.base_opt
+        if isinstance(base._grad_clip, paddle.nn.ClipGradByGlobalNorm):
+            base._grad_clip = HybridParallelClipGrad(base._grad_clip, self.hcg)
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Clear every gradient (fused buffers are zeroed; see the optimizer's ``clear_grad``)."""
+        for buffer in self.all_buffers():
+            if buffer.grad_storage is not None:
+                buffer.grad_storage.zero_()
+        for bucket in self.muon_buckets:
+            if not bucket.buffers:
                 for p in bucket.params:
-                    paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
-    opt._state.cleared_colours.clear()
+                    _clear_gradient_of(p, set_to_zero)
+        release = self.settings.release_grads
+        for sp in self.slice_params.values():
+            if sp._is_initialized() and sp.grad is not None:
+                # A slice's gradient is a view into its 1-D buffer (nothing to
+                # free); a released buffer is rebuilt, so the slice must re-link.
+                sp.clear_gradient(not release)
+        if release:
+            # Released buffers are rebuilt from the parameters' own grads at the
+            # next reduce_gradients, so unlink those grads first.
+            for buffer in self.rs_buffers:
+                if buffer.grad_storage is not None:
+                    for p in buffer.params:
+                        p.clear_gradient(False)
+                    buffer._clear_grad_storage()
+
+    def clear_param_storage(self, color) -> None:
+        """Free colour ``color``'s element-wise storage (this rank's slices kept aside)
+        and the matrices of it this rank does not own, until the next step."""
+        if color in self.cleared_colours:
+            return
+        saved = {}
+        for buffer in self.rs_buffers:
+            if self.rs_colour[id(buffer)] != color:
+                continue
+            for p in buffer.params:
+                kept = _save_local_slice(buffer, p.name)
+                if kept is not None:
+                    saved[p.name] = kept
+                if self.slice_params[p.name]._is_initialized():
+                    self.slice_params[p.name]._clear_dataptr()
+            buffer._clear_param_storage()
+        for bucket in self.muon_buckets:
+            if bucket.colour == color and bucket.owner != self.rank:
+                for p in bucket.params:
+                    p._clear_to_zero_allocation()
+        self.cleared_colours[color] = saved
+
+    def reset_param_storage(self) -> None:
+        """Give every freed colour its storage back (slices restored; the sync refills the rest)."""
+        for color, saved in self.cleared_colours.items():
+            for buffer in self.rs_buffers:
+                if self.rs_colour[id(buffer)] != color:
+                    continue
+                buffer._reset_param_storage()
+                for p in buffer.params:
+                    if p.name in saved:
+                        _restore_local_slice(buffer, p.name, saved[p.name])
+            for bucket in self.muon_buckets:
+                if bucket.colour == color and bucket.owner != self.rank:
+                    for p in bucket.params:
+                        paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
+        self.cleared_colours.clear()
+
+    def fuse_optimizer_states(self) -> None:
+        """Move this rank's optimizer states (and master weights) into one buffer per dtype."""
+        base = self.base_opt
+        states = [t for per_param in base._accumulators.values() for t in per_param.values()
+                  if int(t._numel()) > 1] + list(base._master_weights.values())
+        by_dtype: dict[str, list] = OrderedDict()
+        for t in states:
+            by_dtype.setdefault(str(t.dtype), []).append(t)
+        for dtype, tensors in by_dtype.items():
+            fused = self.fused_state_buffers.get(dtype)
+            if fused is not None and all(t._is_shared_buffer_with(fused) for t in tensors):
+                continue
+            fused = paddle.empty([sum(int(t._numel()) for t in tensors)], dtype=tensors[0].dtype)
+            offset = 0
+            for t in tensors:
+                numel, shape = int(t._numel()), list(t.shape)
+                view = fused._slice(offset, offset + numel)
+                paddle.assign(t.reshape([-1]), output=view)
+                view._share_buffer_to(t)
+                t.get_tensor()._set_dims(shape)
+                offset += numel
+            self.fused_state_buffers[dtype] = fused
+
+
+def optimizer_chain(optimizer) -> list:
+    """``optimizer`` and every optimizer it wraps (``MixPrecisionOptimizer._inner_opt``)."""
+    chain = []
+    while optimizer is not None and optimizer not in chain:
+        chain.append(optimizer)
+        optimizer = optimizer.__dict__.get("_inner_opt")
+    return chain
+
+
+def _unpack_all(unpack: list) -> None:
+    for buffer, params in unpack:
+        unflatten_from(buffer, params)
+
+
+def _backward_hook(buffer, param, label: str):
+    # Launches the buffer's first hop once its last gradient is in
+    # (FusedCommBuffer counts them); the label names it for profiling.
+    @paddle.autograd.no_grad()
+    def hook(*_):
+        with comm_phase(label):
+            buffer.add_grad(param, use_comm=True)
+
+    return hook
 
 
 def _clear_gradient_of(param, set_to_zero: bool) -> None:
@@ -149,35 +864,3 @@ def _clear_gradient_of(param, set_to_zero: bool) -> None:
         else:
             param.main_grad._clear()
             param.main_grad = None
-
-
-def ensure_global_clip(opt: MuonShardingOptimizer) -> None:
-    # Each rank holds only its owned matrices and slices: a plain global norm
-    # clip would clip by a per-rank norm. HybridParallelOptimizer swaps in its
-    # sharding-aware clip; used bare, swap it in here (on the optimizer that
-    # applies it, below any MixPrecisionOptimizer).
-    base = opt._base_opt
-    clip = base._grad_clip
-    if isinstance(clip, paddle.nn.ClipGradByGlobalNorm):
-        base._grad_clip = HybridParallelClipGrad(clip, opt._hcg)
-
-
-@contextlib.contextmanager
-def timed(opt: MuonShardingOptimizer, name: str) -> Iterator[None]:
-    # develop's timer names, so timers.log() reads the same
-    if opt.timers is None:
-        yield
-        return
-    opt.timers(name).start()
-    try:
-        yield
-    finally:
-        opt.timers(name).stop()
-
-
-def copy_released_grads_in(opt: MuonShardingOptimizer) -> None:
-    if not opt._settings.release_grads:
-        return
-    for buffer in opt._rs_buffers:
-        if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
-            fused.copy_grads_in(buffer)
