@@ -49,7 +49,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  #
 
 def stall_in_phase(rank: int, phase: str, step_box: list, stuck_step: int, sleep_s: float) -> None:
     """Make ``rank`` sleep on entering ``phase`` in step ``stuck_step``."""
-    for name in ("reduce_onto", "broadcast_from"):
+    for name in ("launch_coalesced",):
         original = getattr(comm, name)
 
         def stalled(*args, __original=original, **kwargs):

@@ -440,7 +440,7 @@ class TestDiagnose(unittest.TestCase):
 def _stall(rank: int, phase: str, step: int, sleep_s: float):
     """Patch the collectives so ``rank`` sleeps on entering ``phase`` at ``step``."""
     calls = {}
-    originals = {n: getattr(comm, n) for n in ("reduce_onto", "broadcast_from")}
+    originals = {n: getattr(comm, n) for n in ("launch_coalesced",)}
 
     def make(original):
         def stalled(*args, **kwargs):
@@ -462,7 +462,7 @@ _HOOK_PROBE = r"""
 import json, signal, sys, threading
 before = (sys.excepthook, signal.getsignal(signal.SIGUSR1))
 import paddle_muon_ext
-from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight import recorder as fr
 from muon_sim_runner import SimConfig, run_world
 import paddle
 run_world(SimConfig(ep=2, ms=2, steps=2))

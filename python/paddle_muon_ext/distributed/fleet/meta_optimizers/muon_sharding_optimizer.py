@@ -42,7 +42,7 @@ from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding.layout import ShardingLayout
 from .muon_sharding.placement import assign_muon_owners
 from .muon_sharding.runtime import MuonBucket  # noqa: F401  (re-exported)
-from .muon_sharding.types import TRIGGER_REDUCE, is_trainable as _is_trainable  # noqa: F401
+from .muon_sharding.types import is_trainable as _is_trainable  # noqa: F401
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
@@ -213,13 +213,15 @@ class MuonShardingOptimizer(DevelopSurface):
             parameter_list (list): the model parameters (Paddle's interface).
             hcg: hybrid communicate group (Paddle's interface).
         """
-        with self._runtime.timed("reduce-gradients"):
-            self._runtime.reduce_gradients()
+        rt = self._runtime
+        with rt.timed("reduce-gradients"):
+            rt.run(rt.reduce_plan)
 
     @framework.no_grad()
     def step(self) -> list:
         """Update owned matrices (Muon) and local slices (AdamW), then sync."""
-        return self._runtime.step()
+        rt = self._runtime
+        return rt.run(rt.step_plan, staged=rt.staged).params_grads
 
     def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
         """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already).

@@ -145,6 +145,7 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
         rt.add_slice_buffer(spec, acc_steps_of)
     if rt.staged:
         rt.sync_stages = stage_dicts(rt)
+    rt.plan_phases()
     if settings.comm_overlap and not settings.pp_sharding_comm_overlap:
         rt.register_hooks()
     # The inner optimizer only ever sees what this rank updates: whole

@@ -310,23 +310,22 @@ class DevelopSurface:
         """Only the plan's 2-D reduce phases (``op``: default this build's AVG or SUM)."""
         rt = self._runtime
         rt.run([ph for ph in rt.layout.phases_of(TRIGGER_REDUCE) if ph.op == OP_REDUCE],
-               _Call(op if op is not None else rt.reduce_op))
+               call=_Call(op if op is not None else rt.reduce_op))
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """The staged part of the plan on given pairs: clip, per stage update and sync, wait."""
         rt = self._runtime
-        call = _Call(rt.reduce_op, staged=True)
-        call.params_grads = list(params_grads)
-        rt.run(rt.step_phases((OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_FINISH_SYNC,
-                               OP_BROADCAST, OP_ALL_GATHER)), call)
+        call = _Call(rt.reduce_op, staged=True, params_grads=list(params_grads))
+        kinds = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_FINISH_SYNC, OP_BROADCAST,
+                 OP_ALL_GATHER)
+        rt.run([ph for ph in rt.step_plan if ph.op in kinds], call=call)
 
     @framework.no_grad()
     def _sharding_sync_parameters(self) -> None:
         """Broadcast updated matrices from their owners; all-gather 1-D shards."""
         rt = self._runtime
         with rt.timed("sync-parameters"):
-            rt.run(rt.step_phases((OP_BROADCAST, OP_ALL_GATHER, OP_FINISH_SYNC)),
-                   _Call(rt.reduce_op))
+            rt.run(rt.step_phases((OP_BROADCAST, OP_ALL_GATHER, OP_FINISH_SYNC)))
 
     def _build_sync_stages(self) -> list:
         return build.stage_dicts(self._runtime)

@@ -127,7 +127,8 @@ class PendingCollective:
 
 
 def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
-                     then: Callable[[], None] | None = None) -> PendingCollective:
+                     then: Callable[[], None] | None = None,
+                     mean: bool = False) -> PendingCollective:
     """Issue a reduce (onto each route's rank) or broadcast (from it) per route, one block.
 
     Args:
@@ -136,6 +137,8 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         group (Group): every rank of it issues the same routes.
         reduce_op (ReduceOp|None): the reduce's op.
         then (Callable|None): runs after the wait.
+        mean (bool): the reduce is the mean over ``group``: with SUM (no AVG
+            reduce) each addend is divided first (:func:`sum_fallback_factors`).
 
     Returns:
         PendingCollective: wait on it before reading the tensors.
@@ -144,6 +147,12 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
     # group to coalesce on.
     if not routes or group.nranks <= 1:
         return PendingCollective([], [], op, then)
+    if mean and reduce_op == dist.ReduceOp.SUM:
+        pre, post = sum_fallback_factors(group.nranks)
+        for tensor, _ in routes:
+            tensor.scale_(1.0 / pre)
+        if post != 1.0:
+            then = _then_divide([t for t, root in routes if root == dist.get_rank()], post, then)
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     describe = f"{op} on group {list(group.ranks)} (phase {phase!r})"
@@ -164,6 +173,16 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True)
         raise
     return PendingCollective(tasks, entries, describe, then)
+
+
+def _then_divide(tensors: list, post: float, then: Callable[[], None] | None):
+    def divide() -> None:
+        for tensor in tensors:
+            tensor.scale_(1.0 / post)
+        if then is not None:
+            then()
+
+    return divide
 
 
 def reduce_onto(routes: Sequence[tuple], group, op) -> None:
@@ -193,18 +212,8 @@ def fused_buffer_scaling(use_avg: bool) -> dict[str, bool]:
 
 
 def mean_onto(routes: Sequence[tuple], group, op) -> None:
-    """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM scaled)."""
-    scaled = op == dist.ReduceOp.SUM and group.nranks > 1 and bool(routes)
-    pre, post = sum_fallback_factors(group.nranks)
-    if scaled and pre != 1.0:
-        for tensor, _ in routes:
-            tensor.scale_(1.0 / pre)
-    reduce_onto(routes, group, op)
-    if scaled and post != 1.0:
-        me = dist.get_rank()
-        for tensor, dst in routes:
-            if dst == me:
-                tensor.scale_(1.0 / post)
+    """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
+    launch_coalesced(OP_REDUCE, routes, group, op, mean=True).wait()
 
 
 def flatten_into(tensors: Sequence, out) -> None:
@@ -249,8 +258,9 @@ def _restore_local_slice(buffer, name: str, value) -> None:
     paddle.assign(value, output=buffer.param_storage._slice(view._param_begin, view._param_end))
 
 
-def _buffer_op(buffer, op: str, run: Callable[[Any], None]) -> None:
-    """``run(buffer)``, recorded by the flight recorder as ``op`` on the buffer's group."""
+@contextlib.contextmanager
+def _recorded(buffer, op: str) -> Iterator[None]:
+    """The block's collective on ``buffer``, recorded by the flight recorder as ``op``."""
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     group = comm_group(buffer)
@@ -258,7 +268,7 @@ def _buffer_op(buffer, op: str, run: Callable[[Any], None]) -> None:
     entry = (recorder.start(op, group, None, tensor, phase)
              if group.nranks > 1 and tensor is not None else None)
     try:
-        run(buffer)
+        yield
     except Exception as exc:
         recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
                       f"{type(exc).__name__}: {exc}", request_peers=True)
@@ -268,22 +278,21 @@ def _buffer_op(buffer, op: str, run: Callable[[Any], None]) -> None:
 
 def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
     """Reduce-scatter (or, ``launched_by_hook``, only wait for) each 1-D buffer, and scale it."""
-
-    def run(buffer) -> None:
-        if not launched_by_hook and comm_group(buffer).nranks > 1:
-            buffer._comm_grads()
-        buffer.scale_grads()
-
     with comm_phase(PHASE_REDUCE_SCATTER):
         for buffer in buffers:
-            _buffer_op(buffer, OP_REDUCE_SCATTER, run)
+            with _recorded(buffer, OP_REDUCE_SCATTER):
+                # a one-rank group holds the result already: no collective
+                if not launched_by_hook and comm_group(buffer).nranks > 1:
+                    buffer._comm_grads()
+                buffer.scale_grads()
 
 
 def all_gather_slices(buffers: Sequence) -> None:
     """All-gather each 1-D parameter buffer from the ranks' slices."""
     with comm_phase(PHASE_ALL_GATHER):
         for buffer in buffers:
-            _buffer_op(buffer, OP_ALL_GATHER, lambda b: b.sync_params())
+            with _recorded(buffer, OP_ALL_GATHER):
+                buffer.sync_params()
 
 
 def launch_all_gather(buffer) -> PendingCollective:
@@ -415,6 +424,8 @@ class ShardingRuntime:
     staged: bool = False                         # the update runs stage by stage
     separate_clip: bool = False                  # the clip is its own phase (staged API)
     timers: Any = None                           # Paddle's timers when enabled
+    reduce_plan: tuple = ()                      # the phases reduce_gradients runs
+    step_plan: tuple = ()                        # the phases step runs
     cleared_colours: dict = field(default_factory=OrderedDict)  # colour -> saved slices
     fused_state_buffers: dict = field(default_factory=dict)     # dtype -> fused states
 
@@ -520,9 +531,18 @@ class ShardingRuntime:
         return optimizer_chain(self.inner)[-1]
 
     # ---------------------------------------------------------------- loop
-    def run(self, phases: Sequence, call: _Call | None = None) -> _Call:
-        """Run each phase of the step plan (in its order) with the executor of its kind."""
-        call = call or _Call(self.reduce_op)
+    def run(self, phases: Sequence, staged: bool = False, call: _Call | None = None) -> _Call:
+        """Run ``phases`` (in step-plan order), each with the executor of its kind.
+
+        Args:
+            phases: phases of the plan (:attr:`reduce_plan`, :attr:`step_plan` or a part).
+            staged: stage syncs stay in flight until ``finish_sync``.
+            call: what earlier phases of the same call produced (a new one when None).
+
+        Returns:
+            _Call: what the phases produced (``params_grads``: the pairs updated).
+        """
+        call = call or _Call(self.reduce_op, staged=staged)
         for i, phase in enumerate(phases):
             if call.skipped and (phase.op in _UPDATE_OPS or (
                     phase.op in _SYNC_OPS and not call.storage_was_cleared)):
@@ -530,6 +550,7 @@ class ShardingRuntime:
             # a stage's last sync phase stays in flight; earlier ones complete
             last = i + 1 == len(phases) or phases[i + 1].trigger != phase.trigger
             with self._timed_phase(phase, call):
+                # the executor of a phase kind is the method named after it
                 getattr(self, "_" + phase.op)(phase, call, last)
         return call
 
@@ -537,17 +558,22 @@ class ShardingRuntime:
     def reduce_op(self):
         return dist.ReduceOp.AVG if self.use_avg else dist.ReduceOp.SUM
 
-    def reduce_gradients(self) -> None:
-        """The plan's ``reduce_gradients`` phases (the hooks launched the ``backward`` ones)."""
-        self.run(self.layout.phases_of(TRIGGER_REDUCE))
-
-    def step(self) -> list:
-        """The plan's ``step`` and ``sync[k]`` phases; returns the (param, grad) pairs updated."""
-        return self.run(self.step_phases(), _Call(self.reduce_op, staged=self.staged)
-                        ).params_grads
+    def plan_phases(self) -> None:
+        """Fix :attr:`reduce_plan` and :attr:`step_plan`: the layout's phases of each call,
+        less the local kinds this build never needs (decided here, once)."""
+        idle = set()
+        if not self.separate_clip:
+            idle.add(OP_CLIP)  # the inner optimizer clips inside its update
+        if not self.settings.enable_fuse_optimizer_states:
+            idle.add(OP_FUSE_STATES)
+        if not self.settings.release_grads:
+            idle.add(OP_COPY_GRADS_IN)
+        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(TRIGGER_REDUCE)
+                                 if ph.op not in idle)
+        self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
 
     def step_phases(self, ops: tuple | None = None) -> tuple:
-        """The phases ``step`` runs (only those of kind ``ops`` when given)."""
+        """The layout's phases ``step`` runs (only those of kind ``ops`` when given)."""
         return tuple(ph for ph in self.layout.step_plan()
                      if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
                      and (ops is None or ph.op in ops))
@@ -574,11 +600,11 @@ class ShardingRuntime:
 
     # ----------------------------------------------------------- executors
     def _copy_grads_in(self, phase, call: _Call, last: bool) -> None:
-        if self.settings.release_grads:
-            for buffer in self.rs_buffers:
-                if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
-                    for param in buffer.params:
-                        buffer._copy_grad_to_buffer(param)
+        # released 1-D buffers are rebuilt from the parameters' own gradients
+        for buffer in self.rs_buffers:
+            if buffer.grad_storage is None and buffer.need_reduce_scale_sync():
+                for param in buffer.params:
+                    buffer._copy_grad_to_buffer(param)
 
     def _wait_hooked(self, phase, call: _Call, last: bool) -> None:
         slices = []
@@ -599,7 +625,8 @@ class ShardingRuntime:
         routes = [(tensor, root) for ref, root in phase.items
                   for tensor in self.muon_buckets[ref[1]].grad_tensors()]
         with comm_phase(phase.label):
-            mean_onto(routes, self.phase_group(phase), call.reduce_op)
+            launch_coalesced(OP_REDUCE, routes, self.phase_group(phase), call.reduce_op,
+                             mean=True).wait()
 
     def _reset_storage(self, phase, call: _Call, last: bool) -> None:
         call.storage_was_cleared = bool(self.cleared_colours)
@@ -625,9 +652,8 @@ class ShardingRuntime:
 
     def _all_reduce(self, phase, call: _Call, last: bool) -> None:
         # The clip (OP_CLIP): its norm all-reduces carry the phase's label.
-        if self.separate_clip:
-            with comm_phase(phase.label):
-                call.params_grads = self.inner.apply_grad_clip(call.params_grads)
+        with comm_phase(phase.label):
+            call.params_grads = self.inner.apply_grad_clip(call.params_grads)
 
     def _update(self, phase, call: _Call, last: bool) -> None:
         # A phase: a rank stuck in Newton-Schulz shows it in the profiler and recorder.
@@ -683,8 +709,7 @@ class ShardingRuntime:
                 "belong to no sync stage; the stages were built for another parameter set.")
 
     def _fuse_states(self, phase, call: _Call, last: bool) -> None:
-        if self.settings.enable_fuse_optimizer_states:
-            self.fuse_optimizer_states()
+        self.fuse_optimizer_states()
 
     # ---------------------------------------------------------------- sync
     def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool,
