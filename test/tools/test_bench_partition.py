@@ -23,7 +23,7 @@ import os
 import pytest
 from tool_loader import load_tool
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
     upstream_partition,
 )

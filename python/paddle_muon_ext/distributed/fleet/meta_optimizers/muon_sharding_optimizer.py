@@ -74,7 +74,7 @@ from .muon_sharding import optimizer_state as _opt_state
 from .muon_sharding import sync as _sync
 from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding.buffers import ShardingState, create_slice_param
-from .muon_sharding.partition import partition_2d_parameters
+from .muon_sharding.owners import partition_2d_parameters
 from .muon_sharding.layout import ShardingLayout
 from .muon_sharding.placement import assign_muon_owners
 from .muon_sharding.runtime import get_param_grad as _get_param_grad

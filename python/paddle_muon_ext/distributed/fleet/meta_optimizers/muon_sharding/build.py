@@ -45,7 +45,7 @@ from .comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .layout import LayoutSettings
 from .layout import ParamMeta
 from .layout import ShardingLayout
-from .partition import machine_balanced_owner_indices
+from .owners import machine_balanced_owner_indices
 from .settings import ShardingAssertionError
 from .settings import ShardingSettings
 from .settings import ShardingTypeError

@@ -37,14 +37,17 @@ from .options import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from .owner_meta import MatrixSpec, OwnerPartition, _check_specs
-from .partition import (
+from .owners import (
+    MatrixSpec,
+    OwnerPartition,
+    _check_specs,
     balanced_partition,
     develop_active_ranks,
     partition_from_owners,
+    rail_partition,
+    rail_positions,
     upstream_partition,
 )
-from .rail import rail_partition, rail_positions
 from .types import HashedTuple, IdentityMemo, ROUTE_FLAT, ROUTE_HIERARCHICAL, is_hooked, itemsize
 
 if TYPE_CHECKING:
