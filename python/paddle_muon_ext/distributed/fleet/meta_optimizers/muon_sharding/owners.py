@@ -11,19 +11,17 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The owner rules of Muon matrices: who owns each matrix of a sharding group.
+"""The owner rules: which rank of a sharding group owns each whole Muon matrix (its state, its Newton-Schulz).
 
-The records (:class:`MatrixSpec`, :class:`OwnerPartition`) and the rules:
-develop's, ``balanced`` with its refinement, ``rail`` and develop's machine-balanced rule.
+Develop's rule and its machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and ``rail``,
+with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -52,6 +50,7 @@ __all__ = [
     "rail_positions",
     "rail_partition",
 ]
+
 
 @dataclass(frozen=True)
 class MatrixSpec:
@@ -121,6 +120,19 @@ def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int
 def param_bytes(spec: MatrixSpec) -> int:
     """Bytes of the parameter itself (what upstream's buffer size counts)."""
     return math.prod(_check_shape(spec.shape)) * dtype_itemsize(spec.dtype)
+
+
+def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int], List[int]]:
+    """State bytes and NS cost of each validated spec (:func:`optimizer_state_bytes`,
+    :func:`newton_schulz_cost`), straight from its dims."""
+    bs, cs = [], []
+    for s in items:
+        *lead, m, n = s.shape
+        numel = math.prod(s.shape)
+        bs.append(numel * (8 if multi_precision and _DTYPE_SIZES[s.dtype] < 4 else 4))
+        lo, hi = (m, n) if m <= n else (n, m)
+        cs.append(math.prod(lead) * hi * lo * lo)
+    return bs, cs
 
 
 def _ratio_max_over_mean(values: Sequence[float]) -> float:
@@ -325,14 +337,7 @@ def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: boo
     nranks = _check_nranks(nranks)
     if not items:
         return 1.0, 1.0
-    # specs are validated: sizes straight from the dims (as balanced_partition)
-    bs, cs = [], []
-    for s in items:
-        *lead, m, n = s.shape
-        numel = math.prod(s.shape)
-        bs.append(numel * (8 if multi_precision and _DTYPE_SIZES[s.dtype] < 4 else 4))
-        lo, hi = (m, n) if m <= n else (n, m)
-        cs.append(math.prod(lead) * hi * lo * lo)
+    bs, cs = _costs(items, multi_precision)
     return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
 
 
@@ -342,8 +347,23 @@ def balanced_partition(
     rank_order: Optional[Sequence[int]] = None,
     multi_precision: bool = True,
 ) -> OwnerPartition:
-    """Assign every matrix to one owner, balancing optimizer-state bytes and
-    Newton-Schulz cost (see the module docstring for the exact rule)."""
+    """Assign every matrix to one owner, balancing optimizer-state bytes and Newton-Schulz cost.
+
+    A rank's score is ``max(S_r / mean_S, C_r / mean_C)`` (state bytes, NS
+    cost), compared exactly on integers, so every rank derives the same map.
+
+    1. Dtype classes (each ``(owner, dtype)`` is one fused buffer) are placed
+       smallest first; a class uses at most ``ceil(class load / one rank's
+       share)`` owners, the least-loaded ranks -- so a few fp32 router weights
+       in a bf16 model give one or two buffers, not ``nranks``.
+    2. In a class, largest first (size: normalised bytes + NS, ties by name)
+       onto the allowed rank whose score after it is lowest; ties by the sum
+       of its normalised loads, then by position in ``rank_order``.
+    3. :func:`refine` then moves or swaps matrices of the worst rank.
+
+    ``rank_order`` (default ``0..nranks-1``) orders equally loaded ranks;
+    callers pass one interleaving nodes and cards so owners spread over rails.
+    """
     nranks = _check_nranks(nranks)
     items = _check_specs(specs)
     order = _check_rank_order(rank_order, nranks)
@@ -354,17 +374,11 @@ def balanced_partition(
     if not items:
         return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {}, "balanced")
 
-    # specs are validated: sizes straight from the dims
-    bts = {}
-    nss = {}
+    bs, cs = _costs(items, multi_precision)
+    bts = {s.name: b for s, b in zip(items, bs)}
+    nss = {s.name: c for s, c in zip(items, cs)}
     classes: Dict[str, List[str]] = {}
     for s in items:
-        *lead, m, n = s.shape
-        numel = math.prod(s.shape)
-        wide = multi_precision and _DTYPE_SIZES[s.dtype] < 4
-        bts[s.name] = numel * (8 if wide else 4)
-        lo, hi = (m, n) if m <= n else (n, m)
-        nss[s.name] = math.prod(lead) * hi * lo * lo
         classes.setdefault(s.dtype, []).append(s.name)
     # exact integer sums: the same on every rank whatever the input order
     loads = _Loads(nranks, sum(bts.values()), sum(nss.values()), pref)
@@ -424,23 +438,12 @@ def balanced_partition(
 
     refine(owner, loads, bts, nss, classes, allowed_of, order)
 
-    dtype_of = {s.name: s.dtype for s in items}
-    return OwnerPartition(
-        nranks=nranks,
-        owners={s.name: owner[s.name] for s in items},
-        state_bytes=list(loads.b),
-        ns_cost=[float(c) for c in loads.c],
-        dtypes=dtype_of,
-        method="balanced",
-    )
+    return _partition(items, nranks, [owner[s.name] for s in items], "balanced", multi_precision)
 
 
 # --------------------------------------------------------------------------
 # develop's rules (the default, and develop's machine-balanced switch)
 # --------------------------------------------------------------------------
-# The buffer size develop falls back to when comm_buffer_size_MB <= 0:
-# DEVELOP_DEFAULT_BUFFER_MB (muon_sharding_types).
-
 
 def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:
     """How many ranks develop lets one dtype class use: its fp32-estimated
@@ -521,29 +524,12 @@ def upstream_partition(
     per_rank = develop_owner_indices(
         [s.numel for s in items], [s.dtype for s in items], nranks, buffer_size_MB
     )
-    owners: Dict[str, int] = {}
-    state = [0] * nranks
-    ns = [0] * nranks
-    costs: Dict[tuple, Tuple[int, int]] = {}  # (shape, dtype) -> its loads: few kinds
+    owner_of = [0] * len(items)
     for r, idx in enumerate(per_rank):
         for i in idx:
-            s = items[i]
-            cost = costs.get((s.shape, s.dtype))
-            if cost is None:
-                cost = costs[(s.shape, s.dtype)] = (
-                    optimizer_state_bytes(s, multi_precision), _ns_cost_int(s.shape))
-            state[r] += cost[0]
-            ns[r] += cost[1]
-    owner_of = {i: r for r, idx in enumerate(per_rank) for i in idx}
-    owners = {s.name: owner_of[i] for i, s in enumerate(items)}
-    return OwnerPartition(
-        nranks=nranks,
-        owners=owners,
-        state_bytes=state,
-        ns_cost=[float(c) for c in ns],
-        dtypes={s.name: s.dtype for s in items},
-        method=f"upstream(buffer={buffer_size_MB:g}MB)",
-    )
+            owner_of[i] = r
+    return _partition(items, nranks, owner_of, f"upstream(buffer={buffer_size_MB:g}MB)",
+                      multi_precision)
 
 
 def partition_from_owners(
@@ -562,17 +548,22 @@ def partition_from_owners(
         method: the rule that chose them (reported by ``summary``).
         multi_precision: count fp32 master weights of sub-32-bit dtypes.
     """
-    nranks = _check_nranks(nranks)
     items = _check_specs(specs)
+    return _partition(items, _check_nranks(nranks), [owners[s.name] for s in items], method,
+                      multi_precision)
+
+
+def _partition(items: Sequence[MatrixSpec], nranks: int, owner_of: Sequence[int], method: str,
+               multi_precision: bool) -> OwnerPartition:
+    """The :class:`OwnerPartition` of validated specs, ``owner_of[i]`` owning ``items[i]``."""
     state = [0] * nranks
     ns = [0] * nranks
-    for s in items:
-        r = owners[s.name]
-        state[r] += optimizer_state_bytes(s, multi_precision)
-        ns[r] += _ns_cost_int(s.shape)
+    for r, b, c in zip(owner_of, *_costs(items, multi_precision)):
+        state[r] += b
+        ns[r] += c
     return OwnerPartition(
         nranks=nranks,
-        owners={s.name: owners[s.name] for s in items},
+        owners={s.name: r for s, r in zip(items, owner_of)},
         state_bytes=state,
         ns_cost=[float(c) for c in ns],
         dtypes={s.name: s.dtype for s in items},
@@ -724,24 +715,23 @@ def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_
                 heapq.heappush(heap, key_of(m, opening) + (m,))
     return placed
 
-# The kind-pair search keeps, per kind, the list of smaller kinds: at most
-# this many kinds keeps those lists small (~16 MB at worst).
-_MAX_PAIRED_KINDS = 512
+# Ranks (least loaded first) the swap search's probe pass tries per matrix.
+_PROBE_RANKS = 16
 
 
-def refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
-    """Deterministic local search: lower the score of the most loaded rank by
-    moving one of its matrices, or swapping one with a matrix elsewhere.
+def refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000) -> None:
+    """The balanced rule's refinement: while it lowers the most loaded rank's score,
+    move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
 
-    Each round takes the best improving move/swap: lowest new pair score,
-    then moves before swaps, matrix name, ``rank_order``, partner name.
-    Matrices of equal (bytes, NS cost, dtype) -- a *kind* -- are
-    interchangeable. Two exact searches give that same choice: over pairs of
-    kinds when kinds are few (real models: repeated layers and experts), and
-    rank by rank otherwise (with nearly every matrix a kind of its own, a
-    kind window holds thousands of kinds, a rank's window only a few). On
-    synthetic models the first is ~4x faster with 96 kinds over 1,024 ranks
-    (200,000 matrices), the second ~2x faster with 491 kinds over 512 ranks.
+    Each round takes the best improving move or swap: lowest new pair score
+    ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
+    matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
+    name stands for them). Exact, visiting only candidates that can reach the
+    best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
+    swap keeps the pair's sum in each dimension, so ranks loaded above
+    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists;
+    a first pass probes each rank's partner nearest the even split so ``B``
+    drops early. A capped class's matrices stay on its owners.
     """
     n = loads.n
     if n == 1:
@@ -754,304 +744,6 @@ def refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000):
     groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
     for k in sorted(owner):
         groups[owner[k]].setdefault(gkey[k], []).append(k)
-    kinds = len(set(gkey.values()))
-    few = 2 * kinds <= n and kinds <= _MAX_PAIRED_KINDS
-    search = _refine_by_kind if few else _refine_by_rank
-    search(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order, max_iters)
-
-
-def _refine_by_kind(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order,
-                    max_iters=10000):
-    """:func:`_refine` for few kinds of matrices (at most one per two ranks,
-    at most ``_MAX_PAIRED_KINDS``).
-
-    Matrices of equal (bytes, NS cost, dtype) -- a *kind* -- are
-    interchangeable and ranks sit on few distinct load points, so the search
-    runs over pairs of kinds and over load points, not matrices and ranks:
-    a kind ``k`` of the worst rank against a kind ``j`` held elsewhere (or
-    nothing: a move). With ``(dx, dy)`` what the partner gains, the new pair
-    score is ``max(A, x + dx, y + dy)``, ``A`` the worst rank's side. Over
-    the lower-left staircase of the load points that has an exact lower bound
-    per pair (one bisection), so pairs are resolved in (bound, name) order
-    and only while they can still win. A point's ranks and a kind's holders
-    are bitsets over ``rank_order`` positions: resolving a pair is a few
-    bisections and bitwise ands (see ``resolve``), and the lowest set bit is
-    the tie-break winner. Exact: the frozen rule's choice every round.
-    """
-    n = loads.n
-    tb, tc = loads.tb, loads.tc
-    pref = loads.pref
-
-    # ranks as bits of their rank_order position: the lowest set bit of a
-    # set of ranks is the one the tie-break prefers
-    bit = [1 << p for p in pref]
-    everyone = (1 << n) - 1
-    allowed_bits = {d: everyone if a is None else sum(bit[r] for r in a)
-                    for d, a in allowed_of.items()}
-    holders: Dict[tuple, int] = {}  # kind -> ranks holding it
-    for r in range(n):
-        for g in groups[r]:
-            holders[g] = holders.get(g, 0) | bit[r]
-    # every kind (the set is fixed: matrices only change owner), by x
-    kinds = sorted(holders)
-    smaller: Dict[tuple, tuple] = {}
-
-    def smaller_kinds(gk: tuple) -> tuple:
-        """The kinds a matrix of kind gk may be swapped with (smaller sum),
-        by x, as (kind, y, dx, dy) with (dx, dy) = gk - kind; and their x."""
-        got = smaller.get(gk)
-        if got is None:
-            xk, yk = gk[0], gk[1]
-            lst = [g for g in kinds if g[0] + g[1] < xk + yk]
-            got = smaller[gk] = ([(g, g[1], xk - g[0], yk - g[1]) for g in lst],
-                                 [g[0] for g in lst])
-        return got
-
-    # scaled loads per rank and the distinct load points (x, y) -> ranks,
-    # sorted by x and by y with their coordinate and rank set alongside
-    xl = [b * tc for b in loads.b]
-    yl = [c * tb for c in loads.c]
-    points: Dict[Tuple[int, int], int] = {}
-    for r in range(n):
-        p = (xl[r], yl[r])
-        points[p] = points.get(p, 0) | bit[r]
-    points_x = sorted(points)
-    points_xv = [p[0] for p in points_x]
-    points_xb = [points[p] for p in points_x]
-    points_y = sorted((y, x) for x, y in points)
-    points_yv = [q[0] for q in points_y]
-    points_yb = [points[(x, y)] for y, x in points_y]
-
-    def leave(r: int) -> None:
-        x, y = xl[r], yl[r]
-        left = points[(x, y)] ^ bit[r]
-        i = bisect.bisect_left(points_x, (x, y))
-        j = bisect.bisect_left(points_y, (y, x))
-        if left:
-            points[(x, y)] = points_xb[i] = points_yb[j] = left
-        else:
-            del points[(x, y)]
-            del points_x[i], points_xv[i], points_xb[i]
-            del points_y[j], points_yv[j], points_yb[j]
-
-    def join(r: int) -> None:
-        x, y = xl[r], yl[r]
-        i = bisect.bisect_left(points_x, (x, y))
-        j = bisect.bisect_left(points_y, (y, x))
-        if (x, y) in points:
-            points[(x, y)] = points_xb[i] = points_yb[j] = points[(x, y)] | bit[r]
-        else:
-            points[(x, y)] = bit[r]
-            points_x.insert(i, (x, y))
-            points_xv.insert(i, x)
-            points_xb.insert(i, bit[r])
-            points_y.insert(j, (y, x))
-            points_yv.insert(j, y)
-            points_yb.insert(j, bit[r])
-
-    free = all(a is None for a in allowed_of.values())  # no capped class
-    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
-
-    def resolve(A, dx, dy, mask, low, bound):
-        """Lowest (max(A, x + dx, y + dy), rank_order position) over the
-        ranks in ``mask`` if at most ``bound``, else None; ``low`` <= it.
-
-        The ranks scoring at most t are those whose load point is in the
-        quadrant x <= t - dx, y <= t - dy: the ranks of the points up to
-        t - dx in x AND of those up to t - dy in y (a rank has one point),
-        i.e. two prefix unions. That set only grows with t, so the lowest t
-        is found by bisection over the points' coordinates."""
-        def reach(t):
-            return (x_upto[bisect_right(points_xv, t - dx)]
-                    & y_upto[bisect_right(points_yv, t - dy)] & mask)
-
-        if not reach(bound):
-            return None
-        ranks = reach(low)
-        if ranks:
-            return low, (ranks & -ranks).bit_length() - 1
-        # the score is some x + dx or y + dy in (low, bound]: the least
-        # x + dx that reaches, then the least y + dy below it, by bisection
-        # over the sorted coordinates
-        t = bound
-        for vals, d in ((points_xv, dx), (points_yv, dy)):
-            lo = bisect_right(vals, low - d)
-            hi = bisect_right(vals, t - d)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if reach(vals[mid] + d):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            if lo < len(vals) and vals[lo] + d <= t and reach(vals[lo] + d):
-                t = vals[lo] + d
-        ranks = reach(t)
-        return t, (ranks & -ranks).bit_length() - 1
-
-    def relocate(k: str, src: int, dst: int) -> None:
-        # (src and dst have left their load points; they join them after)
-        g = gkey[k]
-        loads.add(src, -bts[k], -nss[k])
-        loads.add(dst, bts[k], nss[k])
-        xl[src] -= g[0]
-        yl[src] -= g[1]
-        xl[dst] += g[0]
-        yl[dst] += g[1]
-        owner[k] = dst
-        names = groups[src][g]
-        del names[bisect.bisect_left(names, k)]
-        if not names:
-            del groups[src][g]
-            holders[g] ^= bit[src]
-        if g in groups[dst]:
-            bisect.insort(groups[dst][g], k)
-        else:
-            groups[dst][g] = [k]
-            holders[g] |= bit[dst]
-
-    for _ in range(max_iters):
-        worst = loads.worst_rank()
-        W = loads.score(worst)
-        xw, yw = xl[worst], yl[worst]
-        others = everyone ^ bit[worst]
-        mine = [(names[0], g) for g, names in groups[worst].items()]
-
-        # lower-left staircase of the other ranks' load points: x rising,
-        # y falling, so s = x - y rising
-        stair_x, stair_y, stair_s = [], [], []
-        for (x, y), ranks in zip(points_x, points_xb):
-            if (stair_y and y >= stair_y[-1]) or ranks == bit[worst]:
-                continue
-            stair_x.append(x)
-            stair_y.append(y)
-            stair_s.append(x - y)
-        last = len(stair_s)
-        # ranks of the points up to each index, by x and by y
-        x_upto = list(itertools.accumulate(points_xb, operator.or_, initial=0))
-        y_upto = list(itertools.accumulate(points_yb, operator.or_, initial=0))
-
-        def lowest(dx, dy):
-            # min over the points of max(x + dx, y + dy): points with
-            # s >= dy - dx score x + dx, the others y + dy
-            i = bisect.bisect_left(stair_s, dy - dx)
-            if i == last:
-                return stair_y[i - 1] + dy
-            if i == 0:
-                return stair_x[0] + dx
-            return min(stair_x[i] + dx, stair_y[i - 1] + dy)
-
-        # moves k -> r: A = the worst rank without k, (dx, dy) = k
-        pairs = []
-        for k, g in mine:
-            xk, yk = g[0], g[1]
-            A = max(xw - xk, yw - yk)
-            low = max(A, lowest(xk, yk))
-            if low < W:
-                pairs.append((low, k, A, xk, yk, g[2]))
-        pairs.sort(key=lambda q: (q[0], q[1]))
-        best = None  # (new pair max, kind, k, rank pos, partner)
-        bound = W - 1  # a candidate must lower the worst score
-        for low, k, A, xk, yk, d in pairs:
-            if low > bound or best is not None and (low, k) > (best[0], best[2]):
-                break  # sorted: no later pair can win
-            got = resolve(A, xk, yk, others & allowed_bits[d], low, bound)
-            if got is not None:
-                cand = (got[0], 0, k, got[1], "")
-                if best is None or cand < best:
-                    best, bound = cand, got[0]
-
-        # swaps k <-> j, j smaller than k: (dx, dy) = k - j. A swap must beat
-        # the best move outright (moves win ties)
-        bound = W - 1 if best is None else best[0] - 1
-        # dtypes the worst rank may take back (capped classes keep their owners)
-        host_ok = None if free else {d for d, a in allowed_of.items()
-                                     if a is None or worst in a}
-        mx, my = stair_x[0], stair_y[-1]  # least loads of the other ranks
-        # a swap keeps the pair's sum in each dimension, so the new pair score
-        # is at least half of it: partners above 2 * bound - (the worst
-        # rank's load) in either dimension are out of reach
-        reachable = others & (
-            x_upto[bisect.bisect_right(points_xv, 2 * bound - xw)]
-            & y_upto[bisect.bisect_right(points_yv, 2 * bound - yw)])
-        pairs = []
-        for k, gk in mine:
-            xk, yk = gk[0], gk[1]
-            mask_k = reachable & allowed_bits[gk[2]]
-            if not mask_k:
-                continue
-            cands, cands_x = smaller_kinds(gk)
-            # x_j window: the worst rank's side xw - xk + xj <= bound, the
-            # partner's mx + xk - xj <= bound; the same in y
-            lo = bisect.bisect_left(cands_x, xk + mx - bound)
-            hi = bisect.bisect_right(cands_x, bound - xw + xk, lo)
-            y_lo, y_hi = yk + my - bound, bound - yw + yk
-            for gj, yj, dx, dy in cands[lo:hi]:
-                if yj < y_lo or yj > y_hi:
-                    continue
-                if host_ok is not None and gj[2] not in host_ok:
-                    continue
-                mask = holders[gj] & mask_k
-                if not mask:
-                    continue
-                A = max(xw - dx, yw - dy)  # <= bound: the windows above
-                # max(A, lowest(dx, dy)) inlined: this loop is the hot one
-                i = bisect_left(stair_s, dy - dx)
-                if i == last:
-                    low = stair_y[i - 1] + dy
-                elif i == 0:
-                    low = stair_x[0] + dx
-                else:
-                    low = min(stair_x[i] + dx, stair_y[i - 1] + dy)
-                if A > low:
-                    low = A
-                if low <= bound:
-                    pairs.append((low, k, gj, A, dx, dy, mask))
-        pairs.sort(key=lambda q: (q[0], q[1]))
-        swap = None
-        for low, k, gj, A, dx, dy, mask in pairs:
-            if low > bound or swap is not None and (low, k) > (swap[0], swap[2]):
-                break
-            got = resolve(A, dx, dy, mask, low, bound)
-            if got is not None:
-                r = order[got[1]]
-                cand = (got[0], 1, k, got[1], groups[r][gj][0])
-                if swap is None or cand < swap:
-                    swap, bound = cand, got[0]
-        if swap is not None:
-            best = swap  # strictly below any move
-        if best is None:
-            return
-        _, kind, k, rpos, j = best
-        r = order[rpos]
-        leave(worst)
-        leave(r)
-        relocate(k, worst, r)
-        if kind == 1:
-            relocate(j, r, worst)
-        join(worst)
-        join(r)
-
-
-# Ranks (least loaded first) the refinement's probe pass tries per matrix.
-_PROBE_RANKS = 16
-
-
-def _refine_by_rank(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, order,
-                    max_iters=10000):
-    """:func:`_refine` for many kinds of matrices: rank-major.
-
-    Each round takes the best improving move/swap (lowest new pair score ``B``,
-    then moves before swaps, matrix name, ``rank_order``, partner name). Only
-    candidates that can reach the best ``B`` found so far are visited: a move
-    needs a rank whose score is at most ``B - min(item sizes)``; a swap partner
-    on rank ``r`` has its value in the worst rank's dominant dimension in
-    ``[s_k - (B - L_r), s_k - (W - B)]`` (``L_r`` the rank's load there), so
-    ranks with ``L_r > 2B - W`` are skipped and the rest are searched by
-    bisection in per-rank sorted lists. A first pass probes each rank's
-    partner nearest the ideal value to make ``B`` small early. Exact: every
-    candidate reaching the final ``B`` is visited.
-    """
-    n = loads.n
     tb, tc = loads.tb, loads.tc
     xs = {k: g[0] for k, g in gkey.items()}
     ys = {k: g[1] for k, g in gkey.items()}
@@ -1223,6 +915,9 @@ def _refine_by_rank(owner, loads, bts, nss, dtype_of, gkey, groups, allowed_of, 
         if kind == 1:
             relocate(j, r, worst)
 
+# --------------------------------------------------------------------------
+# the rail rule (muon_partition_strategy="rail", hierarchical path)
+# --------------------------------------------------------------------------
 #: ``OwnerPartition.method`` of the rail rule.
 RAIL_METHOD = "rail"
 
@@ -1259,7 +954,16 @@ def rail_partition(
     rank_order: Optional[Sequence[int]] = None,
     multi_precision: bool = True,
 ) -> OwnerPartition:
-    """Assign every matrix to one owner so rails and nodes carry even bytes.
+    """Assign every matrix to one owner so card rails and nodes carry even bytes.
+
+    On the hierarchical path a dense Muon buffer crosses nodes only on its
+    owner's card index (its NIC rail). Dtype classes are placed smallest
+    first, each on at most ``ceil(class bytes / one rank's share)`` of the
+    least-loaded ranks (ties: rail load, node load, ``rank_order``); in a
+    class, largest first (ties by name) onto the least-loaded rail (ties: its
+    first position in ``rank_order``), then that rail's least-loaded rank
+    (ties: node load, ``rank_order``). Bytes are the parameter's own (what its
+    reduce and broadcast send); Newton-Schulz cost is not weighed.
 
     Args:
         specs: the group's Muon matrices.
@@ -1301,20 +1005,7 @@ def rail_partition(
             rank_load[r], rail_load[card[r]], node_load[node[r]], pref[r]))[:cap]
         _place_class(sorted(sorted(classes[d]), key=size.__getitem__, reverse=True),
                      allowed, size, node, card, pref, rank_load, rail_load, node_load, owner)
-    state = [0] * nranks
-    ns = [0] * nranks
-    costs: Dict[tuple, Tuple[int, int]] = {}  # (shape, dtype) -> its loads: few kinds
-    for s in items:
-        cost = costs.get((s.shape, s.dtype))
-        if cost is None:
-            cost = costs[(s.shape, s.dtype)] = (
-                optimizer_state_bytes(s, multi_precision), _ns_cost_int(s.shape))
-        r = owner[s.name]
-        state[r] += cost[0]
-        ns[r] += cost[1]
-    return OwnerPartition(nranks=nranks, owners={s.name: owner[s.name] for s in items},
-                          state_bytes=state, ns_cost=[float(c) for c in ns],
-                          dtypes={s.name: s.dtype for s in items}, method=RAIL_METHOD)
+    return _partition(items, nranks, [owner[s.name] for s in items], RAIL_METHOD, multi_precision)
 
 
 def _place_class(names, allowed, size, node, card, pref, rank_load, rail_load, node_load,
