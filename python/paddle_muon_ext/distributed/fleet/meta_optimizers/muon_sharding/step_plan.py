@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Hashable
+from typing import Any, Hashable
 
 from .stages import build_sync_stages, key_numels, stage_element_limit, stage_runs
 from .types import (
@@ -67,8 +67,9 @@ from .types import (
     itemsize,
 )
 
-if TYPE_CHECKING:
-    from .layout import ShardingLayout
+#: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
+#: this module, so it is not imported back).
+ShardingLayout = Any
 
 __all__ = [
     "SyncStageSpec",
