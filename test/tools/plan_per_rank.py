@@ -31,7 +31,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     LayoutSettings,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import balance_floor
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import balance_floor
 from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, max_over_mean
 
 EXPERT_COLOUR = "moe_expert"

@@ -23,7 +23,7 @@ import os
 import pytest
 from tool_loader import load_tool
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
     upstream_partition,
 )
@@ -152,7 +152,7 @@ def test_scale_against_a_revision(bench_mod, capsys):
     probe = subprocess.run(["git", "-C", repo, "cat-file", "-e",
                             "HEAD:" + bench_mod._MODULE_PATH], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip("not a git checkout holding the partition module")
+        pytest.skip("not a git checkout holding the owner rules module")
     fig = bench_mod.scale([(120, 8)], previous_up_to=0, models=("random",), against="HEAD")
     case = fig["cases"][0]
     assert case["against_same_owners"] is True, f"HEAD's rule gave other owners: {case}"
@@ -174,9 +174,9 @@ def test_fuzz_against_a_revision(capsys, monkeypatch):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     probe = subprocess.run(["git", "-C", repo, "cat-file", "-e",
                             "HEAD:python/paddle_muon_ext/distributed/fleet/meta_optimizers/"
-                            "muon_sharding/partition.py"], capture_output=True)
+                            "muon_sharding/owners.py"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip("not a git checkout holding the partition module")
+        pytest.skip("not a git checkout holding the owner rules module")
     small = ["--against", "HEAD", "--max-matrices", "200", "--max-ranks", "16", "--json"]
     assert fuzz.main(small + ["--models", "2"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -56,11 +56,11 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
         sys.path.insert(0, _p)
 
 import moe_presets  # noqa: E402
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (  # noqa: E402
     MatrixSpec,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (  # noqa: E402
     balance_floor,
     balanced_partition,
     machine_balanced_owner_indices,
@@ -203,16 +203,15 @@ def _previous_balanced():
     return module._frozen_balanced_owners
 
 
-_MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sharding/partition.py"
+_MODULE_PATH = "python/paddle_muon_ext/distributed/fleet/meta_optimizers/muon_sharding/owners.py"
 
 
 def load_revision(rev: str):
     """The partition module as committed at git revision ``rev`` (imported
     from a temporary copy), or ValueError naming the revision.
 
-    Only the rules' module is taken from ``rev``: its relative imports (the
-    matrix records in ``muon_sharding_owner_meta``, the refinement search in
-    ``muon_sharding_refine``, the dtype table) resolve against this checkout.
+    Only the owner rules' module is taken from ``rev``: its relative imports
+    (the dtype table) resolve against this checkout.
     """
     import subprocess
     import tempfile
@@ -225,8 +224,8 @@ def load_revision(rev: str):
                          f"({(getattr(exc, 'stderr', '') or str(exc)).strip()}); pass a git revision "
                          "of this repository, e.g. main") from None
     # Named inside the package so its relative imports (the dtype table in
-    # muon_sharding_types) resolve against this checkout.
-    name = ("paddle_muon_ext.distributed.fleet.meta_optimizers._partition_at_"
+    # types.py) resolve against this checkout.
+    name = ("paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding._owners_at_"
             + "".join(c if c.isalnum() else "_" for c in rev))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(text)

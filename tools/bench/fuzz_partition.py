@@ -38,10 +38,10 @@ sys.path.insert(0, os.path.join(_HERE, "..", "..", "python"))
 
 from bench_partition import load_revision  # noqa: E402
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (  # noqa: E402
     MatrixSpec,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (  # noqa: E402
     balanced_partition,
 )
 

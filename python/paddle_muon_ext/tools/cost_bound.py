@@ -24,10 +24,10 @@ The derivation is in :mod:`paddle_muon_ext.tools.cost_model`'s docstring
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cost_bound_routes import (chain_latency_s, flat_roots_floor_s, gloo_flat_pair_floor_s,
+from .cost_bound_routes import (GroupLoad, chain_latency_s, flat_roots_floor_s,
+                                gloo_flat_pair_floor_s,
                                 gloo_muon_latency_s, gloo_reduce_ring_s, ring_rank_seconds,
                                 route_floor_s, route_link_bytes)
 from .cost_model import BACKENDS, AlphaBeta
@@ -50,33 +50,6 @@ RING_FAMILIES = ("reduce_scatter", "all_gather")
 #: The Muon families (owner reduce / broadcast); only the dense colour's may
 #: route hierarchically.
 MUON_FAMILIES = ("dense_reduce", "dense_broadcast", "moe_reduce", "moe_broadcast")
-
-
-@dataclass(frozen=True)
-class GroupLoad:
-    """One group's share of a phase family.
-
-    Attributes:
-        ranks: ranks in the group (``p``).
-        nodes: nodes the group spans (``n``).
-        per_node: most of its ranks on one node (``k``).
-        nbytes: payload bytes the family moves in the group (``S``).
-        launches: collectives every configuration launches at least (the
-            element-wise families: one buffer per dtype at the least, whatever
-            the buffer size; 1 elsewhere).
-        members: the group's ranks (empty: unknown; the ring families then
-            fall back to the mean over the rank set).
-        gpus_per_node: ranks per node, for ``members`` (0: unknown).
-    """
-
-    ranks: int
-    nodes: int
-    per_node: int
-    nbytes: float
-    launches: int = 1
-    # where the group sits, for the exact ring floor (not part of its identity)
-    members: Tuple[int, ...] = field(default=(), compare=False, repr=False)
-    gpus_per_node: int = field(default=0, compare=False, repr=False)
 
 
 def link_floor_bytes(g: GroupLoad) -> Tuple[float, float]:

@@ -17,22 +17,47 @@ reduce / broadcast send at the least, the exact busiest rank of the
 element-wise rings, and the latency each route pays. The derivation is in
 :mod:`paddle_muon_ext.tools.cost_model`'s docstring ("Lower bound");
 :mod:`cost_bound` combines these into the step's bound. Functions take
-:class:`.cost_bound.GroupLoad` records.
+:class:`GroupLoad` records (defined here, re-exported by :mod:`cost_bound`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
 
 from .cost_model import AlphaBeta
 
-if TYPE_CHECKING:  # cost_bound imports this module
-    from .cost_bound import GroupLoad
-
-__all__ = ["GLOO_EXACT_RANKS", "chain_latency_s", "flat_roots_floor_s", "gloo_flat_pair_floor_s",
-           "gloo_muon_latency_s", "gloo_reduce_ring_s", "ring_rank_seconds", "route_floor_s",
+__all__ = ["GLOO_EXACT_RANKS", "GroupLoad", "chain_latency_s", "flat_roots_floor_s",
+           "gloo_flat_pair_floor_s", "gloo_muon_latency_s", "gloo_reduce_ring_s", "ring_rank_seconds", "route_floor_s",
            "route_link_bytes"]
+
+
+@dataclass(frozen=True)
+class GroupLoad:
+    """One group's share of a phase family.
+
+    Attributes:
+        ranks: ranks in the group (``p``).
+        nodes: nodes the group spans (``n``).
+        per_node: most of its ranks on one node (``k``).
+        nbytes: payload bytes the family moves in the group (``S``).
+        launches: collectives every configuration launches at least (the
+            element-wise families: one buffer per dtype at the least, whatever
+            the buffer size; 1 elsewhere).
+        members: the group's ranks (empty: unknown; the ring families then
+            fall back to the mean over the rank set).
+        gpus_per_node: ranks per node, for ``members`` (0: unknown).
+    """
+
+    ranks: int
+    nodes: int
+    per_node: int
+    nbytes: float
+    launches: int = 1
+    # where the group sits, for the exact ring floor (not part of its identity)
+    members: Tuple[int, ...] = field(default=(), compare=False, repr=False)
+    gpus_per_node: int = field(default=0, compare=False, repr=False)
 
 
 def chain_latency_s(g: GroupLoad, ab: AlphaBeta) -> float:

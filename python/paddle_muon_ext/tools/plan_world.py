@@ -29,8 +29,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.comm_plan import HierarchicalCommPlan
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings, ShardingLayout
-from ..distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
-from ..distributed.fleet.meta_optimizers.muon_sharding.partition import balance_floor
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import balance_floor
 from ..distributed.fleet.meta_optimizers.muon_sharding.types import (
     PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,

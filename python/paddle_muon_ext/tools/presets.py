@@ -94,7 +94,7 @@ class ParamSpec:
 
     def to_matrix_spec(self):
         """The partitioner's view."""
-        from ..distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
+        from ..distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
 
         return MatrixSpec(self.name, tuple(self.shape), self.dtype)
 

@@ -30,8 +30,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_default
-from ..distributed.fleet.meta_optimizers.muon_sharding.partition import develop_active_ranks
-from ..distributed.fleet.meta_optimizers.muon_sharding.rail import rail_applies
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import develop_active_ranks
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
 from ..distributed.fleet.meta_optimizers.muon_sharding.types import itemsize
 from . import cost_bound
 from .args import DEFAULT_BUFFER_MB

@@ -24,12 +24,12 @@ import math
 import unittest
 from fractions import Fraction
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     MatrixSpec,
     newton_schulz_cost,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
 )
 

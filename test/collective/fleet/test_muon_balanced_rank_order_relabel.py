@@ -29,8 +29,8 @@ import unittest
 from unittest import mock
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (

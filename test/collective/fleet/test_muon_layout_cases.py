@@ -61,7 +61,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import (
     assign_muon_owners,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     MatrixSpec,
     balanced_partition,
 )

@@ -37,7 +37,10 @@ COMPAT = PACKAGE + ".compat_paddle_3_3"
 # Outside the core: the 3.3.1 compat layer, the CLI tools and the entry point.
 NOT_CORE = (COMPAT, PACKAGE + ".tools", PACKAGE + ".cli")
 #: Issue 28's bar for one module.
-MAX_MODULE_LINES = 600
+#: The sharding core is at most 12 modules (issue 34), so a module holds one
+#: concern whole (owners.py: every owner rule; runtime.py: the state, the
+#: buffers' collectives and the step loop); past this a module mixes concerns.
+MAX_MODULE_LINES = 1100
 #: Mirrors develop's file line for line, so it keeps develop's size.
 SIZE_EXEMPT = {PACKAGE + ".optimizer.muon"}
 #: Modules allowed over the bar for now (empty: every module was split under it;

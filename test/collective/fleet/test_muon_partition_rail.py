@@ -56,12 +56,12 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options imp
     PARTITION_STRATEGIES,
     check_option_value,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
     partition_from_owners,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.rail import rail_applies
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
 from paddle_muon_ext.tools.args import MuonCommConfig
 from paddle_muon_ext.tools.plan_world import build_layout_plan
 from paddle_muon_ext.tools.presets import get_preset

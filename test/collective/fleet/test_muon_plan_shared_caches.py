@@ -37,8 +37,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options imp
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import MatrixSpec
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     upstream_partition,
 )
 

@@ -25,13 +25,13 @@ import math
 import random
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     MatrixSpec,
     OwnerPartition,
     newton_schulz_cost,
     optimizer_state_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balance_floor,
     balanced_partition,
     develop_active_ranks,

@@ -24,14 +24,14 @@ from __future__ import annotations
 import unittest
 from types import SimpleNamespace
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owner_meta import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     MatrixSpec,
     OwnerPartition,
     newton_schulz_cost,
     optimizer_state_bytes,
     param_bytes,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.partition import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
     upstream_partition,
 )

@@ -32,7 +32,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from . import agreement
 from .comm_plan import HierarchicalCommPlan
 from .layout import LayoutSettings, ParamMeta, ShardingLayout
-from .partition import machine_balanced_owner_indices
+from .owners import machine_balanced_owner_indices
 from .runtime import ShardingRuntime, has_staged_api, optimizer_chain
 from .settings import (
     ShardingAssertionError,

@@ -24,7 +24,7 @@ from paddle import framework
 from paddle.distributed.fleet.utils.log_util import logger
 
 from . import build
-from .partition import partition_2d_parameters
+from .owners import partition_2d_parameters
 from .runtime import (
     PendingCollective,
     _Call,

@@ -32,101 +32,28 @@ optimizer allocates buffers and groups from it and nothing else.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
-from .options import option_default
 from . import step_plan as _step_plan
 from .placement import (
+    LayoutSettings,
     MuonBucketSpec,
+    ParamMeta,
     SliceBufferSpec,
     colour_muon_layout,
     colour_slice_layout,
     fixed_owners as _fixed_owners_of,
 )
 from .step_plan import CommOp, StepPhase
-from .types import (
-    DEFAULT_ALIGNMENT_BYTES,
-    DEVELOP_DEFAULT_BUFFER_MB,
-    ROUTE_HIERARCHICAL,
-    HashedTuple,
-    canonical_dtype,
-    itemsize,
-)
+from .types import ROUTE_HIERARCHICAL, HashedTuple
 
 if TYPE_CHECKING:
     from .comm_plan import HierarchicalCommPlan
 
 __all__ = ["ParamMeta", "LayoutSettings", "ShardingLayout"]
-
-
-@dataclass(frozen=True)
-class ParamMeta:
-    """What the layout needs to know about one trainable parameter.
-
-    ``colour`` is the colour key (None: the default sharding group); ``dtype``
-    is normalised to a name like ``"float32"``. ``group_key`` is Muon's
-    ``muon_group_key`` of the parameter (None: ``(None, shape)``, the key of
-    a matrix without a ``split_concat_func``); sync stages never split a key.
-    """
-
-    name: str
-    shape: tuple
-    dtype: str
-    colour: Hashable = None
-    use_muon: bool = False
-    group_key: Hashable = None
-    numel: int = field(init=False, compare=False)
-    nbytes: int = field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # Frozen: derived sizes are computed once, the schedule reads them often.
-        shape = self.shape
-        # a tuple of ints (the tools' specs) is kept as is: a plan builds
-        # 100,000 of these (bool is not an int here: it converts, as before)
-        if type(shape) is not tuple or not all(type(d) is int for d in shape):
-            shape = tuple(int(d) for d in shape)
-            object.__setattr__(self, "shape", shape)
-        dtype = canonical_dtype(self.dtype)
-        numel = math.prod(shape)
-        d = self.__dict__
-        d["dtype"] = dtype
-        d["numel"] = numel
-        d["nbytes"] = numel * itemsize(dtype)
-
-
-@dataclass(frozen=True)
-class LayoutSettings:
-    """The options that change placement or schedule (read once by the optimizer).
-
-    Attributes:
-        comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
-        comm_overlap: backward hooks launch each buffer's first reduce.
-        partition_strategy: ``"upstream_greedy"`` (develop's rule, the default),
-            ``"balanced"`` or ``"rail"`` (hierarchical groups over >= 2 nodes;
-            elsewhere ``"balanced"``).
-        alignment_bytes: per-parameter padding of fused buffers.
-        overlap_sync: develop's ``overlap_optimize_and_sync``: the step
-            updates stage by stage and syncs each stage while the next one
-            computes (off under ``comm_group_call_opt`` unless
-            ``overlap_sync_group_call``).
-        overlap_sync_group_call: keep the staged sync on the hierarchical route.
-    """
-
-    comm_buffer_size_MB: float = float(DEVELOP_DEFAULT_BUFFER_MB)
-    comm_overlap: bool = False
-    partition_strategy: str = option_default("muon_partition_strategy")
-    alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
-    # develop's default (FLAGS_muon_sharding_overlap_optimize_and_sync=1)
-    overlap_sync: bool = True
-    overlap_sync_group_call: bool = False
-
-    @property
-    def fused(self) -> bool:
-        return self.comm_buffer_size_MB > 0
 
 
 # The last parameter list's split by colour (see _split_params).

@@ -26,7 +26,7 @@ import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from .types import (
     COLLECTIVE_OPS,
@@ -68,8 +68,9 @@ from .types import (
     itemsize,
 )
 
-if TYPE_CHECKING:
-    from .layout import ShardingLayout
+#: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
+#: this module, so it is not imported back).
+ShardingLayout = Any
 
 __all__ = [
     "build_sync_stages",

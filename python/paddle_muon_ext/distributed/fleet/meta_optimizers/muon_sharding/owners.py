@@ -1,0 +1,1058 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The owner rules: which rank of a sharding group owns each whole Muon matrix (its state, its Newton-Schulz).
+
+Develop's rule and its machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and ``rail``,
+with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# dtype sizes and develop's buffer default have one home (a leaf, no paddle).
+from .types import DEVELOP_DEFAULT_BUFFER_MB
+from .types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
+from .types import canonical_float_dtype as _canonical_dtype
+from .types import HashedTuple, dtype_itemsize
+
+__all__ = [
+    "MatrixSpec",
+    "OwnerPartition",
+    "newton_schulz_cost",
+    "optimizer_state_bytes",
+    "param_bytes",
+    "balanced_partition",
+    "upstream_partition",
+    "balance_floor",
+    "develop_active_ranks",
+    "develop_owner_indices",
+    "partition_2d_parameters",
+    "machine_balanced_owner_indices",
+    "partition_from_owners",
+    "RAIL_METHOD",
+    "rail_applies",
+    "rail_positions",
+    "rail_partition",
+]
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """A Muon matrix as the partitioner sees it."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(int(d) for d in self.shape)
+
+
+def _check_shape(shape) -> Tuple[int, ...]:
+    if type(shape) is tuple:
+        # the common case (a MatrixSpec's shape), checked fast: a plan of
+        # 100,000 matrices checks each shape a dozen times
+        if len(shape) == 2:
+            m, n = shape
+            if type(m) is int and type(n) is int and m >= 0 and n >= 0:
+                return shape
+        elif len(shape) > 2 and all(type(d) is int and d >= 0 for d in shape):
+            return shape
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape has a negative dim: {shape!r}")
+    if len(dims) < 2:
+        raise ValueError(
+            f"a Muon matrix needs at least 2 dims (got shape {shape!r}); "
+            "1-D parameters are handled by AdamW, not by the owner partition"
+        )
+    return dims
+
+
+def _ns_cost_int(shape) -> int:
+    dims = _check_shape(shape)
+    m, n = dims[-2], dims[-1]
+    lead = math.prod(dims[:-2])
+    lo, hi = min(m, n), max(m, n)
+    return lead * hi * lo * lo
+
+
+def newton_schulz_cost(shape) -> float:
+    """Relative Newton-Schulz cost of one matrix: ``max(m,n)*min(m,n)**2``
+    over the last two dims, times the product of the leading (expert) dims."""
+    return float(_ns_cost_int(shape))
+
+
+def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int:
+    """fp32 momentum (``numel*4``), plus an fp32 master weight (``numel*4``)
+    for sub-32-bit dtypes when ``multi_precision``."""
+    numel = math.prod(_check_shape(spec.shape))
+    nbytes = numel * 4
+    if multi_precision and dtype_itemsize(spec.dtype) < 4:
+        nbytes += numel * 4
+    return nbytes
+
+
+def param_bytes(spec: MatrixSpec) -> int:
+    """Bytes of the parameter itself (what upstream's buffer size counts)."""
+    return math.prod(_check_shape(spec.shape)) * dtype_itemsize(spec.dtype)
+
+
+def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int], List[int]]:
+    """State bytes and NS cost of each validated spec (:func:`optimizer_state_bytes`,
+    :func:`newton_schulz_cost`), straight from its dims."""
+    bs, cs = [], []
+    for s in items:
+        *lead, m, n = s.shape
+        numel = math.prod(s.shape)
+        bs.append(numel * (8 if multi_precision and _DTYPE_SIZES[s.dtype] < 4 else 4))
+        lo, hi = (m, n) if m <= n else (n, m)
+        cs.append(math.prod(lead) * hi * lo * lo)
+    return bs, cs
+
+
+def _ratio_max_over_mean(values: Sequence[float]) -> float:
+    if not values:
+        return 1.0
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    return max(values) * len(values) / total
+
+
+@dataclass
+class OwnerPartition:
+    """Owner map of one group plus the per-rank loads it implies."""
+
+    nranks: int
+    owners: Dict[str, int]
+    state_bytes: List[int]
+    ns_cost: List[float]
+    dtypes: Dict[str, str] = field(default_factory=dict)
+    method: str = "balanced"
+    notes: List[str] = field(default_factory=list)
+
+    def params_of(self, rank: int) -> List[str]:
+        """Names owned by ``rank``, in the order the specs were given."""
+        if not 0 <= rank < self.nranks:
+            raise ValueError(f"rank {rank} out of range for nranks={self.nranks}")
+        return [name for name, owner in self.owners.items() if owner == rank]
+
+    def owner_of(self, name: str) -> int:
+        return self.owners[name]
+
+    def empty_ranks(self) -> List[int]:
+        used = set(self.owners.values())
+        return [r for r in range(self.nranks) if r not in used]
+
+    def owners_by_dtype(self) -> Dict[str, List[int]]:
+        """dtype -> sorted list of ranks owning at least one matrix of it."""
+        out: Dict[str, set] = {}
+        for name, owner in self.owners.items():
+            out.setdefault(self.dtypes.get(name, "float32"), set()).add(owner)
+        return {k: sorted(out[k]) for k in sorted(out)}
+
+    def num_buffers(self) -> int:
+        """Number of (owner, dtype) fused buffers the map implies."""
+        return sum(len(v) for v in self.owners_by_dtype().values())
+
+    def state_bytes_max_over_mean(self) -> float:
+        return _ratio_max_over_mean(self.state_bytes)
+
+    def ns_cost_max_over_mean(self) -> float:
+        return _ratio_max_over_mean(self.ns_cost)
+
+    def summary(self) -> dict:
+        total_b = sum(self.state_bytes)
+        return {
+            "method": self.method,
+            "nranks": self.nranks,
+            "num_params": len(self.owners),
+            "total_state_MB": total_b / 2**20,
+            "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
+            "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
+            "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
+            "empty_ranks": len(self.empty_ranks()),
+            "num_buffers": self.num_buffers(),
+            "owners_by_dtype": {k: len(v) for k, v in self.owners_by_dtype().items()},
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------
+def _check_nranks(nranks) -> int:
+    if isinstance(nranks, bool) or not isinstance(nranks, int):
+        raise TypeError(f"nranks must be an int, got {type(nranks).__name__}")
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    return nranks
+
+
+def _check_specs(specs) -> List[MatrixSpec]:
+    if specs is None:
+        raise TypeError("specs must be a sequence of MatrixSpec, got None")
+    if type(specs) is HashedTuple and specs.__dict__.get("_canonical_specs"):
+        # validated before (every rule of plan --recommend gets the same
+        # tuple): immutable, and its frozen specs were all kept as they are
+        return list(specs)
+    out: List[MatrixSpec] = []
+    seen = set()
+    kept = True
+    for s in specs:
+        if type(s) is MatrixSpec and type(s.name) is str and s.name \
+                and s.name not in seen and _check_shape(s.shape) is s.shape \
+                and type(s.dtype) is str and s.dtype in _DTYPE_SIZES:
+            seen.add(s.name)  # already canonical: kept as is
+            out.append(s)
+            continue
+        kept = False
+        for attr in ("name", "shape", "dtype"):
+            if not hasattr(s, attr):
+                raise TypeError(
+                    f"specs must hold MatrixSpec-like objects (name, shape, dtype); "
+                    f"got {s!r}"
+                )
+        if not isinstance(s.name, str) or not s.name:
+            raise TypeError(f"spec name must be a non-empty str, got {s.name!r}")
+        if s.name in seen:
+            raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
+        seen.add(s.name)
+        dims = _check_shape(s.shape)
+        out.append(MatrixSpec(s.name, dims, _canonical_dtype(s.dtype)))
+    if kept and type(specs) is HashedTuple:
+        specs.__dict__["_canonical_specs"] = True
+    return out
+
+
+def _check_rank_order(rank_order, nranks: int) -> List[int]:
+    if rank_order is None:
+        return list(range(nranks))
+    order = [int(r) for r in rank_order]
+    if sorted(order) != list(range(nranks)):
+        raise ValueError(
+            f"rank_order must be a permutation of 0..{nranks - 1}, got {list(rank_order)!r}"
+        )
+    return order
+
+# --------------------------------------------------------------------------
+# balanced rule
+# --------------------------------------------------------------------------
+class _Loads:
+    """Exact-integer rank loads. A rank's normalised byte load is
+    ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
+    ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``.
+
+    ``by_score`` keeps ``(score, -rank_order position, rank)`` sorted, so its
+    last entry is the worst rank (ties: the earliest in rank_order).
+    """
+
+    def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
+        self.n = nranks
+        self.tb = max(total_b, 1)
+        self.tc = max(total_c, 1)
+        self.b = [0] * nranks
+        self.c = [0] * nranks
+        self.pref = pref  # pref[r] = position of rank r in rank_order
+        self.settle()
+
+    def settle(self) -> None:
+        """Scores and ``by_score`` from ``b``/``c`` (after bulk changes)."""
+        self.cur = [self.score(r) for r in range(self.n)]
+        self.by_score = sorted((v, -self.pref[r], r) for r, v in enumerate(self.cur))
+
+    def key(self, r: int, db: int = 0, dc: int = 0) -> Tuple[int, int, int]:
+        xb = (self.b[r] + db) * self.tc
+        xc = (self.c[r] + dc) * self.tb
+        return (max(xb, xc), xb + xc, self.pref[r])
+
+    def score(self, r: int, db: int = 0, dc: int = 0) -> int:
+        return max((self.b[r] + db) * self.tc, (self.c[r] + dc) * self.tb)
+
+    def add(self, r: int, db: int, dc: int) -> None:
+        self.b[r] += db
+        self.c[r] += dc
+        new = self.score(r)
+        old = self.cur[r]
+        if new != old:
+            p = -self.pref[r]
+            del self.by_score[bisect.bisect_left(self.by_score, (old, p, r))]
+            bisect.insort(self.by_score, (new, p, r))
+            self.cur[r] = new
+
+    def worst_rank(self) -> int:
+        """Highest score; among equals the earliest in rank_order."""
+        return self.by_score[-1][2]
+
+
+def _floor_ratio(values: List[int], nranks: int) -> float:
+    """Lower bound of max/mean over any assignment of whole items: for every
+    m, some rank receives at least ceil(m/nranks) of the m largest items, so
+    its load is at least the sum of the ceil(m/nranks) smallest of them."""
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    vals = sorted(values, reverse=True)
+    prefix = [0]
+    for v in vals:
+        prefix.append(prefix[-1] + v)
+    best = 0
+    for m in range(1, len(vals) + 1):
+        q = -(-m // nranks)
+        best = max(best, prefix[m] - prefix[m - q])
+    return max(1.0, best * nranks / total)
+
+
+def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: bool = True):
+    """Lower bounds on (state max/mean, NS max/mean) that *any* whole-matrix
+    partition must reach (largest matrices against the mean share, including
+    the granularity of many equal matrices); the figures a target can be
+    checked against before calling it missed."""
+    items = _check_specs(specs)
+    nranks = _check_nranks(nranks)
+    if not items:
+        return 1.0, 1.0
+    bs, cs = _costs(items, multi_precision)
+    return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
+
+
+def balanced_partition(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    rank_order: Optional[Sequence[int]] = None,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """Assign every matrix to one owner, balancing optimizer-state bytes and Newton-Schulz cost.
+
+    A rank's score is ``max(S_r / mean_S, C_r / mean_C)`` (state bytes, NS
+    cost), compared exactly on integers, so every rank derives the same map.
+
+    1. Dtype classes (each ``(owner, dtype)`` is one fused buffer) are placed
+       smallest first; a class uses at most ``ceil(class load / one rank's
+       share)`` owners, the least-loaded ranks -- so a few fp32 router weights
+       in a bf16 model give one or two buffers, not ``nranks``.
+    2. In a class, largest first (size: normalised bytes + NS, ties by name)
+       onto the allowed rank whose score after it is lowest; ties by the sum
+       of its normalised loads, then by position in ``rank_order``.
+    3. :func:`refine` then moves or swaps matrices of the worst rank.
+
+    ``rank_order`` (default ``0..nranks-1``) orders equally loaded ranks;
+    callers pass one interleaving nodes and cards so owners spread over rails.
+    """
+    nranks = _check_nranks(nranks)
+    items = _check_specs(specs)
+    order = _check_rank_order(rank_order, nranks)
+    pref = [0] * nranks
+    for pos, r in enumerate(order):
+        pref[r] = pos
+
+    if not items:
+        return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {}, "balanced")
+
+    bs, cs = _costs(items, multi_precision)
+    bts = {s.name: b for s, b in zip(items, bs)}
+    nss = {s.name: c for s, c in zip(items, cs)}
+    classes: Dict[str, List[str]] = {}
+    for s in items:
+        classes.setdefault(s.dtype, []).append(s.name)
+    # exact integer sums: the same on every rank whatever the input order
+    loads = _Loads(nranks, sum(bts.values()), sum(nss.values()), pref)
+    tb, tc = loads.tb, loads.tc
+    # normalised bytes + normalised NS, scaled by tb*tc
+    size = {k: bts[k] * tc + nss[k] * tb for k in bts}
+    class_b = {d: sum(bts[k] for k in names) for d, names in classes.items()}
+    class_c = {d: sum(nss[k] for k in names) for d, names in classes.items()}
+
+    # class load in units of one rank's share (exact ceil on integers)
+    def class_cap(d: str) -> int:
+        kb = -(-class_b[d] * nranks // tb)
+        kc = -(-class_c[d] * nranks // tc)
+        return max(1, min(nranks, max(kb, kc)))
+
+    cls_order = sorted(classes, key=lambda d: (max(class_b[d] * tc, class_c[d] * tb), d))
+
+    owner: Dict[str, int] = {}
+    allowed_of: Dict[str, Optional[frozenset]] = {}
+    version = [0] * nranks  # bumped whenever a rank's load grows
+    b, c = loads.b, loads.c  # raw loads: scores are settled after placing
+    for d in cls_order:
+        # largest first, ties by name (a stable sort on the name-sorted list)
+        names = sorted(sorted(classes[d]), key=size.__getitem__, reverse=True)
+        cap = class_cap(d)
+        if cap >= nranks:
+            allowed = list(range(nranks))
+            allowed_of[d] = None
+        else:
+            allowed = sorted(range(nranks), key=lambda r: loads.key(r))[:cap]
+            allowed_of[d] = frozenset(allowed)
+        # One heap of (key, rank, version) per matrix size: loads only grow
+        # while placing, so a stale entry's key is a lower bound of its
+        # current key; a fresh top is the exact argmin. Equal matrices (a
+        # model's experts) then cost O(log nranks) each.
+        heaps: Dict[Tuple[int, int], list] = {}
+        for k in names:
+            bk, ck = item = (bts[k], nss[k])
+            heap = heaps.get(item)
+            if heap is None:
+                heap = [(loads.key(r, bk, ck), r, version[r]) for r in allowed]
+                heapq.heapify(heap)
+                heaps[item] = heap
+            while heap[0][2] != version[heap[0][1]]:
+                r = heap[0][1]
+                heapq.heapreplace(heap, (loads.key(r, bk, ck), r, version[r]))
+            r = heap[0][1]
+            owner[k] = r
+            b[r] += bk
+            c[r] += ck
+            version[r] += 1
+            # the rank's key for its next matrix of this size (loads.key inlined)
+            xb = (b[r] + bk) * tc
+            xc = (c[r] + ck) * tb
+            heapq.heapreplace(heap, ((xb if xb > xc else xc, xb + xc, pref[r]), r, version[r]))
+    loads.settle()
+
+    refine(owner, loads, bts, nss, classes, allowed_of, order)
+
+    return _partition(items, nranks, [owner[s.name] for s in items], "balanced", multi_precision)
+
+
+# --------------------------------------------------------------------------
+# develop's rules (the default, and develop's machine-balanced switch)
+# --------------------------------------------------------------------------
+
+def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:
+    """How many ranks develop lets one dtype class use: its fp32-estimated
+    size over the buffer size, plus one, at most ``world_size``."""
+    buffer_MB = buffer_size_MB if buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
+    total_MB = sum(int(n) for n in numels) * 4 / 2**20
+    cap = 1 if total_MB == 0 else max(1, int(total_MB / buffer_MB) + 1)
+    return min(cap, world_size)
+
+
+def develop_owner_indices(
+    numels: Sequence[int],
+    dtype_keys: Sequence[str],
+    world_size: int,
+    buffer_size_MB: float,
+) -> List[List[int]]:
+    """Develop's legacy owner rule, per dtype (Paddle #79740).
+
+    Dtype classes are visited in ``sorted(key=str)`` order; inside a class the
+    matrices are stably sorted by numel (largest first) and each goes to the
+    first least-loaded of the class's first ``active`` ranks (fresh loads per
+    class, see :func:`develop_active_ranks`).
+
+    Returns:
+        list[list[int]]: for every rank ``0..world_size-1``, the input indices
+        it owns in assignment order.
+    """
+    world_size = _check_nranks(world_size)
+    by_dtype: Dict[str, List[int]] = {}
+    for i, key in enumerate(dtype_keys):
+        by_dtype.setdefault(str(key), []).append(i)
+    out: List[List[int]] = [[] for _ in range(world_size)]
+    for key in sorted(by_dtype):
+        idx = sorted(by_dtype[key], key=lambda i: -int(numels[i]))
+        active = develop_active_ranks([numels[i] for i in idx], world_size, buffer_size_MB)
+        # (load, rank) heap: the first index of the minimum load is the
+        # smallest (load, rank) pair, so a heap finds it in O(log active).
+        heap = [(0, r) for r in range(active)]
+        for i in idx:
+            load, r = heap[0]
+            out[r].append(i)
+            heapq.heapreplace(heap, (load + int(numels[i]), r))
+    return out
+
+
+def partition_2d_parameters(params: Sequence, world_size: int,
+                            buffer_size_MB: float) -> Dict[int, list]:
+    """Develop's ``_partition_2d_parameters`` on parameter objects.
+
+    Args:
+        params: objects with ``shape`` and ``dtype`` (paddle parameters).
+        world_size: ranks of the colour group.
+        buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256).
+
+    Returns:
+        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in
+        assignment order; ``params`` itself is not modified.
+    """
+    params = list(params)
+    numels = [math.prod(int(d) for d in p.shape) for p in params]
+    per_rank = develop_owner_indices(numels, [str(p.dtype) for p in params], world_size,
+                                     buffer_size_MB)
+    return {r: [params[i] for i in idx] for r, idx in enumerate(per_rank)}
+
+
+def upstream_partition(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """Develop's owner rule (:func:`develop_owner_indices`) on specs.
+
+    ``buffer_size_MB <= 0`` means develop's fallback of 256 MB.
+    """
+    nranks = _check_nranks(nranks)
+    items = _check_specs(specs)
+    per_rank = develop_owner_indices(
+        [s.numel for s in items], [s.dtype for s in items], nranks, buffer_size_MB
+    )
+    owner_of = [0] * len(items)
+    for r, idx in enumerate(per_rank):
+        for i in idx:
+            owner_of[i] = r
+    return _partition(items, nranks, owner_of, f"upstream(buffer={buffer_size_MB:g}MB)",
+                      multi_precision)
+
+
+def partition_from_owners(
+    specs: Sequence[MatrixSpec],
+    nranks: int,
+    owners: Dict[str, int],
+    method: str,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """The :class:`OwnerPartition` (loads included) of owners chosen elsewhere.
+
+    Args:
+        specs: the group's Muon matrices.
+        nranks: ranks of the group.
+        owners: name -> group index, for every spec.
+        method: the rule that chose them (reported by ``summary``).
+        multi_precision: count fp32 master weights of sub-32-bit dtypes.
+    """
+    items = _check_specs(specs)
+    return _partition(items, _check_nranks(nranks), [owners[s.name] for s in items], method,
+                      multi_precision)
+
+
+def _partition(items: Sequence[MatrixSpec], nranks: int, owner_of: Sequence[int], method: str,
+               multi_precision: bool) -> OwnerPartition:
+    """The :class:`OwnerPartition` of validated specs, ``owner_of[i]`` owning ``items[i]``."""
+    state = [0] * nranks
+    ns = [0] * nranks
+    for r, b, c in zip(owner_of, *_costs(items, multi_precision)):
+        state[r] += b
+        ns[r] += c
+    return OwnerPartition(
+        nranks=nranks,
+        owners={s.name: r for s, r in zip(items, owner_of)},
+        state_bytes=state,
+        ns_cost=[float(c) for c in ns],
+        dtypes={s.name: s.dtype for s in items},
+        method=method,
+    )
+
+
+def _colour_sort_key(colour) -> Tuple[int, str]:
+    # None (the default group) first; other colours by their text, so keys of
+    # mixed types still sort the same way on every rank.
+    return (0, "") if colour is None else (1, str(colour))
+
+
+def machine_balanced_owner_indices(
+    color_group_info: Dict[Tuple, Sequence[Tuple]],
+    rank_to_machine: Dict[int, int],
+    buffer_size_MB: float,
+) -> Tuple[Dict[Tuple, Dict[int, List[str]]], Dict[int, Tuple[int, int]]]:
+    """Develop's machine-balanced owner rule (Paddle #79763), whole job at once.
+
+    Args:
+        color_group_info: ``(colour key, tuple(group global ranks))`` -> list of
+            ``(name, numel, dtype_str, itemsize)`` for every colour group of the
+            job (PP/EP give several groups per colour).
+        rank_to_machine: global rank -> machine id.
+        buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256, as develop).
+
+    Every (group, dtype) class is a bucket that may use develop's ``active``
+    number of its group's ranks. Buckets are placed largest first (ties by
+    colour, dtype, group ranks: the result ignores dict and dtype order); in
+    a bucket matrices go largest first (stable) onto (a) the least-loaded
+    machine (bytes, whole job), (b) then the one owning fewest matrices,
+    (c) then its least-loaded rank within the bucket, lowest group index
+    first. A bucket opens ranks until it uses ``min(active, matrices)`` of
+    them. On one machine this is exactly :func:`develop_owner_indices` per
+    dtype.
+
+    Returns:
+        tuple: ``key -> {group index: [names]}`` (every index present, names
+        in assignment order), and ``machine -> (bytes, matrices)`` it implies.
+    """
+    buckets = []
+    for key, entries in color_group_info.items():
+        colour, ranks = key
+        ranks = tuple(int(r) for r in ranks)
+        for r in ranks:
+            if r not in rank_to_machine:
+                raise ValueError(
+                    f"rank {r} of colour group {key!r} has no machine in rank_to_machine; "
+                    "gather every rank's machine before partitioning"
+                )
+        by_dtype: Dict[str, List[Tuple]] = {}
+        for entry in entries:
+            by_dtype.setdefault(str(entry[2]), []).append(entry)
+        for dtype, items in by_dtype.items():
+            volume = sum(int(e[1]) * int(e[3]) for e in items)
+            order = (-volume, _colour_sort_key(colour), dtype, ranks)
+            buckets.append((order, key, ranks, items))
+    buckets.sort(key=lambda b: b[0])
+
+    result: Dict[Tuple, Dict[int, List[str]]] = {
+        key: {i: [] for i in range(len(key[1]))} for key in color_group_info
+    }
+    machine_bytes: Dict[int, int] = {m: 0 for m in set(rank_to_machine.values())}
+    machine_count: Dict[int, int] = dict.fromkeys(machine_bytes, 0)
+    for _, key, ranks, items in buckets:
+        items = sorted(items, key=lambda e: -int(e[1]))
+        active = develop_active_ranks([e[1] for e in items], len(ranks), buffer_size_MB)
+        placed = _place_bucket(items, ranks, active, rank_to_machine, machine_bytes,
+                               machine_count)
+        for (name, _, _, _), i in zip(items, placed):
+            result[key][i].append(name)
+    summary = {m: (machine_bytes[m], machine_count[m]) for m in sorted(machine_bytes)}
+    return result, summary
+
+
+def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_count):
+    """Group index of every item of one bucket (items largest first).
+
+    Machines are kept in a heap keyed by ``(machine bytes, machine matrices,
+    best rank's bucket load, best rank's index)`` -- exactly the order of the
+    rule -- so a placement costs O(log machines + log ranks per machine).
+    """
+    machine_of = [rank_to_machine[r] for r in ranks]
+    unopened: Dict[int, List[int]] = {}  # machine -> group indices, ascending
+    for i, m in enumerate(machine_of):
+        unopened.setdefault(m, []).append(i)
+    for lst in unopened.values():
+        lst.reverse()  # pop() yields the lowest index
+    opened: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap (bucket load, index)
+    local_load = [0] * len(ranks)
+    n_open = 0
+    zero_open: List[int] = []  # opened ranks still at load 0 (numel-0 matrices)
+    placed: List[int] = []
+
+    def top(m: int, opening: bool) -> Tuple[int, int]:
+        if opening:
+            return (0, unopened[m][-1])
+        return opened[m][0]
+
+    def key_of(m: int, opening: bool) -> Tuple:
+        return (machine_bytes[m], machine_count[m]) + top(m, opening)
+
+    def build_heap(opening: bool) -> List[Tuple]:
+        pool = unopened if opening else opened
+        heap = [key_of(m, opening) + (m,) for m, lst in pool.items() if lst]
+        heapq.heapify(heap)
+        return heap
+
+    opening = active > 0
+    heap = build_heap(opening)
+    for _, numel, _, itemsize in items:
+        numel = int(numel)
+        if zero_open:  # develop's first-minimum reuses an opened rank still empty
+            i = min(zero_open, key=lambda j: (machine_bytes[machine_of[j]],
+                                               machine_count[machine_of[j]], j))
+            m = machine_of[i]
+        else:
+            while True:  # drop entries made stale by earlier placements
+                entry = heap[0]
+                m = entry[-1]
+                pool = unopened if opening else opened
+                if pool.get(m) and entry[:-1] == key_of(m, opening):
+                    break
+                heapq.heappop(heap)
+            if opening:
+                i = unopened[m].pop()
+                n_open += 1
+            else:
+                _, i = heapq.heappop(opened[m])
+        machine_bytes[m] += numel * int(itemsize)
+        machine_count[m] += 1
+        local_load[i] += numel
+        placed.append(i)
+        if opening and not zero_open:
+            if local_load[i] == 0:
+                zero_open.append(i)
+            heapq.heappush(opened.setdefault(m, []), (local_load[i], i))
+        elif zero_open:
+            pass  # load unchanged (numel 0); its heap entry stays valid
+        else:
+            heapq.heappush(opened[m], (local_load[i], i))
+        if opening and n_open == active:
+            opening = False
+            heap = build_heap(False)
+        elif not zero_open:
+            pool = unopened if opening else opened
+            if pool.get(m):
+                heapq.heappush(heap, key_of(m, opening) + (m,))
+    return placed
+
+# Ranks (least loaded first) the swap search's probe pass tries per matrix.
+_PROBE_RANKS = 16
+
+
+def refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000) -> None:
+    """The balanced rule's refinement: while it lowers the most loaded rank's score,
+    move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
+
+    Each round takes the best improving move or swap: lowest new pair score
+    ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
+    matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
+    name stands for them). Exact, visiting only candidates that can reach the
+    best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
+    swap keeps the pair's sum in each dimension, so ranks loaded above
+    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists;
+    a first pass probes each rank's partner nearest the even split so ``B``
+    drops early. A capped class's matrices stay on its owners.
+    """
+    n = loads.n
+    if n == 1:
+        return
+    dtype_of = {k: d for d, names in classes.items() for k in names}
+    # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
+    # keeps its kinds -> names (sorted), the smallest name being the one the
+    # name tie-break picks among interchangeable matrices
+    gkey = {k: (bts[k] * loads.tc, nss[k] * loads.tb, dtype_of[k]) for k in bts}
+    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
+    for k in sorted(owner):
+        groups[owner[k]].setdefault(gkey[k], []).append(k)
+    tb, tc = loads.tb, loads.tc
+    xs = {k: g[0] for k, g in gkey.items()}
+    ys = {k: g[1] for k, g in gkey.items()}
+    # each rank's kinds sorted by scaled bytes and by scaled NS cost
+    sorted_x = [sorted(g) for g in groups]
+    sorted_y = [sorted((y, x, d) for x, y, d in g) for g in groups]
+    # the first field of those lists alone: bisected on plain ints
+    vals_x = [[t[0] for t in lst] for lst in sorted_x]
+    vals_y = [[t[0] for t in lst] for lst in sorted_y]
+
+    free = all(a is None for a in allowed_of.values())  # no capped class
+
+    # scaled loads per rank, and the ranks sorted by each (load, rank): kept
+    # up to date by relocate instead of rebuilt every round
+    xl = [b * tc for b in loads.b]
+    yl = [c * tb for c in loads.c]
+    rank_x = sorted((v, r) for r, v in enumerate(xl))
+    rank_y = sorted((v, r) for r, v in enumerate(yl))
+
+    def shift(r: int, dx: int, dy: int) -> None:
+        for lst, vals, dv in ((rank_x, xl, dx), (rank_y, yl, dy)):
+            if dv:
+                del lst[bisect.bisect_left(lst, (vals[r], r))]
+                vals[r] += dv
+                bisect.insort(lst, (vals[r], r))
+
+    def relocate(k: str, src: int, dst: int) -> None:
+        loads.add(src, -bts[k], -nss[k])
+        loads.add(dst, bts[k], nss[k])
+        shift(src, -xs[k], -ys[k])
+        shift(dst, xs[k], ys[k])
+        owner[k] = dst
+        g = gkey[k]
+        names = groups[src][g]
+        del names[bisect.bisect_left(names, k)]
+        if not names:
+            del groups[src][g]
+            i = bisect.bisect_left(sorted_x[src], g)
+            del sorted_x[src][i], vals_x[src][i]
+            gy = (g[1], g[0], g[2])
+            i = bisect.bisect_left(sorted_y[src], gy)
+            del sorted_y[src][i], vals_y[src][i]
+        if g in groups[dst]:
+            bisect.insort(groups[dst][g], k)
+        else:
+            groups[dst][g] = [k]
+            i = bisect.bisect_left(sorted_x[dst], g)
+            sorted_x[dst].insert(i, g)
+            vals_x[dst].insert(i, g[0])
+            gy = (g[1], g[0], g[2])
+            i = bisect.bisect_left(sorted_y[dst], gy)
+            sorted_y[dst].insert(i, gy)
+            vals_y[dst].insert(i, g[1])
+
+    for _ in range(max_iters):
+        worst = loads.worst_rank()
+        W = loads.score(worst)
+        if loads.b[worst] * tc == W:  # bytes decide the worst rank's score
+            sizes, per_rank, per_vals, swap_xy = xs, sorted_x, vals_x, False
+            load_of, by_load = xl, rank_x
+        else:
+            sizes, per_rank, per_vals, swap_xy = ys, sorted_y, vals_y, True
+            load_of, by_load = yl, rank_y
+        mine = sorted((names[0] for names in groups[worst].values()),
+                      key=lambda k: (-(xs[k] + ys[k]), k))
+        best = None  # (new pair max, kind, k, rank pos, partner)
+        B = W  # best pair score so far (a candidate needs new < W, ties kept)
+        pref = loads.pref
+        xw, yw = xl[worst], yl[worst]
+
+        by_score = loads.by_score
+        for k in mine:  # moves k -> r
+            xk, yk = xs[k], ys[k]
+            after = max(xw - xk, yw - yk)
+            if after > B:  # the worst rank alone already ends above the best
+                continue
+            allowed_k = allowed_of[dtype_of[k]]
+            # (by_score holds (score, -rank_order position, rank))
+            stop = bisect.bisect_right(by_score, (B - min(xk, yk), 1))
+            for i in range(stop):
+                r = by_score[i][2]
+                if r == worst or not (allowed_k is None or r in allowed_k):
+                    continue
+                new = max(after, xl[r] + xk, yl[r] + yk)
+                if new < W:
+                    cand = (new, 0, k, pref[r], "")
+                    if best is None or cand < best:
+                        best, B = cand, new
+
+        # a swap keeps the pair's sum in each dimension, so the new pair
+        # score is at least half of it: ranks above 2B - W (dominant) or
+        # 2B - (other load of the worst) are out of reach
+        if swap_xy:
+            other_of, ow = xl, xw
+        else:
+            other_of, ow = yl, yw
+        # dtypes the worst rank may take back (capped classes keep their owners)
+        host_ok = None if free else {d for d, a in allowed_of.items()
+                                     if a is None or worst in a}
+        # ascending load, ties by rank id
+        ranks = [r for _, r in by_load if r != worst]
+        # per matrix of the worst rank: what every rank's check needs
+        swappable = []
+        for k in mine:
+            xk, yk = xs[k], ys[k]
+            xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
+            ok = xk if swap_xy else yk  # k in the other dimension
+            swappable.append((k, xk, yk, sizes[k], xk + yk, xw_k, yw_k, ok, ow - ok,
+                              allowed_of[dtype_of[k]]))
+        for probe in (True, False):
+            # the probe pass tries, on the least loaded ranks, the partner
+            # nearest the value that evens the pair, so B drops early
+            scan = ranks[:_PROBE_RANKS] if probe else ranks
+            live_at = None
+            for r in scan:
+                if live_at != B:  # B dropped: forget k that cannot reach it
+                    live = [t for t in swappable if t[5] <= B and t[6] <= B]
+                    live_at = B
+                lr = load_of[r]
+                if lr > 2 * B - W:
+                    break
+                o_r = other_of[r]
+                if o_r > 2 * B - ow:
+                    continue
+                lst = per_rank[r]
+                vals = per_vals[r]
+                xr, yr = xl[r], yl[r]
+                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
+                    # (partners only add to the worst rank: a k leaving it
+                    # above B is out, and B only drops within a rank's loop)
+                    if not (allowed_k is None or r in allowed_k):
+                        continue
+                    if probe:
+                        mid = bisect.bisect_left(vals, sk - (W - lr) // 2)
+                        lo, hi = max(0, mid - 1), min(len(vals), mid + 1)
+                    else:
+                        lo = bisect.bisect_left(vals, sk - (B - lr))
+                        hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
+                    if lo >= hi:
+                        continue
+                    xr_k, yr_k = xr + xk, yr + yk  # rank r with k
+                    # the partner's other-dimension value must keep both
+                    # ranks at or below B there
+                    q_lo = o_r + ok - B
+                    q_hi = B - ow_k
+                    for i in range(lo, hi):
+                        a, q, d = lst[i]
+                        if q < q_lo or q > q_hi:
+                            continue
+                        if swap_xy:
+                            xj, yj = q, a
+                        else:
+                            xj, yj = a, q
+                        if xj + yj >= size_k:
+                            continue
+                        if host_ok is not None and d not in host_ok:
+                            continue
+                        new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
+                        if new < W:
+                            j = groups[r][(xj, yj, d)][0]
+                            cand = (new, 1, k, pref[r], j)
+                            if best is None or cand < best:
+                                best, B = cand, new
+        if best is None:
+            return
+        _, kind, k, rpos, j = best
+        r = order[rpos]
+        relocate(k, worst, r)
+        if kind == 1:
+            relocate(j, r, worst)
+
+# --------------------------------------------------------------------------
+# the rail rule (muon_partition_strategy="rail", hierarchical path)
+# --------------------------------------------------------------------------
+#: ``OwnerPartition.method`` of the rail rule.
+RAIL_METHOD = "rail"
+
+
+def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """``(node position, card)`` of every group index, or None where the rail rule does not apply.
+
+    Args:
+        plan: the hierarchical plan (``node_of`` / ``card_of``), or None.
+        group_ranks: the colour group's global ranks, in group order.
+
+    Returns:
+        tuple or None: per group index, the position of its node among the
+        group's nodes (ascending) and its card index; None without a plan or
+        when the group sits on one node (no rail carries anything across
+        nodes: the ``balanced`` rule applies instead).
+    """
+    if plan is None:
+        return None
+    ranks = [int(r) for r in group_ranks]
+    node_of = [plan.node_of(r) for r in ranks]
+    nodes = sorted(set(node_of))
+    if len(nodes) < 2:
+        return None
+    pos = {n: i for i, n in enumerate(nodes)}
+    # node positions, not node ids: groups of equal shape (pipeline stages)
+    # share one cached result
+    return tuple((pos[n], plan.card_of(r)) for n, r in zip(node_of, ranks))
+
+
+def rail_partition(
+    specs: Sequence[MatrixSpec],
+    positions: Sequence[Tuple[int, int]],
+    rank_order: Optional[Sequence[int]] = None,
+    multi_precision: bool = True,
+) -> OwnerPartition:
+    """Assign every matrix to one owner so card rails and nodes carry even bytes.
+
+    On the hierarchical path a dense Muon buffer crosses nodes only on its
+    owner's card index (its NIC rail). Dtype classes are placed smallest
+    first, each on at most ``ceil(class bytes / one rank's share)`` of the
+    least-loaded ranks (ties: rail load, node load, ``rank_order``); in a
+    class, largest first (ties by name) onto the least-loaded rail (ties: its
+    first position in ``rank_order``), then that rail's least-loaded rank
+    (ties: node load, ``rank_order``). Bytes are the parameter's own (what its
+    reduce and broadcast send); Newton-Schulz cost is not weighed.
+
+    Args:
+        specs: the group's Muon matrices.
+        positions: ``(node, card)`` of every group index (:func:`rail_positions`).
+        rank_order: preference among equal loads (group indices; the plan's
+            spread order); default ``0..n-1``.
+        multi_precision: count fp32 master weights in the reported state bytes.
+
+    Returns:
+        OwnerPartition: group-local owners, ``method="rail"``.
+    """
+    positions = [(int(n), int(c)) for n, c in positions]
+    nranks = len(positions)
+    if nranks < 1:
+        raise ValueError("rail_partition needs at least one rank position")
+    items = _check_specs(specs)
+    order = _check_rank_order(rank_order, nranks)
+    pref = [0] * nranks
+    for p, r in enumerate(order):
+        pref[r] = p
+    node = [n for n, _ in positions]
+    card = [c for _, c in positions]
+
+    size: Dict[str, int] = {}
+    classes: Dict[str, List[str]] = {}
+    for s in items:
+        size[s.name] = math.prod(s.shape) * _DTYPE_SIZES[s.dtype]
+        classes.setdefault(s.dtype, []).append(s.name)
+    total = max(sum(size.values()), 1)
+    class_b = {d: sum(size[k] for k in names) for d, names in classes.items()}
+
+    rank_load = [0] * nranks
+    rail_load = dict.fromkeys(card, 0)
+    node_load = dict.fromkeys(node, 0)
+    owner: Dict[str, int] = {}
+    for d in sorted(classes, key=lambda d: (class_b[d], d)):
+        cap = max(1, min(nranks, -(-class_b[d] * nranks // total)))
+        allowed = sorted(range(nranks), key=lambda r: (
+            rank_load[r], rail_load[card[r]], node_load[node[r]], pref[r]))[:cap]
+        _place_class(sorted(sorted(classes[d]), key=size.__getitem__, reverse=True),
+                     allowed, size, node, card, pref, rank_load, rail_load, node_load, owner)
+    return _partition(items, nranks, [owner[s.name] for s in items], RAIL_METHOD, multi_precision)
+
+
+def _place_class(names, allowed, size, node, card, pref, rank_load, rail_load, node_load,
+                 owner) -> None:
+    """Place one dtype class (names largest first) onto ``allowed`` ranks.
+
+    Loads only grow, so a rank's heap entry made stale (its node grew
+    through another rail) is a lower bound of its current key: a top whose
+    key is current is the exact minimum.
+    """
+    on_rail: Dict[int, List[int]] = {}
+    for r in allowed:
+        on_rail.setdefault(card[r], []).append(r)
+    first = {c: min(pref[r] for r in rs) for c, rs in on_rail.items()}
+    rails = [(rail_load[c], first[c], c) for c in on_rail]
+    heapq.heapify(rails)
+
+    def rank_key(r: int) -> tuple:
+        return (rank_load[r], node_load[node[r]], pref[r], r)
+
+    ranks = {c: [rank_key(r) for r in rs] for c, rs in on_rail.items()}
+    for heap in ranks.values():
+        heapq.heapify(heap)
+    for k in names:
+        c = rails[0][2]  # rail loads change only here: the top is current
+        heap = ranks[c]
+        while heap[0] != rank_key(heap[0][3]):  # a node grew through another rail
+            heapq.heapreplace(heap, rank_key(heap[0][3]))
+        r = heap[0][3]
+        b = size[k]
+        owner[k] = r
+        rank_load[r] += b
+        rail_load[c] += b
+        node_load[node[r]] += b
+        heapq.heapreplace(heap, rank_key(r))
+        heapq.heapreplace(rails, (rail_load[c], first[c], c))
+
+
+def rail_applies(plan: Any) -> bool:
+    """Whether the rail rule differs from ``balanced`` anywhere on ``plan``:
+    some stage's sharding group spans two or more nodes (the dense colour is
+    the one routed hierarchically).
+
+    Args:
+        plan: a hierarchical plan, or None (the flat path: never).
+    """
+    if plan is None:
+        return False
+    return any(rail_positions(plan, plan.sharding_group_ranks(s)) is not None
+               for s in range(plan.pp_degree))
