@@ -39,7 +39,7 @@ import time
 import unittest
 from unittest import mock
 
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import load as load_mod
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (

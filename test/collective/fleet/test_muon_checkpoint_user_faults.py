@@ -54,7 +54,7 @@ import numpy as np
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     load_guard as guard_mod,
