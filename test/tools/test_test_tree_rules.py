@@ -12,12 +12,15 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Rules every file of the test tree keeps, read from its syntax tree: no
-module imports a ``test_*`` module (shared helpers live in helper modules)."""
+module imports a ``test_*`` module (shared helpers live in helper modules),
+and no docstring names the review or the work that found a test's bug
+(a docstring says what the test pins)."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import unittest
 
 TEST_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +61,28 @@ def imported_test_modules(tree: ast.Module) -> list[tuple[int, str]]:
     return found
 
 
+# How a docstring names the work that found a bug instead of what it pins: an
+# audit, a survivor or mutant list, a numbered or dated round / session.
+WORK_HISTORY = re.compile(
+    r"\baudit|\bsurvivors?\b|\bmutants?\b|\bmutation (check|round|test|run)"
+    r"|\bhostile list|\bsession \d|\b20\d\d-\d\d-\d\d\b"
+    r"|\b(first|second|third|fourth|fifth|sixth|seventh|eighth|\d+(st|nd|rd|th)) "
+    r"(mutation )?(round|audit|sweep)\b|\bround of work", re.IGNORECASE)
+
+
+def history_in_docstrings(tree: ast.Module) -> list[tuple[str, str]]:
+    """(owner, matched text) for each docstring of the module, its classes and functions
+    that names the work which found a bug."""
+    found = []
+    owners = [tree] + [node for node in ast.walk(tree) if isinstance(
+        node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in owners:
+        doc = ast.get_docstring(node, clean=False) or ""
+        found += [(getattr(node, "name", "<module>"), m.group(0))
+                  for m in WORK_HISTORY.finditer(doc)]
+    return found
+
+
 class TestImportRule(unittest.TestCase):
     def test_no_file_of_the_test_tree_imports_a_test_module(self):
         files = tree_files()
@@ -81,6 +106,31 @@ class TestImportRule(unittest.TestCase):
         for source, want in rows:
             with self.subTest(source=source):
                 self.assertEqual(imported_test_modules(ast.parse(source)), want)
+
+
+class TestDocstringRule(unittest.TestCase):
+    def test_no_docstring_names_the_work_that_found_a_bug(self):
+        offenders = [f"{path}: {owner}: {text!r}" for path in tree_files()
+                     for owner, text in history_in_docstrings(parse(path))]
+        self.assertEqual(offenders, [], "say what the test pins, not how its bug was found")
+
+    def test_the_rule_tells_history_from_behaviour(self):
+        rows = (
+            ('"""Cases the fourth mutation audit found."""', [("<module>", "fourth mutation audit")]),
+            ('"""Hostile list, session 32: x."""', [("<module>", "Hostile list"),
+                                                  ("<module>", "session 3")]),
+            ('def f():\n    """Survivor of round 2."""', [("f", "Survivor")]),
+            ('class C:\n    """Mutation check: x."""', [("C", "Mutation check")]),
+            ('"""Measured 2026-12-06."""', [("<module>", "2026-12-06")]),
+            ('"""Found in the third round."""', [("<module>", "third round")]),
+            ('"""A state_dict round trip keeps every value."""', []),
+            ('"""Round 1: the watchdog dumps; round 2: SIGUSR1."""', []),
+            ('"""rank_order must be a permutation."""', []),
+            ("# an audit in a comment is no docstring\nx = 1", []),
+        )
+        for source, want in rows:
+            with self.subTest(source=source):
+                self.assertEqual(history_in_docstrings(ast.parse(source)), want)
 
 
 if __name__ == "__main__":

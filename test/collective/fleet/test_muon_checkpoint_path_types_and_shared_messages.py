@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Checkpoint behaviours the fourth mutation audit found unpinned (seconds).
+"""Checkpoint path types, id listings, marker field types and shared refusals (seconds).
 
 * A ``pathlib.Path`` is a path like its ``str`` (the argument check says
   "a non-empty str or os.PathLike").

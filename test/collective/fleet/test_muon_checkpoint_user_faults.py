@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""What a new user's MoE script hit on checkpoints (hostile list, session 32).
+"""Checkpoint faults a user's MoE script meets: each is refused or survived on every rank.
 
 Ranks as threads (``ThreadRanks``), seconds in all:
 
