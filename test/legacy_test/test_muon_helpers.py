@@ -48,7 +48,7 @@ from paddle_muon_ext.optimizer.muon_helpers import (
 # The reference (develop's tables typed in again, float64 Newton-Schulz, the
 # tolerance) is the exported Muon suite's; one copy of the specification.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_muon_optimizer import REF_PRESETS, RTOL, SIMPLE, max_rel, ns_ref  # noqa: E402
+from muon_optimizer_reference import REF_PRESETS, RTOL, SIMPLE, max_rel, ns_ref  # noqa: E402
 
 
 def param(name, shape, original_shape=None):

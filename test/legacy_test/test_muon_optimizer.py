@@ -42,23 +42,13 @@ from paddle_muon_ext.optimizer.muon import (
     logger,
 )
 
+# the float64 reference (develop's tables typed in again, Newton-Schulz, tolerance)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from muon_optimizer_reference import REF_PRESETS, RTOL, SIMPLE, max_rel, ns_ref  # noqa: E402
+
 # --------------------------------------------------------------------------
 # The specification (Paddle develop), typed in again for the reference
 # --------------------------------------------------------------------------
-SIMPLE = [(3.4445, -4.7750, 2.0315)]
-REF_PRESETS = {
-    "simple": SIMPLE,
-    "quintic": [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
-                (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
-                (2.8366, -3.0525, 1.2012)],
-    "polar_express": [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184),
-                      (3.9096, -2.8234, 0.5250), (3.2856, -2.4153, 0.4853),
-                      (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
-                      (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)],
-    "aol": [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959),
-            (2.7573, -3.2939, 1.4254), (2.7215, -3.0494, 1.3169)],
-    "deepseekv4": [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2,
-}
 DEVELOP_SIGNATURE = [
     ("learning_rate", 0.02), ("parameters", None), ("momentum", 0.95),
     ("adam_beta1", 0.9), ("adam_beta2", 0.95), ("weight_decay", 0.01),
@@ -74,31 +64,7 @@ DEVELOP_SIGNATURE = [
 ]
 LR = 0.1
 
-# Tolerance of every fp32-vs-float64 comparison, relative to the largest
-# entry of the reference (the issue's bound). Newton-Schulz runs <= 10 steps
-# of products of normalised matrices (entries <= 1, dot products of <= 40
-# terms), each adding ~1e-7 relative error that the large coefficients of
-# the first steps (aol, polar_express: |b| up to 23) amplify: measured
-# 1e-7..7e-6 (aol, printed at the end of the run), while a wrong
-# coefficient, scale or formula moves results by >= 1e-3.
-RTOL = 1e-5
 MEASURED = {}
-
-
-def ns_ref(x, coeffs, steps, eps=1e-9):
-    """Newton-Schulz, one matrix at a time (3-D: a loop over experts)."""
-    x = np.asarray(x, np.float64)
-    if x.ndim == 3:
-        return np.stack([ns_ref(e, coeffs, steps, eps) for e in x])
-    swap = x.shape[0] > x.shape[1]
-    if swap:
-        x = x.T
-    x = x / max(np.sqrt(np.sum(x * x)), eps)
-    for i in range(steps):
-        a, b, c = coeffs[i % len(coeffs)]
-        A = x @ x.T
-        x = a * x + (b * A + c * A @ A) @ x
-    return x.T if swap else x
 
 
 def scale_ref(shape, version, extra=0.2):
@@ -206,12 +172,6 @@ def ref_train(ref, names, values, consts, use_muon, steps, lrs=None):
         values = [ref.step(n, w, c + w, um, lr=lr)
                   for n, w, c, um in zip(names, values, consts, use_muon)]
     return values
-
-
-def max_rel(a, b):
-    """max |a - b| / max |b|: relative to the tensor's scale."""
-    b = np.asarray(b, np.float64)
-    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
 
 
 def rng_arrays(seed, *shapes, scale=1.0):

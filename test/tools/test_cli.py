@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``paddle-muon-ext`` behaves like a command-line tool (issue 18, item 5).
+"""``paddle-muon-ext`` behaves like a command-line tool.
 
 Run as a user would, in a fresh process: help anywhere (no checkout, no
 Paddle), one ``error:`` line for a missing Paddle or matplotlib, ``--json``

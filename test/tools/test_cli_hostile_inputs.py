@@ -271,9 +271,9 @@ def _tool(*argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 
 class TestToolsEndCleanly(_HostileBase):
-    """Issue 25's hostile list: inputs that blocked, broke JSON, split an error
-    over lines, slipped past the ``--json`` guard or named ranks outside the
-    world. Each is refused in one ``error:`` line, exit 2, stdout empty."""
+    """Inputs that could block, break JSON, split an error over lines, slip
+    past the ``--json`` guard or name ranks outside the world: each is
+    refused in one ``error:`` line, exit 2, stdout empty."""
 
     def test_plan(self) -> None:
         kmsg_link = os.path.join(self.dir, "kmsg.json")

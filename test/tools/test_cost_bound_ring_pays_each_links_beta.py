@@ -11,10 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Cost-bound cases the fourth mutation audit found unpinned (by hand): a
-ring floor pays each link's own beta, also where the in-node link is the
-slower one; an in-node hop pays the cheaper alpha (the network's
-where that is cheaper); a group placed unevenly
+"""Cost-bound floors worked by hand: a ring floor pays each link's own beta,
+also where the in-node link is the slower one; an in-node hop pays the
+cheaper alpha (the network's where that is cheaper); a group placed unevenly
 over nodes pays the hops of its fullest node."""
 
 from __future__ import annotations

@@ -1274,7 +1274,7 @@ def test_tests_only_on_a_sparse_develop_tree(tmp_path, capsys):
     assert rc == 1 and "imports not_in_develop from %s" % SHARDING_OPT in err, err
 
 
-# ------------------------------------------- rules no other test pins (audit)
+# ------------------------------------------- rules no other test pins
 def test_nested_compat_block_is_refused():
     text = ("a = 1\n%s\nb = 2\n%s\nc = 3\n%s\n%s\n"
             % (ep.COMPAT_BEGIN, ep.COMPAT_BEGIN, ep.COMPAT_END, ep.COMPAT_END))

@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Mutation-audit gaps in the tools: each test failed on the bug noted in it."""
+"""``hangs``' header counts the dumps of the world and names the ranks without one;
+``plan`` splits parameters into pipeline stages contiguously by cumulative bytes."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Hostile inputs to ``plan`` / ``verify`` (issue 15's invocations): each is one
+"""Hostile inputs to ``plan`` / ``verify``: each is one
 ``error: <what> <value>: <why>, <fix>`` line on stderr and exit 2, before any
 work (the tool process never imports paddle for them), nothing on stdout."""
 

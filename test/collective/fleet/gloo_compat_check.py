@@ -366,7 +366,7 @@ def check_native_alltoall_unchanged(g) -> int:
     return 1
 
 
-def build_strategy(mode: str, world: int) -> fleet.DistributedStrategy:
+def gloo_check_strategy(mode: str, world: int) -> fleet.DistributedStrategy:
     strategy = fleet.DistributedStrategy()
     if mode == "ep":
         if world != 8:
@@ -388,7 +388,7 @@ def main() -> int:
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     active = install_gloo_compat()
     t = time.perf_counter()
-    fleet.init(is_collective=True, strategy=build_strategy(mode, world))
+    fleet.init(is_collective=True, strategy=gloo_check_strategy(mode, world))
     t_init = time.perf_counter() - t
     me = dist.get_rank()
     hcg = fleet.get_hybrid_communicate_group()

@@ -35,11 +35,8 @@ from paddle.distributed import fleet
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gloo_compat import apply_emulated_local_size, install_gloo_compat  # noqa: E402
-from muon_test_compat import (  # noqa: E402
-    distributed_optimizer,
-    register_cpu_tensor_fusion,
-    set_muon_sharding_options,
-)
+from hybrid_parallel_sharding_muon_moe_model import build_strategy  # noqa: E402
+from muon_test_compat import distributed_optimizer, register_cpu_tensor_fusion  # noqa: E402
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  # noqa: E402
@@ -63,24 +60,13 @@ def stall_in_phase(rank: int, phase: str, step_box: list, stuck_step: int, sleep
         setattr(comm, name, stalled)
 
 
-def build_strategy(ep: int, ms: int) -> fleet.DistributedStrategy:
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": ep * ms,
-        "ep_degree": ep, "moe_sharding_degree": ms,
-        "order": ["dp", "moe_sharding", "pp", "sharding", "sep", "cp", "ep", "mp"],
-    }
-    strategy.hybrid_configs["sharding_configs"].comm_buffer_size_MB = 1
-    set_muon_sharding_options(strategy, use_muon_sharding=True, comm_group_call_opt=True)
-    return strategy
-
-
 def main() -> None:
     apply_emulated_local_size()
     install_gloo_compat()
     register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
     world = int(os.environ["PADDLE_TRAINERS_NUM"])
-    fleet.init(is_collective=True, strategy=build_strategy(2, world // 2))
+    fleet.init(is_collective=True,
+               strategy=build_strategy(2, world // 2, world, True, True, False))
     hcg = fleet.get_hybrid_communicate_group()
     rank = dist.get_rank()
     step_box = [0]

@@ -32,6 +32,7 @@ import numpy as np
 import paddle
 from muon_param_map import build_muon_param_info_map
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import STAGED_API
 from paddle_muon_ext.optimizer.muon import Muon
 
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
@@ -112,6 +113,11 @@ def _param(name: str, value: np.ndarray, dtype: str = "float32"):
     # same names, exactly as separate processes would have.
     p.name = name
     return p
+
+
+def _has_staged_api() -> bool:
+    muon = make_muon([_param("probe.w", np.zeros((2, 2), "float32"))])
+    return all(callable(getattr(muon, n, None)) for n in STAGED_API)
 
 
 class TinyMoE(paddle.nn.Layer):

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""A failure inside Paddle's own load is one error on every rank (issue 25).
+"""A failure inside Paddle's own load is one error on every rank.
 
 Spec: after every check of ``load_sharded_checkpoint`` passed, a rank whose
 ``paddle.distributed.load_state_dict`` raises makes every rank raise
@@ -39,7 +39,7 @@ import time
 import unittest
 from unittest import mock
 
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import load as load_mod
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Checkpoint behaviours the fourth mutation audit found unpinned (seconds).
+"""Checkpoint path types, id listings, marker field types and shared refusals (seconds).
 
 * A ``pathlib.Path`` is a path like its ``str`` (the argument check says
   "a non-empty str or os.PathLike").
@@ -33,7 +33,7 @@ import unittest
 import numpy as np
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, numpy_of, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import commit
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (

@@ -45,7 +45,7 @@ import numpy as np
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, numpy_of, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, numpy_of, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     commit,

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""What a new user's MoE script hit on checkpoints (hostile list, session 32).
+"""Checkpoint faults a user's MoE script meets: each is refused or survived on every rank.
 
 Ranks as threads (``ThreadRanks``), seconds in all:
 
@@ -54,7 +54,7 @@ import numpy as np
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
-from test_muon_checkpoint_atomic import ThreadRanks, _Dir, arrays, whole
+from muon_checkpoint_helpers import ThreadRanks, _Dir, arrays, whole
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     load_guard as guard_mod,

@@ -21,7 +21,7 @@ import os
 import unittest
 from unittest import mock
 
-from test_muon_conformance_loader import _LoaderCase, _tree
+from muon_conformance_loader_helpers import _LoaderCase, _tree
 
 from paddle_muon_ext.compat_paddle_3_3 import develop_loader as dl
 

@@ -11,10 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Layouts and partitions the main suites let slip through.
+"""Layouts and partitions where one plausible mistake changes the result.
 
-Each class guards against one plausible mistake that every other suite
-passed (found by altering the code one mistake at a time):
+Each class pins one of them:
 
 * nodes that hold three or more pipeline-stage blocks and start and end in
   the same stage (a node check comparing only a node's first and last rank);
@@ -132,9 +131,10 @@ HIDDEN = sorted(k for k, hidden in SAME_ENDS.items() if hidden)
 
 
 class TestNodeSpanningThreeStageBlocks(unittest.TestCase):
-    """Mutation check: with the plan's node test reduced to "stage of the
-    first rank != stage of the last rank", every other suite passed; here the
-    13 hidden layouts, the optimizer example and the pp=3 grid failed."""
+    """A node whose ranks hold three or more stage blocks and start and end
+    in the same stage still spans several stages: a node test comparing only
+    the stages of its first and last rank gets the 13 hidden layouts, the
+    optimizer example and the pp=3 grid here wrong."""
 
     def test_enumeration_has_the_hidden_class(self):
         # The issue's example: node 0 = ranks 0-7, stages 0,0,1,1,2,2,0,0.
@@ -192,10 +192,9 @@ class TestOneOwnerTwoDtypes(unittest.TestCase):
     """Develop's rule puts every dense matrix of a small group on its first
     rank: bf16 ``w_in`` (H x H) and fp32 ``w_out`` (H x 2H) share owner 0.
 
-    Mutation check: buckets keyed by owner only (the dtype dropped from the
-    key) in the optimizer passed every other suite and failed both tests here
-    (FusedCommBuffer refuses the mixed bucket); the same mistake in
-    ShardingLayout failed both through the layout cross-check (one 768-element
+    Buckets are keyed by (owner, dtype): keyed by owner only, the optimizer
+    fails both tests here (FusedCommBuffer refuses the mixed bucket) and
+    ShardingLayout fails both through the layout cross-check (one 768-element
     bf16 op instead of 256 bf16 + 512 fp32).
     """
 
@@ -271,9 +270,10 @@ def _assert_prefix_spread(test: unittest.TestCase, owners: list, gpn: int, nodes
 
 
 class TestOwnersFollowRailSpread(unittest.TestCase):
-    """Mutation check: with the plan's rank order dropped from the balanced
-    partition (``rank_order=None``), owners came out 0, 1, 2, ... (one node
-    first): every other suite passed, all 13 subtests here failed."""
+    """With ``comm_group_call_opt`` on, the balanced partition hands owners
+    out in the plan's rail-spread rank order: with the order dropped
+    (``rank_order=None``) owners come out 0, 1, 2, ... (one node first) and
+    all 13 subtests here fail."""
 
     LAYOUTS = [  # (order, ms, pp, ep, gpn)
         ("ms_pp_ep", 2, 1, 12, 8),  # 3 nodes x 8 cards
@@ -376,9 +376,9 @@ def _optimum(specs, nranks: int) -> tuple:
 
 
 class TestRefinementRefines(unittest.TestCase):
-    """Mutation check: with ``_refine`` not called, every other suite passed
-    (the partition benchmark targets included); here the first test failed
-    (7/6 instead of 1.0) and the second on its first greedy trap."""
+    """The partition refinement reaches the optimum where greedy placement
+    is trapped: without ``_refine`` the first test gets max/mean 7/6 instead
+    of 1.0 and the second fails on its first greedy trap."""
 
     def test_greedy_trap_reaches_the_optimum(self):
         # Same short side (64): bytes and NS cost both scale with the long

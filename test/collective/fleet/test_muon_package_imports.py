@@ -20,7 +20,7 @@
 * The core (everything outside ``compat_paddle_3_3/``, ``tools/`` and
   ``cli.py``) never imports ``compat_paddle_3_3``: the compat layer depends
   on the core, so what the exporter ships is the program the tests run.
-* No module is over :data:`MAX_MODULE_LINES` lines (issue 28): a module holds
+* No module is over :data:`MAX_MODULE_LINES` lines: a module holds
   one concern; develop's ``optimizer/muon.py`` mirrors develop and is exempt.
 """
 

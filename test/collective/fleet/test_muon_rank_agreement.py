@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Ranks agree at construction (issue 25, part 2).
+"""Ranks agree at construction.
 
 Spec: ranks of one group that pass their parameters in another order, with
 another shape/dtype/Muon routing, or with other sharding options are refused

@@ -14,10 +14,10 @@
 # paddle_muon_ext: compat-only  (tests the paddle 3.3.1 compat layer's strategy setter; not exported)
 """Paddle's own ``sharding_configs`` fields refused naming the field and value.
 
-Hostile list, session 32: ``strategy.hybrid_configs = {"sharding_configs":
-{"comm_buffer_size_MB": float("inf")}}`` raised protobuf's bare
-``TypeError: 'float' object cannot be interpreted as an integer``, naming
-neither the field nor the value. Values Paddle accepts stay accepted
+``strategy.hybrid_configs = {"sharding_configs": {"comm_buffer_size_MB":
+float("inf")}}`` is refused naming the field and the value (not protobuf's
+bare ``TypeError: 'float' object cannot be interpreted as an integer``).
+Values Paddle accepts stay accepted
 (``comm_buffer_size_MB <= 0`` means no fused buffers, as in develop), and a
 refused assignment leaves the strategy as it was.
 """

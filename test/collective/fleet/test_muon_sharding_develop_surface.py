@@ -40,18 +40,12 @@ import paddle
 
 from muon_sim_runner import SimConfig, run_world
 from muon_test_compat import fleet_optimizer, set_muon_sharding_options, sharded_core
-from muon_tiny_moe import TinyMoE, _param, batch, make_muon
+from muon_tiny_moe import TinyMoE, _has_staged_api, _param, batch, make_muon
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import runtime as comm
 from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
-    LayoutSettings,
-    ParamMeta,
-    ShardingLayout,
-)
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import STAGED_API
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
@@ -90,11 +84,6 @@ def _fake_param(name, color="absent", shape=(4, 4)):
 
 def _fake_buffer(*params):
     return types.SimpleNamespace(params=list(params))
-
-
-def _has_staged_api() -> bool:
-    muon = make_muon([_param("probe.w", np.zeros((2, 2), "float32"))])
-    return all(callable(getattr(muon, n, None)) for n in STAGED_API)
 
 
 class TestSharedColours(unittest.TestCase):
@@ -865,89 +854,6 @@ class TestMixedDtypeOwners(unittest.TestCase):
             self.assertEqual(fp32, {0}, "the fp32 minority is not scattered")
             self.assertEqual(n_fp32_buffers, 1, "exactly one fp32 2-D buffer")
             self.assertEqual(owners, results[0][3], "identical owner maps on every rank")
-
-
-class TestLayoutStagesMatchOptimizer(unittest.TestCase):
-    """The layout's stages (plan tool) are the optimizer's stages."""
-
-    def test_layout_stages_equal_optimizer_stages(self):
-        metas = [ParamMeta(f"w{i}", (64, 64 + 16 * (i % 3)), "float32", None, True)
-                 for i in range(9)] + [ParamMeta("b", (64,), "float32")]
-        groups = {None: (0, 1, 2, 3)}
-        layouts = [ShardingLayout.build(metas, groups, r,
-                                        LayoutSettings(comm_buffer_size_MB=0.02,
-                                                       overlap_sync=True))
-                   for r in range(4)]
-        stages = [lay.sync_stages() for lay in layouts]
-        strip = [[(s.kind, s.keys, s.owners) for s in st] for st in stages]
-        self.assertTrue(all(s == strip[0] for s in strip), "identical on every rank")
-        self.assertGreater(sum(1 for s in stages[0] if s.kind == "2d"), 1)
-        local = sorted(n for st in stages for s in st if s.kind == "2d" for n in s.local_params)
-        self.assertEqual(local, sorted(f"w{i}" for i in range(9)))
-        bcasts = [op for op in layouts[0].schedule() if op.op == "broadcast"]
-        self.assertEqual(sum(op.numel for op in bcasts), sum(m.numel for m in metas[:9]),
-                         "the staged broadcasts carry every matrix exactly once")
-
-
-
-@dataclasses.dataclass(frozen=True)
-class _DefaultsConfig(SimConfig):
-    """A strategy that sets no Muon option but use_muon_sharding: every default."""
-
-    def strategy(self):
-        from mock.fake_hcg import make_hybrid_strategy
-
-        strategy = make_hybrid_strategy(self.ep, self.ms, self.pp, order=self.order,
-                                        comm_buffer_size_MB=1)
-        set_muon_sharding_options(strategy, use_muon_sharding=True)
-        return strategy
-
-
-@unittest.skipUnless(_has_staged_api(), "the optimizer's default needs Muon's staged API")
-class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
-    """The plan tool's layout (model described as ParamSpecs, LayoutSettings
-    defaults) and the optimizer built from a default strategy agree on the Muon
-    rule, the owners and the whole phase list of every rank."""
-
-    def test_same_owners_and_phases(self):
-        from paddle_muon_ext.tools import presets
-
-        cfg = _DefaultsConfig(ep=2, ms=2, steps=1)
-
-        def body(cfg, strategy):
-            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
-            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
-            opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
-            specs = [presets.ParamSpec(p.name, tuple(p.shape), "float32",
-                                       isinstance(getattr(p, "color", None), dict),
-                                       presets.muon_applies(p.name, p.shape))
-                     for p in net.parameters()]
-            groups = {None: tuple(hcg.get_sharding_parallel_group().ranks),
-                      "moe_expert": tuple(hcg.get_moe_sharding_parallel_group().ranks)}
-            rank = paddle.distributed.get_rank()
-            # make_muon clips by global norm: Paddle's HybridParallelClipGrad
-            # all-reduces the norm twice over the sharding group (pp == 1)
-            tool = ShardingLayout.build([s.to_meta("moe_expert") for s in specs], groups, rank,
-                                        LayoutSettings(comm_buffer_size_MB=1),
-                                        clip_groups=[groups[None]] * 2)
-            mine = opt.sharding_layout
-
-            def phases(layout):
-                return [(ph.trigger, ph.label, ph.op, ph.route, ph.group, ph.items)
-                        for ph in layout.step_plan()]
-
-            return {"muon_rule": {s.name: s.use_muon for s in specs}
-                    == {n: m.use_muon for n, m in mine.params.items()},
-                    "owners": (tool.owners, mine.owners),
-                    "phases": (phases(tool), phases(mine)),
-                    "n_phases": len(mine.step_plan())}
-
-        results, _ = run_world(cfg, body=body, mode="record")
-        for rank, out in enumerate(results):
-            self.assertTrue(out["muon_rule"], f"rank {rank}: the plan tool's Muon rule differs")
-            self.assertEqual(*out["owners"], f"rank {rank}: owners differ")
-            self.assertEqual(*out["phases"], f"rank {rank}: the phase lists differ")
-            self.assertGreater(out["n_phases"], 3)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@
 * element-wise ranges equal FusedCommBuffer's REDUCE_SCATTER views and the
   Muon chunks' sizes equal its REDUCE buffers, built for real on CPU;
 * buckets stay per (colour, owner, dtype) and chunk like the size limit says;
-* the schedule's phases per route and mode;
 * owners, buckets and schedules are identical in processes with different
   PYTHONHASHSEED (threads of one interpreter cannot see hash-order bugs).
 """
@@ -31,14 +30,11 @@ import sys
 import unittest
 
 import paddle
-from paddle.distributed.fleet.base.topology import CommunicateTopology
 from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
+from muon_layout_helpers import _hier, _muon
 from muon_test_compat import register_cpu_tensor_fusion
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import types as mst
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
-    HierarchicalCommPlan,
-)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
@@ -46,8 +42,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import chunk_by_size
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import NO_HOOK_COLOURS
-
-MS_FIRST = ["moe_sharding", "pipe", "expert"]
 
 
 class _Group:
@@ -117,10 +111,6 @@ class TestRangesMatchFusedCommBuffer(unittest.TestCase):
         self.assertEqual(bucket.numel, sum(int(p.numel()) for p in params))
 
 
-def _muon(name, shape, dtype="float32", colour=None):
-    return ParamMeta(name, shape, dtype, colour, True)
-
-
 class TestBucketsAndRoutes(unittest.TestCase):
     def test_buckets_per_owner_and_dtype_in_group_order(self):
         metas = [_muon("a", (64, 64)), _muon("b", (64, 64), "bfloat16"),
@@ -188,7 +178,7 @@ class TestBucketsAndRoutes(unittest.TestCase):
             layout.slice_buffer_of("a")
         self.assertEqual([tuple(g) for g in layout.comm_groups()], [(0, 1)],
                          "a flat layout uses only its colour groups")
-        plan, hier = self._hier(overlap=False)
+        plan, hier = _hier(overlap=False)
         self.assertEqual(
             [tuple(g) for g in hier.comm_groups()],
             [tuple(range(8)), tuple(plan.moe_sharding_ranks(5)),
@@ -211,66 +201,6 @@ class TestBucketsAndRoutes(unittest.TestCase):
                 self.assertEqual(op.payload, want,
                                  f"staged={staged}: {op.dtype} broadcast of {op.numel} "
                                  f"elements carries {op.payload} bytes, not {want}")
-
-    def test_group_call_turns_the_staged_sync_off_unless_opted_in(self):
-        # develop: overlap_optimize_and_sync is off under comm_group_call_opt;
-        # overlap_sync_group_call (ours) keeps it on, and a flat layout has it
-        plan, hier = self._hier(overlap=False)
-        self.assertTrue(hier.settings.overlap_sync, "the default asks for the staged sync")
-        flat = ShardingLayout.build(list(hier.params.values()), hier.groups, 5, hier.settings)
-        opted = dataclasses.replace(
-            hier, settings=dataclasses.replace(hier.settings, overlap_sync_group_call=True))
-        for layout, staged in ((hier, False), (opted, True), (flat, True)):
-            triggers = {ph.trigger.split("[")[0] for ph in layout.step_plan()}
-            self.assertEqual(layout.staged_sync, staged)
-            self.assertEqual("sync" in triggers, staged,
-                             f"plan={layout.plan is not None} opted-in="
-                             f"{layout.settings.overlap_sync_group_call}: triggers {triggers}")
-
-    def _hier(self, overlap):
-        topo = CommunicateTopology(MS_FIRST, [2, 1, 4])
-        plan = HierarchicalCommPlan.from_topology(topo, 2)
-        metas = [_muon(f"w{i}", (32, 32)) for i in range(4)] + [
-            _muon("e", (16, 8), colour="moe_expert"), ParamMeta("bias", (32,), "float32")]
-        rank = 5
-        groups = {None: list(range(8)), "moe_expert": plan.moe_sharding_ranks(rank)}
-        return plan, ShardingLayout.build(
-            metas, groups, rank,
-            # balanced: owners spread over both nodes, so rank 5 crosses nodes
-            LayoutSettings(comm_overlap=overlap, partition_strategy="balanced"), plan)
-
-    def test_hierarchical_schedule_phases(self):
-        plan, layout = self._hier(overlap=False)
-        ops = layout.schedule()
-        phases = [op.phase for op in ops]
-        dense = [b for b in layout.muon_buckets if b.colour is None]
-        crossing = [b for b in dense if plan.card_of(b.owner) == plan.card_of(5)]
-        self.assertTrue(all(b.route_kind == "hierarchical" for b in dense))
-        self.assertEqual(phases.count("intra_node_reduce"), len(dense))
-        self.assertEqual(phases.count("cross_node_reduce"), len(crossing))
-        self.assertEqual(phases.count("cross_node_broadcast"), len(crossing))
-        self.assertEqual(phases[0], "reduce_scatter")
-        self.assertEqual(phases[-1], "all_gather_slices")
-        for op in ops:
-            if op.phase == "intra_node_reduce":
-                self.assertEqual(op.group, plan.node_ranks(plan.node_of(5)))
-            if op.phase.startswith("cross_node"):
-                self.assertEqual(op.group, plan.same_card_ranks(0, plan.card_of(5)))
-        self.assertEqual({op.trigger for op in ops if "reduce" in op.phase}, {"reduce_gradients"})
-
-    def test_overlap_launches_first_hop_from_hooks(self):
-        plan, layout = self._hier(overlap=True)
-        ops = layout.schedule()
-        by_trigger = {}
-        for op in ops:
-            by_trigger.setdefault(op.trigger, set()).add(op.phase.split("[")[0])
-        self.assertEqual(by_trigger["backward"],
-                         {"reduce_scatter", "intra_node_reduce", "reduce_to_owner"})
-        self.assertEqual(by_trigger["reduce_gradients"], {"cross_node_reduce"})
-        self.assertTrue(all(b.route_kind.endswith("+overlap") for b in layout.muon_buckets))
-        summary = layout.to_dict()
-        self.assertEqual(summary["rank"], 5)
-        self.assertEqual(len(summary["schedule"]), len(ops))
 
 
 _DETERMINISM_SCRIPT = r"""

@@ -13,25 +13,44 @@
 # limitations under the License.
 """The step plan is the program: what every rank executes is ``layout.schedule()``.
 
-The optimizer runs ``for phase in plan: run(phase)`` and the tools read the
-same plan's ops, so on every rank of each layout (flat, hierarchical, backward
-hooks, staged sync flat and hierarchical, MoE colours, pp > 1) the labelled
-collectives the simulated world records in each step equal the schedule
-collective by collective (hook-launched ones as a multiset: they follow the
-backward pass), the global-norm clip's all-reduces included.
+* ``TestExecutedStepIsThePlan``: the optimizer runs ``for phase in plan:
+  run(phase)`` and the tools read the same plan's ops, so on every rank of
+  each layout (flat, hierarchical, backward hooks, staged sync flat and
+  hierarchical, MoE colours, pp > 1) the labelled collectives the simulated
+  world records in each step equal the schedule collective by collective
+  (hook-launched ones as a multiset: they follow the backward pass), the
+  global-norm clip's all-reduces included.
+* ``TestPhasesPerRouteAndMode``: the plan's phases and triggers per route
+  (flat, hierarchical) and mode (staged sync, backward hooks).
+* ``TestLayoutStagesMatchOptimizer`` / ``TestPlanToolAndOptimizerShareThePlan``:
+  the plan tool's layout and the optimizer hold the same sync stages, owners
+  and phase list on every rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import unittest
 from collections import Counter
 from contextlib import contextmanager
 
-from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
-from muon_sim_runner import SimConfig, run_world
-from muon_test_compat import sharded_core
+import paddle
 
+from mock.fake_hcg import PIPE_FIRST_MOE_ORDER
+from muon_layout_helpers import _hier
+from muon_sim_runner import SimConfig, run_world
+from muon_test_compat import set_muon_sharding_options, sharded_core
+from muon_tiny_moe import TinyMoE, _has_staged_api, make_muon
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
+    MuonShardingOptimizer,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     OVERLAP_SYNC_ENV,
 )
@@ -108,6 +127,141 @@ class TestExecutedStepIsThePlan(unittest.TestCase):
                              f"{where} step {step}: hook-launched collectives")
             self.assertEqual(chunk[hooks:], want[hooks:],
                              f"{where} step {step}: executed != the plan's schedule")
+
+
+class TestPhasesPerRouteAndMode(unittest.TestCase):
+    """The plan's phases and triggers per route (flat, hierarchical) and mode
+    (staged sync, backward hooks)."""
+
+    def test_group_call_turns_the_staged_sync_off_unless_opted_in(self):
+        # develop: overlap_optimize_and_sync is off under comm_group_call_opt;
+        # overlap_sync_group_call (ours) keeps it on, and a flat layout has it
+        plan, hier = _hier(overlap=False)
+        self.assertTrue(hier.settings.overlap_sync, "the default asks for the staged sync")
+        flat = ShardingLayout.build(list(hier.params.values()), hier.groups, 5, hier.settings)
+        opted = dataclasses.replace(
+            hier, settings=dataclasses.replace(hier.settings, overlap_sync_group_call=True))
+        for layout, staged in ((hier, False), (opted, True), (flat, True)):
+            triggers = {ph.trigger.split("[")[0] for ph in layout.step_plan()}
+            self.assertEqual(layout.staged_sync, staged)
+            self.assertEqual("sync" in triggers, staged,
+                             f"plan={layout.plan is not None} opted-in="
+                             f"{layout.settings.overlap_sync_group_call}: triggers {triggers}")
+
+    def test_hierarchical_schedule_phases(self):
+        plan, layout = _hier(overlap=False)
+        ops = layout.schedule()
+        phases = [op.phase for op in ops]
+        dense = [b for b in layout.muon_buckets if b.colour is None]
+        crossing = [b for b in dense if plan.card_of(b.owner) == plan.card_of(5)]
+        self.assertTrue(all(b.route_kind == "hierarchical" for b in dense))
+        self.assertEqual(phases.count("intra_node_reduce"), len(dense))
+        self.assertEqual(phases.count("cross_node_reduce"), len(crossing))
+        self.assertEqual(phases.count("cross_node_broadcast"), len(crossing))
+        self.assertEqual(phases[0], "reduce_scatter")
+        self.assertEqual(phases[-1], "all_gather_slices")
+        for op in ops:
+            if op.phase == "intra_node_reduce":
+                self.assertEqual(op.group, plan.node_ranks(plan.node_of(5)))
+            if op.phase.startswith("cross_node"):
+                self.assertEqual(op.group, plan.same_card_ranks(0, plan.card_of(5)))
+        self.assertEqual({op.trigger for op in ops if "reduce" in op.phase}, {"reduce_gradients"})
+
+    def test_overlap_launches_first_hop_from_hooks(self):
+        plan, layout = _hier(overlap=True)
+        ops = layout.schedule()
+        by_trigger = {}
+        for op in ops:
+            by_trigger.setdefault(op.trigger, set()).add(op.phase.split("[")[0])
+        self.assertEqual(by_trigger["backward"],
+                         {"reduce_scatter", "intra_node_reduce", "reduce_to_owner"})
+        self.assertEqual(by_trigger["reduce_gradients"], {"cross_node_reduce"})
+        self.assertTrue(all(b.route_kind.endswith("+overlap") for b in layout.muon_buckets))
+        summary = layout.to_dict()
+        self.assertEqual(summary["rank"], 5)
+        self.assertEqual(len(summary["schedule"]), len(ops))
+
+
+class TestLayoutStagesMatchOptimizer(unittest.TestCase):
+    """The layout's stages (plan tool) are the optimizer's stages."""
+
+    def test_layout_stages_equal_optimizer_stages(self):
+        metas = [ParamMeta(f"w{i}", (64, 64 + 16 * (i % 3)), "float32", None, True)
+                 for i in range(9)] + [ParamMeta("b", (64,), "float32")]
+        groups = {None: (0, 1, 2, 3)}
+        layouts = [ShardingLayout.build(metas, groups, r,
+                                        LayoutSettings(comm_buffer_size_MB=0.02,
+                                                       overlap_sync=True))
+                   for r in range(4)]
+        stages = [lay.sync_stages() for lay in layouts]
+        strip = [[(s.kind, s.keys, s.owners) for s in st] for st in stages]
+        self.assertTrue(all(s == strip[0] for s in strip), "identical on every rank")
+        self.assertGreater(sum(1 for s in stages[0] if s.kind == "2d"), 1)
+        local = sorted(n for st in stages for s in st if s.kind == "2d" for n in s.local_params)
+        self.assertEqual(local, sorted(f"w{i}" for i in range(9)))
+        bcasts = [op for op in layouts[0].schedule() if op.op == "broadcast"]
+        self.assertEqual(sum(op.numel for op in bcasts), sum(m.numel for m in metas[:9]),
+                         "the staged broadcasts carry every matrix exactly once")
+
+
+@dataclasses.dataclass(frozen=True)
+class _DefaultsConfig(SimConfig):
+    """A strategy that sets no Muon option but use_muon_sharding: every default."""
+
+    def strategy(self):
+        from mock.fake_hcg import make_hybrid_strategy
+
+        strategy = make_hybrid_strategy(self.ep, self.ms, self.pp, order=self.order,
+                                        comm_buffer_size_MB=1)
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        return strategy
+
+
+@unittest.skipUnless(_has_staged_api(), "the optimizer's default needs Muon's staged API")
+class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
+    """The plan tool's layout (model described as ParamSpecs, LayoutSettings
+    defaults) and the optimizer built from a default strategy agree on the Muon
+    rule, the owners and the whole phase list of every rank."""
+
+    def test_same_owners_and_phases(self):
+        from paddle_muon_ext.tools import presets
+
+        cfg = _DefaultsConfig(ep=2, ms=2, steps=1)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters())), hcg, strategy)
+            specs = [presets.ParamSpec(p.name, tuple(p.shape), "float32",
+                                       isinstance(getattr(p, "color", None), dict),
+                                       presets.muon_applies(p.name, p.shape))
+                     for p in net.parameters()]
+            groups = {None: tuple(hcg.get_sharding_parallel_group().ranks),
+                      "moe_expert": tuple(hcg.get_moe_sharding_parallel_group().ranks)}
+            rank = paddle.distributed.get_rank()
+            # make_muon clips by global norm: Paddle's HybridParallelClipGrad
+            # all-reduces the norm twice over the sharding group (pp == 1)
+            tool = ShardingLayout.build([s.to_meta("moe_expert") for s in specs], groups, rank,
+                                        LayoutSettings(comm_buffer_size_MB=1),
+                                        clip_groups=[groups[None]] * 2)
+            mine = opt.sharding_layout
+
+            def phases(layout):
+                return [(ph.trigger, ph.label, ph.op, ph.route, ph.group, ph.items)
+                        for ph in layout.step_plan()]
+
+            return {"muon_rule": {s.name: s.use_muon for s in specs}
+                    == {n: m.use_muon for n, m in mine.params.items()},
+                    "owners": (tool.owners, mine.owners),
+                    "phases": (phases(tool), phases(mine)),
+                    "n_phases": len(mine.step_plan())}
+
+        results, _ = run_world(cfg, body=body, mode="record")
+        for rank, out in enumerate(results):
+            self.assertTrue(out["muon_rule"], f"rank {rank}: the plan tool's Muon rule differs")
+            self.assertEqual(*out["owners"], f"rank {rank}: owners differ")
+            self.assertEqual(*out["phases"], f"rank {rank}: the phase lists differ")
+            self.assertGreater(out["n_phases"], 3)
 
 
 if __name__ == "__main__":
