@@ -163,7 +163,8 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
 
 
 def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
-    """Refuse ranks of one group that built different parameters or options.
+    """Refuse ranks of one group that built different parameters, options or
+    per-parameter settings (lr_ratio, decay, ParamAttr).
 
     Collective over the sharding group and each colour group
     (``muon_sharding_agreement``); raises ``RankDisagreementError``.
@@ -174,7 +175,9 @@ def check_ranks_agree(opt: MuonShardingOptimizer) -> None:
         inner_optimizer=" > ".join(type(o).__name__ for o in opt._optimizer_chain()),
         **agreement.optimizer_options(opt._base_opt),
     )
-    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_param_info_map.get(p.name)))
+    base = opt._base_opt
+    records = [(opt._colour_key(p)[0], agreement.param_record(p, opt._muon_param_info_map.get(p.name)),
+                agreement.param_settings(p, base))
                for p in opt._parameter_list if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in opt._colour_groups.items()}
     colour_ranks[None] = list(opt._default_group.ranks)
