@@ -176,6 +176,54 @@ class TestRailSpread(unittest.TestCase):
                                       {k: index[v] for k, v in owners.items()}, "check")
         self.assertEqual((part.state_bytes, part.ns_cost), (again.state_bytes, again.ns_cost))
 
+    def test_within_a_rail_the_owner_is_on_the_least_loaded_node(self):
+        """Ranks of one rail with equal loads: the matrix goes to the node
+        carrying fewer bytes over all rails, so nodes end even, not only rails.
+        Rows: (name, matrices' shapes (bf16, largest placed first)); 2 nodes x
+        4 cards, every matrix on its own rail, equal node bytes by hand."""
+        plan = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=4).build_plan()
+        group = list(plan.sharding_group_ranks(0))
+        settings = LayoutSettings(partition_strategy=RAIL)
+        rows = [("4096 + 2 x 2048", [(16, 64), (16, 64), (32, 64)]),
+                ("8192 + 2 x 4096", [(32, 64), (64, 64), (32, 64)])]
+        for label, shapes in rows:
+            with self.subTest(matrices=label):
+                params = [ParamMeta(f"m{i}", s, "bfloat16", None, True)
+                          for i, s in enumerate(shapes)]
+                owners = ShardingLayout.build(params, {None: group}, group[0], settings,
+                                              plan).owners
+                rails = [plan.card_of(owners[p.name]) for p in params]
+                self.assertEqual(len(set(rails)), min(len(params), 4), f"rails {rails}")
+                node_bytes = dict.fromkeys({plan.node_of(r) for r in group}, 0)
+                for p in params:
+                    node_bytes[plan.node_of(owners[p.name])] += p.nbytes
+                total = sum(node_bytes.values())
+                self.assertEqual(sorted(node_bytes.values()),
+                                 [total // 2, total // 2], f"{label}: nodes {node_bytes}")
+
+    def test_a_minority_dtype_gets_owners_for_its_byte_share_rounded_up(self):
+        """A dtype class may use ceil(class bytes x ranks / all bytes) owners
+        (at least one): 8 ranks, ten 128 KiB bf16 matrices and n 64 KiB fp32
+        ones; enough fp32 matrices to fill that many owners."""
+        from fractions import Fraction
+
+        plan = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=4).build_plan()
+        group = list(plan.sharding_group_ranks(0))
+        settings = LayoutSettings(partition_strategy=RAIL)
+        for n_fp32 in (1, 3, 6, 10):
+            with self.subTest(fp32_matrices=n_fp32):
+                params = [ParamMeta(f"big{i}", (256, 256), "bfloat16", None, True)
+                          for i in range(10)]
+                params += [ParamMeta(f"gate{i}", (128, 128), "float32", None, True)
+                           for i in range(n_fp32)]
+                owners = ShardingLayout.build(params, {None: group}, group[0], settings,
+                                              plan).owners
+                fp32_bytes = n_fp32 * 128 * 128 * 4
+                all_bytes = fp32_bytes + 10 * 256 * 256 * 2
+                cap = max(1, math.ceil(Fraction(fp32_bytes * len(group), all_bytes)))
+                got = {owners[f"gate{i}"] for i in range(n_fp32)}
+                self.assertEqual(len(got), min(cap, n_fp32), f"fp32 owners {sorted(got)}")
+
     def test_every_rank_and_any_input_order_give_one_owner_map(self):
         plan = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=4).build_plan()
         group = list(plan.sharding_group_ranks(0))

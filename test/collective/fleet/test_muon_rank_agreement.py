@@ -269,14 +269,15 @@ class TestRanksAgreeAtConstruction(unittest.TestCase):
         msg = _disagreement(self, cfg, body)
         self.assertIn("option muon learning_rate is 0.02 on rank 0 but 0.05 on rank 1", msg)
 
-    def test_optimizer_options_compare_scalars_and_name_other_values(self):
+    def test_optimizer_options_compare_scalars_schedulers_by_value_and_name_other_values(self):
         sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1)
         opt = types.SimpleNamespace(_learning_rate=sched,
                                     _default_dict={"momentum": 0.9, "ns_steps": 5,
                                                    "reg": object()})
         self.assertEqual(agreement.optimizer_options(opt), {
-            "muon learning_rate": "StepDecay", "muon momentum": 0.9, "muon ns_steps": 5,
-            "muon reg": "object"})
+            "muon learning_rate": "StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, "
+                                  "last_lr=0.1, step_size=1)",
+            "muon momentum": 0.9, "muon ns_steps": 5, "muon reg": "object"})
 
     def test_experts_that_differ_across_ep_ranks_are_accepted(self):
         # ep2 ms2: the EP ranks hold different experts (here: other names and

@@ -321,6 +321,46 @@ class TestRunStagedUpdate(unittest.TestCase):
                               lambda i, s: contextmanager(lambda: (yield))())
 
 
+class TestStagedStepRefusesUnstagedParameters(unittest.TestCase):
+    def test_the_public_step_names_owned_matrices_left_out_of_every_sync_stage(self):
+        """The overlapped staged step (develop's _sync_stages, built at the
+        first step) raises, naming them, when a parameter with a gradient is
+        in no stage, instead of leaving it silently un-updated."""
+        cfg = SimConfig(ep=1, ms=2, via_fleet=False, clip=False)
+
+        def body(cfg, strategy):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            rank = paddle.distributed.get_rank()
+            net = TinyMoE(None, None)
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False), hcg,
+                                        strategy)
+
+            def train(step):
+                net(paddle.to_tensor(batch(step, rank))).backward()
+                opt.reduce_gradients(list(net.parameters()), hcg)
+                opt.step()
+                opt.clear_grad()
+
+            train(0)
+            staged = opt.overlap_optimize_and_sync
+            for stage in opt._sync_stages:
+                stage["local_params"] = [p for p in stage["local_params"] if len(p.shape) != 2]
+            owned = sorted(n for n, r in opt.owner_map.items() if r == rank)
+            try:
+                train(1)
+            except AssertionError as error:
+                return staged, owned, str(error)
+            return staged, owned, None
+
+        outcomes, _ = run_world(cfg, body=body, deadlock_timeout=20)
+        for rank, (staged, owned, message) in enumerate(outcomes):
+            self.assertTrue(staged, "the case needs the overlapped staged step")
+            self.assertTrue(owned, f"rank {rank} owns a matrix")
+            self.assertIsNotNone(message, f"rank {rank} stepped past parameters in no stage")
+            self.assertIn(f"parameters {owned} have gradients but belong to no sync stage",
+                          message)
+
+
 class _FailingTask:
     def wait(self):
         raise RuntimeError("peer vanished")

@@ -67,6 +67,11 @@ class TestShardingSettingValues(unittest.TestCase):
              "hybrid_configs.enable_optimizer_timer=0 (int) must be True or False"),
             (dict(pp_sharding_comm_overlap=0), TypeError,
              "pp_configs.sharding_comm_overlap=0 (int) must be True or False"),
+            # the overlap hooks count micro-batches: at least one per step
+            (dict(comm_overlap=True, accumulate_steps=0), ShardingAssertionError,
+             "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 (got 0)"),
+            (dict(comm_overlap=True, accumulate_steps=-1), ShardingAssertionError,
+             "needs accumulate_steps >= 1 (got -1)"),
         ]
         for kwargs, exc, fragment in cases:
             with self.subTest(kwargs=kwargs):
@@ -78,7 +83,8 @@ class TestShardingSettingValues(unittest.TestCase):
     def test_values_with_a_meaning_are_accepted(self):
         for kwargs in (dict(), dict(comm_buffer_size_MB=0), dict(comm_buffer_size_MB=-1),
                        dict(comm_buffer_size_MB=0.5), dict(accumulate_steps=0),
-                       dict(accumulate_steps=4, comm_overlap=True)):
+                       dict(accumulate_steps=4, comm_overlap=True),
+                       dict(accumulate_steps=1, comm_overlap=True)):
             with self.subTest(kwargs=kwargs):
                 ShardingSettings(**kwargs).check(pp_world_size=1)  # no error
                 self.assertEqual(ShardingSettings(**kwargs).fused,

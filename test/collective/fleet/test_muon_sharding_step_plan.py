@@ -266,3 +266,35 @@ class TestPlanToolAndOptimizerShareThePlan(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestBackwardPhasesOfTheLayout(unittest.TestCase):
+    def test_only_slice_buffers_shared_by_several_ranks_get_a_backward_reduce_scatter(self):
+        """With comm_overlap the hooks reduce-scatter each element-wise buffer
+        in backward; a buffer whose group is this rank alone holds its result
+        already, so the plan (the data the executors and the tools read) has
+        no backward phase for it."""
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
+            LayoutSettings,
+            ParamMeta,
+            ShardingLayout,
+        )
+
+        params = [ParamMeta("d.w", (8, 8), "float32", None, True),
+                  ParamMeta("d.b", (8,), "float32", None, False),
+                  ParamMeta("e.w", (8, 8), "float32", "moe", True),
+                  ParamMeta("e.b", (8,), "float32", "moe", False)]
+        settings = LayoutSettings(comm_overlap=True, comm_buffer_size_MB=1)
+        # rows: the moe colour's group size (1: this rank alone)
+        for moe_group in ((0,), (0, 1)):
+            with self.subTest(moe_group=moe_group):
+                layout = ShardingLayout.build(params, {None: (0, 1), "moe": moe_group}, 0,
+                                              settings)
+                slice_groups = {("slice", i): tuple(b.group)
+                                for i, b in enumerate(layout.slice_buffers)}
+                self.assertTrue(all(b.overlap for b in layout.slice_buffers))
+                scattered = [ref for ph in layout.phases_of(TRIGGER_BACKWARD)
+                             if ph.op == "reduce_scatter" for ref, _ in ph.items]
+                self.assertEqual(sorted(scattered),
+                                 sorted(r for r, g in slice_groups.items() if len(g) > 1))
+                self.assertIn(("slice", 0), scattered, "the shared buffer is scattered")

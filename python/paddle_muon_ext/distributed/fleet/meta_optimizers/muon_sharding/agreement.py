@@ -20,11 +20,21 @@ collectives' sizes differ (a backend abort naming nothing). So
 among the ranks that share it:
 
 * the sharding group: the sharding options, the inner optimizer's type and
-  hyper-parameters, the order of colours, and the default-colour parameters
-  (name, shape, dtype, Muon routing, in order);
+  hyper-parameters (a learning-rate scheduler by its class, parameters and
+  state; the grad clip by its class and thresholds), the order of colours,
+  and the default-colour parameters (name, shape, dtype, Muon routing, in
+  order) with their per-parameter settings;
 * each colour group (e.g. an expert's moe_sharding group): the parameters of
-  that colour. Experts differ across EP ranks legitimately, and EP ranks
-  never share an expert's colour group, so they are never compared.
+  that colour with their settings. Experts differ across EP ranks
+  legitimately, and EP ranks never share an expert's colour group, so they
+  are never compared.
+
+A parameter's settings are what the update reads per parameter, evaluated
+rather than compared by identity: ``lr_ratio(param)``,
+``apply_decay_param_fun(param.name)``, its ``optimize_attr`` learning rate,
+``regularizer`` (class and coefficient) and ``need_clip``
+(:func:`param_settings`). Each owner updates with its own copy, so a rank
+that differs would silently train its matrices and slices differently.
 
 Cheap first: one ``all_reduce(MAX)`` of ``[hash, -hash]`` (eight int64 words)
 per group; every member sees ``max == min`` exactly when all hashes are
@@ -54,6 +64,9 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import paddle
 import paddle.distributed as dist
+from paddle.nn.clip import GradientClipBase
+from paddle.optimizer.lr import LRScheduler
+from paddle.regularizer import WeightDecayRegularizer
 
 __all__ = [
     "GroupDigest",
@@ -62,8 +75,10 @@ __all__ = [
     "digest_words",
     "first_difference",
     "group_digests",
+    "describe",
     "optimizer_options",
     "param_record",
+    "param_settings",
     "route_of",
     "sharding_options",
 ]
@@ -79,6 +94,15 @@ _LOCAL_ONLY_OPTIONS = frozenset({"enable_optimizer_timer", "enable_fuse_optimize
 
 _FIX = ("build every rank's model, Muon(parameters=..., muon_param_info_map=...) and "
         "strategy identically (same parameters in the same order)")
+_FIX_MUON = ("build Muon with the same arguments on every rank (learning rate or LR scheduler "
+             "in the same state, grad_clip, hyper-parameters)")
+_FIX_SETTINGS = ("give every rank the same Muon lr_ratio and apply_decay_param_fun and the same "
+                 "ParamAttr (learning_rate, regularizer, need_clip) for each parameter")
+
+#: Attributes of a scheduler / clip that never change numbers: printing, the
+#: static-graph variable name, the state-dict key list (set by the first
+#: ``state_dict()`` call), and HybridParallelClipGrad's group and timers.
+_UNDESCRIBED = frozenset({"verbose", "_var_name", "keys", "_hcg", "_timers"})
 
 
 class RankDisagreementError(ValueError):
@@ -95,6 +119,8 @@ class GroupDigest:
         fields: ``(name, value)`` pairs compared by name (options, colour order).
         params: one :func:`param_record` per parameter, in the optimizer's order.
         colour: the colour key (None: the sharding group), to find the group by.
+        settings: one :func:`param_settings` tuple per parameter, aligned
+            with ``params`` (empty: none compared).
     """
 
     label: str
@@ -102,6 +128,7 @@ class GroupDigest:
     fields: tuple = ()
     params: tuple = ()
     colour: Hashable = None
+    settings: tuple = ()
 
 
 def route_of(info: Any) -> str:
@@ -153,10 +180,59 @@ def sharding_options(settings: Any, **extra: Any) -> dict:
     return out
 
 
-def _plain(value: Any) -> Any:
-    # Scalars compare by value; anything else (a scheduler, a regulariser)
-    # by its type, which is what ranks can be expected to share.
-    return value if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _describable(value: Any) -> bool:
+    # Objects whose attributes are their settings: a learning-rate scheduler,
+    # a grad clip (also Paddle's HybridParallelClipGrad around one), a
+    # regulariser.
+    return isinstance(value, (LRScheduler, GradientClipBase, WeightDecayRegularizer)) or (
+        type(value).__name__ == "HybridParallelClipGrad" and hasattr(value, "_clip"))
+
+
+def _describe_inner(value: Any, depth: int) -> Optional[str]:
+    # None: nothing ranks can be compared on (a process group, a function).
+    if isinstance(value, _SCALARS):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        items = [_describe_inner(v, depth) for v in value]
+        return None if None in items else "[" + ", ".join(items) + "]"
+    if depth > 0 and _describable(value):
+        parts = []
+        for key, attr in sorted(vars(value).items()):
+            if key in _UNDESCRIBED:
+                continue
+            text = _describe_inner(attr, depth - 1)
+            if text is not None:
+                parts.append(f"{key.lstrip('_')}={text}")
+        return f"{type(value).__name__}({', '.join(parts)})"
+    return None
+
+
+def describe(value: Any) -> Any:
+    """A setting as a plain value the ranks can compare.
+
+    Scalars are themselves. A learning-rate scheduler, a grad clip or a
+    regulariser is one string: its class and every scalar (or list of
+    scalars, or nested scheduler / clip) attribute, sorted by name, e.g.
+    ``"StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, last_lr=0.1, ...)"``:
+    its parameters and its state. Attributes that cannot be compared across
+    processes (a function such as ``LambdaDecay``'s ``lr_lambda``, a process
+    group) are left out. Anything else is its type's name.
+
+    Args:
+        value: the setting.
+
+    Returns:
+        bool|int|float|str|None: the comparable value.
+    """
+    if isinstance(value, _SCALARS):
+        return value
+    if _describable(value):
+        return _describe_inner(value, depth=3)
+    return type(value).__name__
+
 
 
 def optimizer_options(optimizer: Any) -> dict:
@@ -171,12 +247,60 @@ def optimizer_options(optimizer: Any) -> dict:
             the ``_default_dict`` Paddle's optimizers keep.
 
     Returns:
-        dict: ``"muon <name>"`` -> scalar (or type name).
+        dict: ``"muon <name>"`` -> :func:`describe` of the value; the
+        learning rate (a scheduler: class, parameters and state) and the
+        grad clip the optimizer applies (``_grad_clip``; class and thresholds).
     """
-    out = {"muon learning_rate": _plain(getattr(optimizer, "_learning_rate", None))}
+    out = {"muon learning_rate": describe(getattr(optimizer, "_learning_rate", None))}
     for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
-        out[f"muon {key}"] = _plain(value)
+        out[f"muon {key}"] = describe(value)
+    if hasattr(optimizer, "_grad_clip"):
+        # what is applied: a wrapper may have swapped it since _default_dict
+        out["muon grad_clip"] = describe(optimizer._grad_clip)
     return out
+
+
+def _evaluated(fn: Callable, arg: Any, convert: Callable) -> Any:
+    # A user function that raises on one rank only must not leave that rank
+    # alone in an error while the others wait in the comparison: the error
+    # text is the value, compared like any other.
+    try:
+        return convert(fn(arg))
+    except Exception as error:  # noqa: BLE001 - reported as the setting's value
+        return f"raised {type(error).__name__}: {error}"
+
+
+def _ratio(value: Any) -> Any:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else repr(value)
+
+
+def param_settings(param: Any, optimizer: Any) -> tuple:
+    """What the update reads per parameter, evaluated on this parameter.
+
+    Args:
+        param: the parameter (``.name``; ``optimize_attr``, ``regularizer``
+            and ``need_clip`` as Paddle's parameters carry them).
+        optimizer: the innermost optimizer (Muon: ``_lr_ratio``,
+            ``_apply_decay_param_fun``; None is the default, 1.0 / True).
+
+    Returns:
+        tuple: ``(setting, value)`` pairs in a fixed order: ``lr_ratio``,
+        ``apply_decay_param_fun``, ``optimize_attr learning_rate``,
+        ``regularizer`` (:func:`describe`), ``need_clip``.
+    """
+    lr_ratio = getattr(optimizer, "_lr_ratio", None)
+    decay_fun = getattr(optimizer, "_apply_decay_param_fun", None)
+    attr = getattr(param, "optimize_attr", None)
+    attr_lr = attr.get("learning_rate", 1.0) if isinstance(attr, dict) else 1.0
+    return (
+        ("lr_ratio", 1.0 if lr_ratio is None else _evaluated(lr_ratio, param, _ratio)),
+        ("apply_decay_param_fun",
+         True if decay_fun is None else _evaluated(decay_fun, param.name, bool)),
+        ("optimize_attr learning_rate", _number(describe(attr_lr))),
+        ("regularizer", describe(getattr(param, "regularizer", None))),
+        ("need_clip", describe(getattr(param, "need_clip", True))),
+    )
 
 
 def _number(value: Any) -> Any:
@@ -194,7 +318,8 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     """The digests one rank sends, the sharding group's first.
 
     Args:
-        params: ``(colour key, param_record)`` per trainable parameter, in order.
+        params: ``(colour key, param_record)`` or ``(colour key,
+            param_record, param_settings)`` per trainable parameter, in order.
         colour_ranks: colour key -> global ranks of its group (None: the
             sharding group; always present).
         options: option name -> value, compared over the sharding group.
@@ -203,23 +328,27 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
         list[GroupDigest]: the sharding group's, then one per other colour
         in first-seen order.
     """
-    by_colour: dict = {None: []}
-    for colour, record in params:
-        by_colour.setdefault(colour, []).append(record)
+    by_colour: dict = {None: ([], [])}
+    for colour, record, *settings in params:
+        records, setting_rows = by_colour.setdefault(colour, ([], []))
+        records.append(record)
+        if settings:
+            setting_rows.append(tuple(settings[0]))
     order = [c for c in by_colour if c is not None]
     fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
     fields += (("colour order", tuple(repr(c) for c in order)),)
     out = [GroupDigest(_colour_label(None), tuple(colour_ranks[None]), fields,
-                       tuple(by_colour[None]))]
+                       tuple(by_colour[None][0]), settings=tuple(by_colour[None][1]))]
     for colour in order:
+        records, setting_rows = by_colour[colour]
         out.append(GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]), (),
-                               tuple(by_colour[colour]), colour))
+                               tuple(records), colour, tuple(setting_rows)))
     return out
 
 
 def _content(digest: GroupDigest) -> str:
     # What is hashed and compared: by repr, so True and 1.0 differ as they hash.
-    return repr((digest.fields, digest.params))
+    return repr((digest.fields, digest.params, digest.settings))
 
 
 def digest_words(digest: GroupDigest) -> list:
@@ -248,6 +377,21 @@ def _first_param_difference(a: tuple, b: tuple) -> Optional[int]:
     return None
 
 
+def _first_setting_difference(head: str, ref: GroupDigest, mine: GroupDigest,
+                              base: int, other: int) -> str:
+    # Same parameters in the same order: a per-parameter setting differs.
+    i = _first_param_difference(ref.settings, mine.settings)
+    name = ref.params[i][0] if i is not None and i < len(ref.params) else "?"
+    a = dict(ref.settings[i]) if i is not None and i < len(ref.settings) else {}
+    b = dict(mine.settings[i]) if i is not None and i < len(mine.settings) else {}
+    for key in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
+        if repr(va) != repr(vb):
+            return (f"{head}: parameter #{i} ({name}) has {key} {va!r} on rank {base} but "
+                    f"{vb!r} on rank {other}; {_FIX_SETTINGS}.")
+    return f"{head}: the parameter settings differ; {_FIX_SETTINGS}."
+
+
 def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
     """The first disagreement among one group's digests, as one line.
 
@@ -256,9 +400,9 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
             ``digests[0].ranks[i]``).
 
     Returns:
-        str|None: names the group, the first differing option/field or
-        parameter (index and name), each side's value and the ranks that
-        differ from the first; None when all agree.
+        str|None: names the group, the first differing option/field,
+        parameter (index and name) or parameter setting, each side's value
+        and the ranks that differ from the first; None when all agree.
     """
     ref = digests[0]
     ranks = list(ref.ranks)
@@ -274,8 +418,11 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
     for name in list(ref_fields) + [n for n in my_fields if n not in ref_fields]:
         a, b = ref_fields.get(name, "<unset>"), my_fields.get(name, "<unset>")
         if repr(a) != repr(b):
-            return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {_FIX}."
+            fix = _FIX_MUON if name.startswith("option muon ") else _FIX
+            return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {fix}."
     i = _first_param_difference(ref.params, mine.params)
+    if i is None:
+        return _first_setting_difference(head, ref, mine, base, other)
     a = ref.params[i] if i < len(ref.params) else None
     b = mine.params[i] if i < len(mine.params) else None
     name = (a or b)[0]

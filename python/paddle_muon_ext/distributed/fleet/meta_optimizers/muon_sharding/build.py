@@ -166,7 +166,8 @@ def set_inner_opt_attr(optimizer, name: str, value: Any) -> None:
 
 
 def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_group) -> None:
-    """Refuse ranks of one group that built different parameters or options.
+    """Refuse ranks of one group that built different parameters, options or
+    per-parameter settings (lr_ratio, decay, ParamAttr).
 
     Collective over the sharding group and each colour group (``agreement``);
     raises ``RankDisagreementError`` on every rank.
@@ -177,8 +178,9 @@ def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_gro
         inner_optimizer=" > ".join(type(o).__name__ for o in optimizer_chain(rt.inner)),
         **agreement.optimizer_options(rt.base_opt),
     )
-    info_map = rt.inner._muon_param_info_map
-    records = [(keys[p.name][0], agreement.param_record(p, info_map.get(p.name)))
+    info_map, base = rt.inner._muon_param_info_map, rt.base_opt
+    records = [(keys[p.name][0], agreement.param_record(p, info_map.get(p.name)),
+                agreement.param_settings(p, base))
                for p in params if is_trainable(p)]
     colour_ranks = {k: list(g.ranks) for k, g in rt.colour_groups.items()}
     colour_ranks[None] = list(default_group.ranks)
