@@ -44,7 +44,7 @@ sys.path.insert(0, FLEET_TESTS)
 if os.path.join(REPO, "python") not in sys.path:  # fallback when PYTHONPATH is unset
     sys.path.append(os.path.join(REPO, "python"))
 
-from launch_utils import run_paddle_launch  # noqa: E402
+from launch_utils import OrphanWatchdog, run_paddle_launch  # noqa: E402
 
 from paddle_muon_ext.tools.guard import (  # noqa: E402
     ArgumentParser,
@@ -155,17 +155,22 @@ def run(args: argparse.Namespace) -> tuple[int, dict]:
             if p),
     }
     log_dir = tempfile.mkdtemp(prefix="muon_demo_")
-    done = threading.Event()
-    tail = threading.Thread(target=follow, args=(os.path.join(log_dir, "workerlog.0"), done))
-    tail.start()
-    try:
-        result = run_paddle_launch(WORKER, NPROC, env, timeout_s=args.timeout, log_dir=log_dir)
-    except BaseException:  # interrupted: the launch killed its processes; the logs go too
-        shutil.rmtree(log_dir, ignore_errors=True)
-        raise
-    finally:
-        done.set()
-        tail.join()
+    # killed outright (SIGKILL, the OOM killer): the watchdog stops the
+    # launcher and its workers and removes log_dir; interrupted, this process does
+    with OrphanWatchdog(remove=log_dir) as watchdog:
+        done = threading.Event()
+        tail = threading.Thread(target=follow, args=(os.path.join(log_dir, "workerlog.0"),
+                                                     done))
+        tail.start()
+        try:
+            result = run_paddle_launch(WORKER, NPROC, env, timeout_s=args.timeout,
+                                       log_dir=log_dir, token=watchdog.token)
+        except BaseException:  # interrupted: the launch killed its processes; the logs go too
+            shutil.rmtree(log_dir, ignore_errors=True)
+            raise
+        finally:
+            done.set()
+            tail.join()
 
     ok_ranks = result.workers_printing("MUON_OK")
     steps, values = parse_ok_lines(result.worker_logs)

@@ -1510,6 +1510,11 @@ class Muon(Optimizer):
         for master weights. Tensor states take the parameter's local shape and
         global offset; scalars are shape ``(1,)``.
 
+        States a fresh optimizer has not created yet (no step taken) are
+        created first, with the values its first step would give them, so that
+        a checkpoint loads into it: e.g. a job resumed on one process, where
+        ``fleet.distributed_optimizer`` returns this optimizer itself.
+
         Args:
             model_sharded_state_dict (dict): The model's sharded state dict
                 (structured name -> ShardedWeight).
@@ -1554,6 +1559,8 @@ class Muon(Optimizer):
                 global_offset=tuple(weight.global_offset),
             )
 
+        # the sharded optimizer does the same: a load needs its targets
+        self._ensure_accumulators([p for p in self._parameter_list if not p.stop_gradient])
         state = dict(self.state_dict())
         master_weights = state.pop("master_weights", None) or {}
         state.pop("LR_Scheduler", None)

@@ -27,6 +27,13 @@ unique token in its environment (``PADDLE_LAUNCH_UTILS_TOKEN``, inherited by
 the workers) and the timeout path kills exactly the processes whose
 ``/proc/<pid>/environ`` holds that token (by pid / their own group), which
 also finds workers already re-parented to init.
+
+When the caller itself dies without a chance to clean up (SIGKILL, the OOM
+killer's signal), the launcher gets SIGTERM from the kernel (it is started
+with a parent-death signal, ``PR_SET_PDEATHSIG``, on Linux), and
+:class:`OrphanWatchdog` - a small process of its own session that waits on a
+pipe only the caller holds - kills every process of the launch by its token
+and removes the caller's temporary directory.
 """
 
 from __future__ import annotations
@@ -134,6 +141,88 @@ def _pids_with_token(token: str) -> list[int]:
     return pids
 
 
+def _signal_token(token: str, sig: int) -> None:
+    for pid in _pids_with_token(token):
+        try:
+            os.killpg(os.getpgid(pid), sig)  # a worker's own setsid group
+        except OSError:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+#: Run by the launcher's wrapper: ask the kernel for SIGTERM once the caller
+#: (argv[1], its pid) is gone, then become the launcher (the signal stays set
+#: across exec). The launcher stops its workers on SIGTERM.
+_PDEATHSIG_WRAPPER = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+    "except (AttributeError, OSError):\n"
+    "    pass  # not Linux: the watchdog alone cleans up\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)  # the caller died before the signal was set\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class OrphanWatchdog:
+    """Clean up after a caller that dies without a chance to (SIGKILL).
+
+    A separate process (its own session, so a terminal's signals to the
+    caller's group leave it alone) reads a pipe whose only writer is the
+    caller. Should the pipe reach its end without :meth:`done` - the caller
+    died - it sends SIGTERM, then SIGKILL, to every process carrying
+    :attr:`token` (pass it to :func:`run_paddle_launch`) and removes
+    ``remove`` (a directory the caller made), then exits.
+
+    Use as a context manager: leaving it normally calls :meth:`done`.
+    """
+
+    def __init__(self, remove: str | None = None, grace_s: float = 3.0) -> None:
+        self.token = uuid.uuid4().hex
+        read_fd, self._write_fd = os.pipe()  # not inherited by other children
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                 "import launch_utils; launch_utils._watchdog_main(*sys.argv[2:])",
+                 os.path.dirname(os.path.abspath(__file__)), self.token, remove or "",
+                 str(grace_s)],
+                stdin=read_fd, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+        finally:
+            os.close(read_fd)
+
+    def done(self) -> None:
+        """The caller finished: the watchdog exits and touches nothing."""
+        if self._write_fd is not None:
+            try:
+                os.write(self._write_fd, b"done")
+            finally:
+                os.close(self._write_fd)
+                self._write_fd = None
+            self.proc.wait()
+
+    def __enter__(self) -> OrphanWatchdog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.done()
+
+
+def _watchdog_main(token: str, remove: str, grace_s: str) -> None:
+    if sys.stdin.buffer.read().startswith(b"done"):
+        return
+    _signal_token(token, signal.SIGTERM)
+    deadline = time.monotonic() + float(grace_s)
+    while _pids_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_token(token, signal.SIGKILL)
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
+
+
 def _kill_launch(proc: subprocess.Popen, token: str, grace_s: float = 3.0) -> None:
     """SIGTERM then SIGKILL the launcher and every worker of this launch."""
 
@@ -185,6 +274,7 @@ def run_paddle_launch(
     tail_lines: int = 40,
     keep_log_dir: bool = False,
     stop_when: Callable[[str], bool] | None = None,
+    token: str | None = None,
 ) -> LaunchResult:
     """Run ``python -m paddle.distributed.launch`` for ``script`` on this host.
 
@@ -204,13 +294,15 @@ def run_paddle_launch(
         log_dir: ``--log_dir``; a fresh temp dir when None (removed after a
             successful run unless ``keep_log_dir``; logs are kept in memory
             in ``LaunchResult.worker_logs`` either way).
+        token: the token marking the launch's processes (a fresh one when
+            None), e.g. an :class:`OrphanWatchdog`'s.
 
     A launch whose rank 0 could not bind the TCPStore port (taken by a
     concurrent launch on this host) is run once more.
     """
     def launch() -> LaunchResult:
         return _launch_once(script, nproc, env, timeout_s, args, log_dir, tail_lines,
-                            keep_log_dir, stop_when)
+                            keep_log_dir, stop_when, token)
 
     result = launch()
     if not result.ok and _store_port_taken(result):
@@ -241,13 +333,14 @@ def _launch_once(
     tail_lines: int,
     keep_log_dir: bool,
     stop_when: Callable[[str], bool] | None,
+    token: str | None = None,
 ) -> LaunchResult:
     own_dir = log_dir is None
     if own_dir:
         log_dir = tempfile.mkdtemp(prefix="paddle_launch_")
     else:
         os.makedirs(log_dir, exist_ok=True)
-    token = uuid.uuid4().hex
+    token = token or uuid.uuid4().hex
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     if "PADDLE_LOCAL_SIZE" in (env or {}):
@@ -282,8 +375,10 @@ def _launch_once(
     start = time.monotonic()
     timed_out = False
     with tempfile.TemporaryFile(mode="w+", errors="replace") as out:
+        # the launcher gets SIGTERM should this process die (see the module docstring)
         proc = subprocess.Popen(
-            cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), *cmd],
+            env=full_env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         stopped = False
@@ -326,4 +421,4 @@ def _launch_once(
     return result
 
 
-__all__ = ["LaunchResult", "free_port", "run_paddle_launch"]
+__all__ = ["LaunchResult", "OrphanWatchdog", "free_port", "run_paddle_launch"]

@@ -31,6 +31,11 @@ mount one; then the previous checkpoint reloaded while that disk stays
 full), and last a rank killed while writing its shard (rank 1 exits;
 rank 0 must fail within the heartbeat timeout).
 
+With ``FAULT_CASE=rank_killed_inside_load`` it runs only that case, in a
+launch of its own: rank 1 is SIGKILLed while Paddle's ``load_state_dict``
+reads its shard (it runs as a child of the launched process, which exits 0:
+the launcher would stop rank 0 on a non-zero exit); rank 0 must name rank 1.
+
 With ``FAULT_CASE=load_fails_inside_paddle`` it runs only that case, in a
 launch of its own (it leaves rank 0's read blocked in Paddle's collectives, so
 nothing can follow it): rank 1 cannot read its shard inside Paddle's
@@ -44,8 +49,21 @@ import errno
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
+
+if (os.environ.get("FAULT_CASE") == "rank_killed_inside_load"
+        and os.environ.get("PADDLE_TRAINER_ID") == "1"
+        and not os.environ.get("FAULT_KILLED_CHILD")):
+    # before Paddle is imported: this launched process only waits for the rank
+    # it starts (the one that is killed) and exits 0
+    import subprocess
+
+    _code = subprocess.call([sys.executable, *sys.argv],
+                            env=dict(os.environ, FAULT_KILLED_CHILD="1"))
+    print(f"FAULT_CHILD_EXIT {_code}", flush=True)
+    os._exit(0)
 
 import numpy as np
 
@@ -214,6 +232,27 @@ def load_fails_inside_paddle(root: str) -> None:
     os._exit(0)  # rank 0's read is still blocked in Paddle's collectives
 
 
+def rank_killed_inside_load(root: str) -> None:
+    """Rank 1 SIGKILLed while Paddle's load reads its shard; rank 0 reports."""
+    rank = dist.get_rank()
+    directory = save_sharded_checkpoint(state(values("A", 0)), root)
+    real_load = paddle.load
+
+    def killed(path, *args, **kwargs):
+        if str(path).endswith(".distcp"):
+            print(f"FAULT_KILLING pid={os.getpid()}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_load(path, *args, **kwargs)
+
+    if rank == 1:
+        paddle.load = killed
+    # each rank needs the other's rows: rank 0 waits on rank 1 inside Paddle's load
+    outcome = attempt(lambda: load_sharded_checkpoint(swapped(values("A", 0)), root))
+    report("rank_killed_inside_load", directory=directory, **outcome,
+           left=sorted(n for n in os.listdir(root) if n.startswith(".muon_load-")))
+    os._exit(0)  # rank 0's read may still be blocked on the dead peer
+
+
 def main() -> None:
     install_gloo_compat()
     register_cpu_tensor_fusion()  # the optimizer's fused buffers on CPU: an explicit opt-in
@@ -221,6 +260,8 @@ def main() -> None:
     root = sys.argv[1]
     if os.environ.get("FAULT_CASE") == "load_fails_inside_paddle":
         load_fails_inside_paddle(root)
+    if os.environ.get("FAULT_CASE") == "rank_killed_inside_load":
+        rank_killed_inside_load(root)
     original_cuda = paddle.Tensor.cuda
     rank = dist.get_rank()
     real_save = paddle.save

@@ -24,6 +24,12 @@ the marker file. A failed save's decision is read when every named reader
 has acknowledged it (or it is older than the wait), a save has failed only
 when its decision says ``ok: false``, and a save's last activity is the
 newest time of its directory, its entries and its status files.
+
+A load reads only what the marker vouches for: every file Paddle's
+``load_state_dict`` would read (picked by name: ``<id>.metadata``,
+``<id>.distcp``, ``<id>.safetensors`` endings) must be listed with its size
+and SHA-256, and every listed file must be there; an edited marker is
+refused naming the file (``TestEditedMarkersOnLoad``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,23 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import tempfile
 import time
 import unittest
+from unittest import mock
+
+import numpy as np
+
+import paddle
+from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
+    CheckpointCorruptError,
+    latest_complete_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint.commit import (
     MARKER,
@@ -219,6 +239,126 @@ class TestSaveStatus(unittest.TestCase):
                 os.utime(folder, (old, old))
             self.assertAlmostEqual(last_activity(self.dir), stamp, delta=1e-3, msg=path)
         self.assertIsNone(last_activity(os.path.join(self.dir, "gone")))
+
+
+def _state(seed: int | None) -> dict:
+    """A one-rank state dict: ``w`` (4 x 6) and ``b`` (6,), zeros for None."""
+    rng = np.random.default_rng(seed)
+    values = {"w": rng.normal(size=(4, 6)), "b": rng.normal(size=(6,))}
+    if seed is None:
+        values = {k: np.zeros_like(v) for k, v in values.items()}
+    return {k: ShardedWeight(k, paddle.to_tensor(v.astype("float32")), v.shape, v.shape,
+                             (0,) * v.ndim) for k, v in values.items()}
+
+
+def _flip_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+class TestEditedMarkersOnLoad(unittest.TestCase):
+    """Each row edits a freshly saved checkpoint_0 (one process): the load is
+    refused naming the file, or loads the saved values; ``verify=True``
+    listing agrees with the load."""
+
+    def setUp(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="muon_ckpt_marker_edit_")
+        self.addCleanup(shutil.rmtree, self.root, True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_TRAINER")}
+        for patcher in (mock.patch.dict(os.environ, env, clear=True),
+                        mock.patch.object(paddle.distributed.parallel,
+                                          "_global_parallel_env", None)):
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    @staticmethod
+    def _edit_marker(directory: str, change) -> None:
+        path = os.path.join(directory, MARKER)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        change(data["files"])
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+
+    def test_the_marker_vouches_for_every_file_paddle_reads(self) -> None:
+        shard, other = "0_0.distcp", "1_0.distcp"
+
+        def drop_entry(d):
+            self._edit_marker(d, lambda files: files.pop(shard))
+
+        def drop_entry_then_corrupt(d):
+            drop_entry(d)
+            _flip_byte(os.path.join(d, shard))
+
+        def add_missing(d):
+            self._edit_marker(d, lambda files: files.__setitem__(
+                other, {"size": 10, "sha256": "0" * 64, "rank": 1}))
+
+        def add_missing_unread(d):
+            self._edit_marker(d, lambda files: files.__setitem__(
+                "notes.txt", {"size": 3, "sha256": "0" * 64, "rank": None}))
+
+        def grow_size(d):
+            self._edit_marker(d, lambda files: files[shard].__setitem__(
+                "size", files[shard]["size"] + 1))
+
+        def edit_checksum(d):
+            self._edit_marker(d, lambda files: files[shard].__setitem__("sha256", "0" * 64))
+
+        def copy_in(name):
+            return lambda d: shutil.copyfile(os.path.join(d, shard), os.path.join(d, name))
+
+        def unread_files(d):
+            for name in ("notes.txt", "0_1.distcp", "1.metadata", "0.metadata.bak"):
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(b"not read by Paddle")
+
+        # (row, edit, None: loads the saved values | fragments of the error)
+        table = [
+            ("unedited", lambda d: None, None),
+            ("entry removed", drop_entry, (shard, "not listed in checkpoint.complete.json",
+                                           "would read it", "ends in '0.distcp'")),
+            ("entry removed, shard corrupted", drop_entry_then_corrupt,
+             (shard, "not listed in checkpoint.complete.json")),
+            ("entry added for a missing file", add_missing,
+             (other, "(written by rank 1): missing")),
+            ("entry added for a missing file Paddle would not read", add_missing_unread,
+             ("notes.txt: missing",)),
+            ("size edited", grow_size, (shard, "bytes, the marker says")),
+            ("checksum edited", edit_checksum, (shard, "SHA-256 differs from the marker's")),
+            ("unlisted data file", copy_in(other), (other, "not listed")),
+            ("unlisted metadata of an id ending in the same digits", copy_in("10.metadata"),
+             ("10.metadata", "not listed", "ends in '0.metadata'")),
+            ("unlisted safetensors file", copy_in("model_0.safetensors"),
+             ("model_0.safetensors", "not listed")),
+            ("files Paddle does not read for id 0", unread_files, None),
+        ]
+        for row, edit, fragments in table:
+            with self.subTest(row):
+                root = tempfile.mkdtemp(dir=self.root)
+                directory = save_sharded_checkpoint(_state(1), root)
+                edit(directory)
+                target = _state(None)
+                if fragments is None:
+                    self.assertEqual(load_sharded_checkpoint(target, directory), directory)
+                    for key, value in _state(1).items():
+                        np.testing.assert_array_equal(target[key].local_tensor.numpy(),
+                                                      value.local_tensor.numpy())
+                    self.assertEqual(latest_complete_checkpoint(root, verify=True), directory)
+                    continue
+                with self.assertRaises(CheckpointCorruptError) as ctx:
+                    load_sharded_checkpoint(target, directory)
+                text = str(ctx.exception)
+                for fragment in fragments:
+                    self.assertIn(fragment, text)
+                self.assertIn("nothing was read", text)
+                for key, value in target.items():
+                    self.assertFalse(value.local_tensor.numpy().any(), f"{key} was read")
+                self.assertIsNone(latest_complete_checkpoint(root, verify=True),
+                                  "the listing must skip what the load refuses")
 
 
 if __name__ == "__main__":

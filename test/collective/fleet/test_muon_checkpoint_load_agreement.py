@@ -25,7 +25,8 @@ timeout. The guard's files are gone afterwards.
 In process, ranks are threads and ``ThreadRanks.read`` stands for Paddle's
 load (a rank "blocked in a collective" waits on an event); the last case is a
 real 2-rank gloo job (``muon_checkpoint_fault_worker.py``) whose rank 1
-cannot read its shard inside Paddle's load and stays alive meanwhile.
+cannot read its shard inside Paddle's load and stays alive meanwhile, and one
+whose rank 1 is SIGKILLed there: the survivor names rank 1, not itself.
 """
 
 from __future__ import annotations
@@ -221,6 +222,38 @@ class TestLoadFailsInsidePaddleOnGloo(unittest.TestCase):
             self.assertLess(data["seconds"], PROMPT_S, f"rank {rank} was not prompt")
         self.assertEqual([n for n in os.listdir(root) if n.startswith(GUARD_PREFIX)], [])
 
+
+class TestRankKilledInsideLoadOnGloo(unittest.TestCase):
+    """Two gloo ranks: rank 1 is SIGKILLed while Paddle's load reads its shard."""
+
+    def test_the_survivor_names_the_killed_rank_at_once(self):
+        from launch_utils import run_paddle_launch
+
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+        tmp = tempfile.mkdtemp(prefix="muon_ckpt_load_killed_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        root = os.path.join(tmp, "ckpt")
+        env = {"FAULT_CASE": "rank_killed_inside_load", "PYTHONPATH": os.pathsep.join(
+            [os.path.join(repo, "python"), HERE, os.path.join(repo, "test"),
+             os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        result = run_paddle_launch(os.path.join(HERE, "muon_checkpoint_fault_worker.py"), 2,
+                                   env, timeout_s=180, args=[root]).check()
+        self.assertIn("FAULT_CHILD_EXIT -9", result.worker_logs[1], "rank 1 was not SIGKILLed")
+        killed = [line.split("pid=")[1] for line in result.worker_logs[1].splitlines()
+                  if line.startswith("FAULT_KILLING pid=")]
+        lines = [json.loads(line[len("FAULT "):]) for line in result.worker_logs[0].splitlines()
+                 if line.startswith("FAULT ")]
+        self.assertEqual(len(lines), 1, result.failure_message())
+        data = lines[0]
+        self.assertEqual(data["error"], "CheckpointLoadError", data["message"])
+        self.assertIn(f"loading {data['directory']} failed inside "
+                      "paddle.distributed.load_state_dict on rank(s) [1]", data["message"])
+        self.assertIn(f"rank 1: killed: its process (pid {killed[0]}, this host) is gone",
+                      data["message"])
+        self.assertNotIn("rank 0:", data["message"], "the survivor named itself")
+        self.assertLess(data["seconds"], PROMPT_S, "the dead rank is found at once, not "
+                        "after the heartbeat timeout")
+        self.assertEqual(data["left"], [], "the survivor removes the guard directory")
 
 
 class TestGuardRemoval(unittest.TestCase):

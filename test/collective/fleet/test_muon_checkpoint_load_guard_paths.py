@@ -19,7 +19,10 @@ report can land before its heartbeat goes stale), so CI's coverage of the
 module moved between 88.6 % and 94 %. Here one ``LoadGuard`` meets each case
 on purpose: a peer that never beats, an error too long for its reserved slot,
 a report or decision after the directory went, a heartbeat whose file went,
-and the sweep of what a killed load left.
+and the sweep of what a killed load left. A peer that dies is the rank named,
+also when this rank's own read failed with it (``TestDeadPeerIsNamed``), and
+a guard directory whose recorded processes are all gone from this host is
+reclaimed at once (``TestSweep``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -43,6 +48,18 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint.load_guar
     GUARD_PREFIX,
     LoadGuard,
 )
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def elsewhere(pid: int) -> dict:
+    """An owner record of a process on another host (its pid means nothing here)."""
+    return {"host": "other-host|boot|pid:[1]", "pid": pid, "start": "1"}
 
 
 class _GuardCase(unittest.TestCase):
@@ -123,6 +140,84 @@ class TestHeartbeat(_GuardCase):
         self.assertFalse(g._beat.is_alive())
 
 
+class TestDeadPeerIsNamed(_GuardCase):
+    """Rank 0's guard with a stand-in for rank 1: its ``alive`` file holds an
+    owner record, touched every 50 ms while it "beats"."""
+
+    def peer(self, g: LoadGuard, record: dict, beats: bool) -> None:
+        path = g._file("alive", 1)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        stop = threading.Event()
+        self.addCleanup(stop.set)
+
+        def beat() -> None:
+            while not stop.wait(0.05):
+                try:
+                    os.utime(path)
+                except OSError:
+                    return
+
+        if beats:
+            threading.Thread(target=beat, daemon=True).start()
+
+    def test_the_dead_rank_is_named_not_the_rank_whose_read_failed_with_it(self):
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def ok():
+            return None
+
+        def fails():
+            raise RuntimeError("planted: gloo connection closed by peer pair_rank = 1")
+
+        def blocked():
+            release.wait(60)
+
+        dead_here = {"host": guard_mod.host_key(), "pid": dead_pid(), "start": "1"}
+        alive_here = guard_mod.owner_record()
+        gone = "rank 1: killed: its process (pid {pid}, this host) is gone"
+        silent = "rank 1: stopped responding (no heartbeat for {timeout:g} s"
+        own = "(rank 0's own read failed with it: RuntimeError: planted"
+        # (row, rank 0's read, rank 1's record, rank 1 beats, timeout, named
+        #  ranks, fragments, fragments that must be absent, at least seconds)
+        table = [
+            ("peer process gone, own read fine", ok, dead_here, False, 20.0, [1],
+             [gone], [own], 0.0),
+            # its own error follows when it raised before the peer was found gone
+            ("peer process gone, own read failed with it", fails, dead_here, False, 20.0,
+             [1], [gone], ["rank 0: RuntimeError"], 0.0),
+            ("peer process gone, own read still blocked", blocked, dead_here, False, 20.0,
+             [1], [gone, "Rank 0's own read is still blocked"], [own], 0.0),
+            ("peer on another host silent, own read failed", fails, elsewhere(dead_pid()),
+             False, 0.6, [1], [silent, own], [], 0.6),
+            ("peer on another host beating, own read failed", fails, elsewhere(dead_pid()),
+             True, 20.0, [0], ["rank 0: RuntimeError: planted"], ["stopped responding",
+                                                                  "killed"], 0.0),
+            ("peer alive on this host, own read failed", fails, alive_here, True, 20.0, [0],
+             ["rank 0: RuntimeError: planted"], ["stopped responding", "killed"], 0.0),
+        ]
+        for row, read, record, beats, timeout, named, present, absent, least in table:
+            with self.subTest(row):
+                root = tempfile.mkdtemp(dir=self.root)
+                g = LoadGuard(root, "t", 0, [0, 1], "ckpt/checkpoint_3", timeout)
+                g.start()
+                self.peer(g, record, beats)
+                t0 = time.monotonic()
+                with self.assertRaises(guard_mod.CheckpointLoadError) as cm:
+                    g.run(read)
+                took = time.monotonic() - t0
+                message = str(cm.exception)
+                self.assertIn(f"load_state_dict on rank(s) {named}", message)
+                for fragment in present:
+                    self.assertIn(fragment.format(pid=record["pid"], timeout=timeout),
+                                  message)
+                for fragment in absent:
+                    self.assertNotIn(fragment, message)
+                self.assertGreaterEqual(took, least)
+                self.assertLess(took, 10.0, "a dead peer on this host is found at once")
+
+
 class TestSweep(_GuardCase):
     def test_a_killed_loads_directory_goes_once_stale_and_a_live_one_stays(self):
         stale = os.path.join(self.root, f"{GUARD_PREFIX}old")
@@ -139,6 +234,56 @@ class TestSweep(_GuardCase):
         guard_mod._sweep_stale(self.root)
         self.assertEqual(sorted(os.listdir(self.root)),
                          sorted(["checkpoint_3", f"{GUARD_PREFIX}new"]))
+
+    def test_a_guard_whose_processes_are_gone_from_this_host_goes_at_once(self):
+        here = guard_mod.host_key()
+        dead = {"host": here, "pid": dead_pid(), "start": "1"}
+        reused = dict(guard_mod.owner_record(), start="0")  # a live pid, another start
+        # (row, {file: content or None for an empty file}, reclaimed at once)
+        table = [
+            ("one rank, process gone", {"alive_0": dead}, True),
+            ("two ranks, both gone", {"alive_0": dead, "alive_1": dead}, True),
+            ("pid reused by another process", {"alive_0": reused}, True),
+            ("one rank still running here", {"alive_0": dead,
+                                             "alive_1": guard_mod.owner_record()}, False),
+            ("a rank on another host", {"alive_0": dead, "alive_1": elsewhere(1)}, False),
+            ("an empty alive file", {"alive_0": dead, "alive_1": None}, False),
+            ("no alive file yet", {"slot_0": None}, False),
+            ("a record of the wrong shape", {"alive_0": {"host": here, "pid": "7"}}, False),
+        ]
+        for row, files, reclaimed in table:
+            with self.subTest(row):
+                path = os.path.join(self.root, f"{GUARD_PREFIX}{abs(hash(row))}")
+                os.makedirs(path)
+                for name, content in files.items():
+                    with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+                        if content is not None:
+                            json.dump(content, f)
+                guard_mod._sweep_stale(self.root)
+                self.assertEqual(os.path.exists(path), not reclaimed)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def test_a_killed_loaders_directory_is_reclaimed_by_the_next_load(self):
+        # a real loader process: it starts its guard and is SIGKILLed
+        script = (
+            "import sys, time\n"
+            "from paddle_muon_ext.distributed.fleet.meta_optimizers."
+            "muon_checkpoint.load_guard import LoadGuard\n"
+            "g = LoadGuard(sys.argv[1], 'killed', 0, [0, 1], 'ckpt', 30.0)\n"
+            "g.start()\nprint('started', flush=True)\ntime.sleep(60)\n")
+        child = subprocess.Popen([sys.executable, "-c", script, self.root],
+                                 stdout=subprocess.PIPE, text=True)
+        self.addCleanup(child.kill)
+        self.assertEqual(child.stdout.readline().strip(), "started")
+        left = os.path.join(self.root, f"{GUARD_PREFIX}killed")
+        self.assertTrue(os.path.isdir(left))
+        child.kill()
+        child.wait()
+        g = self.guard()
+        g.start()  # the next load
+        self.addCleanup(g._stop.set)
+        self.assertFalse(os.path.exists(left), "the killed load's guard is still there")
+        self.assertTrue(os.path.isdir(g.path))
 
     def test_missing_roots_are_no_error(self):
         missing = os.path.join(self.root, "gone")

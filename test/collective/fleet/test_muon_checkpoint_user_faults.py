@@ -27,6 +27,8 @@ Ranks as threads (``ThreadRanks``), seconds in all:
 * ``TestCommitFailures``: the marker on a full disk, a rename the file
   system refuses (was reported as "appeared meanwhile (another save of the
   same id?)" whatever the errno); the previous checkpoint stays the newest.
+* ``TestCommitRace``: a failed commit rename with something at the final
+  path (or EEXIST / ENOTEMPTY) is a lost race, whatever the errno.
 * ``TestVerifiedListing``: ``latest_complete_checkpoint(verify=True)``
   returned a checkpoint whose marker was altered, which the load refuses.
 * ``TestMalformedArguments``: a ``ShardedWeight`` whose local tensor does
@@ -259,6 +261,44 @@ class TestCommitFailures(_Dir):
                         self.assertNotIn(absent, str(error), "a refused rename is no race")
                 self.assertEqual(committed(self.root), ["checkpoint_0"])
                 self.assertEqual(latest_complete_checkpoint(self.root), first)
+
+
+class TestCommitRace(_Dir):
+    def test_something_at_the_final_path_reads_as_a_race_whatever_the_errno(self):
+        """A failed commit rename is a lost race when the errno says the target
+        exists or something is at the final path (either suffices); only
+        otherwise did the file system refuse the rename."""
+        real_rename = os.rename
+        race = "appeared meanwhile (another save of the same id?)"
+        refused = "could not commit: renaming"
+        # (row, errno, something at the final path, expected, not expected)
+        table = [
+            ("EIO, a directory appeared at the final path", errno.EIO, True, race, refused),
+            ("EEXIST, nothing at the final path", errno.EEXIST, False, race, refused),
+            ("ENOTEMPTY, a directory at the final path", errno.ENOTEMPTY, True, race, refused),
+            ("EIO, nothing at the final path", errno.EIO, False, refused, race),
+            ("EXDEV, nothing at the final path", errno.EXDEV, False, refused, race),
+        ]
+        for row, code, appeared, expected, unexpected in table:
+            with self.subTest(row):
+                root = os.path.join(self.root, str(code) + ("_appeared" if appeared else ""))
+
+                def rename(src, dst, code=code, appeared=appeared):
+                    if os.path.basename(dst).startswith("checkpoint_"):
+                        if appeared:
+                            os.makedirs(dst)
+                        raise OSError(code, os.strerror(code))
+                    return real_rename(src, dst)
+
+                with mock.patch.object(save_mod.os, "rename", side_effect=rename):
+                    with self.assertRaises(CheckpointSaveError) as ctx:
+                        save_sharded_checkpoint(whole(arrays(0)), root)
+                text = str(ctx.exception)
+                self.assertIn(expected, text)
+                self.assertIn(f"[Errno {code}] {os.strerror(code)}", text)
+                self.assertNotIn(unexpected, text)
+                self.assertEqual(os.path.isdir(os.path.join(root, "checkpoint_0")), appeared)
+                self.assertIsNone(latest_complete_checkpoint(root), "nothing was committed")
 
 
 class TestVerifiedListing(_Dir):

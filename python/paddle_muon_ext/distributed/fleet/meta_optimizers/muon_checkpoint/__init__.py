@@ -36,7 +36,7 @@ Both calls exchange what each rank found before any rank raises, so a
 problem on one rank (no checkpoint at its path, another path, a bad
 argument) is one error on every rank at once, never a wait for a timeout.
 The next save removes what killed saves left
-(:data:`~.muon_checkpoint_save.STALE_SAVE_S`).
+(:data:`~.save.STALE_SAVE_S`).
 
 ``path`` must be on a file system every rank of the save sees: once the
 shards are being written the ranks agree through files there, so a rank that
@@ -46,15 +46,15 @@ is noticed after the process group's timeout, as anywhere else).
 
 Where the code lives (one module per concern; this one is the public API):
 
-* ``muon_checkpoint_save``: saving, the commit and the clean-up of old saves;
-* ``muon_checkpoint_commit``: the checkpoint's files and the file handshake
+* ``save``: saving, the commit and the clean-up of old saves;
+* ``commit``: the checkpoint's files and the file handshake
   that commits a save;
-* ``muon_checkpoint_load`` and ``muon_checkpoint_verify``: loading, and what
-  each rank checks before a tensor is read; ``muon_checkpoint_load_guard``:
+* ``load`` and ``verify``: loading, and what
+  each rank checks before a tensor is read; ``load_guard``:
   the ranks agree on the outcome of Paddle's own load;
-* ``muon_checkpoint_listing``: which checkpoints are complete;
-* ``muon_checkpoint_reshard``: the CPU-only resharding shim of the load;
-* ``muon_checkpoint_common``: the errors, argument checks and the exchange.
+* ``listing``: which checkpoints are complete;
+* ``reshard``: the CPU-only resharding shim of the load;
+* ``common``: the errors, argument checks and the exchange.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ __all__ = [
     "fsync_path",
     "read_marker",
     "tmp_name",
+    "unlisted_problems",
     "write_json_atomic",
 ]
 
@@ -153,6 +154,33 @@ def read_marker(directory: str) -> dict:
     if problem:
         raise ValueError(f"{path}: completion marker malformed: {problem}")
     return data
+
+
+#: The suffixes by which Paddle's ``load_state_dict`` picks a checkpoint's
+#: files for id ``<id>``: every name ending in ``<id>`` plus one of these.
+PADDLE_READS = (".metadata", ".distcp", ".safetensors")
+
+
+def unlisted_problems(directory: str, marker: dict) -> list[str]:
+    """A line for each file of ``directory`` that Paddle's ``load_state_dict``
+    of the marker's id would read but the marker does not list.
+
+    Paddle selects the files by suffix (every name ending in ``<id>.metadata``,
+    ``<id>.distcp`` or ``<id>.safetensors``, so ``10.metadata`` for id 0 too),
+    not by the marker: a file whose entry was removed, or one copied in, would
+    be read without a size or checksum check.
+    """
+    uid = marker["unique_id"]
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        return [f"{directory}: cannot be listed ({type(exc).__name__}: {exc})"]
+    return [f"{os.path.join(directory, name)}: not listed in {MARKER}, yet "
+            f"paddle.distributed.load_state_dict would read it (its name ends in "
+            f"'{uid}{suffix}'), unverified: remove it if it does not belong to checkpoint "
+            f"{uid}; if it does, the marker was edited: load an earlier checkpoint"
+            for name in names for suffix in PADDLE_READS
+            if name.endswith(f"{uid}{suffix}") and name not in marker["files"]]
 
 
 def _is_id(value: Any) -> bool:

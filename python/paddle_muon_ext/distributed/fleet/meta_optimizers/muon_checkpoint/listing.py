@@ -17,7 +17,8 @@
 ``muon_checkpoint``) and the checks behind it, which saving (``keep_last``)
 and loading (the newest complete checkpoint) share: a directory counts when
 its completion marker is valid, names the id the directory's name says, and
-every file it lists has the listed size (and, when asked, SHA-256).
+every file it lists has the listed size (and, when asked, SHA-256), and it
+lists every file Paddle's load would read.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ import os
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .commit import CHECKPOINT_PREFIX, MARKER, checkpoint_id, failed_save, file_digest, read_marker
+from .commit import (
+    CHECKPOINT_PREFIX,
+    MARKER,
+    checkpoint_id,
+    failed_save,
+    file_digest,
+    read_marker,
+    unlisted_problems,
+)
 from .common import layout_summary, path_problem
 
 __all__ = [
@@ -64,7 +73,7 @@ def id_mismatch(directory: str, marker: dict, expected: int | None) -> str | Non
 
 def incomplete_reason(directory: str, verify: bool = False) -> str | None:
     """Why ``directory`` is not a complete checkpoint, or None (marker, id,
-    sizes; with ``verify`` also checksums)."""
+    sizes, no unlisted file Paddle would read; with ``verify`` also checksums)."""
     try:
         marker = read_marker(directory)
     except ValueError as exc:
@@ -82,6 +91,9 @@ def incomplete_reason(directory: str, verify: bool = False) -> str | None:
             return f"{path}: {size} bytes, the marker says {entry['size']}"
         if verify and file_digest(path)[1] != entry["sha256"]:
             return f"{path}: SHA-256 differs from the marker's"
+    unlisted = unlisted_problems(directory, marker)
+    if unlisted:
+        return unlisted[0]
     if verify:
         # the marker itself carries no checksum: its layout summary must
         # describe the (verified) metadata, as the load checks
@@ -115,7 +127,8 @@ def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
 
     A ``checkpoint_<id>`` without a valid completion marker, holding another
     id than its name says (a symlink or copy of another checkpoint), or with
-    a file missing or of the wrong size, is skipped with a warning saying
+    a file missing or of the wrong size, or holding a file Paddle's load would
+    read that the marker does not list, is skipped with a warning saying
     why, and so are saves that never committed. Checksums are checked on
     load, or here with ``verify=True`` (this process reads every file it
     considers).

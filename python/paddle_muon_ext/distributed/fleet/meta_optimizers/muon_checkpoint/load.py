@@ -14,12 +14,12 @@
 """Loading a checkpoint after every rank checked it: :func:`load_sharded_checkpoint`.
 
 Users import it from ``muon_checkpoint``. Every rank checks its arguments
-and the checkpoint (:func:`~.muon_checkpoint_verify.inspect_checkpoint`),
+and the checkpoint (:func:`~.verify.inspect_checkpoint`),
 the ranks exchange what they found, and any problem on any rank is the
 same error on every rank before a tensor is read. Only then does Paddle's
 ``load_state_dict`` run (on CPU-only builds under
-:func:`~.muon_checkpoint_reshard.cpu_resharding`), supervised by
-:class:`~.muon_checkpoint_load_guard.LoadGuard` so that a failure inside it
+:func:`~.reshard.cpu_resharding`), supervised by
+:class:`~.load_guard.LoadGuard` so that a failure inside it
 is one error on every rank too.
 """
 
@@ -166,7 +166,7 @@ def load_sharded_checkpoint(
     first and the ranks exchange what they found, so any problem on any rank
     is the same error on every rank, before a tensor is read. On a build
     without a GPU (gloo) Paddle's resharding runs on CPU tensors (see
-    :func:`~.muon_checkpoint_reshard.cpu_resharding`).
+    :func:`~.reshard.cpu_resharding`).
 
     Args:
         state_dict (dict): key -> ShardedWeight or Tensor (or nested dicts of
@@ -203,7 +203,7 @@ def load_sharded_checkpoint(
             or the ranks passed paths naming different checkpoints.
         CheckpointLoadError: on every rank, when Paddle's ``load_state_dict``
             raised on a rank after every check passed, or a rank stopped
-            responding during it (:mod:`.muon_checkpoint_load_guard`); names
+            responding during it (:mod:`.load_guard`); names
             the ranks, the checkpoint and the error.
     """
     rank, ranks = common.ranks_of(process_group)

@@ -26,19 +26,27 @@ anyway), never through a collective that could be blocked:
 
 * a rank whose load raised writes its error; every rank - also one still
   blocked in Paddle's collectives - raises the same
-  :class:`~.muon_checkpoint_common.CheckpointLoadError` naming that rank, the
+  :class:`~.common.CheckpointLoadError` naming that rank, the
   checkpoint and the error, within a poll (``POLL_S``);
 * a rank returns only once every rank reported success, so nobody trains on
   with a rank that loaded nothing;
 * a rank that stops beating for ``timeout_s`` (killed, or frozen) fails the
   load on every other rank, naming it (and the verdict is published, so the
-  rank fails too should it only have been frozen).
+  rank fails too should it only have been frozen); a rank whose process is
+  gone from this host (each rank records its host and pid in its ``alive``
+  file) is named at once;
+* a rank whose own load raised while a peer has not reported yet first makes
+  sure that peer is alive (its heartbeat moves): a peer killed inside Paddle's
+  collectives makes the survivor's collectives fail too, and the dead peer,
+  not the survivor, is the one named (the survivor's own error follows).
 
 A rank still blocked in Paddle's collectives when the error is raised leaves
 its helper thread there (it ends when the peers' processes do): the process
 group cannot be used again, and the message says to end the job. The files
-are removed once every rank decided; what a killed load left is removed by a
-later load after ``STALE_S``.
+are removed once every rank decided; what a killed load left is removed by the
+next load at once when every rank it records ran on this host and its process
+is gone, else (a rank on another host, whose pid cannot be checked from here)
+after ``STALE_S``.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -55,7 +64,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from .commit import last_activity
 from .common import CheckpointLoadError, one_line
 
-__all__ = ["GUARD_PREFIX", "LoadGuard"]
+__all__ = ["GUARD_PREFIX", "LoadGuard", "host_key", "owner_gone", "owner_record"]
 
 GUARD_PREFIX = ".muon_load-"
 HEARTBEAT_S = 0.5
@@ -64,6 +73,65 @@ POLL_S = 0.05
 STALE_S = 120.0
 #: bytes reserved per rank for its outcome (an error is cut to fit)
 _RESERVED = 8192
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def host_key() -> str:
+    """Where a recorded pid means this process table: the host name, its boot
+    and this PID namespace (containers sharing a host name and a file system
+    but not their processes get different keys)."""
+    parts = [socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id") or ""]
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        parts.append("")
+    return "|".join(parts)
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time (clock ticks since boot) of ``pid``, None when it is gone
+    or a zombie (killed, not yet reaped), "" where there is no ``/proc``."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return "" if not os.path.isdir("/proc/self") else None
+    fields = stat[stat.rfind(")") + 2:].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return fields[19] if len(fields) > 19 else ""
+
+
+def owner_record() -> dict:
+    """This process, as a guard file records it."""
+    return {"host": host_key(), "pid": os.getpid(), "start": _proc_start(os.getpid())}
+
+
+def owner_gone(record: object) -> bool:
+    """Whether the process ``record`` names is certainly gone: recorded on this
+    host and no longer running (also when its pid now belongs to another
+    process: the start time differs). False when unsure (another host, a
+    malformed record)."""
+    if not isinstance(record, dict) or record.get("host") != host_key():
+        return False
+    pid, start = record.get("pid"), record.get("start")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    now = _proc_start(pid)
+    if now == "":  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    return now is None or (bool(start) and now != start)
 
 
 def _pad(encoded: bytes) -> bytes:
@@ -94,6 +162,8 @@ class LoadGuard:
         self._beat: threading.Thread | None = None
         #: ranks this rank found dead: they never decide, the files go without them
         self._dead: set[int] = set()
+        #: rank -> its ``alive`` file's owner record, once read
+        self._owners: dict[int, object] = {}
 
     def _file(self, kind: str, rank: int) -> str:
         return os.path.join(self.path, f"{kind}_{rank}")
@@ -116,7 +186,8 @@ class LoadGuard:
         with open(self._file("slot", self.rank), "wb") as f:
             f.write(_pad(json.dumps({"pending": True}).encode()))
         open(self._file("pending", self.rank), "wb").close()
-        open(self._file("alive", self.rank), "wb").close()
+        with open(self._file("alive", self.rank), "w", encoding="utf-8") as f:
+            json.dump(owner_record(), f)  # a later load reclaims it once this process is gone
         self._beat = threading.Thread(target=self._beat_loop, daemon=True,
                                       name=f"checkpoint-load-heartbeat-{self.rank}")
         self._beat.start()
@@ -179,12 +250,11 @@ class LoadGuard:
     def _decide(self, finished: threading.Event, box: dict) -> str | None:
         reported = False
         seen: dict[int, tuple] = {}
+        #: this rank's own error, held back until every pending peer is known alive
+        own: str | None = None
+        #: peers whose heartbeat moved since this rank's own load raised
+        moved: set[int] = set()
         while True:
-            if finished.is_set() and not reported:
-                error = box.get("error")
-                self._report(None if error is None else
-                             f"{type(error).__name__}: {one_line(error, 1000)}")
-                reported = True
             outcomes = {r: self._read(r) for r in self.ranks}
             failed = sorted({(o.get("blame", r), o["error"]) for r, o in outcomes.items()
                              if o is not None and o.get("error")})
@@ -193,23 +263,58 @@ class LoadGuard:
             if all(o is not None for o in outcomes.values()):
                 return None
             now = time.monotonic()
-            for r in self.ranks:
-                if outcomes[r] is not None or r == self.rank:
-                    continue
+            pending = [r for r in self.ranks if outcomes[r] is None and r != self.rank]
+            done = finished.is_set()  # once, so that the two uses below agree
+            if own is None and done and box.get("error") is not None:
+                # A peer killed inside Paddle's collectives fails this rank's
+                # read as well: reported only once every pending peer showed
+                # it is alive, so that a dead peer, not this rank, is named.
+                error = box["error"]
+                own = f"{type(error).__name__}: {one_line(error, 1000)}"
+            for r in pending:
+                if owner_gone(self._owner(r)):
+                    record = self._owners[r]
+                    return self._found_dead(r, f"killed: its process (pid {record['pid']}, "
+                                               "this host) is gone", own)
                 try:
                     stamp = os.stat(self._file("alive", r)).st_mtime_ns
                 except OSError:
                     stamp = None
                 if r not in seen or seen[r][0] != stamp:
+                    if r in seen and own is not None:
+                        moved.add(r)
                     seen[r] = (stamp, now)
                 elif now - seen[r][1] > self.timeout_s:
-                    error = (f"stopped responding (no heartbeat for {self.timeout_s:g} s: "
-                             "killed or hung)")
-                    # published, so that a rank only frozen for a while fails too
-                    self._report(error, blame=r)
-                    self._dead.add(r)
-                    return self._message([(r, error)])
+                    return self._found_dead(r, f"stopped responding (no heartbeat for "
+                                               f"{self.timeout_s:g} s: killed or hung)", own)
+            if done and not reported:
+                if own is None:
+                    self._report(None)
+                    reported = True
+                elif all(r in moved for r in pending):
+                    self._report(own)
+                    reported = True
             time.sleep(POLL_S)
+
+    def _owner(self, rank: int) -> object:
+        """``rank``'s owner record (None until its ``alive`` file holds one)."""
+        if self._owners.get(rank) is None:
+            try:
+                with open(self._file("alive", rank), encoding="utf-8") as f:
+                    self._owners[rank] = json.load(f)
+            except (OSError, ValueError):
+                return None
+        return self._owners[rank]
+
+    def _found_dead(self, rank: int, error: str, own: str | None) -> str:
+        """Publish that ``rank`` is dead (so that a rank only frozen for a while
+        fails too) and return the message naming it."""
+        self._report(error, blame=rank)
+        self._dead.add(rank)
+        message = self._message([(rank, error)])
+        if own is not None:
+            message += f"\n  (rank {self.rank}'s own read failed with it: {own})"
+        return message
 
     def _message(self, failed: list[tuple[int, str]]) -> str:
         ranks = [r for r, _ in failed]
@@ -302,6 +407,23 @@ def _removal_pending(path: str) -> bool:
         return False
 
 
+def _owners_gone(path: str) -> bool:
+    """Whether the guard directory ``path`` records at least one rank and every
+    rank it records ran on this host and its process is gone."""
+    try:
+        names = [n for n in os.listdir(path) if n.startswith("alive_")]
+    except OSError:
+        return False
+    records = []
+    for name in names:
+        try:
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            return False  # being written, or not a record: leave it to the lease
+    return bool(records) and all(owner_gone(r) for r in records)
+
+
 def _sweep_stale(root: str) -> None:
     try:
         names = [n for n in os.listdir(root) if n.startswith(GUARD_PREFIX)]
@@ -309,6 +431,9 @@ def _sweep_stale(root: str) -> None:
         return
     for name in names:
         path = os.path.join(root, name)
+        if _owners_gone(path):
+            shutil.rmtree(path, ignore_errors=True)
+            continue
         newest = last_activity(path)
         if newest is not None and time.time() - newest > STALE_S:
             shutil.rmtree(path, ignore_errors=True)

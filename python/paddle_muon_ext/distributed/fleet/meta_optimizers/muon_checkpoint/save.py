@@ -19,7 +19,7 @@ id and on their arguments (two small exchanges, before Paddle's own
 collectives), every rank writes its shard into a fresh temporary directory,
 and the coordinator (the group's first rank) commits with one rename once
 every rank reported success through the files of
-:class:`~.muon_checkpoint_commit.SaveHandshake` - or publishes the failure
+:class:`~.commit.SaveHandshake` - or publishes the failure
 that every rank then raises as :class:`CheckpointSaveError`. The coordinator
 also removes what killed or failed saves left, and with ``keep_last`` older
 checkpoints.

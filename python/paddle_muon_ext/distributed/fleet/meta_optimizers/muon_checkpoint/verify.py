@@ -16,7 +16,7 @@
 Resolves the directory to load (a ``save_sharded_checkpoint`` root, one
 ``checkpoint_<id>``, or a plain flex_checkpoint directory), verifies the
 completion marker, every file's size and this rank's share of the SHA-256
-checksums, and compares the checkpoint's keys, global shapes and dtypes with
+checksums, that the marker lists every file Paddle's load would read, and compares the checkpoint's keys, global shapes and dtypes with
 the state dict. The result is plain data that ``load_sharded_checkpoint``
 exchanges between the ranks before any of them raises; nothing here raises
 (a rank that raised alone would leave the others waiting in a collective).
@@ -31,7 +31,13 @@ from typing import Any
 import paddle
 from paddle.distributed.fleet.utils.log_util import logger
 
-from .commit import MARKER, checkpoint_name, file_digest, read_marker
+from .commit import (
+    MARKER,
+    checkpoint_name,
+    file_digest,
+    read_marker,
+    unlisted_problems,
+)
 from .common import LISTED, layout_summary, listed
 from .listing import committed_checkpoints, id_mismatch, newest_complete
 
@@ -156,6 +162,9 @@ def _verify(directory: str, rank: int, index: int, nranks: int,
             if digest != entry["sha256"]:
                 problems.append(f"{file_path}{writer}: SHA-256 differs from the marker's "
                                 "(the file was altered after the save)")
+    # Paddle picks its files by name, not from the marker: one it would read
+    # unlisted would skip every check above
+    problems.extend(unlisted_problems(directory, marker))
     if not problems:
         # the marker's layout summary must describe the metadata it vouches for
         meta_path = os.path.join(directory, marker["metadata_file"])

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Reading flight-recorder dumps: who waits for whom (:func:`diagnose`).
 
-The dump format the recorder (``muon_flight_recorder``) writes and the
+The dump format the recorder (``recorder``) writes and the
 ``paddle-muon-ext hangs`` tool reads: :data:`DUMP_FORMAT`, the file prefix,
 the fields of one collective (:data:`FIELDS`), and the analysis that names
 the rank the others wait for. Standard library only: ``hangs`` reads dumps

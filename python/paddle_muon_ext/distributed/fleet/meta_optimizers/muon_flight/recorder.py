@@ -43,7 +43,7 @@ A dump (JSON, ``muon_flight_rank<R>.json``) is written to
 
 Every dump also holds the Python stacks of the process's threads (``stacks``:
 the thread in the oldest unfinished collective first, then the main thread;
-at most :data:`~.muon_flight_stacks.STACK_FRAMES` innermost frames each), read with
+at most :data:`~.stacks.STACK_FRAMES` innermost frames each), read with
 ``sys._current_frames()`` when the dump is written: nothing is installed for
 it, and ``hangs`` shows the stuck rank's stack.
 
@@ -52,8 +52,8 @@ it, and ``hangs`` shows the stuck rank's stack.
 PyTorch's NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``).
 
 This module records and dumps; the dump format and :func:`diagnose` live in
-``muon_flight_diagnosis`` (no paddle needed: the ``hangs`` tool reads dumps
-anywhere), the stacks in ``muon_flight_stacks``, the checks of the
+``diagnosis`` (no paddle needed: the ``hangs`` tool reads dumps
+anywhere), the stacks in ``stacks``, the checks of the
 environment variables in ``fleet/utils/env_util``.
 """
 
