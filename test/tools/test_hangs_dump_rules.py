@@ -1,0 +1,182 @@
+# Copyright (c) 2026 paddle_muon_ext Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``paddle-muon-ext hangs`` on synthetic dumps, as behaviour tables.
+
+* which dumps are refused (a rank, group member or root at or past the world size);
+* what the verdict says of each blamed rank (its last finished collective) and
+  of each exception text (a timeout is a hang's symptom, an error a crash);
+* a peer that already left the collective the others wait in is named;
+* the first dump of a rank is the evidence, its later dumps are listed;
+* the report prints under an ASCII locale.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+from unittest import mock
+
+from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_flight_recorder as fr
+from paddle_muon_ext.tools import hangs
+
+CULPRIT = "is the rank the others wait for"
+KEY = (7, (0, 1))
+
+
+def _entry(group_seq: int, finished: bool, op: str = "reduce", gid: int = 7,
+           ranks: tuple = (0, 1), root: int | None = 0, phase: str = "cross_node_reduce",
+           seq: int = 0) -> dict:
+    return {"seq": seq, "group_seq": group_seq, "phase": phase, "op": op, "group_id": gid,
+            "group_ranks": list(ranks), "root": root, "dtype": "float32", "numel": 8,
+            "start": 1.0, "finish": 2.0 if finished else None}
+
+
+def _dump(rank: int, entries: list, issued: dict, reason: str = "SIGUSR1", world: int = 2,
+          phase: str | None = "cross_node_reduce", when: float = 1000.0, pid: int = 1,
+          stacks: list | None = None) -> dict:
+    data = {"format": fr.DUMP_FORMAT, "rank": rank, "world_size": world, "pid": pid,
+            "host": "h", "time": when, "reason": reason, "phase": phase, "entries": entries,
+            "issued": [{"group_id": k[0], "group_ranks": list(k[1]), "count": n}
+                       for k, n in issued.items()]}
+    if stacks is not None:
+        data["stacks"] = stacks
+    return data
+
+
+class _DumpDir(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="muon_hangs_rules_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def _clear(self) -> None:
+        for name in os.listdir(self.dir):
+            os.remove(os.path.join(self.dir, name))
+
+    def _write(self, data: dict, name: str | None = None) -> str:
+        path = os.path.join(self.dir, name) if name else fr.dump_path(self.dir, data["rank"])
+        with open(path, "w") as f:
+            json.dump(data, f)
+        return path
+
+    def _run(self, *flags: str) -> tuple:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), mock.patch("sys.stderr", err):
+            code = hangs.main([self.dir, *flags])
+        return code, out.getvalue(), err.getvalue()
+
+
+class TestRanksAtTheWorldSizeAreRefused(_DumpDir):
+    def test_a_rank_member_or_root_equal_to_the_world_size_is_refused(self) -> None:
+        """Ranks are 0..world_size-1: a dump naming rank == world_size (as its own
+        rank, a group member or a root) is refused naming the field, so no
+        nonexistent rank is ever blamed; world_size - 1 is accepted."""
+        rows = [
+            # (label, rank, entry edits, issued ranks, refused with)
+            ("root == world", 1, {"root": 2}, (0, 1), "field 'entries[0].root' is 2, "
+             "outside world_size 2"),
+            ("group member == world", 1, {"group_ranks": [1, 2]}, (0, 1),
+             "field 'entries[0].group_ranks' names rank 2, outside world_size 2"),
+            ("issued member == world", 1, {}, (1, 2),
+             "field 'issued[0].group_ranks' names rank 2, outside world_size 2"),
+            ("rank == world", 2, {}, (0, 1), "field 'rank' is 2, expected < world_size 2"),
+            ("root == world - 1", 1, {"root": 1}, (0, 1), None),
+        ]
+        for label, rank, edits, issued_ranks, refused in rows:
+            with self.subTest(label):
+                self._clear()
+                entry = {**_entry(0, False), **edits}
+                self._write(_dump(rank, [entry], {(7, issued_ranks): 1}),
+                            name=f"{fr.DUMP_PREFIX}{rank}.json")
+                code, out, err = self._run()
+                if refused is None:
+                    self.assertEqual((code, err), (0, ""), err)
+                    continue
+                self.assertEqual((code, out), (2, ""), err)
+                self.assertIn(refused, err)
+                self.assertEqual(len(err.splitlines()), 1, err)
+
+
+class TestVerdictDetails(_DumpDir):
+    def test_each_blamed_rank_is_reported_with_its_last_finished_collective(self) -> None:
+        """A blamed rank's line names its most recent finished collective (the
+        last of several in its ring buffer), or 'none recorded' when it has none."""
+        finished = [_entry(g, True, op=op, gid=5, ranks=(1, 2), root=None, seq=g)
+                    for g, op in enumerate(("all_gather", "broadcast", "reduce_scatter"))]
+        rows = [
+            ("three finished, the last named", finished,
+             "its last finished collective: reduce_scatter #2 on group 5 [1, 2] ("),
+            ("one finished", finished[:1],
+             "its last finished collective: all_gather #0 on group 5 [1, 2] ("),
+            ("none finished", [], "its last finished collective: none recorded"),
+        ]
+        for label, entries, expected in rows:
+            with self.subTest(label):
+                self._clear()
+                # rank 0 waits in reduce #3 on [0, 1]; rank 1 issued 3 there
+                self._write(_dump(0, [_entry(3, False)], {KEY: 4}, world=3))
+                self._write(_dump(1, entries, {KEY: 3, (5, (1, 2)): len(entries)}, world=3))
+                code, out, _ = self._run()
+                self.assertEqual(code, 0, out)
+                culprit = [ln for ln in out.splitlines() if CULPRIT in ln]
+                self.assertEqual(len(culprit), 1, out)
+                self.assertTrue(culprit[0].startswith(f"rank 1 {CULPRIT}"), out)
+                # one collective named: the clause runs to the end of the line
+                self.assertEqual(culprit[0].count("its last finished collective: "), 1)
+                self.assertIn(expected, culprit[0].split("; ")[-1])
+
+    def test_what_an_exception_text_says_decides_hang_or_crash(self) -> None:
+        """Rank 0 raised in the reduce it waits in, rank 1 never issued it: an
+        exception text that says the wait timed out is a hang (rank 1 blamed,
+        rank 0's timeout a symptom); one that says a peer went away is a death;
+        anything else a crash naming rank 0."""
+        rows = [
+            ("gloo TIMEOUT", "[unbound_buffer.cc:81] TIMEOUT self_rank = 0", "hang", "timeout"),
+            ("Timed out", "Timed out waiting 1800000ms for recv operation", "hang", "timeout"),
+            ("timed out lower", "socket timed out after 30 s", "hang", "timeout"),
+            ("time out", "wait time out on peer 1", "hang", "timeout"),
+            ("deadline", "Deadline Exceeded", "hang", "timeout"),
+            ("closed by peer", "Connection closed by peer [127.0.0.1]:4021", "crash",
+             "peer_lost"),
+            ("reset", "connection reset", "crash", "peer_lost"),
+            ("error", "simulated transport failure", "crash", "error"),
+        ]
+        for label, message, verdict, kind in rows:
+            with self.subTest(label):
+                reason = ("reduce on group [0, 1] (phase 'cross_node_reduce') raised "
+                          f"RuntimeError: {message}")
+                dumps = {0: _dump(0, [_entry(3, False)], {KEY: 4}, reason=reason),
+                         1: _dump(1, [], {KEY: 3})}
+                res = hangs.classify(dumps)
+                self.assertEqual((res["kind"], res["raised"][0]["kind"]), (verdict, kind),
+                                 res["lines"])
+                if verdict == "hang":
+                    self.assertEqual(res["culprits"], [1], res["lines"])
+                    self.assertIn("  rank 0 raised when a collective timed out: a symptom "
+                                  "of the hang, not its cause", res["lines"])
+                elif kind == "error":
+                    self.assertEqual(res["culprits"], [0], res["lines"])
+                    self.assertTrue(res["lines"][0].startswith(
+                        "not a hang: a crash: rank 0 raised RuntimeError in op reduce"),
+                        res["lines"])
+
+
+if __name__ == "__main__":
+    unittest.main()
