@@ -178,5 +178,60 @@ class TestVerdictDetails(_DumpDir):
                         res["lines"])
 
 
+class TestPeerThatLeftTheCollective(_DumpDir):
+    def test_a_peer_that_left_the_collective_is_named(self) -> None:
+        """Rank 0 waits in reduce #3 on [0, 1], which every peer issued: a peer
+        that is no longer in it (in no collective, or already in a later one)
+        is named as having left it, with where it is now; only when every
+        peer is still inside do the ranks wait on each other."""
+        waiting = _entry(3, False)
+        later = _entry(4, False, seq=9)
+        gather = _entry(0, False, op="all_gather", gid=8, ranks=(0, 1, 2), root=None)
+        key3 = (8, (0, 1, 2))
+        rows = [
+            # (label, dumps, first verdict line, a detail line or None)
+            ("peer in no collective",
+             [_dump(0, [waiting], {KEY: 4}), _dump(1, [_entry(3, True)], {KEY: 4},
+                                                   phase="optimizer_step")],
+             "rank 1 has left the collective the others wait in: rank 0 waits in reduce #3 "
+             "on group 7 [0, 1] (root 0, float32, numel 8, phase 'cross_node_reduce'), "
+             "which it issued and is no longer in",
+             "  rank 1 is now in no collective, in phase 'optimizer_step'; its last "
+             "finished collective: reduce #3 on group 7 [0, 1]"),
+            ("peer in a later collective",
+             [_dump(0, [waiting], {KEY: 4}), _dump(1, [later], {KEY: 5})],
+             "rank 1 has left the collective the others wait in: rank 0 waits in reduce #3",
+             "  rank 1 is now waiting in reduce #4 on group 7 [0, 1]"),
+            ("two wait, the third left",
+             [_dump(0, [gather], {key3: 1}, world=3), _dump(1, [gather], {key3: 1}, world=3),
+              _dump(2, [], {key3: 1}, world=3, phase=None)],
+             "rank 2 has left the collective the others wait in: ranks 0, 1 wait in "
+             "all_gather #0 on group 8 [0, 1, 2]",
+             "  rank 2 is now in no collective, outside any phase; its last finished "
+             "collective: none recorded"),
+            ("both still inside",
+             [_dump(0, [waiting], {KEY: 4}), _dump(1, [waiting], {KEY: 4})],
+             "no rank is outside a collective: ranks 0, 1 wait on each other", None),
+        ]
+        for label, dumps, first, detail in rows:
+            with self.subTest(label):
+                self._clear()
+                for data in dumps:
+                    self._write(data)
+                code, out, _ = self._run()
+                self.assertEqual(code, 0, out)
+                lines = out.splitlines()
+                verdict = [ln for ln in lines if not ln.startswith(" ")][1:]
+                self.assertEqual(len(verdict), 1, out)
+                self.assertTrue(verdict[0].startswith(first), out)
+                if detail is None:
+                    continue
+                self.assertNotIn("wait on each other", out)
+                self.assertTrue(any(ln.startswith(detail) for ln in lines), out)
+                res = hangs.classify(hangs.load_dumps(self.dir))
+                self.assertEqual((res["kind"], res["culprits"]),
+                                 ("hang", [int(first.split()[1])]), res["lines"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -77,8 +77,10 @@ MAX_TOTAL_BYTES = 512 << 20
 _RAISED_RE = re.compile(r"^(?P<op>\w+) on group \[[^\]]*\] \(phase [^)]*\) raised "
                         r"(?P<exc>[\w.]+)(?::|$)")
 _UNCAUGHT_RE = re.compile(r"^uncaught (?P<exc>[\w.]+)(?::|$)")
-# diagnose()'s line for a culprit that left a dump ("it left no dump" has no stack)
-_CULPRIT_RE = re.compile(r"^rank (\d+) is the rank the others wait for: (?!it left no dump)")
+# diagnose()'s line for a culprit that left a dump ("it left no dump" has no stack),
+# or for a peer that left the collective the others wait in
+_CULPRIT_RE = re.compile(r"^rank (\d+) (?:is the rank the others wait for: (?!it left no dump)"
+                         r"|has left the collective the others wait in)")
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>\S+)')
 #: Innermost frames shown of a blamed rank's stack, and of a waiting rank's.
 CULPRIT_FRAMES = 12
