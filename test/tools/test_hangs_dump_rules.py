@@ -233,5 +233,136 @@ class TestPeerThatLeftTheCollective(_DumpDir):
                                  ("hang", [int(first.split()[1])]), res["lines"])
 
 
+class TestLaterDumpsOfAStall(_DumpDir):
+    TIMEOUT = ("collective timeout: reduce #3 on group 7 [0, 1] (phase 'cross_node_reduce') "
+               "in flight for 3.1 s > PADDLE_MUON_FLIGHT_TIMEOUT=3")
+    GLOO = ("reduce on group [0, 1] (phase 'cross_node_reduce') raised RuntimeError: "
+            "[unbound_buffer.cc:81] Timed out waiting for recv")
+
+    def _stall(self) -> None:
+        """Rank 0 timed out in reduce #3 that rank 1 never issued; 25 s later
+        gloo's timeout and the exception hook dumped rank 0 again and asked
+        rank 1 again."""
+        waiting = [_entry(3, False)]
+        self._write(_dump(0, waiting, {KEY: 4}, reason=self.TIMEOUT, when=1000.0))
+        self._write(_dump(0, waiting, {KEY: 4}, reason=self.GLOO, when=1025.0),
+                    name=f"{fr.DUMP_PREFIX}0.2.json")
+        self._write(_dump(0, waiting, {KEY: 4}, reason="uncaught RuntimeError: Timed out",
+                          when=1025.5, phase=None), name=f"{fr.DUMP_PREFIX}0.3.json")
+        self._write(_dump(1, [], {KEY: 3}, reason=f"requested by rank 0: {self.TIMEOUT}",
+                          when=1001.0, phase="data_loader"))
+        self._write(_dump(1, [], {KEY: 3}, when=1026.0, phase="data_loader",
+                          reason="requested by rank 0: uncaught RuntimeError: Timed out"),
+                    name=f"{fr.DUMP_PREFIX}1.2.json")
+
+    def test_the_first_dump_is_the_evidence_and_later_ones_are_listed(self) -> None:
+        """The verdict reads each rank's first dump; its later dumps of the same
+        process are listed under it in order, and a timeout they report
+        counts as the hang's symptom."""
+        self._stall()
+        code, out, err = self._run()
+        self.assertEqual((code, err), (0, ""), err)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "flight recorder dumps: 2 rank(s) of 2")
+        self.assertTrue(lines[1].startswith("  rank 0 (pid 1, h): waits in reduce #3")
+                        and lines[1].endswith(f"dumped on: {self.TIMEOUT}"), lines[1])
+        self.assertEqual(lines[2:4], [
+            f"    then {fr.DUMP_PREFIX}0.2.json (+25 s): {self.GLOO}",
+            f"    then {fr.DUMP_PREFIX}0.3.json (+26 s): uncaught RuntimeError: Timed out"])
+        self.assertTrue(lines[4].startswith("  rank 1 (pid 1, h): in no collective, in "
+                                            "phase 'data_loader'"), lines[4])
+        self.assertEqual(lines[5], f"    then {fr.DUMP_PREFIX}1.2.json (+25 s): requested "
+                                   "by rank 0: uncaught RuntimeError: Timed out")
+        self.assertTrue(lines[6].startswith(f"rank 1 {CULPRIT}: in phase 'data_loader'"),
+                        out)
+        self.assertIn("  rank 0 raised when a collective timed out: a symptom of the hang, "
+                      "not its cause", lines)
+        code, out, _ = self._run("--json")
+        res = json.loads(out)
+        self.assertEqual((res["verdict"], res["raised"]["0"]["kind"]), ("hang", "timeout"))
+        self.assertEqual(res["ranks"]["0"]["reason"], self.TIMEOUT)
+        self.assertEqual([(d["file"], d["time"]) for d in res["ranks"]["0"]["later_dumps"]],
+                         [(f"{fr.DUMP_PREFIX}0.2.json", 1025.0),
+                          (f"{fr.DUMP_PREFIX}0.3.json", 1025.5)])
+
+    def test_which_dumps_of_a_rank_are_read(self) -> None:
+        """Rows: later dumps of another process are ignored with a note; later
+        dumps without a first one make the lowest number the evidence; a
+        rank's error in a later dump still makes the verdict a crash; two
+        dumps of one rank with one number are refused."""
+        rows = ["another process", "no first dump", "error in a later dump",
+                "one number twice"]
+        for label in rows:
+            with self.subTest(label):
+                self._clear()
+                self._stall()
+                if label == "another process":
+                    self._write(_dump(1, [], {KEY: 3}, reason="SIGUSR1", pid=99),
+                                name=f"{fr.DUMP_PREFIX}1.2.json")
+                    code, out, _ = self._run()
+                    self.assertIn(f"    note: ignored {fr.DUMP_PREFIX}1.2.json: written by "
+                                  f"another process than {fr.DUMP_PREFIX}1.json (an earlier "
+                                  "job); remove them", out.splitlines())
+                    self.assertNotIn(f"then {fr.DUMP_PREFIX}1.2.json", out)
+                elif label == "no first dump":
+                    os.remove(fr.dump_path(self.dir, 0))
+                    code, out, _ = self._run()
+                    self.assertIn(f"dumped on: {self.GLOO}", out.splitlines()[1])
+                    self.assertEqual(out.splitlines()[2], f"    then {fr.DUMP_PREFIX}0.3.json "
+                                     "(+0 s): uncaught RuntimeError: Timed out")
+                elif label == "error in a later dump":
+                    self._write(_dump(1, [], {KEY: 3}, when=1026.0,
+                                      reason="uncaught ValueError: bad batch"),
+                                name=f"{fr.DUMP_PREFIX}1.2.json")
+                    code, out, _ = self._run()
+                    self.assertTrue(out.splitlines()[6].startswith(
+                        "not a hang: a crash: rank 1 raised ValueError outside any "
+                        "collective"), out)
+                    self.assertIn("  rank 1 raised ValueError; its dump: uncaught ValueError: "
+                                  "bad batch", out.splitlines())
+                else:
+                    self._write(_dump(0, [], {}), name=f"{fr.DUMP_PREFIX}0.02.json")
+                    code, out, err = self._run()
+                    self.assertEqual((code, out), (2, ""))
+                    self.assertIn("rank 0 again", err)
+                    continue
+                self.assertEqual(code, 0, out)
+
+
+class TestAsciiLocale(_DumpDir):
+    def test_report_prints_under_an_ascii_locale(self) -> None:
+        """Non-ASCII text in a dump (an exception message, a frame's file name)
+        and a non-ASCII log dir name print escaped under LC_ALL=C without
+        UTF-8 mode, exit 0, never 'UnicodeEncodeError ... this is a bug'."""
+        log_dir = os.path.join(self.dir, "d\u00efr")
+        os.mkdir(log_dir)
+        frames = ['  File "/tmp/caf\u00e9/train.py", line 3, in step\n    loss = f()\n']
+        stacks = [{"thread": "MainThread", "main": True, "in_collective": False,
+                   "frames": frames}]
+        for rank, reason in ((0, "uncaught ValueError: caf\u00e9 \u2713"),
+                             (1, "requested by rank 0: uncaught ValueError: caf\u00e9")):
+            with open(fr.dump_path(log_dir, rank), "w") as f:
+                json.dump(_dump(rank, [], {}, reason=reason, stacks=stacks), f)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONIOENCODING", "LANG", "LC_CTYPE")}
+        env.update(LC_ALL="C", PYTHONUTF8="0")
+        for flags in ((), ("--json",)):
+            with self.subTest(flags=flags):
+                proc = subprocess.run(
+                    [sys.executable, "-m", "paddle_muon_ext.cli", "hangs", log_dir, *flags],
+                    capture_output=True, timeout=120, env=env)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertEqual(proc.stderr, b"")
+                out = proc.stdout.decode("ascii")
+                if flags:
+                    self.assertEqual(json.loads(out)["ranks"]["0"]["reason"],
+                                     "uncaught ValueError: caf\u00e9 \u2713")
+                else:
+                    self.assertIn("not a hang: a crash: rank 0 raised ValueError outside any "
+                                  "collective", out)
+                    self.assertIn("dumped on: uncaught ValueError: caf\\xe9 \\u2713", out)
+                    self.assertIn('File "/tmp/caf\\xe9/train.py", line 3, in step', out)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -126,7 +126,7 @@ class PendingCollective:
                 task.wait()
         except Exception as exc:
             recorder.dump(f"{self._describe} raised {type(exc).__name__}: {exc}",
-                          request_peers=True)
+                          request_peers=True, error=exc)
             raise
         recorder.finish(self._entries)
         if self._then is not None:
@@ -152,7 +152,8 @@ def _launch_coalesced(group, issue, routes: Sequence[Route], op: str,
                 if task is not None:
                     tasks.append(task)
     except Exception as exc:
-        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True)
+        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True,
+                      error=exc)
         raise
     return PendingCollective(tasks, entries, describe, then)
 
@@ -287,7 +288,7 @@ def _recorded_buffer_ops(buffers, op: str, run) -> None:
             run(buffer)
         except Exception as exc:
             recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
-                          f"{type(exc).__name__}: {exc}", request_peers=True)
+                          f"{type(exc).__name__}: {exc}", request_peers=True, error=exc)
             raise
         recorder.finish((entry,))
 
