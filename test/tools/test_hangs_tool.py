@@ -396,20 +396,23 @@ class TestRealGlooJobs(unittest.TestCase):
             # Only dumps taken after the stall count: on a loaded box a slow
             # step-0 collective can pass the 3 s timeout and dump every rank
             # (CI saw it once) before anything hangs; the job goes on then and
-            # each rank dumps again, over the same file, once the hang is real.
+            # each rank dumps again once the hang is real (a new stall: its
+            # first dump file is rewritten).
             if mode != "hang":
                 return False
             try:
                 stalled = os.stat(os.path.join(d, STALL_MARKER)).st_mtime
             except OSError:
                 return False
-            fresh = 0
+            fresh = set()
             for path in glob.glob(os.path.join(d, f"{fr.DUMP_PREFIX}*.json")):
                 try:
-                    fresh += os.stat(path).st_mtime >= stalled
+                    if os.stat(path).st_mtime >= stalled:
+                        # a rank's later dumps are muon_flight_rank<R>.<n>.json
+                        fresh.add(os.path.basename(path)[len(fr.DUMP_PREFIX):].split(".")[0])
                 except OSError:  # replaced between the glob and the stat
                     pass
-            return fresh >= nproc
+            return len(fresh) >= nproc
 
         result = run_paddle_launch(JOB_WORKER, nproc, env=env, timeout_s=240, log_dir=log_dir,
                                    stop_when=every_rank_dumped, keep_log_dir=True)

@@ -54,6 +54,45 @@ class TestModelFile(unittest.TestCase):
             message = self._error(path)
             self.assertTrue(message.startswith(f"model file {path}: {why}"), message)
 
+    def test_an_integer_too_long_to_read_names_the_file_and_its_place(self) -> None:
+        """An integer with more digits than Python converts (4300 by default)
+        is one InputError naming the file, the integer's length and its line
+        and column, never Python's bare 'Exceeds the limit'; through the CLI,
+        one error line and exit 2. The same digits inside a string are text."""
+        import io
+        import sys
+        from contextlib import redirect_stdout
+        from unittest import mock
+
+        from paddle_muon_ext import cli
+
+        limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+        huge = "7" * (limit + 700)
+        rows = [
+            ("in a shape", '[{"name": "w", "shape": [' + huge + ', 4]}]', 1, 26),
+            ("negative, line 3", '[\n {"name": "w", "shape": [4, 4],\n  "x": -' + huge + "}]",
+             3, 8),
+            ("after the digits in a string",
+             '[{"name": "' + huge + '", "shape": [4, 4]},\n {"name": "v", "shape": [' + huge
+             + "]}]", 2, 26),
+        ]
+        for label, text, line, column in rows:
+            with self.subTest(label):
+                path = self._file(f"{label.replace(' ', '_')}.json", text)
+                message = self._error(path)
+                self.assertTrue(message.startswith(
+                    f"model file {path}: holds an integer of {len(huge)} digits at line "
+                    f"{line}, column {column} (Python reads at most {limit})"), message)
+                self.assertNotIn("Exceeds the limit", message)
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), mock.patch("sys.stderr", err):
+            code = cli.main(["plan", "--ep", "2", "--moe-sharding", "2", "--gpus-per-node",
+                             "4", "--model", path])
+        self.assertEqual(code, 2, err.getvalue())
+        self.assertEqual(len(err.getvalue().splitlines()), 1, err.getvalue())
+        self.assertTrue(err.getvalue().startswith(f"error: model file {path}: holds an "
+                                                  "integer of"), err.getvalue())
+
     def test_only_whole_regular_files_are_read(self) -> None:
         from unittest import mock
 

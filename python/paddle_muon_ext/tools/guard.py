@@ -20,6 +20,8 @@
   exception (``PADDLE_MUON_EXT_TRACEBACK=1`` shows its traceback).
 * With ``--json`` everything a subcommand prints goes to stderr while it
   works; only :func:`emit_result` writes to stdout, so stdout is the JSON.
+* stdout never fails on text its encoding lacks (an ASCII locale): such
+  characters are written escaped (``\\xe9``).
 * :class:`ArgumentParser` reports a bad flag in one ``error:`` line (exit 2)
   instead of argparse's usage block.
 """
@@ -71,7 +73,15 @@ class _CheckedStream:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:
+                # an ASCII locale (LC_ALL=C without UTF-8 mode): text from a
+                # dump or a file name is written with the characters the
+                # stream cannot encode escaped (\xe9), not refused
+                encoding = getattr(self._stream, "encoding", None) or "ascii"
+                return self._stream.write(
+                    text.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as exc:
             raise _StdoutFailed(exc) from None
 

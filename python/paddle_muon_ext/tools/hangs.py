@@ -25,6 +25,14 @@ verdict:
 * a hang - no rank raised: the rank(s) the others wait for and the
   collective they are stuck before (:func:`diagnose`).
 
+A rank may leave several dumps of one stall: the first
+(``muon_flight_rank<R>.json``, taken when the stall was noticed) is the
+evidence the verdict reads; the later ones of the same process
+(``muon_flight_rank<R>.<n>.json``: the gloo timeout, the exception hook, a
+peer's request) are listed under the rank, and what they say the rank
+raised counts too. Later dumps of another process (an earlier job) are
+ignored, with a note.
+
 When the dumps hold Python stacks (``stacks``, written by recorders since
 they had them; older dumps have none), the report ends with the stack of
 each rank named above (the thread in a collective, else the main thread)
@@ -77,8 +85,12 @@ MAX_TOTAL_BYTES = 512 << 20
 _RAISED_RE = re.compile(r"^(?P<op>\w+) on group \[[^\]]*\] \(phase [^)]*\) raised "
                         r"(?P<exc>[\w.]+)(?::|$)")
 _UNCAUGHT_RE = re.compile(r"^uncaught (?P<exc>[\w.]+)(?::|$)")
-# diagnose()'s line for a culprit that left a dump ("it left no dump" has no stack)
-_CULPRIT_RE = re.compile(r"^rank (\d+) is the rank the others wait for: (?!it left no dump)")
+# diagnose()'s line for a culprit that left a dump ("it left no dump" has no stack),
+# or for a peer that left the collective the others wait in
+# the later dumps of one stall: muon_flight_rank<R>.<n>.json
+_NUMBERED_RE = re.compile(re.escape(DUMP_PREFIX) + r"\d+\.(\d+)\.json")
+_CULPRIT_RE = re.compile(r"^rank (\d+) (?:is the rank the others wait for: (?!it left no dump)"
+                         r"|has left the collective the others wait in)")
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>\S+)')
 #: Innermost frames shown of a blamed rank's stack, and of a waiting rank's.
 CULPRIT_FRAMES = 12
@@ -227,11 +239,16 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
         log_dir (str): the directory the ranks dumped into.
 
     Returns:
-        dict: rank -> the dump's data.
+        dict: rank -> the data of the rank's first dump (the evidence), with
+        two keys added: ``later_dumps``, the data of its later dumps of the
+        same process (oldest first; each with ``file``, its name), and
+        ``ignored_dumps``, the names of its later dumps written by another
+        process.
 
     Raises:
         DumpError: missing directory, no dumps, an unreadable or malformed
-            dump (naming the file and the field), or two dumps of one rank.
+            dump (naming the file and the field), or two dumps of one rank
+            with one number.
     """
     if not os.path.isdir(log_dir):
         raise DumpError(f"log dir {log_dir!r}: not a directory, pass the launcher's --log_dir "
@@ -242,8 +259,8 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
             f"log dir {log_dir!r}: no {DUMP_PREFIX}<R>.json dumps; ranks dump when a collective "
             "raises and, once armed (launch with PADDLE_MUON_FLIGHT_RECORDER_ARM=1), on a "
             "collective timeout, an uncaught exception or SIGUSR1 (kill -USR1 <pid> on every rank)")
-    dumps: dict[int, dict] = {}
-    where: dict[int, str] = {}
+    # rank -> number -> (path, data); number 1 is muon_flight_rank<R>.json
+    found: dict[int, dict[int, tuple[str, dict]]] = {}
     fix = "remove it or re-dump that rank with SIGUSR1"
     total = 0
     for path in paths:
@@ -268,9 +285,11 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
         if problem:
             raise DumpError(f"dump {path!r}: {problem}; {fix}")
         rank = data["rank"]
-        if rank in dumps:
-            raise DumpError(f"dump {path!r}: rank {rank} again (also in {where[rank]!r}); "
-                            "remove the dump of the other job")
+        numbered = _NUMBERED_RE.fullmatch(os.path.basename(path))
+        number = int(numbered.group(1)) if numbered else 1
+        if number in found.get(rank, {}):
+            raise DumpError(f"dump {path!r}: rank {rank} again (also in "
+                            f"{found[rank][number][0]!r}); remove the dump of the other job")
         # Only the unfinished collectives and the last finished one are read
         # later: drop the rest of the ring buffer now, so memory holds one dump
         # at a time, not the whole log dir.
@@ -279,6 +298,19 @@ def load_dumps(log_dir: str) -> dict[int, dict]:
                      if entries[i].get("finish") is not None), None)
         data["entries"] = [e for i, e in enumerate(entries)
                            if e.get("finish") is None or i == last]
+        found.setdefault(rank, {})[number] = (path, data)
+    dumps: dict[int, dict] = {}
+    where: dict[int, str] = {}
+    for rank, by_number in found.items():
+        (path, data), *rest = [by_number[n] for n in sorted(by_number)]
+        data["file"], data["later_dumps"], data["ignored_dumps"] = os.path.basename(path), [], []
+        for later_path, later in rest:
+            same = (later.get("pid"), later.get("host")) == (data.get("pid"), data.get("host"))
+            if same:
+                later["file"] = os.path.basename(later_path)
+                data["later_dumps"].append(later)
+            else:
+                data["ignored_dumps"].append(os.path.basename(later_path))
         dumps[rank], where[rank] = data, path
     worlds = {d.get("world_size") or 0 for d in dumps.values()} - {0}
     if len(worlds) > 1:
@@ -321,7 +353,8 @@ def classify(dumps: dict[int, dict]) -> dict:
 
     Returns:
         dict: ``kind`` (``"crash"`` / ``"hang"`` / ``"none"``), ``raised``
-        (rank -> {"exception", "kind", "op", "phase", "collective"}),
+        (rank -> {"exception", "kind", "op", "phase", "collective", "reason"},
+        ``reason`` that of the dump saying it raised),
         ``culprits`` (the dumped ranks the verdict blames) and ``lines``
         (the verdict).
     """
@@ -329,14 +362,20 @@ def classify(dumps: dict[int, dict]) -> dict:
     world = max([int(d.get("world_size") or 0) for d in dumps.values()] + [0])
     raised = {}
     for rank, data in sorted(dumps.items()):
-        hit = _raised(data["reason"])
+        # the first dump that says the rank raised: the evidence, else a later one
+        hit, said = None, data
+        for said in [data] + list(data.get("later_dumps") or []):
+            hit = _raised(said["reason"])
+            if hit is not None:
+                break
         if hit is None:
             continue
-        state = states[rank]
+        state = states[rank] if said is data else RankState.from_dump(said)
         first = state.in_flight[0] if state.in_flight else None
         raised[rank] = {**hit, "op": first["op"] if first else hit["op"],
                         "phase": first.get("phase") if first else None,
-                        "collective": describe_collective(first) if first else None}
+                        "collective": describe_collective(first) if first else None,
+                        "reason": said["reason"]}
     missing = [r for r in range(world) if r not in dumps] if world else []
     errors = {r: v for r, v in raised.items() if v["kind"] == "error"}
     lost = {r: v for r, v in raised.items() if v["kind"] == "peer_lost"}
@@ -375,7 +414,7 @@ def classify(dumps: dict[int, dict]) -> dict:
     for rank, r in culprits.items():
         lines.append(f"  rank {rank} raised {r['exception']}"
                      + (f" in {r['collective']}" if r["collective"] else "")
-                     + f"; its dump: {dumps[rank]['reason']}")
+                     + f"; its dump: {r['reason']}")
     followers = sorted(r for r in raised if r not in culprits)
     if followers:
         lines.append(f"  {_ranks(followers)} then failed in a collective (a timeout or a "
@@ -413,6 +452,13 @@ def _report(dumps: dict[int, dict]) -> tuple[list[str], dict]:
     for rank, data in sorted(dumps.items()):
         lines.append(f"  rank {rank} (pid {data.get('pid')}, {data.get('host')}): "
                      f"{_where(RankState.from_dump(data))}; dumped on: {data.get('reason')}")
+        for later in data.get("later_dumps") or []:
+            after = float(later.get("time") or 0.0) - float(data.get("time") or 0.0)
+            lines.append(f"    then {later['file']} ({after:+.0f} s): {later.get('reason')}")
+        ignored = data.get("ignored_dumps") or []
+        if ignored:
+            lines.append(f"    note: ignored {', '.join(ignored)}: written by another process "
+                         f"than {data.get('file')} (an earlier job); remove them")
     times = [float(d.get("time") or 0.0) for d in dumps.values()]
     if max(times) - min(times) > STALE_SPREAD_S:
         lines.append(f"  note: the dumps were written {max(times) - min(times):.0f} s apart; "
@@ -529,7 +575,12 @@ def _main(argv: list, prog: str) -> int:
                                "in_flight": [e for e in d["entries"] if e.get("finish") is None],
                                # where the rank is: see stack_of(); null without stacks
                                "stack_thread": (stack_of(d) or {}).get("thread"),
-                               "stack": (stack_of(d) or {}).get("frames")}
+                               "stack": (stack_of(d) or {}).get("frames"),
+                               "file": d.get("file"),
+                               "later_dumps": [{"file": x["file"], "time": x.get("time"),
+                                                "reason": x["reason"]}
+                                               for x in d.get("later_dumps") or []],
+                               "ignored_dumps": d.get("ignored_dumps") or []}
                       for r, d in sorted(dumps.items())},
             "world_size": max([int(d.get("world_size") or 0) for d in dumps.values()] + [0]),
             "report": lines,

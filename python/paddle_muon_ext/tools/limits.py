@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
@@ -277,6 +279,16 @@ def read_model_file(path: str) -> List[dict]:
     except RecursionError:
         raise InputError(what, path, "is nested too deeply to read",
                          'give a flat list [{"name": ..., "shape": [...]}, ...]') from None
+    except ValueError as exc:
+        # Python refuses to convert an integer of more than
+        # sys.get_int_max_str_digits() digits (4300) and does not say where
+        place = _long_integer(raw.decode("utf-8"))
+        if place is None:
+            raise InputError(what, path, f"cannot be read ({exc})", "fix the file") from None
+        digits, line, column = place
+        raise InputError(what, path, f"holds an integer of {digits} digits at line {line}, "
+                         f"column {column} (Python reads at most {_int_digits()})",
+                         f"write each dimension as an integer of at most {LIMITS.dim}") from None
     if isinstance(data, dict):
         data = data.get("params")
     if not isinstance(data, list) or not data:
@@ -286,6 +298,29 @@ def read_model_file(path: str) -> List[dict]:
         raise InputError(what, path, f"has {len(data)} parameters, above the limit "
                          f"{LIMITS.model_entries}", "trim the parameter list")
     return [_entry(path, i, obj) for i, obj in enumerate(data)]
+
+
+# A JSON string (skipped) or number, to find an integer token in the text.
+_JSON_STRING_OR_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
+
+
+def _int_digits() -> int:
+    """The most digits Python converts to an int (no limit before 3.11: 0)."""
+    return sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+
+
+def _long_integer(text: str) -> Optional[tuple]:
+    """(digits, line, column) of the first JSON integer longer than Python
+    converts, or None."""
+    limit = _int_digits()
+    if not limit:
+        return None
+    for m in _JSON_STRING_OR_NUMBER.finditer(text):
+        token = m.group().lstrip("-")
+        if token.isdigit() and len(token) > limit:
+            start = m.start()
+            return len(token), text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+    return None
 
 
 def _entry(path: str, index: int, obj: Any) -> dict:

@@ -612,12 +612,21 @@ class TestStuckRankInRealGlooJob(unittest.TestCase):
     """4 gloo processes; rank 3 stalls in 'cross_node_reduce' of step 2."""
 
     @staticmethod
-    def _states(log_dir: str) -> dict:
-        states = {}
+    def _states(log_dir: str, newest: bool = False) -> dict:
+        """rank -> (state, dump) of each rank's first dump of the stall
+        (``muon_flight_rank<R>.json``), or with ``newest`` its latest one
+        (the highest ``muon_flight_rank<R>.<n>.json``)."""
+        def number(path: str) -> int:
+            m = re.search(r"\.(\d+)\.json$", path)
+            return int(m.group(1)) if m else 1
+
+        states, numbers = {}, {}
         for path in glob.glob(os.path.join(log_dir, f"{fr.DUMP_PREFIX}*.json")):
             with open(path) as f:
                 data = json.load(f)
-            states[data["rank"]] = (fr.RankState.from_dump(data), data)
+            rank, n = data["rank"], number(path)
+            if rank not in numbers or (n > numbers[rank]) == newest:
+                states[rank], numbers[rank] = (fr.RankState.from_dump(data), data), n
         return states
 
     def test_hangs_names_stuck_rank_and_phase(self) -> None:
@@ -628,7 +637,7 @@ class TestStuckRankInRealGlooJob(unittest.TestCase):
         def two_rounds(d: str) -> bool:
             """Round 1: the watchdog's timeout dumps (and the peers it asks).
             Round 2: ``kill -USR1`` every rank, blocked ones included."""
-            states = self._states(d)
+            states = self._states(d, newest="watchdog" in rounds)
             if len(states) < 4:
                 return False
             if "watchdog" not in rounds:

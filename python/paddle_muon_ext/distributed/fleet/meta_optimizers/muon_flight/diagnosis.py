@@ -122,9 +122,15 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         states: rank -> :class:`RankState` (ranks without a dump absent).
         world_size: to list ranks that left no state at all.
 
+    A rank that waits for nobody (every peer issued its collective) may wait
+    for a peer that has left that collective: the peer finished it (or gave
+    up on it) and is in no collective or in a later one. Such a peer is named
+    in the words ``rank R has left the collective the others wait in``.
+
     Returns:
         Report lines; the first says who is stuck, in the words
-        ``rank R is the rank the others wait for`` (or that none is waiting).
+        ``rank R is the rank the others wait for`` or ``rank R has left the
+        collective the others wait in`` (or that none is waiting).
     """
     waits: dict[int, tuple[dict, list[int]]] = {}
     # Each member's count on a group is looked up once per group, not once per
@@ -179,6 +185,7 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         lines.append(f"rank {p} is the rank the others wait for: {where}"
                      f"{note}, it has not issued {describe_collective(awaited)}; "
                      f"its last finished collective: {last}")
+    lines.extend(_left_lines(states, waits))
     if not lines:
         lines.append("no rank is outside a collective: "
                      f"{_ranks(sorted(waits))} wait on each other (collectives issued "
@@ -195,4 +202,52 @@ def diagnose(states: Mapping[int, RankState], world_size: int | None = None) -> 
         missing = [r for r in range(world_size) if r not in states]
         if missing:
             lines.append(f"  no dump from {_ranks(missing)}")
+    return lines
+
+
+def _where_now(state: RankState) -> str:
+    if state.in_flight:
+        return f"waiting in {describe_collective(state.in_flight[0])}"
+    return "in no collective, " + ("outside any phase" if state.phase is None
+                                   else f"in {phase_text(state.phase)}")
+
+
+def _left_lines(states: Mapping[int, RankState],
+                waits: Mapping[int, tuple[dict, list[int]]]) -> list[str]:
+    """Lines naming the peers that left a collective a rank still waits in.
+
+    Only ranks that wait for nobody are looked at (the others' waits are
+    explained by the ranks they wait for): a peer that issued the collective
+    and holds no unfinished entry of it has left it.
+    """
+    alone = [(rank, e) for rank, (e, behind) in sorted(waits.items()) if not behind]
+    if not alone:
+        return []
+    # (group id, ranks, group_seq) -> ranks still inside that collective
+    inside: dict[tuple, set[int]] = {}
+    for rank, state in states.items():
+        for f in state.in_flight:
+            inside.setdefault((f["group_id"], tuple(f["group_ranks"]), f["group_seq"]),
+                              set()).add(rank)
+    left: dict[tuple, tuple[dict, list[int], list[int]]] = {}
+    for rank, e in alone:
+        k = (e["group_id"], tuple(e["group_ranks"]), e["group_seq"])
+        peers = [p for p in k[1] if p != rank and p in states and p not in inside.get(k, ())]
+        if peers:
+            left.setdefault(k, (e, peers, []))[2].append(rank)
+    lines = []
+    for e, peers, waiters in left.values():
+        one = len(peers) == 1
+        lines.append(f"{_ranks(peers)} {'has' if one else 'have'} left the collective the "
+                     f"others wait in: {_ranks(waiters)} {'waits' if len(waiters) == 1 else 'wait'}"
+                     f" in {describe_collective(e)}, which {'it' if one else 'they'} issued "
+                     f"and {'is' if one else 'are'} no longer in")
+        for p in peers[:_LIST_SHOWN]:
+            state = states[p]
+            last = (describe_collective(state.last_finished) if state.last_finished
+                    else "none recorded")
+            lines.append(f"  rank {p} is now {_where_now(state)}; its last finished "
+                         f"collective: {last}")
+        if len(peers) > _LIST_SHOWN:
+            lines.append(f"  ... and {len(peers) - _LIST_SHOWN} more ranks that left it")
     return lines

@@ -27,7 +27,14 @@ first collective the main thread records) or :func:`arm` (at once); :func:`disar
 the previous hooks. A collective that raises dumps whether armed or not.
 
 A dump (JSON, ``muon_flight_rank<R>.json``) is written to
-``PADDLE_MUON_FLIGHT_DIR``, else to the launcher's ``PADDLE_LOG_DIR``:
+``PADDLE_MUON_FLIGHT_DIR``, else to the launcher's ``PADDLE_LOG_DIR``. The
+first dump of a stall is kept: while the collective that was oldest in flight
+at that dump has not finished (or, with none in flight, while no collective
+was issued since), later dumps of the process (the gloo timeout, the
+exception hook, a peer's request) go beside it as ``muon_flight_rank<R>.<n>.json``
+(n = 2 .. :data:`MAX_DUMPS_PER_STALL`; past it the last one is rewritten).
+A dump of a new stall replaces the first and removes the process's later
+ones. Dumps are written:
 
 * when a collective raises (gloo's timeout, a broken peer);
 * armed: when an uncaught exception ends the process;
@@ -45,7 +52,9 @@ Every dump also holds the Python stacks of the process's threads (``stacks``:
 the thread in the oldest unfinished collective first, then the main thread;
 at most :data:`~.stacks.STACK_FRAMES` innermost frames each), read with
 ``sys._current_frames()`` when the dump is written: nothing is installed for
-it, and ``hangs`` shows the stuck rank's stack.
+it, and ``hangs`` shows the stuck rank's stack. A dump taken for an
+exception (the exception hook, a collective that raised) holds, for the
+thread that handles it, where the exception was raised.
 
 ``PADDLE_MUON_FLIGHT_RECORDER=0`` turns recording off;
 ``PADDLE_MUON_FLIGHT_ENTRIES`` sets N (default 2048). The same approach as
@@ -102,6 +111,8 @@ LAUNCHER_LOG_DIR_ENV = "PADDLE_LOG_DIR"
 REQUEST_FILE = "muon_flight.request"
 DEFAULT_ENTRIES = 2048
 DEFAULT_TIMEOUT_S = 600.0
+#: Dump files one stall may have per rank: the first, then ``.2`` up to this.
+MAX_DUMPS_PER_STALL = 9
 _POLL_S = 1.0
 _SEQ, _GSEQ, _PHASE, _OP, _GID, _RANKS, _ROOT, _DTYPE, _NUMEL, _START, _FINISH = range(11)
 # After FIELDS (not dumped as a field): the thread that issued the collective,
@@ -154,9 +165,11 @@ def dump_dir() -> str | None:
     return os.environ.get(ENV_DIR) or os.environ.get(LAUNCHER_LOG_DIR_ENV) or None
 
 
-def dump_path(directory: str, rank: int) -> str:
-    """File name of ``rank``'s dump inside ``directory``."""
-    return os.path.join(directory, f"{DUMP_PREFIX}{rank}.json")
+def dump_path(directory: str, rank: int, number: int = 1) -> str:
+    """File name of ``rank``'s dump inside ``directory``: the first dump of a
+    stall (``number`` 1), or its ``number``-th (``muon_flight_rank<R>.<n>.json``)."""
+    suffix = "" if number == 1 else f".{number}"
+    return os.path.join(directory, f"{DUMP_PREFIX}{rank}{suffix}.json")
 
 
 def _own_rank() -> int:
@@ -204,6 +217,12 @@ class FlightRecorder:
         self._excepthook = None
         self._sigusr1_dumped = 0.0
         self.dumps = 0
+        # The stall the first dump file holds: (directory, rank, oldest seq in
+        # flight or None, collectives issued); the paths of its later dumps.
+        # Reentrant: a SIGUSR1 handler may dump while the main thread dumps.
+        self._stall: tuple | None = None
+        self._later: list[str] = []
+        self._name_lock = threading.RLock()
 
     # ------------------------------------------------------------ recording
     @staticmethod
@@ -260,11 +279,13 @@ class FlightRecorder:
             self._seq = 0
 
     # ------------------------------------------------------------ dumping
-    def snapshot(self, reason: str) -> dict:
+    def snapshot(self, reason: str, error: BaseException | None = None) -> dict:
         """Everything a dump holds, as JSON-ready data.
 
         Args:
             reason (str): why the dump is taken.
+            error (BaseException|None): the exception the calling thread
+                handles; its stack is then where ``error`` was raised.
 
         Returns:
             dict: rank, pid, host, reason, the main thread's phase, per-group
@@ -277,7 +298,7 @@ class FlightRecorder:
             oldest = next(iter(self._in_flight.values()), None)
         blocked = oldest[_THREAD] if oldest is not None else None
         try:
-            stacks = thread_stacks(blocked)
+            stacks = thread_stacks(blocked, error)
         except Exception:  # noqa: BLE001 - a dump must not fail for want of its stacks
             stacks = []
         rows = []
@@ -304,14 +325,48 @@ class FlightRecorder:
             "stacks": stacks,
         }
 
+    def _dump_number(self, directory: str, rank: int) -> int:
+        """1 for the first dump of a stall, else the next later number."""
+        with self._lock:
+            oldest = next(iter(self._in_flight.values()), None)
+            seq = oldest[_SEQ] if oldest is not None else None
+            issued = self._seq
+            if self._stall is not None:
+                s_dir, s_rank, s_seq, s_issued = self._stall
+                same = (s_dir, s_rank) == (directory, rank) and (
+                    s_seq in self._in_flight if s_seq is not None else s_issued == issued)
+            else:
+                same = False
+        with self._name_lock:
+            if same:
+                number = min(len(self._later) + 2, MAX_DUMPS_PER_STALL)
+                path = dump_path(directory, rank, number)
+                if path not in self._later:
+                    self._later.append(path)
+                return number
+            # a new stall: the later dumps of the previous one no longer
+            # belong beside the first (this process wrote them)
+            for path in self._later:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+            self._stall, self._later = (directory, rank, seq, issued), []
+            return 1
+
     def dump(self, reason: str, directory: str | None = None,
-             request_peers: bool = False) -> str | None:
+             request_peers: bool = False, error: BaseException | None = None) -> str | None:
         """Write this rank's dump; returns its path (None without a directory).
+
+        The first dump of a stall is ``muon_flight_rank<R>.json``; later dumps
+        of the same stall go beside it (see the module docstring).
 
         Args:
             reason (str): why, e.g. ``"SIGUSR1"``.
             directory (str|None): default :func:`dump_dir`.
             request_peers (bool): also ask every rank's watchdog to dump.
+            error (BaseException|None): the exception the calling thread
+                handles (the dump's stack for it is where it was raised).
         """
         directory = directory or dump_dir()
         if directory is None:
@@ -320,8 +375,8 @@ class FlightRecorder:
                 f"(or launch with paddle.distributed.launch --log_dir)"
             )
             return None
-        data = self.snapshot(reason)
-        path = dump_path(directory, data["rank"])
+        data = self.snapshot(reason, error)
+        path = dump_path(directory, data["rank"], self._dump_number(directory, data["rank"]))
         try:
             os.makedirs(directory, exist_ok=True)
             _write_json(path, data)
@@ -362,7 +417,8 @@ class FlightRecorder:
 
             def excepthook(exc_type, exc, tb):
                 if self._armed:
-                    self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True)
+                    self.dump(f"uncaught {exc_type.__name__}: {exc}", request_peers=True,
+                              error=exc if isinstance(exc, BaseException) else None)
                 previous_hook(exc_type, exc, tb)
 
             self._excepthook = sys.excepthook = excepthook
@@ -446,7 +502,7 @@ class FlightRecorder:
         if mtime > self._request_seen:
             self._request_seen = mtime
             try:
-                with open(request) as f:
+                with open(request, encoding="utf-8") as f:
                     asked = json.load(f)
             except (OSError, ValueError):
                 asked = {}
@@ -481,7 +537,8 @@ def _write_json(path: str, data: Mapping) -> None:
     # SIGUSR1 and an uncaught exception); a shared temporary name made one
     # os.replace fail and that dump (and its peer request) was lost.
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
+    # ASCII JSON (non-ASCII text escaped) in UTF-8: the same bytes in any locale
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f)
     os.replace(tmp, path)
 

@@ -35,7 +35,19 @@ STACK_THREADS = 16
 STACK_FRAME_CHARS = 400
 
 
-def thread_stacks(in_collective: int | None = None) -> list[dict]:
+def _raised_frames(error: BaseException) -> list[str] | None:
+    """Where ``error`` was raised: the frames above the one that caught it,
+    then its traceback down to the raise, outermost first; None without one."""
+    tb = error.__traceback__
+    if tb is None:
+        return None
+    outer = tb.tb_frame.f_back
+    frames = traceback.format_stack(outer) if outer is not None else []
+    return frames + traceback.format_tb(tb)
+
+
+def thread_stacks(in_collective: int | None = None,
+                  error: BaseException | None = None) -> list[dict]:
     """The Python stacks of this process's threads, bounded, as JSON-ready data.
 
     Read from ``sys._current_frames()`` (a snapshot; installs nothing). The
@@ -44,6 +56,9 @@ def thread_stacks(in_collective: int | None = None) -> list[dict]:
 
     Args:
         in_collective (int|None): ident of the thread blocked in a collective.
+        error (BaseException|None): an exception the calling thread is
+            handling (an exception hook, an ``except`` block): that thread's
+            stack is where ``error`` was raised, not the dump's own frames.
 
     Returns:
         list[dict]: per thread ``thread`` (name), ``ident``, ``main``,
@@ -57,8 +72,10 @@ def thread_stacks(in_collective: int | None = None) -> list[dict]:
     for ident, frame in sys._current_frames().items():
         if ident == here and names.get(ident) == "muon-flight-watchdog":
             continue
+        raised = _raised_frames(error) if error is not None and ident == here else None
         # limit > 0 keeps the innermost frames (outermost first, as printed)
-        frames = traceback.format_stack(frame, limit=STACK_FRAMES)
+        frames = (raised[-STACK_FRAMES:] if raised is not None
+                  else traceback.format_stack(frame, limit=STACK_FRAMES))
         stacks.append({
             "thread": names.get(ident),
             "ident": ident,

@@ -119,7 +119,7 @@ class PendingCollective:
                 task.wait()
         except Exception as exc:
             recorder.dump(f"{self._describe} raised {type(exc).__name__}: {exc}",
-                          request_peers=True)
+                          request_peers=True, error=exc)
             raise
         recorder.finish(self._entries)
         if self._then is not None:
@@ -170,7 +170,8 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
                 if task is not None:
                     tasks.append(task)
     except Exception as exc:
-        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True)
+        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True,
+                      error=exc)
         raise
     return PendingCollective(tasks, entries, describe, then)
 
@@ -271,7 +272,7 @@ def _recorded(buffer, op: str) -> Iterator[None]:
         yield
     except Exception as exc:
         recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
-                      f"{type(exc).__name__}: {exc}", request_peers=True)
+                      f"{type(exc).__name__}: {exc}", request_peers=True, error=exc)
         raise
     recorder.finish((entry,))
 
