@@ -233,5 +233,60 @@ class TestExporterOutputs(_Dir):
             self.assertIn("+X = 1", f.read())
 
 
+class TestPlanAsksTheOptimizersRule(unittest.TestCase):
+    """``plan`` refuses what ``ShardingSettings.check_layout`` refuses, and
+    ``--recommend`` proposes nothing it refuses."""
+
+    def test_refused_layouts_are_one_error_line_naming_the_optimizers_reason(self) -> None:
+        base = ["plan", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2"]
+        rows = [
+            (["--comm-overlap", "--pp", "2"], "--comm-overlap --pp 2 (as sharding settings): "
+             "refused by MuonShardingOptimizer: sharding_configs.comm_overlap=True cannot be "
+             "combined with pipeline parallel (pp_degree=2)"),
+            (["--comm-overlap", "--pp", "2", "--recommend"], "cannot be combined with pipeline"),
+            (["--comm-overlap", "--buffer-size-MB", "0"], "needs fused gradient buffers"),
+        ]
+        for extra, words in rows:
+            with self.subTest(extra=extra):
+                out, err = io.StringIO(), io.StringIO()
+                with redirect_stdout(out), redirect_stderr(err):
+                    code = cli.main([*base, *extra])
+                lines = err.getvalue().splitlines()
+                self.assertEqual((code, out.getvalue(), len(lines)), (2, "", 1), lines)
+                self.assertIn(words, lines[0])
+        for extra in (["--pp", "2", "--comm-overlap"], ["--pp", "2"], ["--comm-overlap"]):
+            pp = 2 if "--pp" in extra else 1
+            refused = limits.optimizer_refusal(pp, "--comm-overlap" in extra, 256.0)
+            with self.subTest(rule_for=extra):
+                self.assertEqual(refused is not None, pp == 2 and "--comm-overlap" in extra)
+
+    def test_recommend_skips_every_candidate_the_optimizer_refuses(self) -> None:
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_settings import (
+            ShardingSettings,
+        )
+
+        real = ShardingSettings.check_layout
+
+        def no_1024(settings, pp):  # a stand-in rule: 1,024 MB buffers refused
+            if settings.comm_buffer_size_MB == 1024:
+                raise ValueError("1024 refused")
+            return real(settings, pp)
+
+        argv = ["plan", "--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2",
+                "--model", "tiny", "--recommend", "--json"]
+        for rule, want_1024 in ((real, True), (no_1024, False)):
+            out = io.StringIO()
+            with mock.patch.object(ShardingSettings, "check_layout", rule), \
+                    redirect_stdout(out), redirect_stderr(io.StringIO()):
+                self.assertEqual(cli.main(argv), 0)
+            import json
+
+            sizes = {c["config"]["comm_buffer_size_MB"]
+                     for c in json.loads(out.getvalue())["recommend"]["candidates"]}
+            with self.subTest(refuse_1024=not want_1024):
+                self.assertEqual(1024.0 in sizes, want_1024, sorted(sizes))
+                self.assertTrue(sizes, "other candidates stay")
+
+
 if __name__ == "__main__":
     unittest.main()
