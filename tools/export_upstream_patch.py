@@ -120,6 +120,17 @@ import sys
 import time
 import tokenize
 
+_PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+if _PYTHON_DIR not in sys.path:  # fallback when PYTHONPATH is unset
+    sys.path.append(_PYTHON_DIR)
+# the output-path rules of every tool (no paddle import)
+from paddle_muon_ext.tools.limits import (  # noqa: E402
+    STDOUT,
+    InputError,
+    check_writable,
+    write_output,
+)
+
 # source prefix -> Paddle prefix (first match wins)
 PATH_MAP = (
     ("python/paddle_muon_ext/", "python/paddle/"),
@@ -1313,6 +1324,12 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
     target = paddle_tree or PaddleTree()
     if files is None:
         files = list_source_files(repo_root, include_untracked)
+    unmatched = [g for g in include if not any(fnmatch.fnmatchcase(f, g) for f in files)]
+    if unmatched:  # a typo would otherwise give an empty (or partial) patch
+        raise ExportError("--include %s matches no file of the checkout; pass a glob of "
+                          "paths relative to the repository root, e.g. "
+                          "'python/paddle_muon_ext/optimizer/*'"
+                          % ", ".join(repr(g) for g in unmatched))
     ex = Export(target=target.describe(), tests_only=tests_only)
     found = _candidates(repo_root, files, include, exclude, extra_map, ex)
     if tests_only:
@@ -1930,18 +1947,38 @@ def exported_modules(files) -> list:
 
 
 # ------------------------------------------------------------------ main
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _write(flag: str, path: str, text: str) -> None:
+    write_output(flag, path, text.encode("utf-8"))
+
+
+def _check_outputs(args) -> str | None:
+    """The notes path (None: no notes file), after checking both output
+    paths before any work (:func:`check_writable`).
+
+    Raises:
+        InputError: an unusable path, or both naming one file.
+    """
+    output = check_writable("-o", args.output, stdout_ok=True)
+    if args.notes is None and output == STDOUT:
+        return None  # ``-o -``: the notes are printed (to stderr), no file
+    notes_arg = args.notes if args.notes is not None else notes_path_for(args.output)
+    notes = check_writable("--notes", notes_arg)
+    if notes == output:
+        raise InputError("--notes", args.notes, "is the -o file",
+                         "pass another file for the notes")
+    return notes
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("-o", "--output", required=True, help="patch file to write")
+    p.add_argument("-o", "--output", required=True,
+                   help="patch file to write; - writes the patch to standard output "
+                        "(the summary and the notes then go to stderr). An existing "
+                        "file keeps its mode; a read-only file, a directory, a "
+                        "device, a FIFO or a symbolic link is refused")
     p.add_argument("--notes", default=None,
-                   help="notes file (default: <output stem>.NOTES.md)")
+                   help="notes file (default: <output stem>.NOTES.md; none with -o - "
+                        "unless given); the same rules as -o, without -")
     p.add_argument("--repo-root", default=".")
     p.add_argument("--paddle-root", default=None,
                    help="Paddle source checkout to export against")
@@ -2000,6 +2037,15 @@ def main(argv=None) -> int:
         if "=" not in item:
             p.error("--map takes SRC=DST")
         extra_map.append(tuple(item.split("=", 1)))
+    if args.output == STDOUT and (args.verify_against_installed_paddle
+                                  or args.verify_in_copy):
+        p.error("--verify-in-copy/--verify-against-installed-paddle apply the patch "
+                "file; pass -o FILE, not -o -")
+    try:
+        notes_path = _check_outputs(args)
+    except InputError as exc:
+        print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
+        return 2
     try:
         ex = build_export(
             args.repo_root, include=args.include, exclude=args.exclude,
@@ -2025,18 +2071,25 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     notes = render_notes(ex)
-    notes_path = args.notes or notes_path_for(args.output)
-    _write(args.output, render_patch(ex, subject=(
-        "Muon sharding: tests for develop's MuonShardingOptimizer (tests only)"
-        if ex.tests_only else "Muon sharding: exported from paddle_muon_ext")))
-    _write(notes_path, notes)
+    try:
+        _write("-o", args.output, render_patch(ex, subject=(
+            "Muon sharding: tests for develop's MuonShardingOptimizer (tests only)"
+            if ex.tests_only else "Muon sharding: exported from paddle_muon_ext")))
+        if notes_path is not None:
+            _write("--notes", notes_path, notes)
+    except InputError as exc:
+        print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
+        return 2
     added = sum(1 for c in ex.changes.values() if c.old is None)
-    print("Wrote %s (%s%d added, %d modified) and %s"
-          % (args.output, "tests only: " if ex.tests_only else "", added,
-             len(ex.changes) - added, notes_path))
-    print(render_patch_size(patch_stats(ex)))
-    print()
-    print(notes)
+    # with -o - stdout is the patch: the report goes to stderr
+    report = sys.stderr if args.output == STDOUT else sys.stdout
+    print("Wrote %s (%s%d added, %d modified)%s"
+          % ("the patch to standard output" if args.output == STDOUT else args.output,
+             "tests only: " if ex.tests_only else "", added, len(ex.changes) - added,
+             " and %s" % notes_path if notes_path else ""), file=report)
+    print(render_patch_size(patch_stats(ex)), file=report)
+    print(file=report)
+    print(notes, file=report)
     if args.verify_against_installed_paddle or args.verify_in_copy:
         work = args.verify_against_installed_paddle or args.verify_in_copy
         mods = args.verify_module or exported_modules(ex.changes)

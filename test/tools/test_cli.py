@@ -234,6 +234,26 @@ class TestClusterLayouts(unittest.TestCase):
         self.assertEqual(cfg.group_call, "both")
         self.assertEqual(set(predict_cluster(cfg)), {"off", "on"})
 
+    def test_the_plan_comparison_follows_a_passed_run_only(self) -> None:
+        """A failed run prints no prediction and no measured-vs-predicted table."""
+        args = self._args("--nodes", "2", "--procs-per-node", "2")
+        for status, code, compared in (("PASS", 0, True), ("FAIL", 1, False)):
+            result = cluster.ClusterResult(cluster.config_from_args(args), status=status)
+            result.steps = {(g, 1): {"seconds": 0.5, "tx": 100, "rx": 0, "loss": 1.0}
+                            for g in (0, 1)}
+            from paddle_muon_ext.tools.plan import predict_cluster
+
+            predict = mock.Mock(wraps=predict_cluster)
+            out, err = io.StringIO(), io.StringIO()
+            with mock.patch.object(cluster, "run_cluster", return_value=result), \
+                    redirect_stdout(out), redirect_stderr(err):
+                self.assertEqual(cluster.main(args, predict=predict), code)
+            with self.subTest(status=status):
+                self.assertEqual(predict.called, compared)
+                self.assertEqual("measured inter-node bytes/step" in out.getvalue(), compared,
+                                 out.getvalue())
+                self.assertTrue(out.getvalue().rstrip().splitlines()[-1].startswith(status))
+
     def test_prediction_failure_does_not_fail_a_passed_run(self) -> None:
         args = self._args("--nodes", "2", "--procs-per-node", "2")
         result = cluster.ClusterResult(cluster.config_from_args(args), status="PASS")

@@ -52,3 +52,20 @@ def test_a_helper_package_travels_with_its_init(tmp_path):
     assert {FLEET + "test_muon_uses_pkg.py", "test/helperpkg/__init__.py",
             "test/helperpkg/numbers.py"} <= set(ex.changes), sorted(ex.changes)
     assert "test/helperpkg/unused.py" not in ex.changes
+
+
+def test_a_worker_script_named_with_a_directory_part_travels():
+    # a launcher names its worker as a bare file name or with a directory part;
+    # either way the worker beside the marked test goes into the patch
+    for spelling in ("muon_w.py", "./muon_w.py", "test/collective/fleet/muon_w.py",
+                     "/abs/path/muon_w.py"):
+        ours = {
+            FLEET + "test_muon_launches.py": (ep.UPSTREAM_TESTS_MARKER + "\nimport unittest\n"
+                                              "WORKER = %r" % spelling + BODY),
+            FLEET + "muon_w.py": "print('worker')\n",
+            FLEET + "muon_other.py": "print('other')\n",
+        }
+        candidates = [(src, src, text) for src, text in ours.items()]
+        selected, _left = ep.select_upstream_tests(candidates)
+        assert sorted(c[1] for c in selected) == [FLEET + "muon_w.py",
+                                                  FLEET + "test_muon_launches.py"], spelling

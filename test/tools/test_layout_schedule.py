@@ -122,10 +122,14 @@ def test_compare_schedule_names_each_divergence():
     assert compare_schedule(layout, records, cfg.steps) == []
 
     ops = _optimizer_records(layout, records)
-    # One collective missing: the per-step count disagrees.
-    short = [r for r in records if r is not ops[-1]]
-    problems = compare_schedule(layout, short, cfg.steps)
-    assert len(problems) == 1 and "the layout predicts" in problems[0], problems
+    # The per-step count disagrees: one collective missing, or one more than predicted.
+    for label, trace, count in (
+            ("one missing", [r for r in records if r is not ops[-1]], len(ops) - 1),
+            ("one extra", records + [ops[-1]], len(ops) + 1)):
+        problems = compare_schedule(layout, trace, cfg.steps)
+        assert problems == [f"rank {layout.rank}: recorded {count} collectives in {cfg.steps} "
+                            f"steps, the layout predicts {len(ops) // cfg.steps} per step"], \
+            (label, problems)
 
     hooks = sum(1 for op in layout.schedule() if op.trigger == "backward")
     assert hooks > 0, "an overlap layout launches collectives from backward hooks"

@@ -205,8 +205,13 @@ def test_verify_unfused_passes(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--comm-overlap", "--unfused"], "needs fused buffers"),
-        (["--comm-overlap", "--pp", "2"], "cannot be combined with --pp 2"),
+        (["--comm-overlap", "--unfused"],
+         "--comm-overlap --unfused (as sharding settings): refused by MuonShardingOptimizer: "
+         "sharding_configs.comm_overlap=True needs fused gradient buffers"),
+        (["--comm-overlap", "--pp", "2"],
+         "--comm-overlap --pp 2 (as sharding settings): refused by MuonShardingOptimizer: "
+         "sharding_configs.comm_overlap=True cannot be combined with pipeline parallel "
+         "(pp_degree=2)"),
     ],
     ids=["overlap_unfused", "overlap_pp2"],
 )

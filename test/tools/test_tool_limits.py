@@ -186,6 +186,11 @@ class TestValues(unittest.TestCase):
         self.assertEqual((L.png_path("out"), L.png_path("a/b.png")), ("out.png", "a/b.png"))
         self.assertIsNone(L.check_local_size(8, {"PADDLE_LOCAL_SIZE": "8"}))
         self.assertIsNone(L.check_local_size(8, {}))
+        # unset, set but empty or blank, or equal: no note (a launcher may export it empty)
+        for env in ({}, {"PADDLE_LOCAL_SIZE": ""}, {"PADDLE_LOCAL_SIZE": "  "},
+                    {"PADDLE_LOCAL_SIZE": "8"}, {"PADDLE_LOCAL_SIZE": " 8 "}):
+            with self.subTest(env=env):
+                self.assertIsNone(L.check_local_size(8, env))
         note = L.check_local_size(8, {"PADDLE_LOCAL_SIZE": "4"})
         self.assertIn("PADDLE_LOCAL_SIZE=4", note)
         self.assertIn("--gpus-per-node 8", note)

@@ -96,26 +96,45 @@ class TestResults(unittest.TestCase):
         self.assertEqual(set(bugs.values()) - {"UB-1", "UB-2"}, set())
 
     def test_junit_outcomes(self):
-        xml = textwrap.dedent("""\
-            <testsuites><testsuite>
-              <testcase classname="t.TestA" name="test_ok"/>
-              <testcase classname="t.TestA" name="test_bug">
-                <skipped type="pytest.xfail" message="x"/></testcase>
-              <testcase classname="t.TestA" name="test_new">
-                <failure message="boom&#10;more"/></testcase>
-              <testcase classname="t.TestA" name="test_skip">
-                <skipped type="pytest.skip" message="s"/></testcase>
-            </testsuite></testsuites>""")
-        with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
-            f.write(xml)
-        try:
-            counts, div = uc.read_results(f.name, {("TestA", "test_bug"): "UB-1"})
-        finally:
-            os.unlink(f.name)
-        self.assertEqual(counts, {"passed": 1, "failed": 1, "expected_failures": 1, "skipped": 1})
-        self.assertEqual([(d["test"], d["bug"], d["explained"]) for d in div],
-                         [("t.TestA::test_bug", "UB-1", True), ("t.TestA::test_new", None, False)])
-        self.assertEqual(div[1]["message"], "boom")
+        """Each junit outcome lands in one count; failures, setUp/tearDown
+        errors and expected failures are divergences, an expected failure
+        explained only with ``@upstream_bug``."""
+        bugs = {("TestA", "test_bug"): "UB-1"}
+        # (testcase body, count bumped, divergence (bug, explained, message) or None)
+        rows = [
+            ("", "passed", None),
+            ('<skipped type="pytest.xfail" message="x"/>', "expected_failures",
+             ("UB-1", True, None)),
+            ('<failure message="boom&#10;more"/>', "failed", (None, False, "boom")),
+            ('<error message="error in setUp&#10;trace"/>', "failed",
+             (None, False, "error in setUp")),
+            ('<error message="error in tearDown"/>', "failed", (None, False, "error in tearDown")),
+            ('<skipped type="pytest.skip" message="s"/>', "skipped", None),
+        ]
+        for body, bucket, divergence in rows:
+            for name in (("test_bug",) if "xfail" in body else ("test_x",)) + (
+                    ("test_unmarked",) if "xfail" in body else ()):
+                xml = (f'<testsuites><testsuite><testcase classname="t.TestA" name="{name}">'
+                       f"{body}</testcase></testsuite></testsuites>")
+                with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
+                    f.write(xml)
+                try:
+                    counts, div = uc.read_results(f.name, bugs)
+                finally:
+                    os.unlink(f.name)
+                want = divergence
+                if name == "test_unmarked":  # an expected failure without @upstream_bug
+                    want = (None, False, None)
+                with self.subTest(body=body, test=name):
+                    self.assertEqual(counts, {k: int(k == bucket) for k in counts})
+                    if want is None:
+                        self.assertEqual(div, [])
+                        continue
+                    self.assertEqual(len(div), 1)
+                    self.assertEqual((div[0]["test"], div[0]["bug"], div[0]["explained"]),
+                                     (f"t.TestA::{name}", want[0], want[1]))
+                    if want[2] is not None:
+                        self.assertEqual(div[0]["message"], want[2])
 
 
 class TestCommandLine(unittest.TestCase):
@@ -135,6 +154,8 @@ class TestCommandLine(unittest.TestCase):
                 (tmp + "/python",): "has no python/paddle",
                 (tmp, "--lines", "9-1"): "--lines '9-1'",
                 (tmp, "--base", "HEAD~0"): "--base 'HEAD~0' is not a commit",
+                (tmp, "--log", "/dev/null"): "--log /dev/null: is a character device",
+                (tmp, "--log", tmp): f"--log {tmp}: is a directory",
             }
             for args, words in cases.items():
                 start = time.perf_counter()

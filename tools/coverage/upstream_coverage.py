@@ -67,6 +67,8 @@ import diff_coverage as dc  # noqa: E402  (git, diff parsing, coverage loading)
 
 sys.path.insert(0, os.path.dirname(_HERE))
 import export_upstream_patch as exporter  # noqa: E402  (the upstream-tests marker's home)
+# the tools' output-path rules (the exporter put the package's python/ on the path)
+from paddle_muon_ext.tools.limits import InputError, check_writable  # noqa: E402
 
 SUITE_DIR = os.path.join("test", "collective", "fleet")
 SUITE_GLOB = re.compile(r"^test_muon_conformance.*\.py$")
@@ -295,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-k", metavar="EXPR", default=None,
                         help="pytest -k expression (run part of the suite)")
     parser.add_argument("--log", metavar="FILE", default=None,
-                        help="keep the test run's output in FILE (default: shown on failure)")
+                        help="keep the test run's output in FILE (default: shown on failure); a "
+                             "directory, device, FIFO, link or read-only file is refused")
     return parser
 
 
@@ -320,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(source):
         return _fail(f"--paddle-root {args.paddle_root!r} has no {relpath}; pass the root of a "
                      "Paddle source checkout whose tree holds MuonShardingOptimizer")
+    if args.log is not None:
+        try:
+            check_writable("--log", args.log)
+        except InputError as error:
+            return _fail(str(error))
     try:
         with open(source) as f:
             text = f.read()

@@ -16,10 +16,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-import tempfile
 import warnings
 from typing import Optional, Sequence
 
@@ -91,8 +88,9 @@ def build_parser(prog: str = "paddle-muon-ext") -> argparse.ArgumentParser:
                    help="print only a JSON dict on stdout (notes go to stderr)")
     p.add_argument("--png", metavar="FILE",
                    help="draw nodes x cards with owners and rails, flat and hierarchical "
-                   "path side by side (needs matplotlib: "
-                   'pip install ".[plot]")')
+                   "path side by side into FILE (.png; FILE without a suffix gets .png; "
+                   "an existing FILE keeps its mode, a read-only one is refused; needs "
+                   'matplotlib: pip install ".[plot]")')
     add_verify_parser(sub)
     sub.add_parser("hangs", help="name the rank(s) a hung job waits for, from the "
                    "flight-recorder dumps in LOG_DIR (hangs LOG_DIR)")
@@ -154,13 +152,13 @@ def check_plan_args(args: argparse.Namespace):
     limits.check_float("--buffer-size-MB", args.buffer_size_MB,
                        f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
                        positive=False, high=limits.LIMITS.buffer_mb)
+    # what the optimizer refuses is not planned (its own rule), before the model is read
+    limits.check_optimizer_accepts(cfg.pp, args.comm_overlap, args.buffer_size_MB,
+                                   args.partition)
     params = load_model(cfg.model)
     png = None
     if args.png is not None:
-        if not args.png.strip():
-            raise limits.InputError("--png", repr(args.png), "is an empty file name",
-                                    "pass a file such as plan.png")
-        png = limits.check_writable("--png", limits.png_path(args.png))
+        png = limits.check_writable("--png", limits.png_path(args.png), suffix=".png")
         check_plotting()
     return cfg, png, params
 
@@ -226,37 +224,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def write_png(path: str, data: bytes) -> None:
-    """Write the rendered picture whole or not at all.
-
-    A regular file is written to a temporary file next to it and renamed over
-    it, so a full disk or an interrupt leaves neither a truncated picture nor
-    the temporary file; a device (``/dev/null``) is written as it is.
+    """Write the rendered picture whole or not at all (:func:`limits.write_output`).
 
     Raises:
         InputError: the write failed (full disk, device error), in one line.
     """
-    if os.path.exists(path) and not os.path.isfile(path):
-        targets = (path, None)
-    else:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
-                                   prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        os.close(fd)
-        targets = (tmp, tmp)
-    out, tmp = targets
-    try:
-        with open(out, "wb") as f:
-            f.write(data)
-        if tmp is not None:
-            os.replace(tmp, path)
-            tmp = None
-    except OSError as exc:
-        raise limits.InputError("--png", path,
-                                f"cannot be written ({exc.strerror or exc})",
-                                "free space or pick another path") from None
-    finally:
-        if tmp is not None:  # failed or interrupted: no partial file stays behind
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+    limits.write_output("--png", path, data)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "paddle-muon-ext") -> int:

@@ -21,13 +21,15 @@ it, or for a value that makes no sense, the tool prints one line
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
 import re
+import secrets
 import stat
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -37,14 +39,18 @@ __all__ = [
     "LIMITS",
     "InputError",
     "Limits",
+    "STDOUT",
     "check_float",
     "check_int",
     "check_local_size",
+    "check_optimizer_accepts",
     "check_shape",
     "check_writable",
+    "optimizer_refusal",
     "png_path",
     "read_model_file",
     "read_regular_file",
+    "write_output",
 ]
 
 
@@ -120,43 +126,231 @@ def check_float(what: str, value: float, fix: str, positive: bool = True,
     return value
 
 
-def check_writable(what: str, path: str) -> str:
-    """Check up front that ``path`` can be written; returns its absolute path.
+#: ``-o -``: the output goes to standard output (where a tool allows it).
+STDOUT = "-"
 
-    A file is created and removed next to it, so read-only mounts, ``/proc``
-    and missing directories fail here rather than after the work is done.
+
+def _refuse_kind(what: str, path: str, st: os.stat_result, stdout_ok: bool) -> None:
+    """Refuse anything at an output path that is not a plain file of its own:
+    writing would replace a link, fill a device, block on a FIFO or, for a
+    directory, fail after the work is done."""
+    fix = "pass a file name" + (" (or - for standard output)" if stdout_ok else "")
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        # a rename would replace the link, not the file it points to
+        # (/dev/stdout is a link too)
+        raise InputError(what, path, "is a symbolic link", fix + ", or the file it points to")
+    if stat.S_ISDIR(mode):
+        raise InputError(what, path, "is a directory", fix)
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+                if stat.S_ISBLK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+                if stat.S_ISSOCK(mode) else "not a regular file")
+        raise InputError(what, path, f"is {kind}, not a regular file", fix)
+
+
+def check_writable(what: str, path: str, stdout_ok: bool = False,
+                   suffix: Optional[str] = None) -> str:
+    """Check up front that ``path`` can take a tool's output; returns its
+    absolute path (``"-"`` for standard output when ``stdout_ok``).
+
+    The one home of every output-path rule of the tools (``plan --png``,
+    ``export_upstream_patch.py -o`` / ``--notes``, ``upstream_coverage.py
+    --log``), so bad paths fail before any work:
+
+    * an empty name, a NUL byte, a name longer than the directory's file
+      system allows;
+    * ``-`` unless ``stdout_ok``;
+    * an existing symbolic link, directory, device (``/dev/null``,
+      ``/dev/full``, ``/dev/stdout``), FIFO or socket;
+    * an existing read-only file (no write bit, checked also for root, who
+      could write it anyway): the tool refuses it rather than replace it;
+    * a missing directory, or one the tool cannot create a file in (a
+      read-only file system, no permission): a file is created and removed
+      there;
+    * with ``suffix``, a name ending otherwise (case-insensitive).
+
+    Raises:
+        InputError: the first problem, in one line.
     """
+    if not path.strip():
+        raise InputError(what, repr(path), "is an empty file name", "pass a file name")
+    if path == STDOUT:
+        if stdout_ok:
+            return STDOUT
+        raise InputError(what, path, "standard output is not supported here",
+                         "pass a file name")
+    if "\0" in path:
+        raise InputError(what, repr(path), "holds a NUL byte", "pass a file name")
     full = os.path.abspath(path)
-    parent = os.path.dirname(full)
-    if os.path.isdir(full):
-        raise InputError(what, path, "is a directory", "pass a file name")
-    if os.path.exists(full) and not os.path.isfile(full):
-        # a character device (/dev/null) is written as it is; a FIFO without a
-        # reader would block the write forever
-        if not stat.S_ISCHR(os.stat(full).st_mode):
-            raise InputError(what, path, "is neither a regular file nor a device",
-                             "pass a file name")
-        if not os.access(full, os.W_OK):
-            raise InputError(what, path, "is not writable", "pick a writable path")
-        return full
-    if not os.path.isdir(parent):
+    parent, name = os.path.split(full)
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(name)) > name_max:
+        raise InputError(what, path, f"has a {len(os.fsencode(name))}-byte file name, above "
+                         f"the {name_max} bytes its file system allows", "pick a shorter name")
+    try:
+        _refuse_kind(what, path, os.lstat(full), stdout_ok)
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    except NotADirectoryError:
+        raise InputError(what, path, "a part of its directory is a file",
+                         "pick another path") from None
+    except OSError as exc:  # a name or path too long, a loop, no permission
+        raise InputError(what, path, f"cannot be used ({exc.strerror})",
+                         "pick another path") from None
+    if exists:
+        st = os.stat(full)
+        if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) \
+                or not os.access(full, os.W_OK):
+            raise InputError(what, path, f"is read-only (mode {stat.S_IMODE(st.st_mode):04o})",
+                             "make it writable (chmod u+w) or pick another path")
+    elif not os.path.isdir(parent):
         raise InputError(what, path, f"directory {parent} does not exist",
                          "create it or pick another path")
+    if suffix is not None and os.path.splitext(name)[1].lower() != suffix:
+        raise InputError(what, path, f"does not end in {suffix}",
+                         f"name the file *{suffix}")
     try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".write_check_"):
-            pass
+        fd, probe = _create_beside(parent)
+        os.close(fd)
+        os.remove(probe)
     except OSError as exc:
         raise InputError(what, path, f"cannot write in {parent} ({exc.strerror})",
                          "pick a writable path") from None
     return full
 
 
+def _create_beside(parent: str) -> "tuple[int, str]":
+    """A new empty file in ``parent`` with a short name (well inside every
+    file system's name limit, whatever the output's name) and the mode a new
+    file gets from the umask; returns (descriptor, path)."""
+    for _ in range(100):
+        tmp = os.path.join(parent, f".muon-{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                           | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", parent)
+
+
+def write_output(what: str, path: str, data: bytes) -> None:
+    """Write a tool's output whole or not at all (``"-"``: standard output).
+
+    The data goes to a temporary file beside ``path`` that is then renamed
+    over it: a full disk or an interrupt leaves neither a truncated file nor
+    the temporary one. An existing file keeps its mode (and, where the tool
+    runs as root, its owner); a new one gets the umask's usual mode. The path
+    is checked again (:func:`check_writable`'s rules) right before the rename.
+
+    Raises:
+        InputError: the path became unusable or the write failed, in one line.
+    """
+    if path == STDOUT:
+        binary = getattr(sys.stdout, "buffer", None)
+        if binary is None:  # a text-only stream (a redirect in-process)
+            sys.stdout.write(data.decode("utf-8", "replace"))
+            return
+        sys.stdout.flush()
+        binary.write(data)
+        binary.flush()
+        return
+    full = os.path.abspath(path)
+    fix = "free space or pick another path"
+    try:
+        old: Optional[os.stat_result] = os.lstat(full)
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise InputError(what, path, f"cannot be written ({exc.strerror})", fix) from None
+    if old is not None:
+        _refuse_kind(what, path, old, stdout_ok=False)
+    tmp = None
+    try:
+        fd, tmp = _create_beside(os.path.dirname(full))
+        with open(fd, "wb") as f:
+            if old is not None:
+                os.chmod(tmp, stat.S_IMODE(old.st_mode))
+                if hasattr(os, "geteuid") and os.geteuid() == 0:
+                    os.chown(tmp, old.st_uid, old.st_gid)
+            f.write(data)
+        os.replace(tmp, full)
+        tmp = None
+    except OSError as exc:
+        raise InputError(what, path, f"cannot be written ({exc.strerror or exc})",
+                         fix) from None
+    finally:
+        if tmp is not None:  # failed or interrupted: no partial file stays behind
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
 def png_path(path: str) -> str:
-    """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib does);
-    an existing device or pipe (``/dev/null``) keeps its name."""
-    if os.path.splitext(path)[1] or (os.path.exists(path) and not os.path.isfile(path)):
-        return path  # a directory is refused by check_writable
+    """The file a PNG is written to: ``out`` -> ``out.png`` (what matplotlib
+    does) unless something already has the name given (``/dev/stdout``,
+    a directory): that name is then checked as it is, and refused."""
+    if not path.strip() or os.path.splitext(path)[1] or path == STDOUT \
+            or os.path.lexists(path):
+        return path
     return path + ".png"
+
+
+def optimizer_refusal(pp: int, comm_overlap: bool, buffer_size_MB: float,
+                      partition_strategy: Optional[str] = None,
+                      group_call: Optional[bool] = None) -> Optional[str]:
+    """Why MuonShardingOptimizer would refuse these settings at construction
+    (None: it accepts them), by asking its own rule
+    (``ShardingSettings.check_layout``), so a tool never plans, verifies or
+    recommends what would not run.
+
+    Args:
+        pp: ``pp_degree``.
+        comm_overlap: ``sharding_configs.comm_overlap``.
+        buffer_size_MB: ``sharding_configs.comm_buffer_size_MB`` (<= 0: unfused).
+        partition_strategy: ``sharding_configs.muon_partition_strategy``
+            (None: the optimizer's default).
+        group_call: ``sharding_configs.comm_group_call_opt`` (None: its default).
+    """
+    from ..distributed.fleet.meta_optimizers.muon_sharding.settings import ShardingSettings
+
+    settings = ShardingSettings(comm_overlap=comm_overlap, comm_buffer_size_MB=buffer_size_MB)
+    if partition_strategy is not None:
+        settings.muon_partition_strategy = partition_strategy
+    if group_call is not None:
+        settings.comm_group_call_opt = group_call
+    try:
+        settings.check_layout(pp)
+    except ValueError as exc:  # ShardingAssertionError is a ValueError too
+        return str(exc)
+    return None
+
+
+def check_optimizer_accepts(pp: int, comm_overlap: bool, buffer_size_MB: float,
+                            partition_strategy: Optional[str] = None,
+                            unfused_flag: Optional[str] = None) -> None:
+    """:func:`optimizer_refusal` as a tool input error naming the tool's flags.
+
+    Args:
+        unfused_flag: the flag that turns fused buffers off (``verify
+            --unfused``; default ``--buffer-size-MB <value>``).
+
+    Raises:
+        InputError: the optimizer refuses them, with its reason.
+    """
+    why = optimizer_refusal(pp, comm_overlap, buffer_size_MB, partition_strategy)
+    if why is None:
+        return
+    flags = [f for f in ("--comm-overlap" if comm_overlap else "",
+                         f"--pp {pp}" if pp > 1 else "",
+                         "" if buffer_size_MB > 0 else unfused_flag
+                         or f"--buffer-size-MB {buffer_size_MB:g}") if f]
+    raise InputError(" ".join(flags) or "these flags", "(as sharding settings)",
+                     f"refused by MuonShardingOptimizer: {why.rstrip('.')}",
+                     "change the flag that sets the option it names")
 
 
 def _short(value: Any, limit: int = 80) -> str:

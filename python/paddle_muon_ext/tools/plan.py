@@ -41,7 +41,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
     option_default,
 )
 from ..distributed.fleet.meta_optimizers.muon_sharding.types import IdentityMemo
-from . import presets
+from . import limits, presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
 from .plan_world import (
@@ -261,11 +261,8 @@ def compute_plan(
     Raises:
         ValueError: invalid layout (the plan's message), model or options.
     """
-    if comm_overlap and buffer_size_MB <= 0:
-        raise ValueError(
-            "--comm-overlap needs fused gradient buffers; --buffer-size-MB "
-            f"{buffer_size_MB:g} turns them off (the optimizer refuses it too)."
-        )
+    # what the optimizer refuses is not planned (its own rule)
+    limits.check_optimizer_accepts(cfg.pp, comm_overlap, buffer_size_MB, partition_strategy)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     plan = build_layout_plan(cfg, group_call)

@@ -33,7 +33,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_def
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import develop_active_ranks
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
 from ..distributed.fleet.meta_optimizers.muon_sharding.types import itemsize
-from . import cost_bound
+from . import cost_bound, limits
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio
 from .plan_world import build_layout_plan
@@ -363,7 +363,10 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
                 if buffer_mb in muon_only and rule != DEFAULT_CONFIG["muon_partition_strategy"]:
                     continue
                 k = (group_call, rule, buffer_mb)
-                if k not in keys:
+                # never a candidate the optimizer refuses (its own rule)
+                if k not in keys and limits.optimizer_refusal(
+                        est.res["_cfg"].pp, est.settings.comm_overlap, buffer_mb, rule,
+                        group_call) is None:
                     keys.append(k)
     candidates = [_entry(config(*k), est.time(k), t0, b) for k in keys]
     big = max(max(BUFFER_SIZES_MB), est.buffer)

@@ -40,7 +40,7 @@ from collections import Counter
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from . import limits
-from .args import MuonCommConfig, add_config_args, build_config
+from .args import DEFAULT_BUFFER_MB, MuonCommConfig, add_config_args, build_config
 
 __all__ = [
     "VERIFY_MODEL",
@@ -372,12 +372,9 @@ def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_M
         CheckoutMissing: no test harness next to the package.
     """
     check_verify_args(cfg, steps, data_max_ranks)
-    if comm_overlap and unfused:
-        raise ValueError("--comm-overlap needs fused buffers; drop --unfused or --comm-overlap "
-                         "(the optimizer refuses comm_overlap with comm_buffer_size_MB <= 0)")
-    if comm_overlap and cfg.pp > 1:
-        raise ValueError(f"--comm-overlap cannot be combined with --pp {cfg.pp} (the optimizer "
-                         "refuses comm_overlap with pipeline parallel); use --pp 1")
+    # what the optimizer refuses is not verified (its own rule)
+    limits.check_optimizer_accepts(cfg.pp, comm_overlap, 0 if unfused else DEFAULT_BUFFER_MB,
+                                   unfused_flag="--unfused")
     plan = cfg.build_plan()  # the optimizer would raise the same message at construction
     _test_paths()
     from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world

@@ -26,9 +26,12 @@ import math
 import os
 from typing import Any
 
-import paddle
-
-from .options import PARTITION_STRATEGIES, SHARDING_OPTIONS, kept_options, option_default
+from .options import (
+    PARTITION_STRATEGIES,
+    SHARDING_OPTIONS,
+    kept_options,
+    option_default,
+)
 from .types import DEVELOP_DEFAULT_BUFFER_MB
 
 __all__ = [
@@ -165,6 +168,27 @@ class ShardingSettings:
         Args:
             pp_world_size (int): the pipeline degree of the job.
         """
+        self.check_layout(pp_world_size)
+        # imported here: check_layout serves the planning tools, which run
+        # without paddle
+        import paddle
+
+        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
+            raise ValueError(
+                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
+                "Paddle's optimizer timers synchronize the CUDA device. Set it "
+                "False (or profile with paddle.profiler)."
+            )
+        self.check_values()
+
+    def check_layout(self, pp_world_size: int) -> None:
+        """The part of :meth:`check` that needs no device: the combinations of
+        options and pipeline degree the optimizer refuses. ``plan`` and
+        ``verify`` ask this too, so they never model what would not run.
+
+        Args:
+            pp_world_size (int): the pipeline degree of the job.
+        """
         if self.muon_partition_strategy not in PARTITION_STRATEGIES:
             raise ValueError(
                 f"sharding_configs.muon_partition_strategy="
@@ -203,13 +227,6 @@ class ShardingSettings:
                 f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
                 "tensor_fusion=False."
             )
-        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
-            raise ValueError(
-                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
-                "Paddle's optimizer timers synchronize the CUDA device. Set it "
-                "False (or profile with paddle.profiler)."
-            )
-        self.check_values()
 
     # Where each value comes from, for the error messages.
     _SOURCE = {name: f"{where}.{there}" for name, (where, there) in _READ_ELSEWHERE.items()}
