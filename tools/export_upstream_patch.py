@@ -120,6 +120,10 @@ import sys
 import time
 import tokenize
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import upstream_fixes  # noqa: E402  (--fixes: the UB-n fixes of develop's file)
+import upstream_modes  # noqa: E402  (each mode's tree; the text Paddle receives)
+
 # source prefix -> Paddle prefix (first match wins)
 PATH_MAP = (
     ("python/paddle_muon_ext/", "python/paddle/"),
@@ -1364,6 +1368,7 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
                 and target.exists(os.path.dirname(dst)):
             _note_init(ex, src, dst, text, target)
             continue
+        text = upstream_modes.scrub(text)  # what Paddle receives reads as its own
         old = target.read(dst)
         if old == text:
             ex.unchanged.append(dst)
@@ -1582,8 +1587,9 @@ def render_file_diff(change: Change) -> list:
 
 
 def render_patch(ex: Export,
-                 subject: str = "Muon sharding: exported from paddle_muon_ext",
-                 author: str = "paddle_muon_ext export <paddle_muon_ext@localhost>") -> str:
+                 subject: str = "Extend MuonShardingOptimizer",
+                 author: str | None = None) -> str:
+    author = author or upstream_modes.git_author(os.getcwd()) or "unknown <unknown@invalid>"
     now = datetime.datetime.now(datetime.timezone.utc)
     added = sum(1 for c in ex.changes.values() if c.old is None)
     out = ["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
@@ -1937,6 +1943,37 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _refuse(message: str) -> int:
+    print("error: %s" % message, file=sys.stderr)
+    return 2
+
+
+def _main_fixes(args, author: str) -> int:
+    """--fixes: one fix per UB-n develop's file still has (see upstream_fixes)."""
+    try:
+        ex, outcome = upstream_fixes.build_fixes_export(sys.modules[__name__],
+                                                        args.paddle_root)
+    except ExportError as exc:
+        for fix, why in upstream_fixes.apply_fixes(
+                PaddleTree(args.paddle_root).read(upstream_modes.OPTIMIZER) or "").skipped:
+            print("%s: left out: %s" % (fix.bug, why), file=sys.stderr)
+        print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
+        return 1
+    for fix, why in outcome.skipped:
+        print("%s: left out: develop's text no longer matches: %s" % (fix.bug, why),
+              file=sys.stderr)
+    sizes = render_patch_size(patch_stats(ex))
+    notes = upstream_fixes.render_notes(outcome, sizes)
+    notes_path = args.notes or notes_path_for(args.output)
+    _write(args.output, upstream_fixes.render_fixes_patch(sys.modules[__name__], ex, outcome,
+                                                          author))
+    _write(notes_path, notes)
+    print("Wrote %s (fixes: %s) and %s" % (args.output, ", ".join(
+        f.bug for f in outcome.applied), notes_path))
+    print(sizes)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-o", "--output", required=True, help="patch file to write")
@@ -1949,6 +1986,12 @@ def main(argv=None) -> int:
                    help="export only the upstream tests (files marked `%s` and the "
                         "test-tree files they import) and their testslist.csv rows; "
                         "no product file; needs --paddle-root" % UPSTREAM_TESTS_MARKER)
+    p.add_argument("--fixes", action="store_true",
+                   help="export the fix of every bug of docs/UPSTREAM_BUGS.md that "
+                        "develop's muon_sharding_optimizer.py still has, plus a test per "
+                        "bug and its testslist.csv row; needs --paddle-root")
+    p.add_argument("--author", metavar="'NAME <EMAIL>'", default=None,
+                   help="patch author (default: git's author identity here)")
     p.add_argument("--include-untracked", action="store_true")
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
@@ -1995,6 +2038,23 @@ def main(argv=None) -> int:
     if args.tests_only and not args.paddle_root:
         p.error("--tests-only needs --paddle-root DIR (the develop checkout whose "
                 "testslist.csv gets the rows)")
+    mode = "fixes" if args.fixes else "tests-only" if args.tests_only else "full"
+    if args.fixes and (args.tests_only or not args.paddle_root):
+        return _refuse("--fixes needs --paddle-root DIR (a tree holding develop's %s) and "
+                       "excludes --tests-only" % upstream_modes.OPTIMIZER)
+    if args.paddle_root:
+        missing = upstream_modes.missing_for(mode, args.paddle_root)
+        if missing:
+            return _refuse(missing)
+    author = args.author or upstream_modes.git_author(args.repo_root)
+    if not author or not re.fullmatch(r"[^<>]+ <[^<>@\s]+@[^<>\s]+>", author):
+        return _refuse("patch author %r is not 'Name <email>'; set git config user.name / "
+                       "user.email or pass --author 'Name <email>'" % author)
+    if args.fixes:
+        return _main_fixes(args, author)
+    note = args.paddle_root and upstream_modes.unchecked_imports_note(mode, args.paddle_root)
+    if note:
+        print(note, file=sys.stderr)
     extra_map = []
     for item in args.map:
         if "=" not in item:
@@ -2026,9 +2086,9 @@ def main(argv=None) -> int:
         return 1
     notes = render_notes(ex)
     notes_path = args.notes or notes_path_for(args.output)
-    _write(args.output, render_patch(ex, subject=(
-        "Muon sharding: tests for develop's MuonShardingOptimizer (tests only)"
-        if ex.tests_only else "Muon sharding: exported from paddle_muon_ext")))
+    _write(args.output, render_patch(ex, author=author, subject=(
+        "Add conformance tests for MuonShardingOptimizer"
+        if ex.tests_only else "Extend MuonShardingOptimizer")))
     _write(notes_path, notes)
     added = sum(1 for c in ex.changes.values() if c.old is None)
     print("Wrote %s (%s%d added, %d modified) and %s"

@@ -31,6 +31,7 @@ import datetime
 from typing import Callable
 
 CLASS_NAME = "MuonShardingOptimizer"
+OPTIMIZER_RELPATH = "python/paddle/distributed/fleet/meta_optimizers/muon_sharding_optimizer.py"
 #: The module the fix tests import (Paddle's own, in its tree).
 OPTIMIZER_MODULE = "paddle.distributed.fleet.meta_optimizers.muon_sharding_optimizer"
 #: The unittest module the fixes patch adds (one class per fixed bug).
@@ -369,4 +370,67 @@ def render_notes(outcome: FixOutcome, sizes: str) -> str:
     for fix, reason in outcome.skipped:
         out += [f"## {fix.bug}: left out", "", f"{fix.title}: develop's text no longer "
                 f"matches: {reason}.", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------- the export
+def build_fixes_export(ep, paddle_root: str):
+    """The fixes patch for the checkout at ``paddle_root`` (data only).
+
+    Args:
+        ep: the exporter module (its Export / Change / testslist helpers).
+        paddle_root: a tree holding develop's optimizer and the testslist.
+
+    Returns:
+        (ep.Export, FixOutcome).
+
+    Raises:
+        ep.ExportError: no fix applies, the tree already has the test
+            module, or the fixes change more than MAX_PRODUCT_LINES lines.
+    """
+    target = ep.PaddleTree(paddle_root)
+    rel = OPTIMIZER_RELPATH
+    old = target.read(rel)
+    outcome = apply_fixes(old)
+    if not outcome.applied:
+        raise ep.ExportError("no fix applies to %s: %s" % (rel, "; ".join(
+            "%s: %s" % (f.bug, why) for f, why in outcome.skipped)))
+    if target.exists(TEST_PATH):
+        raise ep.ExportError("%s already exists in the tree; the fixes patch adds it" % TEST_PATH)
+    ex = ep.Export(target=target.describe())
+    ex.changes[rel] = ep.Change(rel, outcome.text, old, None, target.mode(rel))
+    ex.changes[TEST_PATH] = ep.Change(TEST_PATH, render_tests(outcome.applied))
+    name = TEST_PATH.rsplit("/", 1)[1][:-3]
+    row = ep.testslist_row(name, ep.TestMeta(TEST_TIMEOUT, frozenset({"CPU"}), True))
+    ex.test_rows.append((TEST_PATH.rsplit("/", 1)[0], row))
+    listed = ep.TESTSLIST_DIRS[0] + "/" + ep.TESTSLIST_NAME
+    text, _added, _present = ep.add_testslist_rows(target.read(listed), [row])
+    ex.changes[listed] = ep.Change(listed, text, target.read(listed), None, target.mode(listed))
+    changed = sum(a + r for path, _st, a, r in ep.patch_stats(ex) if path == rel)
+    if changed > MAX_PRODUCT_LINES:
+        raise ep.ExportError("the fixes change %d lines of %s (at most %d)"
+                             % (changed, rel, MAX_PRODUCT_LINES))
+    return ex, outcome
+
+
+def render_fixes_patch(ep, ex, outcome: FixOutcome, author: str) -> str:
+    """A ``git am``-able patch: subject and body as a Paddle PR would word them."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    bugs = outcome.applied
+    subject = ("Fix MuonShardingOptimizer.clear_grad: "
+               + "; ".join(f.title for f in bugs))
+    if len(subject) > 100:
+        subject = "Fix %d bugs of MuonShardingOptimizer.clear_grad" % len(bugs)
+    out = ["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
+           "From: %s" % author, "Date: %s" % now.strftime("%a, %d %b %Y %H:%M:%S +0000"),
+           "Subject: [PATCH] %s" % subject, ""]
+    for fix in bugs:
+        out += ["* %s: %s" % (fix.title, fix.notes["change"]), ""]
+    out += ["Tests: %s (one class per bug; each fails without the change)." % TEST_PATH,
+            "", "---"]
+    out += [" %s" % path for path in sorted(ex.changes)]
+    out += [" %d files changed" % len(ex.changes), ""]
+    for path in sorted(ex.changes):
+        out += ep.render_file_diff(ex.changes[path])
+    out += ["-- ", "2.39.0", ""]
     return "\n".join(out)
