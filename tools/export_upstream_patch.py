@@ -130,6 +130,9 @@ from paddle_muon_ext.tools.limits import (  # noqa: E402
     check_writable,
     write_output,
 )
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import upstream_fixes  # noqa: E402  (--fixes: the UB-n fixes of develop's file)
+import upstream_modes  # noqa: E402  (each mode's tree; the text Paddle receives)
 
 # source prefix -> Paddle prefix (first match wins)
 PATH_MAP = (
@@ -515,10 +518,11 @@ def module_surface(text: str) -> set:
     return names
 
 
-def module_namespace(text: str) -> set:
+def module_namespace(text: str, target=None) -> set:
     """What a module offers under each name: :func:`module_surface`, names
     its top-level imports bind, and members classes inherit from classes of
-    the same module."""
+    the same module (with ``target``, also from bases imported from a module
+    ``target`` holds: :func:`class_member_names`)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -539,7 +543,19 @@ def module_namespace(text: str) -> set:
 
     for name in classes:
         names.update("%s.%s" % (name, m) for m in members(name, set()))
+        inherited = class_member_names(text, name, target) if target is not None else None
+        names.update("%s.%s" % (name, m) for m in inherited or ())
     return names
+
+
+class _Overlay:
+    """The target as the patch leaves it: the exported files over the tree."""
+
+    def __init__(self, target, files: dict) -> None:
+        self._target, self._files = target, files
+
+    def read(self, rel: str) -> str | None:
+        return self._files[rel] if rel in self._files else self._target.read(rel)
 
 
 def _is_public(name: str) -> bool:
@@ -1374,6 +1390,8 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
     if tests_only:
         _check_target_imports(ex, candidates, target)
     registry = read_test_registry(repo_root)
+    # a kept name may be inherited from a base the patch itself adds
+    patched = _Overlay(target, {dst: upstream_modes.scrub(text) for _s, dst, text in candidates})
     for src, dst, text in candidates:
         if dst.endswith(".py"):
             _check_python(ex, dst, text)
@@ -1381,12 +1399,13 @@ def build_export(repo_root: str, files=None, include=(), exclude=(), extra_map=(
                 and target.exists(os.path.dirname(dst)):
             _note_init(ex, src, dst, text, target)
             continue
+        text = upstream_modes.scrub(text)  # what Paddle receives reads as its own
         old = target.read(dst)
         if old == text:
             ex.unchanged.append(dst)
             continue
         if old is not None and dst.endswith(".py") and not dst.startswith("test/"):
-            theirs, ours = module_surface(old), module_namespace(text)
+            theirs, ours = module_surface(old), module_namespace(text, patched)
             ex.kept_names[dst] = sorted(theirs & ours)
             for name in sorted(theirs - ours):
                 if _is_public(name):
@@ -1599,8 +1618,9 @@ def render_file_diff(change: Change) -> list:
 
 
 def render_patch(ex: Export,
-                 subject: str = "Muon sharding: exported from paddle_muon_ext",
-                 author: str = "paddle_muon_ext export <paddle_muon_ext@localhost>") -> str:
+                 subject: str = "Extend MuonShardingOptimizer",
+                 author: str | None = None) -> str:
+    author = author or upstream_modes.git_author(os.getcwd()) or "unknown <unknown@invalid>"
     now = datetime.datetime.now(datetime.timezone.utc)
     added = sum(1 for c in ex.changes.values() if c.old is None)
     out = ["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
@@ -1969,6 +1989,45 @@ def _check_outputs(args) -> str | None:
     return notes
 
 
+def _refuse(message: str) -> int:
+    print("error: %s" % message, file=sys.stderr)
+    return 2
+
+
+def _main_fixes(args, author: str, notes_path: str | None) -> int:
+    """--fixes: one fix per UB-n develop's file still has (see upstream_fixes)."""
+    try:
+        ex, outcome = upstream_fixes.build_fixes_export(sys.modules[__name__],
+                                                        args.paddle_root)
+    except ExportError as exc:
+        for fix, why in upstream_fixes.apply_fixes(
+                PaddleTree(args.paddle_root).read(upstream_modes.OPTIMIZER) or "").skipped:
+            print("%s: left out: %s" % (fix.bug, why), file=sys.stderr)
+        print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
+        return 1
+    for fix, why in outcome.skipped:
+        print("%s: left out: develop's text no longer matches: %s" % (fix.bug, why),
+              file=sys.stderr)
+    sizes = render_patch_size(patch_stats(ex))
+    notes = upstream_fixes.render_notes(outcome, sizes)
+    try:
+        _write("-o", args.output, upstream_fixes.render_fixes_patch(
+            sys.modules[__name__], ex, outcome, author))
+        if notes_path is not None:
+            _write("--notes", notes_path, notes)
+    except InputError as exc:
+        print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
+        return 2
+    # with -o - stdout is the patch: the report goes to stderr
+    report = sys.stderr if args.output == STDOUT else sys.stdout
+    print("Wrote %s (fixes: %s)%s" % (
+        "the patch to standard output" if args.output == STDOUT else args.output,
+        ", ".join(f.bug for f in outcome.applied),
+        " and %s" % notes_path if notes_path else ""), file=report)
+    print(sizes, file=report)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-o", "--output", required=True,
@@ -1986,6 +2045,12 @@ def main(argv=None) -> int:
                    help="export only the upstream tests (files marked `%s` and the "
                         "test-tree files they import) and their testslist.csv rows; "
                         "no product file; needs --paddle-root" % UPSTREAM_TESTS_MARKER)
+    p.add_argument("--fixes", action="store_true",
+                   help="export the fix of every bug of docs/UPSTREAM_BUGS.md that "
+                        "develop's muon_sharding_optimizer.py still has, plus a test per "
+                        "bug and its testslist.csv row; needs --paddle-root")
+    p.add_argument("--author", metavar="'NAME <EMAIL>'", default=None,
+                   help="patch author (default: git's author identity here)")
     p.add_argument("--include-untracked", action="store_true")
     p.add_argument("--include", action="append", default=[])
     p.add_argument("--exclude", action="append", default=[])
@@ -2032,11 +2097,18 @@ def main(argv=None) -> int:
     if args.tests_only and not args.paddle_root:
         p.error("--tests-only needs --paddle-root DIR (the develop checkout whose "
                 "testslist.csv gets the rows)")
-    extra_map = []
-    for item in args.map:
-        if "=" not in item:
-            p.error("--map takes SRC=DST")
-        extra_map.append(tuple(item.split("=", 1)))
+    mode = "fixes" if args.fixes else "tests-only" if args.tests_only else "full"
+    if args.fixes and (args.tests_only or not args.paddle_root):
+        return _refuse("--fixes needs --paddle-root DIR (a tree holding develop's %s) and "
+                       "excludes --tests-only" % upstream_modes.OPTIMIZER)
+    if args.paddle_root:
+        missing = upstream_modes.missing_for(mode, args.paddle_root)
+        if missing:
+            return _refuse(missing)
+    author = args.author or upstream_modes.git_author(args.repo_root)
+    if not author or not re.fullmatch(r"[^<>]+ <[^<>@\s]+@[^<>\s]+>", author):
+        return _refuse("patch author %r is not 'Name <email>'; set git config user.name / "
+                       "user.email or pass --author 'Name <email>'" % author)
     if args.output == STDOUT and (args.verify_against_installed_paddle
                                   or args.verify_in_copy):
         p.error("--verify-in-copy/--verify-against-installed-paddle apply the patch "
@@ -2046,6 +2118,16 @@ def main(argv=None) -> int:
     except InputError as exc:
         print("export_upstream_patch: error: %s" % exc, file=sys.stderr)
         return 2
+    if args.fixes:
+        return _main_fixes(args, author, notes_path)
+    note = args.paddle_root and upstream_modes.unchecked_imports_note(mode, args.paddle_root)
+    if note:
+        print(note, file=sys.stderr)
+    extra_map = []
+    for item in args.map:
+        if "=" not in item:
+            p.error("--map takes SRC=DST")
+        extra_map.append(tuple(item.split("=", 1)))
     try:
         ex = build_export(
             args.repo_root, include=args.include, exclude=args.exclude,
@@ -2072,9 +2154,9 @@ def main(argv=None) -> int:
         return 1
     notes = render_notes(ex)
     try:
-        _write("-o", args.output, render_patch(ex, subject=(
-            "Muon sharding: tests for develop's MuonShardingOptimizer (tests only)"
-            if ex.tests_only else "Muon sharding: exported from paddle_muon_ext")))
+        _write("-o", args.output, render_patch(ex, author=author, subject=(
+            "Add conformance tests for MuonShardingOptimizer"
+            if ex.tests_only else "Extend MuonShardingOptimizer")))
         if notes_path is not None:
             _write("--notes", notes_path, notes)
     except InputError as exc:

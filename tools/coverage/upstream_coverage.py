@@ -33,8 +33,11 @@ Only executable lines count (coverage.py's statements); a branch counts when
 it starts on a selected line.
 
 Tests: ``passed`` / ``failed`` / ``expected_failures`` (the tests marked with
-``muon_conformance_impl.upstream_bug``; each is a divergence explained in
-docs/UPSTREAM_BUGS.md). ``divergences`` lists every expected failure with
+``muon_conformance_impl.upstream_bug`` whose bug the file still has; each is
+a divergence explained in docs/UPSTREAM_BUGS.md; on a file where the bug is
+fixed its tests count as passed). ``inner_optimizer``: the Muon the run used,
+the checkout's ``python/paddle/optimizer/muon.py`` where it imports and steps
+on this Paddle, else this package's with the reason. ``divergences`` lists every expected failure with
 its bug id and every failure (unexplained). Exit status: 0 when no test
 failed, 1 when one did, 2 on usage errors (before any test runs).
 
@@ -215,7 +218,8 @@ def run_suite(root: str, source: str, files: list[str], workdir: str,
     cmd = [sys.executable, "-m", "coverage", "run", "--branch", f"--data-file={data_file}",
            f"--include={source}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
            f"--junitxml={junit}", "--paddle-root", root, *pytest_args, *files]
-    env = dict(os.environ, PADDLE_ROOT=root)
+    env = dict(os.environ, PADDLE_ROOT=root,
+               MUON_CONFORMANCE_INNER_FILE=os.path.join(workdir, "inner.json"))
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -256,6 +260,15 @@ def read_results(junit: str, bugs: dict[tuple[str, str], str]) -> tuple[dict, li
         else:
             counts["passed"] += 1
     return counts, divergences
+
+
+def read_inner(workdir: str) -> str:
+    """Which Muon the run used (muon_tiny_moe writes it), "unknown" when not said."""
+    try:
+        with open(os.path.join(workdir, "inner.json")) as f:
+            return str(json.load(f)["inner_optimizer"])
+    except (OSError, ValueError, KeyError):
+        return "unknown (the suite did not report it)"
 
 
 def measure(data_file: str, source: str, selected: set[int]) -> tuple[dict, dict]:
@@ -352,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             pytest_args = ["-k", args.k] if args.k else []
             data_file, junit = run_suite(root, source, files, workdir, log, pytest_args)
         counts, divergences = read_results(junit, bugs)
+        inner = read_inner(workdir)
         lines, branches = measure(data_file, source, selected)
         if counts["failed"] and not args.log:
             with open(log_path) as f:
@@ -364,13 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    report = {"file": source, "selection": what, "lines": lines, "branches": branches,
+    report = {"file": source, "inner_optimizer": inner, "selection": what,
+              "lines": lines, "branches": branches,
               "tests": {k: counts[k] for k in ("passed", "failed", "expected_failures")},
               "skipped": counts["skipped"], "divergences": divergences}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{source}\n  selected: {what}")
+        print(f"{source}\n  selected: {what}\n  inner optimizer: {inner}")
         print(f"  lines    {lines['covered']}/{lines['selected']} = {lines['percent']}%"
               + (f"  missing: {lines['missing']}" if lines["missing"] else ""))
         print(f"  branches {branches['covered']}/{branches['selected']} = {branches['percent']}%"

@@ -35,6 +35,55 @@ from muon_param_map import build_muon_param_info_map
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import STAGED_API
 from paddle_muon_ext.optimizer.muon import Muon
 
+#: Which Muon the runs use (inner optimizer of the sharded run and the reference).
+INNER_MUON = "paddle.optimizer.muon.Muon"
+# paddle_muon_ext: compat-begin
+INNER_MUON = "package (paddle_muon_ext.optimizer.muon.Muon)"
+
+
+def _develop_muon(root: str):
+    """The checkout's Muon where it imports and steps on this Paddle, else (None, why)."""
+    import os
+
+    from paddle_muon_ext.compat_paddle_3_3 import develop_loader
+
+    loaded = develop_loader.load_develop_muon(root)
+    if loaded.module is None:
+        return None, loaded.reason
+    try:
+        cls = loaded.module.Muon
+        p = paddle.create_parameter([4, 4], "float32")
+        opt = cls(learning_rate=0.01, parameters=[p],
+                  muon_param_info_map=build_muon_param_info_map([p]))
+        (p * p).sum().backward()
+        opt.step()
+    except Exception as error:  # noqa: BLE001  (any failure: fall back, say why)
+        return None, (f"{develop_loader.MUON_RELPATH} does not run on paddle "
+                      f"{paddle.__version__}: {type(error).__name__}: {str(error)[:200]}")
+    return cls, os.path.join(root, develop_loader.MUON_RELPATH)
+
+
+def _select_muon() -> None:
+    import json
+    import os
+
+    global Muon, INNER_MUON
+    root = os.environ.get("PADDLE_ROOT")
+    if root:
+        cls, info = _develop_muon(root)
+        if cls is not None:
+            Muon, INNER_MUON = cls, f"develop ({info})"
+        else:
+            INNER_MUON = f"package (paddle_muon_ext.optimizer.muon.Muon): {info}"
+    report = os.environ.get("MUON_CONFORMANCE_INNER_FILE")
+    if report:  # upstream_coverage.py reads it (the tests run in its child)
+        with open(report, "w") as f:
+            json.dump({"inner_optimizer": INNER_MUON}, f)
+
+
+_select_muon()
+# paddle_muon_ext: compat-end
+
 H, INNER, LOCAL_EXPERTS, BATCH_PER_RANK = 16, 24, 2, 4
 LR, CLIP_NORM = 0.02, 0.5  # the global grad norm is ~1: clipping is active
 EXPERT_COLOUR = "moe_expert"
