@@ -43,6 +43,7 @@ _LAZY = {
     "unpatch_paddle": ".compat_paddle_3_3",
     "distributed_optimizer": ".compat_paddle_3_3.fleet_integration",
     "MuonShardingOptimizer": ".distributed.fleet.meta_optimizers.muon_sharding_optimizer",
+    "expert_sharded_state_dict": ".distributed.flex_checkpoint.dcp.expert_sharded_weight",
     "Muon": ".optimizer",
     "MuonParamInfo": ".optimizer",
 }
@@ -69,6 +70,7 @@ __all__ = [
     "MuonParamInfo",
     "MuonShardingOptimizer",
     "distributed_optimizer",
+    "expert_sharded_state_dict",
     "get_muon_sharding_options",
     "patch_paddle",
     "set_muon_sharding_options",

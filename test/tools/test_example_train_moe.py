@@ -79,7 +79,7 @@ class TestTrainMoeExample(unittest.TestCase):
         # ends 3.5e-2 away, measured).
         with tempfile.TemporaryDirectory(prefix="train_moe_ckpt_") as ckpt:
             result, verdicts = self._launch("--checkpoint", ckpt)
-            with open(os.path.join(ckpt, "checkpoint_0", "checkpoint.complete.json")) as f:
+            with open(os.path.join(ckpt, "checkpoint_2", "checkpoint.complete.json")) as f:
                 tensors = json.load(f)["tensors"]
         self._assert_all_pass(result, verdicts)
         log = result.worker_logs[0]
