@@ -16,7 +16,8 @@
 The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
 cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
 its own check against a single-process run with ``comm_group_call_opt`` off
-(resumed from a checkpoint, every expert saved once) and on; a dispatch
+(resumed from a checkpoint, every expert saved once) and on (resumed too,
+each package notice once in the job's logs); a dispatch
 without the documented 1/ep expert gradient scale must fail that check by
 the documented amount; and the docs' MoE fragment must be
 lines of the example, so that CI runs it.
@@ -86,6 +87,11 @@ class TestTrainMoeExample(unittest.TestCase):
         self.assertNotIn("comm_group_call_opt on", log)
         self.assertIn("checkpoint: saved after step 2 as ", log)
         self.assertIn("loaded into a new model and optimizer, 1 more step(s)", log)
+        self._assert_notices_once_per_job(result, {
+            "paddle_muon_ext.patch_paddle: added": 1,
+            "checkpoint: rank 0 saved " + os.path.join(ckpt, "checkpoint_2"): 1,
+            "checkpoint: rank 1 saved": 0,
+        })
         # every expert once: the 4 experts' global shapes, not one EP rank's 2
         self.assertEqual(tensors["experts.up_weight"]["global_shape"], [4, 16, 32])
         self.assertEqual(tensors["experts.down_weight.moment1_0"]["global_shape"], [4, 32, 16])
@@ -105,12 +111,30 @@ class TestTrainMoeExample(unittest.TestCase):
                 self.assertIn(message, proc.stderr.strip().splitlines()[-1])
                 self.assertEqual(os.listdir(cwd), [], "an argument error wrote files")
 
-    def test_four_processes_pass_the_self_check_with_comm_group_call_opt(self):
-        result, verdicts = self._launch("--group-call")
+    def test_four_processes_pass_the_self_check_with_comm_group_call_opt_resumed(self):
+        # Resumed too: the optimizer is built twice on each of the 4 ranks,
+        # and the package's notices still appear once in the job's logs.
+        with tempfile.TemporaryDirectory(prefix="train_moe_ckpt_") as ckpt:
+            result, verdicts = self._launch("--group-call", "--checkpoint", ckpt)
         self._assert_all_pass(result, verdicts)
         log = result.worker_logs[0]
+        self.assertIn("checkpoint: saved after step 2 as ", log)
         self.assertIn("MuonShardingOptimizer: comm_group_call_opt on", log)
         self.assertIn("2 nodes x 2 cards", log, "the emulated nodes did not reach the optimizer")
+        self._assert_notices_once_per_job(result, {
+            "overlap_optimize_and_sync disabled under comm_group_call_opt": 1,
+            "MuonShardingOptimizer: comm_group_call_opt on": 1,
+            "paddle_muon_ext.patch_paddle: added": 1,
+            "saved " + os.path.join(ckpt, "checkpoint_2"): 1,
+        })
+
+    def _assert_notices_once_per_job(self, result, expected: dict) -> None:
+        """Each notice's line count over every rank's log (default log level)."""
+        logs = [result.worker_logs.get(rank, "") for rank in range(4)]
+        self.assertEqual(len([text for text in logs if text]), 4, "a worker log is missing")
+        counts = {notice: sum(line.count(notice) for text in logs for line in
+                              text.splitlines()) for notice in expected}
+        self.assertEqual(counts, expected)
 
     def test_a_dispatch_without_the_expert_scale_fails_by_the_documented_amount(self):
         # The gradient contract (docs/USAGE.md): without 1/ep the experts'

@@ -40,6 +40,7 @@ from paddle.distributed.fleet.utils import timer_helper
 from paddle.distributed.fleet.utils.log_util import logger
 import paddle.distributed as dist
 
+from ..utils.job_log import log_once_per_job
 from . import muon_sharding_agreement as agreement
 from .muon_comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding_layout import LayoutSettings
@@ -135,9 +136,11 @@ def init_optimizer(opt: MuonShardingOptimizer, optimizer, hcg=None, strategy=Non
     # 2. allocation: groups and buffers, exactly as the layout says
     if opt._plan is not None:
         opt._create_group_call_groups()
-        # Once per job is enough to see the layout; other ranks log at debug.
-        log = logger.info if opt._rank == 0 else logger.debug
-        log("MuonShardingOptimizer: comm_group_call_opt on\n%s", opt._plan.describe())
+        # Once per job is enough to see the layout (a rebuild of the same one:
+        # debug); other ranks log at debug.
+        describe = opt._plan.describe()
+        log_once_per_job("info", "group_call_plan\n" + describe,
+                         "MuonShardingOptimizer: comm_group_call_opt on\n%s", describe)
     by_name = {p.name: p for p in opt._parameter_list if is_trainable(p)}
     opt._state.param_by_name = by_name
     opt._build_2d_comm_buffers(by_name)
@@ -191,13 +194,15 @@ def resolve_overlap_optimize_and_sync(opt: MuonShardingOptimizer, optimizer) -> 
         return False
     missing = [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
     if missing:
-        logger.warning(
+        log_once_per_job(
+            "warning", "overlap_sync_no_staged_api",
             "MuonShardingOptimizer: overlap_optimize_and_sync disabled: the inner "
             "optimizer %s lacks %s (Muon's staged update API).",
             type(optimizer).__name__, ", ".join(missing))
         return False
     if opt.use_group_call_opt and not opt._settings.overlap_sync_group_call:
-        logger.warning(
+        log_once_per_job(
+            "warning", "overlap_sync_group_call",
             "MuonShardingOptimizer: overlap_optimize_and_sync disabled under "
             "comm_group_call_opt (as in develop); set sharding option "
             "overlap_sync_group_call=True to overlap the hierarchical sync.")
