@@ -104,6 +104,32 @@ class TestHelpAnywhere(unittest.TestCase):
         self.assertIn("needs a source checkout", proc.stderr)
 
 
+    def test_every_help_names_the_tool_as_typed(self) -> None:
+        # the usage line repeats what the user typed: the console script and
+        # its subcommand, or the checkout script's file name (demo said "usage: demo")
+        for command in ("plan", "verify", "cluster", "hangs", "demo"):
+            with self.subTest(typed=f"paddle-muon-ext {command}"):
+                proc = console(command, "--help")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertTrue(proc.stdout.startswith(f"usage: paddle-muon-ext {command} "),
+                                proc.stdout[:200])
+        env = dict(os.environ, PYTHONPATH=PACKAGE)
+        scripts = [(["tools/muon_comm.py", c], f"muon_comm.py {c}")
+                   for c in ("plan", "verify", "cluster", "hangs")]
+        scripts.append((["tools/demo.py"], "demo.py"))
+        for argv, typed in scripts:
+            with self.subTest(typed=typed):
+                proc = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO_ROOT, env=env,
+                                      capture_output=True, text=True, timeout=300)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertTrue(proc.stdout.startswith(f"usage: {typed} "), proc.stdout[:200])
+        # a usage error names the tool the same way
+        proc = console("demo", "--bogus")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("paddle-muon-ext demo: unrecognized arguments: --bogus",
+                      error_lines(proc.stderr)[0])
+
+
 class TestMissingPackages(unittest.TestCase):
     def test_missing_paddle_is_one_line_naming_the_extra(self) -> None:
         # verify trains with Paddle (plan does not import it: test_plan_without_paddle)
