@@ -36,7 +36,9 @@ import numpy as np
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
-import paddle_muon_ext
+from paddle_muon_ext.distributed.flex_checkpoint.dcp.expert_sharded_weight import (
+    expert_sharded_state_dict,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     latest_complete_checkpoint_and_id,
     save_sharded_checkpoint,
@@ -64,8 +66,7 @@ class _Experts(paddle.nn.Layer):
         self.register_buffer("steps_seen", paddle.zeros([3]))
 
     def sharded_state_dict(self, structured_name_prefix: str = "") -> dict:
-        return paddle_muon_ext.expert_sharded_state_dict(self, structured_name_prefix,
-                                                          self.group)
+        return expert_sharded_state_dict(self, structured_name_prefix, self.group)
 
 
 def _described(entry: ShardedWeight) -> tuple:
@@ -132,19 +133,18 @@ class TestExpertShardedStateDict(unittest.TestCase):
             with self.subTest(what):
                 layer = _Experts(**build)
                 with self.assertRaises(ValueError) as ctx:
-                    paddle_muon_ext.expert_sharded_state_dict(layer, "moe.", layer.group,
-                                                              **kwargs)
+                    expert_sharded_state_dict(layer, "moe.", layer.group, **kwargs)
                 for piece in pieces:
                     self.assertIn(piece, str(ctx.exception))
         layer = paddle.nn.Layer()
         layer.scale = layer.create_parameter([])
         with self.assertRaisesRegex(ValueError, r"x\.scale is 0-D"):
-            paddle_muon_ext.expert_sharded_state_dict(layer, "x.")
+            expert_sharded_state_dict(layer, "x.")
         with self.assertRaisesRegex(ValueError, "holds no parameter of its own"):
-            paddle_muon_ext.expert_sharded_state_dict(paddle.nn.Layer())
+            expert_sharded_state_dict(paddle.nn.Layer())
 
     def test_an_even_split_with_num_experts_is_accepted(self):
-        state = paddle_muon_ext.expert_sharded_state_dict(
+        state = expert_sharded_state_dict(
             _Experts(), "", _Group([0, 1, 2], 2), num_experts=3 * LOCAL)
         self.assertEqual(tuple(state["bias"].global_offset), (2 * LOCAL, 0))
 
