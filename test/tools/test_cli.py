@@ -587,6 +587,37 @@ class TestPlanPicture(unittest.TestCase):
         self.assertGreater(w2 / w1, 1.6, "two panels: about twice as wide as one")
         self.assertLess(w2 / w1, 2.2)
 
+    def test_recommend_draws_the_pick_beside_the_default(self) -> None:
+        from paddle_muon_ext.tools import recommend
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        cfg = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=2)  # ernie-moe-small
+        res = compute_plan(cfg)
+        est = recommend.annotate(res, AlphaBeta())
+        best = recommend.recommend(res, est)["best"]["config"]
+        self.assertNotEqual(best, recommend.DEFAULT_CONFIG, "the pick must differ to show it")
+        default_ax, pick_ax = self._panels(self._figure(recommend.figure_input(res, est)))
+        self.assertTrue(default_ax.get_title().startswith(
+            "default: comm_group_call_opt off, upstream_greedy owners, 256 MB buffers\n"))
+        on = "on" if best["comm_group_call_opt"] else "off"
+        self.assertTrue(pick_ax.get_title().startswith(
+            f"recommended: comm_group_call_opt {on}, {best['muon_partition_strategy']} owners, "
+            f"{best['comm_buffer_size_MB']:g} MB buffers\n"), pick_ax.get_title())
+        # each panel's owners are those of a plan run with that panel's options
+        for ax, config in ((default_ax, recommend.DEFAULT_CONFIG), (pick_ax, best)):
+            alone = compute_plan(cfg, buffer_size_MB=config["comm_buffer_size_MB"],
+                                 partition_strategy=config["muon_partition_strategy"],
+                                 group_call=config["comm_group_call_opt"])
+            path = "hierarchical" if config["comm_group_call_opt"] else "flat"
+            detail = alone["owned_by_colour"][path]
+            cells = sorted(t.get_text() for t in ax.texts if t.get_text().startswith("r"))
+            self.assertEqual(cells, sorted(f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}"
+                                           for r in range(8)))
+            self.assertEqual(ax.get_lines() != [], config["comm_group_call_opt"],
+                             "same-card lines where the option is on")
+
     def test_label_colour_follows_the_cell_luminance(self) -> None:
         from paddle_muon_ext.tools.report import label_colour, luminance
 
