@@ -45,12 +45,13 @@ VERDICT = re.compile(r"^(PASS|FAIL): rank (\d) of 4 \(MuonHybridParallelOptimize
                      r"max \|parameter - single-process\| = (\S+) \(tolerance 1e-05\)$", re.M)
 
 
-def readme_moe_fragment() -> str:
-    """The first Python block of docs/USAGE.md's "A MoE model" section."""
+def readme_moe_fragment(index: int = 0) -> str:
+    """Python block ``index`` of docs/USAGE.md's "A MoE model" section (0: the
+    model, 1: its checkpoint)."""
     with open(USAGE, encoding="utf-8") as f:
         text = f.read()
-    section = text.split("\n## A MoE model\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = text.split("\n## A MoE model\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n")[1 + index].split("```", 1)[0]
 
 
 class TestTrainMoeExample(unittest.TestCase):
@@ -150,19 +151,23 @@ class TestTrainMoeExample(unittest.TestCase):
             self.assertEqual(word, "FAIL", f"rank {rank}")
             self.assertGreaterEqual(diff, 1e-4, f"rank {rank}")
 
-    def test_the_documented_moe_fragment_is_lines_of_the_example(self):
-        # The fragment is run by the launches above only if every line of it
-        # is the example's (comments and blank lines aside).
+    def test_the_documented_moe_fragments_are_lines_of_the_example(self):
+        # The fragments (the model, its checkpoint) are run by the launches
+        # above only if every line is the example's (comments and blank lines aside).
         with open(EXAMPLE, encoding="utf-8") as f:
-            example = {line.strip() for line in f}
-        fragment = [line.strip() for line in readme_moe_fragment().splitlines()]
-        code = [line for line in fragment if line and not line.startswith("#")]
-        self.assertGreater(len(code), 10)
-        missing = [line for line in code if line.split("  #", 1)[0].rstrip() not in
-                   {e.split("  #", 1)[0].rstrip() for e in example}]
-        self.assertEqual(missing, [],
-                         "docs/USAGE.md MoE fragment lines not in examples/train_moe.py")
-        self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment())
+            example = {line.strip().split("  #", 1)[0].rstrip() for line in f}
+        for index, least in ((0, 10), (1, 8)):
+            with self.subTest(fragment=index):
+                fragment = [line.strip() for line in readme_moe_fragment(index).splitlines()]
+                code = [line for line in fragment if line and not line.startswith("#")]
+                self.assertGreater(len(code), least)
+                missing = [line for line in code
+                           if line.split("  #", 1)[0].rstrip() not in example]
+                self.assertEqual(missing, [], "docs/USAGE.md MoE fragment lines not in "
+                                 "examples/train_moe.py")
+        self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment(0))
+        self.assertIn("paddle_muon_ext.expert_sharded_state_dict(", readme_moe_fragment(1))
+        self.assertIn("latest_complete_checkpoint_and_id(", readme_moe_fragment(1))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Pins, on one process (the expert group is a stand-in exposing what the
 function reads of Paddle's ``Group``: ``nranks``, ``rank``, ``ranks``):
 each expert parameter's key, local and global shape and offset per rank
 index, the layer's other tensors described as Paddle describes them
-(sub-layers, buffers), the same entries under a wrapper's prefix, the
+(sub-layers, buffers), the same entries under MixPrecisionLayer's ``_layers.`` prefix, the
 refusals (uneven split, a rank outside the group, mixed expert counts, 0-D
 parameters) with the values in the message, and
 ``latest_complete_checkpoint_and_id``'s ``(path, id)``. The 4-process run
@@ -100,20 +100,19 @@ class TestExpertShardedStateDict(unittest.TestCase):
         self.assertIs(state["moe.up_weight"].local_tensor, layer.up_weight)
 
     def test_a_wrapper_prefixes_the_keys_and_keeps_the_description(self):
-        # What a model wrapper (MixPrecisionLayer, fleet.distributed_model's)
-        # does: Paddle's walk calls the layer's own method under "_layers."
+        # MixPrecisionLayer (as fleet.distributed_model's MetaParallelBase
+        # wrappers) holds the model as ``_layers``: Paddle's walk reaches the
+        # layer's own method, under keys that name the wrapper
+        from paddle.distributed.fleet.utils.mix_precision_utils import MixPrecisionLayer
+
         class _Net(paddle.nn.Layer):
             def __init__(self) -> None:
                 super().__init__()
                 self.experts = _Experts(_Group([0, 1], 1))
 
-        class _Wrapper(paddle.nn.Layer):
-            def __init__(self, inner) -> None:
-                super().__init__()
-                self._layers = inner
-
         net = _Net()
-        state = _Wrapper(net).sharded_state_dict()
+        wrapped = MixPrecisionLayer(net, dtype="bfloat16")
+        state = wrapped.sharded_state_dict()
         self.assertEqual(_described(state["_layers.experts.up_weight"]),
                          ((LOCAL, HIDDEN, INNER), (2 * LOCAL, HIDDEN, INNER), (LOCAL, 0, 0)))
         self.assertEqual(sorted(net.sharded_state_dict()),
