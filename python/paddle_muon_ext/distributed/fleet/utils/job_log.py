@@ -45,9 +45,10 @@ def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
     Returns:
         bool: whether it was logged at ``level``.
     """
-    first = key not in _SEEN
-    _SEEN.add(key)
-    # get_rank() reads the launcher's PADDLE_TRAINER_ID before fleet.init too
-    loud = first and dist.get_rank() == 0
+    # get_rank() reads the launcher's PADDLE_TRAINER_ID before fleet.init too;
+    # only rank 0 marks a key seen (a process may simulate several ranks)
+    loud = dist.get_rank() == 0 and key not in _SEEN
+    if loud:
+        _SEEN.add(key)
     getattr(logger, level if loud else "debug")(message, *args)
     return loud
