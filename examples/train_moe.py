@@ -44,7 +44,8 @@ its EP group, so the experts scale their gradient by ``1/ep`` in the graph
 
 ``--checkpoint DIR`` saves model and optimizer after ``--resume-at`` steps
 (every expert once, at its offset among all experts:
-``Experts.sharded_state_dict``), builds both again as a new job would, loads
+``Experts.sharded_state_dict``, one ``paddle_muon_ext.expert_sharded_state_dict``
+call), builds both again as a new job would, loads
 the checkpoint and trains the remaining steps, so the check below covers the
 resumed run.
 
@@ -73,11 +74,10 @@ from paddle.distributed.fleet.utils.mix_precision_utils import (  # noqa: E402
     MixPrecisionLayer,
     MixPrecisionOptimizer,
 )
-from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight  # noqa: E402
 from paddle.optimizer.muon import MuonParamInfo, _default_should_use_muon  # noqa: E402
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (  # noqa: E402
-    latest_complete_checkpoint,
+    latest_complete_checkpoint_and_id,
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
@@ -192,21 +192,9 @@ class Experts(paddle.nn.Layer):
             setattr(self, name, p)
 
     def sharded_state_dict(self, structured_name_prefix: str = "") -> dict:
-        """This rank's experts as rows ``first ..`` of all EXPERTS experts.
-
-        Paddle's default describes every parameter as whole at offset 0: the EP
-        ranks' different experts would then claim the same piece. With the
-        global shape and offset a checkpoint holds every expert once and loads
-        on another EP degree too; the optimizer's states follow these shapes.
-        """
-        out = super().sharded_state_dict(structured_name_prefix)
-        for name in ("up_weight", "down_weight", "bias"):
-            p, key = getattr(self, name), structured_name_prefix + name
-            out[key] = ShardedWeight(
-                key=key, local_tensor=p, local_shape=tuple(p.shape),
-                global_shape=(EXPERTS, *p.shape[1:]),
-                global_offset=(self.first,) + (0,) * (len(p.shape) - 1))
-        return out
+        """Each expert once, at its offset among all experts (global shape ``[EXPERTS, ...]``)."""
+        return paddle_muon_ext.expert_sharded_state_dict(
+            self, structured_name_prefix, self.ep_group, num_experts=EXPERTS)
 
     def forward(self, h, top_idx, top_w):
         group = self.ep_group
@@ -389,14 +377,16 @@ def main(argv: list | None = None) -> int:
         # A job that stops after resume_at steps and a new one that goes on:
         # every rank saves its piece (each expert once, at its global offset),
         # then a fresh model and optimizer load them and train the rest.
-        save_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint, keep_last=3)
-        saved = latest_complete_checkpoint(args.checkpoint)
+        save_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint,
+                                unique_id=resume_at, keep_last=3)
         net, model, opt = make()
-        load_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint)
+        # the new job: the newest checkpoint and its id, the steps it was saved after
+        saved, step = latest_complete_checkpoint_and_id(args.checkpoint)
+        load_sharded_checkpoint(checkpoint_state(net, opt), args.checkpoint, unique_id=step)
         if rank == 0:
-            print(f"checkpoint: saved after step {resume_at} as {saved}, loaded into a new "
-                  f"model and optimizer, {args.steps - resume_at} more step(s)", flush=True)
-        losses += train(model, opt, args.steps, world, rows, first=resume_at)
+            print(f"checkpoint: saved after step {step} as {saved}, loaded into a new "
+                  f"model and optimizer, {args.steps - step} more step(s)", flush=True)
+        losses += train(model, opt, args.steps, world, rows, first=step)
 
     # The same steps in this process alone, on the whole batch, every expert here.
     ref_net = TinyMoE()

@@ -111,8 +111,10 @@ def parse_ok_lines(worker_logs: dict) -> tuple[int, int]:
     return (min(steps) if steps else 0), values
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="demo", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the demo; ``prog`` names the tool in ``--help`` and usage errors
+    (default: this script's name, as typed; ``paddle-muon-ext demo`` passes its own)."""
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5,
                         help=f"training steps per pass (1..{MAX_STEPS})")
     parser.add_argument("--timeout", type=float, default=170.0,

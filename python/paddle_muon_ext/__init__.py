@@ -44,6 +44,7 @@ _LAZY = {
     "unpatch_paddle": ".compat_paddle_3_3",
     "distributed_optimizer": ".compat_paddle_3_3.fleet_integration",
     "MuonShardingOptimizer": ".distributed.fleet.meta_optimizers.muon_sharding_optimizer",
+    "expert_sharded_state_dict": ".distributed.flex_checkpoint.dcp.expert_sharded_weight",
     "Muon": ".optimizer",
     # checkpoints (muon_checkpoint: atomic saves, verified loads)
     "CheckpointCorruptError": _CHECKPOINT,
@@ -82,6 +83,7 @@ __all__ = [
     "MuonParamInfo",
     "MuonShardingOptimizer",
     "distributed_optimizer",
+    "expert_sharded_state_dict",
     "get_muon_sharding_options",
     "latest_complete_checkpoint",
     "load_sharded_checkpoint",

@@ -104,12 +104,14 @@ def _dispatch(args: list) -> int:
     saved = sys.argv
     sys.argv = [script, *args[1:]]
     try:
-        runpy.run_path(script, run_name="__main__")
+        # loaded as a module (not "__main__"), then run under the name typed
+        demo = runpy.run_path(script, run_name="paddle_muon_ext_demo")
+        code = demo["main"](args[1:], prog="paddle-muon-ext demo")
+        return 0 if code is None else code
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     finally:
         sys.argv = saved
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -104,6 +104,32 @@ class TestHelpAnywhere(unittest.TestCase):
         self.assertIn("needs a source checkout", proc.stderr)
 
 
+    def test_every_help_names_the_tool_as_typed(self) -> None:
+        # the usage line repeats what the user typed: the console script and
+        # its subcommand, or the checkout script's file name (demo said "usage: demo")
+        for command in ("plan", "verify", "cluster", "hangs", "demo"):
+            with self.subTest(typed=f"paddle-muon-ext {command}"):
+                proc = console(command, "--help")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertTrue(proc.stdout.startswith(f"usage: paddle-muon-ext {command} "),
+                                proc.stdout[:200])
+        env = dict(os.environ, PYTHONPATH=PACKAGE)
+        scripts = [(["tools/muon_comm.py", c], f"muon_comm.py {c}")
+                   for c in ("plan", "verify", "cluster", "hangs")]
+        scripts.append((["tools/demo.py"], "demo.py"))
+        for argv, typed in scripts:
+            with self.subTest(typed=typed):
+                proc = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO_ROOT, env=env,
+                                      capture_output=True, text=True, timeout=300)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertTrue(proc.stdout.startswith(f"usage: {typed} "), proc.stdout[:200])
+        # a usage error names the tool the same way
+        proc = console("demo", "--bogus")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("paddle-muon-ext demo: unrecognized arguments: --bogus",
+                      error_lines(proc.stderr)[0])
+
+
 class TestMissingPackages(unittest.TestCase):
     def test_missing_paddle_is_one_line_naming_the_extra(self) -> None:
         # verify trains with Paddle (plan does not import it: test_plan_without_paddle)
@@ -580,6 +606,37 @@ class TestPlanPicture(unittest.TestCase):
         self.assertEqual(h2, h1)
         self.assertGreater(w2 / w1, 1.6, "two panels: about twice as wide as one")
         self.assertLess(w2 / w1, 2.2)
+
+    def test_recommend_draws_the_pick_beside_the_default(self) -> None:
+        from paddle_muon_ext.tools import recommend
+        from paddle_muon_ext.tools.args import MuonCommConfig
+        from paddle_muon_ext.tools.cost_model import AlphaBeta
+        from paddle_muon_ext.tools.plan import compute_plan
+
+        cfg = MuonCommConfig(ep=4, moe_sharding=2, pp=1, gpus_per_node=2)  # ernie-moe-small
+        res = compute_plan(cfg)
+        est = recommend.annotate(res, AlphaBeta())
+        best = recommend.recommend(res, est)["best"]["config"]
+        self.assertNotEqual(best, recommend.DEFAULT_CONFIG, "the pick must differ to show it")
+        default_ax, pick_ax = self._panels(self._figure(recommend.figure_input(res, est)))
+        self.assertTrue(default_ax.get_title().startswith(
+            "default: comm_group_call_opt off, upstream_greedy owners, 256 MB buffers\n"))
+        on = "on" if best["comm_group_call_opt"] else "off"
+        self.assertTrue(pick_ax.get_title().startswith(
+            f"recommended: comm_group_call_opt {on}, {best['muon_partition_strategy']} owners, "
+            f"{best['comm_buffer_size_MB']:g} MB buffers\n"), pick_ax.get_title())
+        # each panel's owners are those of a plan run with that panel's options
+        for ax, config in ((default_ax, recommend.DEFAULT_CONFIG), (pick_ax, best)):
+            alone = compute_plan(cfg, buffer_size_MB=config["comm_buffer_size_MB"],
+                                 partition_strategy=config["muon_partition_strategy"],
+                                 group_call=config["comm_group_call_opt"])
+            path = "hierarchical" if config["comm_group_call_opt"] else "flat"
+            detail = alone["owned_by_colour"][path]
+            cells = sorted(t.get_text() for t in ax.texts if t.get_text().startswith("r"))
+            self.assertEqual(cells, sorted(f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}"
+                                           for r in range(8)))
+            self.assertEqual(ax.get_lines() != [], config["comm_group_call_opt"],
+                             "same-card lines where the option is on")
 
     def test_label_colour_follows_the_cell_luminance(self) -> None:
         from paddle_muon_ext.tools.report import label_colour, luminance

@@ -16,7 +16,8 @@
 The example must train on 4 CPU (gloo) processes, 2 emulated nodes of 2
 cards (ep 2 x moe_sharding 2), with nothing but ``patch_paddle()``, and pass
 its own check against a single-process run with ``comm_group_call_opt`` off
-(resumed from a checkpoint, every expert saved once) and on; a dispatch
+(resumed from a checkpoint, every expert saved once) and on (resumed too,
+each package notice once in the job's logs); a dispatch
 without the documented 1/ep expert gradient scale must fail that check by
 the documented amount; and the docs' MoE fragment must be
 lines of the example, so that CI runs it.
@@ -44,12 +45,13 @@ VERDICT = re.compile(r"^(PASS|FAIL): rank (\d) of 4 \(MuonHybridParallelOptimize
                      r"max \|parameter - single-process\| = (\S+) \(tolerance 1e-05\)$", re.M)
 
 
-def readme_moe_fragment() -> str:
-    """The first Python block of docs/USAGE.md's "A MoE model" section."""
+def readme_moe_fragment(index: int = 0) -> str:
+    """Python block ``index`` of docs/USAGE.md's "A MoE model" section (0: the
+    model, 1: its checkpoint)."""
     with open(USAGE, encoding="utf-8") as f:
         text = f.read()
-    section = text.split("\n## A MoE model\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = text.split("\n## A MoE model\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n")[1 + index].split("```", 1)[0]
 
 
 class TestTrainMoeExample(unittest.TestCase):
@@ -79,13 +81,18 @@ class TestTrainMoeExample(unittest.TestCase):
         # ends 3.5e-2 away, measured).
         with tempfile.TemporaryDirectory(prefix="train_moe_ckpt_") as ckpt:
             result, verdicts = self._launch("--checkpoint", ckpt)
-            with open(os.path.join(ckpt, "checkpoint_0", "checkpoint.complete.json")) as f:
+            with open(os.path.join(ckpt, "checkpoint_2", "checkpoint.complete.json")) as f:
                 tensors = json.load(f)["tensors"]
         self._assert_all_pass(result, verdicts)
         log = result.worker_logs[0]
         self.assertNotIn("comm_group_call_opt on", log)
         self.assertIn("checkpoint: saved after step 2 as ", log)
         self.assertIn("loaded into a new model and optimizer, 1 more step(s)", log)
+        self._assert_notices_once_per_job(result, {
+            "paddle_muon_ext.patch_paddle: added": 1,
+            "checkpoint: rank 0 saved " + os.path.join(ckpt, "checkpoint_2"): 1,
+            "checkpoint: rank 1 saved": 0,
+        })
         # every expert once: the 4 experts' global shapes, not one EP rank's 2
         self.assertEqual(tensors["experts.up_weight"]["global_shape"], [4, 16, 32])
         self.assertEqual(tensors["experts.down_weight.moment1_0"]["global_shape"], [4, 32, 16])
@@ -105,12 +112,30 @@ class TestTrainMoeExample(unittest.TestCase):
                 self.assertIn(message, proc.stderr.strip().splitlines()[-1])
                 self.assertEqual(os.listdir(cwd), [], "an argument error wrote files")
 
-    def test_four_processes_pass_the_self_check_with_comm_group_call_opt(self):
-        result, verdicts = self._launch("--group-call")
+    def test_four_processes_pass_the_self_check_with_comm_group_call_opt_resumed(self):
+        # Resumed too: the optimizer is built twice on each of the 4 ranks,
+        # and the package's notices still appear once in the job's logs.
+        with tempfile.TemporaryDirectory(prefix="train_moe_ckpt_") as ckpt:
+            result, verdicts = self._launch("--group-call", "--checkpoint", ckpt)
         self._assert_all_pass(result, verdicts)
         log = result.worker_logs[0]
+        self.assertIn("checkpoint: saved after step 2 as ", log)
         self.assertIn("MuonShardingOptimizer: comm_group_call_opt on", log)
         self.assertIn("2 nodes x 2 cards", log, "the emulated nodes did not reach the optimizer")
+        self._assert_notices_once_per_job(result, {
+            "overlap_optimize_and_sync disabled under comm_group_call_opt": 1,
+            "MuonShardingOptimizer: comm_group_call_opt on": 1,
+            "paddle_muon_ext.patch_paddle: added": 1,
+            "saved " + os.path.join(ckpt, "checkpoint_2"): 1,
+        })
+
+    def _assert_notices_once_per_job(self, result, expected: dict) -> None:
+        """Each notice's line count over every rank's log (default log level)."""
+        logs = [result.worker_logs.get(rank, "") for rank in range(4)]
+        self.assertEqual(len([text for text in logs if text]), 4, "a worker log is missing")
+        counts = {notice: sum(line.count(notice) for text in logs for line in
+                              text.splitlines()) for notice in expected}
+        self.assertEqual(counts, expected)
 
     def test_a_dispatch_without_the_expert_scale_fails_by_the_documented_amount(self):
         # The gradient contract (docs/USAGE.md): without 1/ep the experts'
@@ -126,19 +151,23 @@ class TestTrainMoeExample(unittest.TestCase):
             self.assertEqual(word, "FAIL", f"rank {rank}")
             self.assertGreaterEqual(diff, 1e-4, f"rank {rank}")
 
-    def test_the_documented_moe_fragment_is_lines_of_the_example(self):
-        # The fragment is run by the launches above only if every line of it
-        # is the example's (comments and blank lines aside).
+    def test_the_documented_moe_fragments_are_lines_of_the_example(self):
+        # The fragments (the model, its checkpoint) are run by the launches
+        # above only if every line is the example's (comments and blank lines aside).
         with open(EXAMPLE, encoding="utf-8") as f:
-            example = {line.strip() for line in f}
-        fragment = [line.strip() for line in readme_moe_fragment().splitlines()]
-        code = [line for line in fragment if line and not line.startswith("#")]
-        self.assertGreater(len(code), 10)
-        missing = [line for line in code if line.split("  #", 1)[0].rstrip() not in
-                   {e.split("  #", 1)[0].rstrip() for e in example}]
-        self.assertEqual(missing, [],
-                         "docs/USAGE.md MoE fragment lines not in examples/train_moe.py")
-        self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment())
+            example = {line.strip().split("  #", 1)[0].rstrip() for line in f}
+        for index, least in ((0, 10), (1, 8)):
+            with self.subTest(fragment=index):
+                fragment = [line.strip() for line in readme_moe_fragment(index).splitlines()]
+                code = [line for line in fragment if line and not line.startswith("#")]
+                self.assertGreater(len(code), least)
+                missing = [line for line in code
+                           if line.split("  #", 1)[0].rstrip() not in example]
+                self.assertEqual(missing, [], "docs/USAGE.md MoE fragment lines not in "
+                                 "examples/train_moe.py")
+        self.assertIn("for name, p in net.named_parameters()", readme_moe_fragment(0))
+        self.assertIn("paddle_muon_ext.expert_sharded_state_dict(", readme_moe_fragment(1))
+        self.assertIn("latest_complete_checkpoint_and_id(", readme_moe_fragment(1))
 
 
 if __name__ == "__main__":

@@ -78,8 +78,16 @@ def test_verify_large_world_is_schedule_only(capsys):
           "ernie-moe-small"], "presets and JSON files are for plan"),
         (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--steps", "0"],
          "--steps 0: must be >= 1"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--recommended",
+          "--partition", "rail"],
+         "--recommended picks the owner rule and buffer size itself; drop --partition"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--buffer-size-MB",
+          "1.5"], "--buffer-size-MB 1.5: is not a whole number"),
+        (["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2", "--unfused",
+          "--buffer-size-MB", "64"], "--unfused means --buffer-size-MB 0"),
     ],
-    ids=["node_mixes_stages", "gpn1", "model_for_plan", "steps0"],
+    ids=["node_mixes_stages", "gpn1", "model_for_plan", "steps0", "recommended_and_partition",
+         "fractional_buffer", "unfused_and_buffer"],
 )
 def test_verify_invalid_configuration_exits_2(capsys, argv, fragment):
     rc = tool.main(["verify", *argv])
@@ -152,17 +160,20 @@ def test_console_alias_routes_demo_and_reports_missing_checkout(monkeypatch, tmp
     seen = {}
 
     def fake_run_path(path, run_name):
-        import sys
+        def main(argv, prog):
+            seen["argv"], seen["prog"] = argv, prog
+            raise SystemExit(3)
 
-        seen["path"], seen["argv"] = path, list(sys.argv)
-        raise SystemExit(3)
+        seen["path"] = path
+        return {"main": main}
 
     monkeypatch.setattr(cli.runpy, "run_path", fake_run_path)
     assert cli.main(["demo", "--steps", "2"]) == 3
-    assert seen["path"].endswith("demo.py") and seen["argv"][1:] == ["--steps", "2"]
+    assert seen["path"].endswith("demo.py") and seen["argv"] == ["--steps", "2"]
+    assert seen["prog"] == "paddle-muon-ext demo"
 
-    # A demo script that returns without sys.exit() is a success.
-    monkeypatch.setattr(cli.runpy, "run_path", lambda path, run_name: None)
+    # A demo main that returns None is a success.
+    monkeypatch.setattr(cli.runpy, "run_path", lambda path, run_name: {"main": lambda a, prog: None})
     assert cli.main(["demo"]) == 0
 
     monkeypatch.setattr(cli, "_checkout_root", lambda: str(tmp_path))
@@ -220,3 +231,55 @@ def test_verify_refuses_what_the_optimizer_refuses(capsys, argv, fragment):
                     *argv])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and fragment in err, err
+
+
+SMALL_MULTI_NODE = ["--ep", "4", "--moe-sharding", "2", "--gpus-per-node", "2"]  # 4 nodes
+
+
+def _recording_sims(monkeypatch) -> list:
+    """(partition, comm_buffer_size_MB) of every simulated world verify runs, as its
+    strategy carries them to the optimizer."""
+    from paddle_muon_ext.tools import verify
+
+    verify._test_paths()  # the harness verify imports
+    import muon_sim_runner
+
+    seen, real = [], muon_sim_runner.run_world
+
+    def run_world(sim, *args, **kwargs):
+        sharding = sim.strategy().hybrid_configs["sharding_configs"]
+        seen.append((sim.partition, sharding.comm_buffer_size_MB, sim.gpn is not None))
+        return real(sim, *args, **kwargs)
+
+    monkeypatch.setattr(muon_sim_runner, "run_world", run_world)
+    return seen
+
+
+def test_verify_recommended_checks_plans_pick(monkeypatch, capsys):
+    rc = tool.main(["plan", *SMALL_MULTI_NODE, "--recommend", "--json"])
+    pick = json.loads(capsys.readouterr().out)["recommend"]["best"]["config"]
+    assert rc == 0
+    seen = _recording_sims(monkeypatch)
+    rc = tool.main(["verify", *SMALL_MULTI_NODE, "--recommended", "--steps", "1", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    checked = _json_summary(out)["configuration"]
+    assert checked["recommended_by_plan"]["config"] == pick
+    assert checked["muon_partition_strategy"] == pick["muon_partition_strategy"]
+    assert checked["comm_buffer_size_MB"] == pick["comm_buffer_size_MB"]
+    assert checked["comm_group_call_opt"] == [True, False]
+    # the simulated optimizer ran the pick, with the option on and off
+    want = (pick["muon_partition_strategy"], int(pick["comm_buffer_size_MB"]))
+    assert {s[:2] for s in seen} == {want} and {s[2] for s in seen} == {True, False}
+
+
+def test_verify_rail_owners_and_1024_mb_buffers(monkeypatch, capsys):
+    seen = _recording_sims(monkeypatch)
+    rc = tool.main(["verify", *SMALL_MULTI_NODE, "--partition", "rail", "--buffer-size-MB",
+                    "1024", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    assert ("checked: comm_group_call_opt on and off, muon_partition_strategy=rail, "
+            "comm_buffer_size_MB=1024, comm_overlap=False") in out
+    assert PASS_LINE.match(out.strip().splitlines()[-1])
+    assert {s[:2] for s in seen} == {("rail", 1024)}

@@ -29,3 +29,16 @@ def test_cpu_wheel_is_an_extra_not_a_requirement():
     requires = setup_py.split("install_requires=")[1].split("]")[0]
     assert "paddlepaddle" not in requires, "a GPU node must not get the CPU wheel pulled in"
     assert '"cpu": ["paddlepaddle' in setup_py
+
+
+def test_every_top_level_name_resolves_to_its_module():
+    # each name of paddle_muon_ext.__all__ loads lazily from the module _LAZY
+    # names (a wrong module path would raise only when a user first asks)
+    import importlib
+
+    import paddle_muon_ext
+
+    for name in paddle_muon_ext.__all__:
+        module = importlib.import_module(paddle_muon_ext._LAZY[name], "paddle_muon_ext")
+        assert getattr(paddle_muon_ext, name) is getattr(module, name), name
+    assert "expert_sharded_state_dict" in paddle_muon_ext.__all__

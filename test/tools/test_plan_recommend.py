@@ -212,6 +212,43 @@ class TestPlanCli(unittest.TestCase):
         self.assertIn("  why: ", text)
 
 
+    def test_recommend_prints_the_sharding_configs_that_select_the_pick(self) -> None:
+        import ast
+        import os
+        import subprocess
+        import sys
+
+        rc, out, err = _cli(BASE + ["--recommend", "--json"])
+        self.assertEqual(rc, 0, err)
+        rec = json.loads(out)["recommend"]
+        rc, text, _ = _cli(BASE + ["--recommend"])
+        self.assertEqual(rc, 0)
+        lines = text.split('in strategy.hybrid_configs["sharding_configs"]:\n', 1)[1]
+        pasted = ast.literal_eval("{" + lines + "}")  # the printed lines, as pasted
+        self.assertEqual(pasted, rec["sharding_configs"])
+        best = rec["best"]["config"]
+        self.assertEqual(pasted, {"comm_group_call_opt": best["comm_group_call_opt"],
+                                  "muon_partition_strategy": best["muon_partition_strategy"],
+                                  "comm_buffer_size_MB": int(best["comm_buffer_size_MB"])})
+        # a strategy given those lines holds the pick (a fresh process: patch_paddle)
+        code = ("import json, sys, paddle_muon_ext\n"
+                "paddle_muon_ext.patch_paddle()\n"
+                "from paddle.distributed import fleet\n"
+                "s = fleet.DistributedStrategy()\n"
+                "s.hybrid_configs = {'sharding_degree': 1, 'sharding_configs': "
+                "json.loads(sys.argv[1])}\n"
+                "o = paddle_muon_ext.get_muon_sharding_options(s)\n"
+                "print(json.dumps([o.comm_group_call_opt, o.muon_partition_strategy, "
+                "s.hybrid_configs['sharding_configs'].comm_buffer_size_MB]))\n")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(pasted)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        self.assertEqual(json.loads(proc.stdout.strip().splitlines()[-1]),
+                         [best["comm_group_call_opt"], best["muon_partition_strategy"],
+                          int(best["comm_buffer_size_MB"])])
+
+
 class TestRecommendSweepBench(unittest.TestCase):
     """tools/bench/bench_recommend.py: the sweep's checks and its exit codes."""
 

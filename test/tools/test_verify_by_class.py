@@ -76,7 +76,12 @@ class _Layouts:
 class TestVerifyByClass(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
+        cls._level = logger.level
         logger.setLevel(logging.ERROR)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        logger.setLevel(cls._level)
 
     def test_by_class_counts_what_every_rank_records(self) -> None:
         # LAYOUT; and ep=1 (no expert colour: a stage's ranks share one layout)
@@ -86,8 +91,10 @@ class TestVerifyByClass(unittest.TestCase):
             self.assertEqual(summary["status"], "PASS", f"{layout}: {summary['problems']}")
             self.assertEqual(summary["mode"], "schedule-only")
             for label, gpn in (("hierarchical", cfg.gpus_per_node), ("flat", None)):
+                checked = summary["configuration"]  # the optimizer's defaults: verify's
                 sim = SimConfig(ep=cfg.ep, ms=cfg.moe_sharding, pp=1, gpn=gpn, steps=STEPS,
-                                clip=True)
+                                clip=True, partition=checked["muon_partition_strategy"],
+                                buffer_mb=checked["comm_buffer_size_MB"])
                 _, world = run_world(sim, mode="record")
                 recorded = verify._phase_counts(world)
                 self.assertEqual(summary["phase_counts"][label], recorded,

@@ -61,6 +61,7 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.options import SHARDING_OPTIONS
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import log_once_per_job
 from . import strategy_options as _strategy_options
 from .cpu_tensor_fusion import register_cpu_tensor_fusion
 from .strategy_options import (
@@ -465,15 +466,19 @@ def patch_paddle() -> list[str]:
             _undo_all()
             raise
         _PATCHED = True
+    # every rank patches: one line per job (global rank 0), the rest at debug
     if skipped:
-        logger.info(
-            "paddle_muon_ext.patch_paddle: paddle %s already has %s; left unchanged.",
-            paddle.__version__, ", ".join(skipped),
-        )
+        text = ", ".join(skipped)
+        log_once_per_job("info", "patch_paddle skipped " + text,
+                         "paddle_muon_ext.patch_paddle: paddle %s already has %s; left "
+                         "unchanged.", paddle.__version__, text)
     if done:
-        logger.info("paddle_muon_ext.patch_paddle: added %s.", ", ".join(done))
+        text = ", ".join(done)
+        log_once_per_job("info", "patch_paddle added " + text,
+                         "paddle_muon_ext.patch_paddle: added %s.", text)
     else:
-        logger.info("paddle_muon_ext.patch_paddle: nothing to add; Paddle is unchanged.")
+        log_once_per_job("info", "patch_paddle nothing",
+                         "paddle_muon_ext.patch_paddle: nothing to add; Paddle is unchanged.")
     return done
 
 

@@ -213,7 +213,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.recommend:
         recommend.recommend(res, estimates)
     if png:
-        write_png(png, render_png(res))
+        # with --recommend: the default configuration beside the pick
+        write_png(png, render_png(recommend.figure_input(res, estimates) if args.recommend
+                                  else res))
     if args.json:
         emit_json(json_ready(res))
     else:

@@ -39,8 +39,8 @@ from .cost_model import AlphaBeta, ratio
 from .plan_world import build_layout_plan
 
 __all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "ONE_BUFFER_MIN_GAIN",
-           "annotate", "config", "develop_fit_mb",
-           "one_buffer_mb", "recommend", "why_line"]
+           "annotate", "config", "develop_fit_mb", "figure_input",
+           "one_buffer_mb", "recommend", "sharding_configs", "why_line"]
 
 #: Buffer sizes ``--recommend`` tries (MB), besides the run's own and
 #: :func:`one_buffer_mb`'s.
@@ -384,12 +384,86 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
     out = {
         "default": {"config": candidates[0]["config"], "estimated_time_s": t0},
         "best": best,
+        "sharding_configs": sharding_configs(best["config"],
+                                             res.get("config", {}).get("comm_overlap", False)),
         "bound_s": b,
         "candidates": candidates,
         "why": why_line(best, candidates[0], runner_up,
                         {"bound_s": b, "families_s": vs["bound_families_s"]}),
     }
     res["recommend"] = out
+    return out
+
+
+def sharding_configs(cfg: Dict[str, Any], comm_overlap: bool = False) -> Dict[str, Any]:
+    """A candidate as the ``strategy.hybrid_configs["sharding_configs"]`` keys
+    that select it (``comm_buffer_size_MB`` is an integer field there).
+
+    Args:
+        cfg: the candidate's ``config`` (:func:`config`).
+        comm_overlap: the run's ``--comm-overlap`` (estimated with it on).
+
+    Returns:
+        dict: key -> value, ready to paste.
+    """
+    mb = float(cfg["comm_buffer_size_MB"])
+    out = {"comm_group_call_opt": bool(cfg["comm_group_call_opt"]),
+           "muon_partition_strategy": cfg["muon_partition_strategy"],
+           "comm_buffer_size_MB": int(mb) if mb.is_integer() else mb}
+    if comm_overlap:
+        out["comm_overlap"] = True
+    return out
+
+
+def _paste_lines(configs: Dict[str, Any]) -> List[str]:
+    import json
+
+    lines = ['  to use it, after paddle_muon_ext.patch_paddle(), in strategy.hybrid_configs'
+             '["sharding_configs"]:']
+    for key, value in configs.items():
+        text = repr(value) if isinstance(value, bool) else json.dumps(value)
+        lines.append(f'    "{key}": {text},')
+    return lines
+
+
+def figure_input(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
+    """``res`` for ``plan --recommend --png``: two panels, the default
+    configuration and the pick, each laid out as its options say.
+
+    Args:
+        res: a result :func:`recommend` added its pick to.
+        est: the estimates (their plans and stages).
+
+    Returns:
+        dict: ``res`` with ``figure_panels`` (key, title, comm_group_call_opt)
+        and each panel's path figures under its key.
+    """
+    from . import plan as plan_mod
+
+    rec = res["recommend"]
+    out = dict(res)
+    owned = dict(res["owned_by_colour"])
+    panels = []
+    group_call_plan = None
+    for key, label, cfg, t in (
+            ("default", "default", rec["default"]["config"],
+             rec["default"]["estimated_time_s"]),
+            ("recommended", "recommended", rec["best"]["config"],
+             rec["best"]["estimated_time_s"])):
+        group_call = cfg["comm_group_call_opt"]
+        layout_plan = est.hier_plan if group_call else est.flat_plan
+        if group_call:
+            group_call_plan = layout_plan
+        settings = dataclasses.replace(est.settings, comm_buffer_size_MB=cfg["comm_buffer_size_MB"],
+                                       partition_strategy=cfg["muon_partition_strategy"])
+        path = plan_mod._path(layout_plan, est.stages, est.ab, settings, group_call, est.backend)
+        out[key] = path["summary"]
+        owned[key] = path["owned_detail"]
+        panels.append((key, f"{label}: {_describe(cfg)}", group_call))
+    out["owned_by_colour"] = owned
+    out["figure_panels"] = panels
+    if group_call_plan is not None:  # the same-card lines need the hierarchical plan
+        out["_plan"] = group_call_plan
     return out
 
 
@@ -412,4 +486,5 @@ def format_lines(res: Dict[str, Any]) -> List[str]:
                      f"default, {best['ratio_to_bound']:.3f}x bound "
                      f"({len(rec['candidates'])} candidates)")
         lines.append(f"  why: {rec['why']}")
+        lines += _paste_lines(rec["sharding_configs"])
     return lines

@@ -192,6 +192,8 @@ def luminance(rgba: Sequence[float]) -> float:
 
 def _panels(res: Dict[str, Any]) -> Tuple[List[str], Optional[str]]:
     """The paths drawn and, when only one is, the note that says why."""
+    if res.get("figure_panels"):  # plan --recommend --png: the default and the pick
+        return [key for key, _, _ in res["figure_panels"]], None
     if res.get("hierarchical") is not None:
         return ["flat", "hierarchical"], None
     if res["num_nodes"] == 1:
@@ -213,11 +215,21 @@ def _runs(nodes: Sequence[int]) -> List[Tuple[int, int]]:
     return out
 
 
+def _group_call_panel(res: Dict[str, Any], path: str) -> bool:
+    """Whether the panel ``path`` is laid out with comm_group_call_opt on."""
+    for key, _, group_call in res.get("figure_panels") or ():
+        if key == path:
+            return group_call
+    return path == "hierarchical"
+
+
 def _panel_title(res: Dict[str, Any], path: str) -> str:
     summary = res[path]
     t = summary["estimated_time_s"]
-    text = (f"{path} path (comm_group_call_opt {'on' if path == 'hierarchical' else 'off'})\n"
-            f"est. step comm {_fmt_time(t)}")
+    head = {key: title for key, title, _ in res.get("figure_panels") or ()}.get(
+        path, f"{path} path (comm_group_call_opt "
+              f"{'on' if path == 'hierarchical' else 'off'})")
+    text = f"{head}\nest. step comm {_fmt_time(t)}"
     vs = res.get("vs_default")
     if vs is not None:  # annotated by recommend.annotate (every plan run)
         text += f" = {ratio(t, vs['default']['estimated_time_s']):.3f}x default"
@@ -287,7 +299,7 @@ def plan_figure(res: Dict[str, Any]):
                 ax.text(c - 0.08, n, f"r{r}\nD{detail['dense'][r]} E{detail['moe'][r]}",
                         ha="center", va="center", fontsize=6.5,
                         color=label_colour(luminance(cmap(norm(mb[r])))))
-        if path == "hierarchical":
+        if _group_call_panel(res, path):
             for stage in range(plan.pp_degree):
                 for c in range(gpn):
                     ys = [r // gpn for r in plan.same_card_ranks(stage, c)]
@@ -331,7 +343,7 @@ def plan_figure(res: Dict[str, Any]):
                      label="cell: r<rank>, D<n> dense / E<n> expert Muon matrices owned"
                      if labelled else f"cell: one rank ({nodes * gpn} ranks: labels left out "
                      f"above {MAX_LABELLED_CELLS})")]
-    if "hierarchical" in paths:
+    if any(_group_call_panel(res, p) for p in paths):
         handles.append(Line2D([], [], color="tab:blue", marker="o", ms=3, lw=1.8,
                               label="same-card group (hierarchical cross-node step)"))
     handles.append(Line2D([], [], color="crimson", lw=2.2, ls="--",

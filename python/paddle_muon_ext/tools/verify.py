@@ -39,8 +39,12 @@ import time
 from collections import Counter
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
+from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
+    PARTITION_STRATEGIES,
+    option_default,
+)
 from . import limits
-from .args import DEFAULT_BUFFER_MB, MuonCommConfig, add_config_args, build_config
+from .args import DEFAULT_BUFFER_MB, DEFAULT_MODEL, MuonCommConfig, add_config_args, build_config
 
 __all__ = [
     "VERIFY_MODEL",
@@ -49,6 +53,7 @@ __all__ = [
     "add_verify_parser",
     "checkout_root",
     "compare_schedule",
+    "recommended_config",
     "run_verify",
     "cmd_verify",
 ]
@@ -113,7 +118,18 @@ def add_verify_parser(sub) -> None:
     v.add_argument("--comm-overlap", action="store_true",
                    help="sharding_configs.comm_overlap: backward hooks launch the reduces")
     v.add_argument("--unfused", action="store_true",
-                   help="comm_buffer_size_MB <= 0: one reduce per parameter")
+                   help="comm_buffer_size_MB <= 0: one reduce per parameter (--buffer-size-MB 0)")
+    v.add_argument("--partition", choices=PARTITION_STRATEGIES, default=None,
+                   help="owner rule (sharding_configs.muon_partition_strategy; default "
+                   f"{option_default('muon_partition_strategy')}, the optimizer's, as plan's)")
+    v.add_argument("--buffer-size-MB", type=float, default=None,
+                   help="fused gradient buffer size (sharding_configs.comm_buffer_size_MB, a "
+                   f"whole number; 0 = one reduce per parameter; default {DEFAULT_BUFFER_MB:g}, "
+                   "as plan's)")
+    v.add_argument("--recommended", action="store_true",
+                   help="verify the owner rule and buffer size plan --recommend picks for this "
+                   f"layout ({DEFAULT_MODEL}, nccl; with --comm-overlap as given); not with "
+                   "--partition / --buffer-size-MB / --unfused")
     v.add_argument("--json", action="store_true",
                    help="print only a JSON summary on stdout (progress and verdict go to stderr)")
 
@@ -350,6 +366,64 @@ def _record_by_class(sim, plan, steps: int, label: str, progress: Callable) -> T
             problems + mismatches)
 
 
+def resolve_configuration(args: argparse.Namespace) -> Tuple[str, int]:
+    """The owner rule and buffer size (MB) ``verify`` checks, from its flags.
+
+    ``--recommended`` is resolved later (:func:`recommended_config`); here it
+    only excludes the flags that would contradict it.
+
+    Raises:
+        InputError / ValueError: a contradiction or a bad size, naming the flags.
+    """
+    if args.recommended:
+        given = [flag for flag, value in (("--partition", args.partition),
+                                          ("--buffer-size-MB", args.buffer_size_MB),
+                                          ("--unfused", args.unfused or None))
+                 if value is not None]
+        if given:
+            raise ValueError(f"--recommended picks the owner rule and buffer size itself; drop "
+                             f"{' and '.join(given)} (or --recommended)")
+    partition = args.partition or option_default("muon_partition_strategy")
+    if args.buffer_size_MB is None:
+        return partition, 0 if args.unfused else int(DEFAULT_BUFFER_MB)
+    limits.check_float("--buffer-size-MB", args.buffer_size_MB,
+                       f"pass 0..{limits.LIMITS.buffer_mb:g} (0: one reduce per parameter)",
+                       positive=False, high=limits.LIMITS.buffer_mb)
+    if args.buffer_size_MB != int(args.buffer_size_MB):
+        raise limits.InputError("--buffer-size-MB", f"{args.buffer_size_MB:g}",
+                                "is not a whole number (sharding_configs.comm_buffer_size_MB "
+                                "is an integer field)", f"pass e.g. {round(args.buffer_size_MB)}")
+    if args.unfused and args.buffer_size_MB > 0:
+        raise ValueError(f"--unfused means --buffer-size-MB 0; drop --unfused or "
+                         f"--buffer-size-MB {args.buffer_size_MB:g}")
+    return partition, int(args.buffer_size_MB)
+
+
+def recommended_config(cfg: MuonCommConfig, comm_overlap: bool = False) -> Dict[str, Any]:
+    """What ``plan --recommend`` picks for ``cfg``'s layout (plan's default model, nccl).
+
+    Returns:
+        dict: the pick's ``config`` (``comm_group_call_opt``,
+        ``muon_partition_strategy``, ``comm_buffer_size_MB``), the ``model``
+        and ``backend`` it was picked for, and its ``ratio_to_default``.
+    """
+    from . import recommend
+    from .cost_model import AlphaBeta
+    from .plan import compute_plan
+
+    plan_cfg = dataclasses.replace(cfg, model=DEFAULT_MODEL)
+    ab = AlphaBeta()
+    try:
+        res = compute_plan(plan_cfg, ab, buffer_size_MB=DEFAULT_BUFFER_MB,
+                           comm_overlap=comm_overlap, group_call=True)
+    except ValueError:  # the option cannot run here: plan recommends among flat paths
+        res = compute_plan(plan_cfg, ab, buffer_size_MB=DEFAULT_BUFFER_MB,
+                           comm_overlap=comm_overlap, group_call=False)
+    best = recommend.recommend(res, recommend.annotate(res, ab))["best"]
+    return {"config": dict(best["config"]), "model": DEFAULT_MODEL, "backend": "nccl",
+            "ratio_to_default": best["ratio_to_default"]}
+
+
 def check_verify_args(cfg: MuonCommConfig, steps: int, data_max_ranks: int) -> None:
     """Every ``verify`` input checked before any work (InputError on the first bad one)."""
     if cfg.model != VERIFY_MODEL:
@@ -364,27 +438,43 @@ def check_verify_args(cfg: MuonCommConfig, steps: int, data_max_ranks: int) -> N
 
 def run_verify(cfg: MuonCommConfig, steps: int = 3, data_max_ranks: int = DATA_MAX_RANKS,
                progress: Callable = print, comm_overlap: bool = False,
-               unfused: bool = False) -> Dict:
+               unfused: bool = False, partition: str | None = None,
+               buffer_mb: int | None = None) -> Dict:
     """Verify one layout; returns the summary dict (``status`` PASS/FAIL).
+
+    ``partition`` (None: the optimizer's default) and ``buffer_mb``
+    (``comm_buffer_size_MB``; None: 256, or 0 with ``unfused``) are the
+    configuration checked, with ``comm_group_call_opt`` on and off; the
+    summary's ``configuration`` names all of it.
 
     Raises:
         ValueError: the layout or the options are invalid.
         CheckoutMissing: no test harness next to the package.
     """
     check_verify_args(cfg, steps, data_max_ranks)
+    partition = partition or option_default("muon_partition_strategy")
+    if buffer_mb is None:
+        buffer_mb = 0 if unfused else int(DEFAULT_BUFFER_MB)
+    unfused = buffer_mb <= 0
     # what the optimizer refuses is not verified (its own rule)
-    limits.check_optimizer_accepts(cfg.pp, comm_overlap, 0 if unfused else DEFAULT_BUFFER_MB,
-                                   unfused_flag="--unfused")
+    limits.check_optimizer_accepts(cfg.pp, comm_overlap, buffer_mb, partition,
+                                   unfused_flag="--unfused" if unfused else None)
     plan = cfg.build_plan()  # the optimizer would raise the same message at construction
     _test_paths()
     from muon_sim_runner import SimConfig, max_abs_diff, reference_values, run_world
 
     base = SimConfig(ep=cfg.ep, ms=cfg.moe_sharding, pp=cfg.pp, order=cfg.order,
                      gpn=cfg.gpus_per_node, steps=steps, clip=cfg.pp == 1,
-                     overlap=comm_overlap, fused=not unfused)
+                     overlap=comm_overlap, fused=not unfused, partition=partition,
+                     buffer_mb=buffer_mb)
     off = SimConfig(**{**base.__dict__, "gpn": None})
     summary: Dict = {"ranks": base.world, "steps": steps, "mode": "data", "values_compared": 0,
-                     "comm_overlap": comm_overlap, "fused": not unfused, "phase_counts": {}}
+                     "comm_overlap": comm_overlap, "fused": not unfused, "phase_counts": {},
+                     # what was checked, by the sharding_configs names
+                     "configuration": {"comm_group_call_opt": [True, False],
+                                       "muon_partition_strategy": partition,
+                                       "comm_buffer_size_MB": buffer_mb,
+                                       "comm_overlap": comm_overlap}}
     problems: List[str] = []
     by_class = base.world > data_max_ranks
     for label, sim in (("hierarchical", base), ("flat", off)):
@@ -462,6 +552,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Run ``verify``; prints progress, optional JSON, and the verdict line."""
     cfg = build_config(args, max_world=limits.LIMITS.verify_world, tool="verify")
     check_verify_args(cfg, args.steps, args.data_max_ranks)
+    partition, buffer_mb = resolve_configuration(args)
     note = limits.check_local_size(cfg.gpus_per_node)
     if note:
         print(note, file=sys.stderr)
@@ -470,25 +561,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from paddle.distributed.fleet.utils.log_util import logger as fleet_logger
 
     # Every simulated rank would log its construction; keep the output to
-    # verify's own progress lines.
+    # verify's own progress lines (the caller's level comes back after).
+    level = fleet_logger.level
     fleet_logger.setLevel(logging.ERROR)
-    from .guard import interrupts_raise
+    try:
+        from .guard import interrupts_raise
 
-    # after the paddle import (it takes SIGINT over): SIGINT / SIGTERM end the
-    # run at once, the simulated ranks (daemon threads) with it
-    with interrupts_raise():
-        summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
-                             comm_overlap=args.comm_overlap, unfused=args.unfused)
-    if args.json:
-        from .guard import emit_json
+        # after the paddle import (it takes SIGINT over): SIGINT / SIGTERM end the
+        # run at once, the simulated ranks (daemon threads) with it
+        with interrupts_raise():
+            picked = None
+            if args.recommended:
+                cfg.build_plan()  # an invalid layout: its own message before plan's work
+                picked = recommended_config(cfg, comm_overlap=args.comm_overlap)
+                pick = picked["config"]
+                partition = pick["muon_partition_strategy"]
+                buffer_mb = int(pick["comm_buffer_size_MB"])
+                print(f"[verify] plan --recommend ({picked['model']}, {picked['backend']}) picks "
+                      f"comm_group_call_opt {'on' if pick['comm_group_call_opt'] else 'off'}, "
+                      f"{partition} owners, {buffer_mb} MB buffers; verifying that owner rule and "
+                      "buffer size with the option on and off")
+            summary = run_verify(cfg, steps=args.steps, data_max_ranks=args.data_max_ranks,
+                                 comm_overlap=args.comm_overlap, partition=partition,
+                                 buffer_mb=buffer_mb)
+            if picked is not None:
+                summary["configuration"]["recommended_by_plan"] = picked
+        if args.json:
+            from .guard import emit_json
 
-        emit_json(summary)
-    for problem in summary["problems"]:
-        print(f"  {problem}")
-    mode = "" if summary["mode"] == "data" else " mode=schedule-only"
-    print(f"{summary['status']} ranks={summary['ranks']}{mode} "
-          f"max_abs_diff_hier_vs_flat={_fmt(summary['max_abs_diff_hier_vs_flat'])} "
-          f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])} "
-          f"steps={summary['steps']} collectives_checked={summary['collectives_checked']} "
-          f"values_compared={summary['values_compared']}")
-    return 0 if summary["status"] == "PASS" else 1
+            emit_json(summary)
+        for problem in summary["problems"]:
+            print(f"  {problem}")
+        checked = summary["configuration"]
+        print(f"checked: comm_group_call_opt on and off, muon_partition_strategy="
+              f"{checked['muon_partition_strategy']}, comm_buffer_size_MB="
+              f"{checked['comm_buffer_size_MB']}, comm_overlap={checked['comm_overlap']}")
+        mode = "" if summary["mode"] == "data" else " mode=schedule-only"
+        print(f"{summary['status']} ranks={summary['ranks']}{mode} "
+              f"max_abs_diff_hier_vs_flat={_fmt(summary['max_abs_diff_hier_vs_flat'])} "
+              f"max_abs_diff_vs_reference={_fmt(summary['max_abs_diff_vs_reference'])} "
+              f"steps={summary['steps']} collectives_checked={summary['collectives_checked']} "
+              f"values_compared={summary['values_compared']}")
+        return 0 if summary["status"] == "PASS" else 1
+    finally:
+        fleet_logger.setLevel(level)

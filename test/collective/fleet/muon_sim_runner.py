@@ -96,6 +96,7 @@ class SimConfig:
         local_size: ``PADDLE_LOCAL_SIZE`` without comm_group_call_opt (the
             machine count the machine-balanced rule sees); ``gpn`` wins.
         overlap_sync_group_call: the option of that name.
+        buffer_mb: ``comm_buffer_size_MB`` (None: 1 when ``fused``, else -1).
     """
 
     ep: int = 4
@@ -115,6 +116,13 @@ class SimConfig:
     machine_balanced: bool = False
     local_size: int | None = None
     overlap_sync_group_call: bool = False
+    buffer_mb: int | None = None
+
+    @property
+    def comm_buffer_size_MB(self) -> int:
+        if self.buffer_mb is not None:
+            return self.buffer_mb
+        return 1 if self.fused else -1
 
     @property
     def world(self) -> int:
@@ -141,7 +149,7 @@ class SimConfig:
     def strategy(self):
         strategy = make_hybrid_strategy(
             self.ep, self.ms, self.pp, order=self.order,
-            comm_buffer_size_MB=1 if self.fused else -1,
+            comm_buffer_size_MB=self.comm_buffer_size_MB,
             comm_overlap=self.overlap,
             accumulate_steps=self.acc_steps,
         )
@@ -378,7 +386,7 @@ def _tiny_moe_metas() -> tuple:
 
 def oracle_layout(cfg: SimConfig, oracle: LayoutOracle, plan, rank: int) -> ShardingLayout:
     groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
-    settings = LayoutSettings(comm_buffer_size_MB=1 if cfg.fused else -1,
+    settings = LayoutSettings(comm_buffer_size_MB=cfg.comm_buffer_size_MB,
                               comm_overlap=cfg.overlap,
                               partition_strategy=cfg.partition or "upstream_greedy")
     return ShardingLayout.build(_tiny_moe_metas(), groups, rank, settings, plan)

@@ -56,6 +56,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan i
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     run_staged_update,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as job_log
 
 FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 NO_HOOK = "dense_weight_no_hook"
@@ -510,12 +511,26 @@ class TestOverlapOptimizeAndSync(unittest.TestCase):
 
     def test_group_call_forces_it_off_like_develop(self):
         cfg = SimConfig(ep=1, ms=4, gpn=2, steps=2)
-        with self.assertLogs(mso.logger.name, level="WARNING") as logs:
+        # a job's first construction warns (once per job: job_log)
+        with mock.patch.object(job_log, "_SEEN", set()), \
+                self.assertLogs(mso.logger.name, level="WARNING") as logs:
             results, _ = self._run(cfg, "1")
         self.assertTrue(all(r["flag"] is False for r in results),
                         "develop turns the overlap off under comm_group_call_opt")
         self.assertTrue(any("overlap_sync_group_call" in line for line in logs.output),
                         "the warning names the opt-in")
+
+    def test_the_group_call_warning_is_once_per_job(self):
+        # 4 ranks, each building its optimizer twice (a resume): one warning
+        # line, from the first construction; the rest go to debug
+        cfg = SimConfig(ep=1, ms=4, gpn=2, steps=1)
+        with mock.patch.object(job_log, "_SEEN", set()), \
+                self.assertLogs(mso.logger.name, level="DEBUG") as logs:
+            self._run(cfg, "1")
+            self._run(cfg, "1")
+        lines = [r for r in logs.records if "overlap_sync_group_call=True" in r.getMessage()]
+        self.assertEqual([r.levelname for r in lines].count("WARNING"), 1)
+        self.assertEqual(len(lines), 8, "every construction still logs it at debug")
 
     def test_group_call_opt_in_runs_staged_sync_hierarchically(self):
         cfg = _OptInConfig(ep=1, ms=4, gpn=2, steps=2)
@@ -537,7 +552,8 @@ class TestOverlapOptimizeAndSync(unittest.TestCase):
             muon.update_params = None  # not callable: the staged API is incomplete
             return MuonShardingOptimizer(muon, hcg, strategy).overlap_optimize_and_sync
 
-        with overlap_flag("1"), self.assertLogs(mso.logger.name, level="WARNING") as logs:
+        with overlap_flag("1"), mock.patch.object(job_log, "_SEEN", set()), \
+                self.assertLogs(mso.logger.name, level="WARNING") as logs:
             results, _ = run_world(cfg, body=body)
         self.assertEqual(results, [False, False])
         self.assertTrue(any("update_params" in line for line in logs.output))

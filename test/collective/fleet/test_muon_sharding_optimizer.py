@@ -1148,7 +1148,7 @@ class TestOptionsHonoured(unittest.TestCase):
                 return strategy
 
         cfg = AsksForAvg(ep=2, ms=2, steps=1)
-        mss._WARNED.discard("reduce_avg")
+        mss._SEEN.discard("reduce_avg")
         with self.assertLogs(mso.logger, level="WARNING") as logs:
             results, _ = run_world(cfg)
         self.assertTrue(any("use_reduce_avg=True" in line for line in logs.output))

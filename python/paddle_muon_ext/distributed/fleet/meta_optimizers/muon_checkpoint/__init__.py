@@ -30,7 +30,9 @@ indistinguishable from a good one. Here:
   checksums (spread over the ranks) and the layout before any tensor is read,
   and refuses a checkpoint of another model (:class:`CheckpointMismatchError`);
   a problem is one error on every rank, naming the file.
-* :func:`latest_complete_checkpoint` finds the newest committed checkpoint.
+* :func:`latest_complete_checkpoint` finds the newest committed checkpoint;
+  :func:`latest_complete_checkpoint_and_id` also returns its id (the step,
+  when saved with ``unique_id=step``).
 
 Both calls exchange what each rank found before any rank raises, so a
 problem on one rank (no checkpoint at its path, another path, a bad
@@ -65,7 +67,7 @@ from .common import (
     CheckpointMismatchError,
     CheckpointSaveError,
 )
-from .listing import latest_complete_checkpoint
+from .listing import latest_complete_checkpoint, latest_complete_checkpoint_and_id
 from .load import load_sharded_checkpoint
 from .save import save_sharded_checkpoint
 
@@ -75,6 +77,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "latest_complete_checkpoint",
+    "latest_complete_checkpoint_and_id",
     "load_sharded_checkpoint",
     "save_sharded_checkpoint",
 ]

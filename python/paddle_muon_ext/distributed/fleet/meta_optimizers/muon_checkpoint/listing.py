@@ -44,6 +44,7 @@ __all__ = [
     "id_mismatch",
     "incomplete_reason",
     "latest_complete_checkpoint",
+    "latest_complete_checkpoint_and_id",
     "newest_complete",
 ]
 
@@ -156,3 +157,24 @@ def latest_complete_checkpoint(path: str, verify: bool = False) -> str | None:
     for line in skipped:
         logger.warning(f"checkpoint: {line}")
     return latest
+
+
+def latest_complete_checkpoint_and_id(path: str,
+                                      verify: bool = False) -> tuple[str | None, int | None]:
+    """The newest committed checkpoint under ``path`` and its id, or ``(None, None)``.
+
+    The id is the ``unique_id`` the checkpoint was saved with: save with
+    ``unique_id=step`` (the steps done) and it is the step to resume from.
+    Which checkpoint counts, and the warnings: :func:`latest_complete_checkpoint`.
+
+    Args:
+        path (str): the directory :func:`save_sharded_checkpoint` saved into.
+        verify (bool): also skip checkpoints whose files fail their SHA-256.
+
+    Returns:
+        tuple: e.g. ``("<path>/checkpoint_7", 7)``; ``(None, None)`` before the first save.
+    """
+    latest = latest_complete_checkpoint(path, verify)
+    if latest is None:
+        return None, None
+    return latest, checkpoint_id(os.path.basename(os.path.normpath(latest)))

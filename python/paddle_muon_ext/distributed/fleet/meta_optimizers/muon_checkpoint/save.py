@@ -359,7 +359,9 @@ def save_sharded_checkpoint(
         _sweep_failed(path)
         if keep_last is not None:
             _retain(path, keep_last, final)
-    logger.info(f"checkpoint: rank {rank} saved {final}")
+    # committed for every rank: the coordinator says so, the others at debug
+    (logger.info if rank == coordinator else logger.debug)(
+        f"checkpoint: rank {rank} saved {final}")
     return final
 
 

@@ -39,7 +39,7 @@ from .settings import (
     ShardingSettings,
     ShardingTypeError,
     _user_set_sharding_config,
-    _warn_once,
+    log_once_per_job,
     read_overlap_optimize_and_sync,
 )
 from .types import (
@@ -81,9 +81,9 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     # As develop: whether the parameters had main_grad when the optimizer was built.
     rt.use_main_grad = hasattr(params[0], "main_grad")
     if (settings.use_reduce_avg and not rt.use_avg
-            and _user_set_sharding_config(strategy, "use_reduce_avg")
-            and _warn_once("reduce_avg")):
-        logger.warning(
+            and _user_set_sharding_config(strategy, "use_reduce_avg")):
+        log_once_per_job(
+            "warning", "reduce_avg",
             "MuonShardingOptimizer: use_reduce_avg=True but this build has no AVG reduce "
             "(it needs CUDA and NCCL >= 2.10); reducing with SUM, each addend divided by "
             "nranks first.")
@@ -130,9 +130,10 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     # 2. allocation: groups and buffers, exactly as the layout says
     if rt.plan is not None:
         create_group_call_groups(rt)
-        # Once per job is enough to see the layout; other ranks log at debug.
-        log = logger.info if rt.rank == 0 else logger.debug
-        log("MuonShardingOptimizer: comm_group_call_opt on\n%s", rt.plan.describe())
+        # Once per job is enough to see the layout (a rebuild of the same one: debug).
+        describe = rt.plan.describe()
+        log_once_per_job("info", "group_call_plan\n" + describe,
+                         "MuonShardingOptimizer: comm_group_call_opt on\n%s", describe)
     rt.param_by_name = {p.name: p for p in trainable}
 
     def acc_steps_of(colour) -> int:
@@ -196,13 +197,15 @@ def resolve_overlap_optimize_and_sync(optimizer, settings: ShardingSettings) -> 
         return False
     missing = [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
     if missing:
-        logger.warning(
+        log_once_per_job(
+            "warning", "overlap_sync_no_staged_api",
             "MuonShardingOptimizer: overlap_optimize_and_sync disabled: the inner optimizer "
             "%s lacks %s (Muon's staged update API).", type(optimizer).__name__,
             ", ".join(missing))
         return False
     if settings.comm_group_call_opt and not settings.overlap_sync_group_call:
-        logger.warning(
+        log_once_per_job(
+            "warning", "overlap_sync_group_call",
             "MuonShardingOptimizer: overlap_optimize_and_sync disabled under "
             "comm_group_call_opt (as in develop); set sharding option "
             "overlap_sync_group_call=True to overlap the hierarchical sync.")

@@ -272,15 +272,31 @@ SHARDING_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ShardingSettin
 PP_CONFIG_FIELDS = tuple(there for where, there in _READ_ELSEWHERE.values()
                          if where == "pp_configs")
 
-_WARNED: set = set()
+_SEEN: set = set()
 
 
-def _warn_once(key: str) -> bool:
-    """True the first time ``key`` is seen in this process (one warning per job)."""
-    if key in _WARNED:
-        return False
-    _WARNED.add(key)
-    return True
+def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
+    """Log ``message % args`` at ``level`` on global rank 0 the first time this
+    process sees ``key``, else at debug: one line per job start, not per rank.
+
+    Args:
+        level: ``"info"`` or ``"warning"``.
+        key: what makes two notices the same (a name, plus the values it
+            prints where another value is news).
+        message: the ``logger`` format string; ``args`` its values.
+
+    Returns:
+        bool: whether it was logged at ``level``.
+    """
+    import paddle.distributed as dist
+    from paddle.distributed.fleet.utils.log_util import logger
+
+    # only rank 0 marks a key seen (a process may simulate several ranks)
+    loud = dist.get_rank() == 0 and key not in _SEEN
+    if loud:
+        _SEEN.add(key)
+    getattr(logger, level if loud else "debug")(message, *args)
+    return loud
 
 
 def _user_set_sharding_config(strategy: Any, field: str) -> bool:
