@@ -212,7 +212,7 @@ class StrategyOption:
 # doc): the one place options are defined. Loaded by path: the exporter runs
 # before (and without) an importable package.
 OPTION_TABLE_PATH = ("python/paddle_muon_ext/distributed/fleet/meta_optimizers/"
-                     "muon_sharding/options.py")
+                     "muon_sharding/settings.py")
 
 
 def _load_option_table():

@@ -40,7 +40,7 @@ import plan_per_rank  # noqa: E402
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (  # noqa: E402
     CommOp,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import (  # noqa: E402
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_INTRA_NODE_REDUCE,
 )
 from paddle_muon_ext.tools import plan as plan_mod  # noqa: E402

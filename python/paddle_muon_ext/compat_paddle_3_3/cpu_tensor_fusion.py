@@ -25,7 +25,7 @@ from __future__ import annotations
 import paddle
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 
-from ..distributed.fleet.meta_optimizers.muon_sharding.types import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     DEFAULT_ALIGNMENT_BYTES as CPU_ALIGNMENT_BYTES,
 )
 

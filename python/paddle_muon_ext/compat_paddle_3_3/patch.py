@@ -60,7 +60,7 @@ from paddle.distributed.fleet.base import distributed_strategy as _ds
 from paddle.distributed.fleet.utils import tensor_fusion_helper
 from paddle.distributed.fleet.utils.log_util import logger
 
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import SHARDING_OPTIONS
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import SHARDING_OPTIONS
 from ..distributed.fleet.meta_optimizers.muon_sharding.settings import log_once_per_job
 from . import strategy_options as _strategy_options
 from .cpu_tensor_fusion import register_cpu_tensor_fusion

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_STRATEGIES,
     SHARDING_OPTIONS,
     check_option_value,

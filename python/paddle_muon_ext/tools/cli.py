@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from . import limits
 from .args import DEFAULT_BUFFER_MB, add_config_args, build_config, load_model
 from .cost_model import BACKENDS, AlphaBeta
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import option_default
 from .guard import ArgumentParser, emit_json, guarded, printable
 from .plan import PARTITION_RULES, predict_cluster
 from .verify import CheckoutMissing, add_verify_parser, cmd_verify

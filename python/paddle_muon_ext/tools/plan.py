@@ -34,13 +34,13 @@ import operator
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_BALANCED,
     PARTITION_RAIL,
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding.types import IdentityMemo
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import IdentityMemo
 from . import limits, presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio

@@ -31,12 +31,11 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.comm_plan import Hierarch
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings, ShardingLayout
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import balance_floor
-from ..distributed.fleet.meta_optimizers.muon_sharding.types import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,
-    canonical_dtype,
-    itemsize,
 )
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import canonical_dtype, itemsize
 from . import presets
 from .args import MuonCommConfig
 

@@ -29,10 +29,10 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import option_default
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import develop_active_ranks
 from ..distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
-from ..distributed.fleet.meta_optimizers.muon_sharding.types import itemsize
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import itemsize
 from . import cost_bound, limits
 from .args import DEFAULT_BUFFER_MB
 from .cost_model import AlphaBeta, ratio

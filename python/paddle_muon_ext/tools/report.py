@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import option_default
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import option_default
 from .cost_model import KINDS, ratio
 
 __all__ = ["format_table", "draw_png", "label_colour", "luminance", "plan_figure", "render_png"]

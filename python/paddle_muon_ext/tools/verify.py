@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_sharding.options import (
+from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_STRATEGIES,
     option_default,
 )
@@ -149,7 +149,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     Returns:
         list[str]: readable differences (empty when identical).
     """
-    from ..distributed.fleet.meta_optimizers.muon_sharding.types import TRIGGER_BACKWARD
+    from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import TRIGGER_BACKWARD
 
     got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
            for r in _step_records(records)]

@@ -32,7 +32,7 @@ import numpy as np
 import paddle
 from muon_param_map import build_muon_param_info_map
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import STAGED_API
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime import STAGED_API
 from paddle_muon_ext.optimizer.muon import Muon
 
 #: Which Muon the runs use (inner optimizer of the sharded run and the reference).

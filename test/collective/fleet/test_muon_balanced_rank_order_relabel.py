@@ -28,7 +28,7 @@ import random
 import unittest
 from unittest import mock
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import layout as placement
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
@@ -37,7 +37,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     LayoutSettings,
     ParamMeta,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
 )

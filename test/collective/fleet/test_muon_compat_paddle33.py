@@ -66,7 +66,7 @@ from paddle_muon_ext.compat_paddle_3_3 import fleet_integration as fi
 from paddle_muon_ext.compat_paddle_3_3 import patch as patch_module
 from paddle_muon_ext.distributed.fleet.meta_optimizers import muon_sharding_optimizer as mso
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
-    options as options_module,
+    settings as options_module,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mss
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (

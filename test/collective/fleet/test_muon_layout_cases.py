@@ -57,7 +57,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     assign_muon_owners,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (

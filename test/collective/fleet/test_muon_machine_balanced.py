@@ -50,9 +50,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
-    dtype_itemsize,
-)
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import dtype_itemsize
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     machine_balanced_owner_indices,
 )

@@ -161,7 +161,7 @@ class TestPackageImportGraph(unittest.TestCase):
         mo = PACKAGE + ".distributed.fleet.meta_optimizers."
         self.assertIn(mo + "muon_sharding_optimizer", self.graph)
         self.assertIn(mo + "muon_sharding.build", self.graph[mo + "muon_sharding_optimizer"])
-        self.assertIn(PACKAGE + ".distributed.fleet.meta_optimizers.muon_sharding.options",
+        self.assertIn(PACKAGE + ".distributed.fleet.meta_optimizers.muon_sharding.settings",
                       self.graph[COMPAT + ".strategy_options"])
         # `from ..utils.env_util import` (a sibling package) and `from . import x as y`
         self.assertIn(PACKAGE + ".distributed.fleet.utils.env_util",

@@ -46,13 +46,13 @@ from muon_sim_runner import (
     sharded_core,
 )
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import layout as placement
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_STRATEGIES,
     check_option_value,
 )

@@ -26,14 +26,14 @@ from __future__ import annotations
 import random
 import unittest
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import layout as placement
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import step_plan
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.options import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_BALANCED,
     PARTITION_DEVELOP,
 )

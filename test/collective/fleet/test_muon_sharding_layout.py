@@ -34,14 +34,14 @@ from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
 from muon_layout_helpers import _hier, _muon
 from muon_test_compat import register_cpu_tensor_fusion
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import types as mst
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mst
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import chunk_by_size
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import NO_HOOK_COLOURS
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import chunk_by_size
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import NO_HOOK_COLOURS
 
 
 class _Group:

@@ -791,7 +791,7 @@ class TestOptionTable(unittest.TestCase):
     """The one table of Muon-sharding options and the consumers reading it."""
 
     def test_entries(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import options as mso
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mso
 
         names = [o.name for o in mso.SHARDING_OPTIONS]
         self.assertEqual(len(names), len(set(names)), f"an option listed twice: {names}")
@@ -824,7 +824,7 @@ class TestOptionTable(unittest.TestCase):
 
             from paddle_muon_ext.compat_paddle_3_3.strategy_options import MuonShardingOptions
             from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (
-                options as mso,
+                settings as mso,
             )
             from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
                 LayoutSettings,
@@ -929,7 +929,7 @@ class TestOwnersPerBufferSize(unittest.TestCase):
     """plan --recommend asks for owners at several buffer sizes."""
 
     def test_balanced_owners_are_computed_once_across_buffer_sizes(self):
-        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import placement
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import layout as placement
 
         specs = [MatrixSpec(f"w{i}", (64 + 8 * i, 32)) for i in range(12)]
         ranks = list(range(4))

@@ -54,7 +54,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer i
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings import (
     OVERLAP_SYNC_ENV,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.types import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_CLIP,
     TRIGGER_BACKWARD,
 )

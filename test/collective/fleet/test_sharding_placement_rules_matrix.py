@@ -48,7 +48,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     ParamMeta,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.placement import (
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     SliceBufferSpec,
     chunk_by_size,
     padded_numel,

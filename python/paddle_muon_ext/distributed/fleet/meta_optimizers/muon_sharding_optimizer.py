@@ -40,9 +40,9 @@ from .muon_sharding import optimizer_state
 from .muon_sharding.build import build_runtime
 from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
 from .muon_sharding.layout import ShardingLayout
-from .muon_sharding.placement import assign_muon_owners
+from .muon_sharding.layout import assign_muon_owners
 from .muon_sharding.runtime import MuonBucket  # noqa: F401  (re-exported)
-from .muon_sharding.types import is_trainable as _is_trainable  # noqa: F401
+from .muon_sharding.layout import is_trainable as _is_trainable
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 

@@ -42,15 +42,10 @@ from .settings import (
     log_once_per_job,
     read_overlap_optimize_and_sync,
 )
-from .types import (
-    DEFAULT_COLOUR,
-    STAGED_API,
-    TRIGGER_SYNC,
-    dtype_itemsize,
-    is_hooked,
-    is_trainable,
-    parse_colour,
-)
+from .layout import DEFAULT_COLOUR, is_hooked, is_trainable, parse_colour
+from .runtime import STAGED_API
+from .step_plan import TRIGGER_SYNC
+from .settings import dtype_itemsize
 
 # The package re-exports the reduce *function* under the module's name; the
 # module itself holds is_avg_reduce_op_supported.

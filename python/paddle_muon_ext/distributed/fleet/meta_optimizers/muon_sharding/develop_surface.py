@@ -34,10 +34,8 @@ from .runtime import (
     unflatten_from,
 )
 from .step_plan import StepPhase, flat_broadcast_phase
-from .types import (
-    DEFAULT_COLOUR,
-    DEFAULT_RAW_COLOUR,
-    NO_HOOK_COLOURS,
+from .layout import DEFAULT_COLOUR, DEFAULT_RAW_COLOUR, NO_HOOK_COLOURS, is_hooked, parse_colour
+from .step_plan import (
     OP_ALL_GATHER,
     OP_BROADCAST,
     OP_CLIP,
@@ -50,8 +48,6 @@ from .types import (
     ROUTE_SLICES,
     TRIGGER_REDUCE,
     TRIGGER_SYNC,
-    is_hooked,
-    parse_colour,
 )
 
 __all__ = ["DevelopSurface", "run_staged_update"]

@@ -20,16 +20,20 @@ with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
+import operator
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
-# dtype sizes and develop's buffer default have one home (a leaf, no paddle).
-from .types import DEVELOP_DEFAULT_BUFFER_MB
-from .types import FLOAT_DTYPE_SIZES as _DTYPE_SIZES
-from .types import canonical_float_dtype as _canonical_dtype
-from .types import HashedTuple, dtype_itemsize
+from .settings import (
+    DEVELOP_DEFAULT_BUFFER_MB,
+    FLOAT_DTYPE_SIZES,
+    canonical_float_dtype,
+    dtype_itemsize,
+)
 
 __all__ = [
     "MatrixSpec",
@@ -50,6 +54,43 @@ __all__ = [
     "rail_positions",
     "rail_partition",
 ]
+
+
+class HashedTuple(tuple):
+    """A tuple that hashes its items once (``plan`` passes one 100,000-matrix
+    tuple to the placement caches once per path). Equal to, and hashing as,
+    the plain tuple of the same (immutable) items."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+
+class IdentityMemo:
+    """Results keyed by the identity of the objects they were computed from
+    (each entry holds its objects, so their ids stay unique while it lives),
+    plus an optional hashable ``extra`` compared by value; oldest out first."""
+
+    MISSING = object()
+
+    def __init__(self, maxsize: int) -> None:
+        self._entries: OrderedDict = OrderedDict()
+        self._maxsize = maxsize
+
+    def get(self, objs: tuple, extra: Hashable = ()):
+        """The stored result, or ``IdentityMemo.MISSING``."""
+        hit = self._entries.get((tuple(map(id, objs)), extra))
+        if hit is not None and all(map(operator.is_, hit[0], objs)):
+            return hit[1]
+        return self.MISSING
+
+    def put(self, objs: tuple, value, extra: Hashable = ()) -> None:
+        if len(self._entries) >= self._maxsize:
+            self._entries.popitem(last=False)
+        self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
+
 
 
 @dataclass(frozen=True)
@@ -129,7 +170,7 @@ def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int
     for s in items:
         *lead, m, n = s.shape
         numel = math.prod(s.shape)
-        bs.append(numel * (8 if multi_precision and _DTYPE_SIZES[s.dtype] < 4 else 4))
+        bs.append(numel * (8 if multi_precision and FLOAT_DTYPE_SIZES[s.dtype] < 4 else 4))
         lo, hi = (m, n) if m <= n else (n, m)
         cs.append(math.prod(lead) * hi * lo * lo)
     return bs, cs
@@ -227,7 +268,7 @@ def _check_specs(specs) -> List[MatrixSpec]:
     for s in specs:
         if type(s) is MatrixSpec and type(s.name) is str and s.name \
                 and s.name not in seen and _check_shape(s.shape) is s.shape \
-                and type(s.dtype) is str and s.dtype in _DTYPE_SIZES:
+                and type(s.dtype) is str and s.dtype in FLOAT_DTYPE_SIZES:
             seen.add(s.name)  # already canonical: kept as is
             out.append(s)
             continue
@@ -244,7 +285,7 @@ def _check_specs(specs) -> List[MatrixSpec]:
             raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
         seen.add(s.name)
         dims = _check_shape(s.shape)
-        out.append(MatrixSpec(s.name, dims, _canonical_dtype(s.dtype)))
+        out.append(MatrixSpec(s.name, dims, canonical_float_dtype(s.dtype)))
     if kept and type(specs) is HashedTuple:
         specs.__dict__["_canonical_specs"] = True
     return out
@@ -990,7 +1031,7 @@ def rail_partition(
     size: Dict[str, int] = {}
     classes: Dict[str, List[str]] = {}
     for s in items:
-        size[s.name] = math.prod(s.shape) * _DTYPE_SIZES[s.dtype]
+        size[s.name] = math.prod(s.shape) * FLOAT_DTYPE_SIZES[s.dtype]
         classes.setdefault(s.dtype, []).append(s.name)
     total = max(sum(size.values()), 1)
     class_b = {d: sum(size[k] for k in names) for d, names in classes.items()}

@@ -34,33 +34,34 @@ from paddle.distributed.fleet.utils.log_util import logger
 from paddle.profiler import RecordEvent
 
 from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
-from .types import (
+from .step_plan import (
     OP_ALL_GATHER,
     OP_BROADCAST,
     OP_CLIP,
-    OP_COLLECT_GRADS,
     OP_COPY_GRADS_IN,
     OP_FINISH_SYNC,
-    OP_FOUND_INF,
     OP_FUSE_STATES,
     OP_PREPARE,
     OP_REDUCE,
     OP_REDUCE_SCATTER,
-    OP_RESET_STORAGE,
     OP_STAGE_UPDATE,
     OP_UPDATE,
-    OP_WAIT_HOOKED,
     PHASE_ALL_GATHER,
     PHASE_REDUCE_SCATTER,
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
-    STAGED_API,
     TRIGGER_BACKWARD,
     TRIGGER_REDUCE,
     TRIGGER_STEP,
     TRIGGER_SYNC,
 )
+
+
+#: What the overlapped update needs from the inner optimizer (Muon's staged API).
+STAGED_API: tuple = ("apply_grad_clip", "prepare_optimize", "update_params",
+                               "muon_group_key")
+
 
 # The package re-exports the batch_isend_irecv *function* under the module's
 # name; _coalescing_manager lives in the module.

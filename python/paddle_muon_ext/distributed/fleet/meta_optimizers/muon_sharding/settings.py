@@ -11,39 +11,290 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The options MuonShardingOptimizer reads, resolved once from fleet's strategy.
+"""The sharding options: the table of those develop's proto may lack, and
+``ShardingSettings``, their values resolved once from fleet's strategy.
 
-``ShardingSettings`` mirrors the ``sharding_configs`` / ``pp_configs`` fields
-develop's optimizer reads, plus the options this package adds (kept beside
-the strategy on paddle 3.3.1, proto fields upstream). ``check`` refuses, at
-construction, what the optimizer cannot honour.
+Every option beyond paddle 3.3.1's ``DygraphShardingConfig`` is one
+:class:`ShardingOption` of :data:`SHARDING_OPTIONS` (name, default, choices,
+proto field, doc); the settings, the compat layer, the tools and the exporter
+read it. ``ShardingSettings.check`` refuses at construction what the optimizer
+cannot honour. No paddle import at module level: tools load it before paddle
+(the exporter loads this file on its own).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import os
-from typing import Any
-
-from .options import (
-    PARTITION_STRATEGIES,
-    SHARDING_OPTIONS,
-    kept_options,
-    option_default,
-)
-from .types import DEVELOP_DEFAULT_BUFFER_MB
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
 
 __all__ = [
+    "ShardingOption",
+    "SHARDING_OPTIONS",
+    "PARTITION_DEVELOP",
+    "PARTITION_BALANCED",
+    "PARTITION_RAIL",
+    "PARTITION_STRATEGIES",
+    "option",
+    "option_default",
+    "added_options",
+    "check_option_value",
+    "set_kept_options_reader",
+    "kept_options",
     "ShardingSettings",
     "ShardingAssertionError",
     "ShardingTypeError",
     "SHARDING_CONFIG_FIELDS",
     "PP_CONFIG_FIELDS",
-    "PARTITION_STRATEGIES",
     "OVERLAP_SYNC_ENV",
     "read_overlap_optimize_and_sync",
 ]
+
+# ------------------------------------------------------------------ dtypes
+# Bytes per element of the float dtypes a Muon matrix (or a fused buffer) may hold.
+FLOAT_DTYPE_SIZES: Dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+# The other dtypes Paddle's fusion helper knows (element-wise parameters only).
+NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+# Short spellings users and model files write.
+DTYPE_ALIASES: Dict[str, str] = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+}
+_DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """The dtype's name: ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``.
+
+    Args:
+        dtype: a Paddle dtype or a name (any case, ``paddle.`` prefix and the
+            short aliases accepted).
+
+    Returns:
+        str: the canonical name; an unknown name comes back lower-cased and
+        unprefixed (:func:`itemsize` refuses it where a size is needed).
+    """
+    if type(dtype) is str and (dtype in FLOAT_DTYPE_SIZES or dtype in NON_FLOAT_DTYPE_SIZES):
+        return dtype
+    text = str(dtype).strip().lower()
+    for prefix in _DTYPE_PREFIXES:
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return DTYPE_ALIASES.get(text, text)
+
+
+def canonical_float_dtype(dtype: Any) -> str:
+    """:func:`canonical_dtype` of a Muon matrix's dtype; refuses any other.
+
+    Raises:
+        ValueError: not one of :data:`FLOAT_DTYPE_SIZES` (naming the dtype).
+    """
+    text = canonical_dtype(dtype)
+    if text not in FLOAT_DTYPE_SIZES:
+        raise ValueError(
+            f"unsupported dtype {dtype!r} for a Muon matrix; "
+            f"expected one of {sorted(FLOAT_DTYPE_SIZES)}"
+        )
+    return text
+
+
+def dtype_itemsize(dtype: Any) -> int:
+    """Bytes per element of a float ``dtype`` (a name such as ``"bfloat16"``).
+
+    Raises:
+        ValueError: not a float dtype a Muon matrix may have.
+    """
+    return FLOAT_DTYPE_SIZES[canonical_float_dtype(dtype)]
+
+
+@functools.lru_cache(maxsize=None)
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of any dtype a fused buffer may hold (floats, ints, bool).
+
+    Raises:
+        ValueError: an unknown dtype, named, with the known ones: a guessed
+            size would misplace every later parameter of its buffer.
+    """
+    text = canonical_dtype(dtype)
+    size = FLOAT_DTYPE_SIZES.get(text, NON_FLOAT_DTYPE_SIZES.get(text))
+    if size is None:
+        raise ValueError(
+            f"unknown dtype {dtype!r}: its element size is not known; use one of "
+            f"{sorted(FLOAT_DTYPE_SIZES) + sorted(NON_FLOAT_DTYPE_SIZES)}"
+        )
+    return size
+
+
+#: develop's ``comm_buffer_size_MB`` default, and the size its owner rule and
+#: sync stages fall back to when ``comm_buffer_size_MB <= 0``.
+DEVELOP_DEFAULT_BUFFER_MB = 256
+#: Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
+#: uses 256 for gpu/npu/xpu; a CPU registration uses the same).
+DEFAULT_ALIGNMENT_BYTES = 256
+
+# Owner rules of muon_partition_strategy: develop's rule (the default) and ours
+# (rail: the hierarchical path's; elsewhere it is balanced).
+
+PARTITION_DEVELOP = "upstream_greedy"
+PARTITION_BALANCED = "balanced"
+PARTITION_RAIL = "rail"
+PARTITION_STRATEGIES: Tuple[str, ...] = (PARTITION_DEVELOP, PARTITION_BALANCED, PARTITION_RAIL)
+
+_PY_TYPES = {"bool": bool, "string": str}
+
+
+@dataclass(frozen=True)
+class ShardingOption:
+    """One strategy option.
+
+    Attributes:
+        name: field name (also the attribute users set).
+        default: the value when unset -- develop's behaviour.
+        proto_type: proto scalar type of the field (``bool`` / ``string``).
+        doc: one line for users and for DistributedStrategy's docs.
+        choices: allowed values of a string option (None: any of its type).
+        message: proto message holding the field.
+        config_key: where users set it (None: directly on the strategy).
+        in_develop: develop's proto has the field already (the exporter adds
+            only the others).
+    """
+
+    name: str
+    default: Any
+    proto_type: str
+    doc: str
+    choices: Optional[Tuple[str, ...]] = None
+    message: str = "DygraphShardingConfig"
+    config_key: Optional[str] = "sharding_configs"
+    in_develop: bool = False
+
+    @property
+    def proto_default(self) -> str:
+        """The default as a proto literal (``false``, ``"upstream_greedy"``)."""
+        return json.dumps(self.default)
+
+
+SHARDING_OPTIONS: Tuple[ShardingOption, ...] = (
+    ShardingOption(
+        "use_muon_sharding", False, "bool",
+        "build MuonShardingOptimizer instead of DygraphShardingOptimizer in "
+        "fleet.distributed_optimizer.",
+        message="DistributedStrategy", config_key=None, in_develop=True),
+    ShardingOption(
+        "comm_group_call_opt", False, "bool",
+        "route Muon reduces/broadcasts hierarchically: inside the node, then across "
+        "nodes among same-card ranks.",
+        in_develop=True),
+    ShardingOption(
+        "machine_balanced_2d_partition", False, "bool",
+        "place Muon (whole-matrix) owners over the whole job so every machine carries "
+        "the same bytes (develop #79763).",
+        in_develop=True),
+    ShardingOption(
+        "muon_partition_strategy", PARTITION_DEVELOP, "string",
+        'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" (develop\'s '
+        'rule), "balanced" (state bytes and Newton-Schulz cost balanced over ranks; '
+        'recommended) or "rail" (with comm_group_call_opt over >= 2 nodes: bytes '
+        'spread evenly over card rails, then nodes; elsewhere "balanced").',
+        choices=PARTITION_STRATEGIES),
+    ShardingOption(
+        "overlap_sync_group_call", False, "bool",
+        "with comm_group_call_opt, keep overlap_optimize_and_sync on and run each "
+        "stage's parameter sync over the hierarchical route (develop turns the "
+        "overlap off there).",
+    ),
+)
+
+_BY_NAME: Dict[str, ShardingOption] = {o.name: o for o in SHARDING_OPTIONS}
+
+
+def option(name: str) -> ShardingOption:
+    """The table entry of ``name`` (KeyError naming the known options)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"{name!r} is not a Muon sharding option; known: {sorted(_BY_NAME)}"
+        ) from None
+
+
+def option_default(name: str) -> Any:
+    """Default of option ``name``."""
+    return option(name).default
+
+
+def added_options() -> Tuple[ShardingOption, ...]:
+    """Options develop's proto lacks (what an exported patch adds to it)."""
+    return tuple(o for o in SHARDING_OPTIONS if not o.in_develop)
+
+
+def check_option_value(name: str, value: Any, where: str = "") -> None:
+    """Refuse a value of the wrong type or outside the option's choices.
+
+    Args:
+        name: option name.
+        value: the value given.
+        where: prefix naming where it was set (e.g. ``"sharding_configs."``).
+    """
+    opt = option(name)
+    expected = _PY_TYPES[opt.proto_type]
+    if not isinstance(value, expected):
+        raise TypeError(
+            f"{where}{name} must be a {expected.__name__}, got {value!r}."
+        )
+    if opt.choices is not None and value not in opt.choices:
+        raise ValueError(
+            f"{where}{name}={value!r} is not supported; use one of {opt.choices}."
+        )
+
+
+# The reader of option values kept outside the proto (None: nothing kept).
+_kept_options_reader: Optional[Callable[[Any], Any]] = None
+
+
+def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
+    """Register where option values the proto cannot hold are read from.
+
+    Args:
+        reader: ``reader(strategy)`` returns an object with one attribute per
+            :data:`SHARDING_OPTIONS` entry (the values in effect for that
+            strategy); None removes the reader.
+    """
+    global _kept_options_reader
+    _kept_options_reader = reader
+
+
+def kept_options(strategy: Any) -> Any:
+    """The option values kept outside ``strategy``'s proto, or None when nothing keeps any.
+
+    Args:
+        strategy: the user's ``fleet.DistributedStrategy`` (or None).
+
+    Returns:
+        The registered reader's answer for ``strategy``; None without a reader.
+    """
+    if _kept_options_reader is None or strategy is None:
+        return None
+    return _kept_options_reader(strategy)
+
 
 class ShardingAssertionError(AssertionError, ValueError):
     """A configuration develop rejects with an assertion.

@@ -28,45 +28,69 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from .types import (
-    COLLECTIVE_OPS,
-    DEVELOP_DEFAULT_BUFFER_MB,
-    OP_ALL_GATHER,
-    OP_BROADCAST,
-    OP_CLIP,
-    OP_COLLECT_GRADS,
-    OP_COPY_GRADS_IN,
-    OP_FINISH_SYNC,
-    OP_FOUND_INF,
-    OP_FUSE_STATES,
-    OP_PREPARE,
-    OP_REDUCE,
-    OP_REDUCE_SCATTER,
-    OP_RESET_STORAGE,
-    OP_STAGE_UPDATE,
-    OP_UPDATE,
-    OP_WAIT_HOOKED,
-    PHASE_ALL_GATHER,
-    PHASE_CLIP,
-    PHASE_UPDATE,
-    ROUTE_CLIP,
-    ROUTE_LOCAL,
-    PHASE_CROSS_NODE_BROADCAST,
-    PHASE_CROSS_NODE_REDUCE,
-    PHASE_INTRA_NODE_BROADCAST,
-    PHASE_INTRA_NODE_REDUCE,
-    PHASE_REDUCE_SCATTER,
-    ROUTE_CROSS_NODE,
-    ROUTE_FLAT,
-    ROUTE_HIERARCHICAL,
-    ROUTE_INTRA_NODE,
-    ROUTE_SLICES,
-    TRIGGER_BACKWARD,
-    TRIGGER_REDUCE,
-    TRIGGER_STEP,
-    TRIGGER_SYNC,
-    itemsize,
-)
+from .settings import DEVELOP_DEFAULT_BUFFER_MB
+from .settings import itemsize
+
+
+# -------------------------------------------------------- step-plan names
+# How a bucket is routed (MuonBucketSpec.route).
+ROUTE_FLAT = "flat"
+ROUTE_HIERARCHICAL = "hierarchical"
+# How a phase reaches its group (StepPhase.route).
+ROUTE_INTRA_NODE = "intra_node"
+ROUTE_CROSS_NODE = "cross_node"
+ROUTE_SLICES = "slices"
+#: The global-norm clip's all-reduces: each item names its own group.
+ROUTE_CLIP = "clip_groups"
+#: A phase that issues no collective (waits, update, found_inf, ...).
+ROUTE_LOCAL = "local"
+
+#: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
+TRIGGER_BACKWARD = "backward"
+TRIGGER_REDUCE = "reduce_gradients"
+TRIGGER_STEP = "step"
+TRIGGER_SYNC = "sync"
+
+PHASE_REDUCE_SCATTER = "reduce_scatter"
+PHASE_ALL_GATHER = "all_gather_slices"
+PHASE_INTRA_NODE_REDUCE = "intra_node_reduce"
+PHASE_CROSS_NODE_REDUCE = "cross_node_reduce"
+PHASE_CROSS_NODE_BROADCAST = "cross_node_broadcast"
+PHASE_INTRA_NODE_BROADCAST = "intra_node_broadcast"
+#: The global-norm clip (its norm all-reduces over the sharding / pipe groups).
+PHASE_CLIP = "clip_global_norm"
+#: The update's label (profiler, flight recorder): ``optimizer_step[k]`` per stage.
+PHASE_UPDATE = "optimizer_step"
+
+# What a phase does (StepPhase.op): the collectives, then the local kinds.
+OP_REDUCE_SCATTER = "reduce_scatter"
+OP_REDUCE = "reduce"
+OP_BROADCAST = "broadcast"
+OP_ALL_GATHER = "all_gather"
+OP_ALL_REDUCE = "all_reduce"
+COLLECTIVE_OPS = (OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_ALL_REDUCE)
+#: reduce_gradients: copy released 1-D gradients back into their buffers.
+OP_COPY_GRADS_IN = "copy_grads_in"
+#: reduce_gradients: wait for and scale what the backward hooks launched.
+OP_WAIT_HOOKED = "wait_hooked"
+#: step: give colours freed by clear_param_storage their storage back.
+OP_RESET_STORAGE = "reset_storage"
+#: step: link slice gradients and collect this rank's (param, grad) pairs.
+OP_COLLECT_GRADS = "collect_grads"
+#: step: skip the update when AMP found inf/nan.
+OP_FOUND_INF = "found_inf"
+#: step: the global-norm clip (collective: its all-reduces).
+OP_CLIP = OP_ALL_REDUCE
+#: step: the whole update (plain) / Muon's prepare_optimize (staged).
+OP_UPDATE = "update"
+OP_PREPARE = "prepare"
+#: step: stage k's update (staged sync), before stage k's sync phases.
+OP_STAGE_UPDATE = "stage_update"
+#: step: wait for every launched stage sync (staged) / unpack received buffers.
+OP_FINISH_SYNC = "finish_sync"
+#: step: move fresh optimizer states into the fused buffers.
+OP_FUSE_STATES = "fuse_states"
+
 
 #: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
 #: this module, so it is not imported back).
