@@ -88,19 +88,19 @@ def main() -> None:
 
         dist.reduce = failing_reduce
     else:
-        real_reduce_onto = comm.reduce_onto
+        real_launch = comm.launch_coalesced  # every reduce and broadcast of a step
 
-        def stalled(*args, **kwargs):
-            if rank == world - 1 and step_box[0] == FAIL_STEP:
+        def stalled(op, *args, **kwargs):
+            if op == "reduce" and rank == world - 1 and step_box[0] == FAIL_STEP:
                 if mode == "crash_one":
                     raise ValueError("simulated bug on one rank")
                 print(f"[hangs job] rank {rank} stalls", flush=True)
                 with open(os.path.join(fr.dump_dir(), STALL_MARKER), "w"):
                     pass
                 time.sleep(300)
-            return real_reduce_onto(*args, **kwargs)
+            return real_launch(op, *args, **kwargs)
 
-        comm.reduce_onto = stalled
+        comm.launch_coalesced = stalled
     net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
     model = fleet.distributed_model(net)
     opt = distributed_optimizer(make_muon(list(net.parameters())))

@@ -67,6 +67,9 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
 
 
 def _recommend(cfg, ab, params, backend, overlap, buffer_mb=256.0):
+    # the optimizer refuses comm_overlap with pipeline parallel (so does plan):
+    # such a draw checks the layout without it
+    overlap = overlap and cfg.pp == 1
     res = compute_plan(cfg, ab, buffer_size_MB=buffer_mb, params=params, backend=backend,
                        comm_overlap=overlap)
     return recommend.recommend(res, recommend.annotate(res, ab))

@@ -105,7 +105,7 @@ class TestDemoArguments(unittest.TestCase):
         self.assertEqual((code, json.loads(out)["status"]), (1, "FAIL"))
         err = io.StringIO()
         with redirect_stderr(err), self.assertRaises(SystemExit) as done:
-            demo.main(["--stepz", "3"])
+            demo.main(["--stepz", "3"], prog="demo")
         self.assertEqual(done.exception.code, 2)
         self.assertEqual(err.getvalue().splitlines(), [
             "error: demo: unrecognized arguments: --stepz 3 (see demo --help)"])

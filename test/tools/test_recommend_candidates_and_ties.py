@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import unittest
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
 from paddle_muon_ext.tools import recommend as rec
 from paddle_muon_ext.tools.plan import FLAT_RULES, PARTITION_RULES
 
@@ -31,6 +32,7 @@ class _Est:
         self.times, self.buffer, self.group_call_possible = times, buffer, group_call_possible
         self.rail_possible = rail_possible
         self.stages = ()  # no parameters: no one-buffer candidate
+        self.pp, self.settings = 1, LayoutSettings()  # one stage, comm_overlap off
 
     def time(self, key):
         return self.times(key)

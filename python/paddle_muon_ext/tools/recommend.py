@@ -96,6 +96,7 @@ class _Estimates:
                                        comm_overlap=c["comm_overlap"],
                                        partition_strategy=c["partition_strategy"])
         self.backend = c["backend"]
+        self.pp = res["_cfg"].pp  # what the optimizer's rule reads with comm_overlap
         self.stages = res["_stages"]
         self.flat_plan = res["_plan"]
         self.hier_plan = res["_plan"] if c["group_call"] else None
@@ -365,7 +366,7 @@ def recommend(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
                 k = (group_call, rule, buffer_mb)
                 # never a candidate the optimizer refuses (its own rule)
                 if k not in keys and limits.optimizer_refusal(
-                        est.res["_cfg"].pp, est.settings.comm_overlap, buffer_mb, rule,
+                        est.pp, est.settings.comm_overlap, buffer_mb, rule,
                         group_call) is None:
                     keys.append(k)
     candidates = [_entry(config(*k), est.time(k), t0, b) for k in keys]

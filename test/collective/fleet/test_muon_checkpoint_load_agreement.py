@@ -26,7 +26,7 @@ In process, ranks are threads and ``ThreadRanks.read`` stands for Paddle's
 load (a rank "blocked in a collective" waits on an event); the last case is a
 real 2-rank gloo job (``muon_checkpoint_fault_worker.py``) whose rank 1
 cannot read its shard inside Paddle's load and stays alive meanwhile, and one
-whose rank 1 is SIGKILLed there: the survivor names rank 1, not itself.
+whose rank 1 is SIGKILLed there: the surviving rank names rank 1, not itself.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class TestLoadFailsInsidePaddleOnGloo(unittest.TestCase):
 class TestRankKilledInsideLoadOnGloo(unittest.TestCase):
     """Two gloo ranks: rank 1 is SIGKILLed while Paddle's load reads its shard."""
 
-    def test_the_survivor_names_the_killed_rank_at_once(self):
+    def test_the_surviving_rank_names_the_killed_rank_at_once(self):
         from launch_utils import run_paddle_launch
 
         repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -250,10 +250,10 @@ class TestRankKilledInsideLoadOnGloo(unittest.TestCase):
                       "paddle.distributed.load_state_dict on rank(s) [1]", data["message"])
         self.assertIn(f"rank 1: killed: its process (pid {killed[0]}, this host) is gone",
                       data["message"])
-        self.assertNotIn("rank 0:", data["message"], "the survivor named itself")
+        self.assertNotIn("rank 0:", data["message"], "the surviving rank named itself")
         self.assertLess(data["seconds"], PROMPT_S, "the dead rank is found at once, not "
                         "after the heartbeat timeout")
-        self.assertEqual(data["left"], [], "the survivor removes the guard directory")
+        self.assertEqual(data["left"], [], "the surviving rank removes the guard directory")
 
 
 class TestGuardRemoval(unittest.TestCase):
