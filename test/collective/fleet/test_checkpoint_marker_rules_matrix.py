@@ -41,13 +41,13 @@ import shutil
 import tempfile
 import time
 import unittest
-from unittest import mock
 
 import numpy as np
 
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
+from muon_checkpoint_helpers import _Dir
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointCorruptError,
     latest_complete_checkpoint,
@@ -259,20 +259,10 @@ def _flip_byte(path: str) -> None:
         f.write(bytes([byte[0] ^ 0x10]))
 
 
-class TestEditedMarkersOnLoad(unittest.TestCase):
+class TestEditedMarkersOnLoad(_Dir):  # a fresh root, one process
     """Each row edits a freshly saved checkpoint_0 (one process): the load is
     refused naming the file, or loads the saved values; ``verify=True``
     listing agrees with the load."""
-
-    def setUp(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="muon_ckpt_marker_edit_")
-        self.addCleanup(shutil.rmtree, self.root, True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_TRAINER")}
-        for patcher in (mock.patch.dict(os.environ, env, clear=True),
-                        mock.patch.object(paddle.distributed.parallel,
-                                          "_global_parallel_env", None)):
-            patcher.start()
-            self.addCleanup(patcher.stop)
 
     @staticmethod
     def _edit_marker(directory: str, change) -> None:

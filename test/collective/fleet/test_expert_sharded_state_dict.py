@@ -27,15 +27,13 @@ that saves, reloads and resumes through it: ``test/tools/test_example_train_moe.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import unittest
-from unittest import mock
 
 import numpy as np
 import paddle
 from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
+from muon_checkpoint_helpers import _Dir
 from paddle_muon_ext.distributed.flex_checkpoint.dcp.expert_sharded_weight import (
     expert_sharded_state_dict,
 )
@@ -148,17 +146,7 @@ class TestExpertShardedStateDict(unittest.TestCase):
         self.assertEqual(tuple(state["bias"].global_offset), (2 * LOCAL, 0))
 
 
-class TestLatestCheckpointAndId(unittest.TestCase):
-    def setUp(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="muon_ckpt_id_")
-        self.addCleanup(shutil.rmtree, self.root, True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_TRAINER")}
-        for patcher in (mock.patch.dict(os.environ, env, clear=True),
-                        mock.patch.object(paddle.distributed.parallel,
-                                          "_global_parallel_env", None)):
-            patcher.start()
-            self.addCleanup(patcher.stop)
-
+class TestLatestCheckpointAndId(_Dir):  # a fresh root, one process
     def test_returns_the_newest_complete_checkpoint_and_its_id(self):
         self.assertEqual(latest_complete_checkpoint_and_id(self.root), (None, None))
         value = np.arange(6, dtype="float32")
