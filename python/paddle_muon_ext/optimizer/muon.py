@@ -123,15 +123,10 @@ _DEFAULT_EPSILON = 1e-9
 _DEFAULT_MAX_GROUP_BYTES = 2 * 1024 * 1024 * 1024
 # Develop sizes a group as if every element were fp32, whatever the dtype.
 _GROUP_BYTES_PER_ELEMENT = 4
-# Package addition: on a CPU place a batched Newton-Schulz is cut into
-# consecutive chunks of at most this many bytes (same 4 bytes/element count).
-# One step's working set (X, A = X X^T, B and the new X: 2-3x the chunk) then
-# stays in a core's L2 (2 MiB on the CI box); one batch over the whole group
-# streams every operand from L3/DRAM at each step and measured 0.75-0.90x of
-# a per-matrix loop for groups of 4-32 MiB, 1 MiB chunks 0.97-1.09x (a chunk
-# of one matrix is the per-matrix path), and small matrices keep the batching
-# gain (2.27x, develop's one batch 2.12x). See docs/PERFORMANCE.md
-# (bench_newton_schulz --grouped). Accelerators keep develop's grouping.
+# Package addition: on a CPU place a batched Newton-Schulz is cut into chunks
+# of at most this many bytes (same 4 bytes/element count), so one step's
+# working set stays in a core's L2 (figures: docs/PERFORMANCE.md,
+# bench_newton_schulz --grouped). Accelerators keep develop's grouping.
 _CPU_NS_CHUNK_BYTES = 1024 * 1024
 # Symmetric GEMM: develop's default thresholds, and the compute capability
 # majors quack-kernels ships kernels for.

@@ -350,10 +350,9 @@ _new_object = object.__new__
 def _reduce_ops(template: CommOp, parts) -> list:
     """``template`` with each ``(numel, payload)`` of ``parts``: one reduce per chunk.
 
-    The ops of a bucket differ in these two fields only; each is the
-    frozen dataclass ``CommOp(..., numel, ..., payload)`` would build, made
-    from a copy of the template's fields (a 100,000-matrix plan makes
-    400,000 of them; the dataclass ``__init__`` was twice as slow).
+    Each is what ``CommOp(..., numel, ..., payload)`` would build, made from
+    a copy of the template's fields without the dataclass ``__init__`` (the
+    plan tool makes hundreds of thousands).
     """
     fields = template.__dict__
     out = []
