@@ -36,8 +36,9 @@ Tests: ``passed`` / ``failed`` / ``expected_failures`` (the tests marked with
 ``muon_conformance_impl.upstream_bug`` whose bug the file still has; each is
 a divergence explained in docs/UPSTREAM_BUGS.md; on a file where the bug is
 fixed its tests count as passed). ``inner_optimizer``: the Muon the run used,
-the checkout's ``python/paddle/optimizer/muon.py`` where it imports and steps
-on this Paddle, else this package's with the reason. ``divergences`` lists every expected failure with
+``develop (PATH)`` -- the checkout's ``python/paddle/optimizer/muon.py`` where
+it imports and one step changes a Muon matrix and an AdamW vector on this
+Paddle -- else ``package (...): REASON`` (one line). ``divergences`` lists every expected failure with
 its bug id and every failure (unexplained). Exit status: 0 when no test
 failed, 1 when one did, 2 on usage errors (before any test runs).
 

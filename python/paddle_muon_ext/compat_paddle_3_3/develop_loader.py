@@ -28,17 +28,26 @@ neither shadows nor is shadowed by the package's modules that ``patch_paddle()``
 installs under ``paddle.*``; no file of the checkout or of the wheel is written.
 
 ``python/paddle/optimizer/muon.py`` of the checkout is loaded the same way by
-:func:`load_develop_muon` when it exists; a version that does not run on 3.3.1
-is reported (``None`` and the reason), never patched.
+:func:`load_develop_muon` when it exists; a version that does not import on
+3.3.1 is reported (``None`` and the reason in one line), never edited. One
+kernel difference is bridged for that module only: develop's CPU ``adamw_``
+reads the learning rate as float64 (PR #78830) and develop's Muon passes it
+so, while 3.3.1's CPU kernel reads float32 only; where this Paddle's kernel
+refuses float64, the loaded module's ``_C_ops`` is a view of Paddle's whose
+``adamw_`` casts the learning rate to float32 for a non-float64 parameter on
+CPU (develop's CPU kernel casts it to float itself, so the update is the
+same). Nothing outside that module changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from paddle.distributed.fleet.utils.log_util import logger
 
@@ -46,13 +55,16 @@ from .cpu_tensor_fusion import register_cpu_tensor_fusion
 from .patch import is_patched, patch_paddle
 
 __all__ = [
+    "CPU_ADAMW_LR_SHIM",
     "MUON_RELPATH",
     "OPTIMIZER_RELPATH",
     "DevelopTreeError",
     "LoadedMuon",
+    "cpu_adamw_takes_float64_lr",
     "develop_optimizer_path",
     "load_develop_muon",
     "load_develop_optimizer",
+    "one_line",
 ]
 
 #: Develop's optimizer, relative to the root of a Paddle source checkout.
@@ -153,11 +165,68 @@ class LoadedMuon:
 
     Attributes:
         module: the executed module, or None when absent or not runnable.
-        reason: why ``module`` is None ("" when it loaded).
+        reason: why ``module`` is None, one line ("" when it loaded).
+        shims: what the loader supplied that this Paddle lacks (names, e.g.
+            :data:`CPU_ADAMW_LR_SHIM`); empty when the file runs as it is.
     """
 
     module: ModuleType | None
     reason: str
+    shims: tuple[str, ...] = ()
+
+
+#: How the report names the adamw_ learning-rate bridge (see the module docstring).
+CPU_ADAMW_LR_SHIM = "CPU adamw_ float64 learning rate cast to float32"
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: first line of the message`` (Paddle's errors span many lines)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_adamw_takes_float64_lr() -> bool:
+    """Whether this Paddle's CPU ``adamw_`` kernel reads a float64 learning rate.
+
+    Develop's does (PR #78830); 3.3.1's reads float32 only and raises on a
+    float64 tensor. Asked of the kernel itself, on a 1-element parameter.
+    """
+    import paddle
+    from paddle import _C_ops
+
+    with paddle.no_grad():
+        def t(value: float) -> Any:
+            return paddle.full([1], value, "float32").cpu()
+
+        try:
+            _C_ops.adamw_(t(1.0), t(1.0), paddle.full([1], 0.1, "float64").cpu(), t(0.0),
+                          t(0.0), None, t(0.9), t(0.95), None, None, 0.9, 0.95, 1e-8, 1.0,
+                          0.0, False, False, 1000, False, False, False)
+        except (ValueError, RuntimeError, TypeError):
+            return False
+    return True
+
+
+class _Float32LrOnCpuOps:
+    """``paddle._C_ops`` as develop's ``muon.py`` sees it on a Paddle whose CPU
+    ``adamw_`` reads a float32 learning rate; every other name is Paddle's."""
+
+    def __init__(self, ops: ModuleType) -> None:
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def adamw_(self, param: Any, grad: Any, learning_rate: Any, *args: Any, **kwargs: Any) -> Any:
+        import paddle
+
+        if (learning_rate.dtype == paddle.float64 and param.dtype != paddle.float64
+                and param.place.is_cpu_place()):
+            # develop's CPU kernel (float and double only) reads the float64
+            # rate and casts it to float for a float32 parameter: the same value
+            learning_rate = paddle.cast(learning_rate, "float32")
+        return self._ops.adamw_(param, grad, learning_rate, *args, **kwargs)
 
 
 def load_develop_muon(root: str) -> LoadedMuon:
@@ -168,16 +237,23 @@ def load_develop_muon(root: str) -> LoadedMuon:
             :func:`develop_optimizer_path`).
 
     Returns:
-        :class:`LoadedMuon`: the module, or None and the reason (absent file,
-        or the exception its import raised on this Paddle).
+        :class:`LoadedMuon`: the module (with the shims it was given), or
+        None and the reason in one line (absent file, or the exception its
+        import raised on this Paddle).
     """
     develop_optimizer_path(root)
     path = os.path.join(os.path.abspath(os.path.expanduser(root)), *MUON_RELPATH.split("/"))
     if not os.path.isfile(path):
         return LoadedMuon(None, f"no {MUON_RELPATH} in the checkout")
     try:
-        return LoadedMuon(_exec_file(path, _MUON_MODULE), "")
+        module = _exec_file(path, _MUON_MODULE)
     except Exception as error:  # a newer file needing names 3.3.1 lacks
-        reason = f"{MUON_RELPATH} does not import on paddle 3.3.1: {type(error).__name__}: {error}"
+        reason = f"{MUON_RELPATH} does not import on paddle 3.3.1: {one_line(error)}"
         logger.info(reason)
         return LoadedMuon(None, reason)
+    shims = []
+    ops = getattr(module, "_C_ops", None)
+    if isinstance(ops, ModuleType) and not cpu_adamw_takes_float64_lr():
+        module._C_ops = _Float32LrOnCpuOps(ops)
+        shims.append(CPU_ADAMW_LR_SHIM)
+    return LoadedMuon(module, "", tuple(shims))

@@ -38,11 +38,16 @@ from paddle_muon_ext.optimizer.muon import Muon
 #: Which Muon the runs use (inner optimizer of the sharded run and the reference).
 INNER_MUON = "paddle.optimizer.muon.Muon"
 # paddle_muon_ext: compat-begin
-INNER_MUON = "package (paddle_muon_ext.optimizer.muon.Muon)"
+PACKAGE_MUON = Muon
+PACKAGE_INNER = INNER_MUON = "package (paddle_muon_ext.optimizer.muon.Muon)"
 
 
 def _develop_muon(root: str):
-    """The checkout's Muon where it imports and steps on this Paddle, else (None, why)."""
+    """The checkout's Muon where it imports and steps on this Paddle, else (None, why).
+
+    "Steps" is what the runs ask of it: one step of a Muon matrix and of an
+    AdamW vector (develop's two update paths), each parameter changed.
+    """
     import os
 
     from paddle_muon_ext.compat_paddle_3_3 import develop_loader
@@ -50,17 +55,40 @@ def _develop_muon(root: str):
     loaded = develop_loader.load_develop_muon(root)
     if loaded.module is None:
         return None, loaded.reason
+    failed = f"{develop_loader.MUON_RELPATH} does not run on paddle {paddle.__version__}"
     try:
         cls = loaded.module.Muon
-        p = paddle.create_parameter([4, 4], "float32")
-        opt = cls(learning_rate=0.01, parameters=[p],
-                  muon_param_info_map=build_muon_param_info_map([p]))
-        (p * p).sum().backward()
+        matrix = paddle.create_parameter([4, 4], "float32")
+        vector = paddle.create_parameter([4], "float32")
+        before = [matrix.numpy().copy(), vector.numpy().copy()]
+        opt = cls(learning_rate=0.01, parameters=[matrix, vector],
+                  muon_param_info_map=build_muon_param_info_map([matrix, vector]))
+        ((matrix * matrix).sum() + (vector * vector).sum()).backward()
         opt.step()
     except Exception as error:  # noqa: BLE001  (any failure: fall back, say why)
-        return None, (f"{develop_loader.MUON_RELPATH} does not run on paddle "
-                      f"{paddle.__version__}: {type(error).__name__}: {str(error)[:200]}")
-    return cls, os.path.join(root, develop_loader.MUON_RELPATH)
+        return None, f"{failed}: {develop_loader.one_line(error)}"
+    unchanged = [what for what, p, b in zip(("the Muon matrix", "the AdamW vector"),
+                                              (matrix, vector), before)
+                 if np.array_equal(p.numpy(), b)]
+    if unchanged:
+        return None, f"{failed}: its step left {' and '.join(unchanged)} unchanged"
+    path = os.path.join(os.path.abspath(os.path.expanduser(root)), develop_loader.MUON_RELPATH)
+    return cls, path + "".join(f"; with {s}" for s in loaded.shims)
+
+
+def select_inner_muon(root: str | None) -> tuple[type, str]:
+    """(the Muon class, how the report names it) for a checkout root or None.
+
+    The checkout's ``python/paddle/optimizer/muon.py`` where it imports and
+    steps on this Paddle ("develop (PATH)"), else this package's Muon, with
+    the one-line reason when a checkout was given.
+    """
+    if not root:
+        return PACKAGE_MUON, PACKAGE_INNER
+    cls, info = _develop_muon(root)
+    if cls is None:
+        return PACKAGE_MUON, f"{PACKAGE_INNER}: {info}"
+    return cls, f"develop ({info})"
 
 
 def _select_muon() -> None:
@@ -68,13 +96,7 @@ def _select_muon() -> None:
     import os
 
     global Muon, INNER_MUON
-    root = os.environ.get("PADDLE_ROOT")
-    if root:
-        cls, info = _develop_muon(root)
-        if cls is not None:
-            Muon, INNER_MUON = cls, f"develop ({info})"
-        else:
-            INNER_MUON = f"package (paddle_muon_ext.optimizer.muon.Muon): {info}"
+    Muon, INNER_MUON = select_inner_muon(os.environ.get("PADDLE_ROOT"))
     report = os.environ.get("MUON_CONFORMANCE_INNER_FILE")
     if report:  # upstream_coverage.py reads it (the tests run in its child)
         with open(report, "w") as f:
