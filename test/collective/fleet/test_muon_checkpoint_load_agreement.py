@@ -192,21 +192,29 @@ class TestLoadAgreement(_Dir):
         self.assertIn("on rank 1: OSError: planted", str(results[1]))
 
 
+
+def _launch_fault_case(test: unittest.TestCase, case: str):
+    """Two gloo ranks of muon_checkpoint_fault_worker.py running ``case``;
+    returns (the launch result, the checkpoint root it used)."""
+    from launch_utils import run_paddle_launch
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+    tmp = tempfile.mkdtemp(prefix="muon_ckpt_load_fault_")
+    test.addCleanup(shutil.rmtree, tmp, True)
+    root = os.path.join(tmp, "ckpt")
+    env = {"FAULT_CASE": case, "PYTHONPATH": os.pathsep.join(
+        [os.path.join(repo, "python"), HERE, os.path.join(repo, "test"),
+         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    result = run_paddle_launch(os.path.join(HERE, "muon_checkpoint_fault_worker.py"), 2,
+                               env, timeout_s=180, args=[root]).check()
+    return result, root
+
+
 class TestLoadFailsInsidePaddleOnGloo(unittest.TestCase):
     """Two gloo ranks: rank 1 cannot read its shard inside Paddle's load."""
 
     def test_every_rank_fails_promptly_naming_rank_and_checkpoint(self):
-        from launch_utils import run_paddle_launch
-
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-        tmp = tempfile.mkdtemp(prefix="muon_ckpt_load_fault_")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        root = os.path.join(tmp, "ckpt")
-        env = {"FAULT_CASE": "load_fails_inside_paddle", "PYTHONPATH": os.pathsep.join(
-            [os.path.join(repo, "python"), HERE, os.path.join(repo, "test"),
-             os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        result = run_paddle_launch(os.path.join(HERE, "muon_checkpoint_fault_worker.py"), 2,
-                                   env, timeout_s=180, args=[root]).check()
+        result, root = _launch_fault_case(self, "load_fails_inside_paddle")
         outcomes = {}
         for log in result.worker_logs.values():
             for line in log.splitlines():
@@ -227,17 +235,7 @@ class TestRankKilledInsideLoadOnGloo(unittest.TestCase):
     """Two gloo ranks: rank 1 is SIGKILLed while Paddle's load reads its shard."""
 
     def test_the_surviving_rank_names_the_killed_rank_at_once(self):
-        from launch_utils import run_paddle_launch
-
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-        tmp = tempfile.mkdtemp(prefix="muon_ckpt_load_killed_")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        root = os.path.join(tmp, "ckpt")
-        env = {"FAULT_CASE": "rank_killed_inside_load", "PYTHONPATH": os.pathsep.join(
-            [os.path.join(repo, "python"), HERE, os.path.join(repo, "test"),
-             os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        result = run_paddle_launch(os.path.join(HERE, "muon_checkpoint_fault_worker.py"), 2,
-                                   env, timeout_s=180, args=[root]).check()
+        result, root = _launch_fault_case(self, "rank_killed_inside_load")
         self.assertIn("FAULT_CHILD_EXIT -9", result.worker_logs[1], "rank 1 was not SIGKILLed")
         killed = [line.split("pid=")[1] for line in result.worker_logs[1].splitlines()
                   if line.startswith("FAULT_KILLING pid=")]
