@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+# paddle_muon_ext: compat-only  (measures this package's own call depth; not exported)
 """A step reaches its collectives through few package modules and frames, and
 the optimizer instance holds only what it owns (the runtime holds the rest).
 
