@@ -153,8 +153,7 @@ class ParamMeta:
     def __post_init__(self) -> None:
         # Frozen: derived sizes are computed once, the schedule reads them often.
         shape = self.shape
-        # a tuple of ints (the tools' specs) is kept as is: a plan builds
-        # 100,000 of these (bool is not an int here: it converts, as before)
+        # a tuple of ints is kept as is (a bool is no int here: it converts)
         if type(shape) is not tuple or not all(type(d) is int for d in shape):
             shape = tuple(int(d) for d in shape)
             object.__setattr__(self, "shape", shape)
@@ -510,8 +509,7 @@ class Placement:
 
     Plain and uncached: the optimizer builds one layout per rank. A tool that
     builds many layouts of one model passes a subclass that reuses results
-    (``paddle_muon_ext.tools.fast_layout``); every method must return what
-    the plain one does.
+    (the plan tool's memos); every method must return what the plain one does.
     """
 
     split_params = staticmethod(split_params)

@@ -68,8 +68,7 @@ class MatrixSpec:
 
 def _check_shape(shape) -> Tuple[int, ...]:
     if type(shape) is tuple:
-        # the common case (a MatrixSpec's shape), checked fast: a plan of
-        # 100,000 matrices checks each shape a dozen times
+        # the common case (a MatrixSpec's shape): checked without a copy
         if len(shape) == 2:
             m, n = shape
             if type(m) is int and type(n) is int and m >= 0 and n >= 0:

@@ -13,11 +13,10 @@
 # limitations under the License.
 """The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages.
 
-Split from ``muon_sharding_layout`` so placement and scheduling read
-separately; the route / trigger / phase names live in ``muon_sharding_types``.
 Each function takes the layout and derives the same sequence on every rank
-from replicated metadata; results are cached in the layout's ``__dict__`` (not dataclass fields, so equality and
-``to_dict`` ignore them).
+from replicated metadata; the route, trigger, phase and op names live here.
+Results are cached in the layout's ``__dict__`` (not dataclass fields, so
+equality and ``to_dict`` ignore them).
 """
 
 from __future__ import annotations
@@ -214,9 +213,7 @@ def build_sync_stages(
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
         keys_in_order = list(by_key)
         runs, start = [], 0
-        # the per-key sums of key_numels, from the groups already at hand
-        # (key_numels would call group_key a second time per matrix, on
-        # plan's 100,000-matrix path too)
+        # key_numels' per-key sums, from the groups at hand (group_key once per matrix)
         for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
             runs.append(keys_in_order[start:start + n])
             start += n
