@@ -89,8 +89,12 @@ def _unique_partitions(layouts) -> list:
 
 
 def per_rank_path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
-                  backend: str = "nccl") -> Dict[str, Any]:
-    """One path's figures from every rank's layout (the plan tool's ``_path`` contract)."""
+                  backend: str = "nccl", placement: Any = None) -> Dict[str, Any]:
+    """One path's figures from every rank's layout (the plan tool's ``_path`` contract).
+
+    ``placement`` (the plan run's memos) is not used: every layout is the
+    core's plain computation, the reference the memoised one is held to.
+    """
     gpn, world = plan.gpus_per_node, plan.world_size
     layouts = world_layouts(plan, stages, settings, hierarchical)
     path = CostPath("hierarchical" if hierarchical else "flat", world, gpn, ab, backend)

@@ -40,10 +40,10 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_STRATEGIES,
     option_default,
 )
-from ..distributed.fleet.meta_optimizers.muon_sharding.owners import IdentityMemo
 from . import limits, presets
 from .args import DEFAULT_BUFFER_MB, MuonCommConfig
 from .cost_model import BACKENDS, AlphaBeta, CostPath, max_over_mean, ratio
+from .fast_layout import FastPlacement
 from .plan_world import (
     EXPERT_COLOUR,
     Stage,
@@ -78,24 +78,12 @@ PARTITION_RULES = PARTITION_STRATEGIES
 FLAT_RULES = tuple(r for r in PARTITION_RULES if r != PARTITION_RAIL)
 
 
-# a partition's (owners, dtypes) maps -> num_buffers(): the paths of one run
-# share their partitions' maps (the placement caches return shared,
-# unmutated partitions; plan --recommend reads each of 4 maps 20 times).
-_num_buffers_seen = IdentityMemo(64)
-
-
-def _num_buffers(part) -> int:
-    n = _num_buffers_seen.get((part.owners, part.dtypes))
-    if n is IdentityMemo.MISSING:
-        n = part.num_buffers()
-        _num_buffers_seen.put((part.owners, part.dtypes), n)
-    return n
-
-
 def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: bool,
-          backend: str = "nccl") -> Dict[str, Any]:
+          backend: str = "nccl", placement: Optional[FastPlacement] = None) -> Dict[str, Any]:
+    # placement: the run's memos, shared by its paths (a fresh one: none shared)
+    placement = FastPlacement() if placement is None else placement
     gpn, world = plan.gpus_per_node, plan.world_size
-    by_class = WorldByClass.build(plan, stages, settings, hierarchical)
+    by_class = WorldByClass.build(plan, stages, settings, hierarchical, placement)
     path = CostPath("hierarchical" if hierarchical else "flat", world, gpn, ab, backend)
     # Groups of one colour are disjoint, and a moe_sharding group as long as
     # the sharding group is the sharding group: (first rank, size) names a group.
@@ -138,7 +126,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
                 continue
             row = {
                 "colour": label, "stage": stage, "nranks": part.nranks,
-                "num_params": len(part.owners), "num_buckets": _num_buffers(part),
+                "num_params": len(part.owners), "num_buckets": placement.num_buffers(part),
                 "state_bytes_max_over_mean": part.state_bytes_max_over_mean(),
                 "state_floor": stage_floor(sparams, colour is not None, part.nranks)[0],
             }
@@ -271,11 +259,12 @@ def compute_plan(
     stages = [Stage(s) for s in split_stages(params, cfg.pp)]
     settings = LayoutSettings(comm_buffer_size_MB=buffer_size_MB, comm_overlap=comm_overlap,
                               partition_strategy=partition_strategy)
-    flat = _path(plan, stages, ab, settings, False, backend)
+    placement = FastPlacement()  # this run's memos: every path shares them
+    flat = _path(plan, stages, ab, settings, False, backend, placement)
     if not group_call:
         return _flat_only(cfg, plan, params, stages, ab, settings, backend, flat,
-                          compare_rules)
-    hier = _path(plan, stages, ab, settings, True, backend)
+                          compare_rules, placement)
+    hier = _path(plan, stages, ab, settings, True, backend, placement)
     f, h = flat["summary"], hier["summary"]
     res: Dict[str, Any] = {
         **_header(cfg, plan, params, ab, settings, backend, group_call=True,
@@ -309,11 +298,13 @@ def compute_plan(
     targets["dense_rail_imbalance"] = dense_rail
     targets["dense_rail_within"] = dense_rail <= TARGET_RAIL_IMBALANCE
     res["targets"] = targets
-    rules = _compare_rules(plan, stages, ab, settings, backend, flat, hier, compare_rules)
+    rules = _compare_rules(plan, stages, ab, settings, backend, flat, hier, compare_rules,
+                           placement)
     res["partition_rules"] = rules
     res["plan_description"] = plan.describe()
     res["_plan"] = plan  # dropped before JSON output
     res["_stages"], res["_cfg"] = stages, cfg  # shared with tools.recommend: built once
+    res["_placement"] = placement
     return res
 
 
@@ -348,7 +339,7 @@ def _header(cfg: MuonCommConfig, plan, params, ab: AlphaBeta, settings: LayoutSe
 
 def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backend: str,
                    flat: Dict[str, Any], hier: Dict[str, Any] | None,
-                   compare_rules: bool) -> Dict[str, Any]:
+                   compare_rules: bool, placement: FastPlacement) -> Dict[str, Any]:
     """Figures of the chosen partition rule, and of every other rule if asked."""
     rules = {settings.partition_strategy: _rule_figures(flat, hier)}
     # rail's flat path is balanced's (the same owners): counted once
@@ -359,10 +350,12 @@ def _compare_rules(plan, stages, ab: AlphaBeta, settings: LayoutSettings, backen
                 o_settings = dataclasses.replace(settings, partition_strategy=other)
                 o_flat = flats.get(_flat_rule(other))
                 if o_flat is None:
-                    o_flat = flats[other] = _path(plan, stages, ab, o_settings, False, backend)
+                    o_flat = flats[other] = _path(plan, stages, ab, o_settings, False, backend,
+                                                  placement)
                 rules[other] = _rule_figures(
                     o_flat,
-                    None if hier is None else _path(plan, stages, ab, o_settings, True, backend),
+                    None if hier is None else _path(plan, stages, ab, o_settings, True, backend,
+                                                    placement),
                 )
     return rules
 
@@ -374,10 +367,11 @@ def _flat_rule(rule: str) -> str:
 
 def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
                settings: LayoutSettings, backend: str, flat: Dict[str, Any],
-               compare_rules: bool) -> Dict[str, Any]:
+               compare_rules: bool, placement: FastPlacement) -> Dict[str, Any]:
     """compute_plan's result for the flat path alone (``group_call=False``)."""
     f = flat["summary"]
-    rules = _compare_rules(plan, stages, ab, settings, backend, flat, None, compare_rules)
+    rules = _compare_rules(plan, stages, ab, settings, backend, flat, None, compare_rules,
+                           placement)
     return {
         **_header(cfg, plan, params, ab, settings, backend, group_call=False,
                   groups={k: v for k, v in _group_facts(plan).items()
@@ -396,6 +390,7 @@ def _flat_only(cfg: MuonCommConfig, plan, params, stages, ab: AlphaBeta,
         "_plan": plan,
         "_stages": stages,  # shared with tools.recommend: built once
         "_cfg": cfg,
+        "_placement": placement,
     }
 
 

@@ -38,6 +38,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
 from ..distributed.fleet.meta_optimizers.muon_sharding.settings import canonical_dtype, itemsize
 from . import presets
 from .args import MuonCommConfig
+from .fast_layout import FastPlacement
 
 __all__ = ["EXPERT_COLOUR", "FlatPathPlan", "Stage", "WorldByClass", "build_layout_plan",
            "group_class_key", "split_stages", "stage_floor", "stage_metas"]
@@ -218,8 +219,10 @@ class WorldByClass:
 
     @classmethod
     def build(cls, plan, stages: Sequence[Sequence[presets.ParamSpec]],
-              settings: LayoutSettings, hierarchical: bool) -> "WorldByClass":
+              settings: LayoutSettings, hierarchical: bool,
+              placement: Optional[FastPlacement] = None) -> "WorldByClass":
         gpn = plan.gpus_per_node
+        placement = FastPlacement() if placement is None else placement
         world = cls([], [], [], [], [], 0)
         entities = []  # (first rank, colour position, buckets)
         for stage, sparams in enumerate(stages):
@@ -253,7 +256,8 @@ class WorldByClass:
                 moe = plan.moe_sharding_ranks(rank)
                 if rank in full:
                     lay = ShardingLayout.build(metas, {None: dense, EXPERT_COLOUR: moe}, rank,
-                                               settings, plan if hierarchical else None)
+                                               settings, plan if hierarchical else None,
+                                               placement=placement)
                     lay0 = lay0 or lay
                 else:
                     if dense_layout is None:
@@ -267,7 +271,7 @@ class WorldByClass:
                         else:
                             dense_layout = ShardingLayout.build(
                                 [m for m in metas if m.colour is None], {None: dense},
-                                min(dense), settings, plan)
+                                min(dense), settings, plan, placement=placement)
                     # This rank leads only its same-card group, whose ops are the
                     # cross-node steps of the buckets owned on its card: keep those
                     # buckets (their order, so their ops' order) and drop the rest,

@@ -98,6 +98,7 @@ class _Estimates:
         self.backend = c["backend"]
         self.pp = res["_cfg"].pp  # what the optimizer's rule reads with comm_overlap
         self.stages = res["_stages"]
+        self.placement = res.get("_placement")  # the run's layout memos (None: fresh ones)
         self.flat_plan = res["_plan"]
         self.hier_plan = res["_plan"] if c["group_call"] else None
         if self.hier_plan is None:
@@ -135,8 +136,8 @@ class _Estimates:
                                            partition_strategy=rule)
             layout_plan = self.hier_plan if group_call else self.flat_plan
             self.times[key] = plan_mod._path(layout_plan, self.stages, self.ab, settings,
-                                             group_call, self.backend)["summary"][
-                                                 "estimated_time_s"]
+                                             group_call, self.backend, self.placement)[
+                                                 "summary"]["estimated_time_s"]
         return self.times[key]
 
 
@@ -457,7 +458,8 @@ def figure_input(res: Dict[str, Any], est: _Estimates) -> Dict[str, Any]:
             group_call_plan = layout_plan
         settings = dataclasses.replace(est.settings, comm_buffer_size_MB=cfg["comm_buffer_size_MB"],
                                        partition_strategy=cfg["muon_partition_strategy"])
-        path = plan_mod._path(layout_plan, est.stages, est.ab, settings, group_call, est.backend)
+        path = plan_mod._path(layout_plan, est.stages, est.ab, settings, group_call, est.backend,
+                              est.placement)
         out[key] = path["summary"]
         owned[key] = path["owned_detail"]
         panels.append((key, f"{label}: {_describe(cfg)}", group_call))

@@ -241,6 +241,7 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
                          f"{ {str(k): list(v)[:8] for k, v in rep.groups.items()} } are not the "
                          "topology's sharding / moe_sharding groups")
     from ..distributed.fleet.meta_optimizers.muon_sharding.layout import ShardingLayout
+    from .fast_layout import FastPlacement
 
     stages = sorted({plan.stage_of(r) for r in range(plan.world_size)})
 
@@ -253,11 +254,12 @@ def world_layouts(rep, plan) -> Dict[int, Any]:
         return [tuple(stage) if sorted(g) == mine else pipe for g in rep.clip_groups]
 
     layouts: Dict[int, Any] = {}
+    placement = FastPlacement()  # groups of one shape and parameters share their placement
     for rank in range(plan.world_size):
         if rank in layouts:
             continue
         first = ShardingLayout.build(params, groups_of(rank), rank, rep.settings, rep.plan,
-                                     clip_groups=clip_groups_of(rank))
+                                     clip_groups=clip_groups_of(rank), placement=placement)
         # the ranks that share every group of ``rank`` share its layout
         sharers = (plan.moe_sharding_ranks(rank) if any(k is not None for k in rep.groups)
                    else plan.sharding_group_ranks(plan.stage_of(rank)))

@@ -100,9 +100,6 @@ def _preset_dense_specs(model: str) -> list:
 
 
 class TestRailSpread(unittest.TestCase):
-    def setUp(self):
-        placement._partition_cached.cache_clear()
-
     def _check_spread(self, what: str, specs: list, group: list, owners: dict, gpn: int):
         self.assertEqual(set(owners), {s.name for s in specs}, what)
         self.assertTrue(set(owners.values()) <= set(group), f"{what}: owner outside the group")
@@ -236,9 +233,7 @@ class TestRailSpread(unittest.TestCase):
         self.assertEqual(len(maps), 1)
         shuffled = list(specs)
         random.Random(1).shuffle(shuffled)
-        placement._partition_cached.cache_clear()
         a, _ = placement.assign_muon_owners(specs, group, plan, RAIL)
-        placement._partition_cached.cache_clear()
         b, _ = placement.assign_muon_owners(shuffled, group, plan, RAIL)
         self.assertEqual(a, b)
         self.assertEqual(dict(next(iter(maps))), a)
@@ -246,8 +241,6 @@ class TestRailSpread(unittest.TestCase):
 
 class TestRailBuckets(unittest.TestCase):
     def test_hierarchical_buckets_are_placed_from_the_rail_owners(self):
-        placement.colour_muon_layout.cache_clear()
-        self.addCleanup(placement.colour_muon_layout.cache_clear)
         plan = MuonCommConfig(ep=4, moe_sharding=4, pp=1, gpus_per_node=4).build_plan()
         group = tuple(plan.sharding_group_ranks(0))
         params = tuple(ParamMeta(s.name, s.shape, s.dtype, None, True)
@@ -264,9 +257,6 @@ class TestRailBuckets(unittest.TestCase):
 
 
 class TestRailFallsBackToBalanced(unittest.TestCase):
-    def setUp(self):
-        placement._partition_cached.cache_clear()
-
     def test_without_a_plan_the_owners_are_balanced(self):
         specs = _random_specs(11, 90, dtypes=("bfloat16", "float32"))
         group = list(range(8))

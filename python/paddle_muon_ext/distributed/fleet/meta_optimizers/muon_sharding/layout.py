@@ -23,9 +23,6 @@ step plan. No process group or tensor is needed: the optimizer, ``plan``,
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
 import math
 import operator
 from collections import OrderedDict
@@ -43,9 +40,7 @@ from .settings import (
 from .owners import (
     MatrixSpec,
     OwnerPartition,
-    _check_specs,
     balanced_partition,
-    develop_active_ranks,
     partition_from_owners,
     rail_partition,
     rail_positions,
@@ -54,7 +49,6 @@ from .owners import (
 from .step_plan import CommOp, StepPhase
 from .settings import DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB
 from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL
-from .owners import HashedTuple, IdentityMemo
 from .settings import canonical_dtype, itemsize
 
 if TYPE_CHECKING:
@@ -159,8 +153,7 @@ class ParamMeta:
     def __post_init__(self) -> None:
         # Frozen: derived sizes are computed once, the schedule reads them often.
         shape = self.shape
-        # a tuple of ints (the tools' specs) is kept as is: a plan builds
-        # 100,000 of these (bool is not an int here: it converts, as before)
+        # a tuple of ints is kept as is (a bool is no int here: it converts)
         if type(shape) is not tuple or not all(type(d) is int for d in shape):
             shape = tuple(int(d) for d in shape)
             object.__setattr__(self, "shape", shape)
@@ -322,41 +315,19 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
     return chunks if chunks[0] else []
 
 
-def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
-    """The partition with group index ``p`` renamed ``rank_order[p]``."""
-    n = partition.nranks
-    state, ns = [0] * n, [0.0] * n
-    for p, r in enumerate(rank_order):
-        state[r] = partition.state_bytes[p]
-        ns[r] = partition.ns_cost[p]
-    return dataclasses.replace(
-        partition, owners={k: rank_order[v] for k, v in partition.owners.items()},
-        state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes),
-        notes=list(partition.notes))
+def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tuple | None,
+                      strategy: str, buffer_MB: float, positions: tuple | None) -> OwnerPartition:
+    """The owner partition of one group by ``strategy`` (group-local indices).
 
-
-@functools.lru_cache(maxsize=256)
-def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strategy: str,
-                      buffer_MB: float, positions: tuple | None):
-    # Group-local: every group of the same size and specs shares one result.
-    # Every argument is required: lru_cache keys a call that omits a default
-    # apart from one that passes it, and the flat and hierarchical owners of a
-    # group must share one entry.
-    # the rules take the tuple itself: a HashedTuple is validated once (_check_specs)
+    ``rank_order`` and ``positions`` come from :func:`owner_rule_inputs`;
+    only develop's rule reads ``buffer_MB``.
+    """
     if strategy == PARTITION_RAIL:
         return rail_partition(specs, positions,
                               rank_order=None if rank_order is None else list(rank_order))
     if strategy == PARTITION_DEVELOP:
         return upstream_partition(specs, nranks, buffer_MB)
     if strategy == PARTITION_BALANCED:
-        if rank_order is not None and sorted(rank_order) == list(range(nranks)):
-            # The balanced rule sees a rank only through its rank_order
-            # position (every tie-break), so its result for an order is the
-            # identity order's with position p renamed rank_order[p]: the
-            # flat path (no order) and the hierarchical one (the spread
-            # order) share one computation, a second of a 100,000-matrix plan.
-            return _relabel(_partition_cached(specs, nranks, None, strategy, buffer_MB, None),
-                            rank_order)
         return balanced_partition(specs, nranks,
                                   rank_order=None if rank_order is None else list(rank_order))
     raise ValueError(
@@ -364,55 +335,22 @@ def _partition_cached(specs: tuple, nranks: int, rank_order: tuple | None, strat
     )
 
 
-# (specs, nranks, caps) -> the first buffer size develop's rule ran with for
-# those caps; bounded as _partition_cached is.
-_develop_runs: OrderedDict = OrderedDict()
+def owner_rule_inputs(ranks: tuple, plan: HierarchicalCommPlan | None, strategy: str) -> tuple:
+    """``(strategy, rank_order, positions)`` the rule runs with on group ``ranks``.
 
-
-def _develop_caps(specs: HashedTuple, nranks: int, buffer_MB: float) -> tuple:
-    """Develop's active ranks of each dtype class at ``buffer_MB``: the one
-    way the buffer size reaches develop's owners (:func:`develop_owner_indices`)."""
-    totals = specs.__dict__.get("_develop_class_numels")
-    if totals is None:
-        by_dtype: dict = {}
-        for s in _check_specs(specs):  # classes by canonical dtype, as the rule's
-            key = str(s.dtype)
-            by_dtype[key] = by_dtype.get(key, 0) + int(s.numel)
-        totals = specs.__dict__["_develop_class_numels"] = tuple(sorted(by_dtype.items()))
-    return tuple((key, develop_active_ranks([total], nranks, buffer_MB))
-                 for key, total in totals)
-
-
-@functools.lru_cache(maxsize=256)
-def _develop_partition(specs: HashedTuple, nranks: int, buffer_MB: float) -> OwnerPartition:
-    # plan --recommend tries four buffer sizes; on a large model every dtype
-    # class already uses the whole group at the smallest, so the owners are
-    # the same: computed once per caps, then only the method label (which
-    # names the buffer size) differs.
-    key = (specs, nranks, _develop_caps(specs, nranks, buffer_MB))
-    first = _develop_runs.get(key)
-    if first is None:
-        if len(_develop_runs) >= 256:
-            _develop_runs.popitem(last=False)
-        first = _develop_runs[key] = buffer_MB
-    partition = _partition_cached(specs, nranks, None, PARTITION_DEVELOP, first, None)
-    if first == buffer_MB:
-        return partition
-    return dataclasses.replace(partition, method=upstream_partition(
-        (), nranks, buffer_MB).method)
-
-
-# owner map -> name -> global rank, per group ranks: the buffer sizes
-# plan --recommend tries share one owner map per rule.
-_global_owners = IdentityMemo(64)
-
-
-def _owners_global(owners: dict, ranks: tuple) -> dict:
-    out = _global_owners.get((owners,), ranks)
-    if out is IdentityMemo.MISSING:
-        out = {name: ranks[idx] for name, idx in owners.items()}
-        _global_owners.put((owners,), out, ranks)
-    return out
+    ``rail`` where no rail crosses nodes is ``balanced``; with a plan the
+    balanced and rail rules prefer, among equally loaded ranks, the order
+    alternating cards and nodes (group-local indices).
+    """
+    rank_order = positions = None
+    if strategy == PARTITION_RAIL:
+        positions = rail_positions(plan, ranks)
+        if positions is None:
+            strategy = PARTITION_BALANCED
+    if plan is not None and strategy in (PARTITION_BALANCED, PARTITION_RAIL):
+        index = {r: i for i, r in enumerate(ranks)}
+        rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
+    return strategy, rank_order, positions
 
 
 def assign_muon_owners(
@@ -430,33 +368,19 @@ def assign_muon_owners(
         plan: hierarchical plan; with it, equally loaded ranks are preferred in
             an order alternating cards and nodes so owners spread over rails.
         partition_strategy: ``"upstream_greedy"`` (develop's rule), ``"balanced"``
-            or ``"rail"`` (:mod:`.muon_sharding_rail`; without ``plan`` or on a
-            group of one node it is ``"balanced"``).
+            or ``"rail"`` (without ``plan`` or on a group of one node it is
+            ``"balanced"``).
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
         tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
-        the partition (group-local indices). Cached: identical inputs give the
-        identical (shared, do not mutate) result.
+        the partition (group-local indices).
     """
     ranks = tuple(int(r) for r in group_ranks)
-    specs = specs if type(specs) is HashedTuple else HashedTuple(specs)
-    rank_order = positions = None
-    if partition_strategy == PARTITION_RAIL:
-        positions = rail_positions(plan, ranks)
-        if positions is None:  # no rail crosses nodes: the balanced rule's owners
-            partition_strategy = PARTITION_BALANCED
-    if plan is not None and partition_strategy in (PARTITION_BALANCED, PARTITION_RAIL):
-        index = {r: i for i, r in enumerate(ranks)}
-        rank_order = tuple(index[r] for r in plan.spread_rank_order(plan.stage_of(ranks[0])))
-    # Only develop's rule reads the buffer size: keying the balanced rule on it
-    # would recompute the same owners for every buffer size plan --recommend tries.
-    if partition_strategy == PARTITION_DEVELOP:
-        partition = _develop_partition(specs, len(ranks), float(buffer_size_MB))
-    else:
-        partition = _partition_cached(specs, len(ranks), rank_order, partition_strategy,
-                                      0.0, positions)
-    return _owners_global(partition.owners, ranks), partition
+    strategy, rank_order, positions = owner_rule_inputs(ranks, plan, partition_strategy)
+    partition = partition_by_rule(specs, len(ranks), rank_order, strategy,
+                                  float(buffer_size_MB), positions)
+    return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
 
 
 def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
@@ -464,109 +388,37 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
     return (numel + align - 1) // align * align
 
 
-class _BucketSums:
-    """Prefix sums of one bucket's parameters, shared by every buffer size.
-
-    ``names``; ``nbytes_before[k]``: bytes of parameters ``0..k-1``;
-    ``padded_before(align)[k]``: their elements padded to ``align``.
-    """
-
-    def __init__(self, params, numels, nbytes) -> None:
-        self.names = [p.name for p in params]
-        self.numels = numels
-        self.nbytes_before = [0, *itertools.accumulate(nbytes)]
-        self._padded: dict = {}
-
-    def padded_before(self, align: int) -> list:
-        if align not in self._padded:
-            self._padded[align] = [0, *itertools.accumulate(
-                (n + align - 1) // align * align for n in self.numels)]
-        return self._padded[align]
-
-
-def _fused_chunks(sums: _BucketSums, align: int, limit_MB: float) -> tuple:
-    """:func:`chunk_by_size` of one bucket with each chunk's names, padded
-    elements and bytes (a 100,000-matrix plan chunks every bucket once per
-    path): a chunk takes the next parameter while its bytes stay within the
-    limit (at least one), found by a galloping search on the prefix sums
-    (a chunk of k parameters costs O(log k))."""
-    limit = limit_MB * 1024 * 1024
-    before = sums.nbytes_before
-    padded = sums.padded_before(align)
-    names = sums.names
-    n = len(names)
-    chunks, chunk_numels, chunk_bytes = [], [], []
-    start = 0
-    while start < n:
-        base = before[start]
-        # the first prefix end >= start + 2 whose bytes from start exceed the
-        # limit (n + 1: none); the parameter ending there opens the next chunk
-        lo, hi, step = start + 2, n + 1, 1
-        while True:  # gallop: every end below lo stays within the limit
-            probe = lo + step - 1
-            if probe >= hi:
-                break
-            if before[probe] - base > limit:
-                hi = probe + 1
-                break
-            lo, step = probe + 1, step * 2
-        while lo < hi:  # bisect [lo, hi); exact integer differences vs the limit
-            mid = (lo + hi) // 2
-            if before[mid] - base > limit:
-                hi = mid
-            else:
-                lo = mid + 1
-        end = lo - 1
-        chunks.append(tuple(names[start:end]))
-        chunk_numels.append(padded[end] - padded[start])
-        chunk_bytes.append(before[end] - base)
-        start = end
-    return tuple(chunks), tuple(chunk_numels), tuple(chunk_bytes)
-
-
-# (parameters, owner map) -> their buckets' parameters: the buffer sizes
-# plan --recommend tries share one owner map per rule (assign_muon_owners)
-# and group its matrices once.
-_grouped_seen = IdentityMemo(16)
-
-
-def _group_by_owner(params, owner_of) -> list:
-    """``[((owner, dtype), params, numels, nbytes, sums)]`` sorted by (owner, dtype)."""
-    out = _grouped_seen.get((params, owner_of))
-    if out is not IdentityMemo.MISSING:
-        return out
+def group_by_owner(params: Sequence[ParamMeta], owner_of: Mapping[str, int]) -> list:
+    """``[((owner, dtype), params)]`` sorted by (owner, dtype), each in model order."""
     grouped: dict = OrderedDict()
     for p in params:
         grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
-    out = []
-    for k, bparams in sorted(grouped.items()):
-        numels, nbytes = [p.numel for p in bparams], [p.nbytes for p in bparams]
-        out.append((k, bparams, numels, nbytes, _BucketSums(bparams, numels, nbytes)))
-    if type(params) is HashedTuple:  # immutable: safe to reuse by identity
-        _grouped_seen.put((params, owner_of), out)
-    return out
+    return sorted(grouped.items(), key=operator.itemgetter(0))
 
 
 def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
+    """The Muon buckets of one colour group: one per (owner, dtype), in that order."""
     out = []
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
-    for (owner, dtype), bparams, numels, nbytes, sums in _group_by_owner(params, owner_of):
+    for (owner, dtype), bparams in group_by_owner(params, owner_of):
         chunks = chunk_numels = chunk_bytes = ()
         if fused:
-            # padded_numel(numel, dtype, settings, 1) of each parameter, inline:
-            # a 100,000-matrix plan pads every parameter once per path
-            align = max(1, settings.alignment_bytes // itemsize(dtype))
-            chunks, chunk_numels, chunk_bytes = _fused_chunks(
-                sums, align, settings.comm_buffer_size_MB)
+            nbytes = [p.nbytes for p in bparams]
+            pad = [padded_numel(p.numel, dtype, settings, 1) for p in bparams]
+            parts = chunk_by_size(nbytes, settings.comm_buffer_size_MB)
+            chunks = tuple(tuple(bparams[i].name for i in c) for c in parts)
+            chunk_numels = tuple(sum(pad[i] for i in c) for c in parts)
+            chunk_bytes = tuple(sum(nbytes[i] for i in c) for c in parts)
+        numels = tuple(p.numel for p in bparams)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
-            params=tuple(sums.names), chunks=chunks,
+            params=tuple(p.name for p in bparams), chunks=chunks,
             route=route, overlap=overlap,
             numel=sum(numels), chunk_numels=chunk_numels,
-            param_numels=tuple(numels), chunk_bytes=chunk_bytes,
-            param_bytes=tuple(nbytes),
+            param_numels=numels, chunk_bytes=chunk_bytes,
+            param_bytes=tuple(p.nbytes for p in bparams),
         ))
     return tuple(out)
 
@@ -596,8 +448,8 @@ def slice_buffer_specs(colour, group, params, settings) -> tuple:
     return tuple(out)
 
 
-# Ranks sharing a colour group and its parameters share its layout: computed
-# once per (group, parameters, settings), so a 512-rank plan stays fast.
+
+
 def _fixed_owners_of(colour, group: tuple, params: Sequence[ParamMeta],
                   owners: Mapping[str, int]) -> tuple:
     """``((name, group index), ...)`` of owners chosen beforehand, checked."""
@@ -618,32 +470,14 @@ def _fixed_owners_of(colour, group: tuple, params: Sequence[ParamMeta],
     return tuple(out)
 
 
-# The last parameter tuple's MatrixSpecs: the paths plan --recommend builds
-# (two routes x two rules x three buffer sizes) hand the same ParamMeta objects
-# in fresh tuples; checked by identity, so any other list is converted anew.
-_last_specs: list = [(), HashedTuple()]
-
-
-def _matrix_specs(params: tuple) -> HashedTuple:
-    last, specs = _last_specs
-    if last is params or len(last) == len(params) and all(map(operator.is_, last, params)):
-        return specs
-    specs = HashedTuple(MatrixSpec(p.name, p.shape, p.dtype) for p in params)
-    _last_specs[:] = [params, specs]
-    return specs
-
-
-@functools.lru_cache(maxsize=1024)
 def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
-                        fixed: tuple | None = None):
-    if plan is None and settings.partition_strategy == PARTITION_RAIL:
-        # without a plan the rail rule is the balanced one (assign_muon_owners):
-        # the flat placement under it (which its hierarchical one renames) is
-        # balanced's, one cache entry for both (6 positional arguments, as
-        # every call passes them)
-        return colour_muon_layout(colour, group, params, None, dataclasses.replace(
-            settings, partition_strategy=PARTITION_BALANCED), fixed)
-    specs = _matrix_specs(params)
+                       fixed: tuple | None = None) -> tuple:
+    """``(owner_of, partition, buckets)`` of one colour group's Muon matrices.
+
+    ``fixed``: ``((name, group index), ...)`` chosen beforehand
+    (:func:`_fixed_owners_of`); None: ``settings.partition_strategy``.
+    """
+    specs = tuple(MatrixSpec(p.name, p.shape, p.dtype) for p in params)
     if fixed is None:
         owner_of, partition = assign_muon_owners(
             specs, group, plan, settings.partition_strategy, settings.comm_buffer_size_MB)
@@ -651,92 +485,42 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
         partition = partition_from_owners(specs, len(group), dict(fixed),
                                           method="machine_balanced")
         owner_of = {name: group[idx] for name, idx in fixed}
-    buckets = None
-    if plan is not None:
-        # The hierarchical route's buckets are the flat route's (cached: the
-        # tools build both) renamed onto their owners, when the owners are a
-        # renaming of the flat ones (the same for develop's rule and fixed
-        # owners, a rank-order relabelling for the balanced rule).
-        flat_owner_of, _, flat_buckets = colour_muon_layout(colour, group, params, None,
-                                                            settings, fixed)
-        buckets = _renamed_buckets(flat_owner_of, flat_buckets, owner_of)
-    if buckets is None:
-        buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None,
-                                    settings)
+    buckets = muon_bucket_specs(colour, group, params, owner_of, plan is not None, settings)
     return owner_of, partition, buckets
 
 
-# (flat owner map, hierarchical owner map) -> the renaming or None: the owner
-# maps are shared by the buffer sizes plan --recommend tries
-# (assign_muon_owners), so each pair is compared once.
-_renamings = IdentityMemo(16)
-
-
-def _owner_renaming(flat_owner_of: dict, owner_of: dict):
-    rename = _renamings.get((flat_owner_of, owner_of))
-    if rename is not IdentityMemo.MISSING:
-        return rename
-    rename = {}
-    for name, owner in flat_owner_of.items():
-        if rename.setdefault(owner, owner_of[name]) != owner_of[name]:
-            rename = None
-            break
-    if rename is not None and len(set(rename.values())) != len(rename):
-        rename = None
-    _renamings.put((flat_owner_of, owner_of), rename)
-    return rename
-
-
-def _renamed_buckets(flat_owner_of: dict, flat_buckets: tuple, owner_of: dict):
-    """``flat_buckets`` on the hierarchical route with each owner renamed as
-    ``flat_owner_of`` -> ``owner_of`` renames it, in bucket order; None when
-    that is no one-to-one renaming of owners (the buckets then differ)."""
-    rename = _owner_renaming(flat_owner_of, owner_of)
-    if rename is None:
-        return None
-    out = [dataclasses.replace(b, owner=rename[b.owner], route=ROUTE_HIERARCHICAL)
-           for b in flat_buckets]
-    # muon_bucket_specs' order: by (owner, dtype)
-    out.sort(key=lambda b: (b.owner, b.dtype))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def colour_slice_layout(colour, group: tuple, params: tuple, settings: LayoutSettings):
-    return slice_buffer_specs(colour, group, params, settings)
-
-
-# The last parameter list's split by colour (see _split_params).
-_last_split: list = [(), None]
-
-
-def _split_params(params: Sequence[ParamMeta]) -> tuple:
+def split_params(params: Sequence[ParamMeta]) -> tuple:
     """``(colours, muon, other, by_name)`` of ``params``: the set of colours,
-    ``(colour, HashedTuple of its Muon parameters)`` and the same of the
-    element-wise ones in first-seen order, and name -> meta.
-
-    The tools build a layout per path and class of rank from one list of
-    100,000 parameters (20 paths under ``plan --recommend``): the last
-    list's split is reused when it holds the same (frozen) metas in the
-    same order, and its tuples hash once in the placement caches.
-    """
-    last, split = _last_split
-    if split is not None and len(last) == len(params) and all(map(operator.is_, last, params)):
-        return split
+    ``(colour, tuple of its Muon parameters)`` and the same of the
+    element-wise ones in first-seen order, and name -> meta."""
     muon_by_colour: dict = OrderedDict()
     other_by_colour: dict = OrderedDict()
-    frozen = True
     for p in params:
-        frozen = frozen and type(p) is ParamMeta
         target = muon_by_colour if p.use_muon else other_by_colour
         target.setdefault(p.colour, []).append(p)
-    split = (frozenset(muon_by_colour) | frozenset(other_by_colour),
-             tuple((c, HashedTuple(ps)) for c, ps in muon_by_colour.items()),
-             tuple((c, HashedTuple(ps)) for c, ps in other_by_colour.items()),
-             {p.name: p for p in params})
-    if frozen:  # only frozen metas cannot change behind the cache
-        _last_split[:] = [tuple(params), split]
-    return split
+    return (frozenset(muon_by_colour) | frozenset(other_by_colour),
+            tuple((c, tuple(ps)) for c, ps in muon_by_colour.items()),
+            tuple((c, tuple(ps)) for c, ps in other_by_colour.items()),
+            {p.name: p for p in params})
+
+
+class Placement:
+    """The functions :meth:`ShardingLayout.build` and the step plan compute with.
+
+    Plain and uncached: the optimizer builds one layout per rank. A tool that
+    builds many layouts of one model passes a subclass that reuses results
+    (the plan tool's memos); every method must return what the plain one does.
+    """
+
+    split_params = staticmethod(split_params)
+    muon_layout = staticmethod(colour_muon_layout)
+    slice_layout = staticmethod(slice_buffer_specs)
+    sync_stages = staticmethod(_step_plan.plain_sync_stages)
+    reduce_ops = staticmethod(_step_plan.reduce_ops)
+
+
+#: The placement of every layout built without one.
+PLAIN_PLACEMENT = Placement()
 
 
 @dataclass
@@ -771,6 +555,8 @@ class ShardingLayout:
     slice_buffers: list
     params: dict = field(repr=False)
     clip_groups: tuple = ()
+    #: how the layout and its step plan were computed (:class:`Placement`)
+    placement: Placement = field(default=PLAIN_PLACEMENT, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -782,6 +568,7 @@ class ShardingLayout:
         plan: HierarchicalCommPlan | None = None,
         fixed_owners: Mapping[str, int] | None = None,
         clip_groups: Sequence[Sequence[int]] = (),
+        placement: Placement = PLAIN_PLACEMENT,
     ) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
@@ -798,6 +585,8 @@ class ShardingLayout:
                 rule); None: ``settings.partition_strategy`` per colour group.
             clip_groups: the global-norm clip's all-reduce groups (see the
                 attribute); the default: no clip collective in the step.
+            placement: the functions computing the placement and step plan
+                (the default: plain, uncached).
 
         Returns:
             ShardingLayout: the layout.
@@ -808,7 +597,7 @@ class ShardingLayout:
                 its colour group.
         """
         groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
-        colours, muon_by_colour, other_by_colour, by_name = _split_params(params)
+        colours, muon_by_colour, other_by_colour, by_name = placement.split_params(params)
         for p in (() if colours <= groups.keys() else params):
             if p.colour not in groups:
                 raise ValueError(
@@ -830,18 +619,19 @@ class ShardingLayout:
             hier_plan = plan if colour is None else None
             fixed = None if fixed_owners is None else _fixed_owners_of(
                 colour, groups[colour], cparams, fixed_owners)
-            owner_of, partition, cbuckets = colour_muon_layout(
+            owner_of, partition, cbuckets = placement.muon_layout(
                 colour, groups[colour], cparams, hier_plan, settings, fixed)
             owners.update(owner_of)
             partitions[colour] = partition
             buckets.extend(cbuckets)
         slices: list = []
         for colour, cparams in other_by_colour:
-            slices.extend(colour_slice_layout(colour, groups[colour], cparams, settings))
+            slices.extend(placement.slice_layout(colour, groups[colour], cparams, settings))
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
                    params=by_name,
-                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
+                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups),
+                   placement=placement)
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:

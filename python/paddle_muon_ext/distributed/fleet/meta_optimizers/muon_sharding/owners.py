@@ -20,13 +20,10 @@ with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, 
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import math
-import operator
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .settings import (
     DEVELOP_DEFAULT_BUFFER_MB,
@@ -56,43 +53,6 @@ __all__ = [
 ]
 
 
-class HashedTuple(tuple):
-    """A tuple that hashes its items once (``plan`` passes one 100,000-matrix
-    tuple to the placement caches once per path). Equal to, and hashing as,
-    the plain tuple of the same (immutable) items."""
-
-    def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = tuple.__hash__(self)
-        return h
-
-
-class IdentityMemo:
-    """Results keyed by the identity of the objects they were computed from
-    (each entry holds its objects, so their ids stay unique while it lives),
-    plus an optional hashable ``extra`` compared by value; oldest out first."""
-
-    MISSING = object()
-
-    def __init__(self, maxsize: int) -> None:
-        self._entries: OrderedDict = OrderedDict()
-        self._maxsize = maxsize
-
-    def get(self, objs: tuple, extra: Hashable = ()):
-        """The stored result, or ``IdentityMemo.MISSING``."""
-        hit = self._entries.get((tuple(map(id, objs)), extra))
-        if hit is not None and all(map(operator.is_, hit[0], objs)):
-            return hit[1]
-        return self.MISSING
-
-    def put(self, objs: tuple, value, extra: Hashable = ()) -> None:
-        if len(self._entries) >= self._maxsize:
-            self._entries.popitem(last=False)
-        self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
-
-
-
 @dataclass(frozen=True)
 class MatrixSpec:
     """A Muon matrix as the partitioner sees it."""
@@ -108,8 +68,7 @@ class MatrixSpec:
 
 def _check_shape(shape) -> Tuple[int, ...]:
     if type(shape) is tuple:
-        # the common case (a MatrixSpec's shape), checked fast: a plan of
-        # 100,000 matrices checks each shape a dozen times
+        # the common case (a MatrixSpec's shape): checked without a copy
         if len(shape) == 2:
             m, n = shape
             if type(m) is int and type(n) is int and m >= 0 and n >= 0:
@@ -258,13 +217,8 @@ def _check_nranks(nranks) -> int:
 def _check_specs(specs) -> List[MatrixSpec]:
     if specs is None:
         raise TypeError("specs must be a sequence of MatrixSpec, got None")
-    if type(specs) is HashedTuple and specs.__dict__.get("_canonical_specs"):
-        # validated before (every rule of plan --recommend gets the same
-        # tuple): immutable, and its frozen specs were all kept as they are
-        return list(specs)
     out: List[MatrixSpec] = []
     seen = set()
-    kept = True
     for s in specs:
         if type(s) is MatrixSpec and type(s.name) is str and s.name \
                 and s.name not in seen and _check_shape(s.shape) is s.shape \
@@ -272,7 +226,6 @@ def _check_specs(specs) -> List[MatrixSpec]:
             seen.add(s.name)  # already canonical: kept as is
             out.append(s)
             continue
-        kept = False
         for attr in ("name", "shape", "dtype"):
             if not hasattr(s, attr):
                 raise TypeError(
@@ -286,8 +239,6 @@ def _check_specs(specs) -> List[MatrixSpec]:
         seen.add(s.name)
         dims = _check_shape(s.shape)
         out.append(MatrixSpec(s.name, dims, canonical_float_dtype(s.dtype)))
-    if kept and type(specs) is HashedTuple:
-        specs.__dict__["_canonical_specs"] = True
     return out
 
 

@@ -13,16 +13,15 @@
 # limitations under the License.
 """The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages.
 
-Split from ``muon_sharding_layout`` so placement and scheduling read
-separately; the route / trigger / phase names live in ``muon_sharding_types``.
 Each function takes the layout and derives the same sequence on every rank
-from replicated metadata; results are cached in the layout's ``__dict__`` (not dataclass fields, so equality and
-``to_dict`` ignore them).
+from replicated metadata; the route, trigger, phase and op names live here.
+Results are cached in the layout's ``__dict__`` (not dataclass fields, so
+equality and ``to_dict`` ignore them).
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -214,9 +213,7 @@ def build_sync_stages(
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
         keys_in_order = list(by_key)
         runs, start = [], 0
-        # the per-key sums of key_numels, from the groups already at hand
-        # (key_numels would call group_key a second time per matrix, on
-        # plan's 100,000-matrix path too)
+        # key_numels' per-key sums, from the groups at hand (group_key once per matrix)
         for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
             runs.append(keys_in_order[start:start + n])
             start += n
@@ -239,19 +236,11 @@ def build_sync_stages(
     return stages
 
 
-@functools.lru_cache(maxsize=64)
-def _group_index(group: tuple) -> dict:
-    """Global rank -> index in ``group`` (shared by every rank's layout; do not mutate)."""
-    return {r: i for i, r in enumerate(group)}
-
-
-@functools.lru_cache(maxsize=4096)
 def flat_reduce_phase(group: tuple) -> str:
     """Phase label of a flat reduce onto owners in ``group``."""
     return f"reduce_to_owner[{list(group)}]"
 
 
-@functools.lru_cache(maxsize=4096)
 def flat_broadcast_phase(group: tuple) -> str:
     """Phase label of a flat broadcast from owners in ``group``."""
     return f"broadcast_from_owner[{list(group)}]"
@@ -344,27 +333,10 @@ class CommOp:
                 self.numel)
 
 
-_new_object = object.__new__
-
-
-def _reduce_ops(template: CommOp, parts) -> list:
-    """``template`` with each ``(numel, payload)`` of ``parts``: one reduce per chunk.
-
-    Each is what ``CommOp(..., numel, ..., payload)`` would build, made from
-    a copy of the template's fields without the dataclass ``__init__`` (the
-    plan tool makes hundreds of thousands).
-    """
-    fields = template.__dict__
-    out = []
-    append = out.append
-    for numel, payload in parts:
-        op = _new_object(CommOp)
-        d = op.__dict__  # the new object's own (empty) dict: filled in place
-        d.update(fields)
-        d["numel"] = numel
-        d["payload"] = payload
-        append(op)
-    return out
+def reduce_ops(template: CommOp, parts) -> list:
+    """``template`` with each ``(numel, payload)`` of ``parts``: one reduce per chunk."""
+    return [dataclasses.replace(template, numel=numel, payload=payload)
+            for numel, payload in parts]
 
 
 def sync_stages(layout: ShardingLayout) -> tuple:
@@ -375,70 +347,54 @@ def sync_stages(layout: ShardingLayout) -> tuple:
         element-wise buffer (develop's ``_build_sync_stages``).
     """
     cached = layout.__dict__.get("_sync_stage_cache")
-    if cached is not None:
-        return cached
-    entry = _stage_inputs(layout)
-    sorted_by_colour, rank2params, info, numels_of_keys = entry[4]
-    limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
-    # the buffer size reaches the stages only through the runs of keys
-    result_key = (tuple((c, tuple(stage_runs(ns, limit))) for c, ns in numels_of_keys.items()),
-                  tuple(layout.slice_buffers))
-    stages = entry[5].get(result_key)
-    if stages is None:
-        stages = entry[5][result_key] = _convert_stages(layout, build_sync_stages(
-            sorted_by_colour, rank2params, info, layout.slice_buffers,
-            lambda buf: buf.params, _stage_group_key, limit))
-    layout.__dict__["_sync_stage_cache"] = stages
-    return stages
+    if cached is None:
+        cached = layout.__dict__["_sync_stage_cache"] = layout.placement.sync_stages(layout)
+    return cached
 
 
-def _stage_group_key(m):
+def stage_group_key(m) -> Hashable:
+    """The Muon group key of a :class:`ParamMeta` (``(None, shape)`` without one)."""
     return m.group_key if m.group_key is not None else (None, m.shape)
 
 
-# The stage inputs of the last layouts: (params, owners, groups, rank, inputs,
-# {(runs, slice buffers): stages}). plan --recommend builds the flat path for
-# four buffer sizes with the same owners: the grouping of 100,000 matrices
-# by owner and key is done once, and the stages once per distinct runs.
-# Matched by the params dict's identity (shared by layouts of one parameter
-# list, never mutated; held so its id stays unique) and equal owners, groups
-# and rank.
-_stage_memo: list = []
+def stage_inputs(layout: ShardingLayout) -> tuple:
+    """``(params by colour, rank2params, group info)`` of :func:`build_sync_stages`.
 
-
-def _stage_inputs(layout: ShardingLayout) -> tuple:
-    for entry in _stage_memo:
-        if entry[0] is layout.params and entry[3] == layout.rank \
-                and entry[2] == layout.groups and entry[1] == layout.owners:
-            return entry
+    Muon metas of each colour sorted stably by owner index (each owner's in
+    model order); ``rank2params`` holds owners only, in group order (a rank
+    owning nothing has no stage entry).
+    """
     by_colour: dict = OrderedDict()
     owners = layout.owners
     for meta in layout.params.values():
         if meta.name in owners:
             by_colour.setdefault(meta.colour, []).append(meta)
     sorted_by_colour, rank2params, info = OrderedDict(), OrderedDict(), OrderedDict()
-    numels_of_keys: dict = OrderedDict()
     for colour, metas in by_colour.items():
         ranks = layout.groups[colour]
-        index = _group_index(tuple(ranks))
-        # owners only, in group order: a rank owning nothing has no stage
-        # entry, and a per-rank table would cost O(group) on every rank
+        index = {r: i for i, r in enumerate(ranks)}
         by_rank: dict = {}
         for m in metas:
             by_rank.setdefault(index[owners[m.name]], []).append(m)
         rank2params[colour] = OrderedDict(sorted(by_rank.items()))
-        # stable by owner index: each owner's metas in model order, as by_rank holds them
         sorted_by_colour[colour] = [m for _, ms in sorted(by_rank.items()) for m in ms]
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
-        # each key's elements in first-seen order: build_sync_stages' runs
-        numels_of_keys[colour] = key_numels(sorted_by_colour[colour], _stage_group_key)
-    entry = (layout.params, dict(owners), dict(layout.groups), layout.rank,
-             (sorted_by_colour, rank2params, info, numels_of_keys), {})
-    if len(_stage_memo) >= 4:
-        del _stage_memo[0]
-    _stage_memo.append(entry)
-    return entry
+    return sorted_by_colour, rank2params, info
+
+
+def stages_from_inputs(layout: ShardingLayout, inputs: tuple) -> tuple:
+    """:func:`build_sync_stages` on :func:`stage_inputs` as :class:`SyncStageSpec` s."""
+    sorted_by_colour, rank2params, info = inputs
+    limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
+    return _convert_stages(layout, build_sync_stages(
+        sorted_by_colour, rank2params, info, layout.slice_buffers,
+        lambda buf: buf.params, stage_group_key, limit))
+
+
+def plain_sync_stages(layout: ShardingLayout) -> tuple:
+    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
+    return stages_from_inputs(layout, stage_inputs(layout))
 
 
 def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
@@ -509,7 +465,7 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
                               coalesced, numel * itemsize(dtype)))
         elif op == OP_REDUCE:
             b = layout.muon_buckets[ref[1]]
-            ops.extend(_reduce_ops(CommOp(op_trigger, label, op, group, root, b.dtype, 0,
+            ops.extend(layout.placement.reduce_ops(CommOp(op_trigger, label, op, group, root, b.dtype, 0,
                                           b.colour, coalesced, 0), b.reduce_parts()))
         else:
             b = layout.muon_buckets[ref[1]]
@@ -539,6 +495,7 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     the update of stage k has the item ``("stage", k)``.
     """
     phases: list = []
+    labels: dict = {}
     plan, rank = layout.plan, layout.rank
     for k, stage in enumerate(sync_stages(layout)):
         phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
@@ -562,8 +519,10 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
                 node, tuple((("stage", k, j), plan.intra_node_root(o[0], rank))
                             for j, o in entries)))
         else:
+            if stage.group not in labels:  # one label per group, not per stage
+                labels[stage.group] = flat_broadcast_phase(stage.group)
             phases.append(make_phase(
-                layout, trigger, flat_broadcast_phase(stage.group), OP_BROADCAST, ROUTE_FLAT,
+                layout, trigger, labels[stage.group], OP_BROADCAST, ROUTE_FLAT,
                 stage.group, tuple((("stage", k, j), o[0]) for j, o in entries)))
     return phases
 
