@@ -1240,10 +1240,10 @@ def _check_target_imports(ex, candidates, target) -> None:
     the target, with the names it takes from it (the patch adds no product
     file to supply them).  Imports inside ``try`` are optional and skipped.
 
-    A module counts as missing only where the target holds its parent
-    package (the parent's ``__init__.py``) but neither ``<module>.py`` nor a
-    ``<module>/`` directory: a sparse tree (develop's optimizer and the test
-    registries only) judges just the modules it has."""
+    A module counts as missing only where the target holds one of its
+    packages (that package's ``__init__.py``) but not the next level below it
+    (neither ``<name>.py`` nor ``<name>/``): a sparse tree (develop's optimizer
+    and the test registries only) judges just the packages it has."""
     cache = {}
 
     def module_text(module):
@@ -1252,13 +1252,18 @@ def _check_target_imports(ex, candidates, target) -> None:
         return cache[module]
 
     def is_missing(module):
-        parent, _, leaf = module.rpartition(".")
-        if not parent:
-            return False
-        base = "python/" + parent.replace(".", "/")
-        return (target.exists(base + "/__init__.py")
-                and not target.exists(base + "/" + leaf + ".py")
-                and not target.exists(base + "/" + leaf))
+        # Walk down from the top package: the first level whose package the
+        # tree holds (an __init__.py) but whose child it lacks is missing, so
+        # a whole missing subpackage (a.b.pkg.mod with no pkg/) is caught too.
+        parts = module.split(".")
+        for depth in range(1, len(parts)):
+            base = "python/" + "/".join(parts[:depth])
+            leaf = parts[depth]
+            if (target.exists(base + "/__init__.py")
+                    and not target.exists(base + "/" + leaf + ".py")
+                    and not target.exists(base + "/" + leaf)):
+                return True
+        return False
 
     def is_package_member(module, name):
         rel = "python/" + module.replace(".", "/") + "/" + name

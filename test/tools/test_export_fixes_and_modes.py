@@ -216,11 +216,20 @@ class TestModesRefuseTreesLackingWhatTheyNeed(unittest.TestCase):
         import tempfile
         tmp = tempfile.mkdtemp(prefix="modes_")
         self.addCleanup(subprocess.run, ["rm", "-rf", tmp])
+        # a python/paddle/ without its __init__.py (a few files copied) is no package either
+        sparse = _tree(os.path.join(tmp, "Sparse"),
+                       {**TESTSLIST, "python/paddle/optimizer/README": "a few files\n"})
+        rc, _, stderr = _export("--tests-only", "--paddle-root", sparse, "-o",
+                                os.path.join(tmp, "sparse.patch"))
+        self.assertEqual(rc, 0, stderr)
+        self.assertIn("has no python/paddle/__init__.py: the tests' paddle imports are not "
+                      "checked", stderr)
         tree = _tree(os.path.join(tmp, "Paddle"), dict(TESTSLIST))
         out = os.path.join(tmp, "tests.patch")
         rc, stdout, stderr = _export("--tests-only", "--paddle-root", tree, "-o", out)
         self.assertEqual(rc, 0, stderr)
-        self.assertIn("has no python/paddle/: the tests' paddle imports are not checked", stderr)
+        self.assertIn("has no python/paddle/__init__.py: the tests' paddle imports are not "
+                      "checked", stderr)
         total = re.search(r"Patch size: (\d+) files, \+(\d+) / -(\d+) lines", stdout)
         per_file = re.findall(r"^\s+[AM]\s+\+(\d+)\s+-(\d+)\s+\S+$", stdout, re.M)
         self.assertEqual(int(total.group(1)), len(per_file))

@@ -1186,6 +1186,7 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
         "import muon_conf_helper\n",
         "import muon_conf_helper\nfrom paddle_muon_ext.distributed.fleet.meta_optimizers"
         ".muon_layout_only import X as Y\nfrom paddle_muon_ext.distributed.fleet."
+        "meta_optimizers.muon_sub.runtime import Z\nfrom paddle_muon_ext.distributed.fleet."
         "meta_optimizers.muon_sharding_optimizer import extra_helper\n")
     # a marked test of a tool that stays here cannot travel: refused, not dropped
     ours[FLEET + "test_muon_toolish.py"] = (ep.UPSTREAM_TESTS_MARKER + "\n"
@@ -1203,6 +1204,10 @@ def test_tests_only_refuses_imports_develop_cannot_satisfy(tmp_path, capsys):
         "CONFLICT: %stest_muon_conf.py: imports %s, which the target lacks (a tests-only "
         "patch adds no product file)" % (FLEET, "paddle.distributed.fleet.meta_optimizers"
                                           ".muon_layout_only"),
+        # a module inside a subpackage the target lacks altogether
+        "CONFLICT: %stest_muon_conf.py: imports %s, which the target lacks (a tests-only "
+        "patch adds no product file)" % (FLEET, "paddle.distributed.fleet.meta_optimizers"
+                                          ".muon_sub.runtime"),
         "CONFLICT: %stest_muon_conf.py: imports extra_helper from %s, which the target's "
         "%s does not define (a tests-only patch adds no product file)"
         % (FLEET, SHARDING_OPT, SHARDING_OPT)], conflicts

@@ -106,6 +106,13 @@ class TestInnerOptimizerSelection(_SelectionCase):
         self.assertEqual(cls.__module__, "paddle.optimizer._develop_muon")
         self.assertEqual(name, f"develop ({os.path.join(root, dl.MUON_RELPATH)})")
 
+    def test_the_suites_staged_api_names_are_the_runtimes(self):
+        # The suite spells the names (it travels to develop's tree, which has
+        # no runtime module); the two lists must not drift apart.
+        from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import runtime
+
+        self.assertEqual(muon_tiny_moe.STAGED_API, runtime.STAGED_API)
+
     def test_the_package_muon_without_a_checkout(self):
         cls, name = muon_tiny_moe.select_inner_muon(None)
         self.assertIs(cls, muon_tiny_moe.PACKAGE_MUON)
