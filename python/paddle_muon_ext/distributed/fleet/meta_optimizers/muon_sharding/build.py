@@ -18,6 +18,7 @@ the layout (data first), then groups, buffers and hooks exactly as the layout sa
 from __future__ import annotations
 
 import importlib
+import math
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -31,21 +32,26 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import agreement
 from .comm_plan import HierarchicalCommPlan
-from .layout import LayoutSettings, ParamMeta, ShardingLayout
+from .layout import (
+    DEFAULT_COLOUR,
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+    is_trainable,
+    parse_colour,
+)
 from .owners import machine_balanced_owner_indices
-from .runtime import ShardingRuntime, has_staged_api, optimizer_chain
+from .runtime import ShardingRuntime, missing_staged_api, optimizer_chain
 from .settings import (
     ShardingAssertionError,
     ShardingSettings,
     ShardingTypeError,
     _user_set_sharding_config,
+    dtype_itemsize,
     log_once_per_job,
     read_overlap_optimize_and_sync,
 )
-from .layout import DEFAULT_COLOUR, is_hooked, is_trainable, parse_colour
-from .runtime import STAGED_API
 from .step_plan import TRIGGER_SYNC
-from .settings import dtype_itemsize
 
 # The package re-exports the reduce *function* under the module's name; the
 # module itself holds is_avg_reduce_op_supported.
@@ -101,7 +107,7 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
         check_plan_matches_sharding_group(rt.plan, rt.rank, default_group)
     rt.overlap_optimize_and_sync = resolve_overlap_optimize_and_sync(optimizer, settings)
     rt.staged = rt.overlap_optimize_and_sync and not bypass_update
-    rt.separate_clip = has_staged_api(optimizer) and not bypass_update
+    rt.separate_clip = not missing_staged_api(optimizer) and not bypass_update
     key_of = optimizer.muon_group_key if rt.staged else None
     metas = [ParamMeta(p.name, tuple(p.shape), str(p.dtype), keys[p.name][0], whole[p.name],
                        key_of(p) if key_of and whole[p.name] else None) for p in trainable]
@@ -130,15 +136,8 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
         log_once_per_job("info", "group_call_plan\n" + describe,
                          "MuonShardingOptimizer: comm_group_call_opt on\n%s", describe)
     rt.param_by_name = {p.name: p for p in trainable}
-
-    def acc_steps_of(colour) -> int:
-        # Without hooks the buffers never count check-ins: grads accumulate in
-        # place and reduce_gradients runs once per optimizer step.
-        return settings.accumulate_steps if is_hooked(settings.comm_overlap, colour) else 1
-
-    rt.build_muon_buckets(acc_steps_of)
-    for spec in rt.layout.slice_buffers:
-        rt.add_slice_buffer(spec, acc_steps_of)
+    rt.build_muon_buckets()
+    rt.build_slice_buffers()
     if rt.staged:
         rt.sync_stages = stage_dicts(rt)
     rt.plan_phases()
@@ -190,7 +189,7 @@ def resolve_overlap_optimize_and_sync(optimizer, settings: ShardingSettings) -> 
     ``comm_group_call_opt`` unless ``overlap_sync_group_call`` (ours) keeps it on."""
     if not read_overlap_optimize_and_sync():
         return False
-    missing = [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
+    missing = missing_staged_api(optimizer)
     if missing:
         log_once_per_job(
             "warning", "overlap_sync_no_staged_api",
@@ -361,9 +360,7 @@ def machine_balanced_owners(params: list, keys: dict, whole: dict, rank: int,
         if not whole[p.name]:
             continue
         colour, group = keys[p.name]
-        numel = 1
-        for d in p.shape:
-            numel *= int(d)
+        numel = math.prod(int(d) for d in p.shape)
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     gathered: list = []
