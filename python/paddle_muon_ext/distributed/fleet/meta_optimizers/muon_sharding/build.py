@@ -161,12 +161,9 @@ def set_inner_opt_attr(optimizer, name: str, value: Any) -> None:
 
 
 def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_group) -> None:
-    """Refuse ranks of one group that built different parameters, options or
-    per-parameter settings (lr_ratio, decay, ParamAttr).
-
-    Collective over the sharding group and each colour group (``agreement``);
-    raises ``RankDisagreementError`` on every rank.
-    """
+    """Refuse ranks of one group that built different parameters, options or per-parameter
+    settings: collective over the sharding and colour groups; raises
+    ``RankDisagreementError`` on every rank."""
     options = agreement.sharding_options(
         rt.settings,
         overlap_optimize_and_sync=read_overlap_optimize_and_sync(),
@@ -390,17 +387,11 @@ def machine_balanced_owners(params: list, keys: dict, whole: dict, rank: int,
 
 def machine_balanced_partition(color_group_info: dict, rank_to_machine: dict,
                                buffer_MB: float, rank: int) -> dict:
-    """develop's machine-balanced owner rule over every colour group of the job.
-
-    Args:
-        color_group_info: ``(colour key, tuple(group global ranks))`` ->
-            ``[(name, numel, dtype_str, itemsize), ...]``.
-        rank_to_machine: global rank -> machine id.
-        buffer_MB: ``comm_buffer_size_MB``.
-        rank: this global rank (rank 0 logs the machine loads).
+    """develop's machine-balanced owner rule over every colour group of the job
+    (``owners.machine_balanced_owner_indices``); rank 0 logs the machine loads.
 
     Returns:
-        dict: the same keys -> ``{group index: [names]}`` (every index present).
+        dict: ``color_group_info``'s keys -> ``{group index: [names]}`` (every index).
     """
     result, machines = machine_balanced_owner_indices(color_group_info, rank_to_machine,
                                                       buffer_MB)

@@ -93,9 +93,8 @@ def comm_phase(label: str) -> Iterator[None]:
         exit_phase(previous)
 
 
-def current_comm_phase() -> str | None:
-    """The label of the calling thread's innermost :func:`comm_phase`."""
-    return phase_of_thread()
+#: The label of the calling thread's innermost :func:`comm_phase` (None outside one).
+current_comm_phase = phase_of_thread
 
 
 # ------------------------------------------------------------ collectives
@@ -176,8 +175,7 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     describe = _describe(op, group, phase)
-    tasks: list = []
-    entries: list = []
+    tasks, entries = [], []
     try:
         with _batch_isend_irecv._coalescing_manager(group, tasks):
             for tensor, root in routes:
@@ -719,9 +717,6 @@ class ShardingRuntime:
         if call.launching:
             check_no_leftover(call.muon_by_id, call.adamw_by_id)
 
-    def _fuse_states(self, phase, call: _Call, last: bool) -> None:
-        self.fuse_optimizer_states()
-
     # ---------------------------------------------------------------- sync
     def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool) -> list:
         """Issue one sync phase; with ``launch`` leave it in flight (returned to wait on).
@@ -761,7 +756,7 @@ class ShardingRuntime:
         cache[ref] = buffer
         return buffer
 
-    # ------------------------------------------------ gradients and storage
+    # ----------------------------------------- gradients, storage and states
     def assign_slice_grads(self) -> None:
         """Point each slice parameter's gradient at its part of the reduced 1-D buffer."""
         for buffer in self.rs_buffers:
@@ -839,7 +834,7 @@ class ShardingRuntime:
                 paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
         self.cleared_colours.clear()
 
-    def fuse_optimizer_states(self) -> None:
+    def _fuse_states(self, phase, call: _Call, last: bool) -> None:
         """Move this rank's optimizer states (and master weights) into one buffer per dtype."""
         base = self.base_opt
         states = [t for per_param in base._accumulators.values() for t in per_param.values()

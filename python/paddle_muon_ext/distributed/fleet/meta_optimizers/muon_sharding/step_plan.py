@@ -169,10 +169,9 @@ def build_sync_stages(
         limit: elements after which adjacent keys close a stage.
 
     Returns:
-        list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size',
-        'rank2params', 'keys', 'local_params'}`` stages, then ``{'kind': '1d',
-        'buffer', 'local_params'}`` stages. A key spanning colours is
-        updated once, in the first stage that lists it.
+        list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size', 'rank2params', 'keys',
+        'local_params'}`` stages, then ``{'kind': '1d', 'buffer', 'local_params'}`` ones.
+        A key spanning colours is updated once, in the first stage that lists it.
     """
     stages: list = []
     local_by_key: dict = OrderedDict()
@@ -304,12 +303,8 @@ def reduce_ops(template: CommOp, parts) -> list:
 
 
 def sync_stages(layout: ShardingLayout) -> tuple:
-    """The stages of the overlapped update, identical on every rank but ``local_params``.
-
-    Returns:
-        tuple[SyncStageSpec]: 2d stages per colour, then one 1d stage per
-        element-wise buffer (develop's ``_build_sync_stages``).
-    """
+    """The stages of the overlapped update (:class:`SyncStageSpec` s, develop's
+    ``_build_sync_stages``), identical on every rank but ``local_params``."""
     cached = layout.__dict__.get("_sync_stage_cache")
     if cached is None:
         cached = layout.__dict__["_sync_stage_cache"] = layout.placement.sync_stages(layout)
@@ -322,12 +317,9 @@ def stage_group_key(m) -> Hashable:
 
 
 def stage_inputs(layout: ShardingLayout) -> tuple:
-    """``(params by colour, rank2params, group info)`` of :func:`build_sync_stages`.
-
-    Muon metas of each colour sorted stably by owner index (each owner's in
-    model order); ``rank2params`` holds owners only, in group order (a rank
-    owning nothing has no stage entry).
-    """
+    """``(params by colour, rank2params, group info)`` of :func:`build_sync_stages`: Muon
+    metas of each colour sorted stably by owner index; ``rank2params`` holds owners only,
+    in group order (a rank owning nothing has no stage entry)."""
     by_colour: dict = OrderedDict()
     owners = layout.owners
     for meta in layout.params.values():
