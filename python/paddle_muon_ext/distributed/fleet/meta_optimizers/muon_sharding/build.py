@@ -18,6 +18,7 @@ the layout (data first), then groups, buffers and hooks exactly as the layout sa
 from __future__ import annotations
 
 import importlib
+import math
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -31,21 +32,26 @@ from paddle.distributed.fleet.utils.log_util import logger
 
 from . import agreement
 from .comm_plan import HierarchicalCommPlan
-from .layout import LayoutSettings, ParamMeta, ShardingLayout
+from .layout import (
+    DEFAULT_COLOUR,
+    LayoutSettings,
+    ParamMeta,
+    ShardingLayout,
+    is_trainable,
+    parse_colour,
+)
 from .owners import machine_balanced_owner_indices
-from .runtime import ShardingRuntime, has_staged_api, optimizer_chain
+from .runtime import ShardingRuntime, missing_staged_api, optimizer_chain
 from .settings import (
     ShardingAssertionError,
     ShardingSettings,
     ShardingTypeError,
     _user_set_sharding_config,
+    dtype_itemsize,
     log_once_per_job,
     read_overlap_optimize_and_sync,
 )
-from .layout import DEFAULT_COLOUR, is_hooked, is_trainable, parse_colour
-from .runtime import STAGED_API
 from .step_plan import TRIGGER_SYNC
-from .settings import dtype_itemsize
 
 # The package re-exports the reduce *function* under the module's name; the
 # module itself holds is_avg_reduce_op_supported.
@@ -101,7 +107,7 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
         check_plan_matches_sharding_group(rt.plan, rt.rank, default_group)
     rt.overlap_optimize_and_sync = resolve_overlap_optimize_and_sync(optimizer, settings)
     rt.staged = rt.overlap_optimize_and_sync and not bypass_update
-    rt.separate_clip = has_staged_api(optimizer) and not bypass_update
+    rt.separate_clip = not missing_staged_api(optimizer) and not bypass_update
     key_of = optimizer.muon_group_key if rt.staged else None
     metas = [ParamMeta(p.name, tuple(p.shape), str(p.dtype), keys[p.name][0], whole[p.name],
                        key_of(p) if key_of and whole[p.name] else None) for p in trainable]
@@ -130,15 +136,8 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
         log_once_per_job("info", "group_call_plan\n" + describe,
                          "MuonShardingOptimizer: comm_group_call_opt on\n%s", describe)
     rt.param_by_name = {p.name: p for p in trainable}
-
-    def acc_steps_of(colour) -> int:
-        # Without hooks the buffers never count check-ins: grads accumulate in
-        # place and reduce_gradients runs once per optimizer step.
-        return settings.accumulate_steps if is_hooked(settings.comm_overlap, colour) else 1
-
-    rt.build_muon_buckets(acc_steps_of)
-    for spec in rt.layout.slice_buffers:
-        rt.add_slice_buffer(spec, acc_steps_of)
+    rt.build_muon_buckets()
+    rt.build_slice_buffers()
     if rt.staged:
         rt.sync_stages = stage_dicts(rt)
     rt.plan_phases()
@@ -162,12 +161,9 @@ def set_inner_opt_attr(optimizer, name: str, value: Any) -> None:
 
 
 def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_group) -> None:
-    """Refuse ranks of one group that built different parameters, options or
-    per-parameter settings (lr_ratio, decay, ParamAttr).
-
-    Collective over the sharding group and each colour group (``agreement``);
-    raises ``RankDisagreementError`` on every rank.
-    """
+    """Refuse ranks of one group that built different parameters, options or per-parameter
+    settings: collective over the sharding and colour groups; raises
+    ``RankDisagreementError`` on every rank."""
     options = agreement.sharding_options(
         rt.settings,
         overlap_optimize_and_sync=read_overlap_optimize_and_sync(),
@@ -190,7 +186,7 @@ def resolve_overlap_optimize_and_sync(optimizer, settings: ShardingSettings) -> 
     ``comm_group_call_opt`` unless ``overlap_sync_group_call`` (ours) keeps it on."""
     if not read_overlap_optimize_and_sync():
         return False
-    missing = [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
+    missing = missing_staged_api(optimizer)
     if missing:
         log_once_per_job(
             "warning", "overlap_sync_no_staged_api",
@@ -361,9 +357,7 @@ def machine_balanced_owners(params: list, keys: dict, whole: dict, rank: int,
         if not whole[p.name]:
             continue
         colour, group = keys[p.name]
-        numel = 1
-        for d in p.shape:
-            numel *= int(d)
+        numel = math.prod(int(d) for d in p.shape)
         mine.setdefault((colour, tuple(int(r) for r in group.ranks)), []).append(
             (p.name, numel, str(p.dtype), dtype_itemsize(p.dtype)))
     gathered: list = []
@@ -393,17 +387,11 @@ def machine_balanced_owners(params: list, keys: dict, whole: dict, rank: int,
 
 def machine_balanced_partition(color_group_info: dict, rank_to_machine: dict,
                                buffer_MB: float, rank: int) -> dict:
-    """develop's machine-balanced owner rule over every colour group of the job.
-
-    Args:
-        color_group_info: ``(colour key, tuple(group global ranks))`` ->
-            ``[(name, numel, dtype_str, itemsize), ...]``.
-        rank_to_machine: global rank -> machine id.
-        buffer_MB: ``comm_buffer_size_MB``.
-        rank: this global rank (rank 0 logs the machine loads).
+    """develop's machine-balanced owner rule over every colour group of the job
+    (``owners.machine_balanced_owner_indices``); rank 0 logs the machine loads.
 
     Returns:
-        dict: the same keys -> ``{group index: [names]}`` (every index present).
+        dict: ``color_group_info``'s keys -> ``{group index: [names]}`` (every index).
     """
     result, machines = machine_balanced_owner_indices(color_group_info, rank_to_machine,
                                                       buffer_MB)

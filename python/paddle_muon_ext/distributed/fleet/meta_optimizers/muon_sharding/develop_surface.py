@@ -20,21 +20,28 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
+import paddle
 from paddle import framework
 from paddle.distributed.fleet.utils.log_util import logger
 
 from . import build
+from .layout import DEFAULT_COLOUR, DEFAULT_RAW_COLOUR, NO_HOOK_COLOURS, is_hooked, parse_colour
 from .owners import partition_2d_parameters
 from .runtime import (
     PendingCollective,
+    _backward_hook,
     _Call,
+    check_no_leftover,
+    comm_phase,
     create_slice_param,
     flatten_into,
     get_param_grad,
-    unflatten_from,
+    launch_all_gather,
+    launch_coalesced,
+    prepare_by_id,
+    take_stage,
+    unpack_all,
 )
-from .step_plan import StepPhase, flat_broadcast_phase
-from .layout import DEFAULT_COLOUR, DEFAULT_RAW_COLOUR, NO_HOOK_COLOURS, is_hooked, parse_colour
 from .step_plan import (
     OP_ALL_GATHER,
     OP_BROADCAST,
@@ -43,11 +50,8 @@ from .step_plan import (
     OP_PREPARE,
     OP_REDUCE,
     OP_STAGE_UPDATE,
-    PHASE_ALL_GATHER,
-    ROUTE_FLAT,
-    ROUTE_SLICES,
     TRIGGER_REDUCE,
-    TRIGGER_SYNC,
+    flat_broadcast_phase,
 )
 
 __all__ = ["DevelopSurface", "run_staged_update"]
@@ -186,13 +190,8 @@ class DevelopSurface:
     @property
     def _params_2d_by_color(self) -> OrderedDict:
         """Colour -> its matrices in model order, sorted stably by owner (as develop)."""
-        rt, out = self._runtime, OrderedDict()
-        to_rank = self._param2rank_2d_by_color
-        for name, meta in rt.layout.params.items():
-            if name in rt.layout.owners:
-                out.setdefault(meta.colour, []).append(rt.param_by_name[name])
-        return OrderedDict((c, sorted(ps, key=lambda p, c=c: to_rank[c][p.name]))
-                           for c, ps in out.items())
+        return OrderedDict((c, [p for ps in by_rank.values() for p in ps])
+                           for c, by_rank in self._rank2params_2d_by_color.items())
 
     def _overlap_split(self) -> tuple[list, list]:
         """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``.
@@ -269,18 +268,10 @@ class DevelopSurface:
                                                 self.comm_buffer_size_MB, self._global_rank)
 
     def _build_2d_comm_buffers(self, by_name: dict) -> None:
-        self._runtime.build_muon_buckets(self._acc_steps_of)
+        self._runtime.build_muon_buckets()
 
     def _build_1d_comm_buffers(self, by_name: dict) -> None:
-        rt = self._runtime
-        rt.rs_buffers.clear()
-        rt.rs_colour.clear()
-        rt.slice_params.clear()
-        for spec in rt.layout.slice_buffers:
-            rt.add_slice_buffer(spec, self._acc_steps_of)
-
-    def _acc_steps_of(self, colour) -> int:
-        return self.accumulate_steps if is_hooked(self.comm_overlap, colour) else 1
+        self._runtime.build_slice_buffers()
 
     def _collect_comm_buffers(self) -> list:
         """develop's name: the element-wise buffers (built at construction here)."""
@@ -294,8 +285,6 @@ class DevelopSurface:
 
     @staticmethod
     def _create_backward_hook(buffer, param, phase: str = "reduce_scatter"):
-        from .runtime import _backward_hook
-
         return _backward_hook(buffer, param, phase)
 
     def _set_inner_opt_attr(self, name: str, value: Any) -> None:
@@ -329,43 +318,25 @@ class DevelopSurface:
     def _launch_stage_sync(self, stage: dict) -> list:
         """Launch one stage's sync; a develop-style dict without ``'phases'`` syncs its
         own buffers as one phase. Returns what to wait on (the copy-back last)."""
-        rt, cache, unpack, group = self._runtime, {}, [], None
-        phases = stage.get("phases")
-        if phases is None:
-            phase = self._hand_built_phase(stage, cache, unpack)
-            if phase is None:
-                return []
-            phases, group = [phase], stage.get("group")
-        pending = []
-        for i, phase in enumerate(phases):
-            pending += rt.run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1,
-                                         group=group)
-
-        def copy_back():
-            for buffer, params in unpack:
-                unflatten_from(buffer, params)
-
-        return pending + [PendingCollective([], [], "copy back", copy_back)]
-
-    def _hand_built_phase(self, stage: dict, cache: dict, unpack: list) -> StepPhase | None:
-        # A develop-style stage dict as one sync phase over its own buffers,
-        # put in ``cache`` under ("hand", j) refs. None: one rank, nothing to sync.
-        if stage["kind"] == "1d":
-            cache[("hand", 0)] = stage["buffer"]
-            return StepPhase(TRIGGER_SYNC, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
-                             ((("hand", 0), None),), ())
-        if stage["world_size"] <= 1:
-            return None
-        group, items = stage["group"], []
-        for j, (owner, flat) in enumerate(
-                self._owner_dtype_buffers(stage["rank2params"], group, single_as_is=False)):
-            cache[("hand", j)] = flat["param_buffer"]
-            if owner != self._global_rank:
-                unpack.append((flat["param_buffer"], flat["params"]))
-            items.append((("hand", j), owner))
-        ranks = tuple(group.ranks)
-        return StepPhase(TRIGGER_SYNC, flat_broadcast_phase(ranks), OP_BROADCAST, ROUTE_FLAT,
-                         ranks, tuple(items), ())
+        rt, unpack, phases = self._runtime, [], stage.get("phases")
+        if phases is not None:
+            cache, pending = {}, []
+            for i, phase in enumerate(phases):
+                pending += rt.run_sync_phase(phase, cache, unpack, launch=i == len(phases) - 1)
+        elif stage["kind"] == "1d":
+            pending = [launch_all_gather(stage["buffer"])]
+        elif stage["world_size"] <= 1:
+            return []  # one rank: nothing to sync
+        else:
+            group, routes = stage["group"], []
+            for owner, flat in self._owner_dtype_buffers(stage["rank2params"], group,
+                                                         single_as_is=False):
+                if owner != self._global_rank:
+                    unpack.append((flat["param_buffer"], flat["params"]))
+                routes.append((flat["param_buffer"], owner))
+            with comm_phase(flat_broadcast_phase(tuple(group.ranks))):
+                pending = [launch_coalesced(OP_BROADCAST, routes, group)]
+        return pending + [PendingCollective([], [], "copy back", lambda: unpack_all(unpack))]
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:
         return self._launch_stage_sync({"kind": "2d", "group": group,
@@ -378,8 +349,6 @@ class DevelopSurface:
                                                              single_as_is=True)]
 
     def _owner_dtype_buffers(self, rank2params: dict, group, single_as_is: bool):
-        import paddle
-
         ranks = list(group.ranks)
         for index, params in rank2params.items():
             by_dtype: dict = OrderedDict()
@@ -401,26 +370,17 @@ def run_staged_update(inner_opt, params_grads: list, stages, launch_sync: Callab
                       wait_all: Callable[[list], None] | None = None) -> None:
     """develop's helper: clip and prepare once, then per stage update and launch its sync;
     wait all. Raises AssertionError when a parameter with a gradient is in no stage."""
-    params_grads = inner_opt.apply_grad_clip(params_grads)
-    muon, adamw = inner_opt.prepare_optimize(params_grads)
-    muon_by_id = OrderedDict((id(p), (p, g)) for p, g in muon)
-    adamw_by_id = OrderedDict((id(p), (p, g)) for p, g in adamw)
+    muon_by_id, adamw_by_id = prepare_by_id(inner_opt, inner_opt.apply_grad_clip(params_grads))
     pending: list = []
     for index, stage in enumerate(stages):
-        stage_muon = [muon_by_id.pop(id(p)) for p in stage["local_params"] if id(p) in muon_by_id]
-        stage_adamw = [adamw_by_id.pop(id(p)) for p in stage["local_params"]
-                       if id(p) in adamw_by_id]
+        stage_muon, stage_adamw = take_stage(muon_by_id, adamw_by_id, stage["local_params"])
         if stage_muon or stage_adamw:
             with label(index, stage):
                 inner_opt.update_params(stage_muon, stage_adamw)
         pending.extend(launch_sync(stage))
-    leftover = [p.name for p, _ in list(muon_by_id.values()) + list(adamw_by_id.values())]
     if wait_all is None:
         for task in pending:
             task.wait()
     else:
         wait_all(pending)
-    if leftover:
-        raise AssertionError(
-            f"overlap_optimize_and_sync: parameters {leftover} have gradients but belong "
-            "to no sync stage; the stages were built for another parameter set.")
+    check_no_leftover(muon_by_id, adamw_by_id)

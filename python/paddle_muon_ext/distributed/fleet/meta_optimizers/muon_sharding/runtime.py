@@ -34,6 +34,7 @@ from paddle.distributed.fleet.utils.log_util import logger
 from paddle.profiler import RecordEvent
 
 from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
+from .layout import is_hooked
 from .step_plan import (
     OP_ALL_GATHER,
     OP_BROADCAST,
@@ -59,9 +60,7 @@ from .step_plan import (
 
 
 #: What the overlapped update needs from the inner optimizer (Muon's staged API).
-STAGED_API: tuple = ("apply_grad_clip", "prepare_optimize", "update_params",
-                               "muon_group_key")
-
+STAGED_API: tuple = ("apply_grad_clip", "prepare_optimize", "update_params", "muon_group_key")
 
 # The package re-exports the batch_isend_irecv *function* under the module's
 # name; _coalescing_manager lives in the module.
@@ -70,8 +69,7 @@ _batch_isend_irecv = importlib.import_module("paddle.distributed.communication.b
 _SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
 # What an AMP overflow skips (the sync still runs when storage was freed).
 _UPDATE_OPS = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE, OP_FUSE_STATES)
-# develop's timer of each phase kind ("sync" phases: apply-optimize while
-# launched inside the staged update, else sync-parameters).
+# develop's timer of each phase kind (sync phases: see ShardingRuntime._timed_phase).
 _TIMER_OF = {OP_CLIP: "apply-optimize", OP_PREPARE: "apply-optimize",
              OP_STAGE_UPDATE: "apply-optimize", OP_UPDATE: "apply-optimize",
              OP_FINISH_SYNC: "sync-parameters"}
@@ -95,12 +93,27 @@ def comm_phase(label: str) -> Iterator[None]:
         exit_phase(previous)
 
 
-def current_comm_phase() -> str | None:
-    """The label of the calling thread's innermost :func:`comm_phase`."""
-    return phase_of_thread()
+#: The label of the calling thread's innermost :func:`comm_phase` (None outside one).
+current_comm_phase = phase_of_thread
 
 
 # ------------------------------------------------------------ collectives
+def _describe(op: str, group, phase) -> str:
+    return f"{op} on group {list(group.ranks)} (phase {phase!r})"
+
+
+def _dump_raised(recorder, describe: str, exc: Exception) -> None:
+    recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True,
+                  error=exc)
+
+
+def _start_entry(op: str, group, tensor, phase):
+    """The recorder's entry of a collective (None on a one-rank group or without storage)."""
+    if group.nranks > 1 and tensor is not None:
+        return get_flight_recorder().start(op, group, None, tensor, phase)
+    return None
+
+
 class PendingCollective:
     """A launched coalesced block; :meth:`wait` completes it once, then runs ``then``."""
 
@@ -119,8 +132,7 @@ class PendingCollective:
             for task in self._tasks:
                 task.wait()
         except Exception as exc:
-            recorder.dump(f"{self._describe} raised {type(exc).__name__}: {exc}",
-                          request_peers=True, error=exc)
+            _dump_raised(recorder, self._describe, exc)
             raise
         recorder.finish(self._entries)
         if self._then is not None:
@@ -153,12 +165,17 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         for tensor, _ in routes:
             tensor.scale_(1.0 / pre)
         if post != 1.0:
-            then = _then_divide([t for t, root in routes if root == dist.get_rank()], post, then)
+            mine, after = [t for t, root in routes if root == dist.get_rank()], then
+
+            def then() -> None:
+                for tensor in mine:
+                    tensor.scale_(1.0 / post)
+                if after is not None:
+                    after()
     recorder = get_flight_recorder()
     phase = phase_of_thread()
-    describe = f"{op} on group {list(group.ranks)} (phase {phase!r})"
-    tasks: list = []
-    entries: list = []
+    describe = _describe(op, group, phase)
+    tasks, entries = [], []
     try:
         with _batch_isend_irecv._coalescing_manager(group, tasks):
             for tensor, root in routes:
@@ -171,20 +188,9 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
                 if task is not None:
                     tasks.append(task)
     except Exception as exc:
-        recorder.dump(f"{describe} raised {type(exc).__name__}: {exc}", request_peers=True,
-                      error=exc)
+        _dump_raised(recorder, describe, exc)
         raise
     return PendingCollective(tasks, entries, describe, then)
-
-
-def _then_divide(tensors: list, post: float, then: Callable[[], None] | None):
-    def divide() -> None:
-        for tensor in tensors:
-            tensor.scale_(1.0 / post)
-        if then is not None:
-            then()
-
-    return divide
 
 
 def reduce_onto(routes: Sequence[tuple], group, op) -> None:
@@ -192,9 +198,9 @@ def reduce_onto(routes: Sequence[tuple], group, op) -> None:
     launch_coalesced(OP_REDUCE, routes, group, op).wait()
 
 
-def broadcast_from(routes: Sequence[tuple], group) -> None:
-    """Broadcast each tensor from its rank, one coalesced block."""
-    launch_coalesced(OP_BROADCAST, routes, group).wait()
+def mean_onto(routes: Sequence[tuple], group, op) -> None:
+    """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
+    launch_coalesced(OP_REDUCE, routes, group, op, mean=True).wait()
 
 
 def sum_fallback_factors(nranks: int) -> tuple[float, float]:
@@ -213,11 +219,6 @@ def fused_buffer_scaling(use_avg: bool) -> dict[str, bool]:
     return {"use_reduce_avg": use_avg, "scale_after_comm": post != 1.0}
 
 
-def mean_onto(routes: Sequence[tuple], group, op) -> None:
-    """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
-    launch_coalesced(OP_REDUCE, routes, group, op, mean=True).wait()
-
-
 def flatten_into(tensors: Sequence, out) -> None:
     """Copy ``tensors`` back to back into the 1-D tensor ``out`` (in place)."""
     paddle.assign(paddle.concat([t.reshape([-1]) for t in tensors]), output=out)
@@ -232,12 +233,13 @@ def unflatten_from(flat, tensors: Sequence) -> None:
         offset += numel
 
 
+def unpack_all(unpack: list) -> None:
+    """:func:`unflatten_from` each ``(received buffer, params)`` of ``unpack``."""
+    for buffer, params in unpack:
+        unflatten_from(buffer, params)
+
+
 # ------------------------------------- FusedCommBuffer internals, read here only
-def comm_group(buffer) -> Any:
-    """The group a ``FusedCommBuffer``'s collective runs on."""
-    return buffer._comm_group
-
-
 def has_local_slice(buffer, name: str) -> bool:
     """Whether this rank's shard of the buffer holds part of parameter ``name``."""
     return buffer._sharding_param_grad_view[name].has_effective_slice_param
@@ -263,19 +265,16 @@ def _restore_local_slice(buffer, name: str, value) -> None:
 @contextlib.contextmanager
 def _recorded(buffer, op: str) -> Iterator[None]:
     """The block's collective on ``buffer``, recorded by the flight recorder as ``op``."""
-    recorder = get_flight_recorder()
     phase = phase_of_thread()
-    group = comm_group(buffer)
+    group = buffer._comm_group
     tensor = buffer.grad_storage if op == OP_REDUCE_SCATTER else buffer.param_storage
-    entry = (recorder.start(op, group, None, tensor, phase)
-             if group.nranks > 1 and tensor is not None else None)
+    entry = _start_entry(op, group, tensor, phase)
     try:
         yield
     except Exception as exc:
-        recorder.dump(f"{op} on group {list(group.ranks)} (phase {phase!r}) raised "
-                      f"{type(exc).__name__}: {exc}", request_peers=True, error=exc)
+        _dump_raised(get_flight_recorder(), _describe(op, group, phase), exc)
         raise
-    recorder.finish((entry,))
+    get_flight_recorder().finish((entry,))
 
 
 def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
@@ -284,7 +283,7 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
         for buffer in buffers:
             with _recorded(buffer, OP_REDUCE_SCATTER):
                 # a one-rank group holds the result already: no collective
-                if not launched_by_hook and comm_group(buffer).nranks > 1:
+                if not launched_by_hook and buffer._comm_group.nranks > 1:
                     buffer._comm_grads()
                 buffer.scale_grads()
 
@@ -299,18 +298,15 @@ def all_gather_slices(buffers: Sequence) -> None:
 
 def launch_all_gather(buffer) -> PendingCollective:
     """Launch one 1-D buffer's all-gather (develop's ``sync_params(sync=False)``)."""
-    group = comm_group(buffer)
-    recorder = get_flight_recorder()
+    group = buffer._comm_group
     with comm_phase(PHASE_ALL_GATHER):
         phase = phase_of_thread()
-        entry = None
-        if group.nranks > 1 and buffer.param_storage is not None:
-            entry = recorder.start(OP_ALL_GATHER, group, None, buffer.param_storage, phase)
+        entry = _start_entry(OP_ALL_GATHER, group, buffer.param_storage, phase)
         buffer.sync_param_task = None
         buffer.sync_params(sync=False, param2task={})
         task, buffer.sync_param_task = buffer.sync_param_task, None
     return PendingCollective([task] if task is not None else [], [entry],
-                             f"all_gather on group {list(group.ranks)} (phase {phase!r})")
+                             _describe(OP_ALL_GATHER, group, phase))
 
 
 # ---------------------------------------------------------------- buffers
@@ -319,11 +315,9 @@ class MuonBucket:
     """The Muon parameters of one (colour group, owner, dtype) and their reduce buffers.
 
     Attributes:
-        colour: colour key (None for the default sharding group).
-        group: the colour's communication group.
+        colour: colour key (None for the default sharding group); group: its Group.
         owner: global rank that owns and updates these parameters.
-        dtype: parameter dtype.
-        params: parameters, in model order.
+        dtype: parameter dtype; params: parameters, in model order.
         hierarchical: routed through the node / same-card groups.
         buffers: fused gradient buffers (empty: per-parameter reduces).
     """
@@ -368,9 +362,31 @@ def create_slice_param(param) -> EagerParamBase:
     return slice_param
 
 
-def has_staged_api(optimizer) -> bool:
-    """Whether ``optimizer`` has Muon's staged update API (clip / prepare / update apart)."""
-    return all(callable(getattr(optimizer, n, None)) for n in STAGED_API)
+def missing_staged_api(optimizer) -> list:
+    """The names of Muon's staged update API (:data:`STAGED_API`) ``optimizer`` lacks."""
+    return [n for n in STAGED_API if not callable(getattr(optimizer, n, None))]
+
+
+# ---------------------------------------------------------- staged update
+def prepare_by_id(inner_opt, params_grads: list) -> tuple:
+    """Muon's ``prepare_optimize``: its (muon, adamw) pairs, each keyed by ``id(param)``."""
+    return tuple(OrderedDict((id(p), (p, g)) for p, g in pairs)
+                 for pairs in inner_opt.prepare_optimize(params_grads))
+
+
+def take_stage(muon_by_id: dict, adamw_by_id: dict, params: list) -> tuple[list, list]:
+    """Pop the prepared (muon, adamw) pairs of ``params``, in their order."""
+    return ([muon_by_id.pop(id(p)) for p in params if id(p) in muon_by_id],
+            [adamw_by_id.pop(id(p)) for p in params if id(p) in adamw_by_id])
+
+
+def check_no_leftover(muon_by_id: dict, adamw_by_id: dict) -> None:
+    """Refuse prepared pairs no sync stage took (AssertionError)."""
+    leftover = [p.name for p, _ in list(muon_by_id.values()) + list(adamw_by_id.values())]
+    if leftover:
+        raise AssertionError(
+            f"overlap_optimize_and_sync: parameters {leftover} have gradients but belong "
+            "to no sync stage; the stages were built for another parameter set.")
 
 
 @dataclass
@@ -432,50 +448,57 @@ class ShardingRuntime:
     fused_state_buffers: dict = field(default_factory=dict)     # dtype -> fused states
 
     # ------------------------------------------------------------ building
-    def build_muon_buckets(self, acc_steps_of: Callable[[Any], int]) -> None:
+    def acc_steps_of(self, colour) -> int:
+        """``acc_steps`` of a colour's buffers: without hooks they never count check-ins
+        (grads accumulate in place; reduce_gradients runs once per optimizer step)."""
+        hooked = is_hooked(self.settings.comm_overlap, colour)
+        return self.settings.accumulate_steps if hooked else 1
+
+    def build_muon_buckets(self) -> None:
         """One :class:`MuonBucket` (and its fused reduce buffers) per layout bucket."""
-        self.muon_buckets[:] = [self.muon_bucket(spec, acc_steps_of)
-                                for spec in self.layout.muon_buckets]
-
-    def muon_bucket(self, spec, acc_steps_of: Callable[[Any], int]) -> MuonBucket:
-        params = [self.param_by_name[n] for n in spec.params]
-        hierarchical = spec.route == ROUTE_HIERARCHICAL
-        bucket = MuonBucket(spec.colour, self.colour_groups[spec.colour], spec.owner,
-                            params[0].dtype, params, hierarchical)
-        # A hierarchical buffer's own reduce (the overlap hooks') is its first
-        # hop: inside the node, onto the rank with the owner's card.
-        if hierarchical:
-            group, dst = self.plan_groups.node_group, self.plan.intra_node_root(spec.owner,
-                                                                                 self.rank)
-        else:
+        buckets = []
+        for spec in self.layout.muon_buckets:
+            params = [self.param_by_name[n] for n in spec.params]
+            bucket = MuonBucket(spec.colour, self.colour_groups[spec.colour], spec.owner,
+                                params[0].dtype, params, spec.route == ROUTE_HIERARCHICAL)
+            # A hierarchical buffer's own reduce (the overlap hooks') is its first
+            # hop: inside the node, onto the rank with the owner's card.
             group, dst = bucket.group, spec.owner
-        bucket.buffers = [
-            tensor_fusion_helper.FusedCommBuffer(
-                f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
-                [self.param_by_name[n] for n in chunk], group,
-                acc_steps=acc_steps_of(spec.colour),
-                act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst, release_grads=False,
-                **fused_buffer_scaling(self.use_avg))
-            for i, chunk in enumerate(spec.chunks)
-        ]
-        return bucket
+            if bucket.hierarchical:
+                group = self.plan_groups.node_group
+                dst = self.plan.intra_node_root(spec.owner, self.rank)
+            bucket.buffers = [
+                tensor_fusion_helper.FusedCommBuffer(
+                    f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
+                    [self.param_by_name[n] for n in chunk], group,
+                    acc_steps=self.acc_steps_of(spec.colour),
+                    act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst, release_grads=False,
+                    **fused_buffer_scaling(self.use_avg))
+                for i, chunk in enumerate(spec.chunks)
+            ]
+            buckets.append(bucket)
+        self.muon_buckets[:] = buckets
 
-    def add_slice_buffer(self, spec, acc_steps_of: Callable[[Any], int]) -> None:
-        """Append the element-wise buffer of one layout slice buffer and its slice params."""
-        chunk = [self.param_by_name[n] for n in spec.params]
-        buffer = tensor_fusion_helper.FusedCommBuffer(
-            f"slice_{spec.colour}_{spec.dtype}_{len(self.rs_buffers)}", chunk,
-            self.colour_groups[spec.colour], acc_steps=acc_steps_of(spec.colour),
-            act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-            release_grads=self.settings.release_grads, **fused_buffer_scaling(self.use_avg))
-        # FusedCommBuffer leaves a weakref for Paddle's own sharding optimizer
-        # to collect; this optimizer keeps its buffers.
-        if hasattr(chunk[0], "comm_buffer_ref"):
-            del chunk[0].comm_buffer_ref
-        self.rs_buffers.append(buffer)
-        self.rs_colour[id(buffer)] = spec.colour
-        for p in chunk:
-            self.slice_params[p.name] = create_slice_param(p)
+    def build_slice_buffers(self) -> None:
+        """The element-wise buffer of each layout slice buffer, and their slice params."""
+        self.rs_buffers.clear()
+        self.rs_colour.clear()
+        self.slice_params.clear()
+        for spec in self.layout.slice_buffers:
+            chunk = [self.param_by_name[n] for n in spec.params]
+            buffer = tensor_fusion_helper.FusedCommBuffer(
+                f"slice_{spec.colour}_{spec.dtype}_{len(self.rs_buffers)}", chunk,
+                self.colour_groups[spec.colour], acc_steps=self.acc_steps_of(spec.colour),
+                act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
+                release_grads=self.settings.release_grads, **fused_buffer_scaling(self.use_avg))
+            # FusedCommBuffer leaves a weakref for Paddle's own sharding optimizer
+            # to collect; this optimizer keeps its buffers.
+            if hasattr(chunk[0], "comm_buffer_ref"):
+                del chunk[0].comm_buffer_ref
+            self.rs_buffers.append(buffer)
+            self.rs_colour[id(buffer)] = spec.colour
+            for p in chunk:
+                self.slice_params[p.name] = create_slice_param(p)
 
     def register_hooks(self) -> None:
         """Backward hooks that launch each hooked buffer's first hop once its grads are in."""
@@ -483,12 +506,21 @@ class ShardingRuntime:
             for param in buffer.params:
                 param._register_backward_hook(_backward_hook(buffer, param, label))
 
-    # ------------------------------------------------------------- queries
-    @property
-    def group_of_ranks(self) -> dict:
-        """Global ranks -> the colour Group with them."""
-        return {tuple(g.ranks): g for g in self.colour_groups.values()}
+    def plan_phases(self) -> None:
+        """Fix :attr:`reduce_plan` and :attr:`step_plan`: the layout's phases of each call,
+        less the local kinds this build never needs (decided here, once)."""
+        idle = set()
+        if not self.separate_clip:
+            idle.add(OP_CLIP)  # the inner optimizer clips inside its update
+        if not self.settings.enable_fuse_optimizer_states:
+            idle.add(OP_FUSE_STATES)
+        if not self.settings.release_grads:
+            idle.add(OP_COPY_GRADS_IN)
+        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(TRIGGER_REDUCE)
+                                 if ph.op not in idle)
+        self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
 
+    # ------------------------------------------------------------- queries
     def all_buffers(self) -> list:
         """Every fused buffer: the Muon buckets', then the element-wise ones."""
         return self.fused_2d_buffers() + list(self.rs_buffers)
@@ -525,12 +557,22 @@ class ShardingRuntime:
             return self.plan_groups.node_group
         if phase.route == ROUTE_CROSS_NODE:
             return self.plan_groups.same_card_group
-        return self.group_of_ranks[tuple(phase.group)]
+        return {tuple(g.ranks): g for g in self.colour_groups.values()}[tuple(phase.group)]
+
+    def step_phases(self, ops: tuple | None = None) -> tuple:
+        """The layout's phases ``step`` runs (only those of kind ``ops`` when given)."""
+        return tuple(ph for ph in self.layout.step_plan()
+                     if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
+                     and (ops is None or ph.op in ops))
 
     @property
     def base_opt(self):
         """The innermost optimizer (the Muon that owns the state)."""
         return optimizer_chain(self.inner)[-1]
+
+    @property
+    def reduce_op(self):
+        return dist.ReduceOp.AVG if self.use_avg else dist.ReduceOp.SUM
 
     # ---------------------------------------------------------------- loop
     def run(self, phases: Sequence, staged: bool = False, call: _Call | None = None) -> _Call:
@@ -556,34 +598,10 @@ class ShardingRuntime:
                 getattr(self, "_" + phase.op)(phase, call, last)
         return call
 
-    @property
-    def reduce_op(self):
-        return dist.ReduceOp.AVG if self.use_avg else dist.ReduceOp.SUM
-
-    def plan_phases(self) -> None:
-        """Fix :attr:`reduce_plan` and :attr:`step_plan`: the layout's phases of each call,
-        less the local kinds this build never needs (decided here, once)."""
-        idle = set()
-        if not self.separate_clip:
-            idle.add(OP_CLIP)  # the inner optimizer clips inside its update
-        if not self.settings.enable_fuse_optimizer_states:
-            idle.add(OP_FUSE_STATES)
-        if not self.settings.release_grads:
-            idle.add(OP_COPY_GRADS_IN)
-        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(TRIGGER_REDUCE)
-                                 if ph.op not in idle)
-        self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
-
-    def step_phases(self, ops: tuple | None = None) -> tuple:
-        """The layout's phases ``step`` runs (only those of kind ``ops`` when given)."""
-        return tuple(ph for ph in self.layout.step_plan()
-                     if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
-                     and (ops is None or ph.op in ops))
-
     @contextlib.contextmanager
-    def timed(self, name: str) -> Iterator[None]:
+    def timed(self, name: str | None) -> Iterator[None]:
         """develop's timer ``name`` around the block (when timers are on)."""
-        if self.timers is None:
+        if self.timers is None or name is None:
             yield
             return
         self.timers(name).start()
@@ -593,12 +611,10 @@ class ShardingRuntime:
             self.timers(name).stop()
 
     def _timed_phase(self, phase, call: _Call):
-        if self.timers is None:
-            return contextlib.nullcontext()
+        # a sync phase is timed as apply-optimize while launched inside the staged update
         if phase.op in _SYNC_OPS:
             return self.timed("apply-optimize" if call.launching else "sync-parameters")
-        name = _TIMER_OF.get(phase.op)
-        return self.timed(name) if name else contextlib.nullcontext()
+        return self.timed(_TIMER_OF.get(phase.op))
 
     # ----------------------------------------------------------- executors
     def _copy_grads_in(self, phase, call: _Call, last: bool) -> None:
@@ -667,18 +683,13 @@ class ShardingRuntime:
                                            params_grads=call.params_grads)
 
     def _prepare(self, phase, call: _Call, last: bool) -> None:
-        muon, adamw = self.inner.prepare_optimize(call.params_grads)
-        call.muon_by_id = OrderedDict((id(p), (p, g)) for p, g in muon)
-        call.adamw_by_id = OrderedDict((id(p), (p, g)) for p, g in adamw)
+        call.muon_by_id, call.adamw_by_id = prepare_by_id(self.inner, call.params_grads)
 
     def _stage_update(self, phase, call: _Call, last: bool) -> None:
         # develop's overlap_optimize_and_sync: update stage k, its sync follows
-        stage_muon, stage_adamw = [], []
-        for p in self.sync_stages[phase.items[0][0][1]]["local_params"]:
-            if id(p) in call.muon_by_id:
-                stage_muon.append(call.muon_by_id.pop(id(p)))
-            elif id(p) in call.adamw_by_id:
-                stage_adamw.append(call.adamw_by_id.pop(id(p)))
+        stage_muon, stage_adamw = take_stage(
+            call.muon_by_id, call.adamw_by_id,
+            self.sync_stages[phase.items[0][0][1]]["local_params"])
         if stage_muon or stage_adamw:
             with comm_phase(phase.label):
                 self.inner.update_params(stage_muon, stage_adamw)
@@ -693,7 +704,7 @@ class ShardingRuntime:
             unpack, call.unpack = call.unpack, []
             # waited after the stage's collectives: the received values land then
             call.pending.append(PendingCollective([], [], "copy back",
-                                                  lambda: _unpack_all(unpack)))
+                                                  lambda: unpack_all(unpack)))
 
     _all_gather = _broadcast
 
@@ -701,37 +712,27 @@ class ShardingRuntime:
         for task in call.pending:
             task.wait()
         call.pending = []
-        _unpack_all(call.unpack)
+        unpack_all(call.unpack)
         call.unpack = []
-        leftover = [p.name for p, _ in list(call.muon_by_id.values())
-                    + list(call.adamw_by_id.values())]
-        if call.launching and leftover:
-            raise AssertionError(
-                f"overlap_optimize_and_sync: parameters {leftover} have gradients but "
-                "belong to no sync stage; the stages were built for another parameter set.")
-
-    def _fuse_states(self, phase, call: _Call, last: bool) -> None:
-        self.fuse_optimizer_states()
+        if call.launching:
+            check_no_leftover(call.muon_by_id, call.adamw_by_id)
 
     # ---------------------------------------------------------------- sync
-    def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool,
-                       group=None) -> list:
+    def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool) -> list:
         """Issue one sync phase; with ``launch`` leave it in flight (returned to wait on).
 
-        Refs already in ``cache`` (a hand-built phase's buffers) are used as
-        they are; ``group`` overrides the phase's group.
+        ``cache`` holds the phases' broadcast buffers by ref (one per ref across
+        the hops); ``unpack`` collects what to copy back once received.
         """
         if phase.op == OP_ALL_GATHER:
-            buffers = [cache[ref] if ref in cache else self.rs_buffers[ref[1]]
-                       for ref, _ in phase.items]
+            buffers = [self.rs_buffers[ref[1]] for ref, _ in phase.items]
             if launch:
                 return [launch_all_gather(b) for b in buffers]
             all_gather_slices(buffers)
             return []
         routes = [(self.sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
-        group = self.phase_group(phase) if group is None else group
         with comm_phase(phase.label):
-            pending = launch_coalesced(OP_BROADCAST, routes, group)
+            pending = launch_coalesced(OP_BROADCAST, routes, self.phase_group(phase))
             if not launch:
                 pending.wait()
                 return []
@@ -755,7 +756,7 @@ class ShardingRuntime:
         cache[ref] = buffer
         return buffer
 
-    # ------------------------------------------------ gradients and storage
+    # ----------------------------------------- gradients, storage and states
     def assign_slice_grads(self) -> None:
         """Point each slice parameter's gradient at its part of the reduced 1-D buffer."""
         for buffer in self.rs_buffers:
@@ -795,15 +796,20 @@ class ShardingRuntime:
                         p.clear_gradient(False)
                     buffer._clear_grad_storage()
 
+    def _storage_of(self, color) -> tuple[list, list]:
+        """Colour ``color``'s element-wise buffers, and its matrices other ranks own."""
+        return ([b for b in self.rs_buffers if self.rs_colour[id(b)] == color],
+                [p for bucket in self.muon_buckets
+                 if bucket.colour == color and bucket.owner != self.rank for p in bucket.params])
+
     def clear_param_storage(self, color) -> None:
         """Free colour ``color``'s element-wise storage (this rank's slices kept aside)
         and the matrices of it this rank does not own, until the next step."""
         if color in self.cleared_colours:
             return
         saved = {}
-        for buffer in self.rs_buffers:
-            if self.rs_colour[id(buffer)] != color:
-                continue
+        buffers, matrices = self._storage_of(color)
+        for buffer in buffers:
             for p in buffer.params:
                 kept = _save_local_slice(buffer, p.name)
                 if kept is not None:
@@ -811,29 +817,24 @@ class ShardingRuntime:
                 if self.slice_params[p.name]._is_initialized():
                     self.slice_params[p.name]._clear_dataptr()
             buffer._clear_param_storage()
-        for bucket in self.muon_buckets:
-            if bucket.colour == color and bucket.owner != self.rank:
-                for p in bucket.params:
-                    p._clear_to_zero_allocation()
+        for p in matrices:
+            p._clear_to_zero_allocation()
         self.cleared_colours[color] = saved
 
     def reset_param_storage(self) -> None:
         """Give every freed colour its storage back (slices restored; the sync refills the rest)."""
         for color, saved in self.cleared_colours.items():
-            for buffer in self.rs_buffers:
-                if self.rs_colour[id(buffer)] != color:
-                    continue
+            buffers, matrices = self._storage_of(color)
+            for buffer in buffers:
                 buffer._reset_param_storage()
                 for p in buffer.params:
                     if p.name in saved:
                         _restore_local_slice(buffer, p.name, saved[p.name])
-            for bucket in self.muon_buckets:
-                if bucket.colour == color and bucket.owner != self.rank:
-                    for p in bucket.params:
-                        paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
+            for p in matrices:
+                paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
         self.cleared_colours.clear()
 
-    def fuse_optimizer_states(self) -> None:
+    def _fuse_states(self, phase, call: _Call, last: bool) -> None:
         """Move this rank's optimizer states (and master weights) into one buffer per dtype."""
         base = self.base_opt
         states = [t for per_param in base._accumulators.values() for t in per_param.values()
@@ -864,11 +865,6 @@ def optimizer_chain(optimizer) -> list:
         chain.append(optimizer)
         optimizer = optimizer.__dict__.get("_inner_opt")
     return chain
-
-
-def _unpack_all(unpack: list) -> None:
-    for buffer, params in unpack:
-        unflatten_from(buffer, params)
 
 
 def _backward_hook(buffer, param, label: str):

@@ -11,12 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages.
-
-Each function takes the layout and derives the same sequence on every rank
-from replicated metadata; the route, trigger, phase and op names live here.
-Results are cached in the layout's ``__dict__`` (not dataclass fields, so
-equality and ``to_dict`` ignore them).
+"""The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages,
+derived alike on every rank from replicated metadata (cached in the layout's ``__dict__``,
+which equality and ``to_dict`` ignore); the route, trigger, phase and op names live here.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from .settings import DEVELOP_DEFAULT_BUFFER_MB
-from .settings import itemsize
+from .settings import DEVELOP_DEFAULT_BUFFER_MB, itemsize
 
 
 # -------------------------------------------------------- step-plan names
@@ -95,23 +91,6 @@ OP_FUSE_STATES = "fuse_states"
 #: this module, so it is not imported back).
 ShardingLayout = Any
 
-__all__ = [
-    "build_sync_stages",
-    "key_numels",
-    "stage_element_limit",
-    "stage_runs",
-    "SyncStageSpec",
-    "StepPhase",
-    "CommOp",
-    "flat_reduce_phase",
-    "flat_broadcast_phase",
-    "build_step_plan",
-    "phase_ops",
-    "make_phase",
-    "sync_stages",
-    "CLIP_NORM_DTYPE",
-]
-
 #: What the global-norm clip all-reduces: one float32 squared norm per call.
 CLIP_NORM_DTYPE = "float32"
 
@@ -136,12 +115,9 @@ def _numel(param) -> int:
 
 
 def stage_runs(key_numels: Sequence[int], limit: int) -> list:
-    """How adjacent Muon groups form stages: the number of keys in each run.
+    """How adjacent Muon groups form stages (the one home of the rule): keys per run.
 
-    A run closes once its elements reach ``limit``; the last run holds the
-    rest. The one place the rule lives: :func:`build_sync_stages` splits by
-    it, and the layout's cache keys stages on it (buffer sizes giving the
-    same runs give the same stages).
+    A run closes once its elements reach ``limit``; the last run holds the rest.
 
     Args:
         key_numels: elements of each key, in stage order.
@@ -193,10 +169,9 @@ def build_sync_stages(
         limit: elements after which adjacent keys close a stage.
 
     Returns:
-        list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size',
-        'rank2params', 'keys', 'local_params'}`` stages, then ``{'kind': '1d',
-        'buffer', 'local_params'}`` stages. A key spanning colours is
-        updated once, in the first stage that lists it.
+        list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size', 'rank2params', 'keys',
+        'local_params'}`` stages, then ``{'kind': '1d', 'buffer', 'local_params'}`` ones.
+        A key spanning colours is updated once, in the first stage that lists it.
     """
     stages: list = []
     local_by_key: dict = OrderedDict()
@@ -211,13 +186,11 @@ def build_sync_stages(
             by_key.setdefault(group_key(p), []).append(p)
         for key, members in by_key.items():
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
-        keys_in_order = list(by_key)
-        runs, start = [], 0
+        keys_in_order, start = list(by_key), 0
         # key_numels' per-key sums, from the groups at hand (group_key once per matrix)
         for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
-            runs.append(keys_in_order[start:start + n])
+            keys = keys_in_order[start:start + n]
             start += n
-        for keys in runs:
             wanted = {id(p) for k in keys for p in by_key[k]}
             owned = OrderedDict(
                 (r, [p for p in ps if id(p) in wanted]) for r, ps in rank2params.items()
@@ -275,27 +248,17 @@ class StepPhase:
     """One phase of the step plan: a collective pattern on one group, or a local step.
 
     Attributes:
-        trigger: when it runs: ``"backward"`` (a buffer's hook),
-            ``"reduce_gradients"``, ``"step"``, or ``"sync[k]"`` (the sync
-            of update stage k, overlapped update; run by ``step``).
+        trigger: ``"backward"`` (a buffer's hook), ``"reduce_gradients"``, ``"step"``,
+            or ``"sync[k]"`` (the sync of update stage k; run by ``step``).
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: what it does (``muon_sharding_types.OP_*``): a collective
-            (``reduce_scatter`` / ``reduce`` / ``broadcast`` / ``all_gather`` /
-            ``all_reduce``, the clip's) or a local kind (``wait_hooked``,
-            ``found_inf``, ``update``, ``stage_update``, ``fuse_states``, ...);
-            the executors dispatch on it.
-        route: ``flat`` (the colour group), ``intra_node`` / ``cross_node``
-            (the hierarchical groups), ``slices`` (each element-wise
-            buffer's own group), ``clip_groups`` (each clip group) or
-            ``local`` (no collective).
+        op: what it does (an ``OP_*`` here); the executors dispatch on it.
+        route: a ``ROUTE_*`` here: which group(s) its collectives run on.
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
-        items: ``(buffer ref, root global rank)``; refs are ``("muon", i)``
-            (``muon_buckets[i]``: its gradient parts or broadcast buffer),
-            ``("slice", i)`` (``slice_buffers[i]``), ``("stage", k, j)``
-            (owner buffer j of sync stage k), ``("stage", k)`` (the update of
-            stage k), ``("clip", i)`` (``clip_groups[i]``).
-        ops: the collectives this rank issues for the phase, derived from
-            ``items`` by :func:`phase_ops` (empty for a local phase).
+        items: ``(buffer ref, root global rank)``; refs ``("muon", i)``
+            (``muon_buckets[i]``), ``("slice", i)`` (``slice_buffers[i]``),
+            ``("stage", k, j)`` (owner buffer j of sync stage k), ``("stage", k)``
+            (the update of stage k), ``("clip", i)`` (``clip_groups[i]``).
+        ops: this rank's collectives of the phase, by :func:`phase_ops`.
     """
 
     trigger: str
@@ -340,12 +303,8 @@ def reduce_ops(template: CommOp, parts) -> list:
 
 
 def sync_stages(layout: ShardingLayout) -> tuple:
-    """The stages of the overlapped update, identical on every rank but ``local_params``.
-
-    Returns:
-        tuple[SyncStageSpec]: 2d stages per colour, then one 1d stage per
-        element-wise buffer (develop's ``_build_sync_stages``).
-    """
+    """The stages of the overlapped update (:class:`SyncStageSpec` s, develop's
+    ``_build_sync_stages``), identical on every rank but ``local_params``."""
     cached = layout.__dict__.get("_sync_stage_cache")
     if cached is None:
         cached = layout.__dict__["_sync_stage_cache"] = layout.placement.sync_stages(layout)
@@ -358,12 +317,9 @@ def stage_group_key(m) -> Hashable:
 
 
 def stage_inputs(layout: ShardingLayout) -> tuple:
-    """``(params by colour, rank2params, group info)`` of :func:`build_sync_stages`.
-
-    Muon metas of each colour sorted stably by owner index (each owner's in
-    model order); ``rank2params`` holds owners only, in group order (a rank
-    owning nothing has no stage entry).
-    """
+    """``(params by colour, rank2params, group info)`` of :func:`build_sync_stages`: Muon
+    metas of each colour sorted stably by owner index; ``rank2params`` holds owners only,
+    in group order (a rank owning nothing has no stage entry)."""
     by_colour: dict = OrderedDict()
     owners = layout.owners
     for meta in layout.params.values():
@@ -377,7 +333,7 @@ def stage_inputs(layout: ShardingLayout) -> tuple:
         for m in metas:
             by_rank.setdefault(index[owners[m.name]], []).append(m)
         rank2params[colour] = OrderedDict(sorted(by_rank.items()))
-        sorted_by_colour[colour] = [m for _, ms in sorted(by_rank.items()) for m in ms]
+        sorted_by_colour[colour] = [m for ms in rank2params[colour].values() for m in ms]
         info[colour] = {"group": ranks, "world_size": len(ranks),
                         "rank": index[layout.rank] if len(ranks) > 1 else -1}
     return sorted_by_colour, rank2params, info
@@ -402,19 +358,14 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
     stages = []
     for stage in raw:
         if stage["kind"] == "1d":
-            index = layout.slice_buffers.index(stage["buffer"])
             buf = stage["buffer"]
+            index = layout.slice_buffers.index(buf)
             stages.append(SyncStageSpec("1d", buf.colour, buf.group, buffer_index=index,
                                         local_params=tuple(stage["local_params"])))
             continue
         group = stage["group"]
         owners = []
         for idx, metas in stage["rank2params"].items():
-            dtypes = {m.dtype for m in metas}
-            if len(dtypes) == 1:  # the common case: one buffer, the owner's metas in order
-                owners.append((group[idx], dtypes.pop(), tuple([m.name for m in metas]),
-                               sum([m.numel for m in metas])))
-                continue
             by_dtype: dict = OrderedDict()
             for m in metas:
                 by_dtype.setdefault(m.dtype, []).append(m)
@@ -429,16 +380,12 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
 
 def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
               group: tuple, items: tuple) -> tuple:
-    """The collectives this rank issues for a phase: derived from its items only.
-
-    The one place a phase's items become :class:`CommOp` s, so what
-    :meth:`ShardingLayout.schedule` (and every tool) reads is what the
-    executors run: each executor walks the same ``items``.
+    """The collectives this rank issues for a phase, derived from its items only (the
+    one place they are), so :meth:`ShardingLayout.schedule` lists what executors run.
 
     Args:
         layout: the rank's layout.
-        trigger, label, op, group: the phase's (see :class:`StepPhase`).
-        items: ``(ref, root)`` pairs (see :class:`StepPhase`).
+        trigger, label, op, group, items: the phase's (see :class:`StepPhase`).
 
     Returns:
         tuple[CommOp]: empty for a phase that issues no collective.
@@ -465,8 +412,9 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
                               coalesced, numel * itemsize(dtype)))
         elif op == OP_REDUCE:
             b = layout.muon_buckets[ref[1]]
-            ops.extend(layout.placement.reduce_ops(CommOp(op_trigger, label, op, group, root, b.dtype, 0,
-                                          b.colour, coalesced, 0), b.reduce_parts()))
+            template = CommOp(op_trigger, label, op, group, root, b.dtype, 0, b.colour,
+                              coalesced, 0)
+            ops.extend(layout.placement.reduce_ops(template, b.reduce_parts()))
         else:
             b = layout.muon_buckets[ref[1]]
             ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
@@ -488,15 +436,25 @@ def local_phase(layout: ShardingLayout, trigger: str, op: str, label: str | None
     return make_phase(layout, trigger, label or op, op, ROUTE_LOCAL, (), items)
 
 
-def staged_sync_phases(layout: ShardingLayout) -> list:
-    """Stage k's update, then stage k's sync phases, for every stage.
+def hier_broadcast_phases(layout: ShardingLayout, trigger: str, entries: list) -> list:
+    """The hierarchical sync of ``(ref, owner)`` entries: cross-node, then intra-node."""
+    plan, rank = layout.plan, layout.rank
+    node, same_card = hier_groups(layout)
+    return [
+        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
+                   same_card, tuple((ref, owner) for ref, owner in entries
+                                    if plan.in_cross_node_step(owner, rank))),
+        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
+                   node, tuple((ref, plan.intra_node_root(owner, rank))
+                               for ref, owner in entries)),
+    ]
 
-    Items of a 2-D stage's sync are ``("stage", k, j)`` (its j-th owner buffer);
-    the update of stage k has the item ``("stage", k)``.
-    """
+
+def staged_sync_phases(layout: ShardingLayout) -> list:
+    """Stage k's update (item ``("stage", k)``), then stage k's sync phases (items
+    ``("stage", k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
     labels: dict = {}
-    plan, rank = layout.plan, layout.rank
     for k, stage in enumerate(sync_stages(layout)):
         phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
                                   f"{PHASE_UPDATE}[{k}]", ((("stage", k), None),)))
@@ -507,23 +465,14 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
                                      ROUTE_SLICES, buf.group,
                                      ((("slice", stage.buffer_index), None),)))
             continue
-        entries = list(enumerate(stage.owners))
-        if plan is not None and stage.colour is None:
-            node, same_card = hier_groups(layout)
-            cross = [(j, o) for j, o in entries if plan.in_cross_node_step(o[0], rank)]
-            phases.append(make_phase(
-                layout, trigger, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
-                same_card, tuple((("stage", k, j), o[0]) for j, o in cross)))
-            phases.append(make_phase(
-                layout, trigger, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
-                node, tuple((("stage", k, j), plan.intra_node_root(o[0], rank))
-                            for j, o in entries)))
+        entries = [(("stage", k, j), o[0]) for j, o in enumerate(stage.owners)]
+        if layout.plan is not None and stage.colour is None:
+            phases.extend(hier_broadcast_phases(layout, trigger, entries))
         else:
-            if stage.group not in labels:  # one label per group, not per stage
-                labels[stage.group] = flat_broadcast_phase(stage.group)
-            phases.append(make_phase(
-                layout, trigger, labels[stage.group], OP_BROADCAST, ROUTE_FLAT,
-                stage.group, tuple((("stage", k, j), o[0]) for j, o in entries)))
+            # one label per group, not per stage
+            label = labels.setdefault(stage.group, flat_broadcast_phase(stage.group))
+            phases.append(make_phase(layout, trigger, label, OP_BROADCAST, ROUTE_FLAT,
+                                     stage.group, entries))
     return phases
 
 
@@ -534,69 +483,63 @@ def hier_groups(layout: ShardingLayout) -> tuple:
     return node, same_card
 
 
-def flat_groups(buckets) -> list:
-    order: dict = OrderedDict()
-    for b in buckets:
-        order.setdefault(b.group, []).append(b)
-    return list(order.items())
+def flat_phases(layout: ShardingLayout, trigger: str, op: str, label: Callable,
+                buckets: list) -> list:
+    """One flat ``op`` phase per group of the ``(index, bucket)`` pairs, groups as seen."""
+    by_group: dict = OrderedDict()
+    for i, b in buckets:
+        by_group.setdefault(b.group, []).append((("muon", i), b.owner))
+    return [make_phase(layout, trigger, label(group), op, ROUTE_FLAT, group, items)
+            for group, items in by_group.items()]
 
 
 def build_step_plan(layout: ShardingLayout) -> list:
     """The step as data: every phase of a step, in the order the optimizer runs them.
 
-    Every rank derives the same sequence from replicated metadata (its own
-    roots and routes differ). The backward hooks launch the ``backward``
-    phases; ``reduce_gradients`` runs the ``reduce_gradients`` phases and
-    ``step`` the ``step`` and ``sync[k]`` ones, each ``for phase in plan:
-    run(phase)`` (``muon_sharding_executor``); :meth:`schedule` lists the
-    collectives of the same phases (:func:`phase_ops`).
+    The backward hooks launch the ``backward`` phases; ``reduce_gradients``
+    runs the ``reduce_gradients`` ones and ``step`` the ``step`` and
+    ``sync[k]`` ones; :meth:`ShardingLayout.schedule` lists their collectives.
 
     Returns:
-        list[StepPhase]: backward-hook phases (model order of their
-        buffers; the real order follows the backward pass); then
-        ``reduce_gradients``: copy released gradients in, wait for the
-        hooks, reduce-scatter and reduce what they did not launch; then
-        ``step``: storage reset, gradient collection, found_inf, the clip,
-        the update (stage by stage with its syncs when staged), fused
-        states and the parameter sync.
+        list[StepPhase]: backward-hook phases (model order of their buffers);
+        ``reduce_gradients``: copy released gradients in, wait for the hooks,
+        reduce-scatter and reduce what they did not launch; ``step``: storage
+        reset, gradient collection, found_inf, the clip, the update (stage by
+        stage with its syncs when staged), fused states and the parameter sync.
     """
     cached = layout.__dict__.get("_step_plan_cache")
     if cached is not None:
         return list(cached)
     rank, plan = layout.rank, layout.plan
-    phases: list = []
-    index = {id(b): i for i, b in enumerate(layout.muon_buckets)}
-    hier = [b for b in layout.muon_buckets if b.route == ROUTE_HIERARCHICAL]
-    flat = [b for b in layout.muon_buckets if b.route == ROUTE_FLAT]
+    muon = list(enumerate(layout.muon_buckets))
+    hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
+    flat = [(i, b) for i, b in muon if b.route == ROUTE_FLAT]
     node = same_card = None
     if hier:
         node, same_card = hier_groups(layout)
+    phases: list = []
 
     # backward: hooks launch each hooked buffer's first hop, one phase per buffer
     hooked_rs = [i for i, s in enumerate(layout.slice_buffers)
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
-        buf = layout.slice_buffers[i]
         phases.append(make_phase(layout, TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER,
-                                 OP_REDUCE_SCATTER, ROUTE_SLICES, buf.group,
-                                 ((("slice", i), None),)))
-    hooked_muon = []
-    for b in layout.muon_buckets:
-        if not b.overlap:
-            continue
-        hooked_muon.append(index[id(b)])
+                                 OP_REDUCE_SCATTER, ROUTE_SLICES,
+                                 layout.slice_buffers[i].group, ((("slice", i), None),)))
+    hooked = set(hooked_rs)
+    hooked_muon = [i for i, b in muon if b.overlap]
+    for i in hooked_muon:
+        b = layout.muon_buckets[i]
         if b.route == ROUTE_HIERARCHICAL:
             label, route, group = PHASE_INTRA_NODE_REDUCE, ROUTE_INTRA_NODE, node
             root = plan.intra_node_root(b.owner, rank)
         else:
-            label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, \
-                b.owner
+            label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
         phases.append(make_phase(layout, TRIGGER_BACKWARD, label, OP_REDUCE, route, group,
-                                 ((("muon", index[id(b)]), root),)))
+                                 ((("muon", i), root),)))
     # reduce_gradients: released gradients back in, the hooks' results waited
     # for, what the hooks did not launch, then the second hop
     phases.append(local_phase(layout, TRIGGER_REDUCE, OP_COPY_GRADS_IN))
-    hooked = set(hooked_rs)
     phases.append(local_phase(
         layout, TRIGGER_REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
         tuple((("muon", i), None) for i in hooked_muon)
@@ -605,59 +548,39 @@ def build_step_plan(layout: ShardingLayout) -> list:
         layout, TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
         tuple((("slice", i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
-    intra = [b for b in hier if not b.overlap]
+    intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
             layout, TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
-            tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
-                  for b in intra)))
-    cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
+            tuple((("muon", i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
             layout, TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
-            same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross)))
-    for group, buckets in flat_groups([b for b in flat if not b.overlap]):
-        phases.append(make_phase(
-            layout, TRIGGER_REDUCE, flat_reduce_phase(group), OP_REDUCE, ROUTE_FLAT, group,
-            tuple((("muon", index[id(b)]), b.owner) for b in buckets)))
+            same_card, tuple((("muon", i), b.owner) for i, b in hier
+                             if plan.in_cross_node_step(b.owner, rank))))
+    phases += flat_phases(layout, TRIGGER_REDUCE, OP_REDUCE, flat_reduce_phase,
+                          [(i, b) for i, b in flat if not b.overlap])
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
-    phases.append(local_phase(layout, TRIGGER_STEP, OP_RESET_STORAGE))
-    phases.append(local_phase(layout, TRIGGER_STEP, OP_COLLECT_GRADS))
-    phases.append(local_phase(layout, TRIGGER_STEP, OP_FOUND_INF))
+    for op in (OP_RESET_STORAGE, OP_COLLECT_GRADS, OP_FOUND_INF):
+        phases.append(local_phase(layout, TRIGGER_STEP, op))
     phases.append(make_phase(layout, TRIGGER_STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
                              tuple((("clip", i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
         phases.append(local_phase(layout, TRIGGER_STEP, OP_PREPARE, PHASE_UPDATE))
-        phases.extend(staged_sync_phases(layout))
+        phases += staged_sync_phases(layout)
         phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
         phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
     else:
         phases.append(local_phase(layout, TRIGGER_STEP, OP_UPDATE, PHASE_UPDATE))
         phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
-        phases.extend(sync_phases(layout, hier, flat, node, same_card, index))
+        # the parameter sync, the reduce's mirror
+        if hier:
+            phases += hier_broadcast_phases(
+                layout, TRIGGER_STEP, [(("muon", i), b.owner) for i, b in hier])
+        phases += flat_phases(layout, TRIGGER_STEP, OP_BROADCAST, flat_broadcast_phase, flat)
+        phases.append(make_phase(
+            layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
+            tuple((("slice", i), None) for i in range(len(layout.slice_buffers)))))
         phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
-
-
-def sync_phases(layout: ShardingLayout, hier, flat, node, same_card, index) -> list:
-    """step: the parameter sync, the reduce's mirror."""
-    rank, plan = layout.rank, layout.plan
-    phases: list = []
-    if hier:
-        cross = [b for b in hier if plan.in_cross_node_step(b.owner, rank)]
-        phases.append(make_phase(
-            layout, TRIGGER_STEP, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
-            same_card, tuple((("muon", index[id(b)]), b.owner) for b in cross)))
-        phases.append(make_phase(
-            layout, TRIGGER_STEP, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
-            node, tuple((("muon", index[id(b)]), plan.intra_node_root(b.owner, rank))
-                        for b in hier)))
-    for group, buckets in flat_groups(flat):
-        phases.append(make_phase(
-            layout, TRIGGER_STEP, flat_broadcast_phase(group), OP_BROADCAST, ROUTE_FLAT, group,
-            tuple((("muon", index[id(b)]), b.owner) for b in buckets)))
-    phases.append(make_phase(
-        layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
-        tuple((("slice", i), None) for i in range(len(layout.slice_buffers)))))
-    return phases
