@@ -13,11 +13,9 @@
 # limitations under the License.
 """Ranks agree at construction: one digest per group, compared before any collective.
 
-Every rank of a group must build the same buffers in the same order, or the
-first reduce-scatter mixes different parameters (silent divergence) or the
-collectives' sizes differ (a backend abort naming nothing). So
-:class:`MuonShardingOptimizer` compares, per group, what must be identical
-among the ranks that share it:
+Every rank of a group must build the same buffers in the same order, or the first
+reduce-scatter mixes different parameters (silent divergence) or the collectives' sizes
+differ (a backend abort naming nothing). Per group, what its ranks must share is compared:
 
 * the sharding group: the sharding options, the inner optimizer's type and
   hyper-parameters (a learning-rate scheduler by its class, parameters and
@@ -29,31 +27,9 @@ among the ranks that share it:
   legitimately, and EP ranks never share an expert's colour group, so they
   are never compared.
 
-A parameter's settings are what the update reads per parameter, evaluated
-rather than compared by identity: ``lr_ratio(param)``,
-``apply_decay_param_fun(param.name)``, its ``optimize_attr`` learning rate,
-``regularizer`` (class and coefficient) and ``need_clip``
-(:func:`param_settings`). Each owner updates with its own copy, so a rank
-that differs would silently train its matrices and slices differently.
-
-Cheap first: one ``all_reduce(MAX)`` of ``[hash, -hash]`` (eight int64 words)
-per group; every member sees ``max == min`` exactly when all hashes are
-equal. Only on a mismatch do the members gather their full digests and raise
-one error naming the first differing field or parameter and the ranks. A
-reduce rather than a gather of hashes: every member learns the verdict from
-the same result, and a log-only collective layer (which moves no data)
-reads as agreement instead of an exchange it cannot do.
-
-Then every rank of the job learns the verdict: one ``all_reduce(MAX)`` over
-the whole job of a flag per rank (``world_size`` int64 words). When any rank
-found a disagreement, the ranks gather their messages and every rank
-raises: the members of the group that disagrees with the first difference,
-the others (another pipeline stage, another expert's group) naming the
-disagreeing ranks and that difference - none goes on into a collective a
-refusing rank never joins. After a disagreement in the sharding group its
-members skip the colour groups (their colour orders may differ, so those
-checks would not line up); the job-wide verdict is the next collective of
-every rank either way.
+A parameter's settings are evaluated, not compared by identity
+(:func:`param_settings`): each owner updates with its own copy, so a rank that
+differs would silently train its matrices and slices differently.
 """
 
 from __future__ import annotations
@@ -68,20 +44,9 @@ from paddle.nn.clip import GradientClipBase
 from paddle.optimizer.lr import LRScheduler
 from paddle.regularizer import WeightDecayRegularizer
 
-__all__ = [
-    "GroupDigest",
-    "RankDisagreementError",
-    "check_ranks_agree",
-    "digest_words",
-    "first_difference",
-    "group_digests",
-    "describe",
-    "optimizer_options",
-    "param_record",
-    "param_settings",
-    "route_of",
-    "sharding_options",
-]
+__all__ = ["GroupDigest", "RankDisagreementError", "check_ranks_agree", "digest_words",
+           "first_difference", "group_digests", "describe", "optimizer_options",
+           "param_record", "param_settings", "route_of", "sharding_options"]
 
 #: hash words per digest: 31 bits each, so they stay exact through any
 #: backend or fake that reduces in float64
@@ -132,10 +97,7 @@ class GroupDigest:
 
 
 def route_of(info: Any) -> str:
-    """How the optimizer routes a parameter, from its ``MuonParamInfo``.
-
-    Args:
-        info: the parameter's ``MuonParamInfo`` (None: no map entry).
+    """How the optimizer routes a parameter, from its ``MuonParamInfo`` (None: no entry).
 
     Returns:
         str: "muon", "muon+hyperball", "hyperball" (owned whole), "adamw"
@@ -151,15 +113,7 @@ def route_of(info: Any) -> str:
 
 
 def param_record(param: Any, info: Any) -> tuple:
-    """``(name, shape, dtype, route)`` of one parameter, as plain values.
-
-    Args:
-        param: the parameter (``.name``, ``.shape``, ``.dtype``).
-        info: its ``MuonParamInfo`` or None.
-
-    Returns:
-        tuple: ``(str, tuple[int, ...], str, str)``.
-    """
+    """``(name, shape, dtype, route)`` of one parameter (its ``MuonParamInfo`` or None)."""
     dtype = str(param.dtype).replace("paddle.", "")
     return (str(param.name), tuple(int(d) for d in param.shape), dtype, route_of(info))
 
@@ -201,9 +155,7 @@ def _describe_inner(value: Any, depth: int) -> Optional[str]:
     if depth > 0 and _describable(value):
         parts = []
         for key, attr in sorted(vars(value).items()):
-            if key in _UNDESCRIBED:
-                continue
-            text = _describe_inner(attr, depth - 1)
+            text = None if key in _UNDESCRIBED else _describe_inner(attr, depth - 1)
             if text is not None:
                 parts.append(f"{key.lstrip('_')}={text}")
         return f"{type(value).__name__}({', '.join(parts)})"
@@ -216,16 +168,9 @@ def describe(value: Any) -> Any:
     Scalars are themselves. A learning-rate scheduler, a grad clip or a
     regulariser is one string: its class and every scalar (or list of
     scalars, or nested scheduler / clip) attribute, sorted by name, e.g.
-    ``"StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, last_lr=0.1, ...)"``:
-    its parameters and its state. Attributes that cannot be compared across
-    processes (a function such as ``LambdaDecay``'s ``lr_lambda``, a process
+    ``"StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, last_lr=0.1, ...)"``.
+    Attributes that cannot be compared across processes (a function, a process
     group) are left out. Anything else is its type's name.
-
-    Args:
-        value: the setting.
-
-    Returns:
-        bool|int|float|str|None: the comparable value.
     """
     if isinstance(value, _SCALARS):
         return value
@@ -234,22 +179,16 @@ def describe(value: Any) -> Any:
     return type(value).__name__
 
 
-
 def optimizer_options(optimizer: Any) -> dict:
-    """The inner optimizer's hyper-parameters, by name.
-
-    Every rank updates the matrices it owns and its own slices with its own
-    copy: a learning rate that differs per rank would train each parameter
-    with whichever rank owns it.
+    """The inner optimizer's hyper-parameters, by name: each owner updates with its own copy.
 
     Args:
         optimizer: the innermost optimizer (Muon): ``_learning_rate`` and
             the ``_default_dict`` Paddle's optimizers keep.
 
     Returns:
-        dict: ``"muon <name>"`` -> :func:`describe` of the value; the
-        learning rate (a scheduler: class, parameters and state) and the
-        grad clip the optimizer applies (``_grad_clip``; class and thresholds).
+        dict: ``"muon <name>"`` -> :func:`describe` of the value, with the
+        learning rate and the grad clip the optimizer applies (``_grad_clip``).
     """
     out = {"muon learning_rate": describe(getattr(optimizer, "_learning_rate", None))}
     for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
@@ -270,9 +209,13 @@ def _evaluated(fn: Callable, arg: Any, convert: Callable) -> Any:
         return f"raised {type(error).__name__}: {error}"
 
 
-def _ratio(value: Any) -> Any:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else repr(value)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> Any:
+    # 256 and 256.0 configure the same buffers: hash and compare them alike.
+    return float(value) if _is_number(value) else value
 
 
 def param_settings(param: Any, optimizer: Any) -> tuple:
@@ -293,21 +236,15 @@ def param_settings(param: Any, optimizer: Any) -> tuple:
     decay_fun = getattr(optimizer, "_apply_decay_param_fun", None)
     attr = getattr(param, "optimize_attr", None)
     attr_lr = attr.get("learning_rate", 1.0) if isinstance(attr, dict) else 1.0
+    ratio = (lambda v: float(v) if _is_number(v) else repr(v))
     return (
-        ("lr_ratio", 1.0 if lr_ratio is None else _evaluated(lr_ratio, param, _ratio)),
+        ("lr_ratio", 1.0 if lr_ratio is None else _evaluated(lr_ratio, param, ratio)),
         ("apply_decay_param_fun",
          True if decay_fun is None else _evaluated(decay_fun, param.name, bool)),
         ("optimize_attr learning_rate", _number(describe(attr_lr))),
         ("regularizer", describe(getattr(param, "regularizer", None))),
         ("need_clip", describe(getattr(param, "need_clip", True))),
     )
-
-
-def _number(value: Any) -> Any:
-    # 256 and 256.0 configure the same buffers: hash and compare them alike.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return value
 
 
 def _colour_label(colour: Hashable) -> str:
@@ -337,13 +274,10 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     order = [c for c in by_colour if c is not None]
     fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
     fields += (("colour order", tuple(repr(c) for c in order)),)
-    out = [GroupDigest(_colour_label(None), tuple(colour_ranks[None]), fields,
-                       tuple(by_colour[None][0]), settings=tuple(by_colour[None][1]))]
-    for colour in order:
-        records, setting_rows = by_colour[colour]
-        out.append(GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]), (),
-                               tuple(records), colour, tuple(setting_rows)))
-    return out
+    return [GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]),
+                        fields if colour is None else (), tuple(records), colour,
+                        tuple(setting_rows))
+            for colour, (records, setting_rows) in by_colour.items()]
 
 
 def _content(digest: GroupDigest) -> str:
@@ -357,8 +291,7 @@ def digest_words(digest: GroupDigest) -> list:
     The label and ranks are left out: members may name their group alike
     or not, what they must share is the content.
     """
-    blob = _content(digest).encode()
-    raw = hashlib.sha256(blob).digest()
+    raw = hashlib.sha256(_content(digest).encode()).digest()
     mask = (1 << _WORD_BITS) - 1
     return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
 
@@ -370,26 +303,26 @@ def _show_param(record: Optional[tuple]) -> str:
     return f"{name} {list(shape)} {dtype} {route}"
 
 
-def _first_param_difference(a: tuple, b: tuple) -> Optional[int]:
+def _at(rows: tuple, i: int) -> Any:
+    return rows[i] if i < len(rows) else None
+
+
+def _first_index_difference(a: tuple, b: tuple) -> Optional[int]:
     for i in range(max(len(a), len(b))):
         if i >= len(a) or i >= len(b) or a[i] != b[i]:
             return i
     return None
 
 
-def _first_setting_difference(head: str, ref: GroupDigest, mine: GroupDigest,
-                              base: int, other: int) -> str:
-    # Same parameters in the same order: a per-parameter setting differs.
-    i = _first_param_difference(ref.settings, mine.settings)
-    name = ref.params[i][0] if i is not None and i < len(ref.params) else "?"
-    a = dict(ref.settings[i]) if i is not None and i < len(ref.settings) else {}
-    b = dict(mine.settings[i]) if i is not None and i < len(mine.settings) else {}
+def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
+    # ``(key, a's value, b's value)`` of the first key whose values differ
+    # between two sequences of (key, value) pairs (a missing key: "<unset>").
+    a, b = dict(a or ()), dict(b or ())
     for key in list(a) + [k for k in b if k not in a]:
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         if repr(va) != repr(vb):
-            return (f"{head}: parameter #{i} ({name}) has {key} {va!r} on rank {base} but "
-                    f"{vb!r} on rank {other}; {_FIX_SETTINGS}.")
-    return f"{head}: the parameter settings differ; {_FIX_SETTINGS}."
+            return key, va, vb
+    return None
 
 
 def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
@@ -406,29 +339,34 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
     """
     ref = digests[0]
     ranks = list(ref.ranks)
-    base, other = ranks[0], None
     differing = [ranks[i] for i, d in enumerate(digests) if _content(d) != _content(ref)]
     if not differing:
         return None
-    other = differing[0]
+    base, other = ranks[0], differing[0]
     mine = digests[ranks.index(other)]
     head = (f"MuonShardingOptimizer: the ranks of {ref.label} {ranks} disagree "
             f"(ranks {differing} differ from rank {base})")
-    ref_fields, my_fields = dict(ref.fields), dict(mine.fields)
-    for name in list(ref_fields) + [n for n in my_fields if n not in ref_fields]:
-        a, b = ref_fields.get(name, "<unset>"), my_fields.get(name, "<unset>")
-        if repr(a) != repr(b):
-            fix = _FIX_MUON if name.startswith("option muon ") else _FIX
-            return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {fix}."
-    i = _first_param_difference(ref.params, mine.params)
-    if i is None:
-        return _first_setting_difference(head, ref, mine, base, other)
-    a = ref.params[i] if i < len(ref.params) else None
-    b = mine.params[i] if i < len(mine.params) else None
-    name = (a or b)[0]
-    return (f"{head}: parameter #{i} ({name}) is {_show_param(a)} on rank {base} but "
-            f"{_show_param(b)} on rank {other} ({len(ref.params)} vs {len(mine.params)} "
-            f"parameters); {_FIX}.")
+    found = _first_key_difference(ref.fields, mine.fields)
+    if found is not None:
+        name, a, b = found
+        fix = _FIX_MUON if name.startswith("option muon ") else _FIX
+        return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {fix}."
+    i = _first_index_difference(ref.params, mine.params)
+    if i is not None:
+        a, b = _at(ref.params, i), _at(mine.params, i)
+        return (f"{head}: parameter #{i} ({(a or b)[0]}) is {_show_param(a)} on rank {base} "
+                f"but {_show_param(b)} on rank {other} ({len(ref.params)} vs "
+                f"{len(mine.params)} parameters); {_FIX}.")
+    # Same parameters in the same order: a per-parameter setting differs.
+    i = _first_index_difference(ref.settings, mine.settings)
+    found = None if i is None else _first_key_difference(_at(ref.settings, i),
+                                                         _at(mine.settings, i))
+    if found is not None:
+        key, a, b = found
+        name = ref.params[i][0] if i < len(ref.params) else "?"
+        return (f"{head}: parameter #{i} ({name}) has {key} {a!r} on rank {base} but "
+                f"{b!r} on rank {other}; {_FIX_SETTINGS}.")
+    return f"{head}: the parameter settings differ; {_FIX_SETTINGS}."
 
 
 def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
@@ -481,10 +419,17 @@ def check_ranks_agree(digests: Sequence[GroupDigest],
     """Compare each digest with the other members of its group; every rank
     of the job raises when any group disagrees.
 
+    Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``; every
+    member sees ``max == min`` exactly when all hashes are equal (a reduce, not a
+    gather: every member reads the verdict from the same result, and a log-only
+    collective layer reads as agreement). Only on a mismatch do the members gather
+    their digests to name the first difference. Then one job-wide ``all_reduce`` of a
+    flag per rank: every rank raises, so none goes on into a collective a refusing
+    rank never joins.
+
     Collective: every member of every group must call it with its digests in
     the same order (the sharding group's first; its "colour order" field makes
-    the later ones line up before they run), and every rank of the job calls
-    it (the verdict is exchanged over the whole job).
+    the later ones line up before they run), and every rank of the job calls it.
 
     Args:
         digests: this rank's digests (:func:`group_digests`).
@@ -499,7 +444,7 @@ def check_ranks_agree(digests: Sequence[GroupDigest],
     for index, digest in enumerate(digests):
         if len(digest.ranks) <= 1:
             continue  # nobody to disagree with
-        found = _group_disagreement(digest, group_of(digest))
+        found = _group_disagreement(digest, group_of(digest))  # collective: always run
         message = message or found
         if index == 0 and message is not None:
             break  # the colour orders may differ: the later checks would not line up

@@ -11,15 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The sharding options: the table of those develop's proto may lack, and
-``ShardingSettings``, their values resolved once from fleet's strategy.
-
-Every option beyond paddle 3.3.1's ``DygraphShardingConfig`` is one
-:class:`ShardingOption` of :data:`SHARDING_OPTIONS` (name, default, choices,
-proto field, doc); the settings, the compat layer, the tools and the exporter
-read it. ``ShardingSettings.check`` refuses at construction what the optimizer
-cannot honour. No paddle import at module level: tools load it before paddle
-(the exporter loads this file on its own).
+"""The Muon sharding options (the table develop's proto may lack), dtype sizes, and
+``ShardingSettings``: the options resolved once from fleet's strategy and checked. No paddle
+import at module level: the tools load it before paddle, the exporter on its own.
 """
 
 from __future__ import annotations
@@ -32,37 +26,17 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-__all__ = [
-    "ShardingOption",
-    "SHARDING_OPTIONS",
-    "PARTITION_DEVELOP",
-    "PARTITION_BALANCED",
-    "PARTITION_RAIL",
-    "PARTITION_STRATEGIES",
-    "option",
-    "option_default",
-    "added_options",
-    "check_option_value",
-    "set_kept_options_reader",
-    "kept_options",
-    "ShardingSettings",
-    "ShardingAssertionError",
-    "ShardingTypeError",
-    "SHARDING_CONFIG_FIELDS",
-    "PP_CONFIG_FIELDS",
-    "OVERLAP_SYNC_ENV",
-    "read_overlap_optimize_and_sync",
-]
+__all__ = ["ShardingOption", "SHARDING_OPTIONS", "PARTITION_DEVELOP", "PARTITION_BALANCED",
+           "PARTITION_RAIL", "PARTITION_STRATEGIES", "option", "option_default",
+           "added_options", "check_option_value", "set_kept_options_reader", "ShardingSettings",
+           "ShardingAssertionError", "ShardingTypeError", "SHARDING_CONFIG_FIELDS",
+           "OVERLAP_SYNC_ENV", "read_overlap_optimize_and_sync"]
 
 # ------------------------------------------------------------------ dtypes
 # Bytes per element of the float dtypes a Muon matrix (or a fused buffer) may hold.
 FLOAT_DTYPE_SIZES: Dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
+    "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 # The other dtypes Paddle's fusion helper knows (element-wise parameters only).
 NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {
@@ -70,13 +44,8 @@ NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {
 }
 # Short spellings users and model files write.
 DTYPE_ALIASES: Dict[str, str] = {
-    "fp64": "float64",
-    "double": "float64",
-    "fp32": "float32",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
+    "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32",
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16",
 }
 _DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
 
@@ -102,11 +71,7 @@ def canonical_dtype(dtype: Any) -> str:
 
 
 def canonical_float_dtype(dtype: Any) -> str:
-    """:func:`canonical_dtype` of a Muon matrix's dtype; refuses any other.
-
-    Raises:
-        ValueError: not one of :data:`FLOAT_DTYPE_SIZES` (naming the dtype).
-    """
+    """:func:`canonical_dtype` of a Muon matrix's dtype; ValueError for a non-float one."""
     text = canonical_dtype(dtype)
     if text not in FLOAT_DTYPE_SIZES:
         raise ValueError(
@@ -117,11 +82,7 @@ def canonical_float_dtype(dtype: Any) -> str:
 
 
 def dtype_itemsize(dtype: Any) -> int:
-    """Bytes per element of a float ``dtype`` (a name such as ``"bfloat16"``).
-
-    Raises:
-        ValueError: not a float dtype a Muon matrix may have.
-    """
+    """Bytes per element of a Muon matrix's (float) ``dtype``; ValueError for any other."""
     return FLOAT_DTYPE_SIZES[canonical_float_dtype(dtype)]
 
 
@@ -150,9 +111,9 @@ DEVELOP_DEFAULT_BUFFER_MB = 256
 #: uses 256 for gpu/npu/xpu; a CPU registration uses the same).
 DEFAULT_ALIGNMENT_BYTES = 256
 
-# Owner rules of muon_partition_strategy: develop's rule (the default) and ours
-# (rail: the hierarchical path's; elsewhere it is balanced).
-
+# ------------------------------------------------------------------ options
+# Owner rules of muon_partition_strategy: develop's (the default), balanced, and
+# rail (the hierarchical path's; elsewhere it is balanced).
 PARTITION_DEVELOP = "upstream_greedy"
 PARTITION_BALANCED = "balanced"
 PARTITION_RAIL = "rail"
@@ -247,22 +208,26 @@ def added_options() -> Tuple[ShardingOption, ...]:
 
 
 def check_option_value(name: str, value: Any, where: str = "") -> None:
-    """Refuse a value of the wrong type or outside the option's choices.
+    """Refuse a value of the wrong type (TypeError) or outside the option's choices (ValueError).
 
     Args:
         name: option name.
         value: the value given.
         where: prefix naming where it was set (e.g. ``"sharding_configs."``).
     """
-    opt = option(name)
-    expected = _PY_TYPES[opt.proto_type]
+    expected = _PY_TYPES[option(name).proto_type]
     if not isinstance(value, expected):
         raise TypeError(
             f"{where}{name} must be a {expected.__name__}, got {value!r}."
         )
-    if opt.choices is not None and value not in opt.choices:
+    _check_choice(name, value, where)
+
+
+def _check_choice(name: str, value: Any, where: str) -> None:
+    choices = option(name).choices
+    if choices is not None and value not in choices:
         raise ValueError(
-            f"{where}{name}={value!r} is not supported; use one of {opt.choices}."
+            f"{where}{name}={value!r} is not supported; use one of {choices}."
         )
 
 
@@ -276,24 +241,10 @@ def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
     Args:
         reader: ``reader(strategy)`` returns an object with one attribute per
             :data:`SHARDING_OPTIONS` entry (the values in effect for that
-            strategy); None removes the reader.
+            strategy), or None; None removes the reader.
     """
     global _kept_options_reader
     _kept_options_reader = reader
-
-
-def kept_options(strategy: Any) -> Any:
-    """The option values kept outside ``strategy``'s proto, or None when nothing keeps any.
-
-    Args:
-        strategy: the user's ``fleet.DistributedStrategy`` (or None).
-
-    Returns:
-        The registered reader's answer for ``strategy``; None without a reader.
-    """
-    if _kept_options_reader is None or strategy is None:
-        return None
-    return _kept_options_reader(strategy)
 
 
 class ShardingAssertionError(AssertionError, ValueError):
@@ -327,11 +278,10 @@ def read_overlap_optimize_and_sync() -> bool:
         ) from None
 
 
+# ------------------------------------------------------------------ settings
 # The ShardingSettings fields not read from ``sharding_configs.<field>``:
 # field -> (where, name there). Every other field is a sharding_configs field of
-# its own name (SHARDING_CONFIG_FIELDS, derived below the class), as develop's
-# MuonShardingOptimizer reads them; defaults and choices of the options 3.3.1
-# lacks come from muon_sharding_options.
+# its own name (SHARDING_CONFIG_FIELDS), as develop's MuonShardingOptimizer reads them.
 _READ_ELSEWHERE = {
     "pp_sharding_comm_overlap": ("pp_configs", "sharding_comm_overlap"),
     "pp_release_gradients": ("pp_configs", "release_gradients"),
@@ -339,20 +289,24 @@ _READ_ELSEWHERE = {
     "pp_degree": ("hybrid_configs", "pp_degree"),
 }
 
+# field type -> (whether a value is of it, what the error asks for); str fields are
+# checked against the option table's choices instead.
+_VALUE_TYPES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "a number (MB; <= 0 turns the fused buffers off)"),
+}
+
 
 @dataclasses.dataclass
 class ShardingSettings:
     """The sharding options the optimizer reads, resolved once.
 
-    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields
-    of the same name; ``pp_sharding_comm_overlap`` / ``pp_release_gradients``
-    are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
-    ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
-    ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
-    the default), ``"balanced"`` or ``"rail"`` (the option table's choices). ``machine_balanced_2d_partition`` is
-    develop's switch (#79763). ``overlap_sync_group_call`` (ours, default off)
-    keeps the overlapped stage sync on under ``comm_group_call_opt``, routed
-    hierarchically; develop turns the overlap off there.
+    Fields are ``strategy.hybrid_configs['sharding_configs']`` fields of the same
+    name, except those of ``_READ_ELSEWHERE`` (``pp_configs`` / ``hybrid_configs``).
+    ``muon_partition_strategy``, ``machine_balanced_2d_partition`` and
+    ``overlap_sync_group_call`` are described in :data:`SHARDING_OPTIONS`.
     """
 
     accumulate_steps: int = 1
@@ -388,29 +342,24 @@ class ShardingSettings:
         if strategy is None:
             return settings
         hybrid = strategy.hybrid_configs
-        configs = hybrid["sharding_configs"]
+        configs, pp_configs = hybrid["sharding_configs"], hybrid["pp_configs"]
         for field in SHARDING_CONFIG_FIELDS:
-            # comm_group_call_opt / muon_partition_strategy are proto fields
-            # upstream; absent on 3.3.1 unless patch_paddle() added them.
+            # fields develop's proto has and 3.3.1's lacks (unless patch_paddle() added them)
             if hasattr(configs, field):
                 setattr(settings, field, getattr(configs, field))
-        pp_configs = hybrid["pp_configs"]
-        for field in PP_CONFIG_FIELDS:
-            if hasattr(pp_configs, field):
-                setattr(settings, f"pp_{field}", getattr(pp_configs, field))
+        for field, (where, there) in _READ_ELSEWHERE.items():
+            if where == "pp_configs" and hasattr(pp_configs, there):
+                setattr(settings, field, getattr(pp_configs, there))
         settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
         settings.pp_degree = int(hybrid["pp_degree"])
-        # Options the config object lacks (an older proto) come from where
-        # they are kept instead, if anything keeps them; a field read above
-        # from the config wins.
-        options = kept_options(strategy)
-        if options is None:
+        # Options the config object lacks (an older proto) come from where they are
+        # kept instead, if anything keeps them; a field read above wins.
+        kept = None if _kept_options_reader is None else _kept_options_reader(strategy)
+        if kept is None:
             return settings
         for opt in SHARDING_OPTIONS:
-            if opt.config_key != "sharding_configs" or (
-                    opt.name in SHARDING_CONFIG_FIELDS and hasattr(configs, opt.name)):
-                continue
-            setattr(settings, opt.name, getattr(options, opt.name))
+            if opt.config_key == "sharding_configs" and not hasattr(configs, opt.name):
+                setattr(settings, opt.name, getattr(kept, opt.name))
         return settings
 
     def check(self, pp_world_size: int) -> None:
@@ -420,8 +369,7 @@ class ShardingSettings:
             pp_world_size (int): the pipeline degree of the job.
         """
         self.check_layout(pp_world_size)
-        # imported here: check_layout serves the planning tools, which run
-        # without paddle
+        # imported here: check_layout serves the planning tools, which run without paddle
         import paddle
 
         if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
@@ -440,12 +388,8 @@ class ShardingSettings:
         Args:
             pp_world_size (int): the pipeline degree of the job.
         """
-        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(
-                f"sharding_configs.muon_partition_strategy="
-                f"{self.muon_partition_strategy!r} is not supported; use one of "
-                f"{PARTITION_STRATEGIES}."
-            )
+        _check_choice("muon_partition_strategy", self.muon_partition_strategy,
+                      "sharding_configs.")
         if self.pp_sharding_comm_overlap:
             raise ShardingAssertionError(
                 "pp_configs.sharding_comm_overlap=True is not supported by "
@@ -479,9 +423,6 @@ class ShardingSettings:
                 "tensor_fusion=False."
             )
 
-    # Where each value comes from, for the error messages.
-    _SOURCE = {name: f"{where}.{there}" for name, (where, there) in _READ_ELSEWHERE.items()}
-
     def check_values(self) -> None:
         """Refuse a value of the wrong type, NaN or inf (after develop's checks).
 
@@ -491,37 +432,24 @@ class ShardingSettings:
         buffers), so only non-finite numbers are refused.
         """
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            where = self._SOURCE.get(field.name, f"sharding_configs.{field.name}")
-            if field.type in ("bool", bool):
-                if not isinstance(value, bool):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be True or False."
-                    )
-            elif field.type in ("int", int):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be an int."
-                    )
-            elif field.type in ("float", float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be a number "
-                        "(MB; <= 0 turns the fused buffers off)."
-                    )
-                if not math.isfinite(value):
-                    raise ValueError(
-                        f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
-                        "or <= 0 for no fused buffers."
-                    )
+            if field.type not in _VALUE_TYPES:
+                continue
+            value, (accepts, wanted) = getattr(self, field.name), _VALUE_TYPES[field.type]
+            where = ".".join(_READ_ELSEWHERE.get(field.name, ("sharding_configs", field.name)))
+            if not accepts(value):
+                raise ShardingTypeError(
+                    f"{where}={value!r} ({type(value).__name__}) must be {wanted}."
+                )
+            if field.type == "float" and not math.isfinite(value):
+                raise ValueError(
+                    f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
+                    "or <= 0 for no fused buffers."
+                )
 
 
-# The sharding_configs / pp_configs fields this optimizer reads (one list: the
-# dataclass's fields and _READ_ELSEWHERE).
+# The sharding_configs fields this optimizer reads.
 SHARDING_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ShardingSettings)
                                if f.name not in _READ_ELSEWHERE)
-PP_CONFIG_FIELDS = tuple(there for where, there in _READ_ELSEWHERE.values()
-                         if where == "pp_configs")
 
 _SEEN: set = set()
 
