@@ -15,11 +15,8 @@
 
 Each Muon parameter is owned whole by one rank of its colour's group (reduce to
 the owner, Newton-Schulz there, broadcast back); every other parameter is split
-element-wise (reduce-scatter, AdamW on the slice, all-gather). The placement is
-data (``muon_sharding.layout``), its step plan the program; one
-``muon_sharding.runtime.ShardingRuntime`` holds every buffer and group and runs
-the plan. develop's attribute and method names are derived in
-``muon_sharding.develop_surface``.
+element-wise (reduce-scatter, AdamW on the slice, all-gather). The work lives in
+``muon_sharding``; develop's attribute and method names in its ``develop_surface``.
 """
 
 from __future__ import annotations
@@ -39,10 +36,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.develop_sur
 from .muon_sharding import optimizer_state
 from .muon_sharding.build import build_runtime
 from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding.layout import ShardingLayout
-from .muon_sharding.layout import assign_muon_owners
+from .muon_sharding.layout import ShardingLayout, assign_muon_owners
 from .muon_sharding.runtime import MuonBucket  # noqa: F401  (re-exported)
-from .muon_sharding.layout import is_trainable as _is_trainable
+from .muon_sharding.layout import is_trainable as _is_trainable  # noqa: F401  (develop's name)
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
@@ -65,10 +61,7 @@ def get_trainer_ranks(rank: int, gpus_per_node: int) -> tuple[int, range]:
 def get_same_card_rank(group_ranks, rank: int, gpus_per_node: int) -> int:
     """The first rank of ``rank``'s machine that is in ``group_ranks``; -1 when none is."""
     members = set(group_ranks)
-    for r in get_trainer_ranks(rank, gpus_per_node)[1]:
-        if r in members:
-            return r
-    return -1
+    return next((r for r in get_trainer_ranks(rank, gpus_per_node)[1] if r in members), -1)
 
 
 class MuonShardingOptimizer(DevelopSurface):
@@ -103,8 +96,8 @@ class MuonShardingOptimizer(DevelopSurface):
         .. code-block:: python
 
             >>> # after fleet.init(is_collective=True, strategy=strategy)
-            >>> opt = paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters())
-            >>> opt = MuonShardingOptimizer(opt)
+            >>> opt = MuonShardingOptimizer(paddle.optimizer.Muon(
+            ...     learning_rate=0.02, parameters=model.parameters()))
             >>> loss.backward()
             >>> opt.reduce_gradients(list(model.parameters()), hcg)
             >>> opt.step()
@@ -168,14 +161,8 @@ class MuonShardingOptimizer(DevelopSurface):
         return set(self._runtime.cleared_colours)
 
     def local_range(self, name: str) -> tuple[int, int]:
-        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates.
-
-        Args:
-            name (str): parameter name.
-
-        Returns:
-            tuple[int, int]: padding excluded; the whole parameter when owned,
-            ``(0, 0)`` when this rank holds none of it.
+        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates: padding
+        excluded; the whole parameter when owned, ``(0, 0)`` when this rank holds none of it.
         """
         try:
             return self._runtime.layout.local_range(name)
@@ -189,9 +176,6 @@ class MuonShardingOptimizer(DevelopSurface):
         Args:
             parameter_list (list): the model parameters.
             hcg: hybrid communicate group (unused; Paddle's interface).
-
-        Returns:
-            list: owned Muon parameters and this rank's initialized 1-D slices.
         """
         rt, result = self._runtime, []
         for p in parameter_list:
@@ -207,11 +191,8 @@ class MuonShardingOptimizer(DevelopSurface):
         """Reduce Muon gradients onto their owners and reduce-scatter the rest.
 
         With ``comm_overlap`` the hooks launched the reduces; this waits and
-        reduces the no-hook colours synchronously.
-
-        Args:
-            parameter_list (list): the model parameters (Paddle's interface).
-            hcg: hybrid communicate group (Paddle's interface).
+        reduces the no-hook colours synchronously. The arguments are Paddle's
+        interface (the optimizer knows its parameters and groups).
         """
         rt = self._runtime
         with rt.timed("reduce-gradients"):
@@ -224,11 +205,8 @@ class MuonShardingOptimizer(DevelopSurface):
         return rt.run(rt.step_plan, staged=rt.staged).params_grads
 
     def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
-        """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already).
-
-        Returns:
-            tuple: ``(None, params_grads)`` as ``Optimizer.minimize`` does.
-        """
+        """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already);
+        returns ``(None, params_grads)`` as ``Optimizer.minimize`` does."""
         return None, self.step()
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
@@ -246,14 +224,10 @@ class MuonShardingOptimizer(DevelopSurface):
 
     @framework.no_grad()
     def clear_param_storage(self, color) -> None:
-        """Free the parameter storage of colour ``color`` until the next step.
-
-        Freed: every element-wise parameter of the colour (this rank's slice is
-        kept aside) and every matrix of the colour this rank does not own (the
+        """Free the parameter storage of colour ``color`` (None: the default sharding
+        group) until the next step: every element-wise parameter of the colour (this
+        rank's slice is kept aside) and every matrix of it this rank does not own (the
         owner's broadcast refills it). :meth:`step` restores the storage first.
-
-        Args:
-            color: the colour key (None for the default sharding group).
         """
         self._runtime.clear_param_storage(color)
 
@@ -268,11 +242,8 @@ class MuonShardingOptimizer(DevelopSurface):
         return self._inner_opt.state_dict()
 
     def set_state_dict(self, state_dict: dict) -> None:
-        """Load this rank's part of a full (all ranks merged) state dict.
-
-        Args:
-            state_dict (dict): ``<param name>_<state>`` keys,
-                ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
+        """Load this rank's part of a full (all ranks merged) state dict: ``<param
+        name>_<state>`` keys, ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
         """
         optimizer_state.set_state_dict(self._runtime, state_dict)
 

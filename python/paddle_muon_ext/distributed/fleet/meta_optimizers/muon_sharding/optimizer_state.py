@@ -12,8 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """MuonShardingOptimizer's optimizer state for checkpoints: keys, local filtering, and
-the states a fresh optimizer creates so that it can load.
-"""
+the states a fresh optimizer creates so that it can load."""
 
 from __future__ import annotations
 
@@ -40,13 +39,9 @@ def set_state_dict(rt: ShardingRuntime, state_dict: dict) -> None:
     inner_state = {}
     for key, value in state_dict.items():
         if key == "master_weights":
-            base = rt.base_opt
-            kept = {}
-            for name, weight in value.items():
-                if name in local:
-                    weight.name = base._gen_master_weight_var_name(local[name])
-                    kept[name] = weight
-            inner_state[key] = kept
+            inner_state[key] = {name: w for name, w in value.items() if name in local}
+            for name, weight in inner_state[key].items():
+                weight.name = rt.base_opt._gen_master_weight_var_name(local[name])
         elif key == "LR_Scheduler":
             inner_state[key] = value
         else:
@@ -58,9 +53,7 @@ def set_state_dict(rt: ShardingRuntime, state_dict: dict) -> None:
 
 def sharded_state_dict(rt: ShardingRuntime, model_sharded_state_dict: dict) -> dict:
     """This rank's states as ShardedWeights placed by the model's (see the optimizer's)."""
-    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
-        ShardedWeight,
-    )
+    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
     _create_local_states(rt)
     # Shared weights appear under several keys; like develop, the first
@@ -106,30 +99,21 @@ def sharded_state_dict(rt: ShardingRuntime, model_sharded_state_dict: dict) -> d
         numel = int(rt.param_by_name[name].numel())
         if math.prod(local_shape) != numel:
             raise ValueError(
-                f"model sharded weight {model_key!r} has local shape "
-                f"{list(local_shape)} but parameter {name} has "
-                f"{numel} elements; the model's sharded "
+                f"model sharded weight {model_key!r} has local shape {list(local_shape)} but "
+                f"parameter {name} has {numel} elements; the model's sharded "
                 "state dict must describe the parameter this rank holds."
             )
+        flattened = {}
         if name in rt.slice_params:
             begin, end = (int(i) for i in rt.layout.local_range(name))
             if end <= begin:
                 continue  # this rank's share is alignment padding only
-            result[key] = ShardedWeight(
-                key,
-                tensor[: end - begin],  # a view: loading writes the state
-                local_shape,
-                tuple(weight.global_shape),
-                tuple(weight.global_offset),
-                is_flattened=True,
-                flattened_range=slice(begin, end),
-            )
-        else:
-            local = tensor if tuple(tensor.shape) == local_shape else tensor.reshape(local_shape)
-            result[key] = ShardedWeight(
-                key, local, local_shape, tuple(weight.global_shape),
-                tuple(weight.global_offset),
-            )
+            tensor = tensor[: end - begin]  # a view: loading writes the state
+            flattened = dict(is_flattened=True, flattened_range=slice(begin, end))
+        elif tuple(tensor.shape) != local_shape:
+            tensor = tensor.reshape(local_shape)
+        result[key] = ShardedWeight(key, tensor, local_shape, tuple(weight.global_shape),
+                                    tuple(weight.global_offset), **flattened)
     return result
 
 
