@@ -15,21 +15,8 @@
 
 Every rank of a group must build the same buffers in the same order, or the first
 reduce-scatter mixes different parameters (silent divergence) or the collectives' sizes
-differ (a backend abort naming nothing). Per group, what its ranks must share is compared:
-
-* the sharding group: the sharding options, the inner optimizer's type and
-  hyper-parameters (a learning-rate scheduler by its class, parameters and
-  state; the grad clip by its class and thresholds), the order of colours,
-  and the default-colour parameters (name, shape, dtype, Muon routing, in
-  order) with their per-parameter settings;
-* each colour group (e.g. an expert's moe_sharding group): the parameters of
-  that colour with their settings. Experts differ across EP ranks
-  legitimately, and EP ranks never share an expert's colour group, so they
-  are never compared.
-
-A parameter's settings are evaluated, not compared by identity
-(:func:`param_settings`): each owner updates with its own copy, so a rank that
-differs would silently train its matrices and slices differently.
+differ (a backend abort naming nothing): :func:`check_ranks_agree` refuses it, naming
+the first difference, on every rank of the job.
 """
 
 from __future__ import annotations
@@ -119,15 +106,9 @@ def param_record(param: Any, info: Any) -> tuple:
 
 
 def sharding_options(settings: Any, **extra: Any) -> dict:
-    """The options the ranks of a sharding group must share, by name.
-
-    Args:
-        settings: the optimizer's ``ShardingSettings`` (a dataclass).
-        **extra: further values that shape the schedule (read per rank).
-
-    Returns:
-        dict: option name -> value (local-only options left out).
-    """
+    """Option name -> value the ranks of a sharding group must share: the
+    ``ShardingSettings`` fields (local-only ones left out) and ``extra`` (further values
+    that shape the schedule)."""
     out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
            if f.name not in _LOCAL_ONLY_OPTIONS}
     out.update(extra)
@@ -165,12 +146,11 @@ def _describe_inner(value: Any, depth: int) -> Optional[str]:
 def describe(value: Any) -> Any:
     """A setting as a plain value the ranks can compare.
 
-    Scalars are themselves. A learning-rate scheduler, a grad clip or a
-    regulariser is one string: its class and every scalar (or list of
-    scalars, or nested scheduler / clip) attribute, sorted by name, e.g.
-    ``"StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, last_lr=0.1, ...)"``.
-    Attributes that cannot be compared across processes (a function, a process
-    group) are left out. Anything else is its type's name.
+    Scalars are themselves. A learning-rate scheduler, a grad clip or a regulariser
+    is one string: its class and every scalar (or list of scalars, or nested scheduler
+    / clip) attribute, sorted by name, e.g. ``"StepDecay(base_lr=0.1, gamma=0.1, ...)"``:
+    its parameters and its state. Attributes that cannot be compared across processes
+    (a function, a process group) are left out. Anything else is its type's name.
     """
     if isinstance(value, _SCALARS):
         return value
@@ -219,18 +199,10 @@ def _number(value: Any) -> Any:
 
 
 def param_settings(param: Any, optimizer: Any) -> tuple:
-    """What the update reads per parameter, evaluated on this parameter.
-
-    Args:
-        param: the parameter (``.name``; ``optimize_attr``, ``regularizer``
-            and ``need_clip`` as Paddle's parameters carry them).
-        optimizer: the innermost optimizer (Muon: ``_lr_ratio``,
-            ``_apply_decay_param_fun``; None is the default, 1.0 / True).
-
-    Returns:
-        tuple: ``(setting, value)`` pairs in a fixed order: ``lr_ratio``,
-        ``apply_decay_param_fun``, ``optimize_attr learning_rate``,
-        ``regularizer`` (:func:`describe`), ``need_clip``.
+    """What the update reads per parameter, evaluated on ``param`` (not compared by
+    identity): ``(setting, value)`` pairs of the ``optimizer``'s (Muon's) ``lr_ratio`` and
+    ``apply_decay_param_fun`` (None: 1.0 / True) and the parameter's ``optimize_attr``
+    learning rate, ``regularizer`` (:func:`describe`) and ``need_clip``, in that order.
     """
     lr_ratio = getattr(optimizer, "_lr_ratio", None)
     decay_fun = getattr(optimizer, "_apply_decay_param_fun", None)
@@ -252,7 +224,9 @@ def _colour_label(colour: Hashable) -> str:
 
 
 def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) -> list:
-    """The digests one rank sends, the sharding group's first.
+    """The digests one rank sends: the sharding group's (its options, the colour order
+    and the default colour's parameters), then one per other colour in first-seen order
+    (its parameters: EP ranks never share an expert's group, so experts are never compared).
 
     Args:
         params: ``(colour key, param_record)`` or ``(colour key,
@@ -260,10 +234,6 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
         colour_ranks: colour key -> global ranks of its group (None: the
             sharding group; always present).
         options: option name -> value, compared over the sharding group.
-
-    Returns:
-        list[GroupDigest]: the sharding group's, then one per other colour
-        in first-seen order.
     """
     by_colour: dict = {None: ([], [])}
     for colour, record, *settings in params:
@@ -286,11 +256,8 @@ def _content(digest: GroupDigest) -> str:
 
 
 def digest_words(digest: GroupDigest) -> list:
-    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``.
-
-    The label and ranks are left out: members may name their group alike
-    or not, what they must share is the content.
-    """
+    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``; the label and
+    ranks are left out (members may name their group alike or not)."""
     raw = hashlib.sha256(_content(digest).encode()).digest()
     mask = (1 << _WORD_BITS) - 1
     return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
@@ -326,16 +293,9 @@ def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
 
 
 def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
-    """The first disagreement among one group's digests, as one line.
-
-    Args:
-        digests: one digest per member, in group order (``digests[i]`` from
-            ``digests[0].ranks[i]``).
-
-    Returns:
-        str|None: names the group, the first differing option/field,
-        parameter (index and name) or parameter setting, each side's value
-        and the ranks that differ from the first; None when all agree.
+    """The first disagreement among one group's digests (one per member, in group
+    order), as one line naming the group, the first differing option/field, parameter or
+    parameter setting, each side's value and the ranks that differ; None when all agree.
     """
     ref = digests[0]
     ranks = list(ref.ranks)
@@ -386,46 +346,37 @@ def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
 
 
 def _refuse_on_every_rank(message: Optional[str]) -> None:
-    """The job-wide verdict: raise on every rank when any rank disagreed.
-
-    Collective over the whole job (the default group): a flag per rank,
-    reduced with MAX; only when a flag is set are the messages gathered.
-    """
-    world = int(dist.get_world_size())
-    if world <= 1:
-        if message is not None:
-            raise RankDisagreementError(message)
-        return
-    rank = int(dist.get_rank())
-    flags = paddle.to_tensor([int(r == rank and message is not None) for r in range(world)],
-                             dtype="int64")
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    refusing = [r for r, v in enumerate(flags.numpy().tolist()) if v]
-    if not refusing:
-        return
-    messages: list = []  # every rank saw the same flags: every rank gathers
-    dist.all_gather_object(messages, message)
+    # The job-wide verdict (default group): a flag per rank, reduced with MAX; only
+    # when a flag is set are the messages gathered, and every rank raises.
+    world, refusing, messages = int(dist.get_world_size()), [], []
+    if world > 1:
+        rank = int(dist.get_rank())
+        flags = paddle.to_tensor([int(r == rank and message is not None) for r in range(world)],
+                                 dtype="int64")
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        refusing = [r for r, v in enumerate(flags.numpy().tolist()) if v]
+    if refusing:  # every rank saw the same flags: every rank gathers
+        dist.all_gather_object(messages, message)
     if message is not None:
         raise RankDisagreementError(message)
-    first = next((m for m in messages if m), "(their message did not arrive)")
-    raise RankDisagreementError(
-        f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
-        f"group disagreeing, and every rank of the job stops at construction so that none "
-        f"waits in a collective the others never join. First of their errors: {first}")
+    if refusing:
+        first = next((m for m in messages if m), "(their message did not arrive)")
+        raise RankDisagreementError(
+            f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
+            f"group disagreeing, and every rank of the job stops at construction so that "
+            f"none waits in a collective the others never join. First of their errors: {first}")
 
 
 def check_ranks_agree(digests: Sequence[GroupDigest],
                       group_of: Callable[[GroupDigest], Any]) -> None:
-    """Compare each digest with the other members of its group; every rank
-    of the job raises when any group disagrees.
+    """Compare each digest with the other members of its group; every rank of the job
+    raises when any group disagrees, so none goes on into a collective a refusing rank
+    never joins.
 
-    Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``; every
-    member sees ``max == min`` exactly when all hashes are equal (a reduce, not a
-    gather: every member reads the verdict from the same result, and a log-only
-    collective layer reads as agreement). Only on a mismatch do the members gather
-    their digests to name the first difference. Then one job-wide ``all_reduce`` of a
-    flag per rank: every rank raises, so none goes on into a collective a refusing
-    rank never joins.
+    Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``: ``max == min``
+    exactly when all hashes are equal (a reduce, not a gather: every member reads the
+    verdict from the same result, and a log-only collective layer reads as agreement).
+    Only on a mismatch do the members gather their digests to name the first difference.
 
     Collective: every member of every group must call it with its digests in
     the same order (the sharding group's first; its "colour order" field makes
@@ -436,9 +387,8 @@ def check_ranks_agree(digests: Sequence[GroupDigest],
         group_of: digest -> the process group to exchange it on.
 
     Raises:
-        RankDisagreementError: on every rank, one line: a member of the group
-            that disagrees names the first difference and the ranks; another
-            rank names the disagreeing ranks and that difference.
+        RankDisagreementError: on every rank; the members of a disagreeing group name
+            the first difference, the other ranks name those ranks and their error.
     """
     message = None
     for index, digest in enumerate(digests):
