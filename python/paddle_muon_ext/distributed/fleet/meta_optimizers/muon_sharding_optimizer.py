@@ -70,26 +70,21 @@ class MuonShardingOptimizer(DevelopSurface):
     Built as ``MuonShardingOptimizer(optimizer, hcg)`` (``fleet.distributed_optimizer``
     does it when ``strategy.use_muon_sharding`` is on); options come from fleet's strategy.
 
-    Gradient contract (as develop): when ``step()`` runs, each parameter's
-    gradient (``main_grad`` under MixPrecisionLayer, else ``grad``) is the
-    gradient of this rank's own loss; it is averaged over the parameter's
-    colour group: the sharding group without a colour, the colour's
-    ``group`` (for experts the moe_sharding group) with one. A dispatch over
-    the EP group gives an expert's owner the sum over that group, so expert
-    gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
+    Gradient contract (as develop): when ``step()`` runs, each parameter's gradient
+    (``main_grad`` under MixPrecisionLayer, else ``grad``) is the gradient of this rank's
+    own loss; it is averaged over the parameter's colour group: the sharding group
+    without a colour, the colour's ``group`` (for experts the moe_sharding group) with
+    one. A dispatch over the EP group gives an expert's owner the sum over that group,
+    so expert gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
     "The gradient contract"). ``no_sync`` does not change the reduction.
 
     Args:
-        optimizer (Muon): the inner optimizer (optionally inside
-            ``MixPrecisionOptimizer``); it must expose ``_muon_param_info_map``
-            and ``_apply_optimize``.
-        hcg (HybridCommunicateGroup|None): defaults to
-            ``fleet.get_hybrid_communicate_group()``.
-        strategy (DistributedStrategy|None): defaults to fleet's user-defined
-            strategy, the one develop reads.
-        gpus_per_node (Callable[[], int]|None): how the GPUs per node are found,
-            called only with ``comm_group_call_opt`` or
-            ``machine_balanced_2d_partition`` on; defaults to
+        optimizer (Muon): the inner optimizer (optionally inside ``MixPrecisionOptimizer``);
+            it must expose ``_muon_param_info_map`` and ``_apply_optimize``.
+        hcg (HybridCommunicateGroup|None): defaults to ``fleet.get_hybrid_communicate_group()``.
+        strategy (DistributedStrategy|None): defaults to fleet's user-defined strategy.
+        gpus_per_node (Callable[[], int]|None): how the GPUs per node are found (only with
+            ``comm_group_call_opt`` or ``machine_balanced_2d_partition`` on); defaults to
             ``PADDLE_LOCAL_SIZE``, else the device count.
 
     Examples:
@@ -123,7 +118,6 @@ class MuonShardingOptimizer(DevelopSurface):
         """The sharding options, resolved once (``muon_sharding.settings.ShardingSettings``)."""
         return self._runtime.settings
 
-    # ------------------------------------------------------------ what it built
     @property
     def sharding_layout(self) -> ShardingLayout:
         """The placement this optimizer was built from (owners, buckets, ranges, schedule)."""
@@ -151,8 +145,7 @@ class MuonShardingOptimizer(DevelopSurface):
 
     @property
     def fused_states_buffers(self) -> dict[str, Any]:
-        """dtype name -> the buffer holding this rank's optimizer states
-        (``enable_fuse_optimizer_states``; empty before the first step)."""
+        """dtype name -> this rank's fused optimizer-state buffer (empty before a step)."""
         return dict(self._runtime.fused_state_buffers)
 
     @property
@@ -170,13 +163,9 @@ class MuonShardingOptimizer(DevelopSurface):
             raise KeyError(f"{name} is not a trainable parameter of this optimizer") from None
 
     def filter_parameters(self, parameter_list, hcg) -> list:
-        """The parameters whose gradients this rank holds after reduction (each counted
-        once by a global-norm clip): owned matrices and this rank's initialised slices.
-
-        Args:
-            parameter_list (list): the model parameters.
-            hcg: hybrid communicate group (unused; Paddle's interface).
-        """
+        """Of the model's ``parameter_list``, those whose gradients this rank holds after
+        reduction (each counted once by a global-norm clip): owned matrices and this
+        rank's initialised slices. ``hcg`` is Paddle's interface (unused)."""
         rt, result = self._runtime, []
         for p in parameter_list:
             if rt.layout.owners.get(p.name) == rt.rank:
@@ -185,7 +174,6 @@ class MuonShardingOptimizer(DevelopSurface):
                 result.append(rt.slice_params[p.name])
         return result
 
-    # ------------------------------------------------------------ the step
     @framework.no_grad()
     def reduce_gradients(self, parameter_list, hcg) -> None:
         """Reduce Muon gradients onto their owners and reduce-scatter the rest.
@@ -213,12 +201,10 @@ class MuonShardingOptimizer(DevelopSurface):
         """Clear every gradient this optimizer manages.
 
         Args:
-            set_to_zero (bool): True zeroes gradients in place. False frees what
-                is not linked to a fused buffer (per-parameter Muon gradients,
-                ``main_grad`` of unfused parameters); fused buffers stay
-                allocated and are zeroed, since the parameters' gradients are
-                views into them, unless ``release_gradients`` releases the 1-D
-                buffers.
+            set_to_zero (bool): True zeroes gradients in place. False frees what is not
+                linked to a fused buffer (per-parameter Muon gradients, ``main_grad`` of
+                unfused parameters); fused buffers (the gradients are views into them)
+                are zeroed, unless ``release_gradients`` releases the 1-D buffers.
         """
         self._runtime.clear_grad(set_to_zero)
 
@@ -236,7 +222,6 @@ class MuonShardingOptimizer(DevelopSurface):
         """Give every colour freed by :meth:`clear_param_storage` its storage back."""
         self._runtime.reset_param_storage()
 
-    # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
         """This rank's optimizer state (owned matrices and local slices)."""
         return self._inner_opt.state_dict()
@@ -248,18 +233,12 @@ class MuonShardingOptimizer(DevelopSurface):
         optimizer_state.set_state_dict(self._runtime, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
-        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
-
-        Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
-        and offsets come from the model's sharded weight, so a checkpoint loads
-        on another layout (owned matrices whole, slices ``is_flattened``).
-        Missing states are created, so a fresh optimizer can load.
-
-        Args:
-            model_sharded_state_dict (dict): structured key -> ShardedWeight.
-
-        Returns:
-            dict: structured key -> ShardedWeight, for the states this rank holds.
+        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``:
+        structured key -> ShardedWeight, placed by ``model_sharded_state_dict`` (the
+        model's). Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
+        and offsets come from the model's weight, so a checkpoint loads on another layout
+        (owned matrices whole, slices ``is_flattened``). Missing states are created, so a
+        fresh optimizer can load.
         """
         return optimizer_state.sharded_state_dict(self._runtime, model_sharded_state_dict)
 

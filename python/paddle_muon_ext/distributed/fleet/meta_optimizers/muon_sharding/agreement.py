@@ -84,12 +84,9 @@ class GroupDigest:
 
 
 def route_of(info: Any) -> str:
-    """How the optimizer routes a parameter, from its ``MuonParamInfo`` (None: no entry).
-
-    Returns:
-        str: "muon", "muon+hyperball", "hyperball" (owned whole), "adamw"
-        (element-wise slices) or "no muon_param_info_map entry".
-    """
+    """How the optimizer routes a parameter, from its ``MuonParamInfo`` (None: no entry):
+    "muon", "muon+hyperball", "hyperball" (owned whole), "adamw" (element-wise slices) or
+    "no muon_param_info_map entry"."""
     if info is None:
         return "no muon_param_info_map entry"
     muon = bool(getattr(info, "use_muon", False))
@@ -119,9 +116,8 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 def _describable(value: Any) -> bool:
-    # Objects whose attributes are their settings: a learning-rate scheduler,
-    # a grad clip (also Paddle's HybridParallelClipGrad around one), a
-    # regulariser.
+    # Objects whose attributes are their settings: a learning-rate scheduler, a grad
+    # clip (also Paddle's HybridParallelClipGrad around one), a regulariser.
     return isinstance(value, (LRScheduler, GradientClipBase, WeightDecayRegularizer)) or (
         type(value).__name__ == "HybridParallelClipGrad" and hasattr(value, "_clip"))
 
@@ -160,16 +156,9 @@ def describe(value: Any) -> Any:
 
 
 def optimizer_options(optimizer: Any) -> dict:
-    """The inner optimizer's hyper-parameters, by name: each owner updates with its own copy.
-
-    Args:
-        optimizer: the innermost optimizer (Muon): ``_learning_rate`` and
-            the ``_default_dict`` Paddle's optimizers keep.
-
-    Returns:
-        dict: ``"muon <name>"`` -> :func:`describe` of the value, with the
-        learning rate and the grad clip the optimizer applies (``_grad_clip``).
-    """
+    """The innermost optimizer's (Muon's) hyper-parameters, since each owner updates with
+    its own copy: ``"muon <name>"`` -> :func:`describe` of each ``_default_dict`` value, of
+    the learning rate and of the grad clip it applies (``_grad_clip``)."""
     out = {"muon learning_rate": describe(getattr(optimizer, "_learning_rate", None))}
     for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
         out[f"muon {key}"] = describe(value)
@@ -275,10 +264,9 @@ def _at(rows: tuple, i: int) -> Any:
 
 
 def _first_index_difference(a: tuple, b: tuple) -> Optional[int]:
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b) or a[i] != b[i]:
-            return i
-    return None
+    common = min(len(a), len(b))
+    return next((i for i in range(common) if a[i] != b[i]),
+                None if len(a) == len(b) else common)
 
 
 def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
@@ -370,8 +358,7 @@ def _refuse_on_every_rank(message: Optional[str]) -> None:
 def check_ranks_agree(digests: Sequence[GroupDigest],
                       group_of: Callable[[GroupDigest], Any]) -> None:
     """Compare each digest with the other members of its group; every rank of the job
-    raises when any group disagrees, so none goes on into a collective a refusing rank
-    never joins.
+    raises when any group disagrees (none goes on into a collective the others never join).
 
     Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``: ``max == min``
     exactly when all hashes are equal (a reduce, not a gather: every member reads the

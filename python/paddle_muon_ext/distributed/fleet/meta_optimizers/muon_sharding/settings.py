@@ -51,16 +51,9 @@ _DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """The dtype's name: ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``.
-
-    Args:
-        dtype: a Paddle dtype or a name (any case, ``paddle.`` prefix and the
-            short aliases accepted).
-
-    Returns:
-        str: the canonical name; an unknown name comes back lower-cased and
-        unprefixed (:func:`itemsize` refuses it where a size is needed).
-    """
+    """The name of a Paddle dtype or dtype name (any case, prefixed or an alias):
+    ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``. An unknown
+    name comes back lower-cased and unprefixed (:func:`itemsize` refuses it)."""
     if type(dtype) is str and (dtype in FLOAT_DTYPE_SIZES or dtype in NON_FLOAT_DTYPE_SIZES):
         return dtype
     text = str(dtype).strip().lower()
@@ -88,12 +81,8 @@ def dtype_itemsize(dtype: Any) -> int:
 
 @functools.lru_cache(maxsize=None)
 def itemsize(dtype: Any) -> int:
-    """Bytes per element of any dtype a fused buffer may hold (floats, ints, bool).
-
-    Raises:
-        ValueError: an unknown dtype, named, with the known ones: a guessed
-            size would misplace every later parameter of its buffer.
-    """
+    """Bytes per element of any dtype a fused buffer may hold (floats, ints, bool);
+    ValueError for an unknown one: a guessed size would misplace every later parameter."""
     text = canonical_dtype(dtype)
     size = FLOAT_DTYPE_SIZES.get(text, NON_FLOAT_DTYPE_SIZES.get(text))
     if size is None:
@@ -112,8 +101,7 @@ DEVELOP_DEFAULT_BUFFER_MB = 256
 DEFAULT_ALIGNMENT_BYTES = 256
 
 # ------------------------------------------------------------------ options
-# Owner rules of muon_partition_strategy: develop's (the default), balanced, and
-# rail (the hierarchical path's; elsewhere it is balanced).
+# Owner rules of muon_partition_strategy (see its entry below).
 PARTITION_DEVELOP = "upstream_greedy"
 PARTITION_BALANCED = "balanced"
 PARTITION_RAIL = "rail"
@@ -154,34 +142,26 @@ class ShardingOption:
 
 
 SHARDING_OPTIONS: Tuple[ShardingOption, ...] = (
-    ShardingOption(
-        "use_muon_sharding", False, "bool",
-        "build MuonShardingOptimizer instead of DygraphShardingOptimizer in "
-        "fleet.distributed_optimizer.",
-        message="DistributedStrategy", config_key=None, in_develop=True),
-    ShardingOption(
-        "comm_group_call_opt", False, "bool",
-        "route Muon reduces/broadcasts hierarchically: inside the node, then across "
-        "nodes among same-card ranks.",
-        in_develop=True),
-    ShardingOption(
-        "machine_balanced_2d_partition", False, "bool",
-        "place Muon (whole-matrix) owners over the whole job so every machine carries "
-        "the same bytes (develop #79763).",
-        in_develop=True),
-    ShardingOption(
-        "muon_partition_strategy", PARTITION_DEVELOP, "string",
-        'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" (develop\'s '
-        'rule), "balanced" (state bytes and Newton-Schulz cost balanced over ranks; '
-        'recommended) or "rail" (with comm_group_call_opt over >= 2 nodes: bytes '
-        'spread evenly over card rails, then nodes; elsewhere "balanced").',
-        choices=PARTITION_STRATEGIES),
-    ShardingOption(
-        "overlap_sync_group_call", False, "bool",
-        "with comm_group_call_opt, keep overlap_optimize_and_sync on and run each "
-        "stage's parameter sync over the hierarchical route (develop turns the "
-        "overlap off there).",
-    ),
+    ShardingOption("use_muon_sharding", False, "bool",
+                   "build MuonShardingOptimizer instead of DygraphShardingOptimizer in "
+                   "fleet.distributed_optimizer.",
+                   message="DistributedStrategy", config_key=None, in_develop=True),
+    ShardingOption("comm_group_call_opt", False, "bool",
+                   "route Muon reduces/broadcasts hierarchically: inside the node, then "
+                   "across nodes among same-card ranks.", in_develop=True),
+    ShardingOption("machine_balanced_2d_partition", False, "bool",
+                   "place Muon (whole-matrix) owners over the whole job so every machine "
+                   "carries the same bytes (develop #79763).", in_develop=True),
+    ShardingOption("muon_partition_strategy", PARTITION_DEVELOP, "string",
+                   'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" '
+                   '(develop\'s rule), "balanced" (state bytes and Newton-Schulz cost balanced '
+                   'over ranks; recommended) or "rail" (with comm_group_call_opt over >= 2 '
+                   'nodes: bytes spread evenly over card rails, then nodes; elsewhere '
+                   '"balanced").', choices=PARTITION_STRATEGIES),
+    ShardingOption("overlap_sync_group_call", False, "bool",
+                   "with comm_group_call_opt, keep overlap_optimize_and_sync on and run each "
+                   "stage's parameter sync over the hierarchical route (develop turns the "
+                   "overlap off there)."),
 )
 
 _BY_NAME: Dict[str, ShardingOption] = {o.name: o for o in SHARDING_OPTIONS}
@@ -189,12 +169,9 @@ _BY_NAME: Dict[str, ShardingOption] = {o.name: o for o in SHARDING_OPTIONS}
 
 def option(name: str) -> ShardingOption:
     """The table entry of ``name`` (KeyError naming the known options)."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(
-            f"{name!r} is not a Muon sharding option; known: {sorted(_BY_NAME)}"
-        ) from None
+    if name not in _BY_NAME:
+        raise KeyError(f"{name!r} is not a Muon sharding option; known: {sorted(_BY_NAME)}")
+    return _BY_NAME[name]
 
 
 def option_default(name: str) -> Any:
@@ -217,18 +194,14 @@ def check_option_value(name: str, value: Any, where: str = "") -> None:
     """
     expected = _PY_TYPES[option(name).proto_type]
     if not isinstance(value, expected):
-        raise TypeError(
-            f"{where}{name} must be a {expected.__name__}, got {value!r}."
-        )
+        raise TypeError(f"{where}{name} must be a {expected.__name__}, got {value!r}.")
     _check_choice(name, value, where)
 
 
 def _check_choice(name: str, value: Any, where: str) -> None:
     choices = option(name).choices
     if choices is not None and value not in choices:
-        raise ValueError(
-            f"{where}{name}={value!r} is not supported; use one of {choices}."
-        )
+        raise ValueError(f"{where}{name}={value!r} is not supported; use one of {choices}.")
 
 
 # The reader of option values kept outside the proto (None: nothing kept).
@@ -236,22 +209,16 @@ _kept_options_reader: Optional[Callable[[Any], Any]] = None
 
 
 def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
-    """Register where option values the proto cannot hold are read from.
-
-    Args:
-        reader: ``reader(strategy)`` returns an object with one attribute per
-            :data:`SHARDING_OPTIONS` entry (the values in effect for that
-            strategy), or None; None removes the reader.
-    """
+    """Register where option values the proto cannot hold are read from: ``reader(strategy)``
+    returns an object with one attribute per :data:`SHARDING_OPTIONS` entry, or None (no
+    values kept for that strategy); a None reader removes it."""
     global _kept_options_reader
     _kept_options_reader = reader
 
 
 class ShardingAssertionError(AssertionError, ValueError):
-    """A configuration develop rejects with an assertion.
-
-    Also a ValueError, so code written against either type catches it.
-    """
+    """A configuration develop rejects with an assertion (also a ValueError: code written
+    against either type catches it)."""
 
 
 class ShardingTypeError(TypeError, ValueError):
@@ -263,11 +230,8 @@ OVERLAP_SYNC_ENV = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 
 
 def read_overlap_optimize_and_sync() -> bool:
-    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on).
-
-    Raises:
-        ValueError: the variable is set but not an integer.
-    """
+    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on);
+    ValueError when it is set but not an integer."""
     raw = os.environ.get(OVERLAP_SYNC_ENV, "1")
     try:
         return bool(int(raw))
@@ -279,6 +243,11 @@ def read_overlap_optimize_and_sync() -> bool:
 
 
 # ------------------------------------------------------------------ settings
+def _refuse_if(refused: Any, error: type, message: str) -> None:
+    if refused:
+        raise error(message)
+
+
 # The ShardingSettings fields not read from ``sharding_configs.<field>``:
 # field -> (where, name there). Every other field is a sharding_configs field of
 # its own name (SHARDING_CONFIG_FIELDS), as develop's MuonShardingOptimizer reads them.
@@ -390,38 +359,27 @@ class ShardingSettings:
         """
         _check_choice("muon_partition_strategy", self.muon_partition_strategy,
                       "sharding_configs.")
-        if self.pp_sharding_comm_overlap:
-            raise ShardingAssertionError(
-                "pp_configs.sharding_comm_overlap=True is not supported by "
-                "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
-                "matrix owners, not by the pipeline's sharding overlap. Set it "
-                "False (with pp_degree=1, sharding_configs.comm_overlap overlaps "
-                "the reduces with backward)."
-            )
-        if self.comm_overlap and pp_world_size > 1:
-            raise ShardingAssertionError(
-                "sharding_configs.comm_overlap=True cannot be combined with "
-                f"pipeline parallel (pp_degree={pp_world_size}); set "
-                "comm_overlap=False."
-            )
-        if self.comm_overlap and not self.fused:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
-                f"comm_buffer_size_MB={self.comm_buffer_size_MB} turns them off. "
-                "Set comm_buffer_size_MB > 0 or comm_overlap=False."
-            )
-        if self.comm_overlap and self.accumulate_steps <= 0:
-            raise ShardingAssertionError(
-                "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
-                f"(got {self.accumulate_steps}): the hooks count micro-batches."
-            )
-        if self.tensor_fusion and not self.fused:
-            raise ValueError(
-                "sharding_configs.tensor_fusion=True fuses gradients into "
-                f"buffers of comm_buffer_size_MB, but comm_buffer_size_MB="
-                f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
-                "tensor_fusion=False."
-            )
+        overlap, size = self.comm_overlap, self.comm_buffer_size_MB
+        # one at a time, in order: a later condition may not hold a comparable value
+        _refuse_if(self.pp_sharding_comm_overlap, ShardingAssertionError,
+                   "pp_configs.sharding_comm_overlap=True is not supported by "
+                   "MuonShardingOptimizer: Muon gradients are reduced onto whole-matrix owners, "
+                   "not by the pipeline's sharding overlap. Set it False (with pp_degree=1, "
+                   "sharding_configs.comm_overlap overlaps the reduces with backward).")
+        _refuse_if(overlap and pp_world_size > 1, ShardingAssertionError,
+                   "sharding_configs.comm_overlap=True cannot be combined with pipeline "
+                   f"parallel (pp_degree={pp_world_size}); set comm_overlap=False.")
+        _refuse_if(overlap and not self.fused, ValueError,
+                   "sharding_configs.comm_overlap=True needs fused gradient buffers; "
+                   f"comm_buffer_size_MB={size} turns them off. "
+                   "Set comm_buffer_size_MB > 0 or comm_overlap=False.")
+        _refuse_if(overlap and self.accumulate_steps <= 0, ShardingAssertionError,
+                   "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
+                   f"(got {self.accumulate_steps}): the hooks count micro-batches.")
+        _refuse_if(self.tensor_fusion and not self.fused, ValueError,
+                   "sharding_configs.tensor_fusion=True fuses gradients into buffers of "
+                   f"comm_buffer_size_MB, but comm_buffer_size_MB={size}. "
+                   "Set comm_buffer_size_MB > 0 or tensor_fusion=False.")
 
     def check_values(self) -> None:
         """Refuse a value of the wrong type, NaN or inf (after develop's checks).
@@ -455,14 +413,9 @@ _SEEN: set = set()
 
 
 def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
-    """Log ``message % args`` at ``level`` on global rank 0 the first time this
-    process sees ``key``, else at debug: one line per job start, not per rank.
-
-    Args:
-        level: ``"info"`` or ``"warning"``.
-        key: what makes two notices the same (a name, plus the values it
-            prints where another value is news).
-        message: the ``logger`` format string; ``args`` its values.
+    """Log ``message % args`` at ``level`` (``"info"`` / ``"warning"``) on global rank 0
+    the first time this process sees ``key`` (a name, plus the values it prints where
+    another value is news), else at debug: one line per job start, not per rank.
 
     Returns:
         bool: whether it was logged at ``level``.
