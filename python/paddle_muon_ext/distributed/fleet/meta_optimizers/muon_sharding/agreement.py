@@ -35,8 +35,7 @@ __all__ = ["GroupDigest", "RankDisagreementError", "check_ranks_agree", "digest_
            "first_difference", "group_digests", "describe", "optimizer_options",
            "param_record", "param_settings", "route_of", "sharding_options"]
 
-#: hash words per digest: 31 bits each, so they stay exact through any
-#: backend or fake that reduces in float64
+#: hash words per digest: 31 bits each, exact through any backend that reduces in float64
 _WORDS = 4
 _WORD_BITS = 31
 
@@ -89,9 +88,8 @@ def route_of(info: Any) -> str:
     "no muon_param_info_map entry"."""
     if info is None:
         return "no muon_param_info_map entry"
-    muon = bool(getattr(info, "use_muon", False))
     hyperball = bool(getattr(info, "use_hyperball", False))
-    if muon:
+    if getattr(info, "use_muon", False):
         return "muon+hyperball" if hyperball else "muon"
     return "hyperball" if hyperball else "adamw"
 
@@ -208,10 +206,6 @@ def param_settings(param: Any, optimizer: Any) -> tuple:
     )
 
 
-def _colour_label(colour: Hashable) -> str:
-    return "the sharding group" if colour is None else f"colour {colour!r}"
-
-
 def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) -> list:
     """The digests one rank sends: the sharding group's (its options, the colour order
     and the default colour's parameters), then one per other colour in first-seen order
@@ -233,9 +227,9 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     order = [c for c in by_colour if c is not None]
     fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
     fields += (("colour order", tuple(repr(c) for c in order)),)
-    return [GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]),
-                        fields if colour is None else (), tuple(records), colour,
-                        tuple(setting_rows))
+    return [GroupDigest("the sharding group" if colour is None else f"colour {colour!r}",
+                        tuple(colour_ranks[colour]), fields if colour is None else (),
+                        tuple(records), colour, tuple(setting_rows))
             for colour, (records, setting_rows) in by_colour.items()]
 
 

@@ -34,19 +34,15 @@ __all__ = ["ShardingOption", "SHARDING_OPTIONS", "PARTITION_DEVELOP", "PARTITION
 
 # ------------------------------------------------------------------ dtypes
 # Bytes per element of the float dtypes a Muon matrix (or a fused buffer) may hold.
-FLOAT_DTYPE_SIZES: Dict[str, int] = {
-    "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
+FLOAT_DTYPE_SIZES: Dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2,
+                                     "float8_e4m3fn": 1, "float8_e5m2": 1}
 # The other dtypes Paddle's fusion helper knows (element-wise parameters only).
-NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
+NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {"int64": 8, "int32": 4, "int16": 2, "int8": 1,
+                                         "uint8": 1, "bool": 1}
 # Short spellings users and model files write.
-DTYPE_ALIASES: Dict[str, str] = {
-    "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32",
-    "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-}
+DTYPE_ALIASES: Dict[str, str] = {"fp64": "float64", "double": "float64", "fp32": "float32",
+                                 "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                                 "half": "float16"}
 _DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
 
 
@@ -67,10 +63,8 @@ def canonical_float_dtype(dtype: Any) -> str:
     """:func:`canonical_dtype` of a Muon matrix's dtype; ValueError for a non-float one."""
     text = canonical_dtype(dtype)
     if text not in FLOAT_DTYPE_SIZES:
-        raise ValueError(
-            f"unsupported dtype {dtype!r} for a Muon matrix; "
-            f"expected one of {sorted(FLOAT_DTYPE_SIZES)}"
-        )
+        raise ValueError(f"unsupported dtype {dtype!r} for a Muon matrix; "
+                         f"expected one of {sorted(FLOAT_DTYPE_SIZES)}")
     return text
 
 
@@ -86,10 +80,8 @@ def itemsize(dtype: Any) -> int:
     text = canonical_dtype(dtype)
     size = FLOAT_DTYPE_SIZES.get(text, NON_FLOAT_DTYPE_SIZES.get(text))
     if size is None:
-        raise ValueError(
-            f"unknown dtype {dtype!r}: its element size is not known; use one of "
-            f"{sorted(FLOAT_DTYPE_SIZES) + sorted(NON_FLOAT_DTYPE_SIZES)}"
-        )
+        raise ValueError(f"unknown dtype {dtype!r}: its element size is not known; use one of "
+                         f"{sorted(FLOAT_DTYPE_SIZES) + sorted(NON_FLOAT_DTYPE_SIZES)}")
     return size
 
 
@@ -185,13 +177,8 @@ def added_options() -> Tuple[ShardingOption, ...]:
 
 
 def check_option_value(name: str, value: Any, where: str = "") -> None:
-    """Refuse a value of the wrong type (TypeError) or outside the option's choices (ValueError).
-
-    Args:
-        name: option name.
-        value: the value given.
-        where: prefix naming where it was set (e.g. ``"sharding_configs."``).
-    """
+    """Refuse a ``value`` of option ``name`` of the wrong type (TypeError) or outside the
+    option's choices (ValueError); ``where`` prefixes the name (``"sharding_configs."``)."""
     expected = _PY_TYPES[option(name).proto_type]
     if not isinstance(value, expected):
         raise TypeError(f"{where}{name} must be a {expected.__name__}, got {value!r}.")
@@ -236,10 +223,8 @@ def read_overlap_optimize_and_sync() -> bool:
     try:
         return bool(int(raw))
     except ValueError:
-        raise ValueError(
-            f"{OVERLAP_SYNC_ENV}={raw!r} is not an integer; set it to 1 (overlap the "
-            "parameter sync with the update, the default) or 0."
-        ) from None
+        raise ValueError(f"{OVERLAP_SYNC_ENV}={raw!r} is not an integer; set it to 1 (overlap "
+                         "the parameter sync with the update, the default) or 0.") from None
 
 
 # ------------------------------------------------------------------ settings
@@ -332,31 +317,22 @@ class ShardingSettings:
         return settings
 
     def check(self, pp_world_size: int) -> None:
-        """Refuse, naming the option and the fix, what this optimizer cannot honour.
-
-        Args:
-            pp_world_size (int): the pipeline degree of the job.
-        """
+        """Refuse, naming the option and the fix, what this optimizer cannot honour in a
+        job of pipeline degree ``pp_world_size``."""
         self.check_layout(pp_world_size)
         # imported here: check_layout serves the planning tools, which run without paddle
         import paddle
 
-        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
-            raise ValueError(
-                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
-                "Paddle's optimizer timers synchronize the CUDA device. Set it "
-                "False (or profile with paddle.profiler)."
-            )
+        _refuse_if(self.enable_optimizer_timer and not paddle.is_compiled_with_cuda(), ValueError,
+                   "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: Paddle's "
+                   "optimizer timers synchronize the CUDA device. Set it False (or profile with "
+                   "paddle.profiler).")
         self.check_values()
 
     def check_layout(self, pp_world_size: int) -> None:
-        """The part of :meth:`check` that needs no device: the combinations of
-        options and pipeline degree the optimizer refuses. ``plan`` and
-        ``verify`` ask this too, so they never model what would not run.
-
-        Args:
-            pp_world_size (int): the pipeline degree of the job.
-        """
+        """The part of :meth:`check` that needs no device: the combinations of options
+        and pipeline degree (``pp_world_size``) the optimizer refuses. ``plan`` and
+        ``verify`` ask this too, so they never model what would not run."""
         _check_choice("muon_partition_strategy", self.muon_partition_strategy,
                       "sharding_configs.")
         overlap, size = self.comm_overlap, self.comm_buffer_size_MB
@@ -384,25 +360,20 @@ class ShardingSettings:
     def check_values(self) -> None:
         """Refuse a value of the wrong type, NaN or inf (after develop's checks).
 
-        Fleet's proto enforces the types of a real strategy; this catches
-        duck-typed strategies and settings built by hand. Negative and zero
-        sizes keep develop's meaning (``comm_buffer_size_MB <= 0``: no fused
-        buffers), so only non-finite numbers are refused.
+        Fleet's proto enforces the types of a real strategy; this catches duck-typed
+        strategies and settings built by hand. ``comm_buffer_size_MB <= 0`` keeps
+        develop's meaning (no fused buffers), so only non-finite numbers are refused.
         """
         for field in dataclasses.fields(self):
             if field.type not in _VALUE_TYPES:
                 continue
             value, (accepts, wanted) = getattr(self, field.name), _VALUE_TYPES[field.type]
             where = ".".join(_READ_ELSEWHERE.get(field.name, ("sharding_configs", field.name)))
-            if not accepts(value):
-                raise ShardingTypeError(
-                    f"{where}={value!r} ({type(value).__name__}) must be {wanted}."
-                )
-            if field.type == "float" and not math.isfinite(value):
-                raise ValueError(
-                    f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
-                    "or <= 0 for no fused buffers."
-                )
+            _refuse_if(not accepts(value), ShardingTypeError,
+                       f"{where}={value!r} ({type(value).__name__}) must be {wanted}.")
+            _refuse_if(field.type == "float" and not math.isfinite(value), ValueError,
+                       f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
+                       "or <= 0 for no fused buffers.")
 
 
 # The sharding_configs fields this optimizer reads.
@@ -416,9 +387,7 @@ def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
     """Log ``message % args`` at ``level`` (``"info"`` / ``"warning"``) on global rank 0
     the first time this process sees ``key`` (a name, plus the values it prints where
     another value is news), else at debug: one line per job start, not per rank.
-
-    Returns:
-        bool: whether it was logged at ``level``.
+    Returns whether it was logged at ``level``.
     """
     import paddle.distributed as dist
     from paddle.distributed.fleet.utils.log_util import logger
@@ -432,11 +401,9 @@ def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
 
 
 def _user_set_sharding_config(strategy: Any, field: str) -> bool:
-    """Whether the user assigned ``sharding_configs.<field>`` (not just its default).
-
-    The fallback from a default the user never chose is not worth a warning on
-    every CPU run; a strategy that cannot tell counts as set.
-    """
+    """Whether the user assigned ``sharding_configs.<field>`` (not just its default): the
+    fallback from a default the user never chose is not worth a warning on every CPU run.
+    A strategy that cannot tell counts as set."""
     try:
         return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
     except (AttributeError, KeyError, TypeError, ValueError):
