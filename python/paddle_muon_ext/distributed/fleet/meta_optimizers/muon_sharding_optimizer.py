@@ -15,11 +15,8 @@
 
 Each Muon parameter is owned whole by one rank of its colour's group (reduce to
 the owner, Newton-Schulz there, broadcast back); every other parameter is split
-element-wise (reduce-scatter, AdamW on the slice, all-gather). The placement is
-data (``muon_sharding.layout``), its step plan the program; one
-``muon_sharding.runtime.ShardingRuntime`` holds every buffer and group and runs
-the plan. develop's attribute and method names are derived in
-``muon_sharding.develop_surface``.
+element-wise (reduce-scatter, AdamW on the slice, all-gather). The work lives in
+``muon_sharding``; develop's attribute and method names in its ``develop_surface``.
 """
 
 from __future__ import annotations
@@ -39,10 +36,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.develop_sur
 from .muon_sharding import optimizer_state
 from .muon_sharding.build import build_runtime
 from .muon_sharding.comm_plan import HierarchicalCommPlan, resolve_gpus_per_node
-from .muon_sharding.layout import ShardingLayout
-from .muon_sharding.layout import assign_muon_owners
+from .muon_sharding.layout import ShardingLayout, assign_muon_owners
 from .muon_sharding.runtime import MuonBucket  # noqa: F401  (re-exported)
-from .muon_sharding.layout import is_trainable as _is_trainable
+from .muon_sharding.layout import is_trainable as _is_trainable  # noqa: F401  (develop's name)
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
@@ -65,10 +61,7 @@ def get_trainer_ranks(rank: int, gpus_per_node: int) -> tuple[int, range]:
 def get_same_card_rank(group_ranks, rank: int, gpus_per_node: int) -> int:
     """The first rank of ``rank``'s machine that is in ``group_ranks``; -1 when none is."""
     members = set(group_ranks)
-    for r in get_trainer_ranks(rank, gpus_per_node)[1]:
-        if r in members:
-            return r
-    return -1
+    return next((r for r in get_trainer_ranks(rank, gpus_per_node)[1] if r in members), -1)
 
 
 class MuonShardingOptimizer(DevelopSurface):
@@ -77,34 +70,29 @@ class MuonShardingOptimizer(DevelopSurface):
     Built as ``MuonShardingOptimizer(optimizer, hcg)`` (``fleet.distributed_optimizer``
     does it when ``strategy.use_muon_sharding`` is on); options come from fleet's strategy.
 
-    Gradient contract (as develop): when ``step()`` runs, each parameter's
-    gradient (``main_grad`` under MixPrecisionLayer, else ``grad``) is the
-    gradient of this rank's own loss; it is averaged over the parameter's
-    colour group: the sharding group without a colour, the colour's
-    ``group`` (for experts the moe_sharding group) with one. A dispatch over
-    the EP group gives an expert's owner the sum over that group, so expert
-    gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
+    Gradient contract (as develop): when ``step()`` runs, each parameter's gradient
+    (``main_grad`` under MixPrecisionLayer, else ``grad``) is the gradient of this rank's
+    own loss; it is averaged over the parameter's colour group: the sharding group
+    without a colour, the colour's ``group`` (for experts the moe_sharding group) with
+    one. A dispatch over the EP group gives an expert's owner the sum over that group,
+    so expert gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
     "The gradient contract"). ``no_sync`` does not change the reduction.
 
     Args:
-        optimizer (Muon): the inner optimizer (optionally inside
-            ``MixPrecisionOptimizer``); it must expose ``_muon_param_info_map``
-            and ``_apply_optimize``.
-        hcg (HybridCommunicateGroup|None): defaults to
-            ``fleet.get_hybrid_communicate_group()``.
-        strategy (DistributedStrategy|None): defaults to fleet's user-defined
-            strategy, the one develop reads.
-        gpus_per_node (Callable[[], int]|None): how the GPUs per node are found,
-            called only with ``comm_group_call_opt`` or
-            ``machine_balanced_2d_partition`` on; defaults to
+        optimizer (Muon): the inner optimizer (optionally inside ``MixPrecisionOptimizer``);
+            it must expose ``_muon_param_info_map`` and ``_apply_optimize``.
+        hcg (HybridCommunicateGroup|None): defaults to ``fleet.get_hybrid_communicate_group()``.
+        strategy (DistributedStrategy|None): defaults to fleet's user-defined strategy.
+        gpus_per_node (Callable[[], int]|None): how the GPUs per node are found (only with
+            ``comm_group_call_opt`` or ``machine_balanced_2d_partition`` on); defaults to
             ``PADDLE_LOCAL_SIZE``, else the device count.
 
     Examples:
         .. code-block:: python
 
             >>> # after fleet.init(is_collective=True, strategy=strategy)
-            >>> opt = paddle.optimizer.Muon(learning_rate=0.02, parameters=model.parameters())
-            >>> opt = MuonShardingOptimizer(opt)
+            >>> opt = MuonShardingOptimizer(paddle.optimizer.Muon(
+            ...     learning_rate=0.02, parameters=model.parameters()))
             >>> loss.backward()
             >>> opt.reduce_gradients(list(model.parameters()), hcg)
             >>> opt.step()
@@ -130,7 +118,6 @@ class MuonShardingOptimizer(DevelopSurface):
         """The sharding options, resolved once (``muon_sharding.settings.ShardingSettings``)."""
         return self._runtime.settings
 
-    # ------------------------------------------------------------ what it built
     @property
     def sharding_layout(self) -> ShardingLayout:
         """The placement this optimizer was built from (owners, buckets, ranges, schedule)."""
@@ -158,8 +145,7 @@ class MuonShardingOptimizer(DevelopSurface):
 
     @property
     def fused_states_buffers(self) -> dict[str, Any]:
-        """dtype name -> the buffer holding this rank's optimizer states
-        (``enable_fuse_optimizer_states``; empty before the first step)."""
+        """dtype name -> this rank's fused optimizer-state buffer (empty before a step)."""
         return dict(self._runtime.fused_state_buffers)
 
     @property
@@ -168,14 +154,8 @@ class MuonShardingOptimizer(DevelopSurface):
         return set(self._runtime.cleared_colours)
 
     def local_range(self, name: str) -> tuple[int, int]:
-        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates.
-
-        Args:
-            name (str): parameter name.
-
-        Returns:
-            tuple[int, int]: padding excluded; the whole parameter when owned,
-            ``(0, 0)`` when this rank holds none of it.
+        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates: padding
+        excluded; the whole parameter when owned, ``(0, 0)`` when this rank holds none of it.
         """
         try:
             return self._runtime.layout.local_range(name)
@@ -183,16 +163,9 @@ class MuonShardingOptimizer(DevelopSurface):
             raise KeyError(f"{name} is not a trainable parameter of this optimizer") from None
 
     def filter_parameters(self, parameter_list, hcg) -> list:
-        """The parameters whose gradients this rank holds after reduction (each counted
-        once by a global-norm clip): owned matrices and this rank's initialised slices.
-
-        Args:
-            parameter_list (list): the model parameters.
-            hcg: hybrid communicate group (unused; Paddle's interface).
-
-        Returns:
-            list: owned Muon parameters and this rank's initialized 1-D slices.
-        """
+        """Of the model's ``parameter_list``, those whose gradients this rank holds after
+        reduction (each counted once by a global-norm clip): owned matrices and this
+        rank's initialised slices. ``hcg`` is Paddle's interface (unused)."""
         rt, result = self._runtime, []
         for p in parameter_list:
             if rt.layout.owners.get(p.name) == rt.rank:
@@ -201,17 +174,13 @@ class MuonShardingOptimizer(DevelopSurface):
                 result.append(rt.slice_params[p.name])
         return result
 
-    # ------------------------------------------------------------ the step
     @framework.no_grad()
     def reduce_gradients(self, parameter_list, hcg) -> None:
         """Reduce Muon gradients onto their owners and reduce-scatter the rest.
 
         With ``comm_overlap`` the hooks launched the reduces; this waits and
-        reduces the no-hook colours synchronously.
-
-        Args:
-            parameter_list (list): the model parameters (Paddle's interface).
-            hcg: hybrid communicate group (Paddle's interface).
+        reduces the no-hook colours synchronously. The arguments are Paddle's
+        interface (the optimizer knows its parameters and groups).
         """
         rt = self._runtime
         with rt.timed("reduce-gradients"):
@@ -224,36 +193,27 @@ class MuonShardingOptimizer(DevelopSurface):
         return rt.run(rt.step_plan, staged=rt.staged).params_grads
 
     def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
-        """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already).
-
-        Returns:
-            tuple: ``(None, params_grads)`` as ``Optimizer.minimize`` does.
-        """
+        """Step (``HybridParallelOptimizer.minimize`` reduced the gradients already);
+        returns ``(None, params_grads)`` as ``Optimizer.minimize`` does."""
         return None, self.step()
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
         """Clear every gradient this optimizer manages.
 
         Args:
-            set_to_zero (bool): True zeroes gradients in place. False frees what
-                is not linked to a fused buffer (per-parameter Muon gradients,
-                ``main_grad`` of unfused parameters); fused buffers stay
-                allocated and are zeroed, since the parameters' gradients are
-                views into them, unless ``release_gradients`` releases the 1-D
-                buffers.
+            set_to_zero (bool): True zeroes gradients in place. False frees what is not
+                linked to a fused buffer (per-parameter Muon gradients, ``main_grad`` of
+                unfused parameters); fused buffers (the gradients are views into them)
+                are zeroed, unless ``release_gradients`` releases the 1-D buffers.
         """
         self._runtime.clear_grad(set_to_zero)
 
     @framework.no_grad()
     def clear_param_storage(self, color) -> None:
-        """Free the parameter storage of colour ``color`` until the next step.
-
-        Freed: every element-wise parameter of the colour (this rank's slice is
-        kept aside) and every matrix of the colour this rank does not own (the
+        """Free the parameter storage of colour ``color`` (None: the default sharding
+        group) until the next step: every element-wise parameter of the colour (this
+        rank's slice is kept aside) and every matrix of it this rank does not own (the
         owner's broadcast refills it). :meth:`step` restores the storage first.
-
-        Args:
-            color: the colour key (None for the default sharding group).
         """
         self._runtime.clear_param_storage(color)
 
@@ -262,33 +222,23 @@ class MuonShardingOptimizer(DevelopSurface):
         """Give every colour freed by :meth:`clear_param_storage` its storage back."""
         self._runtime.reset_param_storage()
 
-    # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
         """This rank's optimizer state (owned matrices and local slices)."""
         return self._inner_opt.state_dict()
 
     def set_state_dict(self, state_dict: dict) -> None:
-        """Load this rank's part of a full (all ranks merged) state dict.
-
-        Args:
-            state_dict (dict): ``<param name>_<state>`` keys,
-                ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
+        """Load this rank's part of a full (all ranks merged) state dict: ``<param
+        name>_<state>`` keys, ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
         """
         optimizer_state.set_state_dict(self._runtime, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
-        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``.
-
-        Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
-        and offsets come from the model's sharded weight, so a checkpoint loads
-        on another layout (owned matrices whole, slices ``is_flattened``).
-        Missing states are created, so a fresh optimizer can load.
-
-        Args:
-            model_sharded_state_dict (dict): structured key -> ShardedWeight.
-
-        Returns:
-            dict: structured key -> ShardedWeight, for the states this rank holds.
+        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``:
+        structured key -> ShardedWeight, placed by ``model_sharded_state_dict`` (the
+        model's). Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
+        and offsets come from the model's weight, so a checkpoint loads on another layout
+        (owned matrices whole, slices ``is_flattened``). Missing states are created, so a
+        fresh optimizer can load.
         """
         return optimizer_state.sharded_state_dict(self._runtime, model_sharded_state_dict)
 

@@ -11,9 +11,6 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The sharding core of :class:`MuonShardingOptimizer`: settings, owner rules,
-the layout and its step plan, and the runtime that executes the plan.
-
-``muon_sharding_optimizer`` (develop's path and public names) builds on it;
-nothing here is public API of its own.
-"""
+"""The sharding core of :class:`MuonShardingOptimizer` (settings, owner rules, the layout,
+its step plan and the runtime that executes it); ``muon_sharding_optimizer`` holds
+develop's path and public names, nothing here is public API of its own."""

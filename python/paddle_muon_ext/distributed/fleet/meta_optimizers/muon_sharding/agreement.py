@@ -13,47 +13,10 @@
 # limitations under the License.
 """Ranks agree at construction: one digest per group, compared before any collective.
 
-Every rank of a group must build the same buffers in the same order, or the
-first reduce-scatter mixes different parameters (silent divergence) or the
-collectives' sizes differ (a backend abort naming nothing). So
-:class:`MuonShardingOptimizer` compares, per group, what must be identical
-among the ranks that share it:
-
-* the sharding group: the sharding options, the inner optimizer's type and
-  hyper-parameters (a learning-rate scheduler by its class, parameters and
-  state; the grad clip by its class and thresholds), the order of colours,
-  and the default-colour parameters (name, shape, dtype, Muon routing, in
-  order) with their per-parameter settings;
-* each colour group (e.g. an expert's moe_sharding group): the parameters of
-  that colour with their settings. Experts differ across EP ranks
-  legitimately, and EP ranks never share an expert's colour group, so they
-  are never compared.
-
-A parameter's settings are what the update reads per parameter, evaluated
-rather than compared by identity: ``lr_ratio(param)``,
-``apply_decay_param_fun(param.name)``, its ``optimize_attr`` learning rate,
-``regularizer`` (class and coefficient) and ``need_clip``
-(:func:`param_settings`). Each owner updates with its own copy, so a rank
-that differs would silently train its matrices and slices differently.
-
-Cheap first: one ``all_reduce(MAX)`` of ``[hash, -hash]`` (eight int64 words)
-per group; every member sees ``max == min`` exactly when all hashes are
-equal. Only on a mismatch do the members gather their full digests and raise
-one error naming the first differing field or parameter and the ranks. A
-reduce rather than a gather of hashes: every member learns the verdict from
-the same result, and a log-only collective layer (which moves no data)
-reads as agreement instead of an exchange it cannot do.
-
-Then every rank of the job learns the verdict: one ``all_reduce(MAX)`` over
-the whole job of a flag per rank (``world_size`` int64 words). When any rank
-found a disagreement, the ranks gather their messages and every rank
-raises: the members of the group that disagrees with the first difference,
-the others (another pipeline stage, another expert's group) naming the
-disagreeing ranks and that difference - none goes on into a collective a
-refusing rank never joins. After a disagreement in the sharding group its
-members skip the colour groups (their colour orders may differ, so those
-checks would not line up); the job-wide verdict is the next collective of
-every rank either way.
+Every rank of a group must build the same buffers in the same order, or the first
+reduce-scatter mixes different parameters (silent divergence) or the collectives' sizes
+differ (a backend abort naming nothing): :func:`check_ranks_agree` refuses it, naming
+the first difference, on every rank of the job.
 """
 
 from __future__ import annotations
@@ -68,23 +31,11 @@ from paddle.nn.clip import GradientClipBase
 from paddle.optimizer.lr import LRScheduler
 from paddle.regularizer import WeightDecayRegularizer
 
-__all__ = [
-    "GroupDigest",
-    "RankDisagreementError",
-    "check_ranks_agree",
-    "digest_words",
-    "first_difference",
-    "group_digests",
-    "describe",
-    "optimizer_options",
-    "param_record",
-    "param_settings",
-    "route_of",
-    "sharding_options",
-]
+__all__ = ["GroupDigest", "RankDisagreementError", "check_ranks_agree", "digest_words",
+           "first_difference", "group_digests", "describe", "optimizer_options",
+           "param_record", "param_settings", "route_of", "sharding_options"]
 
-#: hash words per digest: 31 bits each, so they stay exact through any
-#: backend or fake that reduces in float64
+#: hash words per digest: 31 bits each, exact through any backend that reduces in float64
 _WORDS = 4
 _WORD_BITS = 31
 
@@ -132,48 +83,27 @@ class GroupDigest:
 
 
 def route_of(info: Any) -> str:
-    """How the optimizer routes a parameter, from its ``MuonParamInfo``.
-
-    Args:
-        info: the parameter's ``MuonParamInfo`` (None: no map entry).
-
-    Returns:
-        str: "muon", "muon+hyperball", "hyperball" (owned whole), "adamw"
-        (element-wise slices) or "no muon_param_info_map entry".
-    """
+    """How the optimizer routes a parameter, from its ``MuonParamInfo`` (None: no entry):
+    "muon", "muon+hyperball", "hyperball" (owned whole), "adamw" (element-wise slices) or
+    "no muon_param_info_map entry"."""
     if info is None:
         return "no muon_param_info_map entry"
-    muon = bool(getattr(info, "use_muon", False))
     hyperball = bool(getattr(info, "use_hyperball", False))
-    if muon:
+    if getattr(info, "use_muon", False):
         return "muon+hyperball" if hyperball else "muon"
     return "hyperball" if hyperball else "adamw"
 
 
 def param_record(param: Any, info: Any) -> tuple:
-    """``(name, shape, dtype, route)`` of one parameter, as plain values.
-
-    Args:
-        param: the parameter (``.name``, ``.shape``, ``.dtype``).
-        info: its ``MuonParamInfo`` or None.
-
-    Returns:
-        tuple: ``(str, tuple[int, ...], str, str)``.
-    """
+    """``(name, shape, dtype, route)`` of one parameter (its ``MuonParamInfo`` or None)."""
     dtype = str(param.dtype).replace("paddle.", "")
     return (str(param.name), tuple(int(d) for d in param.shape), dtype, route_of(info))
 
 
 def sharding_options(settings: Any, **extra: Any) -> dict:
-    """The options the ranks of a sharding group must share, by name.
-
-    Args:
-        settings: the optimizer's ``ShardingSettings`` (a dataclass).
-        **extra: further values that shape the schedule (read per rank).
-
-    Returns:
-        dict: option name -> value (local-only options left out).
-    """
+    """Option name -> value the ranks of a sharding group must share: the
+    ``ShardingSettings`` fields (local-only ones left out) and ``extra`` (further values
+    that shape the schedule)."""
     out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
            if f.name not in _LOCAL_ONLY_OPTIONS}
     out.update(extra)
@@ -184,9 +114,8 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 def _describable(value: Any) -> bool:
-    # Objects whose attributes are their settings: a learning-rate scheduler,
-    # a grad clip (also Paddle's HybridParallelClipGrad around one), a
-    # regulariser.
+    # Objects whose attributes are their settings: a learning-rate scheduler, a grad
+    # clip (also Paddle's HybridParallelClipGrad around one), a regulariser.
     return isinstance(value, (LRScheduler, GradientClipBase, WeightDecayRegularizer)) or (
         type(value).__name__ == "HybridParallelClipGrad" and hasattr(value, "_clip"))
 
@@ -201,9 +130,7 @@ def _describe_inner(value: Any, depth: int) -> Optional[str]:
     if depth > 0 and _describable(value):
         parts = []
         for key, attr in sorted(vars(value).items()):
-            if key in _UNDESCRIBED:
-                continue
-            text = _describe_inner(attr, depth - 1)
+            text = None if key in _UNDESCRIBED else _describe_inner(attr, depth - 1)
             if text is not None:
                 parts.append(f"{key.lstrip('_')}={text}")
         return f"{type(value).__name__}({', '.join(parts)})"
@@ -213,19 +140,11 @@ def _describe_inner(value: Any, depth: int) -> Optional[str]:
 def describe(value: Any) -> Any:
     """A setting as a plain value the ranks can compare.
 
-    Scalars are themselves. A learning-rate scheduler, a grad clip or a
-    regulariser is one string: its class and every scalar (or list of
-    scalars, or nested scheduler / clip) attribute, sorted by name, e.g.
-    ``"StepDecay(base_lr=0.1, gamma=0.1, last_epoch=0, last_lr=0.1, ...)"``:
-    its parameters and its state. Attributes that cannot be compared across
-    processes (a function such as ``LambdaDecay``'s ``lr_lambda``, a process
-    group) are left out. Anything else is its type's name.
-
-    Args:
-        value: the setting.
-
-    Returns:
-        bool|int|float|str|None: the comparable value.
+    Scalars are themselves. A learning-rate scheduler, a grad clip or a regulariser
+    is one string: its class and every scalar (or list of scalars, or nested scheduler
+    / clip) attribute, sorted by name, e.g. ``"StepDecay(base_lr=0.1, gamma=0.1, ...)"``:
+    its parameters and its state. Attributes that cannot be compared across processes
+    (a function, a process group) are left out. Anything else is its type's name.
     """
     if isinstance(value, _SCALARS):
         return value
@@ -234,23 +153,10 @@ def describe(value: Any) -> Any:
     return type(value).__name__
 
 
-
 def optimizer_options(optimizer: Any) -> dict:
-    """The inner optimizer's hyper-parameters, by name.
-
-    Every rank updates the matrices it owns and its own slices with its own
-    copy: a learning rate that differs per rank would train each parameter
-    with whichever rank owns it.
-
-    Args:
-        optimizer: the innermost optimizer (Muon): ``_learning_rate`` and
-            the ``_default_dict`` Paddle's optimizers keep.
-
-    Returns:
-        dict: ``"muon <name>"`` -> :func:`describe` of the value; the
-        learning rate (a scheduler: class, parameters and state) and the
-        grad clip the optimizer applies (``_grad_clip``; class and thresholds).
-    """
+    """The innermost optimizer's (Muon's) hyper-parameters, since each owner updates with
+    its own copy: ``"muon <name>"`` -> :func:`describe` of each ``_default_dict`` value, of
+    the learning rate and of the grad clip it applies (``_grad_clip``)."""
     out = {"muon learning_rate": describe(getattr(optimizer, "_learning_rate", None))}
     for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
         out[f"muon {key}"] = describe(value)
@@ -270,31 +176,28 @@ def _evaluated(fn: Callable, arg: Any, convert: Callable) -> Any:
         return f"raised {type(error).__name__}: {error}"
 
 
-def _ratio(value: Any) -> Any:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else repr(value)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> Any:
+    # 256 and 256.0 configure the same buffers: hash and compare them alike.
+    return float(value) if _is_number(value) else value
 
 
 def param_settings(param: Any, optimizer: Any) -> tuple:
-    """What the update reads per parameter, evaluated on this parameter.
-
-    Args:
-        param: the parameter (``.name``; ``optimize_attr``, ``regularizer``
-            and ``need_clip`` as Paddle's parameters carry them).
-        optimizer: the innermost optimizer (Muon: ``_lr_ratio``,
-            ``_apply_decay_param_fun``; None is the default, 1.0 / True).
-
-    Returns:
-        tuple: ``(setting, value)`` pairs in a fixed order: ``lr_ratio``,
-        ``apply_decay_param_fun``, ``optimize_attr learning_rate``,
-        ``regularizer`` (:func:`describe`), ``need_clip``.
+    """What the update reads per parameter, evaluated on ``param`` (not compared by
+    identity): ``(setting, value)`` pairs of the ``optimizer``'s (Muon's) ``lr_ratio`` and
+    ``apply_decay_param_fun`` (None: 1.0 / True) and the parameter's ``optimize_attr``
+    learning rate, ``regularizer`` (:func:`describe`) and ``need_clip``, in that order.
     """
     lr_ratio = getattr(optimizer, "_lr_ratio", None)
     decay_fun = getattr(optimizer, "_apply_decay_param_fun", None)
     attr = getattr(param, "optimize_attr", None)
     attr_lr = attr.get("learning_rate", 1.0) if isinstance(attr, dict) else 1.0
+    ratio = (lambda v: float(v) if _is_number(v) else repr(v))
     return (
-        ("lr_ratio", 1.0 if lr_ratio is None else _evaluated(lr_ratio, param, _ratio)),
+        ("lr_ratio", 1.0 if lr_ratio is None else _evaluated(lr_ratio, param, ratio)),
         ("apply_decay_param_fun",
          True if decay_fun is None else _evaluated(decay_fun, param.name, bool)),
         ("optimize_attr learning_rate", _number(describe(attr_lr))),
@@ -303,19 +206,10 @@ def param_settings(param: Any, optimizer: Any) -> tuple:
     )
 
 
-def _number(value: Any) -> Any:
-    # 256 and 256.0 configure the same buffers: hash and compare them alike.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return value
-
-
-def _colour_label(colour: Hashable) -> str:
-    return "the sharding group" if colour is None else f"colour {colour!r}"
-
-
 def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) -> list:
-    """The digests one rank sends, the sharding group's first.
+    """The digests one rank sends: the sharding group's (its options, the colour order
+    and the default colour's parameters), then one per other colour in first-seen order
+    (its parameters: EP ranks never share an expert's group, so experts are never compared).
 
     Args:
         params: ``(colour key, param_record)`` or ``(colour key,
@@ -323,10 +217,6 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
         colour_ranks: colour key -> global ranks of its group (None: the
             sharding group; always present).
         options: option name -> value, compared over the sharding group.
-
-    Returns:
-        list[GroupDigest]: the sharding group's, then one per other colour
-        in first-seen order.
     """
     by_colour: dict = {None: ([], [])}
     for colour, record, *settings in params:
@@ -337,13 +227,10 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
     order = [c for c in by_colour if c is not None]
     fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
     fields += (("colour order", tuple(repr(c) for c in order)),)
-    out = [GroupDigest(_colour_label(None), tuple(colour_ranks[None]), fields,
-                       tuple(by_colour[None][0]), settings=tuple(by_colour[None][1]))]
-    for colour in order:
-        records, setting_rows = by_colour[colour]
-        out.append(GroupDigest(_colour_label(colour), tuple(colour_ranks[colour]), (),
-                               tuple(records), colour, tuple(setting_rows)))
-    return out
+    return [GroupDigest("the sharding group" if colour is None else f"colour {colour!r}",
+                        tuple(colour_ranks[colour]), fields if colour is None else (),
+                        tuple(records), colour, tuple(setting_rows))
+            for colour, (records, setting_rows) in by_colour.items()]
 
 
 def _content(digest: GroupDigest) -> str:
@@ -352,13 +239,9 @@ def _content(digest: GroupDigest) -> str:
 
 
 def digest_words(digest: GroupDigest) -> list:
-    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``.
-
-    The label and ranks are left out: members may name their group alike
-    or not, what they must share is the content.
-    """
-    blob = _content(digest).encode()
-    raw = hashlib.sha256(blob).digest()
+    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``; the label and
+    ranks are left out (members may name their group alike or not)."""
+    raw = hashlib.sha256(_content(digest).encode()).digest()
     mask = (1 << _WORD_BITS) - 1
     return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
 
@@ -370,65 +253,62 @@ def _show_param(record: Optional[tuple]) -> str:
     return f"{name} {list(shape)} {dtype} {route}"
 
 
-def _first_param_difference(a: tuple, b: tuple) -> Optional[int]:
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b) or a[i] != b[i]:
-            return i
-    return None
+def _at(rows: tuple, i: int) -> Any:
+    return rows[i] if i < len(rows) else None
 
 
-def _first_setting_difference(head: str, ref: GroupDigest, mine: GroupDigest,
-                              base: int, other: int) -> str:
-    # Same parameters in the same order: a per-parameter setting differs.
-    i = _first_param_difference(ref.settings, mine.settings)
-    name = ref.params[i][0] if i is not None and i < len(ref.params) else "?"
-    a = dict(ref.settings[i]) if i is not None and i < len(ref.settings) else {}
-    b = dict(mine.settings[i]) if i is not None and i < len(mine.settings) else {}
+def _first_index_difference(a: tuple, b: tuple) -> Optional[int]:
+    common = min(len(a), len(b))
+    return next((i for i in range(common) if a[i] != b[i]),
+                None if len(a) == len(b) else common)
+
+
+def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
+    # ``(key, a's value, b's value)`` of the first key whose values differ
+    # between two sequences of (key, value) pairs (a missing key: "<unset>").
+    a, b = dict(a or ()), dict(b or ())
     for key in list(a) + [k for k in b if k not in a]:
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         if repr(va) != repr(vb):
-            return (f"{head}: parameter #{i} ({name}) has {key} {va!r} on rank {base} but "
-                    f"{vb!r} on rank {other}; {_FIX_SETTINGS}.")
-    return f"{head}: the parameter settings differ; {_FIX_SETTINGS}."
+            return key, va, vb
+    return None
 
 
 def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
-    """The first disagreement among one group's digests, as one line.
-
-    Args:
-        digests: one digest per member, in group order (``digests[i]`` from
-            ``digests[0].ranks[i]``).
-
-    Returns:
-        str|None: names the group, the first differing option/field,
-        parameter (index and name) or parameter setting, each side's value
-        and the ranks that differ from the first; None when all agree.
+    """The first disagreement among one group's digests (one per member, in group
+    order), as one line naming the group, the first differing option/field, parameter or
+    parameter setting, each side's value and the ranks that differ; None when all agree.
     """
     ref = digests[0]
     ranks = list(ref.ranks)
-    base, other = ranks[0], None
     differing = [ranks[i] for i, d in enumerate(digests) if _content(d) != _content(ref)]
     if not differing:
         return None
-    other = differing[0]
+    base, other = ranks[0], differing[0]
     mine = digests[ranks.index(other)]
     head = (f"MuonShardingOptimizer: the ranks of {ref.label} {ranks} disagree "
             f"(ranks {differing} differ from rank {base})")
-    ref_fields, my_fields = dict(ref.fields), dict(mine.fields)
-    for name in list(ref_fields) + [n for n in my_fields if n not in ref_fields]:
-        a, b = ref_fields.get(name, "<unset>"), my_fields.get(name, "<unset>")
-        if repr(a) != repr(b):
-            fix = _FIX_MUON if name.startswith("option muon ") else _FIX
-            return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {fix}."
-    i = _first_param_difference(ref.params, mine.params)
-    if i is None:
-        return _first_setting_difference(head, ref, mine, base, other)
-    a = ref.params[i] if i < len(ref.params) else None
-    b = mine.params[i] if i < len(mine.params) else None
-    name = (a or b)[0]
-    return (f"{head}: parameter #{i} ({name}) is {_show_param(a)} on rank {base} but "
-            f"{_show_param(b)} on rank {other} ({len(ref.params)} vs {len(mine.params)} "
-            f"parameters); {_FIX}.")
+    found = _first_key_difference(ref.fields, mine.fields)
+    if found is not None:
+        name, a, b = found
+        fix = _FIX_MUON if name.startswith("option muon ") else _FIX
+        return f"{head}: {name} is {a!r} on rank {base} but {b!r} on rank {other}; {fix}."
+    i = _first_index_difference(ref.params, mine.params)
+    if i is not None:
+        a, b = _at(ref.params, i), _at(mine.params, i)
+        return (f"{head}: parameter #{i} ({(a or b)[0]}) is {_show_param(a)} on rank {base} "
+                f"but {_show_param(b)} on rank {other} ({len(ref.params)} vs "
+                f"{len(mine.params)} parameters); {_FIX}.")
+    # Same parameters in the same order: a per-parameter setting differs.
+    i = _first_index_difference(ref.settings, mine.settings)
+    found = None if i is None else _first_key_difference(_at(ref.settings, i),
+                                                         _at(mine.settings, i))
+    if found is not None:
+        key, a, b = found
+        name = ref.params[i][0] if i < len(ref.params) else "?"
+        return (f"{head}: parameter #{i} ({name}) has {key} {a!r} on rank {base} but "
+                f"{b!r} on rank {other}; {_FIX_SETTINGS}.")
+    return f"{head}: the parameter settings differ; {_FIX_SETTINGS}."
 
 
 def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
@@ -448,58 +328,54 @@ def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
 
 
 def _refuse_on_every_rank(message: Optional[str]) -> None:
-    """The job-wide verdict: raise on every rank when any rank disagreed.
-
-    Collective over the whole job (the default group): a flag per rank,
-    reduced with MAX; only when a flag is set are the messages gathered.
-    """
-    world = int(dist.get_world_size())
-    if world <= 1:
-        if message is not None:
-            raise RankDisagreementError(message)
-        return
-    rank = int(dist.get_rank())
-    flags = paddle.to_tensor([int(r == rank and message is not None) for r in range(world)],
-                             dtype="int64")
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    refusing = [r for r, v in enumerate(flags.numpy().tolist()) if v]
-    if not refusing:
-        return
-    messages: list = []  # every rank saw the same flags: every rank gathers
-    dist.all_gather_object(messages, message)
+    # The job-wide verdict (default group): a flag per rank, reduced with MAX; only
+    # when a flag is set are the messages gathered, and every rank raises.
+    world, refusing, messages = int(dist.get_world_size()), [], []
+    if world > 1:
+        rank = int(dist.get_rank())
+        flags = paddle.to_tensor([int(r == rank and message is not None) for r in range(world)],
+                                 dtype="int64")
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        refusing = [r for r, v in enumerate(flags.numpy().tolist()) if v]
+    if refusing:  # every rank saw the same flags: every rank gathers
+        dist.all_gather_object(messages, message)
     if message is not None:
         raise RankDisagreementError(message)
-    first = next((m for m in messages if m), "(their message did not arrive)")
-    raise RankDisagreementError(
-        f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
-        f"group disagreeing, and every rank of the job stops at construction so that none "
-        f"waits in a collective the others never join. First of their errors: {first}")
+    if refusing:
+        first = next((m for m in messages if m), "(their message did not arrive)")
+        raise RankDisagreementError(
+            f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
+            f"group disagreeing, and every rank of the job stops at construction so that "
+            f"none waits in a collective the others never join. First of their errors: {first}")
 
 
 def check_ranks_agree(digests: Sequence[GroupDigest],
                       group_of: Callable[[GroupDigest], Any]) -> None:
-    """Compare each digest with the other members of its group; every rank
-    of the job raises when any group disagrees.
+    """Compare each digest with the other members of its group; every rank of the job
+    raises when any group disagrees (none goes on into a collective the others never join).
+
+    Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``: ``max == min``
+    exactly when all hashes are equal (a reduce, not a gather: every member reads the
+    verdict from the same result, and a log-only collective layer reads as agreement).
+    Only on a mismatch do the members gather their digests to name the first difference.
 
     Collective: every member of every group must call it with its digests in
     the same order (the sharding group's first; its "colour order" field makes
-    the later ones line up before they run), and every rank of the job calls
-    it (the verdict is exchanged over the whole job).
+    the later ones line up before they run), and every rank of the job calls it.
 
     Args:
         digests: this rank's digests (:func:`group_digests`).
         group_of: digest -> the process group to exchange it on.
 
     Raises:
-        RankDisagreementError: on every rank, one line: a member of the group
-            that disagrees names the first difference and the ranks; another
-            rank names the disagreeing ranks and that difference.
+        RankDisagreementError: on every rank; the members of a disagreeing group name
+            the first difference, the other ranks name those ranks and their error.
     """
     message = None
     for index, digest in enumerate(digests):
         if len(digest.ranks) <= 1:
             continue  # nobody to disagree with
-        found = _group_disagreement(digest, group_of(digest))
+        found = _group_disagreement(digest, group_of(digest))  # collective: always run
         message = message or found
         if index == 0 and message is not None:
             break  # the colour orders may differ: the later checks would not line up

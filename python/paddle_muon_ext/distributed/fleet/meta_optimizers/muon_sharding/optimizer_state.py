@@ -12,8 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """MuonShardingOptimizer's optimizer state for checkpoints: keys, local filtering, and
-the states a fresh optimizer creates so that it can load.
-"""
+the states a fresh optimizer creates so that it can load."""
 
 from __future__ import annotations
 
@@ -40,13 +39,9 @@ def set_state_dict(rt: ShardingRuntime, state_dict: dict) -> None:
     inner_state = {}
     for key, value in state_dict.items():
         if key == "master_weights":
-            base = rt.base_opt
-            kept = {}
-            for name, weight in value.items():
-                if name in local:
-                    weight.name = base._gen_master_weight_var_name(local[name])
-                    kept[name] = weight
-            inner_state[key] = kept
+            inner_state[key] = {name: w for name, w in value.items() if name in local}
+            for name, weight in inner_state[key].items():
+                weight.name = rt.base_opt._gen_master_weight_var_name(local[name])
         elif key == "LR_Scheduler":
             inner_state[key] = value
         else:
@@ -58,17 +53,14 @@ def set_state_dict(rt: ShardingRuntime, state_dict: dict) -> None:
 
 def sharded_state_dict(rt: ShardingRuntime, model_sharded_state_dict: dict) -> dict:
     """This rank's states as ShardedWeights placed by the model's (see the optimizer's)."""
-    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import (
-        ShardedWeight,
-    )
+    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
 
     _create_local_states(rt)
     # Shared weights appear under several keys; like develop, the first
     # key in sorted order carries the optimizer state.
     model_key_of: dict[str, str] = {}
     for key in sorted(model_sharded_state_dict):
-        name = model_sharded_state_dict[key].local_tensor.name
-        model_key_of.setdefault(name, key)
+        model_key_of.setdefault(model_sharded_state_dict[key].local_tensor.name, key)
 
     states = rt.inner.state_dict()
     names = _names_longest_first(rt)
@@ -79,24 +71,19 @@ def sharded_state_dict(rt: ShardingRuntime, model_sharded_state_dict: dict) -> d
             continue  # LR_Scheduler and other plain values
         owner = state_owner(rt, state_key, names)
         if owner is None:
-            raise ValueError(
-                f"optimizer state {state_key!r} belongs to no trainable "
-                "parameter of this optimizer; cannot place it in a checkpoint."
-            )
+            raise ValueError(f"optimizer state {state_key!r} belongs to no trainable parameter "
+                             "of this optimizer; cannot place it in a checkpoint.")
         entries.append((*owner, tensor))
-    entries.extend(
-        (name, _MASTER_WEIGHT_STATE, tensor) for name, tensor in master_weights.items()
-    )
+    entries.extend((name, _MASTER_WEIGHT_STATE, tensor)
+                   for name, tensor in master_weights.items())
 
     result = {}
     for name, state, tensor in entries:
         model_key = model_key_of.get(name)
         if model_key is None:
-            raise KeyError(
-                f"parameter {name} has optimizer state {state!r} but no entry "
-                "in model_sharded_state_dict (matched by local_tensor.name); "
-                "pass the sharded state dict of the model this optimizer trains."
-            )
+            raise KeyError(f"parameter {name} has optimizer state {state!r} but no entry in "
+                           "model_sharded_state_dict (matched by local_tensor.name); pass the "
+                           "sharded state dict of the model this optimizer trains.")
         weight = model_sharded_state_dict[model_key]
         key = f"{model_key}.{state}"
         if state in _SCALAR_STATES:
@@ -105,31 +92,21 @@ def sharded_state_dict(rt: ShardingRuntime, model_sharded_state_dict: dict) -> d
         local_shape = tuple(weight.local_shape)
         numel = int(rt.param_by_name[name].numel())
         if math.prod(local_shape) != numel:
-            raise ValueError(
-                f"model sharded weight {model_key!r} has local shape "
-                f"{list(local_shape)} but parameter {name} has "
-                f"{numel} elements; the model's sharded "
-                "state dict must describe the parameter this rank holds."
-            )
+            raise ValueError(f"model sharded weight {model_key!r} has local shape "
+                             f"{list(local_shape)} but parameter {name} has {numel} elements; "
+                             "the model's sharded state dict must describe the parameter "
+                             "this rank holds.")
+        flattened = {}
         if name in rt.slice_params:
             begin, end = (int(i) for i in rt.layout.local_range(name))
             if end <= begin:
                 continue  # this rank's share is alignment padding only
-            result[key] = ShardedWeight(
-                key,
-                tensor[: end - begin],  # a view: loading writes the state
-                local_shape,
-                tuple(weight.global_shape),
-                tuple(weight.global_offset),
-                is_flattened=True,
-                flattened_range=slice(begin, end),
-            )
-        else:
-            local = tensor if tuple(tensor.shape) == local_shape else tensor.reshape(local_shape)
-            result[key] = ShardedWeight(
-                key, local, local_shape, tuple(weight.global_shape),
-                tuple(weight.global_offset),
-            )
+            tensor = tensor[: end - begin]  # a view: loading writes the state
+            flattened = dict(is_flattened=True, flattened_range=slice(begin, end))
+        elif tuple(tensor.shape) != local_shape:
+            tensor = tensor.reshape(local_shape)
+        result[key] = ShardedWeight(key, tensor, local_shape, tuple(weight.global_shape),
+                                    tuple(weight.global_offset), **flattened)
     return result
 
 
@@ -147,11 +124,8 @@ def _create_local_states(rt: ShardingRuntime) -> None:
 
 def state_owner(rt: ShardingRuntime, state_key: str,
                 names: list | None = None) -> tuple[str, str] | None:
-    """(parameter name, develop's state name) of a state key, names tried
-    longest first; None when no trainable parameter prefixes it.
-
-    ``names``: :func:`_names_longest_first` of ``rt`` (computed when None).
-    """
+    """(parameter name, develop's state name) of a state key; None when no trainable
+    parameter prefixes it. ``names``: :func:`_names_longest_first` of ``rt`` (None: computed)."""
     for name in names if names is not None else _names_longest_first(rt):
         if state_key.startswith(name + "_"):
             return name, _MASTER_PREFIX.sub("", state_key[len(name) + 1:], count=1)

@@ -11,15 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The sharding options: the table of those develop's proto may lack, and
-``ShardingSettings``, their values resolved once from fleet's strategy.
-
-Every option beyond paddle 3.3.1's ``DygraphShardingConfig`` is one
-:class:`ShardingOption` of :data:`SHARDING_OPTIONS` (name, default, choices,
-proto field, doc); the settings, the compat layer, the tools and the exporter
-read it. ``ShardingSettings.check`` refuses at construction what the optimizer
-cannot honour. No paddle import at module level: tools load it before paddle
-(the exporter loads this file on its own).
+"""The Muon sharding options (the table develop's proto may lack), dtype sizes, and
+``ShardingSettings``: the options resolved once from fleet's strategy and checked. No paddle
+import at module level: the tools load it before paddle, the exporter on its own.
 """
 
 from __future__ import annotations
@@ -32,66 +26,30 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-__all__ = [
-    "ShardingOption",
-    "SHARDING_OPTIONS",
-    "PARTITION_DEVELOP",
-    "PARTITION_BALANCED",
-    "PARTITION_RAIL",
-    "PARTITION_STRATEGIES",
-    "option",
-    "option_default",
-    "added_options",
-    "check_option_value",
-    "set_kept_options_reader",
-    "kept_options",
-    "ShardingSettings",
-    "ShardingAssertionError",
-    "ShardingTypeError",
-    "SHARDING_CONFIG_FIELDS",
-    "PP_CONFIG_FIELDS",
-    "OVERLAP_SYNC_ENV",
-    "read_overlap_optimize_and_sync",
-]
+__all__ = ["ShardingOption", "SHARDING_OPTIONS", "PARTITION_DEVELOP", "PARTITION_BALANCED",
+           "PARTITION_RAIL", "PARTITION_STRATEGIES", "option", "option_default",
+           "added_options", "check_option_value", "set_kept_options_reader", "ShardingSettings",
+           "ShardingAssertionError", "ShardingTypeError", "SHARDING_CONFIG_FIELDS",
+           "OVERLAP_SYNC_ENV", "read_overlap_optimize_and_sync"]
 
 # ------------------------------------------------------------------ dtypes
 # Bytes per element of the float dtypes a Muon matrix (or a fused buffer) may hold.
-FLOAT_DTYPE_SIZES: Dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
+FLOAT_DTYPE_SIZES: Dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2,
+                                     "float8_e4m3fn": 1, "float8_e5m2": 1}
 # The other dtypes Paddle's fusion helper knows (element-wise parameters only).
-NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
+NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {"int64": 8, "int32": 4, "int16": 2, "int8": 1,
+                                         "uint8": 1, "bool": 1}
 # Short spellings users and model files write.
-DTYPE_ALIASES: Dict[str, str] = {
-    "fp64": "float64",
-    "double": "float64",
-    "fp32": "float32",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-}
+DTYPE_ALIASES: Dict[str, str] = {"fp64": "float64", "double": "float64", "fp32": "float32",
+                                 "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                                 "half": "float16"}
 _DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """The dtype's name: ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``.
-
-    Args:
-        dtype: a Paddle dtype or a name (any case, ``paddle.`` prefix and the
-            short aliases accepted).
-
-    Returns:
-        str: the canonical name; an unknown name comes back lower-cased and
-        unprefixed (:func:`itemsize` refuses it where a size is needed).
-    """
+    """The name of a Paddle dtype or dtype name (any case, prefixed or an alias):
+    ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``. An unknown
+    name comes back lower-cased and unprefixed (:func:`itemsize` refuses it)."""
     if type(dtype) is str and (dtype in FLOAT_DTYPE_SIZES or dtype in NON_FLOAT_DTYPE_SIZES):
         return dtype
     text = str(dtype).strip().lower()
@@ -102,44 +60,28 @@ def canonical_dtype(dtype: Any) -> str:
 
 
 def canonical_float_dtype(dtype: Any) -> str:
-    """:func:`canonical_dtype` of a Muon matrix's dtype; refuses any other.
-
-    Raises:
-        ValueError: not one of :data:`FLOAT_DTYPE_SIZES` (naming the dtype).
-    """
+    """:func:`canonical_dtype` of a Muon matrix's dtype; ValueError for a non-float one."""
     text = canonical_dtype(dtype)
     if text not in FLOAT_DTYPE_SIZES:
-        raise ValueError(
-            f"unsupported dtype {dtype!r} for a Muon matrix; "
-            f"expected one of {sorted(FLOAT_DTYPE_SIZES)}"
-        )
+        raise ValueError(f"unsupported dtype {dtype!r} for a Muon matrix; "
+                         f"expected one of {sorted(FLOAT_DTYPE_SIZES)}")
     return text
 
 
 def dtype_itemsize(dtype: Any) -> int:
-    """Bytes per element of a float ``dtype`` (a name such as ``"bfloat16"``).
-
-    Raises:
-        ValueError: not a float dtype a Muon matrix may have.
-    """
+    """Bytes per element of a Muon matrix's (float) ``dtype``; ValueError for any other."""
     return FLOAT_DTYPE_SIZES[canonical_float_dtype(dtype)]
 
 
 @functools.lru_cache(maxsize=None)
 def itemsize(dtype: Any) -> int:
-    """Bytes per element of any dtype a fused buffer may hold (floats, ints, bool).
-
-    Raises:
-        ValueError: an unknown dtype, named, with the known ones: a guessed
-            size would misplace every later parameter of its buffer.
-    """
+    """Bytes per element of any dtype a fused buffer may hold (floats, ints, bool);
+    ValueError for an unknown one: a guessed size would misplace every later parameter."""
     text = canonical_dtype(dtype)
     size = FLOAT_DTYPE_SIZES.get(text, NON_FLOAT_DTYPE_SIZES.get(text))
     if size is None:
-        raise ValueError(
-            f"unknown dtype {dtype!r}: its element size is not known; use one of "
-            f"{sorted(FLOAT_DTYPE_SIZES) + sorted(NON_FLOAT_DTYPE_SIZES)}"
-        )
+        raise ValueError(f"unknown dtype {dtype!r}: its element size is not known; use one of "
+                         f"{sorted(FLOAT_DTYPE_SIZES) + sorted(NON_FLOAT_DTYPE_SIZES)}")
     return size
 
 
@@ -150,9 +92,8 @@ DEVELOP_DEFAULT_BUFFER_MB = 256
 #: uses 256 for gpu/npu/xpu; a CPU registration uses the same).
 DEFAULT_ALIGNMENT_BYTES = 256
 
-# Owner rules of muon_partition_strategy: develop's rule (the default) and ours
-# (rail: the hierarchical path's; elsewhere it is balanced).
-
+# ------------------------------------------------------------------ options
+# Owner rules of muon_partition_strategy (see its entry below).
 PARTITION_DEVELOP = "upstream_greedy"
 PARTITION_BALANCED = "balanced"
 PARTITION_RAIL = "rail"
@@ -193,34 +134,26 @@ class ShardingOption:
 
 
 SHARDING_OPTIONS: Tuple[ShardingOption, ...] = (
-    ShardingOption(
-        "use_muon_sharding", False, "bool",
-        "build MuonShardingOptimizer instead of DygraphShardingOptimizer in "
-        "fleet.distributed_optimizer.",
-        message="DistributedStrategy", config_key=None, in_develop=True),
-    ShardingOption(
-        "comm_group_call_opt", False, "bool",
-        "route Muon reduces/broadcasts hierarchically: inside the node, then across "
-        "nodes among same-card ranks.",
-        in_develop=True),
-    ShardingOption(
-        "machine_balanced_2d_partition", False, "bool",
-        "place Muon (whole-matrix) owners over the whole job so every machine carries "
-        "the same bytes (develop #79763).",
-        in_develop=True),
-    ShardingOption(
-        "muon_partition_strategy", PARTITION_DEVELOP, "string",
-        'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" (develop\'s '
-        'rule), "balanced" (state bytes and Newton-Schulz cost balanced over ranks; '
-        'recommended) or "rail" (with comm_group_call_opt over >= 2 nodes: bytes '
-        'spread evenly over card rails, then nodes; elsewhere "balanced").',
-        choices=PARTITION_STRATEGIES),
-    ShardingOption(
-        "overlap_sync_group_call", False, "bool",
-        "with comm_group_call_opt, keep overlap_optimize_and_sync on and run each "
-        "stage's parameter sync over the hierarchical route (develop turns the "
-        "overlap off there).",
-    ),
+    ShardingOption("use_muon_sharding", False, "bool",
+                   "build MuonShardingOptimizer instead of DygraphShardingOptimizer in "
+                   "fleet.distributed_optimizer.",
+                   message="DistributedStrategy", config_key=None, in_develop=True),
+    ShardingOption("comm_group_call_opt", False, "bool",
+                   "route Muon reduces/broadcasts hierarchically: inside the node, then "
+                   "across nodes among same-card ranks.", in_develop=True),
+    ShardingOption("machine_balanced_2d_partition", False, "bool",
+                   "place Muon (whole-matrix) owners over the whole job so every machine "
+                   "carries the same bytes (develop #79763).", in_develop=True),
+    ShardingOption("muon_partition_strategy", PARTITION_DEVELOP, "string",
+                   'owner rule for Muon (whole-matrix) parameters: "upstream_greedy" '
+                   '(develop\'s rule), "balanced" (state bytes and Newton-Schulz cost balanced '
+                   'over ranks; recommended) or "rail" (with comm_group_call_opt over >= 2 '
+                   'nodes: bytes spread evenly over card rails, then nodes; elsewhere '
+                   '"balanced").', choices=PARTITION_STRATEGIES),
+    ShardingOption("overlap_sync_group_call", False, "bool",
+                   "with comm_group_call_opt, keep overlap_optimize_and_sync on and run each "
+                   "stage's parameter sync over the hierarchical route (develop turns the "
+                   "overlap off there)."),
 )
 
 _BY_NAME: Dict[str, ShardingOption] = {o.name: o for o in SHARDING_OPTIONS}
@@ -228,12 +161,9 @@ _BY_NAME: Dict[str, ShardingOption] = {o.name: o for o in SHARDING_OPTIONS}
 
 def option(name: str) -> ShardingOption:
     """The table entry of ``name`` (KeyError naming the known options)."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(
-            f"{name!r} is not a Muon sharding option; known: {sorted(_BY_NAME)}"
-        ) from None
+    if name not in _BY_NAME:
+        raise KeyError(f"{name!r} is not a Muon sharding option; known: {sorted(_BY_NAME)}")
+    return _BY_NAME[name]
 
 
 def option_default(name: str) -> Any:
@@ -247,23 +177,18 @@ def added_options() -> Tuple[ShardingOption, ...]:
 
 
 def check_option_value(name: str, value: Any, where: str = "") -> None:
-    """Refuse a value of the wrong type or outside the option's choices.
-
-    Args:
-        name: option name.
-        value: the value given.
-        where: prefix naming where it was set (e.g. ``"sharding_configs."``).
-    """
-    opt = option(name)
-    expected = _PY_TYPES[opt.proto_type]
+    """Refuse a ``value`` of option ``name`` of the wrong type (TypeError) or outside the
+    option's choices (ValueError); ``where`` prefixes the name (``"sharding_configs."``)."""
+    expected = _PY_TYPES[option(name).proto_type]
     if not isinstance(value, expected):
-        raise TypeError(
-            f"{where}{name} must be a {expected.__name__}, got {value!r}."
-        )
-    if opt.choices is not None and value not in opt.choices:
-        raise ValueError(
-            f"{where}{name}={value!r} is not supported; use one of {opt.choices}."
-        )
+        raise TypeError(f"{where}{name} must be a {expected.__name__}, got {value!r}.")
+    _check_choice(name, value, where)
+
+
+def _check_choice(name: str, value: Any, where: str) -> None:
+    choices = option(name).choices
+    if choices is not None and value not in choices:
+        raise ValueError(f"{where}{name}={value!r} is not supported; use one of {choices}.")
 
 
 # The reader of option values kept outside the proto (None: nothing kept).
@@ -271,36 +196,16 @@ _kept_options_reader: Optional[Callable[[Any], Any]] = None
 
 
 def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
-    """Register where option values the proto cannot hold are read from.
-
-    Args:
-        reader: ``reader(strategy)`` returns an object with one attribute per
-            :data:`SHARDING_OPTIONS` entry (the values in effect for that
-            strategy); None removes the reader.
-    """
+    """Register where option values the proto cannot hold are read from: ``reader(strategy)``
+    returns an object with one attribute per :data:`SHARDING_OPTIONS` entry, or None (no
+    values kept for that strategy); a None reader removes it."""
     global _kept_options_reader
     _kept_options_reader = reader
 
 
-def kept_options(strategy: Any) -> Any:
-    """The option values kept outside ``strategy``'s proto, or None when nothing keeps any.
-
-    Args:
-        strategy: the user's ``fleet.DistributedStrategy`` (or None).
-
-    Returns:
-        The registered reader's answer for ``strategy``; None without a reader.
-    """
-    if _kept_options_reader is None or strategy is None:
-        return None
-    return _kept_options_reader(strategy)
-
-
 class ShardingAssertionError(AssertionError, ValueError):
-    """A configuration develop rejects with an assertion.
-
-    Also a ValueError, so code written against either type catches it.
-    """
+    """A configuration develop rejects with an assertion (also a ValueError: code written
+    against either type catches it)."""
 
 
 class ShardingTypeError(TypeError, ValueError):
@@ -312,26 +217,25 @@ OVERLAP_SYNC_ENV = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 
 
 def read_overlap_optimize_and_sync() -> bool:
-    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on).
-
-    Raises:
-        ValueError: the variable is set but not an integer.
-    """
+    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on);
+    ValueError when it is set but not an integer."""
     raw = os.environ.get(OVERLAP_SYNC_ENV, "1")
     try:
         return bool(int(raw))
     except ValueError:
-        raise ValueError(
-            f"{OVERLAP_SYNC_ENV}={raw!r} is not an integer; set it to 1 (overlap the "
-            "parameter sync with the update, the default) or 0."
-        ) from None
+        raise ValueError(f"{OVERLAP_SYNC_ENV}={raw!r} is not an integer; set it to 1 (overlap "
+                         "the parameter sync with the update, the default) or 0.") from None
+
+
+# ------------------------------------------------------------------ settings
+def _refuse_if(refused: Any, error: type, message: str) -> None:
+    if refused:
+        raise error(message)
 
 
 # The ShardingSettings fields not read from ``sharding_configs.<field>``:
 # field -> (where, name there). Every other field is a sharding_configs field of
-# its own name (SHARDING_CONFIG_FIELDS, derived below the class), as develop's
-# MuonShardingOptimizer reads them; defaults and choices of the options 3.3.1
-# lacks come from muon_sharding_options.
+# its own name (SHARDING_CONFIG_FIELDS), as develop's MuonShardingOptimizer reads them.
 _READ_ELSEWHERE = {
     "pp_sharding_comm_overlap": ("pp_configs", "sharding_comm_overlap"),
     "pp_release_gradients": ("pp_configs", "release_gradients"),
@@ -339,20 +243,24 @@ _READ_ELSEWHERE = {
     "pp_degree": ("hybrid_configs", "pp_degree"),
 }
 
+# field type -> (whether a value is of it, what the error asks for); str fields are
+# checked against the option table's choices instead.
+_VALUE_TYPES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "a number (MB; <= 0 turns the fused buffers off)"),
+}
+
 
 @dataclasses.dataclass
 class ShardingSettings:
     """The sharding options the optimizer reads, resolved once.
 
-    Attributes mirror ``strategy.hybrid_configs['sharding_configs']`` fields
-    of the same name; ``pp_sharding_comm_overlap`` / ``pp_release_gradients``
-    are ``pp_configs.sharding_comm_overlap`` / ``pp_configs.release_gradients``;
-    ``enable_optimizer_timer`` and ``pp_degree`` come from ``hybrid_configs``.
-    ``muon_partition_strategy``: ``"upstream_greedy"`` (develop's owner rule,
-    the default), ``"balanced"`` or ``"rail"`` (the option table's choices). ``machine_balanced_2d_partition`` is
-    develop's switch (#79763). ``overlap_sync_group_call`` (ours, default off)
-    keeps the overlapped stage sync on under ``comm_group_call_opt``, routed
-    hierarchically; develop turns the overlap off there.
+    Fields are ``strategy.hybrid_configs['sharding_configs']`` fields of the same
+    name, except those of ``_READ_ELSEWHERE`` (``pp_configs`` / ``hybrid_configs``).
+    ``muon_partition_strategy``, ``machine_balanced_2d_partition`` and
+    ``overlap_sync_group_call`` are described in :data:`SHARDING_OPTIONS`.
     """
 
     accumulate_steps: int = 1
@@ -388,156 +296,98 @@ class ShardingSettings:
         if strategy is None:
             return settings
         hybrid = strategy.hybrid_configs
-        configs = hybrid["sharding_configs"]
+        configs, pp_configs = hybrid["sharding_configs"], hybrid["pp_configs"]
         for field in SHARDING_CONFIG_FIELDS:
-            # comm_group_call_opt / muon_partition_strategy are proto fields
-            # upstream; absent on 3.3.1 unless patch_paddle() added them.
+            # fields develop's proto has and 3.3.1's lacks (unless patch_paddle() added them)
             if hasattr(configs, field):
                 setattr(settings, field, getattr(configs, field))
-        pp_configs = hybrid["pp_configs"]
-        for field in PP_CONFIG_FIELDS:
-            if hasattr(pp_configs, field):
-                setattr(settings, f"pp_{field}", getattr(pp_configs, field))
+        for field, (where, there) in _READ_ELSEWHERE.items():
+            if where == "pp_configs" and hasattr(pp_configs, there):
+                setattr(settings, field, getattr(pp_configs, there))
         settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
         settings.pp_degree = int(hybrid["pp_degree"])
-        # Options the config object lacks (an older proto) come from where
-        # they are kept instead, if anything keeps them; a field read above
-        # from the config wins.
-        options = kept_options(strategy)
-        if options is None:
+        # Options the config object lacks (an older proto) come from where they are
+        # kept instead, if anything keeps them; a field read above wins.
+        kept = None if _kept_options_reader is None else _kept_options_reader(strategy)
+        if kept is None:
             return settings
         for opt in SHARDING_OPTIONS:
-            if opt.config_key != "sharding_configs" or (
-                    opt.name in SHARDING_CONFIG_FIELDS and hasattr(configs, opt.name)):
-                continue
-            setattr(settings, opt.name, getattr(options, opt.name))
+            if opt.config_key == "sharding_configs" and not hasattr(configs, opt.name):
+                setattr(settings, opt.name, getattr(kept, opt.name))
         return settings
 
     def check(self, pp_world_size: int) -> None:
-        """Refuse, naming the option and the fix, what this optimizer cannot honour.
-
-        Args:
-            pp_world_size (int): the pipeline degree of the job.
-        """
+        """Refuse, naming the option and the fix, what this optimizer cannot honour in a
+        job of pipeline degree ``pp_world_size``."""
         self.check_layout(pp_world_size)
-        # imported here: check_layout serves the planning tools, which run
-        # without paddle
+        # imported here: check_layout serves the planning tools, which run without paddle
         import paddle
 
-        if self.enable_optimizer_timer and not paddle.is_compiled_with_cuda():
-            raise ValueError(
-                "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: "
-                "Paddle's optimizer timers synchronize the CUDA device. Set it "
-                "False (or profile with paddle.profiler)."
-            )
+        _refuse_if(self.enable_optimizer_timer and not paddle.is_compiled_with_cuda(), ValueError,
+                   "hybrid_configs.enable_optimizer_timer=True needs a CUDA build: Paddle's "
+                   "optimizer timers synchronize the CUDA device. Set it False (or profile with "
+                   "paddle.profiler).")
         self.check_values()
 
     def check_layout(self, pp_world_size: int) -> None:
-        """The part of :meth:`check` that needs no device: the combinations of
-        options and pipeline degree the optimizer refuses. ``plan`` and
-        ``verify`` ask this too, so they never model what would not run.
-
-        Args:
-            pp_world_size (int): the pipeline degree of the job.
-        """
-        if self.muon_partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(
-                f"sharding_configs.muon_partition_strategy="
-                f"{self.muon_partition_strategy!r} is not supported; use one of "
-                f"{PARTITION_STRATEGIES}."
-            )
-        if self.pp_sharding_comm_overlap:
-            raise ShardingAssertionError(
-                "pp_configs.sharding_comm_overlap=True is not supported by "
-                "MuonShardingOptimizer: Muon gradients are reduced onto whole-"
-                "matrix owners, not by the pipeline's sharding overlap. Set it "
-                "False (with pp_degree=1, sharding_configs.comm_overlap overlaps "
-                "the reduces with backward)."
-            )
-        if self.comm_overlap and pp_world_size > 1:
-            raise ShardingAssertionError(
-                "sharding_configs.comm_overlap=True cannot be combined with "
-                f"pipeline parallel (pp_degree={pp_world_size}); set "
-                "comm_overlap=False."
-            )
-        if self.comm_overlap and not self.fused:
-            raise ValueError(
-                "sharding_configs.comm_overlap=True needs fused gradient buffers; "
-                f"comm_buffer_size_MB={self.comm_buffer_size_MB} turns them off. "
-                "Set comm_buffer_size_MB > 0 or comm_overlap=False."
-            )
-        if self.comm_overlap and self.accumulate_steps <= 0:
-            raise ShardingAssertionError(
-                "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
-                f"(got {self.accumulate_steps}): the hooks count micro-batches."
-            )
-        if self.tensor_fusion and not self.fused:
-            raise ValueError(
-                "sharding_configs.tensor_fusion=True fuses gradients into "
-                f"buffers of comm_buffer_size_MB, but comm_buffer_size_MB="
-                f"{self.comm_buffer_size_MB}. Set comm_buffer_size_MB > 0 or "
-                "tensor_fusion=False."
-            )
-
-    # Where each value comes from, for the error messages.
-    _SOURCE = {name: f"{where}.{there}" for name, (where, there) in _READ_ELSEWHERE.items()}
+        """The part of :meth:`check` that needs no device: the combinations of options
+        and pipeline degree (``pp_world_size``) the optimizer refuses. ``plan`` and
+        ``verify`` ask this too, so they never model what would not run."""
+        _check_choice("muon_partition_strategy", self.muon_partition_strategy,
+                      "sharding_configs.")
+        overlap, size = self.comm_overlap, self.comm_buffer_size_MB
+        # one at a time, in order: a later condition may not hold a comparable value
+        _refuse_if(self.pp_sharding_comm_overlap, ShardingAssertionError,
+                   "pp_configs.sharding_comm_overlap=True is not supported by "
+                   "MuonShardingOptimizer: Muon gradients are reduced onto whole-matrix owners, "
+                   "not by the pipeline's sharding overlap. Set it False (with pp_degree=1, "
+                   "sharding_configs.comm_overlap overlaps the reduces with backward).")
+        _refuse_if(overlap and pp_world_size > 1, ShardingAssertionError,
+                   "sharding_configs.comm_overlap=True cannot be combined with pipeline "
+                   f"parallel (pp_degree={pp_world_size}); set comm_overlap=False.")
+        _refuse_if(overlap and not self.fused, ValueError,
+                   "sharding_configs.comm_overlap=True needs fused gradient buffers; "
+                   f"comm_buffer_size_MB={size} turns them off. "
+                   "Set comm_buffer_size_MB > 0 or comm_overlap=False.")
+        _refuse_if(overlap and self.accumulate_steps <= 0, ShardingAssertionError,
+                   "sharding_configs.comm_overlap=True needs accumulate_steps >= 1 "
+                   f"(got {self.accumulate_steps}): the hooks count micro-batches.")
+        _refuse_if(self.tensor_fusion and not self.fused, ValueError,
+                   "sharding_configs.tensor_fusion=True fuses gradients into buffers of "
+                   f"comm_buffer_size_MB, but comm_buffer_size_MB={size}. "
+                   "Set comm_buffer_size_MB > 0 or tensor_fusion=False.")
 
     def check_values(self) -> None:
         """Refuse a value of the wrong type, NaN or inf (after develop's checks).
 
-        Fleet's proto enforces the types of a real strategy; this catches
-        duck-typed strategies and settings built by hand. Negative and zero
-        sizes keep develop's meaning (``comm_buffer_size_MB <= 0``: no fused
-        buffers), so only non-finite numbers are refused.
+        Fleet's proto enforces the types of a real strategy; this catches duck-typed
+        strategies and settings built by hand. ``comm_buffer_size_MB <= 0`` keeps
+        develop's meaning (no fused buffers), so only non-finite numbers are refused.
         """
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            where = self._SOURCE.get(field.name, f"sharding_configs.{field.name}")
-            if field.type in ("bool", bool):
-                if not isinstance(value, bool):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be True or False."
-                    )
-            elif field.type in ("int", int):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be an int."
-                    )
-            elif field.type in ("float", float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ShardingTypeError(
-                        f"{where}={value!r} ({type(value).__name__}) must be a number "
-                        "(MB; <= 0 turns the fused buffers off)."
-                    )
-                if not math.isfinite(value):
-                    raise ValueError(
-                        f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
-                        "or <= 0 for no fused buffers."
-                    )
+            if field.type not in _VALUE_TYPES:
+                continue
+            value, (accepts, wanted) = getattr(self, field.name), _VALUE_TYPES[field.type]
+            where = ".".join(_READ_ELSEWHERE.get(field.name, ("sharding_configs", field.name)))
+            _refuse_if(not accepts(value), ShardingTypeError,
+                       f"{where}={value!r} ({type(value).__name__}) must be {wanted}.")
+            _refuse_if(field.type == "float" and not math.isfinite(value), ValueError,
+                       f"{where}={value!r} is not finite; use a size in MB (e.g. 256) "
+                       "or <= 0 for no fused buffers.")
 
 
-# The sharding_configs / pp_configs fields this optimizer reads (one list: the
-# dataclass's fields and _READ_ELSEWHERE).
+# The sharding_configs fields this optimizer reads.
 SHARDING_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ShardingSettings)
                                if f.name not in _READ_ELSEWHERE)
-PP_CONFIG_FIELDS = tuple(there for where, there in _READ_ELSEWHERE.values()
-                         if where == "pp_configs")
 
 _SEEN: set = set()
 
 
 def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
-    """Log ``message % args`` at ``level`` on global rank 0 the first time this
-    process sees ``key``, else at debug: one line per job start, not per rank.
-
-    Args:
-        level: ``"info"`` or ``"warning"``.
-        key: what makes two notices the same (a name, plus the values it
-            prints where another value is news).
-        message: the ``logger`` format string; ``args`` its values.
-
-    Returns:
-        bool: whether it was logged at ``level``.
+    """Log ``message % args`` at ``level`` (``"info"`` / ``"warning"``) on global rank 0
+    the first time this process sees ``key`` (a name, plus the values it prints where
+    another value is news), else at debug: one line per job start, not per rank.
+    Returns whether it was logged at ``level``.
     """
     import paddle.distributed as dist
     from paddle.distributed.fleet.utils.log_util import logger
@@ -551,11 +401,9 @@ def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
 
 
 def _user_set_sharding_config(strategy: Any, field: str) -> bool:
-    """Whether the user assigned ``sharding_configs.<field>`` (not just its default).
-
-    The fallback from a default the user never chose is not worth a warning on
-    every CPU run; a strategy that cannot tell counts as set.
-    """
+    """Whether the user assigned ``sharding_configs.<field>`` (not just its default): the
+    fallback from a default the user never chose is not worth a warning on every CPU run.
+    A strategy that cannot tell counts as set."""
     try:
         return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
     except (AttributeError, KeyError, TypeError, ValueError):
