@@ -89,15 +89,13 @@ def resolve_gpus_per_node(
                 f"{LOCAL_SIZE_ENV}={raw!r} is not an integer; it must be the "
                 "number of GPUs per node as a positive integer (e.g. "
                 f"{LOCAL_SIZE_ENV}=8; paddle.distributed.launch sets it to "
-                "--nproc_per_node)."
-            )
+                "--nproc_per_node).")
         value = int(text)
         if value <= 0:
             raise ValueError(
                 f"{LOCAL_SIZE_ENV}={raw!r} must be a positive integer number of "
                 f"GPUs per node (got {value}); set e.g. {LOCAL_SIZE_ENV}=8 or "
-                "unset it to use the visible device count."
-            )
+                "unset it to use the visible device count.")
         return value
 
     counter = _default_device_count if device_count is None else device_count
@@ -108,20 +106,17 @@ def resolve_gpus_per_node(
             f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
             f"querying the visible devices failed ({type(error).__name__}: "
             f"{error}). Fix the accelerator runtime, set {LOCAL_SIZE_ENV} to the "
-            "number of cards per node, or turn comm_group_call_opt off."
-        ) from error
+            "number of cards per node, or turn comm_group_call_opt off.") from error
     if not _is_int(count):
         raise TypeError(
             "device_count() must return an int number of visible accelerators, "
-            f"got {count!r} ({type(count).__name__})."
-        )
+            f"got {count!r} ({type(count).__name__}).")
     if count <= 0:
         raise ValueError(
             f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
             f"no accelerator is visible (device_count() = {int(count)}). Launch "
             f"with paddle.distributed.launch, set {LOCAL_SIZE_ENV} to the number "
-            "of cards per node, or turn comm_group_call_opt off."
-        )
+            "of cards per node, or turn comm_group_call_opt off.")
     return int(count)
 
 
@@ -172,8 +167,7 @@ def _is_int(value: Any) -> bool:
 def _check_int(value: Any, name: str, tail: str = ".") -> int:
     if not _is_int(value):
         raise TypeError(
-            f"{name} must be an int, got {value!r} ({type(value).__name__}){tail}"
-        )
+            f"{name} must be an int, got {value!r} ({type(value).__name__}){tail}")
     return int(value)
 
 
@@ -202,16 +196,10 @@ class HierarchicalCommPlan:
         axis_names, pp_degree, moe_sharding_degree, ep_degree: the topology.
     """
 
-    def __init__(
-        self,
-        *,
-        gpus_per_node: int,
-        axis_names: tuple[str, ...],
-        degrees: dict[str, int],
-        stage_of_rank: tuple[int, ...],
-        sharding_groups: tuple[tuple[int, ...], ...],
-        moe_sharding_lists: tuple[tuple[int, ...], ...],
-    ) -> None:
+    def __init__(self, *, gpus_per_node: int, axis_names: tuple[str, ...],
+                 degrees: dict[str, int], stage_of_rank: tuple[int, ...],
+                 sharding_groups: tuple[tuple[int, ...], ...],
+                 moe_sharding_lists: tuple[tuple[int, ...], ...]) -> None:
         gpn = gpus_per_node
         self.gpus_per_node: int = gpn
         self.axis_names: tuple[str, ...] = axis_names
@@ -223,12 +211,9 @@ class HierarchicalCommPlan:
         self._stage_of_rank = stage_of_rank
         self._sharding_groups = sharding_groups
         self._moe_sharding_lists = moe_sharding_lists
-        self._moe_group_of_rank: dict[int, tuple[int, ...]] = {
-            r: ranks for ranks in moe_sharding_lists for r in ranks
-        }
-        self._nodes_of_stage: tuple[tuple[int, ...], ...] = tuple(
-            tuple(sorted({r // gpn for r in ranks})) for ranks in sharding_groups
-        )
+        self._moe_group_of_rank = {r: ranks for ranks in moe_sharding_lists for r in ranks}
+        self._nodes_of_stage = tuple(tuple(sorted({r // gpn for r in ranks}))
+                                     for ranks in sharding_groups)
         # One pass per stage (not one per card): O(world) for any gpus_per_node.
         self._same_card: dict[tuple[int, int], tuple[int, ...]] = {}
         for stage, ranks in enumerate(sharding_groups):
@@ -240,9 +225,8 @@ class HierarchicalCommPlan:
 
     # ---------------------------------------------------------------- build
     @classmethod
-    def from_topology(
-        cls, moe_topo: Any, gpus_per_node: int, mp_degree: int = 1
-    ) -> HierarchicalCommPlan:
+    def from_topology(cls, moe_topo: Any, gpus_per_node: int,
+                      mp_degree: int = 1) -> HierarchicalCommPlan:
         """Build and validate the routing plan from the MoE topology.
 
         Args:
@@ -271,8 +255,7 @@ class HierarchicalCommPlan:
                 f"multiple of gpus_per_node={gpn}, so ranks cannot be placed on "
                 "whole nodes. Use a world size (pp x moe_sharding x ep) that is a "
                 f"multiple of {gpn}, fix {LOCAL_SIZE_ENV}, or turn "
-                "comm_group_call_opt off."
-            )
+                "comm_group_call_opt off.")
         has_pipe = _PIPE in names
         stage_of_rank = tuple(int(getattr(moe_topo.get_coord(r), _PIPE)) if has_pipe else 0
                               for r in range(world))
@@ -285,12 +268,12 @@ class HierarchicalCommPlan:
         moe_lists, expert_lists = (tuple(tuple(int(r) for r in x)
                                          for x in moe_topo.get_comm_list(axis))
                                    for axis in (_MOE_SHARDING, _EXPERT))
-        cls._check_consistent(world, stage_of_rank, sharding_groups,
-                              moe_lists + expert_lists, layout)
-        cls._check_nodes(gpn, stage_of_rank, sharding_groups, degrees, layout)
-        return cls(gpus_per_node=gpn, axis_names=names, degrees=degrees,
+        plan = cls(gpus_per_node=gpn, axis_names=names, degrees=degrees,
                    stage_of_rank=stage_of_rank, sharding_groups=sharding_groups,
                    moe_sharding_lists=moe_lists)
+        plan._check_consistent(moe_lists + expert_lists, layout)
+        plan._check_nodes(layout)
+        return plan
 
     @classmethod
     def from_hcg(cls, hcg: Any, gpus_per_node: int) -> HierarchicalCommPlan:
@@ -316,8 +299,7 @@ class HierarchicalCommPlan:
                 f"{type(hcg).__name__} has none: it is built by "
                 "EPHybridCommunicateGroup when ep_degree > 1. Set ep_degree > 1 "
                 "and moe_sharding_degree in hybrid_configs, or turn "
-                "comm_group_call_opt off."
-            )
+                "comm_group_call_opt off.")
         mp_degree = hcg.get_model_parallel_world_size()
         plan = cls.from_topology(moe_topo, gpus_per_node, mp_degree=mp_degree)
         nranks = getattr(hcg, "nranks", None)
@@ -328,8 +310,7 @@ class HierarchicalCommPlan:
                 "outside pipe x moe_sharding x expert?); MoE global ranks would not "
                 "match topology ranks. Use dp_degree=1 with "
                 "sharding_degree = moe_sharding_degree x ep_degree, or turn "
-                "comm_group_call_opt off."
-            )
+                "comm_group_call_opt off.")
         return plan
 
     @staticmethod
@@ -340,13 +321,11 @@ class HierarchicalCommPlan:
                 "comm_group_call_opt with gpus_per_node=1: every node group and "
                 "same-card step would be a single-rank group, so the hierarchical "
                 "path gains nothing; turn comm_group_call_opt off (or fix "
-                f"{LOCAL_SIZE_ENV} if the nodes have more cards)."
-            )
+                f"{LOCAL_SIZE_ENV} if the nodes have more cards).")
         if gpn < 1:
             raise ValueError(
                 f"gpus_per_node must be >= 2 for comm_group_call_opt, got {gpn}; "
-                f"set {LOCAL_SIZE_ENV} to the number of cards per node."
-            )
+                f"set {LOCAL_SIZE_ENV} to the number of cards per node.")
         return gpn
 
     @staticmethod
@@ -358,8 +337,7 @@ class HierarchicalCommPlan:
             raise ValueError(
                 f"comm_group_call_opt does not support tensor parallel: "
                 f"mp_degree={mp}, it must be 1. Set mp_degree=1 or "
-                "turn comm_group_call_opt off."
-            )
+                "turn comm_group_call_opt off.")
 
     @staticmethod
     def _read_axes(moe_topo: Any) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -367,54 +345,48 @@ class HierarchicalCommPlan:
         if missing:
             raise TypeError(
                 "moe_topo must be a CommunicateTopology (hcg._moe_topo); "
-                f"{type(moe_topo).__name__} lacks {missing}."
-            )
+                f"{type(moe_topo).__name__} lacks {missing}.")
         names = tuple(moe_topo.get_hybrid_group_names())
         unknown = [n for n in names if n not in _KNOWN_AXES]
         if unknown:
             raise ValueError(
                 f"comm_group_call_opt: unknown axis names {unknown} in the MoE "
                 f"topology {list(names)}; expected only {list(_KNOWN_AXES)} "
-                "(pass hcg._moe_topo, not the dense topology)."
-            )
+                "(pass hcg._moe_topo, not the dense topology).")
         absent = [n for n in (_MOE_SHARDING, _EXPERT) if n not in names]
         if absent:
             raise ValueError(
                 f"comm_group_call_opt: the MoE topology {list(names)} has no "
                 f"{absent} axis; it needs 'moe_sharding' and 'expert' "
-                "(set ep_degree > 1 and moe_sharding_degree in hybrid_configs)."
-            )
+                "(set ep_degree > 1 and moe_sharding_degree in hybrid_configs).")
         return names, {n: int(moe_topo.get_dim(n)) for n in names}
 
-    @staticmethod
-    def _check_consistent(world: int, stage_of_rank: tuple, sharding_groups: tuple,
-                          sub_lists: tuple, layout: str) -> None:
+    def _check_consistent(self, sub_lists: tuple, layout: str) -> None:
         """The comm lists must agree with the coordinates (no silent bad group)."""
-        covered = sorted(r for ranks in sharding_groups for r in ranks)
-        if (covered != list(range(world))
-                or any(stage_of_rank[r] != p
-                       for p, ranks in enumerate(sharding_groups) for r in ranks)
-                or any(len({stage_of_rank[r] for r in ranks}) != 1 for ranks in sub_lists)):
+        stage = self._stage_of_rank
+        covered = sorted(r for ranks in self._sharding_groups for r in ranks)
+        if (covered != list(range(self.world_size))
+                or any(stage[r] != p for p, ranks in enumerate(self._sharding_groups)
+                       for r in ranks)
+                or any(len({stage[r] for r in ranks}) != 1 for ranks in sub_lists)):
             raise ValueError(
                 "comm_group_call_opt: the MoE topology is inconsistent: its pipe / "
                 "moe_sharding / expert comm lists do not agree with get_coord() "
                 f"({layout}). Pass the CommunicateTopology built by Paddle "
-                "(hcg._moe_topo)."
-            )
+                "(hcg._moe_topo).")
 
-    @staticmethod
-    def _check_nodes(gpn: int, stage_of_rank: tuple, sharding_groups: tuple,
-                     degrees: dict[str, int], layout: str) -> None:
+    def _check_nodes(self, layout: str) -> None:
         """Every node inside one sharding group, and each group on >= 2 nodes.
 
         Then the mean of the per-node means is the sharding group's mean.
         """
+        gpn = self.gpus_per_node
         mixed = []
-        for node in range(len(stage_of_rank) // gpn):
-            ranks = range(node * gpn, (node + 1) * gpn)
-            stages = [stage_of_rank[r] for r in ranks]
+        for node in range(self.num_nodes):
+            ranks = self.node_ranks(node)
+            stages = [self._stage_of_rank[r] for r in ranks]
             if len(set(stages)) > 1:
-                mixed.append((node, list(ranks), stages))
+                mixed.append((node, ranks, stages))
         if mixed:
             node, ranks, stages = mixed[0]
             more = len(mixed) - 1
@@ -427,19 +399,16 @@ class HierarchicalCommPlan:
                 f"a multiple of gpus_per_node={gpn} with order "
                 "moe_sharding->pipe->expert; or order pipe->moe_sharding->expert "
                 f"with moe_sharding x ep a multiple of {gpn}; or turn "
-                "comm_group_call_opt off."
-            )
-        for stage, ranks in enumerate(sharding_groups):
-            nodes = sorted({r // gpn for r in ranks})
+                "comm_group_call_opt off.")
+        for stage, nodes in enumerate(self._nodes_of_stage):
             if len(nodes) < 2:
                 raise ValueError(
                     f"comm_group_call_opt: the sharding group of pipeline stage "
-                    f"{stage} (ranks {_fmt_ranks(ranks)}, moe_sharding x ep = "
-                    f"{degrees[_MOE_SHARDING]} x {degrees[_EXPERT]}) lies on a "
-                    f"single node (node {nodes[0]}, gpus_per_node={gpn}): the "
+                    f"{stage} (ranks {_fmt_ranks(self._sharding_groups[stage])}, "
+                    f"moe_sharding x ep = {self.moe_sharding_degree} x {self.ep_degree}) "
+                    f"lies on a single node (node {nodes[0]}, gpus_per_node={gpn}): the "
                     "cross-node step would use single-rank groups and there is "
-                    "nothing to gain; turn comm_group_call_opt off."
-                )
+                    "nothing to gain; turn comm_group_call_opt off.")
 
     # -------------------------------------------------------------- queries
     def _rank(self, rank: int, what: str = "rank") -> int:
@@ -448,16 +417,14 @@ class HierarchicalCommPlan:
         if not 0 <= rank < self.world_size:
             raise ValueError(
                 f"{what} {rank} is out of range: the MoE topology has world size "
-                f"{self.world_size} (valid ranks 0..{self.world_size - 1})."
-            )
+                f"{self.world_size} (valid ranks 0..{self.world_size - 1}).")
         return rank
 
     @staticmethod
     def _index(value: int, what: str, limit: int) -> int:
         if not 0 <= value < limit:
             raise ValueError(
-                f"{what} {value!r} is out of range: valid {what}s are 0..{limit - 1}."
-            )
+                f"{what} {value!r} is out of range: valid {what}s are 0..{limit - 1}.")
         return value
 
     def node_of(self, rank: int) -> int:
@@ -518,8 +485,7 @@ class HierarchicalCommPlan:
                 f"owner {owner} (pipeline stage {stage[owner]}) and "
                 f"rank {rank} (stage {stage[rank]}) are not in the "
                 "same sharding group; a dense buffer is only routed inside its "
-                "owner's sharding group."
-            )
+                "owner's sharding group.")
 
     # --------------------------------------------------------------- groups
     def group_specs(self) -> list[GroupSpec]:

@@ -339,8 +339,7 @@ def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tupl
     if strategy == PARTITION_BALANCED:
         return balanced_partition(specs, nranks, rank_order=order)
     raise ValueError(
-        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
-    )
+        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}.")
 
 
 def assign_muon_owners(
@@ -433,14 +432,12 @@ def _fixed_owners_of(colour, group: tuple, params: Sequence[ParamMeta],
         if p.name not in owners:
             raise ValueError(
                 f"fixed_owners has no entry for Muon parameter {p.name} (colour "
-                f"{colour!r}); pass an owner for every keep-whole parameter, or None."
-            )
+                f"{colour!r}); pass an owner for every keep-whole parameter, or None.")
         owner = int(owners[p.name])
         if owner not in group:
             raise ValueError(
                 f"fixed_owners gives parameter {p.name} to rank {owner}, outside its colour "
-                f"group {list(group)} (colour {colour!r}); an owner must be a member."
-            )
+                f"group {list(group)} (colour {colour!r}); an owner must be a member.")
         out.append((p.name, group.index(owner)))
     return tuple(out)
 
@@ -575,15 +572,13 @@ class ShardingLayout:
             if p.colour not in groups:
                 raise ValueError(
                     f"parameter {p.name} has colour {p.colour!r} but no group was "
-                    f"given for it (known colours: {list(groups)})."
-                )
+                    f"given for it (known colours: {list(groups)}).")
         for key, ranks in groups.items():
             if rank not in ranks:
                 raise ValueError(
                     f"rank {rank} is not in the group of colour {key!r} "
                     f"({list(ranks)}); every rank must hold the parameters of the "
-                    "colour groups it belongs to."
-                )
+                    "colour groups it belongs to.")
         owners: dict = {}
         partitions: dict = {}
         buckets: list = []
