@@ -43,8 +43,7 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 def _default_device_count() -> int:
     """``paddle.device.cuda.device_count()``; 0 on a build without CUDA.
 
-    On a CUDA build a failing query raises: a broken CUDA install must not
-    read as "no accelerator".
+    On a CUDA build a failing query raises: a broken install is no "no accelerator".
     """
     import paddle  # lazy: importing this module must not touch CUDA
 
@@ -56,10 +55,8 @@ def _default_device_count() -> int:
         raise
 
 
-def resolve_gpus_per_node(
-    environ: Mapping[str, str] | None = None,
-    device_count: Callable[[], int] | None = None,
-) -> int:
+def resolve_gpus_per_node(environ: Mapping[str, str] | None = None,
+                          device_count: Callable[[], int] | None = None) -> int:
     """Resolve how many accelerator cards each node has.
 
     Call this only when ``comm_group_call_opt`` is on: nothing else needs the
@@ -67,17 +64,15 @@ def resolve_gpus_per_node(
 
     Args:
         environ: the environment to read (``os.environ`` when None).
-        device_count: returns the number of visible accelerators, used when
-            ``PADDLE_LOCAL_SIZE`` is unset (``paddle.device.cuda.device_count``
-            when None).
+        device_count: the number of visible accelerators, asked when
+            ``PADDLE_LOCAL_SIZE`` is unset (``paddle.device.cuda.device_count``).
 
     Returns:
         int: cards per node (> 0); :class:`HierarchicalCommPlan` checks >= 2.
 
     Raises:
-        ValueError: ``PADDLE_LOCAL_SIZE`` is set but not a positive integer, or
-            it is unset and no accelerator is visible, or the device query
-            failed (the query's exception is the ``__cause__``).
+        ValueError: a bad ``PADDLE_LOCAL_SIZE``, no visible accelerator, or a
+            failed device query (its exception is the ``__cause__``).
         TypeError: ``device_count`` returned something that is not an integer.
     """
     env = os.environ if environ is None else environ
@@ -184,9 +179,7 @@ def _layout_text(names: Sequence[str], degrees: Mapping[str, int], gpn: int) -> 
 
 
 class HierarchicalCommPlan:
-    """The routing plan: node groups, same-card groups and per-rank routes for
-    ``comm_group_call_opt`` (not the step plan, ``muon_sharding_step_plan``,
-    nor the ``plan`` tool).
+    """The routing plan of ``comm_group_call_opt``: node groups, same-card groups, routes.
 
     Build with :meth:`from_topology` or :meth:`from_hcg`, which validate;
     queries are table look-ups that do not re-validate.
@@ -230,9 +223,8 @@ class HierarchicalCommPlan:
         """Build and validate the routing plan from the MoE topology.
 
         Args:
-            moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"``
-                (optional), ``"moe_sharding"`` and ``"expert"`` in the user's
-                hybrid order (``hcg._moe_topo`` in Paddle).
+            moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"`` (optional),
+                ``"moe_sharding"`` and ``"expert"`` (``hcg._moe_topo`` in Paddle).
             gpus_per_node: cards per node (see :func:`resolve_gpus_per_node`).
             mp_degree: tensor-parallel degree; must be 1.
 
@@ -241,8 +233,8 @@ class HierarchicalCommPlan:
 
         Raises:
             TypeError: a degree is not an int, or ``moe_topo`` is not a topology.
-            ValueError: a precondition of the hierarchical path fails; the
-                message names the condition, the values and what would work.
+            ValueError: a precondition of the hierarchical path fails (the
+                message names it, the values and what would work).
         """
         gpn = cls._check_gpus_per_node(gpus_per_node)
         cls._check_mp_degree(mp_degree)
@@ -280,9 +272,8 @@ class HierarchicalCommPlan:
         """Build the routing plan from a hybrid communicate group.
 
         Args:
-            hcg: an ``EPHybridCommunicateGroup`` (needs ``_moe_topo`` and
-                ``get_model_parallel_world_size()``; ``nranks`` is checked
-                against the topology when present).
+            hcg: an ``EPHybridCommunicateGroup`` (its ``_moe_topo``, mp degree
+                and, when present, ``nranks`` are read).
             gpus_per_node: cards per node.
 
         Returns:
@@ -500,15 +491,13 @@ class HierarchicalCommPlan:
                      for key in sorted(self._same_card))
         return specs
 
-    def create_groups(
-        self, rank: int, new_group: Callable[[list[int]], Any] | None = None
-    ) -> HierarchicalGroups:
+    def create_groups(self, rank: int,
+                      new_group: Callable[[list[int]], Any] | None = None) -> HierarchicalGroups:
         """Create every group of :meth:`group_specs` in order; return ``rank``'s two.
 
         Args:
             rank: this process's global rank.
-            new_group: called as ``new_group(ranks_list)``;
-                ``paddle.distributed.new_group`` when None.
+            new_group: ``new_group(ranks_list)`` (``paddle.distributed.new_group`` when None).
 
         Returns:
             HierarchicalGroups: the rank's node group and same-card group.

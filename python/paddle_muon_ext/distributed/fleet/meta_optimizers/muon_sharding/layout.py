@@ -26,26 +26,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 from . import step_plan as _step_plan
-from .owners import (
-    MatrixSpec,
-    OwnerPartition,
-    balanced_partition,
-    partition_from_owners,
-    rail_partition,
-    rail_positions,
-    upstream_partition,
-)
-from .settings import (
-    DEFAULT_ALIGNMENT_BYTES,
-    DEVELOP_DEFAULT_BUFFER_MB,
-    PARTITION_BALANCED,
-    PARTITION_DEVELOP,
-    PARTITION_RAIL,
-    PARTITION_STRATEGIES,
-    canonical_dtype,
-    itemsize,
-    option_default,
-)
+from .owners import (MatrixSpec, OwnerPartition, balanced_partition, partition_from_owners,
+                     rail_partition, rail_positions, upstream_partition)
+from .settings import (DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB, PARTITION_BALANCED,
+                       PARTITION_DEVELOP, PARTITION_RAIL, PARTITION_STRATEGIES,
+                       canonical_dtype, itemsize, option_default)
 from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL
 
 if TYPE_CHECKING:
@@ -63,11 +48,6 @@ DEFAULT_RAW_COLOUR = -1
 #: Colours whose gradients are never reduced from overlap hooks (develop's
 #: shared MTP weights: complete only after the pipeline's shared-weight sync).
 NO_HOOK_COLOURS: tuple = ("dense_weight_no_hook", "moe_weight_no_hook")
-
-
-def _is_default_raw(value: Any) -> bool:
-    # develop's default colour: None or the int -1 (a string "-1" is a colour).
-    return value is None or (isinstance(value, int) and value == DEFAULT_RAW_COLOUR)
 
 
 @dataclass(frozen=True)
@@ -97,13 +77,13 @@ def parse_colour(value: Any, default_group: Any = None) -> ParsedColour:
         ParsedColour: None, -1 and a dict without ``'color'`` or with None/-1
         are the default colour; anything else is its own key.
     """
-    if isinstance(value, dict):
-        declared = value.get("color")
-        key = DEFAULT_COLOUR if _is_default_raw(value.get("color", DEFAULT_RAW_COLOUR)) \
-            else declared
-        return ParsedColour(key, value.get("group", default_group), True, declared)
-    key = DEFAULT_COLOUR if _is_default_raw(value) else value
-    return ParsedColour(key, None, False, value)
+    from_dict = isinstance(value, dict)
+    declared = value.get("color") if from_dict else value
+    # develop's default colour: None or the int -1 (a string "-1" is a colour)
+    default = declared is None or (isinstance(declared, int) and declared == DEFAULT_RAW_COLOUR)
+    return ParsedColour(DEFAULT_COLOUR if default else declared,
+                        value.get("group", default_group) if from_dict else None,
+                        from_dict, declared)
 
 
 def is_hooked(comm_overlap: bool, colour: Hashable) -> bool:
@@ -125,10 +105,9 @@ def is_trainable(param: Any) -> bool:
 class ParamMeta:
     """What the layout needs to know about one trainable parameter.
 
-    ``colour`` is the colour key (None: the default sharding group); ``dtype``
-    is normalised to a name like ``"float32"``. ``group_key`` is Muon's
-    ``muon_group_key`` (None: ``(None, shape)``, the key of a matrix without
-    a ``split_concat_func``); sync stages never split a key.
+    ``colour``: the colour key (None: the default group); ``dtype``: a name like
+    ``"float32"``; ``group_key``: Muon's ``muon_group_key`` (None: ``(None, shape)``),
+    which sync stages never split.
     """
 
     name: str
@@ -142,9 +121,9 @@ class ParamMeta:
 
     def __post_init__(self) -> None:
         # Frozen: the derived sizes are computed once (the schedule reads them often).
+        # A tuple of ints is kept as is (a bool is no int here: it converts).
         d = self.__dict__
         shape = self.shape
-        # a tuple of ints is kept as is (a bool is no int here: it converts)
         if type(shape) is not tuple or not all(type(x) is int for x in shape):
             shape = d["shape"] = tuple(int(x) for x in shape)
         d["dtype"] = canonical_dtype(self.dtype)
@@ -281,11 +260,9 @@ class SliceBufferSpec:
 
 # -------------------------------------------------------------- placement
 def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
-    """Split consecutive items into chunks of at most ``limit_MB`` (an item never splits).
+    """Item indices per chunk of consecutive items of at most ``limit_MB`` together.
 
-    Returns:
-        list[list[int]]: item indices per chunk; one chunk per item when
-        ``limit_MB <= 0``.
+    An item never splits; one chunk per item when ``limit_MB <= 0``.
     """
     if limit_MB <= 0:
         return [[i] for i in range(len(nbytes))]
@@ -342,21 +319,17 @@ def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tupl
         f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}.")
 
 
-def assign_muon_owners(
-    specs: Sequence[MatrixSpec],
-    group_ranks: Sequence[int],
-    plan: HierarchicalCommPlan | None = None,
-    partition_strategy: str = option_default("muon_partition_strategy"),
-    buffer_size_MB: float = 256,
-):
+def assign_muon_owners(specs: Sequence[MatrixSpec], group_ranks: Sequence[int],
+                       plan: HierarchicalCommPlan | None = None,
+                       partition_strategy: str = option_default("muon_partition_strategy"),
+                       buffer_size_MB: float = 256):
     """Choose the owning global rank of every Muon matrix of one colour group.
 
     Args:
         specs: the group's Muon matrices.
         group_ranks: the colour group's global ranks, in group order.
         plan: hierarchical plan (see :func:`owner_rule_inputs`).
-        partition_strategy: ``"upstream_greedy"`` (develop's rule), ``"balanced"``
-            or ``"rail"``.
+        partition_strategy: ``"upstream_greedy"``, ``"balanced"`` or ``"rail"``.
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
@@ -497,25 +470,20 @@ PLAIN_PLACEMENT = Placement()
 # ----------------------------------------------------------------- layout
 @dataclass
 class ShardingLayout:
-    """Owners, buckets, element-wise ranges and the step schedule of one rank.
-
-    Build with :meth:`build`; all fields are plain data.
+    """Owners, buckets, element-wise ranges and the step schedule of one rank (plain data).
 
     Attributes:
         rank: the global rank the layout is for.
         groups: colour key -> global ranks of the colour group (group order).
-        settings: the :class:`LayoutSettings`.
         plan: the routing plan, ``HierarchicalCommPlan`` (None: flat routing everywhere).
         owners: Muon parameter name -> owning global rank.
         partitions: colour key -> OwnerPartition (load figures for tools).
-        muon_buckets: :class:`MuonBucketSpec` in issue order.
-        slice_buffers: :class:`SliceBufferSpec` in issue order.
+        muon_buckets, slice_buffers: the buffers in issue order.
         params: name -> :class:`ParamMeta`.
-        clip_groups: global ranks of each group the global-norm clip
-            all-reduces its norm over, in issue order (Paddle's
-            ``HybridParallelClipGrad``: the sharding group twice, then the
-            pipe group); empty: the step has no such clip.
-        placement: how the layout and its step plan were computed (:class:`Placement`).
+        clip_groups: the groups the global-norm clip all-reduces its norm over, in
+            issue order (Paddle's ``HybridParallelClipGrad``: the sharding group
+            twice, then the pipe group); empty: the step has no such clip.
+        placement: how the layout and its step plan were computed.
     """
 
     rank: int
@@ -531,30 +499,22 @@ class ShardingLayout:
     placement: Placement = field(default=PLAIN_PLACEMENT, repr=False, compare=False)
 
     @classmethod
-    def build(
-        cls,
-        params: Sequence[ParamMeta],
-        groups: Mapping[Hashable, Sequence[int]],
-        rank: int,
-        settings: LayoutSettings = LayoutSettings(),
-        plan: HierarchicalCommPlan | None = None,
-        fixed_owners: Mapping[str, int] | None = None,
-        clip_groups: Sequence[Sequence[int]] = (),
-        placement: Placement = PLAIN_PLACEMENT,
-    ) -> ShardingLayout:
+    def build(cls, params: Sequence[ParamMeta], groups: Mapping[Hashable, Sequence[int]],
+              rank: int, settings: LayoutSettings = LayoutSettings(),
+              plan: HierarchicalCommPlan | None = None,
+              fixed_owners: Mapping[str, int] | None = None,
+              clip_groups: Sequence[Sequence[int]] = (),
+              placement: Placement = PLAIN_PLACEMENT) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
         Args:
             params: the rank's trainable parameters in model order.
-            groups: colour key -> global ranks of its group; every colour
-                used by ``params`` needs an entry containing ``rank``.
-            rank: this global rank.
-            settings: placement options.
-            plan: the routing plan; with it, default-colour (``None``) Muon
-                buckets route hierarchically.
-            fixed_owners: Muon parameter name -> owning global rank, decided
-                beforehand for the whole job (develop's machine-balanced
-                rule); None: ``settings.partition_strategy`` per colour group.
+            groups: colour key -> global ranks of its group, each containing ``rank``.
+            rank: this global rank; settings: placement options.
+            plan: the routing plan; with it, default-colour Muon buckets route hierarchically.
+            fixed_owners: Muon parameter name -> owning global rank, decided for the
+                whole job (develop's machine-balanced rule); None: by
+                ``settings.partition_strategy`` per colour group.
             clip_groups: the global-norm clip's all-reduce groups (see the attribute).
             placement: the functions computing the placement and step plan.
 
@@ -562,9 +522,7 @@ class ShardingLayout:
             ShardingLayout: the layout.
 
         Raises:
-            ValueError: a colour without a group, a group without ``rank``, or
-                ``fixed_owners`` lacking a Muon parameter or naming a rank outside
-                its colour group.
+            ValueError: a colour without a group, a group without ``rank``, a bad ``fixed_owners``.
         """
         groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
         colours, muon_by_colour, other_by_colour, by_name = placement.split_params(params)
@@ -594,9 +552,8 @@ class ShardingLayout:
                   for s in placement.slice_layout(colour, groups[colour], cparams, settings)]
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
-                   params=by_name,
-                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups),
-                   placement=placement)
+                   params=by_name, placement=placement,
+                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
@@ -655,13 +612,10 @@ class ShardingLayout:
         return list(cache[trigger])
 
     def schedule(self) -> list:
-        """Ordered collectives this rank issues in one step (the step plan's ops).
+        """Ordered collectives (``CommOp``) this rank issues in one step (the step plan's ops).
 
         Hook-launched ops (``trigger == "backward"``) are listed in model order
         of their buffers; their real order follows the backward pass.
-
-        Returns:
-            list[CommOp]: the step's collectives.
         """
         # One-rank groups (e.g. moe_sharding_degree=1) hold the result already.
         return [op for ph in self.step_plan() for op in ph.ops if len(op.group) > 1]
