@@ -371,16 +371,13 @@ class HierarchicalCommPlan:
 
         Then the mean of the per-node means is the sharding group's mean.
         """
-        gpn = self.gpus_per_node
-        mixed = []
-        for node in range(self.num_nodes):
-            ranks = self.node_ranks(node)
-            stages = [self._stage_of_rank[r] for r in ranks]
-            if len(set(stages)) > 1:
-                mixed.append((node, ranks, stages))
+        gpn, stage_of = self.gpus_per_node, self._stage_of_rank
+        mixed = [node for node in range(self.num_nodes)
+                 if len({stage_of[r] for r in self.node_ranks(node)}) > 1]
         if mixed:
-            node, ranks, stages = mixed[0]
-            more = len(mixed) - 1
+            node, more = mixed[0], len(mixed) - 1
+            ranks = self.node_ranks(node)
+            stages = [stage_of[r] for r in ranks]
             others = f" (and {more} more node{'s' if more > 1 else ''})" if more else ""
             raise ValueError(
                 f"comm_group_call_opt needs every node's ranks inside one sharding "

@@ -139,12 +139,10 @@ class LayoutSettings:
         comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
         comm_overlap: backward hooks launch each buffer's first reduce.
         partition_strategy: ``"upstream_greedy"`` (develop's rule, the default),
-            ``"balanced"`` or ``"rail"`` (hierarchical groups over >= 2 nodes;
-            elsewhere ``"balanced"``).
+            ``"balanced"`` or ``"rail"`` (``"balanced"`` without a plan or on one node).
         alignment_bytes: per-parameter padding of fused buffers.
-        overlap_sync: develop's ``overlap_optimize_and_sync``: the step updates
-            stage by stage and syncs each stage while the next one computes
-            (off under ``comm_group_call_opt`` unless ``overlap_sync_group_call``).
+        overlap_sync: develop's ``overlap_optimize_and_sync``: update and sync stage by
+            stage (off under ``comm_group_call_opt`` unless ``overlap_sync_group_call``).
         overlap_sync_group_call: keep the staged sync on the hierarchical route.
     """
 
