@@ -124,14 +124,9 @@ _NODE, _SAME_CARD = "node", "same_card"
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One communication group of the hierarchical path.
-
-    Attributes:
-        kind: ``"node"`` (the ranks of one node) or ``"same_card"`` (the ranks
-            of one stage's sharding group on one card index, one per node).
-        key: ``(node,)`` or ``(stage, card)``.
-        ranks: the group's global ranks, ascending.
-    """
+    """One communication group of the hierarchical path: ``kind`` ``"node"`` (the ranks of
+    one node, ``key`` ``(node,)``) or ``"same_card"`` (one stage's ranks on one card index,
+    one per node, ``key`` ``(stage, card)``); ``ranks`` ascending."""
 
     kind: str
     key: tuple[int, ...]
@@ -140,14 +135,9 @@ class GroupSpec:
 
 @dataclass
 class HierarchicalGroups:
-    """The two process groups one rank communicates on.
-
-    Attributes:
-        rank: the global rank that created them; stage: its pipeline stage.
-        node_group: the group of the rank's node (intra-node phases).
-        same_card_group: the rank's ``(stage, card)`` group (cross-node phases:
-            a rank only joins owners with its own card).
-    """
+    """The two process groups of ``rank`` (pipeline stage ``stage``): its node's group
+    (intra-node phases) and its ``(stage, card)`` group (cross-node phases: a rank only
+    joins owners with its own card)."""
 
     rank: int
     stage: int
@@ -207,14 +197,13 @@ class HierarchicalCommPlan:
         self._moe_group_of_rank = {r: ranks for ranks in moe_sharding_lists for r in ranks}
         self._nodes_of_stage = tuple(tuple(sorted({r // gpn for r in ranks}))
                                      for ranks in sharding_groups)
-        # One pass per stage (not one per card): O(world) for any gpus_per_node.
-        self._same_card: dict[tuple[int, int], tuple[int, ...]] = {}
+        # One pass over the ranks (not one per card): O(world) for any gpus_per_node.
+        same_card: dict[tuple[int, int], list[int]] = {
+            (stage, card): [] for stage in range(len(sharding_groups)) for card in range(gpn)}
         for stage, ranks in enumerate(sharding_groups):
-            by_card: list[list[int]] = [[] for _ in range(gpn)]
             for r in ranks:
-                by_card[r % gpn].append(r)
-            for card, members in enumerate(by_card):
-                self._same_card[(stage, card)] = tuple(members)
+                same_card[(stage, r % gpn)].append(r)
+        self._same_card = {key: tuple(members) for key, members in same_card.items()}
 
     # ---------------------------------------------------------------- build
     @classmethod
