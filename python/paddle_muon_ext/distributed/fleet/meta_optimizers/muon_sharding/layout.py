@@ -21,7 +21,6 @@ group or tensor: the optimizer, ``plan``, ``verify`` and the benchmarks read the
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
@@ -276,6 +275,14 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
     return chunks if chunks[0] else []
 
 
+def _group_by(items, key) -> dict:
+    """``key(item) -> [items]`` in first-seen order of keys, items in order."""
+    out: dict = {}
+    for x in items:
+        out.setdefault(key(x), []).append(x)
+    return out
+
+
 def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
     align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
     return (numel + align - 1) // align * align
@@ -343,9 +350,7 @@ def assign_muon_owners(specs: Sequence[MatrixSpec], group_ranks: Sequence[int],
 
 def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
     """The Muon buckets of one colour group: one per (owner, dtype), in that order."""
-    by_owner: dict = {}
-    for p in params:
-        by_owner.setdefault((owner_of[p.name], p.dtype), []).append(p)
+    by_owner = _group_by(params, lambda p: (owner_of[p.name], p.dtype))
     out = []
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
@@ -371,11 +376,8 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
 
 def slice_buffer_specs(colour, group, params, settings) -> tuple:
     """The element-wise buffers of one colour group: per dtype, chunked by size when fused."""
-    by_dtype: dict = OrderedDict()
-    for p in params:
-        by_dtype.setdefault(p.dtype, []).append(p)
     out = []
-    for dtype, dparams in by_dtype.items():
+    for dtype, dparams in _group_by(params, lambda p: p.dtype).items():
         if settings.fused:
             chunks = chunk_by_size([p.nbytes for p in dparams], settings.comm_buffer_size_MB)
         else:
@@ -435,14 +437,10 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
 def split_params(params: Sequence[ParamMeta]) -> tuple:
     """``(colours, muon, other, by_name)``: the set of colours, ``(colour, its Muon
     parameters)`` and the same of the element-wise ones in first-seen order, name -> meta."""
-    muon_by_colour: dict = OrderedDict()
-    other_by_colour: dict = OrderedDict()
-    for p in params:
-        target = muon_by_colour if p.use_muon else other_by_colour
-        target.setdefault(p.colour, []).append(p)
-    return (frozenset(muon_by_colour) | frozenset(other_by_colour),
-            tuple((c, tuple(ps)) for c, ps in muon_by_colour.items()),
-            tuple((c, tuple(ps)) for c, ps in other_by_colour.items()),
+    by = _group_by(params, lambda p: (p.use_muon, p.colour))
+    return (frozenset(c for _, c in by),
+            tuple((c, tuple(ps)) for (muon, c), ps in by.items() if muon),
+            tuple((c, tuple(ps)) for (muon, c), ps in by.items() if not muon),
             {p.name: p for p in params})
 
 
