@@ -43,7 +43,7 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 def _default_device_count() -> int:
     """``paddle.device.cuda.device_count()``; 0 on a build without CUDA.
 
-    On a CUDA build a failing query raises: a broken install is no "no accelerator".
+    On a CUDA build a failing query raises: a broken install must not read as "no GPU".
     """
     import paddle  # lazy: importing this module must not touch CUDA
 

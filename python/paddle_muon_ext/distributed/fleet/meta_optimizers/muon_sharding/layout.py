@@ -355,7 +355,7 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
-    for (owner, dtype), bparams in sorted(by_owner.items(), key=lambda kv: kv[0]):
+    for (owner, dtype), bparams in sorted(by_owner.items()):  # keys are unique
         chunks = chunk_numels = chunk_bytes = ()
         nbytes = tuple(p.nbytes for p in bparams)
         if fused:
