@@ -11,19 +11,14 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Hierarchical routing plan for ``comm_group_call_opt`` of the sharded Muon optimizer.
+"""Routing plan of ``comm_group_call_opt``: node and same-card groups from the MoE topology.
 
 A dense Muon buffer owned by ``owner`` travels in two hops: an intra-node
 reduce onto the rank of each node whose card equals ``card(owner)``, then a
 cross-node reduce among those same-card ranks onto the owner (broadcast in
-reverse). ``node(r) = r // gpus_per_node``, ``card(r) = r % gpus_per_node``.
-
-The routing plan is plain data derived once from the MoE topology (``hcg._moe_topo``)
-and validated at construction: every node lies inside one sharding group
-(pipeline stage) and each sharding group spans >= 2 nodes, so the mean of
-per-node means is the group mean. Queries are table look-ups. Nothing here
-touches CUDA or ``paddle.distributed`` until :func:`resolve_gpus_per_node` or
-:meth:`HierarchicalCommPlan.create_groups` is called.
+reverse); ``node(r) = r // gpus_per_node``, ``card(r) = r % gpus_per_node``.
+Nothing here touches CUDA or ``paddle.distributed`` until
+:func:`resolve_gpus_per_node` or :meth:`HierarchicalCommPlan.create_groups`.
 """
 
 from __future__ import annotations
@@ -33,18 +28,12 @@ import numbers
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "LOCAL_SIZE_ENV",
-    "GroupSpec",
-    "HierarchicalCommPlan",
-    "HierarchicalGroups",
-    "resolve_gpus_per_node",
-]
+__all__ = ["LOCAL_SIZE_ENV", "GroupSpec", "HierarchicalCommPlan", "HierarchicalGroups",
+           "resolve_gpus_per_node"]
 
-# ------------------------------------------------------------- GPUs per node
 #: Environment variable set by ``paddle.distributed.launch`` (cards per node).
 LOCAL_SIZE_ENV = "PADDLE_LOCAL_SIZE"
 
@@ -52,12 +41,9 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 def _default_device_count() -> int:
-    """Count visible CUDA devices; 0 when paddle has no CUDA support.
+    """``paddle.device.cuda.device_count()``; 0 on a build without CUDA.
 
-    Returns:
-        int: ``paddle.device.cuda.device_count()``, or 0 on a build without
-        CUDA. On a CUDA build a failing query raises (a broken CUDA install
-        must not read as "no accelerator").
+    On a CUDA build a failing query raises: a broken install must not read as "no GPU".
     """
     import paddle  # lazy: importing this module must not touch CUDA
 
@@ -69,32 +55,24 @@ def _default_device_count() -> int:
         raise
 
 
-def resolve_gpus_per_node(
-    environ: Mapping[str, str] | None = None,
-    device_count: Callable[[], int] | None = None,
-) -> int:
+def resolve_gpus_per_node(environ: Mapping[str, str] | None = None,
+                          device_count: Callable[[], int] | None = None) -> int:
     """Resolve how many accelerator cards each node has.
 
-    Call this only when ``comm_group_call_opt`` is on: with the option off
-    nothing needs the value (upstream resolved it unconditionally and crashed
-    on CPU/XPU machines without a launcher).
+    Call this only when ``comm_group_call_opt`` is on: nothing else needs the
+    value, and it cannot be resolved on CPU/XPU machines without a launcher.
 
     Args:
-        environ: the environment to read; ``os.environ`` (read at call time)
-            when None.
-        device_count: a callable returning the number of visible accelerators,
-            used when ``PADDLE_LOCAL_SIZE`` is unset; defaults to
-            ``paddle.device.cuda.device_count`` (imported lazily).
+        environ: the environment to read (``os.environ`` when None).
+        device_count: the number of visible accelerators, asked when
+            ``PADDLE_LOCAL_SIZE`` is unset (``paddle.device.cuda.device_count``).
 
     Returns:
-        int: the number of cards per node (> 0). Whether the value is usable
-        for the hierarchical path (>= 2) is checked by
-        :class:`HierarchicalCommPlan`.
+        int: cards per node (> 0); :class:`HierarchicalCommPlan` checks >= 2.
 
     Raises:
-        ValueError: ``PADDLE_LOCAL_SIZE`` is set but not a positive integer, or
-            it is unset and no accelerator is visible, or the device query
-            failed (the query's exception is the ``__cause__``).
+        ValueError: a bad ``PADDLE_LOCAL_SIZE``, no visible accelerator, or a
+            failed device query (its exception is the ``__cause__``).
         TypeError: ``device_count`` returned something that is not an integer.
     """
     env = os.environ if environ is None else environ
@@ -106,15 +84,13 @@ def resolve_gpus_per_node(
                 f"{LOCAL_SIZE_ENV}={raw!r} is not an integer; it must be the "
                 "number of GPUs per node as a positive integer (e.g. "
                 f"{LOCAL_SIZE_ENV}=8; paddle.distributed.launch sets it to "
-                "--nproc_per_node)."
-            )
+                "--nproc_per_node).")
         value = int(text)
         if value <= 0:
             raise ValueError(
                 f"{LOCAL_SIZE_ENV}={raw!r} must be a positive integer number of "
                 f"GPUs per node (got {value}); set e.g. {LOCAL_SIZE_ENV}=8 or "
-                "unset it to use the visible device count."
-            )
+                "unset it to use the visible device count.")
         return value
 
     counter = _default_device_count if device_count is None else device_count
@@ -125,53 +101,32 @@ def resolve_gpus_per_node(
             f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
             f"querying the visible devices failed ({type(error).__name__}: "
             f"{error}). Fix the accelerator runtime, set {LOCAL_SIZE_ENV} to the "
-            "number of cards per node, or turn comm_group_call_opt off."
-        ) from error
-    if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+            "number of cards per node, or turn comm_group_call_opt off.") from error
+    if not _is_int(count):
         raise TypeError(
             "device_count() must return an int number of visible accelerators, "
-            f"got {count!r} ({type(count).__name__})."
-        )
+            f"got {count!r} ({type(count).__name__}).")
     if count <= 0:
         raise ValueError(
             f"cannot determine GPUs per node: {LOCAL_SIZE_ENV} is not set and "
             f"no accelerator is visible (device_count() = {int(count)}). Launch "
             f"with paddle.distributed.launch, set {LOCAL_SIZE_ENV} to the number "
-            "of cards per node, or turn comm_group_call_opt off."
-        )
+            "of cards per node, or turn comm_group_call_opt off.")
     return int(count)
 
 
-
-_PIPE = "pipe"
-_MOE_SHARDING = "moe_sharding"
-_EXPERT = "expert"
+_PIPE, _MOE_SHARDING, _EXPERT = "pipe", "moe_sharding", "expert"
 _KNOWN_AXES = (_PIPE, _MOE_SHARDING, _EXPERT)
-_TOPOLOGY_METHODS = (
-    "get_hybrid_group_names",
-    "get_dim",
-    "world_size",
-    "get_coord",
-    "get_comm_list",
-)
-
-_NODE = "node"
-_SAME_CARD = "same_card"
+_TOPOLOGY_METHODS = ("get_hybrid_group_names", "get_dim", "world_size", "get_coord",
+                     "get_comm_list")
+_NODE, _SAME_CARD = "node", "same_card"
 
 
-# The routing plan's data.
 @dataclass(frozen=True)
 class GroupSpec:
-    """One communication group of the hierarchical path.
-
-    Attributes:
-        kind: ``"node"`` (the ranks of one node) or ``"same_card"`` (the ranks
-            of one pipeline stage's sharding group sitting on the same card
-            index, one per node).
-        key: ``(node,)`` for a node group, ``(stage, card)`` for a same-card
-            group.
-        ranks: the group's global ranks, ascending.
-    """
+    """One communication group of the hierarchical path: ``kind`` ``"node"`` (the ranks of
+    one node, ``key`` ``(node,)``) or ``"same_card"`` (one stage's ranks on one card index,
+    one per node, ``key`` ``(stage, card)``); ``ranks`` ascending."""
 
     kind: str
     key: tuple[int, ...]
@@ -180,15 +135,9 @@ class GroupSpec:
 
 @dataclass
 class HierarchicalGroups:
-    """The two process groups one rank communicates on.
-
-    Attributes:
-        rank: the global rank that created them.
-        stage: that rank's pipeline stage.
-        node_group: the group of the rank's node (intra-node phases).
-        same_card_group: the rank's ``(stage, card)`` group (cross-node phases:
-            a rank only joins owners with its own card).
-    """
+    """The two process groups of ``rank`` (pipeline stage ``stage``): its node's group
+    (intra-node phases) and its ``(stage, card)`` group (cross-node phases: a rank only
+    joins owners with its own card)."""
 
     rank: int
     stage: int
@@ -200,6 +149,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _check_int(value: Any, name: str, tail: str = ".") -> int:
+    if not _is_int(value):
+        raise TypeError(
+            f"{name} must be an int, got {value!r} ({type(value).__name__}){tail}")
+    return int(value)
+
+
 def _fmt_ranks(ranks: Sequence[int]) -> str:
     ranks = list(ranks)
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
@@ -207,29 +163,26 @@ def _fmt_ranks(ranks: Sequence[int]) -> str:
     return "[" + ", ".join(str(r) for r in ranks) + "]"
 
 
-class HierarchicalCommPlan:
-    """The routing plan: node groups, same-card groups and per-rank routes for
-    ``comm_group_call_opt`` (not the step plan, ``muon_sharding_step_plan``,
-    nor the ``plan`` tool).
+def _layout_text(names: Sequence[str], degrees: Mapping[str, int], gpn: int) -> str:
+    axes = ", ".join(f"{n}={degrees[n]}" for n in names)
+    return f"order [{axes}], gpus_per_node={gpn}"
 
-    Build with :meth:`from_topology` or :meth:`from_hcg` (which validate);
-    queries read the per-rank route table built here and do not re-validate.
+
+class HierarchicalCommPlan:
+    """The routing plan of ``comm_group_call_opt``: node groups, same-card groups, routes.
+
+    Build with :meth:`from_topology` or :meth:`from_hcg`, which validate;
+    queries are table look-ups that do not re-validate.
 
     Attributes:
         gpus_per_node, world_size, num_nodes: the physical layout.
         axis_names, pp_degree, moe_sharding_degree, ep_degree: the topology.
     """
 
-    def __init__(
-        self,
-        *,
-        gpus_per_node: int,
-        axis_names: tuple[str, ...],
-        degrees: dict[str, int],
-        stage_of_rank: tuple[int, ...],
-        sharding_groups: tuple[tuple[int, ...], ...],
-        moe_sharding_lists: tuple[tuple[int, ...], ...],
-    ) -> None:
+    def __init__(self, *, gpus_per_node: int, axis_names: tuple[str, ...],
+                 degrees: dict[str, int], stage_of_rank: tuple[int, ...],
+                 sharding_groups: tuple[tuple[int, ...], ...],
+                 moe_sharding_lists: tuple[tuple[int, ...], ...]) -> None:
         gpn = gpus_per_node
         self.gpus_per_node: int = gpn
         self.axis_names: tuple[str, ...] = axis_names
@@ -241,32 +194,26 @@ class HierarchicalCommPlan:
         self._stage_of_rank = stage_of_rank
         self._sharding_groups = sharding_groups
         self._moe_sharding_lists = moe_sharding_lists
-        self._moe_group_of_rank: dict[int, tuple[int, ...]] = {
-            r: ranks for ranks in moe_sharding_lists for r in ranks
-        }
-        self._nodes_of_stage: tuple[tuple[int, ...], ...] = tuple(
-            tuple(sorted({r // gpn for r in ranks})) for ranks in sharding_groups
-        )
-        # One pass per stage (not one per card): O(world) for any gpus_per_node.
-        self._same_card: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._moe_group_of_rank = {r: ranks for ranks in moe_sharding_lists for r in ranks}
+        self._nodes_of_stage = tuple(tuple(sorted({r // gpn for r in ranks}))
+                                     for ranks in sharding_groups)
+        # One pass over the ranks (not one per card): O(world) for any gpus_per_node.
+        same_card: dict[tuple[int, int], list[int]] = {
+            (stage, card): [] for stage in range(len(sharding_groups)) for card in range(gpn)}
         for stage, ranks in enumerate(sharding_groups):
-            by_card: list[list[int]] = [[] for _ in range(gpn)]
             for r in ranks:
-                by_card[r % gpn].append(r)
-            for card, members in enumerate(by_card):
-                self._same_card[(stage, card)] = tuple(members)
+                same_card[(stage, r % gpn)].append(r)
+        self._same_card = {key: tuple(members) for key, members in same_card.items()}
 
     # ---------------------------------------------------------------- build
     @classmethod
-    def from_topology(
-        cls, moe_topo: Any, gpus_per_node: int, mp_degree: int = 1
-    ) -> HierarchicalCommPlan:
+    def from_topology(cls, moe_topo: Any, gpus_per_node: int,
+                      mp_degree: int = 1) -> HierarchicalCommPlan:
         """Build and validate the routing plan from the MoE topology.
 
         Args:
-            moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"``
-                (optional), ``"moe_sharding"`` and ``"expert"`` in the user's
-                hybrid order (``hcg._moe_topo`` in Paddle).
+            moe_topo: a ``CommunicateTopology`` over the axes ``"pipe"`` (optional),
+                ``"moe_sharding"`` and ``"expert"`` (``hcg._moe_topo`` in Paddle).
             gpus_per_node: cards per node (see :func:`resolve_gpus_per_node`).
             mp_degree: tensor-parallel degree; must be 1.
 
@@ -275,8 +222,8 @@ class HierarchicalCommPlan:
 
         Raises:
             TypeError: a degree is not an int, or ``moe_topo`` is not a topology.
-            ValueError: a precondition of the hierarchical path fails; the
-                message names the condition, the values and what would work.
+            ValueError: a precondition of the hierarchical path fails (the
+                message names it, the values and what would work).
         """
         gpn = cls._check_gpus_per_node(gpus_per_node)
         cls._check_mp_degree(mp_degree)
@@ -289,51 +236,33 @@ class HierarchicalCommPlan:
                 f"multiple of gpus_per_node={gpn}, so ranks cannot be placed on "
                 "whole nodes. Use a world size (pp x moe_sharding x ep) that is a "
                 f"multiple of {gpn}, fix {LOCAL_SIZE_ENV}, or turn "
-                "comm_group_call_opt off."
-            )
-
-        # Stage of every rank, from the topology's coordinates.
+                "comm_group_call_opt off.")
         has_pipe = _PIPE in names
-        stage_of_rank = tuple(
-            int(getattr(moe_topo.get_coord(r), _PIPE)) if has_pipe else 0
-            for r in range(world)
-        )
-        # Sharding group of stage p: entry p of every "pipe" comm list.
-        if has_pipe:
+        stage_of_rank = tuple(int(getattr(moe_topo.get_coord(r), _PIPE)) if has_pipe else 0
+                              for r in range(world))
+        if has_pipe:  # the sharding group of stage p: entry p of every "pipe" comm list
             pipe_lists = [list(x) for x in moe_topo.get_comm_list(_PIPE)]
-            sharding_groups = tuple(
-                tuple(sorted(lst[p] for lst in pipe_lists))
-                for p in range(degrees[_PIPE])
-            )
+            sharding_groups = tuple(tuple(sorted(lst[p] for lst in pipe_lists))
+                                    for p in range(degrees[_PIPE]))
         else:
             sharding_groups = (tuple(range(world)),)
-        moe_lists = tuple(
-            tuple(int(r) for r in x) for x in moe_topo.get_comm_list(_MOE_SHARDING)
-        )
-        expert_lists = tuple(
-            tuple(int(r) for r in x) for x in moe_topo.get_comm_list(_EXPERT)
-        )
-        cls._check_consistent(
-            world, stage_of_rank, sharding_groups, moe_lists + expert_lists, layout
-        )
-        cls._check_nodes(gpn, stage_of_rank, sharding_groups, degrees, layout)
-        return cls(
-            gpus_per_node=gpn,
-            axis_names=names,
-            degrees=degrees,
-            stage_of_rank=stage_of_rank,
-            sharding_groups=sharding_groups,
-            moe_sharding_lists=moe_lists,
-        )
+        moe_lists, expert_lists = (tuple(tuple(int(r) for r in x)
+                                         for x in moe_topo.get_comm_list(axis))
+                                   for axis in (_MOE_SHARDING, _EXPERT))
+        plan = cls(gpus_per_node=gpn, axis_names=names, degrees=degrees,
+                   stage_of_rank=stage_of_rank, sharding_groups=sharding_groups,
+                   moe_sharding_lists=moe_lists)
+        plan._check_consistent(moe_lists + expert_lists, layout)
+        plan._check_nodes(layout)
+        return plan
 
     @classmethod
     def from_hcg(cls, hcg: Any, gpus_per_node: int) -> HierarchicalCommPlan:
         """Build the routing plan from a hybrid communicate group.
 
         Args:
-            hcg: an ``EPHybridCommunicateGroup`` (needs ``_moe_topo`` and
-                ``get_model_parallel_world_size()``; ``nranks`` is checked
-                against the topology when present).
+            hcg: an ``EPHybridCommunicateGroup`` (its ``_moe_topo``, mp degree
+                and, when present, ``nranks`` are read).
             gpus_per_node: cards per node.
 
         Returns:
@@ -350,8 +279,7 @@ class HierarchicalCommPlan:
                 f"{type(hcg).__name__} has none: it is built by "
                 "EPHybridCommunicateGroup when ep_degree > 1. Set ep_degree > 1 "
                 "and moe_sharding_degree in hybrid_configs, or turn "
-                "comm_group_call_opt off."
-            )
+                "comm_group_call_opt off.")
         mp_degree = hcg.get_model_parallel_world_size()
         plan = cls.from_topology(moe_topo, gpus_per_node, mp_degree=mp_degree)
         nranks = getattr(hcg, "nranks", None)
@@ -362,47 +290,34 @@ class HierarchicalCommPlan:
                 "outside pipe x moe_sharding x expert?); MoE global ranks would not "
                 "match topology ranks. Use dp_degree=1 with "
                 "sharding_degree = moe_sharding_degree x ep_degree, or turn "
-                "comm_group_call_opt off."
-            )
+                "comm_group_call_opt off.")
         return plan
 
     @staticmethod
     def _check_gpus_per_node(gpus_per_node: Any) -> int:
-        if not _is_int(gpus_per_node):
-            raise TypeError(
-                f"gpus_per_node must be an int, got {gpus_per_node!r} "
-                f"({type(gpus_per_node).__name__}); pass resolve_gpus_per_node()."
-            )
-        gpn = int(gpus_per_node)
+        gpn = _check_int(gpus_per_node, "gpus_per_node", "; pass resolve_gpus_per_node().")
         if gpn == 1:
             raise ValueError(
                 "comm_group_call_opt with gpus_per_node=1: every node group and "
                 "same-card step would be a single-rank group, so the hierarchical "
                 "path gains nothing; turn comm_group_call_opt off (or fix "
-                f"{LOCAL_SIZE_ENV} if the nodes have more cards)."
-            )
+                f"{LOCAL_SIZE_ENV} if the nodes have more cards).")
         if gpn < 1:
             raise ValueError(
                 f"gpus_per_node must be >= 2 for comm_group_call_opt, got {gpn}; "
-                f"set {LOCAL_SIZE_ENV} to the number of cards per node."
-            )
+                f"set {LOCAL_SIZE_ENV} to the number of cards per node.")
         return gpn
 
     @staticmethod
     def _check_mp_degree(mp_degree: Any) -> None:
-        if not _is_int(mp_degree):
-            raise TypeError(
-                f"mp_degree must be an int, got {mp_degree!r} "
-                f"({type(mp_degree).__name__})."
-            )
-        if int(mp_degree) < 1:
-            raise ValueError(f"mp_degree must be >= 1, got {int(mp_degree)}.")
-        if int(mp_degree) != 1:
+        mp = _check_int(mp_degree, "mp_degree")
+        if mp < 1:
+            raise ValueError(f"mp_degree must be >= 1, got {mp}.")
+        if mp != 1:
             raise ValueError(
                 f"comm_group_call_opt does not support tensor parallel: "
-                f"mp_degree={int(mp_degree)}, it must be 1. Set mp_degree=1 or "
-                "turn comm_group_call_opt off."
-            )
+                f"mp_degree={mp}, it must be 1. Set mp_degree=1 or "
+                "turn comm_group_call_opt off.")
 
     @staticmethod
     def _read_axes(moe_topo: Any) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -410,70 +325,48 @@ class HierarchicalCommPlan:
         if missing:
             raise TypeError(
                 "moe_topo must be a CommunicateTopology (hcg._moe_topo); "
-                f"{type(moe_topo).__name__} lacks {missing}."
-            )
+                f"{type(moe_topo).__name__} lacks {missing}.")
         names = tuple(moe_topo.get_hybrid_group_names())
         unknown = [n for n in names if n not in _KNOWN_AXES]
         if unknown:
             raise ValueError(
                 f"comm_group_call_opt: unknown axis names {unknown} in the MoE "
                 f"topology {list(names)}; expected only {list(_KNOWN_AXES)} "
-                "(pass hcg._moe_topo, not the dense topology)."
-            )
+                "(pass hcg._moe_topo, not the dense topology).")
         absent = [n for n in (_MOE_SHARDING, _EXPERT) if n not in names]
         if absent:
             raise ValueError(
                 f"comm_group_call_opt: the MoE topology {list(names)} has no "
                 f"{absent} axis; it needs 'moe_sharding' and 'expert' "
-                "(set ep_degree > 1 and moe_sharding_degree in hybrid_configs)."
-            )
-        degrees = {n: int(moe_topo.get_dim(n)) for n in names}
-        return names, degrees
+                "(set ep_degree > 1 and moe_sharding_degree in hybrid_configs).")
+        return names, {n: int(moe_topo.get_dim(n)) for n in names}
 
-    @staticmethod
-    def _check_consistent(
-        world: int,
-        stage_of_rank: tuple[int, ...],
-        sharding_groups: tuple[tuple[int, ...], ...],
-        sub_lists: tuple[tuple[int, ...], ...],
-        layout: str,
-    ) -> None:
+    def _check_consistent(self, sub_lists: tuple, layout: str) -> None:
         """The comm lists must agree with the coordinates (no silent bad group)."""
-        covered = sorted(r for ranks in sharding_groups for r in ranks)
-        bad = covered != list(range(world)) or any(
-            stage_of_rank[r] != p
-            for p, ranks in enumerate(sharding_groups)
-            for r in ranks
-        )
-        bad = bad or any(
-            len({stage_of_rank[r] for r in ranks}) != 1 for ranks in sub_lists
-        )
-        if bad:
+        stage = self._stage_of_rank
+        covered = sorted(r for ranks in self._sharding_groups for r in ranks)
+        if (covered != list(range(self.world_size))
+                or any(stage[r] != p for p, ranks in enumerate(self._sharding_groups)
+                       for r in ranks)
+                or any(len({stage[r] for r in ranks}) != 1 for ranks in sub_lists)):
             raise ValueError(
                 "comm_group_call_opt: the MoE topology is inconsistent: its pipe / "
                 "moe_sharding / expert comm lists do not agree with get_coord() "
                 f"({layout}). Pass the CommunicateTopology built by Paddle "
-                "(hcg._moe_topo)."
-            )
+                "(hcg._moe_topo).")
 
-    @staticmethod
-    def _check_nodes(
-        gpn: int,
-        stage_of_rank: tuple[int, ...],
-        sharding_groups: tuple[tuple[int, ...], ...],
-        degrees: dict[str, int],
-        layout: str,
-    ) -> None:
-        world = len(stage_of_rank)
-        mixed = []
-        for node in range(world // gpn):
-            ranks = range(node * gpn, (node + 1) * gpn)
-            stages = [stage_of_rank[r] for r in ranks]
-            if len(set(stages)) > 1:
-                mixed.append((node, list(ranks), stages))
+    def _check_nodes(self, layout: str) -> None:
+        """Every node inside one sharding group, and each group on >= 2 nodes.
+
+        Then the mean of the per-node means is the sharding group's mean.
+        """
+        gpn, stage_of = self.gpus_per_node, self._stage_of_rank
+        mixed = [node for node in range(self.num_nodes)
+                 if len({stage_of[r] for r in self.node_ranks(node)}) > 1]
         if mixed:
-            node, ranks, stages = mixed[0]
-            more = len(mixed) - 1
+            node, more = mixed[0], len(mixed) - 1
+            ranks = self.node_ranks(node)
+            stages = [stage_of[r] for r in ranks]
             others = f" (and {more} more node{'s' if more > 1 else ''})" if more else ""
             raise ValueError(
                 f"comm_group_call_opt needs every node's ranks inside one sharding "
@@ -483,19 +376,16 @@ class HierarchicalCommPlan:
                 f"a multiple of gpus_per_node={gpn} with order "
                 "moe_sharding->pipe->expert; or order pipe->moe_sharding->expert "
                 f"with moe_sharding x ep a multiple of {gpn}; or turn "
-                "comm_group_call_opt off."
-            )
-        for stage, ranks in enumerate(sharding_groups):
-            nodes = sorted({r // gpn for r in ranks})
+                "comm_group_call_opt off.")
+        for stage, nodes in enumerate(self._nodes_of_stage):
             if len(nodes) < 2:
                 raise ValueError(
                     f"comm_group_call_opt: the sharding group of pipeline stage "
-                    f"{stage} (ranks {_fmt_ranks(ranks)}, moe_sharding x ep = "
-                    f"{degrees[_MOE_SHARDING]} x {degrees[_EXPERT]}) lies on a "
-                    f"single node (node {nodes[0]}, gpus_per_node={gpn}): the "
+                    f"{stage} (ranks {_fmt_ranks(self._sharding_groups[stage])}, "
+                    f"moe_sharding x ep = {self.moe_sharding_degree} x {self.ep_degree}) "
+                    f"lies on a single node (node {nodes[0]}, gpus_per_node={gpn}): the "
                     "cross-node step would use single-rank groups and there is "
-                    "nothing to gain; turn comm_group_call_opt off."
-                )
+                    "nothing to gain; turn comm_group_call_opt off.")
 
     # -------------------------------------------------------------- queries
     def _rank(self, rank: int, what: str = "rank") -> int:
@@ -504,16 +394,14 @@ class HierarchicalCommPlan:
         if not 0 <= rank < self.world_size:
             raise ValueError(
                 f"{what} {rank} is out of range: the MoE topology has world size "
-                f"{self.world_size} (valid ranks 0..{self.world_size - 1})."
-            )
+                f"{self.world_size} (valid ranks 0..{self.world_size - 1}).")
         return rank
 
     @staticmethod
     def _index(value: int, what: str, limit: int) -> int:
         if not 0 <= value < limit:
             raise ValueError(
-                f"{what} {value!r} is out of range: valid {what}s are 0..{limit - 1}."
-            )
+                f"{what} {value!r} is out of range: valid {what}s are 0..{limit - 1}.")
         return value
 
     def node_of(self, rank: int) -> int:
@@ -530,9 +418,8 @@ class HierarchicalCommPlan:
 
     def node_ranks(self, node: int) -> tuple[int, ...]:
         """Global ranks of one node, ascending."""
-        gpn = self.gpus_per_node
         node = self._index(node, "node", self.num_nodes)
-        return tuple(range(node * gpn, (node + 1) * gpn))
+        return tuple(range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node))
 
     def sharding_group_ranks(self, stage: int) -> tuple[int, ...]:
         """Global ranks of one stage's sharding group, ascending."""
@@ -556,10 +443,7 @@ class HierarchicalCommPlan:
         return self._moe_sharding_lists
 
     def intra_node_root(self, owner: int, rank: int) -> int:
-        """Destination of ``rank``'s intra-node reduce for ``owner``'s buffer.
-
-        The rank of ``rank``'s node whose card equals ``card(owner)``.
-        """
+        """The rank of ``rank``'s node with ``owner``'s card: where its intra-node reduce goes."""
         self._same_stage(owner, rank)
         gpn = self.gpus_per_node
         return rank - rank % gpn + owner % gpn
@@ -572,14 +456,13 @@ class HierarchicalCommPlan:
     def _same_stage(self, owner: int, rank: int) -> None:
         # A buffer only travels inside its owner's sharding group; a rank of
         # another stage would be routed onto a node of the wrong group.
-        if self._stage_of_rank[self._rank(owner, "owner")] != self._stage_of_rank[
-                self._rank(rank)]:
+        stage = self._stage_of_rank
+        if stage[self._rank(owner, "owner")] != stage[self._rank(rank)]:
             raise ValueError(
-                f"owner {owner} (pipeline stage {self._stage_of_rank[owner]}) and "
-                f"rank {rank} (stage {self._stage_of_rank[rank]}) are not in the "
+                f"owner {owner} (pipeline stage {stage[owner]}) and "
+                f"rank {rank} (stage {stage[rank]}) are not in the "
                 "same sharding group; a dense buffer is only routed inside its "
-                "owner's sharding group."
-            )
+                "owner's sharding group.")
 
     # --------------------------------------------------------------- groups
     def group_specs(self) -> list[GroupSpec]:
@@ -588,25 +471,19 @@ class HierarchicalCommPlan:
         Node groups by node, then same-card groups by (stage, card): Paddle
         numbers groups by creation order, so every rank creates all of them.
         """
-        specs = [
-            GroupSpec(_NODE, (node,), self.node_ranks(node))
-            for node in range(self.num_nodes)
-        ]
-        specs.extend(
-            GroupSpec(_SAME_CARD, key, self._same_card[key])
-            for key in sorted(self._same_card)
-        )
+        specs = [GroupSpec(_NODE, (node,), self.node_ranks(node))
+                 for node in range(self.num_nodes)]
+        specs.extend(GroupSpec(_SAME_CARD, key, self._same_card[key])
+                     for key in sorted(self._same_card))
         return specs
 
-    def create_groups(
-        self, rank: int, new_group: Callable[[list[int]], Any] | None = None
-    ) -> HierarchicalGroups:
+    def create_groups(self, rank: int,
+                      new_group: Callable[[list[int]], Any] | None = None) -> HierarchicalGroups:
         """Create every group of :meth:`group_specs` in order; return ``rank``'s two.
 
         Args:
             rank: this process's global rank.
-            new_group: factory called as ``new_group(ranks_list)``;
-                ``paddle.distributed.new_group`` when None.
+            new_group: ``new_group(ranks_list)`` (``paddle.distributed.new_group`` when None).
 
         Returns:
             HierarchicalGroups: the rank's node group and same-card group.
@@ -618,14 +495,10 @@ class HierarchicalCommPlan:
             new_group = paddle.distributed.new_group
         created = {(spec.kind, spec.key): new_group(list(spec.ranks))
                    for spec in self.group_specs()}
-        stage = self._stage_of_rank[rank]
-        gpn = self.gpus_per_node
-        return HierarchicalGroups(
-            rank=rank,
-            stage=stage,
-            node_group=created[(_NODE, (rank // gpn,))],
-            same_card_group=created[(_SAME_CARD, (stage, rank % gpn))],
-        )
+        stage, gpn = self._stage_of_rank[rank], self.gpus_per_node
+        return HierarchicalGroups(rank=rank, stage=stage,
+                                  node_group=created[(_NODE, (rank // gpn,))],
+                                  same_card_group=created[(_SAME_CARD, (stage, rank % gpn))])
 
     def spread_rank_order(self, stage: int) -> list[int]:
         """A stage's ranks ordered so owners spread evenly over cards (rails) and nodes.
@@ -654,38 +527,23 @@ class HierarchicalCommPlan:
         gpn = self.gpus_per_node
         degrees = {_PIPE: self.pp_degree, _MOE_SHARDING: self.moe_sharding_degree,
                    _EXPERT: self.ep_degree}
-        lines = [
-            "HierarchicalCommPlan (comm_group_call_opt): world "
-            f"{self.world_size} = {self.num_nodes} nodes x {gpn} cards; "
-            + _layout_text(self.axis_names, degrees, gpn)
-        ]
+        lines = ["HierarchicalCommPlan (comm_group_call_opt): world "
+                 f"{self.world_size} = {self.num_nodes} nodes x {gpn} cards; "
+                 + _layout_text(self.axis_names, degrees, gpn)]
         for node in range(self.num_nodes):
             ranks = self.node_ranks(node)
-            lines.append(
-                f"  node {node}: ranks {_fmt_ranks(ranks)}, stage "
-                f"{self._stage_of_rank[ranks[0]]}"
-            )
+            lines.append(f"  node {node}: ranks {_fmt_ranks(ranks)}, stage "
+                         f"{self._stage_of_rank[ranks[0]]}")
         for stage in range(self.pp_degree):
-            lines.append(
-                f"  stage {stage}: sharding group {_fmt_ranks(self._sharding_groups[stage])} "
-                f"on nodes {list(self._nodes_of_stage[stage])}"
-            )
-            for card in range(gpn):
-                lines.append(
-                    f"    same-card group (stage {stage}, card {card}): "
-                    f"{list(self._same_card[(stage, card)])}"
-                )
+            lines.append(f"  stage {stage}: sharding group "
+                         f"{_fmt_ranks(self._sharding_groups[stage])} "
+                         f"on nodes {list(self._nodes_of_stage[stage])}")
+            lines.extend(f"    same-card group (stage {stage}, card {card}): "
+                         f"{list(self._same_card[(stage, card)])}" for card in range(gpn))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (
-            f"HierarchicalCommPlan(world_size={self.world_size}, "
-            f"gpus_per_node={self.gpus_per_node}, axes={list(self.axis_names)}, "
-            f"pp={self.pp_degree}, moe_sharding={self.moe_sharding_degree}, "
-            f"ep={self.ep_degree})"
-        )
-
-
-def _layout_text(names: Sequence[str], degrees: Mapping[str, int], gpn: int) -> str:
-    axes = ", ".join(f"{n}={degrees[n]}" for n in names)
-    return f"order [{axes}], gpus_per_node={gpn}"
+        return (f"HierarchicalCommPlan(world_size={self.world_size}, "
+                f"gpus_per_node={self.gpus_per_node}, axes={list(self.axis_names)}, "
+                f"pp={self.pp_degree}, moe_sharding={self.moe_sharding_degree}, "
+                f"ep={self.ep_degree})")

@@ -13,43 +13,24 @@
 # limitations under the License.
 """Where every byte of the Muon sharding optimizer goes, as plain data.
 
-From parameter metadata (:class:`ParamMeta`), the colour groups' ranks, the
-optional routing plan and :class:`LayoutSettings`, :class:`ShardingLayout`
-decides for one rank: the owner of every Muon matrix, the buckets and fused
-chunks, the element-wise buffers and ranges, each bucket's route, and the
-step plan. No process group or tensor is needed: the optimizer, ``plan``,
-``verify`` and the benchmarks read the same object.
+:class:`ShardingLayout` decides for one rank the owner of every Muon matrix, the buckets,
+the element-wise buffers and ranges, each bucket's route and the step plan, with no process
+group or tensor: the optimizer, ``plan``, ``verify`` and the benchmarks read the same object.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 from . import step_plan as _step_plan
-from .settings import (
-    PARTITION_BALANCED,
-    PARTITION_DEVELOP,
-    PARTITION_RAIL,
-    PARTITION_STRATEGIES,
-    option_default,
-)
-from .owners import (
-    MatrixSpec,
-    OwnerPartition,
-    balanced_partition,
-    partition_from_owners,
-    rail_partition,
-    rail_positions,
-    upstream_partition,
-)
-from .step_plan import CommOp, StepPhase
-from .settings import DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB
-from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL
-from .settings import canonical_dtype, itemsize
+from .owners import (MatrixSpec, OwnerPartition, balanced_partition, partition_from_owners,
+                     rail_partition, rail_positions, upstream_partition)
+from .settings import (DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB, PARTITION_BALANCED,
+                       PARTITION_DEVELOP, PARTITION_RAIL, PARTITION_STRATEGIES,
+                       canonical_dtype, itemsize, option_default)
+from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL, CommOp  # noqa: F401 (tools import CommOp)
 
 if TYPE_CHECKING:
     from .comm_plan import HierarchicalCommPlan
@@ -68,22 +49,14 @@ DEFAULT_RAW_COLOUR = -1
 NO_HOOK_COLOURS: tuple = ("dense_weight_no_hook", "moe_weight_no_hook")
 
 
-def _is_default_raw(value: Any) -> bool:
-    # develop's default colour: None or the int -1 (a string "-1" is a colour).
-    return value is None or (isinstance(value, int) and value == DEFAULT_RAW_COLOUR)
-
-
 @dataclass(frozen=True)
 class ParsedColour:
     """What a ``param.color`` value means, by develop's rules.
 
-    Attributes:
-        key: the colour key (:data:`DEFAULT_COLOUR` for the default group).
-        group: a dict colour's ``'group'`` (the ``default_group`` given to
-            :func:`parse_colour` when the dict has none); None otherwise.
-        from_dict: the value was develop's dict form ``{'color', 'group'}``.
-        declared: a dict's ``'color'`` as written (None when absent), else the
-            value itself -- what develop's ``_buffer_color`` reports for a dict.
+    ``key``: the colour key (:data:`DEFAULT_COLOUR` for the default group);
+    ``group``: a dict colour's ``'group'`` (else None); ``from_dict``: the value
+    was develop's dict ``{'color', 'group'}``; ``declared``: a dict's ``'color'``
+    as written, else the value (what develop's ``_buffer_color`` reports).
     """
 
     key: Hashable
@@ -100,24 +73,20 @@ def parse_colour(value: Any, default_group: Any = None) -> ParsedColour:
         default_group: the group of a dict colour without ``'group'``.
 
     Returns:
-        ParsedColour: a dict without ``'color'`` or with -1/None, and None/-1
-        themselves, are the default colour; anything else is its own key.
+        ParsedColour: None, -1 and a dict without ``'color'`` or with None/-1
+        are the default colour; anything else is its own key.
     """
-    if isinstance(value, dict):
-        declared = value.get("color")
-        key = DEFAULT_COLOUR if _is_default_raw(value.get("color", DEFAULT_RAW_COLOUR)) \
-            else declared
-        return ParsedColour(key, value.get("group", default_group), True, declared)
-    key = DEFAULT_COLOUR if _is_default_raw(value) else value
-    return ParsedColour(key, None, False, value)
+    from_dict = isinstance(value, dict)
+    declared = value.get("color") if from_dict else value
+    # develop's default colour: None or the int -1 (a string "-1" is a colour)
+    default = declared is None or (isinstance(declared, int) and declared == DEFAULT_RAW_COLOUR)
+    return ParsedColour(DEFAULT_COLOUR if default else declared,
+                        value.get("group", default_group) if from_dict else None,
+                        from_dict, declared)
 
 
 def is_hooked(comm_overlap: bool, colour: Hashable) -> bool:
-    """Whether a buffer of ``colour`` is reduced from the backward hooks.
-
-    The overlap rule: ``comm_overlap`` on and the colour not a no-hook
-    (shared) colour; fused buffers are a further condition of Muon buckets.
-    """
+    """Whether a buffer of ``colour`` is reduced from the backward hooks (not a no-hook colour)."""
     return bool(comm_overlap) and colour not in NO_HOOK_COLOURS
 
 
@@ -130,15 +99,14 @@ def is_trainable(param: Any) -> bool:
     return not param.stop_gradient and 0 not in tuple(param.shape)
 
 
-
+# ------------------------------------------------------------------ specs
 @dataclass(frozen=True)
 class ParamMeta:
     """What the layout needs to know about one trainable parameter.
 
-    ``colour`` is the colour key (None: the default sharding group); ``dtype``
-    is normalised to a name like ``"float32"``. ``group_key`` is Muon's
-    ``muon_group_key`` of the parameter (None: ``(None, shape)``, the key of
-    a matrix without a ``split_concat_func``); sync stages never split a key.
+    ``colour``: the colour key (None: the default group); ``dtype``: a name like
+    ``"float32"``; ``group_key``: Muon's ``muon_group_key`` (None: ``(None, shape)``),
+    which sync stages never split.
     """
 
     name: str
@@ -151,18 +119,15 @@ class ParamMeta:
     nbytes: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Frozen: derived sizes are computed once, the schedule reads them often.
-        shape = self.shape
-        # a tuple of ints is kept as is (a bool is no int here: it converts)
-        if type(shape) is not tuple or not all(type(d) is int for d in shape):
-            shape = tuple(int(d) for d in shape)
-            object.__setattr__(self, "shape", shape)
-        dtype = canonical_dtype(self.dtype)
-        numel = math.prod(shape)
+        # Frozen: the derived sizes are computed once (the schedule reads them often).
+        # A tuple of ints is kept as is (a bool is no int here: it converts).
         d = self.__dict__
-        d["dtype"] = dtype
-        d["numel"] = numel
-        d["nbytes"] = numel * itemsize(dtype)
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(x) is int for x in shape):
+            shape = d["shape"] = tuple(int(x) for x in shape)
+        d["dtype"] = canonical_dtype(self.dtype)
+        d["numel"] = math.prod(shape)
+        d["nbytes"] = d["numel"] * itemsize(d["dtype"])
 
 
 @dataclass(frozen=True)
@@ -173,13 +138,10 @@ class LayoutSettings:
         comm_buffer_size_MB: fused gradient buffer size; ``<= 0``: per-parameter reduces.
         comm_overlap: backward hooks launch each buffer's first reduce.
         partition_strategy: ``"upstream_greedy"`` (develop's rule, the default),
-            ``"balanced"`` or ``"rail"`` (hierarchical groups over >= 2 nodes;
-            elsewhere ``"balanced"``).
+            ``"balanced"`` or ``"rail"`` (``"balanced"`` without a plan or on one node).
         alignment_bytes: per-parameter padding of fused buffers.
-        overlap_sync: develop's ``overlap_optimize_and_sync``: the step
-            updates stage by stage and syncs each stage while the next one
-            computes (off under ``comm_group_call_opt`` unless
-            ``overlap_sync_group_call``).
+        overlap_sync: develop's ``overlap_optimize_and_sync``: update and sync stage by
+            stage (off under ``comm_group_call_opt`` unless ``overlap_sync_group_call``).
         overlap_sync_group_call: keep the staged sync on the hierarchical route.
     """
 
@@ -195,6 +157,7 @@ class LayoutSettings:
     def fused(self) -> bool:
         return self.comm_buffer_size_MB > 0
 
+
 @dataclass(frozen=True)
 class MuonBucketSpec:
     """Muon matrices of one (colour, owner, dtype): one broadcast buffer.
@@ -206,8 +169,8 @@ class MuonBucketSpec:
             (empty when unfused: one reduce per parameter).
         route: ``"flat"`` or ``"hierarchical"``; overlap: launched from hooks.
         numel: elements of the broadcast buffer (unpadded).
-        chunk_numels: padded elements of each fused gradient buffer.
-        param_numels: elements of each parameter.
+        chunk_numels, chunk_bytes: padded elements, unpadded bytes of each chunk.
+        param_numels, param_bytes: elements, bytes of each parameter.
     """
 
     colour: Hashable
@@ -267,18 +230,20 @@ class SliceBufferSpec:
     def shard_numel(self) -> int:
         return self.total // len(self.group)
 
+    def _overlap(self, name: str, group_index: int) -> tuple:
+        # (index of name, begin, end) of the shard's overlap with its padded range
+        i = self.params.index(name)
+        shard = self.shard_numel
+        rank_begin = group_index * shard
+        return (i, max(self.offsets[i], rank_begin),
+                min(self.offsets[i] + self.padded[i], rank_begin + shard))
+
     def range_in_param(self, name: str, group_index: int) -> tuple:
         """``(begin, end)`` within the flattened parameter held by group index ``i``.
 
         Padding excluded; ``(0, 0)`` when the rank's shard holds none of it.
         """
-        i = self.params.index(name)
-        shard = self.shard_numel
-        rank_begin = group_index * shard
-        begin = max(self.offsets[i], rank_begin)
-        end = min(self.offsets[i] + self.padded[i], rank_begin + shard)
-        if begin >= end:
-            return 0, 0
+        i, begin, end = self._overlap(name, group_index)
         numel = self.param_numels[i]
         lo = min(begin - self.offsets[i], numel)
         hi = min(end - self.offsets[i], numel)
@@ -286,20 +251,15 @@ class SliceBufferSpec:
 
     def holds_slice(self, name: str, group_index: int) -> bool:
         """Whether the shard overlaps the parameter's padded range (FusedCommBuffer's rule)."""
-        i = self.params.index(name)
-        shard = self.shard_numel
-        rank_begin = group_index * shard
-        return max(self.offsets[i], rank_begin) < min(
-            self.offsets[i] + self.padded[i], rank_begin + shard
-        )
+        _, begin, end = self._overlap(name, group_index)
+        return begin < end
 
 
+# -------------------------------------------------------------- placement
 def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
-    """Split consecutive items into chunks of at most ``limit_MB`` (an item never splits).
+    """Item indices per chunk of consecutive items of at most ``limit_MB`` together.
 
-    Returns:
-        list[list[int]]: item indices per chunk; one chunk per item when
-        ``limit_MB <= 0``.
+    An item never splits; one chunk per item when ``limit_MB <= 0``.
     """
     if limit_MB <= 0:
         return [[i] for i in range(len(nbytes))]
@@ -315,24 +275,17 @@ def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
     return chunks if chunks[0] else []
 
 
-def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tuple | None,
-                      strategy: str, buffer_MB: float, positions: tuple | None) -> OwnerPartition:
-    """The owner partition of one group by ``strategy`` (group-local indices).
+def _group_by(items, key) -> dict:
+    """``key(item) -> [items]`` in first-seen order of keys, items in order."""
+    out: dict = {}
+    for x in items:
+        out.setdefault(key(x), []).append(x)
+    return out
 
-    ``rank_order`` and ``positions`` come from :func:`owner_rule_inputs`;
-    only develop's rule reads ``buffer_MB``.
-    """
-    if strategy == PARTITION_RAIL:
-        return rail_partition(specs, positions,
-                              rank_order=None if rank_order is None else list(rank_order))
-    if strategy == PARTITION_DEVELOP:
-        return upstream_partition(specs, nranks, buffer_MB)
-    if strategy == PARTITION_BALANCED:
-        return balanced_partition(specs, nranks,
-                                  rank_order=None if rank_order is None else list(rank_order))
-    raise ValueError(
-        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}."
-    )
+
+def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
+    align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
+    return (numel + align - 1) // align * align
 
 
 def owner_rule_inputs(ranks: tuple, plan: HierarchicalCommPlan | None, strategy: str) -> tuple:
@@ -353,23 +306,35 @@ def owner_rule_inputs(ranks: tuple, plan: HierarchicalCommPlan | None, strategy:
     return strategy, rank_order, positions
 
 
-def assign_muon_owners(
-    specs: Sequence[MatrixSpec],
-    group_ranks: Sequence[int],
-    plan: HierarchicalCommPlan | None = None,
-    partition_strategy: str = option_default("muon_partition_strategy"),
-    buffer_size_MB: float = 256,
-):
+def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tuple | None,
+                      strategy: str, buffer_MB: float, positions: tuple | None) -> OwnerPartition:
+    """The owner partition of one group by ``strategy`` (group-local indices).
+
+    ``rank_order`` and ``positions`` come from :func:`owner_rule_inputs`;
+    only develop's rule reads ``buffer_MB``.
+    """
+    order = None if rank_order is None else list(rank_order)
+    if strategy == PARTITION_RAIL:
+        return rail_partition(specs, positions, rank_order=order)
+    if strategy == PARTITION_DEVELOP:
+        return upstream_partition(specs, nranks, buffer_MB)
+    if strategy == PARTITION_BALANCED:
+        return balanced_partition(specs, nranks, rank_order=order)
+    raise ValueError(
+        f"partition_strategy={strategy!r} is not known; use one of {PARTITION_STRATEGIES}.")
+
+
+def assign_muon_owners(specs: Sequence[MatrixSpec], group_ranks: Sequence[int],
+                       plan: HierarchicalCommPlan | None = None,
+                       partition_strategy: str = option_default("muon_partition_strategy"),
+                       buffer_size_MB: float = 256):
     """Choose the owning global rank of every Muon matrix of one colour group.
 
     Args:
         specs: the group's Muon matrices.
         group_ranks: the colour group's global ranks, in group order.
-        plan: hierarchical plan; with it, equally loaded ranks are preferred in
-            an order alternating cards and nodes so owners spread over rails.
-        partition_strategy: ``"upstream_greedy"`` (develop's rule), ``"balanced"``
-            or ``"rail"`` (without ``plan`` or on a group of one node it is
-            ``"balanced"``).
+        plan: hierarchical plan (see :func:`owner_rule_inputs`).
+        partition_strategy: ``"upstream_greedy"``, ``"balanced"`` or ``"rail"``.
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
@@ -383,29 +348,17 @@ def assign_muon_owners(
     return {name: ranks[idx] for name, idx in partition.owners.items()}, partition
 
 
-def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int) -> int:
-    align = max(1, settings.alignment_bytes // itemsize(dtype)) * multiple
-    return (numel + align - 1) // align * align
-
-
-def group_by_owner(params: Sequence[ParamMeta], owner_of: Mapping[str, int]) -> list:
-    """``[((owner, dtype), params)]`` sorted by (owner, dtype), each in model order."""
-    grouped: dict = OrderedDict()
-    for p in params:
-        grouped.setdefault((owner_of[p.name], p.dtype), []).append(p)
-    return sorted(grouped.items(), key=operator.itemgetter(0))
-
-
 def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -> tuple:
     """The Muon buckets of one colour group: one per (owner, dtype), in that order."""
+    by_owner = _group_by(params, lambda p: (owner_of[p.name], p.dtype))
     out = []
     fused = settings.fused
     route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
-    for (owner, dtype), bparams in group_by_owner(params, owner_of):
+    for (owner, dtype), bparams in sorted(by_owner.items()):  # keys are unique
         chunks = chunk_numels = chunk_bytes = ()
+        nbytes = tuple(p.nbytes for p in bparams)
         if fused:
-            nbytes = [p.nbytes for p in bparams]
             pad = [padded_numel(p.numel, dtype, settings, 1) for p in bparams]
             parts = chunk_by_size(nbytes, settings.comm_buffer_size_MB)
             chunks = tuple(tuple(bparams[i].name for i in c) for c in parts)
@@ -414,21 +367,17 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
         numels = tuple(p.numel for p in bparams)
         out.append(MuonBucketSpec(
             colour=colour, group=group, owner=owner, dtype=dtype,
-            params=tuple(p.name for p in bparams), chunks=chunks,
-            route=route, overlap=overlap,
-            numel=sum(numels), chunk_numels=chunk_numels,
-            param_numels=numels, chunk_bytes=chunk_bytes,
-            param_bytes=tuple(p.nbytes for p in bparams),
+            params=tuple(p.name for p in bparams), chunks=chunks, route=route,
+            overlap=overlap, numel=sum(numels), chunk_numels=chunk_numels,
+            param_numels=numels, chunk_bytes=chunk_bytes, param_bytes=nbytes,
         ))
     return tuple(out)
 
 
 def slice_buffer_specs(colour, group, params, settings) -> tuple:
-    by_dtype: dict = OrderedDict()
-    for p in params:
-        by_dtype.setdefault(p.dtype, []).append(p)
+    """The element-wise buffers of one colour group: per dtype, chunked by size when fused."""
     out = []
-    for dtype, dparams in by_dtype.items():
+    for dtype, dparams in _group_by(params, lambda p: p.dtype).items():
         if settings.fused:
             chunks = chunk_by_size([p.nbytes for p in dparams], settings.comm_buffer_size_MB)
         else:
@@ -437,10 +386,10 @@ def slice_buffer_specs(colour, group, params, settings) -> tuple:
             members = [dparams[i] for i in c]
             padded = tuple(padded_numel(p.numel, dtype, settings, len(group))
                            for p in members)
-            offsets = tuple(sum(padded[:i]) for i in range(len(padded)))
             out.append(SliceBufferSpec(
                 colour=colour, group=group, dtype=dtype,
-                params=tuple(p.name for p in members), offsets=offsets,
+                params=tuple(p.name for p in members),
+                offsets=tuple(sum(padded[:i]) for i in range(len(padded))),
                 padded=padded, param_numels=tuple(p.numel for p in members),
                 overlap=is_hooked(settings.comm_overlap, colour),
                 payload=sum(p.nbytes for p in members),
@@ -448,24 +397,20 @@ def slice_buffer_specs(colour, group, params, settings) -> tuple:
     return tuple(out)
 
 
-
-
 def _fixed_owners_of(colour, group: tuple, params: Sequence[ParamMeta],
-                  owners: Mapping[str, int]) -> tuple:
+                     owners: Mapping[str, int]) -> tuple:
     """``((name, group index), ...)`` of owners chosen beforehand, checked."""
     out = []
     for p in params:
         if p.name not in owners:
             raise ValueError(
                 f"fixed_owners has no entry for Muon parameter {p.name} (colour "
-                f"{colour!r}); pass an owner for every keep-whole parameter, or None."
-            )
+                f"{colour!r}); pass an owner for every keep-whole parameter, or None.")
         owner = int(owners[p.name])
         if owner not in group:
             raise ValueError(
                 f"fixed_owners gives parameter {p.name} to rank {owner}, outside its colour "
-                f"group {list(group)} (colour {colour!r}); an owner must be a member."
-            )
+                f"group {list(group)} (colour {colour!r}); an owner must be a member.")
         out.append((p.name, group.index(owner)))
     return tuple(out)
 
@@ -490,17 +435,12 @@ def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: Layo
 
 
 def split_params(params: Sequence[ParamMeta]) -> tuple:
-    """``(colours, muon, other, by_name)`` of ``params``: the set of colours,
-    ``(colour, tuple of its Muon parameters)`` and the same of the
-    element-wise ones in first-seen order, and name -> meta."""
-    muon_by_colour: dict = OrderedDict()
-    other_by_colour: dict = OrderedDict()
-    for p in params:
-        target = muon_by_colour if p.use_muon else other_by_colour
-        target.setdefault(p.colour, []).append(p)
-    return (frozenset(muon_by_colour) | frozenset(other_by_colour),
-            tuple((c, tuple(ps)) for c, ps in muon_by_colour.items()),
-            tuple((c, tuple(ps)) for c, ps in other_by_colour.items()),
+    """``(colours, muon, other, by_name)``: the set of colours, ``(colour, its Muon
+    parameters)`` and the same of the element-wise ones in first-seen order, name -> meta."""
+    by = _group_by(params, lambda p: (p.use_muon, p.colour))
+    return (frozenset(c for _, c in by),
+            tuple((c, tuple(ps)) for (muon, c), ps in by.items() if muon),
+            tuple((c, tuple(ps)) for (muon, c), ps in by.items() if not muon),
             {p.name: p for p in params})
 
 
@@ -523,26 +463,23 @@ class Placement:
 PLAIN_PLACEMENT = Placement()
 
 
+# ----------------------------------------------------------------- layout
 @dataclass
 class ShardingLayout:
-    """Owners, buckets, element-wise ranges and the step schedule of one rank.
-
-    Build with :meth:`build`; all fields are plain data.
+    """Owners, buckets, element-wise ranges and the step schedule of one rank (plain data).
 
     Attributes:
         rank: the global rank the layout is for.
         groups: colour key -> global ranks of the colour group (group order).
-        settings: the :class:`LayoutSettings`.
-        plan: the hierarchical routing plan, ``muon_comm_plan`` (None: flat routing everywhere).
+        plan: the routing plan, ``HierarchicalCommPlan`` (None: flat routing everywhere).
         owners: Muon parameter name -> owning global rank.
         partitions: colour key -> OwnerPartition (load figures for tools).
-        muon_buckets: :class:`MuonBucketSpec` in issue order.
-        slice_buffers: :class:`SliceBufferSpec` in issue order.
+        muon_buckets, slice_buffers: the buffers in issue order.
         params: name -> :class:`ParamMeta`.
-        clip_groups: global ranks of each group the global-norm clip
-            all-reduces its norm over, in issue order (Paddle's
-            ``HybridParallelClipGrad``: the sharding group twice, then the
-            pipe group); empty: the step has no such clip.
+        clip_groups: the groups the global-norm clip all-reduces its norm over, in
+            issue order (Paddle's ``HybridParallelClipGrad``: the sharding group
+            twice, then the pipe group); empty: the step has no such clip.
+        placement: how the layout and its step plan were computed.
     """
 
     rank: int
@@ -555,46 +492,33 @@ class ShardingLayout:
     slice_buffers: list
     params: dict = field(repr=False)
     clip_groups: tuple = ()
-    #: how the layout and its step plan were computed (:class:`Placement`)
     placement: Placement = field(default=PLAIN_PLACEMENT, repr=False, compare=False)
 
     @classmethod
-    def build(
-        cls,
-        params: Sequence[ParamMeta],
-        groups: Mapping[Hashable, Sequence[int]],
-        rank: int,
-        settings: LayoutSettings = LayoutSettings(),
-        plan: HierarchicalCommPlan | None = None,
-        fixed_owners: Mapping[str, int] | None = None,
-        clip_groups: Sequence[Sequence[int]] = (),
-        placement: Placement = PLAIN_PLACEMENT,
-    ) -> ShardingLayout:
+    def build(cls, params: Sequence[ParamMeta], groups: Mapping[Hashable, Sequence[int]],
+              rank: int, settings: LayoutSettings = LayoutSettings(),
+              plan: HierarchicalCommPlan | None = None,
+              fixed_owners: Mapping[str, int] | None = None,
+              clip_groups: Sequence[Sequence[int]] = (),
+              placement: Placement = PLAIN_PLACEMENT) -> ShardingLayout:
         """Compute the layout of ``rank``.
 
         Args:
             params: the rank's trainable parameters in model order.
-            groups: colour key -> global ranks of its group; every colour
-                used by ``params`` needs an entry containing ``rank``.
-            rank: this global rank.
-            settings: placement options.
-            plan: the routing plan; with it, default-colour (``None``) Muon buckets route
-                hierarchically.
-            fixed_owners: Muon parameter name -> owning global rank, decided
-                beforehand for the whole job (develop's machine-balanced
-                rule); None: ``settings.partition_strategy`` per colour group.
-            clip_groups: the global-norm clip's all-reduce groups (see the
-                attribute); the default: no clip collective in the step.
-            placement: the functions computing the placement and step plan
-                (the default: plain, uncached).
+            groups: colour key -> global ranks of its group, each containing ``rank``.
+            rank: this global rank; settings: placement options.
+            plan: the routing plan; with it, default-colour Muon buckets route hierarchically.
+            fixed_owners: Muon parameter name -> owning global rank, decided for the
+                whole job (develop's machine-balanced rule); None: by
+                ``settings.partition_strategy`` per colour group.
+            clip_groups: the global-norm clip's all-reduce groups (see the attribute).
+            placement: the functions computing the placement and step plan.
 
         Returns:
             ShardingLayout: the layout.
 
         Raises:
-            ValueError: a colour without a group, a group without ``rank``, or
-                ``fixed_owners`` lacking a Muon parameter or naming a rank outside
-                its colour group.
+            ValueError: a colour without a group, a group without ``rank``, a bad ``fixed_owners``.
         """
         groups = {k: tuple(int(r) for r in v) for k, v in groups.items()}
         colours, muon_by_colour, other_by_colour, by_name = placement.split_params(params)
@@ -602,36 +526,30 @@ class ShardingLayout:
             if p.colour not in groups:
                 raise ValueError(
                     f"parameter {p.name} has colour {p.colour!r} but no group was "
-                    f"given for it (known colours: {list(groups)})."
-                )
+                    f"given for it (known colours: {list(groups)}).")
         for key, ranks in groups.items():
             if rank not in ranks:
                 raise ValueError(
                     f"rank {rank} is not in the group of colour {key!r} "
                     f"({list(ranks)}); every rank must hold the parameters of the "
-                    "colour groups it belongs to."
-                )
-
+                    "colour groups it belongs to.")
         owners: dict = {}
         partitions: dict = {}
         buckets: list = []
         for colour, cparams in muon_by_colour:
-            hier_plan = plan if colour is None else None
             fixed = None if fixed_owners is None else _fixed_owners_of(
                 colour, groups[colour], cparams, fixed_owners)
-            owner_of, partition, cbuckets = placement.muon_layout(
-                colour, groups[colour], cparams, hier_plan, settings, fixed)
+            owner_of, partitions[colour], cbuckets = placement.muon_layout(
+                colour, groups[colour], cparams, plan if colour is None else None,
+                settings, fixed)
             owners.update(owner_of)
-            partitions[colour] = partition
             buckets.extend(cbuckets)
-        slices: list = []
-        for colour, cparams in other_by_colour:
-            slices.extend(placement.slice_layout(colour, groups[colour], cparams, settings))
+        slices = [s for colour, cparams in other_by_colour
+                  for s in placement.slice_layout(colour, groups[colour], cparams, settings)]
         return cls(rank=rank, groups=groups, settings=settings, plan=plan, owners=owners,
                    partitions=partitions, muon_buckets=buckets, slice_buffers=slices,
-                   params=by_name,
-                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups),
-                   placement=placement)
+                   params=by_name, placement=placement,
+                   clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
     # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
@@ -652,15 +570,13 @@ class ShardingLayout:
     def local_range(self, name: str) -> tuple:
         """Flattened range of ``name`` this rank updates (see the optimizer's ``local_range``)."""
         if name in self.owners:
-            if self.owners[name] != self.rank:
-                return 0, 0
-            return 0, self.params[name].numel
+            return (0, self.params[name].numel) if self.owners[name] == self.rank else (0, 0)
         if name not in self.params:
             raise KeyError(f"{name} is not a trainable parameter of this layout")
         buf = self.slice_buffer_of(name)
         return buf.range_in_param(name, self.group_index(buf.colour))
 
-    # ------------------------------------------------------- sync stages
+    # ----------------------------------------------------------- schedule
     @property
     def staged_sync(self) -> bool:
         """Whether the step syncs stage by stage (``overlap_sync`` in effect)."""
@@ -671,20 +587,16 @@ class ShardingLayout:
         """The stages of the overlapped update (see ``muon_sharding_step_plan``)."""
         return _step_plan.sync_stages(self)
 
-    # ----------------------------------------------------------- schedule
     def comm_groups(self) -> list:
         """Global ranks of every group this rank's schedule uses."""
         groups = list(self.groups.values())
         if self.plan is not None and any(b.route == ROUTE_HIERARCHICAL
                                          for b in self.muon_buckets):
-            groups.extend(self._hier_groups())
+            groups.extend(_step_plan.hier_groups(self))
         return groups
 
-    def _hier_groups(self) -> tuple:
-        return _step_plan.hier_groups(self)
-
     def step_plan(self) -> list:
-        """The step as data: ordered :class:`StepPhase` list (see ``build_step_plan``)."""
+        """The step as data: ordered ``StepPhase`` list (see ``build_step_plan``)."""
         return _step_plan.build_step_plan(self)
 
     def phases_of(self, trigger: str) -> list:
@@ -696,13 +608,10 @@ class ShardingLayout:
         return list(cache[trigger])
 
     def schedule(self) -> list:
-        """Ordered collectives this rank issues in one step (the step plan's ops).
+        """Ordered collectives (``CommOp``) this rank issues in one step (the step plan's ops).
 
         Hook-launched ops (``trigger == "backward"``) are listed in model order
         of their buffers; their real order follows the backward pass.
-
-        Returns:
-            list[CommOp]: the step's collectives.
         """
         # One-rank groups (e.g. moe_sharding_degree=1) hold the result already.
         return [op for ph in self.step_plan() for op in ph.ops if len(op.group) > 1]
