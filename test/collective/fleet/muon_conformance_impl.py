@@ -27,12 +27,11 @@ in docs/UPSTREAM_BUGS.md; ``MUON_CONFORMANCE_SHOW_BUGS=1`` runs them
 unmarked, to see the failure); on a file where the bug is fixed the test is
 a plain test.
 
-The helpers below drive an optimizer through develop's surface only: the
-constructor ``(optimizer, hcg)``, ``reduce_gradients``, ``step``,
-``clear_grad`` and the attributes develop's own tests read. They use only
-the harness (``mock``), the tiny model and Paddle's names, never this
-package's layout or plan modules (``muon_sim_runner`` builds on those): the
-files must run unchanged in a Paddle tree that has develop's code only.
+The suite runs in the one simulated-world harness (``muon_sim_runner``),
+driving the optimizer through develop's surface only: the constructor
+``(optimizer, hcg)``, ``reduce_gradients``, ``step``, ``clear_grad`` and the
+attributes develop's own tests read. These files must run unchanged in a
+Paddle tree that has develop's code only.
 """
 
 from __future__ import annotations
@@ -44,17 +43,11 @@ from typing import Any, Callable
 
 import numpy as np
 import paddle
-from paddle.distributed import fleet
 
-from mock.fake_hcg import DEFAULT_MOE_ORDER, make_hcg_factory, make_hybrid_strategy
+import muon_sim_runner
 from mock.simulated_world import SimulatedWorld
-from muon_test_compat import (
-    HAS_GROUP_CALL_OPTION,
-    local_size,
-    register_cpu_tensor_fusion,
-    set_muon_sharding_options,
-)
-from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
+from muon_sim_runner import SimConfig
+from muon_test_compat import HAS_GROUP_CALL_OPTION
 
 #: Environment variable naming the Paddle checkout under test.
 PADDLE_ROOT_ENV = "PADDLE_ROOT"
@@ -222,122 +215,33 @@ def upstream_bug(bug_id: str) -> Callable:
     return mark
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout(SimConfig):
+    """A layout as develop's users run it: the bare optimizer under test, no
+    gradient clip (a bare sharding optimizer clips its local gradients only,
+    so the reference would differ), develop's own owner rule, and AVG
+    support as the build reports it."""
+
+    clip: bool = False
+    via_fleet: bool = False
+    partition: str | None = None
+    use_reduce_avg: bool | None = None
+
+
 def build_rank(cfg: Layout) -> tuple[Any, Any, Any]:
     """This simulated rank's tiny MoE and the optimizer under test on it.
 
     Returns:
         (hcg, net, optimizer).
     """
-    hcg = fleet.get_hybrid_communicate_group()
-    coord = hcg.get_expert_parallel_rank() if cfg.ep > 1 else None
-    moe_group = hcg.get_moe_sharding_parallel_group() if cfg.ep > 1 else None
-    net = TinyMoE(coord, moe_group, cfg.matrix_dtype)
-    # no grad clip: a bare sharding optimizer clips its local gradients only
-    # (the fleet wrapper makes the norm global), so the reference would differ
-    muon = make_muon(list(net.parameters()), clip=False)
-    return hcg, net, MuonShardingOptimizer(muon, hcg)
-
-
-def train(hcg: Any, net: Any, opt: Any, steps: int, clear: bool = True,
-          first_step: int = 0) -> None:
-    """``steps`` optimizer steps through develop's surface, clear_grad between them."""
-    rank = paddle.distributed.get_rank()
-    for step in range(first_step, first_step + steps):
-        loss = net(paddle.to_tensor(batch(step, rank)))
-        loss.backward()
-        opt.reduce_gradients(list(net.parameters()), hcg)
-        opt.step()
-        if clear:
-            opt.clear_grad()
-
-
-def max_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[float, str]:
-    """Largest |got - want| over the parameters and the parameter it occurs in."""
-    assert got.keys() == want.keys(), f"parameter sets differ: {sorted(got)} vs {sorted(want)}"
-    worst = max(got, key=lambda k: float(np.abs(got[k].astype("float64") - want[k]).max()))
-    return float(np.abs(got[worst].astype("float64") - want[worst]).max()), worst
-
-
-# --------------------------------------------------------------------------
-# Layouts, the simulated world and the independent expectations
-# --------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """A MoE layout plus develop's sharding options.
-
-    Attributes:
-        ep, ms, pp: expert, moe_sharding, pipeline degrees (ep == 1: no experts).
-        order: the MoE axes in topology order.
-        gpn: GPUs per node; set -> comm_group_call_opt on (``PADDLE_LOCAL_SIZE``).
-        fused: comm_buffer_size_MB 1 (fused gradient buffers) or -1.
-        overlap: comm_overlap (backward hooks launch the reduces).
-        release_grads: sharding_configs.release_gradients.
-    """
-
-    ep: int = 4
-    ms: int = 2
-    pp: int = 1
-    order: tuple = DEFAULT_MOE_ORDER
-    gpn: int | None = None
-    fused: bool = True
-    overlap: bool = False
-    release_grads: bool = False
-    matrix_dtype: str = "float32"
-
-    @property
-    def world(self) -> int:
-        return self.ep * self.ms * self.pp
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """Rank -> axis coordinates: the last axis of ``order`` varies fastest."""
-        dims = {"moe_sharding": self.ms, "pipe": self.pp, "expert": self.ep}
-        out, rest = {}, rank
-        for name in reversed(self.order):
-            out[name], rest = rest % dims[name], rest // dims[name]
-        return out
-
-    def strategy(self) -> Any:
-        strategy = make_hybrid_strategy(self.ep, self.ms, self.pp, order=self.order,
-                                        comm_buffer_size_MB=1 if self.fused else -1,
-                                        comm_overlap=self.overlap)
-        if self.release_grads:
-            strategy.hybrid_configs["sharding_configs"].release_gradients = True
-        set_muon_sharding_options(strategy, comm_group_call_opt=self.gpn is not None)
-        return strategy
-
-
-class Oracle:
-    """Groups from rank coordinates alone (no topology object, no optimizer).
-
-    ``node(r)``: the ``gpn`` consecutive ranks holding r; ``sharding_group``:
-    every rank of r's pipeline stage; ``moe_group``: those with r's expert
-    coordinate; ``same_card``: those with r's card index (r % gpn).
-    """
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-        self.coords = [layout.coords(r) for r in range(layout.world)]
-
-    def sharding_group(self, rank: int) -> tuple:
-        return tuple(q for q in range(self.layout.world)
-                     if self.coords[q]["pipe"] == self.coords[rank]["pipe"])
-
-    def moe_group(self, rank: int) -> tuple:
-        return tuple(q for q in self.sharding_group(rank)
-                     if self.coords[q]["expert"] == self.coords[rank]["expert"])
-
-    def node(self, rank: int) -> tuple:
-        first = rank // self.layout.gpn * self.layout.gpn
-        return tuple(range(first, first + self.layout.gpn))
-
-    def same_card(self, rank: int) -> tuple:
-        gpn = self.layout.gpn
-        return tuple(q for q in self.sharding_group(rank) if q % gpn == rank % gpn)
+    hcg, net, opt, _ = muon_sim_runner.build_rank(cfg, None, MuonShardingOptimizer)
+    return hcg, net, opt
 
 
 def run_world(layout: Layout, body: Callable[[Layout], Any],
               reraise_original: bool = False) -> tuple[list, SimulatedWorld]:
-    """``body(layout)`` on every rank of ``layout`` (threads, real data).
+    """``body(layout)`` on every rank of ``layout`` (threads, real data),
+    skipped where the optimizer under test or the build lacks group calls.
 
     Returns:
         (per-rank results, the world with its traces).
@@ -348,25 +252,5 @@ def run_world(layout: Layout, body: Callable[[Layout], Any],
         # develop's constructor reads sharding_configs.comm_group_call_opt on
         # every layout: a Paddle build older than the checkout lacks the field
         raise unittest.SkipTest(STRATEGY_FIELD_MISSING)
-    register_cpu_tensor_fusion()
-    world = SimulatedWorld(layout.world,
-                           hcg_factory=make_hcg_factory(layout.ep, layout.ms, layout.pp,
-                                                        order=layout.order),
-                           strategy=layout.strategy(), reraise_original=reraise_original)
-    with local_size(layout.gpn):
-        results = world.run(lambda rank: body(layout))
-    return results, world
-
-
-def reference_values(layout: Layout, steps: int) -> dict[int, dict[str, np.ndarray]]:
-    """Per-rank parameters after ``steps`` single-process Muon steps (one run per stage)."""
-    expected = {}
-    oracle = Oracle(layout)
-    for stage in sorted({tuple(oracle.sharding_group(r)) for r in range(layout.world)}):
-        expert = {r: (oracle.coords[r]["expert"] if layout.ep > 1 else None) for r in stage}
-        ref = Reference(expert, layout.matrix_dtype, clip=False)
-        for step in range(steps):
-            ref.step(step)
-        for r in stage:
-            expected[r] = ref.values(expert[r])
-    return expected
+    return muon_sim_runner.run_world(layout, lambda cfg, _strategy: body(cfg),
+                                     reraise_original=reraise_original)

@@ -11,21 +11,19 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Run the tiny MoE model with MuonShardingOptimizer in the simulated world.
+"""The simulated-world harness: the tiny MoE model with a Muon sharding optimizer.
 
 One configuration object describes a layout (ep, moe_sharding, pp, order,
 GPUs per node for comm_group_call_opt) and the optimizer options; the runner
 trains every rank of it in one process (threads, real data) or records the
 schedule only, and compares against the single-process reference. Used by
-the optimizer and group-call suites and by ``tools/muon_comm.py verify``.
+the suites (the conformance suite too: this module travels with its export,
+so it imports only what develop has) and by ``tools/muon_comm.py verify``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import unittest
-import os
 import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -46,16 +44,8 @@ from muon_test_compat import (
     set_muon_sharding_options,
     sharded_core,
 )
-from muon_tiny_moe import EXPERT_COLOUR, Reference, TinyMoE, batch, make_muon
+from muon_tiny_moe import Reference, TinyMoE, batch, make_muon
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.comm_plan import (
-    HierarchicalCommPlan,
-)
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
-    LayoutSettings,
-    ParamMeta,
-    ShardingLayout,
-)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
@@ -87,7 +77,7 @@ class SimConfig:
             HybridParallelOptimizer cannot build Muon sharding, the bare
             optimizer, see ``FLEET_WRAPPER_NOTE``), else the bare optimizer.
         use_reduce_avg: make AVG available (the CPU build reports it missing,
-            which exercises SUM + scale).
+            which exercises SUM + scale); None: as the build reports it.
         partition: ``muon_partition_strategy``; the suites assert the
             balanced owner spread, so they ask for it (develop's rule is the
             optimizer's default).
@@ -97,6 +87,7 @@ class SimConfig:
             machine count the machine-balanced rule sees); ``gpn`` wins.
         overlap_sync_group_call: the option of that name.
         buffer_mb: ``comm_buffer_size_MB`` (None: 1 when ``fused``, else -1).
+        release_grads: ``sharding_configs.release_gradients``.
     """
 
     ep: int = 4
@@ -111,12 +102,13 @@ class SimConfig:
     steps: int = 3
     clip: bool = True
     via_fleet: bool = True
-    use_reduce_avg: bool = False
+    use_reduce_avg: bool | None = False
     partition: str = "balanced"
     machine_balanced: bool = False
     local_size: int | None = None
     overlap_sync_group_call: bool = False
     buffer_mb: int | None = None
+    release_grads: bool = False
 
     @property
     def comm_buffer_size_MB(self) -> int:
@@ -153,6 +145,8 @@ class SimConfig:
             comm_overlap=self.overlap,
             accumulate_steps=self.acc_steps,
         )
+        if self.release_grads:
+            strategy.hybrid_configs["sharding_configs"].release_gradients = True
         set_muon_sharding_options(
             strategy, use_muon_sharding=True, comm_group_call_opt=self.gpn is not None,
             partition_strategy=self.partition,
@@ -163,7 +157,10 @@ class SimConfig:
 
 
 @contextmanager
-def _avg_supported(flag: bool) -> Iterator[None]:
+def _avg_supported(flag: bool | None) -> Iterator[None]:
+    if flag is None:
+        yield
+        return
     import importlib
 
     module = importlib.import_module("paddle.distributed.communication.reduce")
@@ -187,42 +184,53 @@ class RankState:
     extra: Any = None
 
 
-def build_rank(cfg: SimConfig, strategy, **opt_kwargs) -> tuple[Any, Any, Any, int | None]:
+def _precision(cfg: SimConfig) -> dict:
+    """Muon's ``multi_precision`` for a low-precision matrix (else nothing: the default)."""
+    return {"multi_precision": True} if cfg.matrix_dtype != "float32" else {}
+
+
+def build_rank(cfg: SimConfig, strategy, optimizer_cls: type = MuonShardingOptimizer,
+               **opt_kwargs) -> tuple[Any, Any, Any, int | None]:
     """Construct this thread's model and sharded optimizer.
 
-    ``opt_kwargs`` go to ``MuonShardingOptimizer`` (its injection points,
-    e.g. ``gpus_per_node``); not with ``cfg.via_fleet``.
+    Args:
+        strategy: handed to the optimizer; None: it reads fleet's (develop's
+            constructor takes ``(optimizer, hcg)`` only).
+        optimizer_cls: the optimizer class under test (not with ``cfg.via_fleet``).
+        opt_kwargs: to the optimizer (its injection points, e.g.
+            ``gpus_per_node``); not with ``cfg.via_fleet``.
+
+    Returns:
+        (hcg, net, optimizer, expert coordinate or None).
     """
     hcg = fleet.get_hybrid_communicate_group()
     coord = hcg.get_expert_parallel_rank() if cfg.ep > 1 else None
     moe_group = hcg.get_moe_sharding_parallel_group() if cfg.ep > 1 else None
     net = TinyMoE(coord, moe_group, cfg.matrix_dtype)
-    muon = make_muon(
-        list(net.parameters()), clip=cfg.clip,
-        multi_precision=cfg.matrix_dtype != "float32",
-    )
+    muon = make_muon(list(net.parameters()), clip=cfg.clip, **_precision(cfg))
     if cfg.via_fleet:
         assert not opt_kwargs, "fleet's wrapper builds the optimizer itself"
         opt = fleet_optimizer(muon, hcg, strategy)
     else:
-        opt = MuonShardingOptimizer(muon, hcg, strategy, **opt_kwargs)
+        args = (muon, hcg) if strategy is None else (muon, hcg, strategy)
+        opt = optimizer_cls(*args, **opt_kwargs)
     return hcg, net, opt, coord
 
 
 def train_steps(cfg: SimConfig, hcg, net, opt, first_step: int = 0,
-                steps: int | None = None) -> None:
-    """Run optimizer steps ``first_step ..`` on this rank's batch shards."""
+                steps: int | None = None, clear: bool = True) -> None:
+    """Run optimizer steps ``first_step ..`` on this rank's batch shards
+    (``clear``: clear_grad after each)."""
     rank = paddle.distributed.get_rank()
     for step in range(first_step, first_step + (cfg.steps if steps is None else steps)):
         for micro in range(cfg.acc_steps):
             loss = net(paddle.to_tensor(batch(step * cfg.acc_steps + micro, rank)))
             loss.backward()
-        if is_fleet_wrapper(opt):
-            opt.step()
-        else:
+        if not (cfg.via_fleet and is_fleet_wrapper(opt)):
             opt.reduce_gradients(list(net.parameters()), hcg)
-            opt.step()
-        opt.clear_grad()
+        opt.step()
+        if clear:
+            opt.clear_grad()
 
 
 def run_world(cfg: SimConfig, body: Callable | None = None, mode: str = "data",
@@ -266,8 +274,7 @@ def reference_values(cfg: SimConfig, steps: int | None = None) -> dict[int, dict
     expected: dict[int, dict] = {}
     for ranks in cfg.stage_ranks():
         ref = Reference({r: expert_of_rank[r] for r in ranks}, cfg.matrix_dtype,
-                        clip=cfg.clip, micro=cfg.acc_steps,
-                        multi_precision=cfg.matrix_dtype != "float32")
+                        clip=cfg.clip, micro=cfg.acc_steps, **_precision(cfg))
         for step in range(cfg.steps if steps is None else steps):
             ref.step(step)
         for r in ranks:
@@ -275,10 +282,17 @@ def reference_values(cfg: SimConfig, steps: int | None = None) -> dict[int, dict
     return expected
 
 
+def max_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[float, str]:
+    """Largest |got - want| over the parameters and the parameter it occurs in
+    (same keys required)."""
+    assert got.keys() == want.keys(), f"parameter sets differ: {sorted(got)} vs {sorted(want)}"
+    worst = max(got, key=lambda k: float(np.abs(got[k].astype("float64") - want[k]).max()))
+    return float(np.abs(got[worst].astype("float64") - want[worst]).max()), worst
+
+
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """Largest |a - b| over the parameters both dicts hold (same keys required)."""
-    assert a.keys() == b.keys(), f"parameter sets differ: {sorted(a)} vs {sorted(b)}"
-    return max(float(np.abs(a[k].astype("float64") - b[k]).max()) for k in a)
+    return max_diff(a, b)[0]
 
 
 class TensorParallelHcg:
@@ -317,10 +331,6 @@ def raises(exc, match=None):
 # --------------------------------------------------------------------------
 # The comm_group_call_opt rule (DESIGN section 3) as an independent oracle
 # --------------------------------------------------------------------------
-HIER_PHASES = {"intra_node_reduce", "intra_node_broadcast", "cross_node_reduce",
-               "cross_node_broadcast"}
-
-
 class LayoutOracle:
     """DESIGN section 3 from rank coordinates alone (no topology object, no plan).
 
@@ -369,76 +379,3 @@ class LayoutOracle:
             if len({r // self.gpn for r in self.sharding_group(stage_first)}) < 2:
                 return "lies on a single node"
         return None
-
-
-@functools.lru_cache(maxsize=None)
-def _tiny_moe_metas() -> tuple:
-    """The tiny MoE's parameter metadata, as every rank's optimizer sees it."""
-    net = TinyMoE(0, None)
-    info = make_muon(list(net.parameters()), clip=False)._muon_param_info_map
-    metas = []
-    for p in net.parameters():
-        colour = p.color["color"] if isinstance(getattr(p, "color", None), dict) else None
-        metas.append(ParamMeta(p.name, tuple(p.shape), str(p.dtype), colour,
-                               info[p.name].use_muon))
-    return tuple(metas)
-
-
-def oracle_layout(cfg: SimConfig, oracle: LayoutOracle, plan, rank: int) -> ShardingLayout:
-    groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
-    settings = LayoutSettings(comm_buffer_size_MB=cfg.comm_buffer_size_MB,
-                              comm_overlap=cfg.overlap,
-                              partition_strategy=cfg.partition or "upstream_greedy")
-    return ShardingLayout.build(_tiny_moe_metas(), groups, rank, settings, plan)
-
-
-def check_layouts_against_oracle(test: unittest.TestCase, name: str, cfg: SimConfig) -> dict:
-    """Every rank's layout schedule vs the oracle; returns rank -> layout."""
-    oracle = LayoutOracle(cfg)
-    plan = HierarchicalCommPlan.from_topology(cfg.topology(), cfg.gpn)
-    layouts = {r: oracle_layout(cfg, oracle, plan, r) for r in range(cfg.world)}
-    per_group: dict = {}
-    phases = set()
-    for rank, layout in layouts.items():
-        dense_owners = {layout.owners[p] for b in layout.muon_buckets if b.colour is None
-                        for p in b.params}
-        test.assertTrue(dense_owners <= set(oracle.sharding_group(rank)),
-                        f"[{name}] rank {rank}: dense owners {dense_owners} outside its stage")
-        cross = {b.owner for b in layout.muon_buckets
-                 if b.colour is None and b.owner % cfg.gpn == rank % cfg.gpn}
-        for op in layout.schedule():
-            phases.add(op.phase)
-            per_group.setdefault(tuple(sorted(op.group)), {}).setdefault(rank, []).append(
-                (op.phase, op.op, op.root, op.dtype, op.numel))
-            if op.phase.startswith("intra_node"):
-                test.assertEqual(tuple(sorted(op.group)), oracle.node(rank),
-                                 f"[{name}] rank {rank}: {op.phase} outside its node")
-                test.assertIn(op.root, oracle.node(rank),
-                              f"[{name}] rank {rank}: {op.phase} root {op.root} off-node")
-            if op.phase.startswith("cross_node"):
-                test.assertEqual(tuple(sorted(op.group)), oracle.same_card(rank),
-                                 f"[{name}] rank {rank}: {op.phase} outside its same-card group")
-                test.assertIn(op.root, cross,
-                              f"[{name}] rank {rank} (card {rank % cfg.gpn}) joined the "
-                              f"cross-node step of owner {op.root}")
-        # DESIGN 3: the intra-node hop ends on my node's rank with the owner's card.
-        expected_roots = {oracle.node(rank)[0] + b.owner % cfg.gpn
-                          for b in layout.muon_buckets if b.colour is None}
-        intra_roots = {op.root for op in layout.schedule() if op.phase.startswith("intra_node")}
-        test.assertEqual(intra_roots, expected_roots,
-                         f"[{name}] rank {rank}: intra-node roots {sorted(intra_roots)}, the "
-                         f"owners' cards on its node are {sorted(expected_roots)}")
-        crossing = [op for op in layout.schedule() if op.phase == "cross_node_reduce"]
-        test.assertEqual(sorted({op.root for op in crossing}), sorted(cross),
-                         f"[{name}] rank {rank}: cross-node reduces for owners "
-                         f"{sorted({op.root for op in crossing})}, its card's owners are "
-                         f"{sorted(cross)}")
-    test.assertTrue(HIER_PHASES <= phases, f"[{name}] phases {sorted(phases)}")
-    for group, by_rank in per_group.items():
-        test.assertEqual(sorted(by_rank), list(group),
-                         f"[{name}] group {group}: only ranks {sorted(by_rank)} issue on it")
-        first = by_rank[group[0]]
-        for rank, seq in by_rank.items():
-            test.assertEqual(seq, first, f"[{name}] group {group}: rank {rank}'s collectives "
-                                         f"differ from rank {group[0]}'s (a real backend hangs)")
-    return layouts

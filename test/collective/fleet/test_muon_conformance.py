@@ -29,7 +29,7 @@ Expectations are independent of the code under test:
   parameter by O(lr) = 2e-2.
 * collectives of ``comm_group_call_opt``: derived from rank coordinates
   (``node = rank // gpus_per_node``, ``card = rank % gpus_per_node``) by
-  ``muon_conformance_impl.Oracle``, never from the optimizer's groups.
+  ``muon_sim_runner.LayoutOracle``, never from the optimizer's groups.
 * helper functions: brute-force enumeration.
 """
 
@@ -51,16 +51,13 @@ from muon_conformance_impl import (
     LOCAL_2D_MISSING,
     MODULE,
     Layout,
-    Oracle,
     build_rank,
-    local_size,
-    max_diff,
     owned_matrix_names,
-    reference_values,
     run_world,
-    train,
     upstream_bug,
 )
+from muon_sim_runner import LayoutOracle, max_diff, reference_values, train_steps
+from muon_test_compat import local_size
 from muon_tiny_moe import EXPERT_COLOUR, Reference, batch
 
 TOL = 1e-5
@@ -73,7 +70,7 @@ GROUP_CALL = dict(ep=4, ms=2, gpn=2)  # 4 emulated nodes of 2 cards
 def _train_body(steps: int):
     def body(layout):
         hcg, net, opt = build_rank(layout)
-        train(hcg, net, opt, steps)
+        train_steps(layout, hcg, net, opt, steps=steps)
         return net.named_values()
     return body
 
@@ -185,7 +182,7 @@ class TestOwnerGradientIsTheGroupMean(unittest.TestCase):
         results, _ = run_world(layout, body)
         if None in results:
             self.skipTest(LOCAL_2D_MISSING)
-        oracle = Oracle(layout)
+        oracle = LayoutOracle(layout)
         means = {}
         for stage in sorted({oracle.sharding_group(r) for r in range(layout.world)}):
             expert = {r: (oracle.coords[r]["expert"] if layout.ep > 1 else None) for r in stage}
@@ -225,14 +222,14 @@ class TestGroupCallCollectivesFollowRankCoordinates(unittest.TestCase):
             hcg, net, opt = build_rank(cfg)
             rank = paddle.distributed.get_rank()
             start = len(active_comm().traces[rank])
-            train(hcg, net, opt, 1)
+            train_steps(cfg, hcg, net, opt, steps=1)
             owners = {colour: dict(by_name)
                       for colour, by_name in opt._param2rank_2d_by_color.items()}
             return start, owners
 
         results, world = run_world(cfg, body)
         world.check_schedule()
-        oracle = Oracle(cfg)
+        oracle = LayoutOracle(cfg)
         gpn = cfg.gpn
         for rank, (start, owners) in enumerate(results):
             groups = {None: oracle.sharding_group(rank), EXPERT_COLOUR: oracle.moe_group(rank)}
@@ -309,7 +306,7 @@ class TestStateDictResumesTraining(_ReferenceCase):
     def _check(self, layout: Layout) -> None:
         def first(cfg):
             hcg, net, opt = build_rank(cfg)
-            train(hcg, net, opt, 1, clear=False)
+            train_steps(cfg, hcg, net, opt, steps=1, clear=False)
             state = {k: (v.numpy().copy() if hasattr(v, "numpy") else v)
                      for k, v in opt.state_dict().items()}
             return {k: p.numpy().copy() for k, p in net.named_parameters()}, state
@@ -323,7 +320,7 @@ class TestStateDictResumesTraining(_ReferenceCase):
                 p.set_value(values[k])
             opt.set_state_dict({k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v)
                                 for k, v in state.items()})
-            train(hcg, net, opt, 1, first_step=1)
+            train_steps(cfg, hcg, net, opt, first_step=1, steps=1)
             return net.named_values()
 
         results, _ = run_world(layout, resumed)
@@ -349,7 +346,7 @@ class TestGradientAfterClearGradReachesTheOwner(unittest.TestCase):
 
         def body(cfg):
             hcg, net, opt = build_rank(cfg)
-            train(hcg, net, opt, 1)                # step 0, then clear_grad
+            train_steps(cfg, hcg, net, opt, steps=1)  # step 0, then clear_grad
             rank = paddle.distributed.get_rank()
             net(paddle.to_tensor(batch(1, rank))).backward()
             opt.reduce_gradients(list(net.parameters()), hcg)

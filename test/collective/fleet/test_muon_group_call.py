@@ -48,13 +48,11 @@ import numpy as np
 import paddle
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
 
+from muon_layout_helpers import HIER_PHASES, check_layouts_against_oracle, oracle_layout
 from muon_sim_runner import (
-    HIER_PHASES,
     LayoutOracle,
     TensorParallelHcg,
     SimConfig,
-    check_layouts_against_oracle,
-    oracle_layout,
     build_rank,
     max_abs_diff,
     raises,

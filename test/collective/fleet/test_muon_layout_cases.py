@@ -39,9 +39,9 @@ import unittest
 from paddle.distributed.fleet.base.topology import CommunicateTopology
 
 from mock.fake_hcg import DEFAULT_MOE_ORDER, PIPE_FIRST_MOE_ORDER
+from muon_layout_helpers import check_layouts_against_oracle
 from muon_sim_runner import (
     SimConfig,
-    check_layouts_against_oracle,
     max_abs_diff,
     reference_values,
     run_world,

@@ -36,11 +36,11 @@ import math
 import random
 import unittest
 
+from muon_layout_helpers import oracle_layout
 from muon_sim_runner import (
     LayoutOracle,
     SimConfig,
     max_abs_diff,
-    oracle_layout,
     reference_values,
     run_world,
     sharded_core,
