@@ -377,10 +377,6 @@ def balanced_partition(
                       multi_precision)
 
 
-# Ranks (least loaded first) the swap search's probe pass tries per matrix.
-_PROBE_RANKS = 16
-
-
 def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -> None:
     """The balanced rule's refinement: while it lowers the most loaded rank's score,
     move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
@@ -391,9 +387,8 @@ def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -
     name stands for them). Exact, visiting only candidates that can reach the
     best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
     swap keeps the pair's sum in each dimension, so ranks loaded above
-    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists;
-    a first pass probes each rank's partner nearest the even split so ``B``
-    drops early. A capped class's matrices stay on its owners.
+    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists.
+    A capped class's matrices stay on its owners.
     """
     n = loads.n
     if n == 1:
@@ -482,57 +477,47 @@ def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -
         # a swap keeps the pair's sum in each dimension, so the new pair
         # score is at least half of it: ranks above 2B - W (dominant) or
         # 2B - (other load of the worst) are out of reach
-        for probe in (True, False):
-            # the probe pass tries, on the least loaded ranks, the partner
-            # nearest the value that evens the pair, so B drops early
-            scan = ranks[:_PROBE_RANKS] if probe else ranks
-            live_at = None
-            for r in scan:
-                if live_at != B:  # B dropped: forget k that cannot reach it
-                    live = [t for t in swappable if t[5] <= B and t[6] <= B]
-                    live_at = B
-                lr = load_of[r]
-                if lr > 2 * B - W:
-                    break
-                o_r = other_of[r]
-                if o_r > 2 * B - ow:
+        live_at = None
+        for r in ranks:
+            if live_at != B:  # B dropped: forget k that cannot reach it
+                live = [t for t in swappable if t[5] <= B and t[6] <= B]
+                live_at = B
+            lr = load_of[r]
+            if lr > 2 * B - W:
+                break
+            o_r = other_of[r]
+            if o_r > 2 * B - ow:
+                continue
+            lst = per_kinds[r]
+            vals = per_vals[r]
+            xr, yr = xl[r], yl[r]
+            for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
+                # (partners only add to the worst rank: a k leaving it
+                # above B is out, and B only drops within a rank's loop)
+                if not (allowed_k is None or r in allowed_k):
                     continue
-                lst = per_kinds[r]
-                vals = per_vals[r]
-                xr, yr = xl[r], yl[r]
-                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
-                    # (partners only add to the worst rank: a k leaving it
-                    # above B is out, and B only drops within a rank's loop)
-                    if not (allowed_k is None or r in allowed_k):
+                lo = bisect.bisect_left(vals, sk - (B - lr))
+                hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
+                xr_k, yr_k = xr + xk, yr + yk  # rank r with k
+                # the partner's other-dimension value must keep both
+                # ranks at or below B there
+                q_lo = o_r + ok - B
+                q_hi = B - ow_k
+                for i in range(lo, hi):
+                    a, q, d = lst[i]
+                    if q < q_lo or q > q_hi:
                         continue
-                    if probe:
-                        mid = bisect.bisect_left(vals, sk - (W - lr) // 2)
-                        lo, hi = max(0, mid - 1), min(len(vals), mid + 1)
-                    else:
-                        lo = bisect.bisect_left(vals, sk - (B - lr))
-                        hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
-                    if lo >= hi:
+                    xj, yj = (q, a) if swap_xy else (a, q)
+                    if xj + yj >= size_k:
                         continue
-                    xr_k, yr_k = xr + xk, yr + yk  # rank r with k
-                    # the partner's other-dimension value must keep both
-                    # ranks at or below B there
-                    q_lo = o_r + ok - B
-                    q_hi = B - ow_k
-                    for i in range(lo, hi):
-                        a, q, d = lst[i]
-                        if q < q_lo or q > q_hi:
-                            continue
-                        xj, yj = (q, a) if swap_xy else (a, q)
-                        if xj + yj >= size_k:
-                            continue
-                        if host_ok is not None and d not in host_ok:
-                            continue
-                        new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
-                        if new < W:
-                            j = groups[r][(xj, yj, d)][0]
-                            cand = (new, 1, k, pref[r], j)
-                            if best is None or cand < best:
-                                best, B = cand, new
+                    if host_ok is not None and d not in host_ok:
+                        continue
+                    new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
+                    if new < W:
+                        j = groups[r][(xj, yj, d)][0]
+                        cand = (new, 1, k, pref[r], j)
+                        if best is None or cand < best:
+                            best, B = cand, new
         if best is None:
             return
         _, kind, k, rpos, j = best
