@@ -721,55 +721,48 @@ def machine_balanced_owner_indices(
 def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_count):
     """Group index of every item of one bucket (items largest first).
 
-    While the bucket opens ranks each item takes an unopened one, then an
-    opened one. Machines are kept in a heap keyed by ``(machine bytes, machine
-    matrices, best rank's bucket load, best rank's index)`` -- exactly the
-    order of the rule -- so a placement costs O(log machines + log ranks per machine).
+    The first ``active`` items open a rank each, the others go to an opened
+    one. Machines sit in a heap keyed by ``(machine bytes, machine matrices,
+    best candidate's (bucket load, index))`` -- exactly the order of the rule
+    -- so a placement costs O(log machines + log ranks per machine).
     """
-    unopened: Dict[int, List[int]] = {}  # machine -> group indices, highest first
-    for i in reversed(range(len(ranks))):
-        unopened.setdefault(rank_to_machine[ranks[i]], []).append(i)
-    opened: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap (bucket load, index)
-    local_load = [0] * len(ranks)
+    cands: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap of (bucket load, index)
+    for i, r in enumerate(ranks):
+        cands.setdefault(rank_to_machine[r], []).append((0, i))
+    opened: Dict[int, List[Tuple[int, int]]] = {}  # the same, of the ranks opened so far
     placed: List[int] = []
 
-    def key_of(m: int, opening: bool) -> Tuple:
-        top = (0, unopened[m][-1]) if opening else opened[m][0]
-        return (machine_bytes[m], machine_count[m]) + top + (m,)
+    def key_of(m: int) -> Tuple:
+        return (machine_bytes[m], machine_count[m]) + cands[m][0] + (m,)
 
-    def build_heap(opening: bool) -> List[Tuple]:
-        heap = [key_of(m, opening) for m, lst in (unopened if opening else opened).items() if lst]
+    def build_heap() -> List[Tuple]:
+        heap = [key_of(m) for m, c in cands.items() if c]
         heapq.heapify(heap)
         return heap
 
-    opening = active > 0
-    heap = build_heap(opening)
+    heap = build_heap()
     for _, numel, _, itemsize in items:
         numel = int(numel)
-        pool = unopened if opening else opened
-        while not pool.get(heap[0][-1]) or heap[0] != key_of(heap[0][-1], opening):
+        while not cands.get(heap[0][-1]) or heap[0] != key_of(heap[0][-1]):
             heapq.heappop(heap)  # stale: its machine changed since
         m = heap[0][-1]
-        if opening:
-            i = unopened[m].pop()
-        else:
-            _, i = heapq.heappop(opened[m])
+        load, i = heapq.heappop(cands[m])
         machine_bytes[m] += numel * int(itemsize)
         machine_count[m] += 1
-        local_load[i] += numel
         placed.append(i)
+        opening = len(placed) <= active
         if opening and numel == 0:
             # develop's first minimum: the rest (all of numel 0, as items come
             # largest first) go to this opened rank still empty
             rest = len(items) - len(placed)
             machine_count[m] += rest
             return placed + [i] * rest
-        heapq.heappush(opened.setdefault(m, []), (local_load[i], i))
-        if opening and len(placed) == active:
-            opening = False
-            heap = build_heap(False)
-        elif pool.get(m):
-            heapq.heappush(heap, key_of(m, opening))
+        heapq.heappush((opened if opening else cands).setdefault(m, []), (load + numel, i))
+        if len(placed) == active:
+            cands = opened
+            heap = build_heap()
+        elif cands.get(m):
+            heapq.heappush(heap, key_of(m))
     return placed
 
 
