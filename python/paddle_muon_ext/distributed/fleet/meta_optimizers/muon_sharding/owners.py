@@ -205,7 +205,8 @@ def _check_specs(specs) -> List[MatrixSpec]:
     return out
 
 
-def _check_rank_order(rank_order, nranks: int) -> List[int]:
+def _rank_positions(rank_order, nranks: int) -> List[int]:
+    """Position of every rank in ``rank_order`` (a permutation of ``0..nranks-1``, None: that)."""
     if rank_order is None:
         return list(range(nranks))
     order = [int(r) for r in rank_order]
@@ -213,52 +214,10 @@ def _check_rank_order(rank_order, nranks: int) -> List[int]:
         raise ValueError(
             f"rank_order must be a permutation of 0..{nranks - 1}, got {list(rank_order)!r}"
         )
-    return order
-
-
-class _Loads:
-    """Exact-integer rank loads: ``x[r] = S_r * SC`` and ``y[r] = C_r * SB`` (state bytes
-    ``S_r``, NS cost ``C_r``, totals ``SB``, ``SC``) order ranks as ``S_r / mean_S`` and
-    ``C_r / mean_C`` do, so a rank's score is ``max(x[r], y[r])``.
-
-    Kept sorted: ``by_score`` holds ``(score, -rank_order position, rank)`` (its last
-    entry is the worst rank, ties: the earliest in rank_order), ``by_x`` / ``by_y`` hold
-    ``(load, rank)``.
-    """
-
-    def __init__(self, nranks: int, pref: List[int]):
-        self.n = nranks
-        self.pref = pref  # pref[r] = position of rank r in rank_order
-        self.x = [0] * nranks
-        self.y = [0] * nranks
-        self.settle()
-
-    def settle(self) -> None:
-        """The scores and sorted lists from ``x`` / ``y`` (after bulk changes)."""
-        self.cur = [max(a, b) for a, b in zip(self.x, self.y)]
-        self.by_score = sorted((v, -self.pref[r], r) for r, v in enumerate(self.cur))
-        self.by_x = sorted((v, r) for r, v in enumerate(self.x))
-        self.by_y = sorted((v, r) for r, v in enumerate(self.y))
-
-    def key(self, r: int, dx: int = 0, dy: int = 0) -> Tuple[int, int, int]:
-        """Placement order of rank ``r`` given ``dx`` / ``dy`` more: score, sum, rank_order."""
-        xr = self.x[r] + dx
-        yr = self.y[r] + dy
-        return (max(xr, yr), xr + yr, self.pref[r])
-
-    def add(self, r: int, dx: int, dy: int) -> None:
-        for vals, lst, dv in ((self.x, self.by_x, dx), (self.y, self.by_y, dy)):
-            if dv:
-                del lst[bisect.bisect_left(lst, (vals[r], r))]
-                vals[r] += dv
-                bisect.insort(lst, (vals[r], r))
-        new = max(self.x[r], self.y[r])
-        old = self.cur[r]
-        if new != old:
-            p = -self.pref[r]
-            del self.by_score[bisect.bisect_left(self.by_score, (old, p, r))]
-            bisect.insort(self.by_score, (new, p, r))
-            self.cur[r] = new
+    pref = [0] * nranks
+    for pos, r in enumerate(order):
+        pref[r] = pos
+    return pref
 
 
 def _floor_ratio(values: List[int], nranks: int) -> float:
@@ -312,29 +271,34 @@ def balanced_partition(
     """
     nranks = _check_nranks(nranks)
     items = _check_specs(specs)
-    order = _check_rank_order(rank_order, nranks)
-    pref = [0] * nranks
-    for pos, r in enumerate(order):
-        pref[r] = pos
-
+    pref = _rank_positions(rank_order, nranks)
     if not items:
         return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {},
                               PARTITION_BALANCED)
 
     bs, cs = _costs(items, multi_precision)
-    # exact integer sums: the same on every rank whatever the input order
+    # Loads as exact integers: bytes times the total NS cost (x) and NS cost
+    # times the total bytes (y) order ranks as S_r / mean_S and C_r / mean_C
+    # do, so a rank's score is max(x, y). Integer sums: the same on every
+    # rank whatever the input order.
     tb = max(sum(bs), 1)
     tc = max(sum(cs), 1)
-    xs = {s.name: b * tc for s, b in zip(items, bs)}  # scaled as _Loads
+    xs = {s.name: b * tc for s, b in zip(items, bs)}
     ys = {s.name: c * tb for s, c in zip(items, cs)}
     classes: Dict[str, List[str]] = {}
     for s in items:
         classes.setdefault(s.dtype, []).append(s.name)
     class_load = {d: max(sum(xs[k] for k in names), sum(ys[k] for k in names))
                   for d, names in classes.items()}
+    x = [0] * nranks
+    y = [0] * nranks
 
-    loads = _Loads(nranks, pref)
-    x, y = loads.x, loads.y  # raw loads: the sorted lists are settled after placing
+    def key(r: int, dx: int = 0, dy: int = 0) -> Tuple[int, int, int]:
+        """Placement order of rank ``r`` with ``dx`` / ``dy`` more: score, sum, rank_order."""
+        xr = x[r] + dx
+        yr = y[r] + dy
+        return (max(xr, yr), xr + yr, pref[r])
+
     owner: Dict[str, int] = {}
     allowed_of: Dict[str, Optional[frozenset]] = {}
     version = [0] * nranks  # bumped whenever a rank's load grows
@@ -347,7 +311,7 @@ def balanced_partition(
             allowed = range(nranks)
             allowed_of[d] = None
         else:
-            allowed = sorted(range(nranks), key=loads.key)[:cap]
+            allowed = sorted(range(nranks), key=key)[:cap]
             allowed_of[d] = frozenset(allowed)
         # One heap of (key, rank, version) per matrix size: loads only grow
         # while placing, so a stale entry's key is a lower bound of its
@@ -358,26 +322,25 @@ def balanced_partition(
             xk, yk = item = (xs[k], ys[k])
             heap = heaps.get(item)
             if heap is None:
-                heap = heaps[item] = [(loads.key(r, xk, yk), r, version[r]) for r in allowed]
+                heap = heaps[item] = [(key(r, xk, yk), r, version[r]) for r in allowed]
                 heapq.heapify(heap)
             while heap[0][2] != version[heap[0][1]]:
                 r = heap[0][1]
-                heapq.heapreplace(heap, (loads.key(r, xk, yk), r, version[r]))
+                heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
             r = heap[0][1]
             owner[k] = r
             x[r] += xk
             y[r] += yk
             version[r] += 1
-            heapq.heapreplace(heap, (loads.key(r, xk, yk), r, version[r]))
-    loads.settle()
+            heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
 
     dtype_of = {k: d for d, names in classes.items() for k in names}
-    refine(owner, loads, xs, ys, dtype_of, allowed_of, order)
+    refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref)
     return _partition(items, nranks, [owner[s.name] for s in items], PARTITION_BALANCED,
                       multi_precision)
 
 
-def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -> None:
+def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> None:
     """The balanced rule's refinement: while it lowers the most loaded rank's score,
     move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
 
@@ -388,11 +351,19 @@ def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -
     best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
     swap keeps the pair's sum in each dimension, so ranks loaded above
     ``2B - W`` are skipped and partners are bisected in per-rank sorted lists.
-    A capped class's matrices stay on its owners.
+    A capped class's matrices stay on its owners. ``x`` / ``y``: the scaled
+    loads of :func:`balanced_partition`, updated in place with ``owner``.
     """
-    n = loads.n
+    n = len(x)
     if n == 1:
         return
+    load = (x, y)
+    size = (xs, ys)
+    # kept sorted: (score, -rank_order position, rank), the worst rank last;
+    # (load, rank) in each dimension
+    score = [max(a, b) for a, b in zip(x, y)]
+    by_score = sorted((v, -pref[r], r) for r, v in enumerate(score))
+    by_load = tuple(sorted((v, r) for r, v in enumerate(vals)) for vals in load)
     # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
     # keeps its kinds -> names (sorted), the smallest name being the one the
     # name tie-break picks among interchangeable matrices
@@ -406,11 +377,19 @@ def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -
     kinds = ([sorted(g) for g in groups], [sorted((y, x, d) for x, y, d in g) for g in groups])
     firsts = tuple([[t[0] for t in lst] for lst in per_rank] for per_rank in kinds)
     free = all(a is None for a in allowed_of.values())  # no capped class
-    xl, yl, pref = loads.x, loads.y, loads.pref
 
     def relocate(k: str, src: int, dst: int) -> None:
-        loads.add(src, -xs[k], -ys[k])
-        loads.add(dst, xs[k], ys[k])
+        for r, sign in ((src, -1), (dst, 1)):
+            for vals, lst, sz in zip(load, by_load, size):
+                if sz[k]:
+                    del lst[bisect.bisect_left(lst, (vals[r], r))]
+                    vals[r] += sign * sz[k]
+                    bisect.insort(lst, (vals[r], r))
+            new = max(x[r], y[r])
+            if new != score[r]:
+                del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
+                bisect.insort(by_score, (new, -pref[r], r))
+                score[r] = new
         owner[k] = dst
         g = gkey[k]
         oriented = (g, (g[1], g[0], g[2]))
@@ -431,97 +410,82 @@ def refine(owner, loads, xs, ys, dtype_of, allowed_of, order, max_iters=10000) -
                 vals[dst].insert(i, t[0])
 
     for _ in range(max_iters):
-        worst = loads.by_score[-1][2]
-        W = loads.cur[worst]
-        xw, yw = xl[worst], yl[worst]
-        # the dimension that decides the worst rank's score, and the other
-        swap_xy = xw != W
-        sizes, load_of, by_load = (ys, yl, loads.by_y) if swap_xy else (xs, xl, loads.by_x)
-        other_of, ow = (xl, xw) if swap_xy else (yl, yw)
-        per_kinds, per_vals = kinds[swap_xy], firsts[swap_xy]
-        mine = sorted((names[0] for names in groups[worst].values()),
-                      key=lambda k: (-(xs[k] + ys[k]), k))
-        best = None  # (new pair max, kind, k, rank pos, partner)
-        B = W  # best pair score so far (a candidate needs new < W, ties kept)
-
-        by_score = loads.by_score
-        for k in mine:  # moves k -> r
-            xk, yk = xs[k], ys[k]
-            after = max(xw - xk, yw - yk)
-            if after > B:  # the worst rank alone already ends above the best
-                continue
-            allowed_k = allowed_of[dtype_of[k]]
-            stop = bisect.bisect_right(by_score, (B - min(xk, yk), 1))
-            for i in range(stop):
-                r = by_score[i][2]
-                if r == worst or not (allowed_k is None or r in allowed_k):
-                    continue
-                new = max(after, xl[r] + xk, yl[r] + yk)
-                if new < W:
-                    cand = (new, 0, k, pref[r], "")
-                    if best is None or cand < best:
-                        best, B = cand, new
-
+        worst = by_score[-1][2]
+        W = score[worst]
+        # dim: the dimension that decides the worst rank's score; o: the other
+        dim = 0 if x[worst] == W else 1
+        o = 1 - dim
+        load_of, other_of, ow = load[dim], load[o], load[o][worst]
         # dtypes the worst rank may take back (capped classes keep their owners)
         host_ok = None if free else {d for d, a in allowed_of.items()
                                      if a is None or worst in a}
-        # ascending load, ties by rank id
-        ranks = [r for _, r in by_load if r != worst]
-        # per matrix of the worst rank: what every rank's check needs
-        swappable = []
-        for k in mine:
-            xk, yk = xs[k], ys[k]
-            ok = xk if swap_xy else yk  # k in the other dimension
-            swappable.append((k, xk, yk, sizes[k], xk + yk, xw - xk, yw - yk, ok, ow - ok,
-                              allowed_of[dtype_of[k]]))
-        # a swap keeps the pair's sum in each dimension, so the new pair
-        # score is at least half of it: ranks above 2B - W (dominant) or
-        # 2B - (other load of the worst) are out of reach
+        # per kind on the worst rank, largest first: its size in both
+        # dimensions, their sum, the worst rank's loads without it
+        mine = []
+        for k in sorted((names[0] for names in groups[worst].values()),
+                        key=lambda k: (-(xs[k] + ys[k]), k)):
+            sk, ok = size[dim][k], size[o][k]
+            mine.append((k, sk, ok, sk + ok, W - sk, ow - ok, allowed_of[dtype_of[k]]))
+        best = None  # (new pair max, 0 move / 1 swap, k, rank_order position, partner, rank)
+        B = W  # best pair score so far (a candidate needs new < W, ties kept)
+
+        for k, sk, ok, _, a_k, o_k, allowed_k in mine:  # moves k -> r
+            after = max(a_k, o_k)
+            if after > B:  # the worst rank alone already ends above the best
+                continue
+            for i in range(bisect.bisect_right(by_score, (B - min(sk, ok), 1))):
+                r = by_score[i][2]
+                if r == worst or not (allowed_k is None or r in allowed_k):
+                    continue
+                new = max(after, load_of[r] + sk, other_of[r] + ok)
+                if new < W:
+                    cand = (new, 0, k, pref[r], "", r)
+                    if best is None or cand < best:
+                        best, B = cand, new
+
+        # Swaps, on ranks by ascending load, ties by rank id. A swap keeps the
+        # pair's sum in each dimension, so the new pair score is at least half
+        # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of reach.
         live_at = None
-        for r in ranks:
+        for lr, r in by_load[dim]:
+            if r == worst:
+                continue
             if live_at != B:  # B dropped: forget k that cannot reach it
-                live = [t for t in swappable if t[5] <= B and t[6] <= B]
+                live = [t for t in mine if t[4] <= B and t[5] <= B]
                 live_at = B
-            lr = load_of[r]
             if lr > 2 * B - W:
                 break
             o_r = other_of[r]
             if o_r > 2 * B - ow:
                 continue
-            lst = per_kinds[r]
-            vals = per_vals[r]
-            xr, yr = xl[r], yl[r]
-            for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
+            lst = kinds[dim][r]
+            vals = firsts[dim][r]
+            for k, sk, ok, size_k, a_k, o_k, allowed_k in live:
                 # (partners only add to the worst rank: a k leaving it
                 # above B is out, and B only drops within a rank's loop)
                 if not (allowed_k is None or r in allowed_k):
                     continue
+                # the partner's value in the deciding dimension, then in the
+                # other, must keep both ranks at or below B
                 lo = bisect.bisect_left(vals, sk - (B - lr))
                 hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
-                xr_k, yr_k = xr + xk, yr + yk  # rank r with k
-                # the partner's other-dimension value must keep both
-                # ranks at or below B there
                 q_lo = o_r + ok - B
-                q_hi = B - ow_k
+                q_hi = B - o_k
                 for i in range(lo, hi):
                     a, q, d = lst[i]
-                    if q < q_lo or q > q_hi:
-                        continue
-                    xj, yj = (q, a) if swap_xy else (a, q)
-                    if xj + yj >= size_k:
+                    if q < q_lo or q > q_hi or a + q >= size_k:
                         continue
                     if host_ok is not None and d not in host_ok:
                         continue
-                    new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
+                    new = max(a_k + a, o_k + q, lr + sk - a, o_r + ok - q)
                     if new < W:
-                        j = groups[r][(xj, yj, d)][0]
-                        cand = (new, 1, k, pref[r], j)
+                        j = groups[r][(q, a, d) if dim else (a, q, d)][0]
+                        cand = (new, 1, k, pref[r], j, r)
                         if best is None or cand < best:
                             best, B = cand, new
         if best is None:
             return
-        _, kind, k, rpos, j = best
-        r = order[rpos]
+        _, kind, k, _, j, r = best
         relocate(k, worst, r)
         if kind == 1:
             relocate(j, r, worst)
@@ -824,10 +788,7 @@ def rail_partition(
     if nranks < 1:
         raise ValueError("rail_partition needs at least one rank position")
     items = _check_specs(specs)
-    order = _check_rank_order(rank_order, nranks)
-    pref = [0] * nranks
-    for p, r in enumerate(order):
-        pref[r] = p
+    pref = _rank_positions(rank_order, nranks)
     node = [n for n, _ in positions]
     card = [c for _, c in positions]
 
