@@ -11,10 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The owner rules: which rank of a sharding group owns each whole Muon matrix (its state, its Newton-Schulz).
+"""The owner rules: which rank of a sharding group owns each whole Muon matrix (state, NS).
 
-Develop's rule and its machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and ``rail``,
-with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
+Develop's rule and machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and
+``rail``, with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
 """
 
 from __future__ import annotations
@@ -27,12 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .settings import (
-    DEVELOP_DEFAULT_BUFFER_MB,
-    FLOAT_DTYPE_SIZES,
-    PARTITION_BALANCED,
-    PARTITION_RAIL,
-    canonical_float_dtype,
-    dtype_itemsize,
+    DEVELOP_DEFAULT_BUFFER_MB, FLOAT_DTYPE_SIZES, PARTITION_BALANCED, PARTITION_RAIL,
+    canonical_float_dtype, dtype_itemsize,
 )
 
 __all__ = [
@@ -107,10 +103,8 @@ def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int
 
 
 def _ratio_max_over_mean(values: Sequence[float]) -> float:
-    if not values:
-        return 1.0
     total = sum(values)
-    if total <= 0:
+    if total <= 0:  # (an empty list too)
         return 1.0
     return max(values) * len(values) / total
 
@@ -155,12 +149,11 @@ class OwnerPartition:
         return _ratio_max_over_mean(self.ns_cost)
 
     def summary(self) -> dict:
-        total_b = sum(self.state_bytes)
         return {
             "method": self.method,
             "nranks": self.nranks,
             "num_params": len(self.owners),
-            "total_state_MB": total_b / 2**20,
+            "total_state_MB": sum(self.state_bytes) / 2**20,
             "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
             "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
             "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
@@ -185,12 +178,10 @@ def _check_specs(specs) -> List[MatrixSpec]:
     out: List[MatrixSpec] = []
     seen = set()
     for s in specs:
-        for attr in ("name", "shape", "dtype"):
-            if not hasattr(s, attr):
-                raise TypeError(
-                    f"specs must hold MatrixSpec-like objects (name, shape, dtype); "
-                    f"got {s!r}"
-                )
+        if not all(hasattr(s, attr) for attr in ("name", "shape", "dtype")):
+            raise TypeError(
+                f"specs must hold MatrixSpec-like objects (name, shape, dtype); got {s!r}"
+            )
         if not isinstance(s.name, str) or not s.name:
             raise TypeError(f"spec name must be a non-empty str, got {s.name!r}")
         if s.name in seen:
@@ -371,11 +362,19 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
     for k in sorted(owner):
         groups[owner[k]].setdefault(gkey[k], []).append(k)
-    # each rank's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by
-    # scaled NS cost (dim 1: (y, x, dtype)); firsts: their first field alone,
-    # bisected on plain ints
-    kinds = ([sorted(g) for g in groups], [sorted((y, x, d) for x, y, d in g) for g in groups])
-    firsts = tuple([[t[0] for t in lst] for lst in per_rank] for per_rank in kinds)
+    kinds = ([None] * n, [None] * n)
+    firsts = ([None] * n, [None] * n)
+
+    def index(r: int) -> None:
+        """Rank r's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by scaled NS
+        cost (dim 1: (y, x, dtype)); firsts: their first field alone, bisected on ints."""
+        kinds[0][r] = sorted(groups[r])
+        kinds[1][r] = sorted((y, x, d) for x, y, d in groups[r])
+        for dim in (0, 1):
+            firsts[dim][r] = [t[0] for t in kinds[dim][r]]
+
+    for r in range(n):
+        index(r)
     free = all(a is None for a in allowed_of.values())  # no capped class
 
     def relocate(k: str, src: int, dst: int) -> None:
@@ -392,22 +391,15 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
                 score[r] = new
         owner[k] = dst
         g = gkey[k]
-        oriented = (g, (g[1], g[0], g[2]))
         names = groups[src][g]
         del names[bisect.bisect_left(names, k)]
         if not names:
             del groups[src][g]
-            for per_rank, vals, t in zip(kinds, firsts, oriented):
-                i = bisect.bisect_left(per_rank[src], t)
-                del per_rank[src][i], vals[src][i]
-        if g in groups[dst]:
-            bisect.insort(groups[dst][g], k)
-        else:
-            groups[dst][g] = [k]
-            for per_rank, vals, t in zip(kinds, firsts, oriented):
-                i = bisect.bisect_left(per_rank[dst], t)
-                per_rank[dst].insert(i, t)
-                vals[dst].insert(i, t[0])
+            index(src)
+        if g not in groups[dst]:
+            groups[dst][g] = []
+            index(dst)
+        bisect.insort(groups[dst][g], k)
 
     for _ in range(max_iters):
         worst = by_score[-1][2]
@@ -570,12 +562,9 @@ def upstream_partition(
     per_rank = develop_owner_indices(
         [s.numel for s in items], [s.dtype for s in items], nranks, buffer_size_MB
     )
-    owner_of = [0] * len(items)
-    for r, idx in enumerate(per_rank):
-        for i in idx:
-            owner_of[i] = r
-    return _partition(items, nranks, owner_of, f"upstream(buffer={buffer_size_MB:g}MB)",
-                      multi_precision)
+    owner_of = {i: r for r, idx in enumerate(per_rank) for i in idx}
+    return _partition(items, nranks, [owner_of[i] for i in range(len(items))],
+                      f"upstream(buffer={buffer_size_MB:g}MB)", multi_precision)
 
 
 def partition_from_owners(
