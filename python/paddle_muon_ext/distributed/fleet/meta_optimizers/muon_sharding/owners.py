@@ -291,19 +291,16 @@ def balanced_partition(
         return (max(xr, yr), xr + yr, pref[r])
 
     owner: Dict[str, int] = {}
-    allowed_of: Dict[str, Optional[frozenset]] = {}
+    allowed_of: Dict[str, frozenset] = {}
     version = [0] * nranks  # bumped whenever a rank's load grows
     for d in sorted(classes, key=lambda d: (class_load[d], d)):
         # largest first, ties by name (a stable sort on the name-sorted list)
         names = sorted(sorted(classes[d]), key=lambda k: xs[k] + ys[k], reverse=True)
-        # the class load in units of one rank's share (exact ceil on integers)
+        # owners: the least loaded ranks, as many as the class load in units
+        # of one rank's share (exact ceil on integers)
         cap = max(1, min(nranks, -(-class_load[d] * nranks // (tb * tc))))
-        if cap >= nranks:
-            allowed = range(nranks)
-            allowed_of[d] = None
-        else:
-            allowed = sorted(range(nranks), key=key)[:cap]
-            allowed_of[d] = frozenset(allowed)
+        allowed = sorted(range(nranks), key=key)[:cap]
+        allowed_of[d] = frozenset(allowed)
         # One heap of (key, rank, version) per matrix size: loads only grow
         # while placing, so a stale entry's key is a lower bound of its
         # current key; a fresh top is the exact argmin. Equal matrices (a
@@ -362,20 +359,16 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
     for k in sorted(owner):
         groups[owner[k]].setdefault(gkey[k], []).append(k)
-    kinds = ([None] * n, [None] * n)
-    firsts = ([None] * n, [None] * n)
+    index: List[tuple] = [None] * n  # per rank and dimension: (sorted kinds, first fields)
 
-    def index(r: int) -> None:
-        """Rank r's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by scaled NS
-        cost (dim 1: (y, x, dtype)); firsts: their first field alone, bisected on ints."""
-        kinds[0][r] = sorted(groups[r])
-        kinds[1][r] = sorted((y, x, d) for x, y, d in groups[r])
-        for dim in (0, 1):
-            firsts[dim][r] = [t[0] for t in kinds[dim][r]]
+    def reindex(r: int) -> None:
+        """Rank r's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by scaled NS cost
+        (dim 1: (y, x, dtype)), each with its first fields alone (bisected on plain ints)."""
+        by_dim = (sorted(groups[r]), sorted((y, x, d) for x, y, d in groups[r]))
+        index[r] = tuple((lst, [t[0] for t in lst]) for lst in by_dim)
 
     for r in range(n):
-        index(r)
-    free = all(a is None for a in allowed_of.values())  # no capped class
+        reindex(r)
 
     def relocate(k: str, src: int, dst: int) -> None:
         for r, sign in ((src, -1), (dst, 1)):
@@ -395,10 +388,10 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         del names[bisect.bisect_left(names, k)]
         if not names:
             del groups[src][g]
-            index(src)
+            reindex(src)
         if g not in groups[dst]:
             groups[dst][g] = []
-            index(dst)
+            reindex(dst)
         bisect.insort(groups[dst][g], k)
 
     for _ in range(max_iters):
@@ -409,8 +402,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         o = 1 - dim
         load_of, other_of, ow = load[dim], load[o], load[o][worst]
         # dtypes the worst rank may take back (capped classes keep their owners)
-        host_ok = None if free else {d for d, a in allowed_of.items()
-                                     if a is None or worst in a}
+        host_ok = {d for d, a in allowed_of.items() if worst in a}
         # per kind on the worst rank, largest first: its size in both
         # dimensions, their sum, the worst rank's loads without it
         mine = []
@@ -427,7 +419,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
                 continue
             for i in range(bisect.bisect_right(by_score, (B - min(sk, ok), 1))):
                 r = by_score[i][2]
-                if r == worst or not (allowed_k is None or r in allowed_k):
+                if r == worst or r not in allowed_k:
                     continue
                 new = max(after, load_of[r] + sk, other_of[r] + ok)
                 if new < W:
@@ -450,12 +442,11 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
             o_r = other_of[r]
             if o_r > 2 * B - ow:
                 continue
-            lst = kinds[dim][r]
-            vals = firsts[dim][r]
+            lst, vals = index[r][dim]
             for k, sk, ok, size_k, a_k, o_k, allowed_k in live:
                 # (partners only add to the worst rank: a k leaving it
                 # above B is out, and B only drops within a rank's loop)
-                if not (allowed_k is None or r in allowed_k):
+                if r not in allowed_k:
                     continue
                 # the partner's value in the deciding dimension, then in the
                 # other, must keep both ranks at or below B
@@ -465,9 +456,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
                 q_hi = B - o_k
                 for i in range(lo, hi):
                     a, q, d = lst[i]
-                    if q < q_lo or q > q_hi or a + q >= size_k:
-                        continue
-                    if host_ok is not None and d not in host_ok:
+                    if q < q_lo or q > q_hi or a + q >= size_k or d not in host_ok:
                         continue
                     new = max(a_k + a, o_k + q, lr + sk - a, o_r + ok - q)
                     if new < W:
