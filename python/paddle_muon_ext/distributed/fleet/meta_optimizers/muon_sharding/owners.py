@@ -104,9 +104,7 @@ def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int
 
 def _ratio_max_over_mean(values: Sequence[float]) -> float:
     total = sum(values)
-    if total <= 0:  # (an empty list too)
-        return 1.0
-    return max(values) * len(values) / total
+    return max(values) * len(values) / total if total > 0 else 1.0  # (1.0 for no values too)
 
 
 @dataclass
@@ -231,18 +229,13 @@ def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: boo
     checked against before calling it missed."""
     items = _check_specs(specs)
     nranks = _check_nranks(nranks)
-    if not items:
-        return 1.0, 1.0
     bs, cs = _costs(items, multi_precision)
     return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
 
 
-def balanced_partition(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    rank_order: Optional[Sequence[int]] = None,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
+                       rank_order: Optional[Sequence[int]] = None,
+                       multi_precision: bool = True) -> OwnerPartition:
     """Assign every matrix to one owner, balancing optimizer-state bytes and Newton-Schulz cost.
 
     A rank's score is ``max(S_r / mean_S, C_r / mean_C)`` (state bytes, NS
@@ -263,10 +256,6 @@ def balanced_partition(
     nranks = _check_nranks(nranks)
     items = _check_specs(specs)
     pref = _rank_positions(rank_order, nranks)
-    if not items:
-        return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {},
-                              PARTITION_BALANCED)
-
     bs, cs = _costs(items, multi_precision)
     # Loads as exact integers: bytes times the total NS cost (x) and NS cost
     # times the total bytes (y) order ranks as S_r / mean_S and C_r / mean_C
@@ -329,18 +318,15 @@ def balanced_partition(
 
 
 def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> None:
-    """The balanced rule's refinement: while it lowers the most loaded rank's score,
-    move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
+    """The balanced rule's refinement (on its scaled loads ``x`` / ``y``, updated in place
+    with ``owner``): while it lowers the most loaded rank's score, move one of its matrices
+    elsewhere or swap one with a smaller matrix elsewhere.
 
     Each round takes the best improving move or swap: lowest new pair score
     ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
     matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
     name stands for them). Exact, visiting only candidates that can reach the
-    best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
-    swap keeps the pair's sum in each dimension, so ranks loaded above
-    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists.
-    A capped class's matrices stay on its owners. ``x`` / ``y``: the scaled
-    loads of :func:`balanced_partition`, updated in place with ``owner``.
+    best ``B`` so far. A capped class's matrices stay on its owners.
     """
     n = len(x)
     if n == 1:
@@ -403,8 +389,8 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         load_of, other_of, ow = load[dim], load[o], load[o][worst]
         # dtypes the worst rank may take back (capped classes keep their owners)
         host_ok = {d for d, a in allowed_of.items() if worst in a}
-        # per kind on the worst rank, largest first: its size in both
-        # dimensions, their sum, the worst rank's loads without it
+        # per kind on the worst rank, largest first: its sizes, their sum,
+        # the worst rank's loads without it
         mine = []
         for k in sorted((names[0] for names in groups[worst].values()),
                         key=lambda k: (-(xs[k] + ys[k]), k)):
@@ -417,6 +403,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
             after = max(a_k, o_k)
             if after > B:  # the worst rank alone already ends above the best
                 continue
+            # (r's new score is at least its score now + min(sk, ok))
             for i in range(bisect.bisect_right(by_score, (B - min(sk, ok), 1))):
                 r = by_score[i][2]
                 if r == worst or r not in allowed_k:
@@ -429,7 +416,8 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
 
         # Swaps, on ranks by ascending load, ties by rank id. A swap keeps the
         # pair's sum in each dimension, so the new pair score is at least half
-        # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of reach.
+        # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of
+        # reach. Partners are bisected in the rank's sorted kinds.
         live_at = None
         for lr, r in by_load[dim]:
             if r == worst:
@@ -481,12 +469,8 @@ def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB:
     return min(cap, world_size)
 
 
-def develop_owner_indices(
-    numels: Sequence[int],
-    dtype_keys: Sequence[str],
-    world_size: int,
-    buffer_size_MB: float,
-) -> List[List[int]]:
+def develop_owner_indices(numels: Sequence[int], dtype_keys: Sequence[str], world_size: int,
+                          buffer_size_MB: float) -> List[List[int]]:
     """Develop's legacy owner rule, per dtype (Paddle #79740).
 
     Dtype classes are visited in ``sorted(key=str)`` order; inside a class the
@@ -495,8 +479,7 @@ def develop_owner_indices(
     class, see :func:`develop_active_ranks`).
 
     Returns:
-        list[list[int]]: for every rank ``0..world_size-1``, the input indices
-        it owns in assignment order.
+        list[list[int]]: per rank ``0..world_size-1``, the input indices it owns, in order.
     """
     world_size = _check_nranks(world_size)
     by_dtype: Dict[str, List[int]] = {}
@@ -518,7 +501,7 @@ def develop_owner_indices(
 
 def partition_2d_parameters(params: Sequence, world_size: int,
                             buffer_size_MB: float) -> Dict[int, list]:
-    """Develop's ``_partition_2d_parameters`` on parameter objects.
+    """Develop's ``_partition_2d_parameters`` on parameter objects (``params`` is not modified).
 
     Args:
         params: objects with ``shape`` and ``dtype`` (paddle parameters).
@@ -526,8 +509,7 @@ def partition_2d_parameters(params: Sequence, world_size: int,
         buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256).
 
     Returns:
-        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in
-        assignment order; ``params`` itself is not modified.
+        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in assignment order.
     """
     params = list(params)
     numels = [math.prod(int(d) for d in p.shape) for p in params]
@@ -536,12 +518,9 @@ def partition_2d_parameters(params: Sequence, world_size: int,
     return {r: [params[i] for i in idx] for r, idx in enumerate(per_rank)}
 
 
-def upstream_partition(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def upstream_partition(specs: Sequence[MatrixSpec], nranks: int,
+                       buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
+                       multi_precision: bool = True) -> OwnerPartition:
     """Develop's owner rule (:func:`develop_owner_indices`) on specs.
 
     ``buffer_size_MB <= 0`` means develop's fallback of 256 MB.
@@ -556,13 +535,8 @@ def upstream_partition(
                       f"upstream(buffer={buffer_size_MB:g}MB)", multi_precision)
 
 
-def partition_from_owners(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    owners: Dict[str, int],
-    method: str,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def partition_from_owners(specs: Sequence[MatrixSpec], nranks: int, owners: Dict[str, int],
+                          method: str, multi_precision: bool = True) -> OwnerPartition:
     """The :class:`OwnerPartition` (loads included) of owners chosen elsewhere.
 
     Args:
@@ -596,8 +570,7 @@ def _partition(items: Sequence[MatrixSpec], nranks: int, owner_of: Sequence[int]
 
 
 def machine_balanced_owner_indices(
-    color_group_info: Dict[Tuple, Sequence[Tuple]],
-    rank_to_machine: Dict[int, int],
+    color_group_info: Dict[Tuple, Sequence[Tuple]], rank_to_machine: Dict[int, int],
     buffer_size_MB: float,
 ) -> Tuple[Dict[Tuple, Dict[int, List[str]]], Dict[int, Tuple[int, int]]]:
     """Develop's machine-balanced owner rule (Paddle #79763), whole job at once.
@@ -644,9 +617,8 @@ def machine_balanced_owner_indices(
             buckets.append(((-volume, colour_key, dtype, ranks), key, ranks, items))
     buckets.sort(key=lambda b: b[0])
 
-    result: Dict[Tuple, Dict[int, List[str]]] = {
-        key: {i: [] for i in range(len(key[1]))} for key in color_group_info
-    }
+    result: Dict[Tuple, Dict[int, List[str]]] = {key: {i: [] for i in range(len(key[1]))}
+                                                  for key in color_group_info}
     machine_bytes: Dict[int, int] = {m: 0 for m in set(rank_to_machine.values())}
     machine_count: Dict[int, int] = dict.fromkeys(machine_bytes, 0)
     for _, key, ranks, items in buckets:
@@ -654,8 +626,8 @@ def machine_balanced_owner_indices(
         active = develop_active_ranks([e[1] for e in items], len(ranks), buffer_size_MB)
         placed = _place_bucket(items, ranks, active, rank_to_machine, machine_bytes,
                                machine_count)
-        for (name, _, _, _), i in zip(items, placed):
-            result[key][i].append(name)
+        for entry, i in zip(items, placed):
+            result[key][i].append(entry[0])
     summary = {m: (machine_bytes[m], machine_count[m]) for m in sorted(machine_bytes)}
     return result, summary
 
@@ -716,10 +688,9 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
         group_ranks: the colour group's global ranks, in group order.
 
     Returns:
-        tuple or None: per group index, the position of its node among the
-        group's nodes (ascending) and its card index; None without a plan or
-        when the group sits on one node (no rail carries anything across
-        nodes: the ``balanced`` rule applies instead).
+        tuple or None: per group index, the position of its node among the group's
+        nodes (ascending) and its card index; None without a plan or when the group
+        sits on one node (no rail crosses nodes: ``balanced`` applies instead).
     """
     if plan is None:
         return None
@@ -734,12 +705,9 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
     return tuple((pos[n], plan.card_of(r)) for n, r in zip(node_of, ranks))
 
 
-def rail_partition(
-    specs: Sequence[MatrixSpec],
-    positions: Sequence[Tuple[int, int]],
-    rank_order: Optional[Sequence[int]] = None,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, int]],
+                   rank_order: Optional[Sequence[int]] = None,
+                   multi_precision: bool = True) -> OwnerPartition:
     """Assign every matrix to one owner so card rails and nodes carry even bytes.
 
     On the hierarchical path a dense Muon buffer crosses nodes only on its
