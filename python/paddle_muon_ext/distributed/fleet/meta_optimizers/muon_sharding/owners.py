@@ -350,7 +350,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     def reindex(r: int) -> None:
         """Rank r's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by scaled NS cost
         (dim 1: (y, x, dtype)), each with its first fields alone (bisected on plain ints)."""
-        by_dim = (sorted(groups[r]), sorted((y, x, d) for x, y, d in groups[r]))
+        by_dim = (sorted(groups[r]), sorted((b, a, d) for a, b, d in groups[r]))
         index[r] = tuple((lst, [t[0] for t in lst]) for lst in by_dim)
 
     for r in range(n):
