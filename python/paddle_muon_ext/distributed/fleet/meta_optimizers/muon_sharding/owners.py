@@ -11,45 +11,31 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The owner rules: which rank of a sharding group owns each whole Muon matrix (its state, its Newton-Schulz).
+"""The owner rules: which rank of a sharding group owns each whole Muon matrix (state, NS).
 
-Develop's rule and its machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and ``rail``,
-with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
+Develop's rule and machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and
+``rail``, with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .settings import (
-    DEVELOP_DEFAULT_BUFFER_MB,
-    FLOAT_DTYPE_SIZES,
-    canonical_float_dtype,
-    dtype_itemsize,
+    DEVELOP_DEFAULT_BUFFER_MB, FLOAT_DTYPE_SIZES, PARTITION_BALANCED, PARTITION_RAIL,
+    canonical_float_dtype, dtype_itemsize,
 )
 
 __all__ = [
-    "MatrixSpec",
-    "OwnerPartition",
-    "newton_schulz_cost",
-    "optimizer_state_bytes",
-    "param_bytes",
-    "balanced_partition",
-    "upstream_partition",
-    "balance_floor",
-    "develop_active_ranks",
-    "develop_owner_indices",
-    "partition_2d_parameters",
-    "machine_balanced_owner_indices",
-    "partition_from_owners",
-    "RAIL_METHOD",
-    "rail_applies",
-    "rail_positions",
-    "rail_partition",
+    "MatrixSpec", "OwnerPartition", "newton_schulz_cost", "optimizer_state_bytes", "param_bytes",
+    "balanced_partition", "upstream_partition", "balance_floor", "develop_active_ranks",
+    "develop_owner_indices", "partition_2d_parameters", "machine_balanced_owner_indices",
+    "partition_from_owners", "rail_applies", "rail_positions", "rail_partition",
 ]
 
 
@@ -67,22 +53,15 @@ class MatrixSpec:
 
 
 def _check_shape(shape) -> Tuple[int, ...]:
-    if type(shape) is tuple:
-        # the common case (a MatrixSpec's shape): checked without a copy
-        if len(shape) == 2:
-            m, n = shape
-            if type(m) is int and type(n) is int and m >= 0 and n >= 0:
-                return shape
-        elif len(shape) > 2 and all(type(d) is int and d >= 0 for d in shape):
-            return shape
     try:
-        dims = tuple(shape)
+        dims = tuple(shape)  # a tuple is returned as is
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
-            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-    dims = tuple(int(d) for d in dims)
+    if any(type(d) is not int for d in dims):
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+                raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+        dims = tuple(int(d) for d in dims)
     if any(d < 0 for d in dims):
         raise ValueError(f"shape has a negative dim: {shape!r}")
     if len(dims) < 2:
@@ -93,28 +72,23 @@ def _check_shape(shape) -> Tuple[int, ...]:
     return dims
 
 
-def _ns_cost_int(shape) -> int:
-    dims = _check_shape(shape)
-    m, n = dims[-2], dims[-1]
-    lead = math.prod(dims[:-2])
-    lo, hi = min(m, n), max(m, n)
-    return lead * hi * lo * lo
+def _ns_cost_int(dims: Tuple[int, ...]) -> int:
+    *lead, m, n = dims
+    lo, hi = (m, n) if m <= n else (n, m)
+    return math.prod(lead) * hi * lo * lo
 
 
 def newton_schulz_cost(shape) -> float:
     """Relative Newton-Schulz cost of one matrix: ``max(m,n)*min(m,n)**2``
     over the last two dims, times the product of the leading (expert) dims."""
-    return float(_ns_cost_int(shape))
+    return float(_ns_cost_int(_check_shape(shape)))
 
 
 def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int:
     """fp32 momentum (``numel*4``), plus an fp32 master weight (``numel*4``)
     for sub-32-bit dtypes when ``multi_precision``."""
     numel = math.prod(_check_shape(spec.shape))
-    nbytes = numel * 4
-    if multi_precision and dtype_itemsize(spec.dtype) < 4:
-        nbytes += numel * 4
-    return nbytes
+    return numel * (8 if multi_precision and dtype_itemsize(spec.dtype) < 4 else 4)
 
 
 def param_bytes(spec: MatrixSpec) -> int:
@@ -123,25 +97,14 @@ def param_bytes(spec: MatrixSpec) -> int:
 
 
 def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int], List[int]]:
-    """State bytes and NS cost of each validated spec (:func:`optimizer_state_bytes`,
-    :func:`newton_schulz_cost`), straight from its dims."""
-    bs, cs = [], []
-    for s in items:
-        *lead, m, n = s.shape
-        numel = math.prod(s.shape)
-        bs.append(numel * (8 if multi_precision and FLOAT_DTYPE_SIZES[s.dtype] < 4 else 4))
-        lo, hi = (m, n) if m <= n else (n, m)
-        cs.append(math.prod(lead) * hi * lo * lo)
-    return bs, cs
+    """State bytes and NS cost of each validated spec."""
+    return ([math.prod(s.shape) * (8 if multi_precision and FLOAT_DTYPE_SIZES[s.dtype] < 4 else 4)
+             for s in items], [_ns_cost_int(s.shape) for s in items])
 
 
 def _ratio_max_over_mean(values: Sequence[float]) -> float:
-    if not values:
-        return 1.0
     total = sum(values)
-    if total <= 0:
-        return 1.0
-    return max(values) * len(values) / total
+    return max(values) * len(values) / total if total > 0 else 1.0  # (1.0 for no values too)
 
 
 @dataclass
@@ -153,7 +116,7 @@ class OwnerPartition:
     state_bytes: List[int]
     ns_cost: List[float]
     dtypes: Dict[str, str] = field(default_factory=dict)
-    method: str = "balanced"
+    method: str = PARTITION_BALANCED
     notes: List[str] = field(default_factory=list)
 
     def params_of(self, rank: int) -> List[str]:
@@ -161,9 +124,6 @@ class OwnerPartition:
         if not 0 <= rank < self.nranks:
             raise ValueError(f"rank {rank} out of range for nranks={self.nranks}")
         return [name for name, owner in self.owners.items() if owner == rank]
-
-    def owner_of(self, name: str) -> int:
-        return self.owners[name]
 
     def empty_ranks(self) -> List[int]:
         used = set(self.owners.values())
@@ -187,12 +147,11 @@ class OwnerPartition:
         return _ratio_max_over_mean(self.ns_cost)
 
     def summary(self) -> dict:
-        total_b = sum(self.state_bytes)
         return {
             "method": self.method,
             "nranks": self.nranks,
             "num_params": len(self.owners),
-            "total_state_MB": total_b / 2**20,
+            "total_state_MB": sum(self.state_bytes) / 2**20,
             "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
             "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
             "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
@@ -203,9 +162,6 @@ class OwnerPartition:
         }
 
 
-# --------------------------------------------------------------------------
-# validation
-# --------------------------------------------------------------------------
 def _check_nranks(nranks) -> int:
     if isinstance(nranks, bool) or not isinstance(nranks, int):
         raise TypeError(f"nranks must be an int, got {type(nranks).__name__}")
@@ -220,29 +176,26 @@ def _check_specs(specs) -> List[MatrixSpec]:
     out: List[MatrixSpec] = []
     seen = set()
     for s in specs:
-        if type(s) is MatrixSpec and type(s.name) is str and s.name \
-                and s.name not in seen and _check_shape(s.shape) is s.shape \
-                and type(s.dtype) is str and s.dtype in FLOAT_DTYPE_SIZES:
-            seen.add(s.name)  # already canonical: kept as is
-            out.append(s)
-            continue
-        for attr in ("name", "shape", "dtype"):
-            if not hasattr(s, attr):
-                raise TypeError(
-                    f"specs must hold MatrixSpec-like objects (name, shape, dtype); "
-                    f"got {s!r}"
-                )
+        if not all(hasattr(s, attr) for attr in ("name", "shape", "dtype")):
+            raise TypeError(
+                f"specs must hold MatrixSpec-like objects (name, shape, dtype); got {s!r}"
+            )
         if not isinstance(s.name, str) or not s.name:
             raise TypeError(f"spec name must be a non-empty str, got {s.name!r}")
         if s.name in seen:
             raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
         seen.add(s.name)
         dims = _check_shape(s.shape)
-        out.append(MatrixSpec(s.name, dims, canonical_float_dtype(s.dtype)))
+        dtype = canonical_float_dtype(s.dtype)
+        if type(s) is MatrixSpec and dims is s.shape and dtype is s.dtype:
+            out.append(s)  # already canonical: kept as is
+        else:
+            out.append(MatrixSpec(s.name, dims, dtype))
     return out
 
 
-def _check_rank_order(rank_order, nranks: int) -> List[int]:
+def _rank_positions(rank_order, nranks: int) -> List[int]:
+    """Position of every rank in ``rank_order`` (a permutation of ``0..nranks-1``, None: that)."""
     if rank_order is None:
         return list(range(nranks))
     order = [int(r) for r in rank_order]
@@ -250,56 +203,10 @@ def _check_rank_order(rank_order, nranks: int) -> List[int]:
         raise ValueError(
             f"rank_order must be a permutation of 0..{nranks - 1}, got {list(rank_order)!r}"
         )
-    return order
-
-# --------------------------------------------------------------------------
-# balanced rule
-# --------------------------------------------------------------------------
-class _Loads:
-    """Exact-integer rank loads. A rank's normalised byte load is
-    ``S_r * n / SB`` and NS load ``C_r * n / SC``; scaling both by
-    ``SB * SC / n`` gives integers ``S_r * SC`` and ``C_r * SB``.
-
-    ``by_score`` keeps ``(score, -rank_order position, rank)`` sorted, so its
-    last entry is the worst rank (ties: the earliest in rank_order).
-    """
-
-    def __init__(self, nranks: int, total_b: int, total_c: int, pref: List[int]):
-        self.n = nranks
-        self.tb = max(total_b, 1)
-        self.tc = max(total_c, 1)
-        self.b = [0] * nranks
-        self.c = [0] * nranks
-        self.pref = pref  # pref[r] = position of rank r in rank_order
-        self.settle()
-
-    def settle(self) -> None:
-        """Scores and ``by_score`` from ``b``/``c`` (after bulk changes)."""
-        self.cur = [self.score(r) for r in range(self.n)]
-        self.by_score = sorted((v, -self.pref[r], r) for r, v in enumerate(self.cur))
-
-    def key(self, r: int, db: int = 0, dc: int = 0) -> Tuple[int, int, int]:
-        xb = (self.b[r] + db) * self.tc
-        xc = (self.c[r] + dc) * self.tb
-        return (max(xb, xc), xb + xc, self.pref[r])
-
-    def score(self, r: int, db: int = 0, dc: int = 0) -> int:
-        return max((self.b[r] + db) * self.tc, (self.c[r] + dc) * self.tb)
-
-    def add(self, r: int, db: int, dc: int) -> None:
-        self.b[r] += db
-        self.c[r] += dc
-        new = self.score(r)
-        old = self.cur[r]
-        if new != old:
-            p = -self.pref[r]
-            del self.by_score[bisect.bisect_left(self.by_score, (old, p, r))]
-            bisect.insort(self.by_score, (new, p, r))
-            self.cur[r] = new
-
-    def worst_rank(self) -> int:
-        """Highest score; among equals the earliest in rank_order."""
-        return self.by_score[-1][2]
+    pref = [0] * nranks
+    for pos, r in enumerate(order):
+        pref[r] = pos
+    return pref
 
 
 def _floor_ratio(values: List[int], nranks: int) -> float:
@@ -309,14 +216,9 @@ def _floor_ratio(values: List[int], nranks: int) -> float:
     total = sum(values)
     if total <= 0:
         return 1.0
-    vals = sorted(values, reverse=True)
-    prefix = [0]
-    for v in vals:
-        prefix.append(prefix[-1] + v)
-    best = 0
-    for m in range(1, len(vals) + 1):
-        q = -(-m // nranks)
-        best = max(best, prefix[m] - prefix[m - q])
+    prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
+    # some rank gets ceil(m/nranks) of the m largest
+    best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
     return max(1.0, best * nranks / total)
 
 
@@ -327,18 +229,13 @@ def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: boo
     checked against before calling it missed."""
     items = _check_specs(specs)
     nranks = _check_nranks(nranks)
-    if not items:
-        return 1.0, 1.0
     bs, cs = _costs(items, multi_precision)
     return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
 
 
-def balanced_partition(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    rank_order: Optional[Sequence[int]] = None,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
+                       rank_order: Optional[Sequence[int]] = None,
+                       multi_precision: bool = True) -> OwnerPartition:
     """Assign every matrix to one owner, balancing optimizer-state bytes and Newton-Schulz cost.
 
     A rank's score is ``max(S_r / mean_S, C_r / mean_C)`` (state bytes, NS
@@ -358,84 +255,210 @@ def balanced_partition(
     """
     nranks = _check_nranks(nranks)
     items = _check_specs(specs)
-    order = _check_rank_order(rank_order, nranks)
-    pref = [0] * nranks
-    for pos, r in enumerate(order):
-        pref[r] = pos
-
-    if not items:
-        return OwnerPartition(nranks, {}, [0] * nranks, [0.0] * nranks, {}, "balanced")
-
+    pref = _rank_positions(rank_order, nranks)
     bs, cs = _costs(items, multi_precision)
-    bts = {s.name: b for s, b in zip(items, bs)}
-    nss = {s.name: c for s, c in zip(items, cs)}
+    # Loads as exact integers: bytes times the total NS cost (x) and NS cost
+    # times the total bytes (y) order ranks as S_r / mean_S and C_r / mean_C
+    # do, so a rank's score is max(x, y). Integer sums: the same on every
+    # rank whatever the input order.
+    tb = max(sum(bs), 1)
+    tc = max(sum(cs), 1)
+    xs = {s.name: b * tc for s, b in zip(items, bs)}
+    ys = {s.name: c * tb for s, c in zip(items, cs)}
     classes: Dict[str, List[str]] = {}
     for s in items:
         classes.setdefault(s.dtype, []).append(s.name)
-    # exact integer sums: the same on every rank whatever the input order
-    loads = _Loads(nranks, sum(bts.values()), sum(nss.values()), pref)
-    tb, tc = loads.tb, loads.tc
-    # normalised bytes + normalised NS, scaled by tb*tc
-    size = {k: bts[k] * tc + nss[k] * tb for k in bts}
-    class_b = {d: sum(bts[k] for k in names) for d, names in classes.items()}
-    class_c = {d: sum(nss[k] for k in names) for d, names in classes.items()}
+    class_load = {d: max(sum(xs[k] for k in names), sum(ys[k] for k in names))
+                  for d, names in classes.items()}
+    x = [0] * nranks
+    y = [0] * nranks
 
-    # class load in units of one rank's share (exact ceil on integers)
-    def class_cap(d: str) -> int:
-        kb = -(-class_b[d] * nranks // tb)
-        kc = -(-class_c[d] * nranks // tc)
-        return max(1, min(nranks, max(kb, kc)))
-
-    cls_order = sorted(classes, key=lambda d: (max(class_b[d] * tc, class_c[d] * tb), d))
+    def key(r: int, dx: int = 0, dy: int = 0) -> Tuple[int, int, int]:
+        """Placement order of rank ``r`` with ``dx`` / ``dy`` more: score, sum, rank_order."""
+        xr = x[r] + dx
+        yr = y[r] + dy
+        return (max(xr, yr), xr + yr, pref[r])
 
     owner: Dict[str, int] = {}
-    allowed_of: Dict[str, Optional[frozenset]] = {}
+    allowed_of: Dict[str, frozenset] = {}
     version = [0] * nranks  # bumped whenever a rank's load grows
-    b, c = loads.b, loads.c  # raw loads: scores are settled after placing
-    for d in cls_order:
+    for d in sorted(classes, key=lambda d: (class_load[d], d)):
         # largest first, ties by name (a stable sort on the name-sorted list)
-        names = sorted(sorted(classes[d]), key=size.__getitem__, reverse=True)
-        cap = class_cap(d)
-        if cap >= nranks:
-            allowed = list(range(nranks))
-            allowed_of[d] = None
-        else:
-            allowed = sorted(range(nranks), key=lambda r: loads.key(r))[:cap]
-            allowed_of[d] = frozenset(allowed)
+        names = sorted(sorted(classes[d]), key=lambda k: xs[k] + ys[k], reverse=True)
+        # owners: the least loaded ranks, as many as the class load in units
+        # of one rank's share (exact ceil on integers)
+        cap = max(1, min(nranks, -(-class_load[d] * nranks // (tb * tc))))
+        allowed = sorted(range(nranks), key=key)[:cap]
+        allowed_of[d] = frozenset(allowed)
         # One heap of (key, rank, version) per matrix size: loads only grow
         # while placing, so a stale entry's key is a lower bound of its
         # current key; a fresh top is the exact argmin. Equal matrices (a
         # model's experts) then cost O(log nranks) each.
         heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
-            bk, ck = item = (bts[k], nss[k])
+            xk, yk = item = (xs[k], ys[k])
             heap = heaps.get(item)
             if heap is None:
-                heap = [(loads.key(r, bk, ck), r, version[r]) for r in allowed]
+                heap = heaps[item] = [(key(r, xk, yk), r, version[r]) for r in allowed]
                 heapq.heapify(heap)
-                heaps[item] = heap
             while heap[0][2] != version[heap[0][1]]:
                 r = heap[0][1]
-                heapq.heapreplace(heap, (loads.key(r, bk, ck), r, version[r]))
+                heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
             r = heap[0][1]
             owner[k] = r
-            b[r] += bk
-            c[r] += ck
+            x[r] += xk
+            y[r] += yk
             version[r] += 1
-            # the rank's key for its next matrix of this size (loads.key inlined)
-            xb = (b[r] + bk) * tc
-            xc = (c[r] + ck) * tb
-            heapq.heapreplace(heap, ((xb if xb > xc else xc, xb + xc, pref[r]), r, version[r]))
-    loads.settle()
+            heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
 
-    refine(owner, loads, bts, nss, classes, allowed_of, order)
-
-    return _partition(items, nranks, [owner[s.name] for s in items], "balanced", multi_precision)
+    dtype_of = {k: d for d, names in classes.items() for k in names}
+    refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref)
+    return _partition(items, nranks, [owner[s.name] for s in items], PARTITION_BALANCED,
+                      multi_precision)
 
 
-# --------------------------------------------------------------------------
-# develop's rules (the default, and develop's machine-balanced switch)
-# --------------------------------------------------------------------------
+def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> None:
+    """The balanced rule's refinement (on its scaled loads ``x`` / ``y``, updated in place
+    with ``owner``): while it lowers the most loaded rank's score, move one of its matrices
+    elsewhere or swap one with a smaller matrix elsewhere.
+
+    Each round takes the best improving move or swap: lowest new pair score
+    ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
+    matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
+    name stands for them). Exact, visiting only candidates that can reach the
+    best ``B`` so far. A capped class's matrices stay on its owners.
+    """
+    n = len(x)
+    if n == 1:
+        return
+    load = (x, y)
+    size = (xs, ys)
+    # kept sorted: (score, -rank_order position, rank), the worst rank last;
+    # (load, rank) in each dimension
+    score = [max(a, b) for a, b in zip(x, y)]
+    by_score = sorted((v, -pref[r], r) for r, v in enumerate(score))
+    by_load = tuple(sorted((v, r) for r, v in enumerate(vals)) for vals in load)
+    # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
+    # keeps its kinds -> names (sorted), the smallest name being the one the
+    # name tie-break picks among interchangeable matrices
+    gkey = {k: (xs[k], ys[k], dtype_of[k]) for k in xs}
+    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
+    for k in sorted(owner):
+        groups[owner[k]].setdefault(gkey[k], []).append(k)
+    index: List[tuple] = [None] * n  # per rank and dimension: (sorted kinds, first fields)
+
+    def reindex(r: int) -> None:
+        """Rank r's kinds sorted by scaled bytes (dim 0: (x, y, dtype)) and by scaled NS cost
+        (dim 1: (y, x, dtype)), each with its first fields alone (bisected on plain ints)."""
+        by_dim = (sorted(groups[r]), sorted((b, a, d) for a, b, d in groups[r]))
+        index[r] = tuple((lst, [t[0] for t in lst]) for lst in by_dim)
+
+    for r in range(n):
+        reindex(r)
+
+    def relocate(k: str, src: int, dst: int) -> None:
+        for r, sign in ((src, -1), (dst, 1)):
+            for vals, lst, sz in zip(load, by_load, size):
+                if sz[k]:
+                    del lst[bisect.bisect_left(lst, (vals[r], r))]
+                    vals[r] += sign * sz[k]
+                    bisect.insort(lst, (vals[r], r))
+            new = max(x[r], y[r])
+            if new != score[r]:
+                del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
+                bisect.insort(by_score, (new, -pref[r], r))
+                score[r] = new
+        owner[k] = dst
+        g = gkey[k]
+        names = groups[src][g]
+        del names[bisect.bisect_left(names, k)]
+        if not names:
+            del groups[src][g]
+            reindex(src)
+        if g not in groups[dst]:
+            groups[dst][g] = []
+            reindex(dst)
+        bisect.insort(groups[dst][g], k)
+
+    for _ in range(max_iters):
+        worst = by_score[-1][2]
+        W = score[worst]
+        # dim: the dimension that decides the worst rank's score; o: the other
+        dim = 0 if x[worst] == W else 1
+        o = 1 - dim
+        load_of, other_of, ow = load[dim], load[o], load[o][worst]
+        # dtypes the worst rank may take back (capped classes keep their owners)
+        host_ok = {d for d, a in allowed_of.items() if worst in a}
+        # per kind on the worst rank, largest first: its sizes, their sum,
+        # the worst rank's loads without it
+        mine = []
+        for k in sorted((names[0] for names in groups[worst].values()),
+                        key=lambda k: (-(xs[k] + ys[k]), k)):
+            sk, ok = size[dim][k], size[o][k]
+            mine.append((k, sk, ok, sk + ok, W - sk, ow - ok, allowed_of[dtype_of[k]]))
+        best = None  # (new pair max, 0 move / 1 swap, k, rank_order position, partner, rank)
+        B = W  # best pair score so far (a candidate needs new < W, ties kept)
+
+        for k, sk, ok, _, a_k, o_k, allowed_k in mine:  # moves k -> r
+            after = max(a_k, o_k)
+            if after > B:  # the worst rank alone already ends above the best
+                continue
+            # (r's new score is at least its score now + min(sk, ok))
+            for i in range(bisect.bisect_right(by_score, (B - min(sk, ok), 1))):
+                r = by_score[i][2]
+                if r == worst or r not in allowed_k:
+                    continue
+                new = max(after, load_of[r] + sk, other_of[r] + ok)
+                if new < W:
+                    cand = (new, 0, k, pref[r], "", r)
+                    if best is None or cand < best:
+                        best, B = cand, new
+
+        # Swaps, on ranks by ascending load, ties by rank id. A swap keeps the
+        # pair's sum in each dimension, so the new pair score is at least half
+        # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of
+        # reach. Partners are bisected in the rank's sorted kinds.
+        live_at = None
+        for lr, r in by_load[dim]:
+            if r == worst:
+                continue
+            if live_at != B:  # B dropped: forget k that cannot reach it
+                live = [t for t in mine if t[4] <= B and t[5] <= B]
+                live_at = B
+            if lr > 2 * B - W:
+                break
+            o_r = other_of[r]
+            if o_r > 2 * B - ow:
+                continue
+            lst, vals = index[r][dim]
+            for k, sk, ok, size_k, a_k, o_k, allowed_k in live:
+                # (partners only add to the worst rank: a k leaving it
+                # above B is out, and B only drops within a rank's loop)
+                if r not in allowed_k:
+                    continue
+                # the partner's value in the deciding dimension, then in the
+                # other, must keep both ranks at or below B
+                lo = bisect.bisect_left(vals, sk - (B - lr))
+                hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
+                q_lo = o_r + ok - B
+                q_hi = B - o_k
+                for i in range(lo, hi):
+                    a, q, d = lst[i]
+                    if q < q_lo or q > q_hi or a + q >= size_k or d not in host_ok:
+                        continue
+                    new = max(a_k + a, o_k + q, lr + sk - a, o_r + ok - q)
+                    if new < W:
+                        j = groups[r][(q, a, d) if dim else (a, q, d)][0]
+                        cand = (new, 1, k, pref[r], j, r)
+                        if best is None or cand < best:
+                            best, B = cand, new
+        if best is None:
+            return
+        _, kind, k, _, j, r = best
+        relocate(k, worst, r)
+        if kind == 1:
+            relocate(j, r, worst)
+
 
 def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:
     """How many ranks develop lets one dtype class use: its fp32-estimated
@@ -446,12 +469,8 @@ def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB:
     return min(cap, world_size)
 
 
-def develop_owner_indices(
-    numels: Sequence[int],
-    dtype_keys: Sequence[str],
-    world_size: int,
-    buffer_size_MB: float,
-) -> List[List[int]]:
+def develop_owner_indices(numels: Sequence[int], dtype_keys: Sequence[str], world_size: int,
+                          buffer_size_MB: float) -> List[List[int]]:
     """Develop's legacy owner rule, per dtype (Paddle #79740).
 
     Dtype classes are visited in ``sorted(key=str)`` order; inside a class the
@@ -460,8 +479,7 @@ def develop_owner_indices(
     class, see :func:`develop_active_ranks`).
 
     Returns:
-        list[list[int]]: for every rank ``0..world_size-1``, the input indices
-        it owns in assignment order.
+        list[list[int]]: per rank ``0..world_size-1``, the input indices it owns, in order.
     """
     world_size = _check_nranks(world_size)
     by_dtype: Dict[str, List[int]] = {}
@@ -483,7 +501,7 @@ def develop_owner_indices(
 
 def partition_2d_parameters(params: Sequence, world_size: int,
                             buffer_size_MB: float) -> Dict[int, list]:
-    """Develop's ``_partition_2d_parameters`` on parameter objects.
+    """Develop's ``_partition_2d_parameters`` on parameter objects (``params`` is not modified).
 
     Args:
         params: objects with ``shape`` and ``dtype`` (paddle parameters).
@@ -491,8 +509,7 @@ def partition_2d_parameters(params: Sequence, world_size: int,
         buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256).
 
     Returns:
-        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in
-        assignment order; ``params`` itself is not modified.
+        dict[int, list]: every rank ``0..world_size-1`` -> its parameters in assignment order.
     """
     params = list(params)
     numels = [math.prod(int(d) for d in p.shape) for p in params]
@@ -501,12 +518,9 @@ def partition_2d_parameters(params: Sequence, world_size: int,
     return {r: [params[i] for i in idx] for r, idx in enumerate(per_rank)}
 
 
-def upstream_partition(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def upstream_partition(specs: Sequence[MatrixSpec], nranks: int,
+                       buffer_size_MB: float = DEVELOP_DEFAULT_BUFFER_MB,
+                       multi_precision: bool = True) -> OwnerPartition:
     """Develop's owner rule (:func:`develop_owner_indices`) on specs.
 
     ``buffer_size_MB <= 0`` means develop's fallback of 256 MB.
@@ -516,21 +530,13 @@ def upstream_partition(
     per_rank = develop_owner_indices(
         [s.numel for s in items], [s.dtype for s in items], nranks, buffer_size_MB
     )
-    owner_of = [0] * len(items)
-    for r, idx in enumerate(per_rank):
-        for i in idx:
-            owner_of[i] = r
-    return _partition(items, nranks, owner_of, f"upstream(buffer={buffer_size_MB:g}MB)",
-                      multi_precision)
+    owner_of = {i: r for r, idx in enumerate(per_rank) for i in idx}
+    return _partition(items, nranks, [owner_of[i] for i in range(len(items))],
+                      f"upstream(buffer={buffer_size_MB:g}MB)", multi_precision)
 
 
-def partition_from_owners(
-    specs: Sequence[MatrixSpec],
-    nranks: int,
-    owners: Dict[str, int],
-    method: str,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def partition_from_owners(specs: Sequence[MatrixSpec], nranks: int, owners: Dict[str, int],
+                          method: str, multi_precision: bool = True) -> OwnerPartition:
     """The :class:`OwnerPartition` (loads included) of owners chosen elsewhere.
 
     Args:
@@ -563,15 +569,8 @@ def _partition(items: Sequence[MatrixSpec], nranks: int, owner_of: Sequence[int]
     )
 
 
-def _colour_sort_key(colour) -> Tuple[int, str]:
-    # None (the default group) first; other colours by their text, so keys of
-    # mixed types still sort the same way on every rank.
-    return (0, "") if colour is None else (1, str(colour))
-
-
 def machine_balanced_owner_indices(
-    color_group_info: Dict[Tuple, Sequence[Tuple]],
-    rank_to_machine: Dict[int, int],
+    color_group_info: Dict[Tuple, Sequence[Tuple]], rank_to_machine: Dict[int, int],
     buffer_size_MB: float,
 ) -> Tuple[Dict[Tuple, Dict[int, List[str]]], Dict[int, Tuple[int, int]]]:
     """Develop's machine-balanced owner rule (Paddle #79763), whole job at once.
@@ -607,18 +606,19 @@ def machine_balanced_owner_indices(
                     f"rank {r} of colour group {key!r} has no machine in rank_to_machine; "
                     "gather every rank's machine before partitioning"
                 )
+        # None (the default group) first; other colours by their text, so keys of
+        # mixed types still sort the same way on every rank
+        colour_key = (0, "") if colour is None else (1, str(colour))
         by_dtype: Dict[str, List[Tuple]] = {}
         for entry in entries:
             by_dtype.setdefault(str(entry[2]), []).append(entry)
         for dtype, items in by_dtype.items():
             volume = sum(int(e[1]) * int(e[3]) for e in items)
-            order = (-volume, _colour_sort_key(colour), dtype, ranks)
-            buckets.append((order, key, ranks, items))
+            buckets.append(((-volume, colour_key, dtype, ranks), key, ranks, items))
     buckets.sort(key=lambda b: b[0])
 
-    result: Dict[Tuple, Dict[int, List[str]]] = {
-        key: {i: [] for i in range(len(key[1]))} for key in color_group_info
-    }
+    result: Dict[Tuple, Dict[int, List[str]]] = {key: {i: [] for i in range(len(key[1]))}
+                                                  for key in color_group_info}
     machine_bytes: Dict[int, int] = {m: 0 for m in set(rank_to_machine.values())}
     machine_count: Dict[int, int] = dict.fromkeys(machine_bytes, 0)
     for _, key, ranks, items in buckets:
@@ -626,8 +626,8 @@ def machine_balanced_owner_indices(
         active = develop_active_ranks([e[1] for e in items], len(ranks), buffer_size_MB)
         placed = _place_bucket(items, ranks, active, rank_to_machine, machine_bytes,
                                machine_count)
-        for (name, _, _, _), i in zip(items, placed):
-            result[key][i].append(name)
+        for entry, i in zip(items, placed):
+            result[key][i].append(entry[0])
     summary = {m: (machine_bytes[m], machine_count[m]) for m in sorted(machine_bytes)}
     return result, summary
 
@@ -635,283 +635,49 @@ def machine_balanced_owner_indices(
 def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_count):
     """Group index of every item of one bucket (items largest first).
 
-    Machines are kept in a heap keyed by ``(machine bytes, machine matrices,
-    best rank's bucket load, best rank's index)`` -- exactly the order of the
-    rule -- so a placement costs O(log machines + log ranks per machine).
+    The first ``active`` items open a rank each, the others go to an opened
+    one. Machines sit in a heap keyed by ``(machine bytes, machine matrices,
+    best candidate's (bucket load, index))`` -- exactly the order of the rule
+    -- so a placement costs O(log machines + log ranks per machine).
     """
-    machine_of = [rank_to_machine[r] for r in ranks]
-    unopened: Dict[int, List[int]] = {}  # machine -> group indices, ascending
-    for i, m in enumerate(machine_of):
-        unopened.setdefault(m, []).append(i)
-    for lst in unopened.values():
-        lst.reverse()  # pop() yields the lowest index
-    opened: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap (bucket load, index)
-    local_load = [0] * len(ranks)
-    n_open = 0
-    zero_open: List[int] = []  # opened ranks still at load 0 (numel-0 matrices)
+    cands: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap of (bucket load, index)
+    for i, r in enumerate(ranks):
+        cands.setdefault(rank_to_machine[r], []).append((0, i))
+    opened: Dict[int, List[Tuple[int, int]]] = {}  # the same, of the ranks opened so far
     placed: List[int] = []
 
-    def top(m: int, opening: bool) -> Tuple[int, int]:
-        if opening:
-            return (0, unopened[m][-1])
-        return opened[m][0]
+    def key_of(m: int) -> Tuple:
+        return (machine_bytes[m], machine_count[m]) + cands[m][0] + (m,)
 
-    def key_of(m: int, opening: bool) -> Tuple:
-        return (machine_bytes[m], machine_count[m]) + top(m, opening)
-
-    def build_heap(opening: bool) -> List[Tuple]:
-        pool = unopened if opening else opened
-        heap = [key_of(m, opening) + (m,) for m, lst in pool.items() if lst]
+    def build_heap() -> List[Tuple]:
+        heap = [key_of(m) for m, c in cands.items() if c]
         heapq.heapify(heap)
         return heap
 
-    opening = active > 0
-    heap = build_heap(opening)
+    heap = build_heap()
     for _, numel, _, itemsize in items:
         numel = int(numel)
-        if zero_open:  # develop's first-minimum reuses an opened rank still empty
-            i = min(zero_open, key=lambda j: (machine_bytes[machine_of[j]],
-                                               machine_count[machine_of[j]], j))
-            m = machine_of[i]
-        else:
-            while True:  # drop entries made stale by earlier placements
-                entry = heap[0]
-                m = entry[-1]
-                pool = unopened if opening else opened
-                if pool.get(m) and entry[:-1] == key_of(m, opening):
-                    break
-                heapq.heappop(heap)
-            if opening:
-                i = unopened[m].pop()
-                n_open += 1
-            else:
-                _, i = heapq.heappop(opened[m])
+        while not cands.get(heap[0][-1]) or heap[0] != key_of(heap[0][-1]):
+            heapq.heappop(heap)  # stale: its machine changed since
+        m = heap[0][-1]
+        load, i = heapq.heappop(cands[m])
         machine_bytes[m] += numel * int(itemsize)
         machine_count[m] += 1
-        local_load[i] += numel
         placed.append(i)
-        if opening and not zero_open:
-            if local_load[i] == 0:
-                zero_open.append(i)
-            heapq.heappush(opened.setdefault(m, []), (local_load[i], i))
-        elif zero_open:
-            pass  # load unchanged (numel 0); its heap entry stays valid
-        else:
-            heapq.heappush(opened[m], (local_load[i], i))
-        if opening and n_open == active:
-            opening = False
-            heap = build_heap(False)
-        elif not zero_open:
-            pool = unopened if opening else opened
-            if pool.get(m):
-                heapq.heappush(heap, key_of(m, opening) + (m,))
+        opening = len(placed) <= active
+        if opening and numel == 0:
+            # develop's first minimum: the rest (all of numel 0, as items come
+            # largest first) go to this opened rank still empty
+            rest = len(items) - len(placed)
+            machine_count[m] += rest
+            return placed + [i] * rest
+        heapq.heappush((opened if opening else cands).setdefault(m, []), (load + numel, i))
+        if len(placed) == active:
+            cands = opened
+            heap = build_heap()
+        elif cands.get(m):
+            heapq.heappush(heap, key_of(m))
     return placed
-
-# Ranks (least loaded first) the swap search's probe pass tries per matrix.
-_PROBE_RANKS = 16
-
-
-def refine(owner, loads, bts, nss, classes, allowed_of, order, max_iters=10000) -> None:
-    """The balanced rule's refinement: while it lowers the most loaded rank's score,
-    move one of its matrices elsewhere or swap one with a smaller matrix elsewhere.
-
-    Each round takes the best improving move or swap: lowest new pair score
-    ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
-    matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
-    name stands for them). Exact, visiting only candidates that can reach the
-    best ``B`` so far: a move needs a rank scoring at most ``B - min(sizes)``; a
-    swap keeps the pair's sum in each dimension, so ranks loaded above
-    ``2B - W`` are skipped and partners are bisected in per-rank sorted lists;
-    a first pass probes each rank's partner nearest the even split so ``B``
-    drops early. A capped class's matrices stay on its owners.
-    """
-    n = loads.n
-    if n == 1:
-        return
-    dtype_of = {k: d for d, names in classes.items() for k in names}
-    # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
-    # keeps its kinds -> names (sorted), the smallest name being the one the
-    # name tie-break picks among interchangeable matrices
-    gkey = {k: (bts[k] * loads.tc, nss[k] * loads.tb, dtype_of[k]) for k in bts}
-    groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
-    for k in sorted(owner):
-        groups[owner[k]].setdefault(gkey[k], []).append(k)
-    tb, tc = loads.tb, loads.tc
-    xs = {k: g[0] for k, g in gkey.items()}
-    ys = {k: g[1] for k, g in gkey.items()}
-    # each rank's kinds sorted by scaled bytes and by scaled NS cost
-    sorted_x = [sorted(g) for g in groups]
-    sorted_y = [sorted((y, x, d) for x, y, d in g) for g in groups]
-    # the first field of those lists alone: bisected on plain ints
-    vals_x = [[t[0] for t in lst] for lst in sorted_x]
-    vals_y = [[t[0] for t in lst] for lst in sorted_y]
-
-    free = all(a is None for a in allowed_of.values())  # no capped class
-
-    # scaled loads per rank, and the ranks sorted by each (load, rank): kept
-    # up to date by relocate instead of rebuilt every round
-    xl = [b * tc for b in loads.b]
-    yl = [c * tb for c in loads.c]
-    rank_x = sorted((v, r) for r, v in enumerate(xl))
-    rank_y = sorted((v, r) for r, v in enumerate(yl))
-
-    def shift(r: int, dx: int, dy: int) -> None:
-        for lst, vals, dv in ((rank_x, xl, dx), (rank_y, yl, dy)):
-            if dv:
-                del lst[bisect.bisect_left(lst, (vals[r], r))]
-                vals[r] += dv
-                bisect.insort(lst, (vals[r], r))
-
-    def relocate(k: str, src: int, dst: int) -> None:
-        loads.add(src, -bts[k], -nss[k])
-        loads.add(dst, bts[k], nss[k])
-        shift(src, -xs[k], -ys[k])
-        shift(dst, xs[k], ys[k])
-        owner[k] = dst
-        g = gkey[k]
-        names = groups[src][g]
-        del names[bisect.bisect_left(names, k)]
-        if not names:
-            del groups[src][g]
-            i = bisect.bisect_left(sorted_x[src], g)
-            del sorted_x[src][i], vals_x[src][i]
-            gy = (g[1], g[0], g[2])
-            i = bisect.bisect_left(sorted_y[src], gy)
-            del sorted_y[src][i], vals_y[src][i]
-        if g in groups[dst]:
-            bisect.insort(groups[dst][g], k)
-        else:
-            groups[dst][g] = [k]
-            i = bisect.bisect_left(sorted_x[dst], g)
-            sorted_x[dst].insert(i, g)
-            vals_x[dst].insert(i, g[0])
-            gy = (g[1], g[0], g[2])
-            i = bisect.bisect_left(sorted_y[dst], gy)
-            sorted_y[dst].insert(i, gy)
-            vals_y[dst].insert(i, g[1])
-
-    for _ in range(max_iters):
-        worst = loads.worst_rank()
-        W = loads.score(worst)
-        if loads.b[worst] * tc == W:  # bytes decide the worst rank's score
-            sizes, per_rank, per_vals, swap_xy = xs, sorted_x, vals_x, False
-            load_of, by_load = xl, rank_x
-        else:
-            sizes, per_rank, per_vals, swap_xy = ys, sorted_y, vals_y, True
-            load_of, by_load = yl, rank_y
-        mine = sorted((names[0] for names in groups[worst].values()),
-                      key=lambda k: (-(xs[k] + ys[k]), k))
-        best = None  # (new pair max, kind, k, rank pos, partner)
-        B = W  # best pair score so far (a candidate needs new < W, ties kept)
-        pref = loads.pref
-        xw, yw = xl[worst], yl[worst]
-
-        by_score = loads.by_score
-        for k in mine:  # moves k -> r
-            xk, yk = xs[k], ys[k]
-            after = max(xw - xk, yw - yk)
-            if after > B:  # the worst rank alone already ends above the best
-                continue
-            allowed_k = allowed_of[dtype_of[k]]
-            # (by_score holds (score, -rank_order position, rank))
-            stop = bisect.bisect_right(by_score, (B - min(xk, yk), 1))
-            for i in range(stop):
-                r = by_score[i][2]
-                if r == worst or not (allowed_k is None or r in allowed_k):
-                    continue
-                new = max(after, xl[r] + xk, yl[r] + yk)
-                if new < W:
-                    cand = (new, 0, k, pref[r], "")
-                    if best is None or cand < best:
-                        best, B = cand, new
-
-        # a swap keeps the pair's sum in each dimension, so the new pair
-        # score is at least half of it: ranks above 2B - W (dominant) or
-        # 2B - (other load of the worst) are out of reach
-        if swap_xy:
-            other_of, ow = xl, xw
-        else:
-            other_of, ow = yl, yw
-        # dtypes the worst rank may take back (capped classes keep their owners)
-        host_ok = None if free else {d for d, a in allowed_of.items()
-                                     if a is None or worst in a}
-        # ascending load, ties by rank id
-        ranks = [r for _, r in by_load if r != worst]
-        # per matrix of the worst rank: what every rank's check needs
-        swappable = []
-        for k in mine:
-            xk, yk = xs[k], ys[k]
-            xw_k, yw_k = xw - xk, yw - yk  # the worst rank without k
-            ok = xk if swap_xy else yk  # k in the other dimension
-            swappable.append((k, xk, yk, sizes[k], xk + yk, xw_k, yw_k, ok, ow - ok,
-                              allowed_of[dtype_of[k]]))
-        for probe in (True, False):
-            # the probe pass tries, on the least loaded ranks, the partner
-            # nearest the value that evens the pair, so B drops early
-            scan = ranks[:_PROBE_RANKS] if probe else ranks
-            live_at = None
-            for r in scan:
-                if live_at != B:  # B dropped: forget k that cannot reach it
-                    live = [t for t in swappable if t[5] <= B and t[6] <= B]
-                    live_at = B
-                lr = load_of[r]
-                if lr > 2 * B - W:
-                    break
-                o_r = other_of[r]
-                if o_r > 2 * B - ow:
-                    continue
-                lst = per_rank[r]
-                vals = per_vals[r]
-                xr, yr = xl[r], yl[r]
-                for k, xk, yk, sk, size_k, xw_k, yw_k, ok, ow_k, allowed_k in live:
-                    # (partners only add to the worst rank: a k leaving it
-                    # above B is out, and B only drops within a rank's loop)
-                    if not (allowed_k is None or r in allowed_k):
-                        continue
-                    if probe:
-                        mid = bisect.bisect_left(vals, sk - (W - lr) // 2)
-                        lo, hi = max(0, mid - 1), min(len(vals), mid + 1)
-                    else:
-                        lo = bisect.bisect_left(vals, sk - (B - lr))
-                        hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
-                    if lo >= hi:
-                        continue
-                    xr_k, yr_k = xr + xk, yr + yk  # rank r with k
-                    # the partner's other-dimension value must keep both
-                    # ranks at or below B there
-                    q_lo = o_r + ok - B
-                    q_hi = B - ow_k
-                    for i in range(lo, hi):
-                        a, q, d = lst[i]
-                        if q < q_lo or q > q_hi:
-                            continue
-                        if swap_xy:
-                            xj, yj = q, a
-                        else:
-                            xj, yj = a, q
-                        if xj + yj >= size_k:
-                            continue
-                        if host_ok is not None and d not in host_ok:
-                            continue
-                        new = max(xw_k + xj, yw_k + yj, xr_k - xj, yr_k - yj)
-                        if new < W:
-                            j = groups[r][(xj, yj, d)][0]
-                            cand = (new, 1, k, pref[r], j)
-                            if best is None or cand < best:
-                                best, B = cand, new
-        if best is None:
-            return
-        _, kind, k, rpos, j = best
-        r = order[rpos]
-        relocate(k, worst, r)
-        if kind == 1:
-            relocate(j, r, worst)
-
-# --------------------------------------------------------------------------
-# the rail rule (muon_partition_strategy="rail", hierarchical path)
-# --------------------------------------------------------------------------
-#: ``OwnerPartition.method`` of the rail rule.
-RAIL_METHOD = "rail"
 
 
 def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tuple[int, int], ...]]:
@@ -922,10 +688,9 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
         group_ranks: the colour group's global ranks, in group order.
 
     Returns:
-        tuple or None: per group index, the position of its node among the
-        group's nodes (ascending) and its card index; None without a plan or
-        when the group sits on one node (no rail carries anything across
-        nodes: the ``balanced`` rule applies instead).
+        tuple or None: per group index, the position of its node among the group's
+        nodes (ascending) and its card index; None without a plan or when the group
+        sits on one node (no rail crosses nodes: ``balanced`` applies instead).
     """
     if plan is None:
         return None
@@ -940,12 +705,9 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
     return tuple((pos[n], plan.card_of(r)) for n, r in zip(node_of, ranks))
 
 
-def rail_partition(
-    specs: Sequence[MatrixSpec],
-    positions: Sequence[Tuple[int, int]],
-    rank_order: Optional[Sequence[int]] = None,
-    multi_precision: bool = True,
-) -> OwnerPartition:
+def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, int]],
+                   rank_order: Optional[Sequence[int]] = None,
+                   multi_precision: bool = True) -> OwnerPartition:
     """Assign every matrix to one owner so card rails and nodes carry even bytes.
 
     On the hierarchical path a dense Muon buffer crosses nodes only on its
@@ -972,10 +734,7 @@ def rail_partition(
     if nranks < 1:
         raise ValueError("rail_partition needs at least one rank position")
     items = _check_specs(specs)
-    order = _check_rank_order(rank_order, nranks)
-    pref = [0] * nranks
-    for p, r in enumerate(order):
-        pref[r] = p
+    pref = _rank_positions(rank_order, nranks)
     node = [n for n, _ in positions]
     card = [c for _, c in positions]
 
@@ -990,50 +749,40 @@ def rail_partition(
     rank_load = [0] * nranks
     rail_load = dict.fromkeys(card, 0)
     node_load = dict.fromkeys(node, 0)
-    owner: Dict[str, int] = {}
-    for d in sorted(classes, key=lambda d: (class_b[d], d)):
-        cap = max(1, min(nranks, -(-class_b[d] * nranks // total)))
-        allowed = sorted(range(nranks), key=lambda r: (
-            rank_load[r], rail_load[card[r]], node_load[node[r]], pref[r]))[:cap]
-        _place_class(sorted(sorted(classes[d]), key=size.__getitem__, reverse=True),
-                     allowed, size, node, card, pref, rank_load, rail_load, node_load, owner)
-    return _partition(items, nranks, [owner[s.name] for s in items], RAIL_METHOD, multi_precision)
-
-
-def _place_class(names, allowed, size, node, card, pref, rank_load, rail_load, node_load,
-                 owner) -> None:
-    """Place one dtype class (names largest first) onto ``allowed`` ranks.
-
-    Loads only grow, so a rank's heap entry made stale (its node grew
-    through another rail) is a lower bound of its current key: a top whose
-    key is current is the exact minimum.
-    """
-    on_rail: Dict[int, List[int]] = {}
-    for r in allowed:
-        on_rail.setdefault(card[r], []).append(r)
-    first = {c: min(pref[r] for r in rs) for c, rs in on_rail.items()}
-    rails = [(rail_load[c], first[c], c) for c in on_rail]
-    heapq.heapify(rails)
 
     def rank_key(r: int) -> tuple:
         return (rank_load[r], node_load[node[r]], pref[r], r)
 
-    ranks = {c: [rank_key(r) for r in rs] for c, rs in on_rail.items()}
-    for heap in ranks.values():
-        heapq.heapify(heap)
-    for k in names:
-        c = rails[0][2]  # rail loads change only here: the top is current
-        heap = ranks[c]
-        while heap[0] != rank_key(heap[0][3]):  # a node grew through another rail
-            heapq.heapreplace(heap, rank_key(heap[0][3]))
-        r = heap[0][3]
-        b = size[k]
-        owner[k] = r
-        rank_load[r] += b
-        rail_load[c] += b
-        node_load[node[r]] += b
-        heapq.heapreplace(heap, rank_key(r))
-        heapq.heapreplace(rails, (rail_load[c], first[c], c))
+    owner: Dict[str, int] = {}
+    for d in sorted(classes, key=lambda d: (class_b[d], d)):
+        cap = max(1, min(nranks, -(-class_b[d] * nranks // total)))
+        on_rail: Dict[int, List[int]] = {}  # card -> the class's allowed ranks on it
+        for r in sorted(range(nranks), key=lambda r: (
+                rank_load[r], rail_load[card[r]], node_load[node[r]], pref[r]))[:cap]:
+            on_rail.setdefault(card[r], []).append(r)
+        first = {c: min(pref[r] for r in rs) for c, rs in on_rail.items()}
+        rails = [(rail_load[c], first[c], c) for c in on_rail]
+        heapq.heapify(rails)
+        # Loads only grow, so a rank's heap entry made stale (its node grew
+        # through another rail) is a lower bound of its current key: a top
+        # whose key is current is the exact minimum.
+        ranks = {c: [rank_key(r) for r in rs] for c, rs in on_rail.items()}
+        for heap in ranks.values():
+            heapq.heapify(heap)
+        for k in sorted(sorted(classes[d]), key=size.__getitem__, reverse=True):
+            c = rails[0][2]  # rail loads change only here: the top is current
+            heap = ranks[c]
+            while heap[0] != rank_key(heap[0][3]):  # a node grew through another rail
+                heapq.heapreplace(heap, rank_key(heap[0][3]))
+            r = heap[0][3]
+            owner[k] = r
+            rank_load[r] += size[k]
+            rail_load[c] += size[k]
+            node_load[node[r]] += size[k]
+            heapq.heapreplace(heap, rank_key(r))
+            heapq.heapreplace(rails, (rail_load[c], first[c], c))
+    return _partition(items, nranks, [owner[s.name] for s in items], PARTITION_RAIL,
+                      multi_precision)
 
 
 def rail_applies(plan: Any) -> bool:
