@@ -57,6 +57,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings im
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_CLIP,
     TRIGGER_BACKWARD,
+    SliceRef,
 )
 
 # name -> (config, FLAGS_muon_sharding_overlap_optimize_and_sync, staged sync expected)
@@ -290,11 +291,11 @@ class TestBackwardPhasesOfTheLayout(unittest.TestCase):
             with self.subTest(moe_group=moe_group):
                 layout = ShardingLayout.build(params, {None: (0, 1), "moe": moe_group}, 0,
                                               settings)
-                slice_groups = {("slice", i): tuple(b.group)
+                slice_groups = {SliceRef(i): tuple(b.group)
                                 for i, b in enumerate(layout.slice_buffers)}
                 self.assertTrue(all(b.overlap for b in layout.slice_buffers))
                 scattered = [ref for ph in layout.phases_of(TRIGGER_BACKWARD)
                              if ph.op == "reduce_scatter" for ref, _ in ph.items]
                 self.assertEqual(sorted(scattered),
                                  sorted(r for r, g in slice_groups.items() if len(g) > 1))
-                self.assertIn(("slice", 0), scattered, "the shared buffer is scattered")
+                self.assertIn(SliceRef(0), scattered, "the shared buffer is scattered")

@@ -56,6 +56,9 @@ from .step_plan import (
     TRIGGER_REDUCE,
     TRIGGER_STEP,
     TRIGGER_SYNC,
+    MuonRef,
+    SliceRef,
+    StageRef,
 )
 
 
@@ -546,8 +549,8 @@ class ShardingRuntime:
             if len(phase.group) <= 1:
                 continue  # a one-rank group holds its result already
             for ref, _ in phase.items:
-                buffers = ([self.rs_buffers[ref[1]]] if ref[0] == "slice"
-                           else self.muon_buckets[ref[1]].buffers)
+                buffers = ([self.rs_buffers[ref.index]] if isinstance(ref, SliceRef)
+                           else self.muon_buckets[ref.index].buffers)
                 out.extend((b, phase.label) for b in buffers)
         return out
 
@@ -627,21 +630,21 @@ class ShardingRuntime:
     def _wait_hooked(self, phase, call: _Call, last: bool) -> None:
         slices = []
         for ref, _ in phase.items:
-            if ref[0] == "slice":
-                slices.append(self.rs_buffers[ref[1]])
+            if isinstance(ref, SliceRef):
+                slices.append(self.rs_buffers[ref.index])
             else:
-                for buffer in self.muon_buckets[ref[1]].buffers:
+                for buffer in self.muon_buckets[ref.index].buffers:
                     buffer.scale_grads()
         if slices:
             reduce_scatter_slices(slices, launched_by_hook=True)
 
     def _reduce_scatter(self, phase, call: _Call, last: bool) -> None:
-        reduce_scatter_slices([self.rs_buffers[ref[1]] for ref, _ in phase.items],
+        reduce_scatter_slices([self.rs_buffers[ref.index] for ref, _ in phase.items],
                               launched_by_hook=False)
 
     def _reduce(self, phase, call: _Call, last: bool) -> None:
         routes = [(tensor, root) for ref, root in phase.items
-                  for tensor in self.muon_buckets[ref[1]].grad_tensors()]
+                  for tensor in self.muon_buckets[ref.index].grad_tensors()]
         with comm_phase(phase.label):
             launch_coalesced(OP_REDUCE, routes, self.phase_group(phase), call.reduce_op,
                              mean=True).wait()
@@ -689,7 +692,7 @@ class ShardingRuntime:
         # develop's overlap_optimize_and_sync: update stage k, its sync follows
         stage_muon, stage_adamw = take_stage(
             call.muon_by_id, call.adamw_by_id,
-            self.sync_stages[phase.items[0][0][1]]["local_params"])
+            self.sync_stages[phase.items[0][0].stage]["local_params"])
         if stage_muon or stage_adamw:
             with comm_phase(phase.label):
                 self.inner.update_params(stage_muon, stage_adamw)
@@ -725,7 +728,7 @@ class ShardingRuntime:
         the hops); ``unpack`` collects what to copy back once received.
         """
         if phase.op == OP_ALL_GATHER:
-            buffers = [self.rs_buffers[ref[1]] for ref, _ in phase.items]
+            buffers = [self.rs_buffers[ref.index] for ref, _ in phase.items]
             if launch:
                 return [launch_all_gather(b) for b in buffers]
             all_gather_slices(buffers)
@@ -738,15 +741,15 @@ class ShardingRuntime:
                 return []
         return [pending]
 
-    def sync_buffer(self, ref: tuple, cache: dict, unpack: list):
+    def sync_buffer(self, ref: MuonRef | StageRef, cache: dict, unpack: list):
         """The flat broadcast buffer of a sync item (the owner fills it; others unpack it)."""
         if ref in cache:
             return cache[ref]
-        if ref[0] == "muon":
-            bucket = self.muon_buckets[ref[1]]
+        if isinstance(ref, MuonRef):
+            bucket = self.muon_buckets[ref.index]
             owner, params = bucket.owner, bucket.params
-        else:  # ("stage", k, j): owner buffer j of sync stage k
-            owner, _, names, _ = self.layout.sync_stages()[ref[1]].owners[ref[2]]
+        else:  # a StageRef: an owner buffer of a sync stage
+            owner, _, names, _ = self.layout.sync_stages()[ref.stage].owners[ref.owner]
             params = [self.param_by_name[n] for n in names]
         buffer = paddle.empty([sum(int(p.numel()) for p in params)], dtype=params[0].dtype)
         if owner == self.rank:

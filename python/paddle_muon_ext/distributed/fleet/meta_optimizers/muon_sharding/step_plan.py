@@ -209,6 +209,32 @@ def build_sync_stages(
     return stages
 
 
+# --------------------------------------------------------- item references
+@dataclass(frozen=True, order=True)
+class _IndexRef:
+    index: int
+
+
+class MuonRef(_IndexRef):
+    """An item on ``layout.muon_buckets[index]``."""
+
+
+class SliceRef(_IndexRef):
+    """An item on ``layout.slice_buffers[index]``."""
+
+
+class ClipRef(_IndexRef):
+    """An item on ``layout.clip_groups[index]``."""
+
+
+@dataclass(frozen=True, order=True)
+class StageRef:
+    """Sync stage ``stage``: its update (``owner`` None) or its ``owner``-th owner buffer."""
+
+    stage: int
+    owner: int | None = None
+
+
 def flat_reduce_phase(group: tuple) -> str:
     """Phase label of a flat reduce onto owners in ``group``."""
     return f"reduce_to_owner[{list(group)}]"
@@ -254,10 +280,8 @@ class StepPhase:
         op: what it does (an ``OP_*`` here); the executors dispatch on it.
         route: a ``ROUTE_*`` here: which group(s) its collectives run on.
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
-        items: ``(buffer ref, root global rank)``; refs ``("muon", i)``
-            (``muon_buckets[i]``), ``("slice", i)`` (``slice_buffers[i]``),
-            ``("stage", k, j)`` (owner buffer j of sync stage k), ``("stage", k)``
-            (the update of stage k), ``("clip", i)`` (``clip_groups[i]``).
+        items: ``(ref, root global rank)``; a ref is a :class:`MuonRef`,
+            :class:`SliceRef`, :class:`StageRef` or :class:`ClipRef`.
         ops: this rank's collectives of the phase, by :func:`phase_ops`.
     """
 
@@ -397,26 +421,25 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
     coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != TRIGGER_BACKWARD
     ops: list = []
     for ref, root in items:
-        kind = ref[0]
-        if kind == "slice":
-            buf = layout.slice_buffers[ref[1]]
+        if isinstance(ref, SliceRef):
+            buf = layout.slice_buffers[ref.index]
             ops.append(CommOp(op_trigger, label, op, buf.group, None, buf.dtype,
                               buf.shard_numel, buf.colour, False, buf.payload))
-        elif kind == "clip":
-            ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref[1]], None,
+        elif isinstance(ref, ClipRef):
+            ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref.index], None,
                               CLIP_NORM_DTYPE, 1, None, False, itemsize(CLIP_NORM_DTYPE)))
-        elif kind == "stage":
-            stage = sync_stages(layout)[ref[1]]
-            _, dtype, _, numel = stage.owners[ref[2]]
+        elif isinstance(ref, StageRef):
+            stage = sync_stages(layout)[ref.stage]
+            _, dtype, _, numel = stage.owners[ref.owner]
             ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
                               coalesced, numel * itemsize(dtype)))
         elif op == OP_REDUCE:
-            b = layout.muon_buckets[ref[1]]
+            b = layout.muon_buckets[ref.index]
             template = CommOp(op_trigger, label, op, group, root, b.dtype, 0, b.colour,
                               coalesced, 0)
             ops.extend(layout.placement.reduce_ops(template, b.reduce_parts()))
         else:
-            b = layout.muon_buckets[ref[1]]
+            b = layout.muon_buckets[ref.index]
             ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
                               coalesced, b.numel * itemsize(b.dtype)))
     return tuple(ops)
@@ -451,21 +474,21 @@ def hier_broadcast_phases(layout: ShardingLayout, trigger: str, entries: list) -
 
 
 def staged_sync_phases(layout: ShardingLayout) -> list:
-    """Stage k's update (item ``("stage", k)``), then stage k's sync phases (items
-    ``("stage", k, j)``, its j-th owner buffer), for every stage."""
+    """Stage k's update (item ``StageRef(k)``), then stage k's sync phases (items
+    ``StageRef(k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
     labels: dict = {}
     for k, stage in enumerate(sync_stages(layout)):
         phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
-                                  f"{PHASE_UPDATE}[{k}]", ((("stage", k), None),)))
+                                  f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
         trigger = f"{TRIGGER_SYNC}[{k}]"
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
             phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, OP_ALL_GATHER,
                                      ROUTE_SLICES, buf.group,
-                                     ((("slice", stage.buffer_index), None),)))
+                                     ((SliceRef(stage.buffer_index), None),)))
             continue
-        entries = [(("stage", k, j), o[0]) for j, o in enumerate(stage.owners)]
+        entries = [(StageRef(k, j), o[0]) for j, o in enumerate(stage.owners)]
         if layout.plan is not None and stage.colour is None:
             phases.extend(hier_broadcast_phases(layout, trigger, entries))
         else:
@@ -488,7 +511,7 @@ def flat_phases(layout: ShardingLayout, trigger: str, op: str, label: Callable,
     """One flat ``op`` phase per group of the ``(index, bucket)`` pairs, groups as seen."""
     by_group: dict = OrderedDict()
     for i, b in buckets:
-        by_group.setdefault(b.group, []).append((("muon", i), b.owner))
+        by_group.setdefault(b.group, []).append((MuonRef(i), b.owner))
     return [make_phase(layout, trigger, label(group), op, ROUTE_FLAT, group, items)
             for group, items in by_group.items()]
 
@@ -525,7 +548,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
     for i in hooked_rs:
         phases.append(make_phase(layout, TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER,
                                  OP_REDUCE_SCATTER, ROUTE_SLICES,
-                                 layout.slice_buffers[i].group, ((("slice", i), None),)))
+                                 layout.slice_buffers[i].group, ((SliceRef(i), None),)))
     hooked = set(hooked_rs)
     hooked_muon = [i for i, b in muon if b.overlap]
     for i in hooked_muon:
@@ -536,27 +559,27 @@ def build_step_plan(layout: ShardingLayout) -> list:
         else:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
         phases.append(make_phase(layout, TRIGGER_BACKWARD, label, OP_REDUCE, route, group,
-                                 ((("muon", i), root),)))
+                                 ((MuonRef(i), root),)))
     # reduce_gradients: released gradients back in, the hooks' results waited
     # for, what the hooks did not launch, then the second hop
     phases.append(local_phase(layout, TRIGGER_REDUCE, OP_COPY_GRADS_IN))
     phases.append(local_phase(
         layout, TRIGGER_REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
-        tuple((("muon", i), None) for i in hooked_muon)
-        + tuple((("slice", i), None) for i in hooked_rs)))
+        tuple((MuonRef(i), None) for i in hooked_muon)
+        + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
         layout, TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
-        tuple((("slice", i), None) for i in range(len(layout.slice_buffers))
+        tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
             layout, TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
-            tuple((("muon", i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
+            tuple((MuonRef(i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
             layout, TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
-            same_card, tuple((("muon", i), b.owner) for i, b in hier
+            same_card, tuple((MuonRef(i), b.owner) for i, b in hier
                              if plan.in_cross_node_step(b.owner, rank))))
     phases += flat_phases(layout, TRIGGER_REDUCE, OP_REDUCE, flat_reduce_phase,
                           [(i, b) for i, b in flat if not b.overlap])
@@ -564,7 +587,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
     for op in (OP_RESET_STORAGE, OP_COLLECT_GRADS, OP_FOUND_INF):
         phases.append(local_phase(layout, TRIGGER_STEP, op))
     phases.append(make_phase(layout, TRIGGER_STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
-                             tuple((("clip", i), None) for i in range(len(layout.clip_groups)))))
+                             tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
         phases.append(local_phase(layout, TRIGGER_STEP, OP_PREPARE, PHASE_UPDATE))
         phases += staged_sync_phases(layout)
@@ -576,11 +599,11 @@ def build_step_plan(layout: ShardingLayout) -> list:
         # the parameter sync, the reduce's mirror
         if hier:
             phases += hier_broadcast_phases(
-                layout, TRIGGER_STEP, [(("muon", i), b.owner) for i, b in hier])
+                layout, TRIGGER_STEP, [(MuonRef(i), b.owner) for i, b in hier])
         phases += flat_phases(layout, TRIGGER_STEP, OP_BROADCAST, flat_broadcast_phase, flat)
         phases.append(make_phase(
             layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
-            tuple((("slice", i), None) for i in range(len(layout.slice_buffers)))))
+            tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
         phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
