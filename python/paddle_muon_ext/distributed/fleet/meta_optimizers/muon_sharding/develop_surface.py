@@ -50,7 +50,7 @@ from .step_plan import (
     OP_PREPARE,
     OP_REDUCE,
     OP_STAGE_UPDATE,
-    TRIGGER_REDUCE,
+    Trigger,
     flat_broadcast_phase,
 )
 
@@ -294,7 +294,7 @@ class DevelopSurface:
     def _reduce_2d_grads(self, op=None) -> None:
         """Only the plan's 2-D reduce phases (``op``: default this build's AVG or SUM)."""
         rt = self._runtime
-        rt.run([ph for ph in rt.layout.phases_of(TRIGGER_REDUCE) if ph.op == OP_REDUCE],
+        rt.run([ph for ph in rt.layout.phases_of(Trigger.REDUCE) if ph.op == OP_REDUCE],
                call=_Call(op if op is not None else rt.reduce_op))
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:

@@ -52,13 +52,11 @@ from .step_plan import (
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
-    TRIGGER_BACKWARD,
-    TRIGGER_REDUCE,
-    TRIGGER_STEP,
-    TRIGGER_SYNC,
     MuonRef,
     SliceRef,
     StageRef,
+    SyncTrigger,
+    Trigger,
 )
 
 
@@ -519,7 +517,7 @@ class ShardingRuntime:
             idle.add(OP_FUSE_STATES)
         if not self.settings.release_grads:
             idle.add(OP_COPY_GRADS_IN)
-        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(TRIGGER_REDUCE)
+        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(Trigger.REDUCE)
                                  if ph.op not in idle)
         self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
 
@@ -545,7 +543,7 @@ class ShardingRuntime:
     def hooked_buffers(self) -> list:
         """(buffer, phase label) of the step plan's backward phases (multi-rank groups)."""
         out = []
-        for phase in self.layout.phases_of(TRIGGER_BACKWARD):
+        for phase in self.layout.phases_of(Trigger.BACKWARD):
             if len(phase.group) <= 1:
                 continue  # a one-rank group holds its result already
             for ref, _ in phase.items:
@@ -565,7 +563,7 @@ class ShardingRuntime:
     def step_phases(self, ops: tuple | None = None) -> tuple:
         """The layout's phases ``step`` runs (only those of kind ``ops`` when given)."""
         return tuple(ph for ph in self.layout.step_plan()
-                     if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
+                     if (ph.trigger == Trigger.STEP or isinstance(ph.trigger, SyncTrigger))
                      and (ops is None or ph.op in ops))
 
     @property

@@ -19,6 +19,7 @@ which equality and ``to_dict`` ignore); the route, trigger, phase and op names l
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,11 +41,27 @@ ROUTE_CLIP = "clip_groups"
 #: A phase that issues no collective (waits, update, found_inf, ...).
 ROUTE_LOCAL = "local"
 
-#: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
-TRIGGER_BACKWARD = "backward"
-TRIGGER_REDUCE = "reduce_gradients"
-TRIGGER_STEP = "step"
-TRIGGER_SYNC = "sync"
+
+class Trigger(str, enum.Enum):
+    """When an op is issued: from a backward hook (overlap), by reduce_gradients, by step."""
+
+    BACKWARD = "backward"
+    REDUCE = "reduce_gradients"
+    STEP = "step"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SyncTrigger:
+    """The sync of update stage ``stage`` (run by ``step``); ``sync[k]`` as text."""
+
+    stage: int
+
+    def __str__(self) -> str:
+        return f"sync[{self.stage}]"
+
 
 PHASE_REDUCE_SCATTER = "reduce_scatter"
 PHASE_ALL_GATHER = "all_gather_slices"
@@ -274,8 +291,7 @@ class StepPhase:
     """One phase of the step plan: a collective pattern on one group, or a local step.
 
     Attributes:
-        trigger: ``"backward"`` (a buffer's hook), ``"reduce_gradients"``, ``"step"``,
-            or ``"sync[k]"`` (the sync of update stage k; run by ``step``).
+        trigger: a :class:`Trigger`, or the :class:`SyncTrigger` of update stage k.
         label: the phase name (profiler, flight recorder, recorder comparison).
         op: what it does (an ``OP_*`` here); the executors dispatch on it.
         route: a ``ROUTE_*`` here: which group(s) its collectives run on.
@@ -285,7 +301,7 @@ class StepPhase:
         ops: this rank's collectives of the phase, by :func:`phase_ops`.
     """
 
-    trigger: str
+    trigger: Trigger | SyncTrigger
     label: str
     op: str
     route: str
@@ -303,7 +319,7 @@ class CommOp:
     ``payload`` is the unpadded parameter bytes of the whole buffer (cost models).
     """
 
-    trigger: str
+    trigger: Trigger
     phase: str
     op: str
     group: tuple
@@ -402,7 +418,7 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
     return tuple(stages)
 
 
-def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
+def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: str,
               group: tuple, items: tuple) -> tuple:
     """The collectives this rank issues for a phase, derived from its items only (the
     one place they are), so :meth:`ShardingLayout.schedule` lists what executors run.
@@ -417,8 +433,8 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
     if op not in COLLECTIVE_OPS:
         return ()
     # the sync of stage k is part of step; hooks and reduce_gradients name themselves
-    op_trigger = TRIGGER_STEP if trigger.startswith(TRIGGER_SYNC) else trigger
-    coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != TRIGGER_BACKWARD
+    op_trigger = Trigger.STEP if isinstance(trigger, SyncTrigger) else trigger
+    coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != Trigger.BACKWARD
     ops: list = []
     for ref, root in items:
         if isinstance(ref, SliceRef):
@@ -445,21 +461,22 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
     return tuple(ops)
 
 
-def make_phase(layout: ShardingLayout, trigger: str, label: str, op: str, route: str,
-               group: tuple = (), items: tuple = ()) -> StepPhase:
+def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: str,
+               route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
     """A :class:`StepPhase` whose ``ops`` come from :func:`phase_ops` (never by hand)."""
     group, items = tuple(group), tuple(items)
     return StepPhase(trigger, label, op, route, group, items,
                      phase_ops(layout, trigger, label, op, group, items))
 
 
-def local_phase(layout: ShardingLayout, trigger: str, op: str, label: str | None = None,
+def local_phase(layout: ShardingLayout, trigger: Trigger, op: str, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
     return make_phase(layout, trigger, label or op, op, ROUTE_LOCAL, (), items)
 
 
-def hier_broadcast_phases(layout: ShardingLayout, trigger: str, entries: list) -> list:
+def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger,
+                          entries: list) -> list:
     """The hierarchical sync of ``(ref, owner)`` entries: cross-node, then intra-node."""
     plan, rank = layout.plan, layout.rank
     node, same_card = hier_groups(layout)
@@ -479,9 +496,9 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     phases: list = []
     labels: dict = {}
     for k, stage in enumerate(sync_stages(layout)):
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
+        phases.append(local_phase(layout, Trigger.STEP, OP_STAGE_UPDATE,
                                   f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
-        trigger = f"{TRIGGER_SYNC}[{k}]"
+        trigger = SyncTrigger(k)
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
             phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, OP_ALL_GATHER,
@@ -506,7 +523,7 @@ def hier_groups(layout: ShardingLayout) -> tuple:
     return node, same_card
 
 
-def flat_phases(layout: ShardingLayout, trigger: str, op: str, label: Callable,
+def flat_phases(layout: ShardingLayout, trigger: Trigger, op: str, label: Callable,
                 buckets: list) -> list:
     """One flat ``op`` phase per group of the ``(index, bucket)`` pairs, groups as seen."""
     by_group: dict = OrderedDict()
@@ -546,7 +563,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
     hooked_rs = [i for i, s in enumerate(layout.slice_buffers)
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
-        phases.append(make_phase(layout, TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER,
+        phases.append(make_phase(layout, Trigger.BACKWARD, PHASE_REDUCE_SCATTER,
                                  OP_REDUCE_SCATTER, ROUTE_SLICES,
                                  layout.slice_buffers[i].group, ((SliceRef(i), None),)))
     hooked = set(hooked_rs)
@@ -558,52 +575,52 @@ def build_step_plan(layout: ShardingLayout) -> list:
             root = plan.intra_node_root(b.owner, rank)
         else:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
-        phases.append(make_phase(layout, TRIGGER_BACKWARD, label, OP_REDUCE, route, group,
+        phases.append(make_phase(layout, Trigger.BACKWARD, label, OP_REDUCE, route, group,
                                  ((MuonRef(i), root),)))
     # reduce_gradients: released gradients back in, the hooks' results waited
     # for, what the hooks did not launch, then the second hop
-    phases.append(local_phase(layout, TRIGGER_REDUCE, OP_COPY_GRADS_IN))
+    phases.append(local_phase(layout, Trigger.REDUCE, OP_COPY_GRADS_IN))
     phases.append(local_phase(
-        layout, TRIGGER_REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
+        layout, Trigger.REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
         tuple((MuonRef(i), None) for i in hooked_muon)
         + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
-        layout, TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
+        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
         tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
-            layout, TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
+            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
             tuple((MuonRef(i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
-            layout, TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
+            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
             same_card, tuple((MuonRef(i), b.owner) for i, b in hier
                              if plan.in_cross_node_step(b.owner, rank))))
-    phases += flat_phases(layout, TRIGGER_REDUCE, OP_REDUCE, flat_reduce_phase,
+    phases += flat_phases(layout, Trigger.REDUCE, OP_REDUCE, flat_reduce_phase,
                           [(i, b) for i, b in flat if not b.overlap])
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
     for op in (OP_RESET_STORAGE, OP_COLLECT_GRADS, OP_FOUND_INF):
-        phases.append(local_phase(layout, TRIGGER_STEP, op))
-    phases.append(make_phase(layout, TRIGGER_STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
+        phases.append(local_phase(layout, Trigger.STEP, op))
+    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
                              tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_PREPARE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, OP_PREPARE, PHASE_UPDATE))
         phases += staged_sync_phases(layout)
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, OP_FINISH_SYNC))
+        phases.append(local_phase(layout, Trigger.STEP, OP_FUSE_STATES))
     else:
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_UPDATE, PHASE_UPDATE))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, OP_UPDATE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, OP_FUSE_STATES))
         # the parameter sync, the reduce's mirror
         if hier:
             phases += hier_broadcast_phases(
-                layout, TRIGGER_STEP, [(MuonRef(i), b.owner) for i, b in hier])
-        phases += flat_phases(layout, TRIGGER_STEP, OP_BROADCAST, flat_broadcast_phase, flat)
+                layout, Trigger.STEP, [(MuonRef(i), b.owner) for i, b in hier])
+        phases += flat_phases(layout, Trigger.STEP, OP_BROADCAST, flat_broadcast_phase, flat)
         phases.append(make_phase(
-            layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
+            layout, Trigger.STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
             tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
+        phases.append(local_phase(layout, Trigger.STEP, OP_FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
