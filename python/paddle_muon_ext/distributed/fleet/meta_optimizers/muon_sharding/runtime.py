@@ -36,23 +36,13 @@ from paddle.profiler import RecordEvent
 from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
 from .layout import is_hooked
 from .step_plan import (
-    OP_ALL_GATHER,
-    OP_BROADCAST,
-    OP_CLIP,
-    OP_COPY_GRADS_IN,
-    OP_FINISH_SYNC,
-    OP_FUSE_STATES,
-    OP_PREPARE,
-    OP_REDUCE,
-    OP_REDUCE_SCATTER,
-    OP_STAGE_UPDATE,
-    OP_UPDATE,
     PHASE_ALL_GATHER,
     PHASE_REDUCE_SCATTER,
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
     MuonRef,
+    Op,
     SliceRef,
     StageRef,
     SyncTrigger,
@@ -67,13 +57,13 @@ STAGED_API: tuple = ("apply_grad_clip", "prepare_optimize", "update_params", "mu
 # name; _coalescing_manager lives in the module.
 _batch_isend_irecv = importlib.import_module("paddle.distributed.communication.batch_isend_irecv")
 
-_SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
+_SYNC_OPS = (Op.BROADCAST, Op.ALL_GATHER)
 # What an AMP overflow skips (the sync still runs when storage was freed).
-_UPDATE_OPS = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE, OP_FUSE_STATES)
+_UPDATE_OPS = (Op.CLIP, Op.PREPARE, Op.STAGE_UPDATE, Op.UPDATE, Op.FUSE_STATES)
 # develop's timer of each phase kind (sync phases: see ShardingRuntime._timed_phase).
-_TIMER_OF = {OP_CLIP: "apply-optimize", OP_PREPARE: "apply-optimize",
-             OP_STAGE_UPDATE: "apply-optimize", OP_UPDATE: "apply-optimize",
-             OP_FINISH_SYNC: "sync-parameters"}
+_TIMER_OF = {Op.CLIP: "apply-optimize", Op.PREPARE: "apply-optimize",
+             Op.STAGE_UPDATE: "apply-optimize", Op.UPDATE: "apply-optimize",
+             Op.FINISH_SYNC: "sync-parameters"}
 
 
 # ----------------------------------------------------------- phase labels
@@ -181,7 +171,7 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         with _batch_isend_irecv._coalescing_manager(group, tasks):
             for tensor, root in routes:
                 entries.append(recorder.start(op, group, root, tensor, phase))
-                if op == OP_REDUCE:
+                if op == Op.REDUCE:
                     task = dist.reduce(tensor, dst=root, op=reduce_op, group=group,
                                        sync_op=False)
                 else:
@@ -196,12 +186,12 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
 
 def reduce_onto(routes: Sequence[tuple], group, op) -> None:
     """Reduce each tensor onto its rank (other ranks' tensors are garbage afterwards)."""
-    launch_coalesced(OP_REDUCE, routes, group, op).wait()
+    launch_coalesced(Op.REDUCE, routes, group, op).wait()
 
 
 def mean_onto(routes: Sequence[tuple], group, op) -> None:
     """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
-    launch_coalesced(OP_REDUCE, routes, group, op, mean=True).wait()
+    launch_coalesced(Op.REDUCE, routes, group, op, mean=True).wait()
 
 
 def sum_fallback_factors(nranks: int) -> tuple[float, float]:
@@ -268,7 +258,7 @@ def _recorded(buffer, op: str) -> Iterator[None]:
     """The block's collective on ``buffer``, recorded by the flight recorder as ``op``."""
     phase = phase_of_thread()
     group = buffer._comm_group
-    tensor = buffer.grad_storage if op == OP_REDUCE_SCATTER else buffer.param_storage
+    tensor = buffer.grad_storage if op == Op.REDUCE_SCATTER else buffer.param_storage
     entry = _start_entry(op, group, tensor, phase)
     try:
         yield
@@ -282,7 +272,7 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
     """Reduce-scatter (or, ``launched_by_hook``, only wait for) each 1-D buffer, and scale it."""
     with comm_phase(PHASE_REDUCE_SCATTER):
         for buffer in buffers:
-            with _recorded(buffer, OP_REDUCE_SCATTER):
+            with _recorded(buffer, Op.REDUCE_SCATTER):
                 # a one-rank group holds the result already: no collective
                 if not launched_by_hook and buffer._comm_group.nranks > 1:
                     buffer._comm_grads()
@@ -293,7 +283,7 @@ def all_gather_slices(buffers: Sequence) -> None:
     """All-gather each 1-D parameter buffer from the ranks' slices."""
     with comm_phase(PHASE_ALL_GATHER):
         for buffer in buffers:
-            with _recorded(buffer, OP_ALL_GATHER):
+            with _recorded(buffer, Op.ALL_GATHER):
                 buffer.sync_params()
 
 
@@ -302,12 +292,12 @@ def launch_all_gather(buffer) -> PendingCollective:
     group = buffer._comm_group
     with comm_phase(PHASE_ALL_GATHER):
         phase = phase_of_thread()
-        entry = _start_entry(OP_ALL_GATHER, group, buffer.param_storage, phase)
+        entry = _start_entry(Op.ALL_GATHER, group, buffer.param_storage, phase)
         buffer.sync_param_task = None
         buffer.sync_params(sync=False, param2task={})
         task, buffer.sync_param_task = buffer.sync_param_task, None
     return PendingCollective([task] if task is not None else [], [entry],
-                             _describe(OP_ALL_GATHER, group, phase))
+                             _describe(Op.ALL_GATHER, group, phase))
 
 
 # ---------------------------------------------------------------- buffers
@@ -512,11 +502,11 @@ class ShardingRuntime:
         less the local kinds this build never needs (decided here, once)."""
         idle = set()
         if not self.separate_clip:
-            idle.add(OP_CLIP)  # the inner optimizer clips inside its update
+            idle.add(Op.CLIP)  # the inner optimizer clips inside its update
         if not self.settings.enable_fuse_optimizer_states:
-            idle.add(OP_FUSE_STATES)
+            idle.add(Op.FUSE_STATES)
         if not self.settings.release_grads:
-            idle.add(OP_COPY_GRADS_IN)
+            idle.add(Op.COPY_GRADS_IN)
         self.reduce_plan = tuple(ph for ph in self.layout.phases_of(Trigger.REDUCE)
                                  if ph.op not in idle)
         self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
@@ -596,7 +586,7 @@ class ShardingRuntime:
             last = i + 1 == len(phases) or phases[i + 1].trigger != phase.trigger
             with self._timed_phase(phase, call):
                 # the executor of a phase kind is the method named after it
-                getattr(self, "_" + phase.op)(phase, call, last)
+                getattr(self, "_" + phase.op.value)(phase, call, last)
         return call
 
     @contextlib.contextmanager
@@ -644,7 +634,7 @@ class ShardingRuntime:
         routes = [(tensor, root) for ref, root in phase.items
                   for tensor in self.muon_buckets[ref.index].grad_tensors()]
         with comm_phase(phase.label):
-            launch_coalesced(OP_REDUCE, routes, self.phase_group(phase), call.reduce_op,
+            launch_coalesced(Op.REDUCE, routes, self.phase_group(phase), call.reduce_op,
                              mean=True).wait()
 
     def _reset_storage(self, phase, call: _Call, last: bool) -> None:
@@ -670,7 +660,7 @@ class ShardingRuntime:
             call.skipped = True
 
     def _all_reduce(self, phase, call: _Call, last: bool) -> None:
-        # The clip (OP_CLIP): its norm all-reduces carry the phase's label.
+        # The clip (Op.CLIP): its norm all-reduces carry the phase's label.
         with comm_phase(phase.label):
             call.params_grads = self.inner.apply_grad_clip(call.params_grads)
 
@@ -725,7 +715,7 @@ class ShardingRuntime:
         ``cache`` holds the phases' broadcast buffers by ref (one per ref across
         the hops); ``unpack`` collects what to copy back once received.
         """
-        if phase.op == OP_ALL_GATHER:
+        if phase.op == Op.ALL_GATHER:
             buffers = [self.rs_buffers[ref.index] for ref, _ in phase.items]
             if launch:
                 return [launch_all_gather(b) for b in buffers]
@@ -733,7 +723,7 @@ class ShardingRuntime:
             return []
         routes = [(self.sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
         with comm_phase(phase.label):
-            pending = launch_coalesced(OP_BROADCAST, routes, self.phase_group(phase))
+            pending = launch_coalesced(Op.BROADCAST, routes, self.phase_group(phase))
             if not launch:
                 pending.wait()
                 return []

@@ -42,15 +42,19 @@ ROUTE_CLIP = "clip_groups"
 ROUTE_LOCAL = "local"
 
 
-class Trigger(str, enum.Enum):
+class _Name(str, enum.Enum):
+    """A name that prints and serialises as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Trigger(_Name):
     """When an op is issued: from a backward hook (overlap), by reduce_gradients, by step."""
 
     BACKWARD = "backward"
     REDUCE = "reduce_gradients"
     STEP = "step"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -74,34 +78,40 @@ PHASE_CLIP = "clip_global_norm"
 #: The update's label (profiler, flight recorder): ``optimizer_step[k]`` per stage.
 PHASE_UPDATE = "optimizer_step"
 
-# What a phase does (StepPhase.op): the collectives, then the local kinds.
-OP_REDUCE_SCATTER = "reduce_scatter"
-OP_REDUCE = "reduce"
-OP_BROADCAST = "broadcast"
-OP_ALL_GATHER = "all_gather"
-OP_ALL_REDUCE = "all_reduce"
-COLLECTIVE_OPS = (OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_ALL_REDUCE)
-#: reduce_gradients: copy released 1-D gradients back into their buffers.
-OP_COPY_GRADS_IN = "copy_grads_in"
-#: reduce_gradients: wait for and scale what the backward hooks launched.
-OP_WAIT_HOOKED = "wait_hooked"
-#: step: give colours freed by clear_param_storage their storage back.
-OP_RESET_STORAGE = "reset_storage"
-#: step: link slice gradients and collect this rank's (param, grad) pairs.
-OP_COLLECT_GRADS = "collect_grads"
-#: step: skip the update when AMP found inf/nan.
-OP_FOUND_INF = "found_inf"
-#: step: the global-norm clip (collective: its all-reduces).
-OP_CLIP = OP_ALL_REDUCE
-#: step: the whole update (plain) / Muon's prepare_optimize (staged).
-OP_UPDATE = "update"
-OP_PREPARE = "prepare"
-#: step: stage k's update (staged sync), before stage k's sync phases.
-OP_STAGE_UPDATE = "stage_update"
-#: step: wait for every launched stage sync (staged) / unpack received buffers.
-OP_FINISH_SYNC = "finish_sync"
-#: step: move fresh optimizer states into the fused buffers.
-OP_FUSE_STATES = "fuse_states"
+
+class Op(_Name):
+    """What a phase does (StepPhase.op): the collectives, then the local kinds; the
+    runtime runs a phase with its method ``_<value>``."""
+
+    REDUCE_SCATTER = "reduce_scatter"
+    REDUCE = "reduce"
+    BROADCAST = "broadcast"
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+    #: reduce_gradients: copy released 1-D gradients back into their buffers.
+    COPY_GRADS_IN = "copy_grads_in"
+    #: reduce_gradients: wait for and scale what the backward hooks launched.
+    WAIT_HOOKED = "wait_hooked"
+    #: step: give colours freed by clear_param_storage their storage back.
+    RESET_STORAGE = "reset_storage"
+    #: step: link slice gradients and collect this rank's (param, grad) pairs.
+    COLLECT_GRADS = "collect_grads"
+    #: step: skip the update when AMP found inf/nan.
+    FOUND_INF = "found_inf"
+    #: step: the global-norm clip (collective: its all-reduces; an alias of ALL_REDUCE).
+    CLIP = "all_reduce"
+    #: step: the whole update (plain) / Muon's prepare_optimize (staged).
+    UPDATE = "update"
+    PREPARE = "prepare"
+    #: step: stage k's update (staged sync), before stage k's sync phases.
+    STAGE_UPDATE = "stage_update"
+    #: step: wait for every launched stage sync (staged) / unpack received buffers.
+    FINISH_SYNC = "finish_sync"
+    #: step: move fresh optimizer states into the fused buffers.
+    FUSE_STATES = "fuse_states"
+
+
+COLLECTIVE_OPS = (Op.REDUCE_SCATTER, Op.REDUCE, Op.BROADCAST, Op.ALL_GATHER, Op.ALL_REDUCE)
 
 
 #: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
@@ -293,7 +303,7 @@ class StepPhase:
     Attributes:
         trigger: a :class:`Trigger`, or the :class:`SyncTrigger` of update stage k.
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: what it does (an ``OP_*`` here); the executors dispatch on it.
+        op: what it does (an :class:`Op`); the executors dispatch on it.
         route: a ``ROUTE_*`` here: which group(s) its collectives run on.
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
         items: ``(ref, root global rank)``; a ref is a :class:`MuonRef`,
@@ -303,7 +313,7 @@ class StepPhase:
 
     trigger: Trigger | SyncTrigger
     label: str
-    op: str
+    op: Op
     route: str
     group: tuple
     items: tuple
@@ -321,7 +331,7 @@ class CommOp:
 
     trigger: Trigger
     phase: str
-    op: str
+    op: Op
     group: tuple
     root: int | None
     dtype: str
@@ -434,7 +444,7 @@ def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str
         return ()
     # the sync of stage k is part of step; hooks and reduce_gradients name themselves
     op_trigger = Trigger.STEP if isinstance(trigger, SyncTrigger) else trigger
-    coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != Trigger.BACKWARD
+    coalesced = op in (Op.REDUCE, Op.BROADCAST) and trigger != Trigger.BACKWARD
     ops: list = []
     for ref, root in items:
         if isinstance(ref, SliceRef):
@@ -449,7 +459,7 @@ def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str
             _, dtype, _, numel = stage.owners[ref.owner]
             ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
                               coalesced, numel * itemsize(dtype)))
-        elif op == OP_REDUCE:
+        elif op == Op.REDUCE:
             b = layout.muon_buckets[ref.index]
             template = CommOp(op_trigger, label, op, group, root, b.dtype, 0, b.colour,
                               coalesced, 0)
@@ -472,7 +482,7 @@ def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: st
 def local_phase(layout: ShardingLayout, trigger: Trigger, op: str, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
-    return make_phase(layout, trigger, label or op, op, ROUTE_LOCAL, (), items)
+    return make_phase(layout, trigger, label or op.value, op, ROUTE_LOCAL, (), items)
 
 
 def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger,
@@ -481,10 +491,10 @@ def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger
     plan, rank = layout.plan, layout.rank
     node, same_card = hier_groups(layout)
     return [
-        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
+        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, Op.BROADCAST, ROUTE_CROSS_NODE,
                    same_card, tuple((ref, owner) for ref, owner in entries
                                     if plan.in_cross_node_step(owner, rank))),
-        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
+        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, Op.BROADCAST, ROUTE_INTRA_NODE,
                    node, tuple((ref, plan.intra_node_root(owner, rank))
                                for ref, owner in entries)),
     ]
@@ -496,12 +506,12 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     phases: list = []
     labels: dict = {}
     for k, stage in enumerate(sync_stages(layout)):
-        phases.append(local_phase(layout, Trigger.STEP, OP_STAGE_UPDATE,
+        phases.append(local_phase(layout, Trigger.STEP, Op.STAGE_UPDATE,
                                   f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
         trigger = SyncTrigger(k)
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
-            phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, OP_ALL_GATHER,
+            phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, Op.ALL_GATHER,
                                      ROUTE_SLICES, buf.group,
                                      ((SliceRef(stage.buffer_index), None),)))
             continue
@@ -511,7 +521,7 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
         else:
             # one label per group, not per stage
             label = labels.setdefault(stage.group, flat_broadcast_phase(stage.group))
-            phases.append(make_phase(layout, trigger, label, OP_BROADCAST, ROUTE_FLAT,
+            phases.append(make_phase(layout, trigger, label, Op.BROADCAST, ROUTE_FLAT,
                                      stage.group, entries))
     return phases
 
@@ -564,7 +574,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
         phases.append(make_phase(layout, Trigger.BACKWARD, PHASE_REDUCE_SCATTER,
-                                 OP_REDUCE_SCATTER, ROUTE_SLICES,
+                                 Op.REDUCE_SCATTER, ROUTE_SLICES,
                                  layout.slice_buffers[i].group, ((SliceRef(i), None),)))
     hooked = set(hooked_rs)
     hooked_muon = [i for i, b in muon if b.overlap]
@@ -575,52 +585,52 @@ def build_step_plan(layout: ShardingLayout) -> list:
             root = plan.intra_node_root(b.owner, rank)
         else:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
-        phases.append(make_phase(layout, Trigger.BACKWARD, label, OP_REDUCE, route, group,
+        phases.append(make_phase(layout, Trigger.BACKWARD, label, Op.REDUCE, route, group,
                                  ((MuonRef(i), root),)))
     # reduce_gradients: released gradients back in, the hooks' results waited
     # for, what the hooks did not launch, then the second hop
-    phases.append(local_phase(layout, Trigger.REDUCE, OP_COPY_GRADS_IN))
+    phases.append(local_phase(layout, Trigger.REDUCE, Op.COPY_GRADS_IN))
     phases.append(local_phase(
-        layout, Trigger.REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
+        layout, Trigger.REDUCE, Op.WAIT_HOOKED, PHASE_REDUCE_SCATTER,
         tuple((MuonRef(i), None) for i in hooked_muon)
         + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
-        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
+        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, Op.REDUCE_SCATTER, ROUTE_SLICES, (),
         tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
-            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
+            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, Op.REDUCE, ROUTE_INTRA_NODE, node,
             tuple((MuonRef(i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
-            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
+            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, Op.REDUCE, ROUTE_CROSS_NODE,
             same_card, tuple((MuonRef(i), b.owner) for i, b in hier
                              if plan.in_cross_node_step(b.owner, rank))))
-    phases += flat_phases(layout, Trigger.REDUCE, OP_REDUCE, flat_reduce_phase,
+    phases += flat_phases(layout, Trigger.REDUCE, Op.REDUCE, flat_reduce_phase,
                           [(i, b) for i, b in flat if not b.overlap])
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
-    for op in (OP_RESET_STORAGE, OP_COLLECT_GRADS, OP_FOUND_INF):
+    for op in (Op.RESET_STORAGE, Op.COLLECT_GRADS, Op.FOUND_INF):
         phases.append(local_phase(layout, Trigger.STEP, op))
-    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
+    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, Op.CLIP, ROUTE_CLIP, (),
                              tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
-        phases.append(local_phase(layout, Trigger.STEP, OP_PREPARE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, Op.PREPARE, PHASE_UPDATE))
         phases += staged_sync_phases(layout)
-        phases.append(local_phase(layout, Trigger.STEP, OP_FINISH_SYNC))
-        phases.append(local_phase(layout, Trigger.STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
     else:
-        phases.append(local_phase(layout, Trigger.STEP, OP_UPDATE, PHASE_UPDATE))
-        phases.append(local_phase(layout, Trigger.STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, Op.UPDATE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
         # the parameter sync, the reduce's mirror
         if hier:
             phases += hier_broadcast_phases(
                 layout, Trigger.STEP, [(MuonRef(i), b.owner) for i, b in hier])
-        phases += flat_phases(layout, Trigger.STEP, OP_BROADCAST, flat_broadcast_phase, flat)
+        phases += flat_phases(layout, Trigger.STEP, Op.BROADCAST, flat_broadcast_phase, flat)
         phases.append(make_phase(
-            layout, Trigger.STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
+            layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, ROUTE_SLICES, (),
             tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
-        phases.append(local_phase(layout, Trigger.STEP, OP_FINISH_SYNC))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
