@@ -428,7 +428,7 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
     return tuple(stages)
 
 
-def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: str,
+def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
               group: tuple, items: tuple) -> tuple:
     """The collectives this rank issues for a phase, derived from its items only (the
     one place they are), so :meth:`ShardingLayout.schedule` lists what executors run.
@@ -459,19 +459,16 @@ def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str
             _, dtype, _, numel = stage.owners[ref.owner]
             ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
                               coalesced, numel * itemsize(dtype)))
-        elif op == Op.REDUCE:
+        else:  # a MuonRef: one reduce per chunk (or matrix), else one op on the bucket
             b = layout.muon_buckets[ref.index]
-            template = CommOp(op_trigger, label, op, group, root, b.dtype, 0, b.colour,
-                              coalesced, 0)
-            ops.extend(layout.placement.reduce_ops(template, b.reduce_parts()))
-        else:
-            b = layout.muon_buckets[ref.index]
-            ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
-                              coalesced, b.numel * itemsize(b.dtype)))
+            one = CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
+                         coalesced, b.numel * itemsize(b.dtype))
+            ops.extend(layout.placement.reduce_ops(one, b.reduce_parts())
+                       if op == Op.REDUCE else (one,))
     return tuple(ops)
 
 
-def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: str,
+def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
                route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
     """A :class:`StepPhase` whose ``ops`` come from :func:`phase_ops` (never by hand)."""
     group, items = tuple(group), tuple(items)
@@ -479,7 +476,7 @@ def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: st
                      phase_ops(layout, trigger, label, op, group, items))
 
 
-def local_phase(layout: ShardingLayout, trigger: Trigger, op: str, label: str | None = None,
+def local_phase(layout: ShardingLayout, trigger: Trigger, op: Op, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
     return make_phase(layout, trigger, label or op.value, op, ROUTE_LOCAL, (), items)
@@ -504,7 +501,6 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     """Stage k's update (item ``StageRef(k)``), then stage k's sync phases (items
     ``StageRef(k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
-    labels: dict = {}
     for k, stage in enumerate(sync_stages(layout)):
         phases.append(local_phase(layout, Trigger.STEP, Op.STAGE_UPDATE,
                                   f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
@@ -519,10 +515,8 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
         if layout.plan is not None and stage.colour is None:
             phases.extend(hier_broadcast_phases(layout, trigger, entries))
         else:
-            # one label per group, not per stage
-            label = labels.setdefault(stage.group, flat_broadcast_phase(stage.group))
-            phases.append(make_phase(layout, trigger, label, Op.BROADCAST, ROUTE_FLAT,
-                                     stage.group, entries))
+            phases.append(make_phase(layout, trigger, flat_broadcast_phase(stage.group),
+                                     Op.BROADCAST, ROUTE_FLAT, stage.group, entries))
     return phases
 
 
@@ -533,7 +527,7 @@ def hier_groups(layout: ShardingLayout) -> tuple:
     return node, same_card
 
 
-def flat_phases(layout: ShardingLayout, trigger: Trigger, op: str, label: Callable,
+def flat_phases(layout: ShardingLayout, trigger: Trigger, op: Op, label: Callable,
                 buckets: list) -> list:
     """One flat ``op`` phase per group of the ``(index, bucket)`` pairs, groups as seen."""
     by_group: dict = OrderedDict()
