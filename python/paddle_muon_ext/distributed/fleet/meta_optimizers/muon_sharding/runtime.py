@@ -215,19 +215,15 @@ def flatten_into(tensors: Sequence, out) -> None:
     paddle.assign(paddle.concat([t.reshape([-1]) for t in tensors]), output=out)
 
 
-def unflatten_from(flat, tensors: Sequence) -> None:
-    """Copy consecutive pieces of the 1-D ``flat`` into ``tensors`` (in place)."""
-    offset = 0
-    for t in tensors:
-        numel = int(t.numel())
-        paddle.assign(flat[offset: offset + numel].reshape(t.shape), output=t)
-        offset += numel
-
-
 def unpack_all(unpack: list) -> None:
-    """:func:`unflatten_from` each ``(received buffer, params)`` of ``unpack``."""
+    """Copy each received 1-D buffer of ``unpack``'s ``(buffer, params)`` back into its
+    params, consecutive pieces in place (:func:`flatten_into`'s inverse)."""
     for buffer, params in unpack:
-        unflatten_from(buffer, params)
+        offset = 0
+        for t in params:
+            numel = int(t.numel())
+            paddle.assign(buffer[offset: offset + numel].reshape(t.shape), output=t)
+            offset += numel
 
 
 # ------------------------------------- FusedCommBuffer internals, read here only

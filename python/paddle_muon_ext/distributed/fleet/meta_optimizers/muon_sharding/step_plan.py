@@ -219,10 +219,8 @@ def build_sync_stages(
             keys = keys_in_order[start:start + n]
             start += n
             wanted = {id(p) for k in keys for p in by_key[k]}
-            owned = OrderedDict(
-                (r, [p for p in ps if id(p) in wanted]) for r, ps in rank2params.items()
-            )
-            owned = OrderedDict((r, ps) for r, ps in owned.items() if ps)
+            picked = ((r, [p for p in ps if id(p) in wanted]) for r, ps in rank2params.items())
+            owned = OrderedDict((r, ps) for r, ps in picked if ps)
             if owned:
                 stages.append({"kind": "2d", "color": colour, "group": info["group"],
                                "world_size": world_size, "rank2params": owned,
@@ -393,20 +391,9 @@ def stages_from_inputs(layout: ShardingLayout, inputs: tuple) -> tuple:
     """:func:`build_sync_stages` on :func:`stage_inputs` as :class:`SyncStageSpec` s."""
     sorted_by_colour, rank2params, info = inputs
     limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
-    return _convert_stages(layout, build_sync_stages(
-        sorted_by_colour, rank2params, info, layout.slice_buffers,
-        lambda buf: buf.params, stage_group_key, limit))
-
-
-def plain_sync_stages(layout: ShardingLayout) -> tuple:
-    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
-    return stages_from_inputs(layout, stage_inputs(layout))
-
-
-def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
-    """build_sync_stages' dicts as :class:`SyncStageSpec` s."""
     stages = []
-    for stage in raw:
+    for stage in build_sync_stages(sorted_by_colour, rank2params, info, layout.slice_buffers,
+                                   lambda buf: buf.params, stage_group_key, limit):
         if stage["kind"] == "1d":
             buf = stage["buffer"]
             index = layout.slice_buffers.index(buf)
@@ -426,6 +413,11 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
             "2d", stage["color"], group, tuple(stage["keys"]), tuple(owners),
             tuple(m.name for m in stage["local_params"])))
     return tuple(stages)
+
+
+def plain_sync_stages(layout: ShardingLayout) -> tuple:
+    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
+    return stages_from_inputs(layout, stage_inputs(layout))
 
 
 def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
@@ -558,9 +550,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
     muon = list(enumerate(layout.muon_buckets))
     hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
     flat = [(i, b) for i, b in muon if b.route == ROUTE_FLAT]
-    node = same_card = None
-    if hier:
-        node, same_card = hier_groups(layout)
+    node, same_card = hier_groups(layout) if hier else (None, None)
     phases: list = []
 
     # backward: hooks launch each hooked buffer's first hop, one phase per buffer
