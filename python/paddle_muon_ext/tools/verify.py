@@ -149,7 +149,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     Returns:
         list[str]: readable differences (empty when identical).
     """
-    from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import TRIGGER_BACKWARD
+    from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import Trigger
 
     got = [(r.phase, r.op, tuple(sorted(r.group_ranks)), r.root, r.dtype, r.numel)
            for r in _step_records(records)]
@@ -158,7 +158,7 @@ def compare_schedule(layout, records: Sequence, steps: int) -> List[str]:
     if len(got) != per_step * steps:
         return [f"rank {layout.rank}: recorded {len(got)} collectives in {steps} steps, "
                 f"the layout predicts {per_step} per step"]
-    hooks = sum(1 for op in expected if op.trigger == TRIGGER_BACKWARD)
+    hooks = sum(1 for op in expected if op.trigger == Trigger.BACKWARD)
     want_hooks = sorted(op.key() for op in expected[:hooks])
     want_rest = [op.key() for op in expected[hooks:]]
     problems = []

@@ -56,7 +56,8 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.settings im
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_CLIP,
-    TRIGGER_BACKWARD,
+    SliceRef,
+    Trigger,
 )
 
 # name -> (config, FLAGS_muon_sharding_overlap_optimize_and_sync, staged sync expected)
@@ -118,7 +119,7 @@ class TestExecutedStepIsThePlan(unittest.TestCase):
         self.assertEqual(len(got), per_step * cfg.steps,
                          f"{where}: executed {len(got)} collectives in {cfg.steps} steps, "
                          f"the plan has {per_step} per step")
-        hooks = sum(1 for op in schedule if op.trigger == TRIGGER_BACKWARD)
+        hooks = sum(1 for op in schedule if op.trigger == Trigger.BACKWARD)
         self.assertEqual(hooks > 0, cfg.overlap, where)
         want = [op.key() for op in schedule]
         for step in range(cfg.steps):
@@ -142,7 +143,7 @@ class TestPhasesPerRouteAndMode(unittest.TestCase):
         opted = dataclasses.replace(
             hier, settings=dataclasses.replace(hier.settings, overlap_sync_group_call=True))
         for layout, staged in ((hier, False), (opted, True), (flat, True)):
-            triggers = {ph.trigger.split("[")[0] for ph in layout.step_plan()}
+            triggers = {str(ph.trigger).split("[")[0] for ph in layout.step_plan()}
             self.assertEqual(layout.staged_sync, staged)
             self.assertEqual("sync" in triggers, staged,
                              f"plan={layout.plan is not None} opted-in="
@@ -290,11 +291,11 @@ class TestBackwardPhasesOfTheLayout(unittest.TestCase):
             with self.subTest(moe_group=moe_group):
                 layout = ShardingLayout.build(params, {None: (0, 1), "moe": moe_group}, 0,
                                               settings)
-                slice_groups = {("slice", i): tuple(b.group)
+                slice_groups = {SliceRef(i): tuple(b.group)
                                 for i, b in enumerate(layout.slice_buffers)}
                 self.assertTrue(all(b.overlap for b in layout.slice_buffers))
-                scattered = [ref for ph in layout.phases_of(TRIGGER_BACKWARD)
+                scattered = [ref for ph in layout.phases_of(Trigger.BACKWARD)
                              if ph.op == "reduce_scatter" for ref, _ in ph.items]
                 self.assertEqual(sorted(scattered),
                                  sorted(r for r, g in slice_groups.items() if len(g) > 1))
-                self.assertIn(("slice", 0), scattered, "the shared buffer is scattered")
+                self.assertIn(SliceRef(0), scattered, "the shared buffer is scattered")

@@ -51,7 +51,7 @@ from .settings import (
     log_once_per_job,
     read_overlap_optimize_and_sync,
 )
-from .step_plan import TRIGGER_SYNC
+from .step_plan import SyncTrigger
 
 # The package re-exports the reduce *function* under the module's name; the
 # module itself holds is_avg_reduce_op_supported.
@@ -238,7 +238,7 @@ def stage_dicts(rt: ShardingRuntime) -> list:
                      "world_size": len(ranks), "rank2params": rank2params,
                      "keys": list(spec.keys), "spec": spec,
                      "local_params": [rt.param_by_name[n] for n in spec.local_params]}
-        stage["phases"] = rt.layout.phases_of(f"{TRIGGER_SYNC}[{k}]")
+        stage["phases"] = rt.layout.phases_of(SyncTrigger(k))
         stages.append(stage)
     return stages
 

@@ -43,14 +43,8 @@ from .runtime import (
     unpack_all,
 )
 from .step_plan import (
-    OP_ALL_GATHER,
-    OP_BROADCAST,
-    OP_CLIP,
-    OP_FINISH_SYNC,
-    OP_PREPARE,
-    OP_REDUCE,
-    OP_STAGE_UPDATE,
-    TRIGGER_REDUCE,
+    Op,
+    Trigger,
     flat_broadcast_phase,
 )
 
@@ -294,15 +288,15 @@ class DevelopSurface:
     def _reduce_2d_grads(self, op=None) -> None:
         """Only the plan's 2-D reduce phases (``op``: default this build's AVG or SUM)."""
         rt = self._runtime
-        rt.run([ph for ph in rt.layout.phases_of(TRIGGER_REDUCE) if ph.op == OP_REDUCE],
+        rt.run([ph for ph in rt.layout.phases_of(Trigger.REDUCE) if ph.op == Op.REDUCE],
                call=_Call(op if op is not None else rt.reduce_op))
 
     def _step_with_sync_overlap(self, params_grads: list) -> None:
         """The staged part of the plan on given pairs: clip, per stage update and sync, wait."""
         rt = self._runtime
         call = _Call(rt.reduce_op, staged=True, params_grads=list(params_grads))
-        kinds = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_FINISH_SYNC, OP_BROADCAST,
-                 OP_ALL_GATHER)
+        kinds = (Op.CLIP, Op.PREPARE, Op.STAGE_UPDATE, Op.FINISH_SYNC, Op.BROADCAST,
+                 Op.ALL_GATHER)
         rt.run([ph for ph in rt.step_plan if ph.op in kinds], call=call)
 
     @framework.no_grad()
@@ -310,7 +304,7 @@ class DevelopSurface:
         """Broadcast updated matrices from their owners; all-gather 1-D shards."""
         rt = self._runtime
         with rt.timed("sync-parameters"):
-            rt.run(rt.step_phases((OP_BROADCAST, OP_ALL_GATHER, OP_FINISH_SYNC)))
+            rt.run(rt.step_phases((Op.BROADCAST, Op.ALL_GATHER, Op.FINISH_SYNC)))
 
     def _build_sync_stages(self) -> list:
         return build.stage_dicts(self._runtime)
@@ -335,7 +329,7 @@ class DevelopSurface:
                     unpack.append((flat["param_buffer"], flat["params"]))
                 routes.append((flat["param_buffer"], owner))
             with comm_phase(flat_broadcast_phase(tuple(group.ranks))):
-                pending = [launch_coalesced(OP_BROADCAST, routes, group)]
+                pending = [launch_coalesced(Op.BROADCAST, routes, group)]
         return pending + [PendingCollective([], [], "copy back", lambda: unpack_all(unpack))]
 
     def _broadcast_2d_params(self, rank2params: dict, group) -> list:

@@ -36,26 +36,17 @@ from paddle.profiler import RecordEvent
 from ..muon_flight.recorder import enter_phase, exit_phase, get_flight_recorder, phase_of_thread
 from .layout import is_hooked
 from .step_plan import (
-    OP_ALL_GATHER,
-    OP_BROADCAST,
-    OP_CLIP,
-    OP_COPY_GRADS_IN,
-    OP_FINISH_SYNC,
-    OP_FUSE_STATES,
-    OP_PREPARE,
-    OP_REDUCE,
-    OP_REDUCE_SCATTER,
-    OP_STAGE_UPDATE,
-    OP_UPDATE,
     PHASE_ALL_GATHER,
     PHASE_REDUCE_SCATTER,
     ROUTE_CROSS_NODE,
     ROUTE_HIERARCHICAL,
     ROUTE_INTRA_NODE,
-    TRIGGER_BACKWARD,
-    TRIGGER_REDUCE,
-    TRIGGER_STEP,
-    TRIGGER_SYNC,
+    MuonRef,
+    Op,
+    SliceRef,
+    StageRef,
+    SyncTrigger,
+    Trigger,
 )
 
 
@@ -66,13 +57,13 @@ STAGED_API: tuple = ("apply_grad_clip", "prepare_optimize", "update_params", "mu
 # name; _coalescing_manager lives in the module.
 _batch_isend_irecv = importlib.import_module("paddle.distributed.communication.batch_isend_irecv")
 
-_SYNC_OPS = (OP_BROADCAST, OP_ALL_GATHER)
+_SYNC_OPS = (Op.BROADCAST, Op.ALL_GATHER)
 # What an AMP overflow skips (the sync still runs when storage was freed).
-_UPDATE_OPS = (OP_CLIP, OP_PREPARE, OP_STAGE_UPDATE, OP_UPDATE, OP_FUSE_STATES)
+_UPDATE_OPS = (Op.CLIP, Op.PREPARE, Op.STAGE_UPDATE, Op.UPDATE, Op.FUSE_STATES)
 # develop's timer of each phase kind (sync phases: see ShardingRuntime._timed_phase).
-_TIMER_OF = {OP_CLIP: "apply-optimize", OP_PREPARE: "apply-optimize",
-             OP_STAGE_UPDATE: "apply-optimize", OP_UPDATE: "apply-optimize",
-             OP_FINISH_SYNC: "sync-parameters"}
+_TIMER_OF = {Op.CLIP: "apply-optimize", Op.PREPARE: "apply-optimize",
+             Op.STAGE_UPDATE: "apply-optimize", Op.UPDATE: "apply-optimize",
+             Op.FINISH_SYNC: "sync-parameters"}
 
 
 # ----------------------------------------------------------- phase labels
@@ -180,7 +171,7 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         with _batch_isend_irecv._coalescing_manager(group, tasks):
             for tensor, root in routes:
                 entries.append(recorder.start(op, group, root, tensor, phase))
-                if op == OP_REDUCE:
+                if op == Op.REDUCE:
                     task = dist.reduce(tensor, dst=root, op=reduce_op, group=group,
                                        sync_op=False)
                 else:
@@ -195,12 +186,12 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
 
 def reduce_onto(routes: Sequence[tuple], group, op) -> None:
     """Reduce each tensor onto its rank (other ranks' tensors are garbage afterwards)."""
-    launch_coalesced(OP_REDUCE, routes, group, op).wait()
+    launch_coalesced(Op.REDUCE, routes, group, op).wait()
 
 
 def mean_onto(routes: Sequence[tuple], group, op) -> None:
     """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
-    launch_coalesced(OP_REDUCE, routes, group, op, mean=True).wait()
+    launch_coalesced(Op.REDUCE, routes, group, op, mean=True).wait()
 
 
 def sum_fallback_factors(nranks: int) -> tuple[float, float]:
@@ -224,19 +215,15 @@ def flatten_into(tensors: Sequence, out) -> None:
     paddle.assign(paddle.concat([t.reshape([-1]) for t in tensors]), output=out)
 
 
-def unflatten_from(flat, tensors: Sequence) -> None:
-    """Copy consecutive pieces of the 1-D ``flat`` into ``tensors`` (in place)."""
-    offset = 0
-    for t in tensors:
-        numel = int(t.numel())
-        paddle.assign(flat[offset: offset + numel].reshape(t.shape), output=t)
-        offset += numel
-
-
 def unpack_all(unpack: list) -> None:
-    """:func:`unflatten_from` each ``(received buffer, params)`` of ``unpack``."""
+    """Copy each received 1-D buffer of ``unpack``'s ``(buffer, params)`` back into its
+    params, consecutive pieces in place (:func:`flatten_into`'s inverse)."""
     for buffer, params in unpack:
-        unflatten_from(buffer, params)
+        offset = 0
+        for t in params:
+            numel = int(t.numel())
+            paddle.assign(buffer[offset: offset + numel].reshape(t.shape), output=t)
+            offset += numel
 
 
 # ------------------------------------- FusedCommBuffer internals, read here only
@@ -267,7 +254,7 @@ def _recorded(buffer, op: str) -> Iterator[None]:
     """The block's collective on ``buffer``, recorded by the flight recorder as ``op``."""
     phase = phase_of_thread()
     group = buffer._comm_group
-    tensor = buffer.grad_storage if op == OP_REDUCE_SCATTER else buffer.param_storage
+    tensor = buffer.grad_storage if op == Op.REDUCE_SCATTER else buffer.param_storage
     entry = _start_entry(op, group, tensor, phase)
     try:
         yield
@@ -281,7 +268,7 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
     """Reduce-scatter (or, ``launched_by_hook``, only wait for) each 1-D buffer, and scale it."""
     with comm_phase(PHASE_REDUCE_SCATTER):
         for buffer in buffers:
-            with _recorded(buffer, OP_REDUCE_SCATTER):
+            with _recorded(buffer, Op.REDUCE_SCATTER):
                 # a one-rank group holds the result already: no collective
                 if not launched_by_hook and buffer._comm_group.nranks > 1:
                     buffer._comm_grads()
@@ -292,7 +279,7 @@ def all_gather_slices(buffers: Sequence) -> None:
     """All-gather each 1-D parameter buffer from the ranks' slices."""
     with comm_phase(PHASE_ALL_GATHER):
         for buffer in buffers:
-            with _recorded(buffer, OP_ALL_GATHER):
+            with _recorded(buffer, Op.ALL_GATHER):
                 buffer.sync_params()
 
 
@@ -301,12 +288,12 @@ def launch_all_gather(buffer) -> PendingCollective:
     group = buffer._comm_group
     with comm_phase(PHASE_ALL_GATHER):
         phase = phase_of_thread()
-        entry = _start_entry(OP_ALL_GATHER, group, buffer.param_storage, phase)
+        entry = _start_entry(Op.ALL_GATHER, group, buffer.param_storage, phase)
         buffer.sync_param_task = None
         buffer.sync_params(sync=False, param2task={})
         task, buffer.sync_param_task = buffer.sync_param_task, None
     return PendingCollective([task] if task is not None else [], [entry],
-                             _describe(OP_ALL_GATHER, group, phase))
+                             _describe(Op.ALL_GATHER, group, phase))
 
 
 # ---------------------------------------------------------------- buffers
@@ -511,12 +498,12 @@ class ShardingRuntime:
         less the local kinds this build never needs (decided here, once)."""
         idle = set()
         if not self.separate_clip:
-            idle.add(OP_CLIP)  # the inner optimizer clips inside its update
+            idle.add(Op.CLIP)  # the inner optimizer clips inside its update
         if not self.settings.enable_fuse_optimizer_states:
-            idle.add(OP_FUSE_STATES)
+            idle.add(Op.FUSE_STATES)
         if not self.settings.release_grads:
-            idle.add(OP_COPY_GRADS_IN)
-        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(TRIGGER_REDUCE)
+            idle.add(Op.COPY_GRADS_IN)
+        self.reduce_plan = tuple(ph for ph in self.layout.phases_of(Trigger.REDUCE)
                                  if ph.op not in idle)
         self.step_plan = tuple(ph for ph in self.step_phases() if ph.op not in idle)
 
@@ -542,12 +529,12 @@ class ShardingRuntime:
     def hooked_buffers(self) -> list:
         """(buffer, phase label) of the step plan's backward phases (multi-rank groups)."""
         out = []
-        for phase in self.layout.phases_of(TRIGGER_BACKWARD):
+        for phase in self.layout.phases_of(Trigger.BACKWARD):
             if len(phase.group) <= 1:
                 continue  # a one-rank group holds its result already
             for ref, _ in phase.items:
-                buffers = ([self.rs_buffers[ref[1]]] if ref[0] == "slice"
-                           else self.muon_buckets[ref[1]].buffers)
+                buffers = ([self.rs_buffers[ref.index]] if isinstance(ref, SliceRef)
+                           else self.muon_buckets[ref.index].buffers)
                 out.extend((b, phase.label) for b in buffers)
         return out
 
@@ -562,7 +549,7 @@ class ShardingRuntime:
     def step_phases(self, ops: tuple | None = None) -> tuple:
         """The layout's phases ``step`` runs (only those of kind ``ops`` when given)."""
         return tuple(ph for ph in self.layout.step_plan()
-                     if (ph.trigger == TRIGGER_STEP or ph.trigger.startswith(TRIGGER_SYNC))
+                     if (ph.trigger == Trigger.STEP or isinstance(ph.trigger, SyncTrigger))
                      and (ops is None or ph.op in ops))
 
     @property
@@ -595,7 +582,7 @@ class ShardingRuntime:
             last = i + 1 == len(phases) or phases[i + 1].trigger != phase.trigger
             with self._timed_phase(phase, call):
                 # the executor of a phase kind is the method named after it
-                getattr(self, "_" + phase.op)(phase, call, last)
+                getattr(self, "_" + phase.op.value)(phase, call, last)
         return call
 
     @contextlib.contextmanager
@@ -627,23 +614,23 @@ class ShardingRuntime:
     def _wait_hooked(self, phase, call: _Call, last: bool) -> None:
         slices = []
         for ref, _ in phase.items:
-            if ref[0] == "slice":
-                slices.append(self.rs_buffers[ref[1]])
+            if isinstance(ref, SliceRef):
+                slices.append(self.rs_buffers[ref.index])
             else:
-                for buffer in self.muon_buckets[ref[1]].buffers:
+                for buffer in self.muon_buckets[ref.index].buffers:
                     buffer.scale_grads()
         if slices:
             reduce_scatter_slices(slices, launched_by_hook=True)
 
     def _reduce_scatter(self, phase, call: _Call, last: bool) -> None:
-        reduce_scatter_slices([self.rs_buffers[ref[1]] for ref, _ in phase.items],
+        reduce_scatter_slices([self.rs_buffers[ref.index] for ref, _ in phase.items],
                               launched_by_hook=False)
 
     def _reduce(self, phase, call: _Call, last: bool) -> None:
         routes = [(tensor, root) for ref, root in phase.items
-                  for tensor in self.muon_buckets[ref[1]].grad_tensors()]
+                  for tensor in self.muon_buckets[ref.index].grad_tensors()]
         with comm_phase(phase.label):
-            launch_coalesced(OP_REDUCE, routes, self.phase_group(phase), call.reduce_op,
+            launch_coalesced(Op.REDUCE, routes, self.phase_group(phase), call.reduce_op,
                              mean=True).wait()
 
     def _reset_storage(self, phase, call: _Call, last: bool) -> None:
@@ -669,7 +656,7 @@ class ShardingRuntime:
             call.skipped = True
 
     def _all_reduce(self, phase, call: _Call, last: bool) -> None:
-        # The clip (OP_CLIP): its norm all-reduces carry the phase's label.
+        # The clip (Op.CLIP): its norm all-reduces carry the phase's label.
         with comm_phase(phase.label):
             call.params_grads = self.inner.apply_grad_clip(call.params_grads)
 
@@ -689,7 +676,7 @@ class ShardingRuntime:
         # develop's overlap_optimize_and_sync: update stage k, its sync follows
         stage_muon, stage_adamw = take_stage(
             call.muon_by_id, call.adamw_by_id,
-            self.sync_stages[phase.items[0][0][1]]["local_params"])
+            self.sync_stages[phase.items[0][0].stage]["local_params"])
         if stage_muon or stage_adamw:
             with comm_phase(phase.label):
                 self.inner.update_params(stage_muon, stage_adamw)
@@ -724,29 +711,29 @@ class ShardingRuntime:
         ``cache`` holds the phases' broadcast buffers by ref (one per ref across
         the hops); ``unpack`` collects what to copy back once received.
         """
-        if phase.op == OP_ALL_GATHER:
-            buffers = [self.rs_buffers[ref[1]] for ref, _ in phase.items]
+        if phase.op == Op.ALL_GATHER:
+            buffers = [self.rs_buffers[ref.index] for ref, _ in phase.items]
             if launch:
                 return [launch_all_gather(b) for b in buffers]
             all_gather_slices(buffers)
             return []
         routes = [(self.sync_buffer(ref, cache, unpack), root) for ref, root in phase.items]
         with comm_phase(phase.label):
-            pending = launch_coalesced(OP_BROADCAST, routes, self.phase_group(phase))
+            pending = launch_coalesced(Op.BROADCAST, routes, self.phase_group(phase))
             if not launch:
                 pending.wait()
                 return []
         return [pending]
 
-    def sync_buffer(self, ref: tuple, cache: dict, unpack: list):
+    def sync_buffer(self, ref: MuonRef | StageRef, cache: dict, unpack: list):
         """The flat broadcast buffer of a sync item (the owner fills it; others unpack it)."""
         if ref in cache:
             return cache[ref]
-        if ref[0] == "muon":
-            bucket = self.muon_buckets[ref[1]]
+        if isinstance(ref, MuonRef):
+            bucket = self.muon_buckets[ref.index]
             owner, params = bucket.owner, bucket.params
-        else:  # ("stage", k, j): owner buffer j of sync stage k
-            owner, _, names, _ = self.layout.sync_stages()[ref[1]].owners[ref[2]]
+        else:  # a StageRef: an owner buffer of a sync stage
+            owner, _, names, _ = self.layout.sync_stages()[ref.stage].owners[ref.owner]
             params = [self.param_by_name[n] for n in names]
         buffer = paddle.empty([sum(int(p.numel()) for p in params)], dtype=params[0].dtype)
         if owner == self.rank:

@@ -19,6 +19,7 @@ which equality and ``to_dict`` ignore); the route, trigger, phase and op names l
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,11 +41,31 @@ ROUTE_CLIP = "clip_groups"
 #: A phase that issues no collective (waits, update, found_inf, ...).
 ROUTE_LOCAL = "local"
 
-#: When an op is issued: from a backward hook (overlap), by reduce_gradients, by step.
-TRIGGER_BACKWARD = "backward"
-TRIGGER_REDUCE = "reduce_gradients"
-TRIGGER_STEP = "step"
-TRIGGER_SYNC = "sync"
+
+class _Name(str, enum.Enum):
+    """A name that prints and serialises as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Trigger(_Name):
+    """When an op is issued: from a backward hook (overlap), by reduce_gradients, by step."""
+
+    BACKWARD = "backward"
+    REDUCE = "reduce_gradients"
+    STEP = "step"
+
+
+@dataclass(frozen=True)
+class SyncTrigger:
+    """The sync of update stage ``stage`` (run by ``step``); ``sync[k]`` as text."""
+
+    stage: int
+
+    def __str__(self) -> str:
+        return f"sync[{self.stage}]"
+
 
 PHASE_REDUCE_SCATTER = "reduce_scatter"
 PHASE_ALL_GATHER = "all_gather_slices"
@@ -57,34 +78,40 @@ PHASE_CLIP = "clip_global_norm"
 #: The update's label (profiler, flight recorder): ``optimizer_step[k]`` per stage.
 PHASE_UPDATE = "optimizer_step"
 
-# What a phase does (StepPhase.op): the collectives, then the local kinds.
-OP_REDUCE_SCATTER = "reduce_scatter"
-OP_REDUCE = "reduce"
-OP_BROADCAST = "broadcast"
-OP_ALL_GATHER = "all_gather"
-OP_ALL_REDUCE = "all_reduce"
-COLLECTIVE_OPS = (OP_REDUCE_SCATTER, OP_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_ALL_REDUCE)
-#: reduce_gradients: copy released 1-D gradients back into their buffers.
-OP_COPY_GRADS_IN = "copy_grads_in"
-#: reduce_gradients: wait for and scale what the backward hooks launched.
-OP_WAIT_HOOKED = "wait_hooked"
-#: step: give colours freed by clear_param_storage their storage back.
-OP_RESET_STORAGE = "reset_storage"
-#: step: link slice gradients and collect this rank's (param, grad) pairs.
-OP_COLLECT_GRADS = "collect_grads"
-#: step: skip the update when AMP found inf/nan.
-OP_FOUND_INF = "found_inf"
-#: step: the global-norm clip (collective: its all-reduces).
-OP_CLIP = OP_ALL_REDUCE
-#: step: the whole update (plain) / Muon's prepare_optimize (staged).
-OP_UPDATE = "update"
-OP_PREPARE = "prepare"
-#: step: stage k's update (staged sync), before stage k's sync phases.
-OP_STAGE_UPDATE = "stage_update"
-#: step: wait for every launched stage sync (staged) / unpack received buffers.
-OP_FINISH_SYNC = "finish_sync"
-#: step: move fresh optimizer states into the fused buffers.
-OP_FUSE_STATES = "fuse_states"
+
+class Op(_Name):
+    """What a phase does (StepPhase.op): the collectives, then the local kinds; the
+    runtime runs a phase with its method ``_<value>``."""
+
+    REDUCE_SCATTER = "reduce_scatter"
+    REDUCE = "reduce"
+    BROADCAST = "broadcast"
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+    #: reduce_gradients: copy released 1-D gradients back into their buffers.
+    COPY_GRADS_IN = "copy_grads_in"
+    #: reduce_gradients: wait for and scale what the backward hooks launched.
+    WAIT_HOOKED = "wait_hooked"
+    #: step: give colours freed by clear_param_storage their storage back.
+    RESET_STORAGE = "reset_storage"
+    #: step: link slice gradients and collect this rank's (param, grad) pairs.
+    COLLECT_GRADS = "collect_grads"
+    #: step: skip the update when AMP found inf/nan.
+    FOUND_INF = "found_inf"
+    #: step: the global-norm clip (collective: its all-reduces; an alias of ALL_REDUCE).
+    CLIP = "all_reduce"
+    #: step: the whole update (plain) / Muon's prepare_optimize (staged).
+    UPDATE = "update"
+    PREPARE = "prepare"
+    #: step: stage k's update (staged sync), before stage k's sync phases.
+    STAGE_UPDATE = "stage_update"
+    #: step: wait for every launched stage sync (staged) / unpack received buffers.
+    FINISH_SYNC = "finish_sync"
+    #: step: move fresh optimizer states into the fused buffers.
+    FUSE_STATES = "fuse_states"
+
+
+COLLECTIVE_OPS = (Op.REDUCE_SCATTER, Op.REDUCE, Op.BROADCAST, Op.ALL_GATHER, Op.ALL_REDUCE)
 
 
 #: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
@@ -192,10 +219,8 @@ def build_sync_stages(
             keys = keys_in_order[start:start + n]
             start += n
             wanted = {id(p) for k in keys for p in by_key[k]}
-            owned = OrderedDict(
-                (r, [p for p in ps if id(p) in wanted]) for r, ps in rank2params.items()
-            )
-            owned = OrderedDict((r, ps) for r, ps in owned.items() if ps)
+            picked = ((r, [p for p in ps if id(p) in wanted]) for r, ps in rank2params.items())
+            owned = OrderedDict((r, ps) for r, ps in picked if ps)
             if owned:
                 stages.append({"kind": "2d", "color": colour, "group": info["group"],
                                "world_size": world_size, "rank2params": owned,
@@ -207,6 +232,32 @@ def build_sync_stages(
         stages.append({"kind": "1d", "buffer": buffer,
                        "local_params": list(slice_params_of(buffer))})
     return stages
+
+
+# --------------------------------------------------------- item references
+@dataclass(frozen=True, order=True)
+class _IndexRef:
+    index: int
+
+
+class MuonRef(_IndexRef):
+    """An item on ``layout.muon_buckets[index]``."""
+
+
+class SliceRef(_IndexRef):
+    """An item on ``layout.slice_buffers[index]``."""
+
+
+class ClipRef(_IndexRef):
+    """An item on ``layout.clip_groups[index]``."""
+
+
+@dataclass(frozen=True, order=True)
+class StageRef:
+    """Sync stage ``stage``: its update (``owner`` None) or its ``owner``-th owner buffer."""
+
+    stage: int
+    owner: int | None = None
 
 
 def flat_reduce_phase(group: tuple) -> str:
@@ -248,22 +299,19 @@ class StepPhase:
     """One phase of the step plan: a collective pattern on one group, or a local step.
 
     Attributes:
-        trigger: ``"backward"`` (a buffer's hook), ``"reduce_gradients"``, ``"step"``,
-            or ``"sync[k]"`` (the sync of update stage k; run by ``step``).
+        trigger: a :class:`Trigger`, or the :class:`SyncTrigger` of update stage k.
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: what it does (an ``OP_*`` here); the executors dispatch on it.
+        op: what it does (an :class:`Op`); the executors dispatch on it.
         route: a ``ROUTE_*`` here: which group(s) its collectives run on.
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
-        items: ``(buffer ref, root global rank)``; refs ``("muon", i)``
-            (``muon_buckets[i]``), ``("slice", i)`` (``slice_buffers[i]``),
-            ``("stage", k, j)`` (owner buffer j of sync stage k), ``("stage", k)``
-            (the update of stage k), ``("clip", i)`` (``clip_groups[i]``).
+        items: ``(ref, root global rank)``; a ref is a :class:`MuonRef`,
+            :class:`SliceRef`, :class:`StageRef` or :class:`ClipRef`.
         ops: this rank's collectives of the phase, by :func:`phase_ops`.
     """
 
-    trigger: str
+    trigger: Trigger | SyncTrigger
     label: str
-    op: str
+    op: Op
     route: str
     group: tuple
     items: tuple
@@ -279,9 +327,9 @@ class CommOp:
     ``payload`` is the unpadded parameter bytes of the whole buffer (cost models).
     """
 
-    trigger: str
+    trigger: Trigger
     phase: str
-    op: str
+    op: Op
     group: tuple
     root: int | None
     dtype: str
@@ -343,20 +391,9 @@ def stages_from_inputs(layout: ShardingLayout, inputs: tuple) -> tuple:
     """:func:`build_sync_stages` on :func:`stage_inputs` as :class:`SyncStageSpec` s."""
     sorted_by_colour, rank2params, info = inputs
     limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
-    return _convert_stages(layout, build_sync_stages(
-        sorted_by_colour, rank2params, info, layout.slice_buffers,
-        lambda buf: buf.params, stage_group_key, limit))
-
-
-def plain_sync_stages(layout: ShardingLayout) -> tuple:
-    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
-    return stages_from_inputs(layout, stage_inputs(layout))
-
-
-def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
-    """build_sync_stages' dicts as :class:`SyncStageSpec` s."""
     stages = []
-    for stage in raw:
+    for stage in build_sync_stages(sorted_by_colour, rank2params, info, layout.slice_buffers,
+                                   lambda buf: buf.params, stage_group_key, limit):
         if stage["kind"] == "1d":
             buf = stage["buffer"]
             index = layout.slice_buffers.index(buf)
@@ -378,7 +415,12 @@ def _convert_stages(layout: ShardingLayout, raw: list) -> tuple:
     return tuple(stages)
 
 
-def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
+def plain_sync_stages(layout: ShardingLayout) -> tuple:
+    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
+    return stages_from_inputs(layout, stage_inputs(layout))
+
+
+def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
               group: tuple, items: tuple) -> tuple:
     """The collectives this rank issues for a phase, derived from its items only (the
     one place they are), so :meth:`ShardingLayout.schedule` lists what executors run.
@@ -393,86 +435,80 @@ def phase_ops(layout: ShardingLayout, trigger: str, label: str, op: str,
     if op not in COLLECTIVE_OPS:
         return ()
     # the sync of stage k is part of step; hooks and reduce_gradients name themselves
-    op_trigger = TRIGGER_STEP if trigger.startswith(TRIGGER_SYNC) else trigger
-    coalesced = op in (OP_REDUCE, OP_BROADCAST) and trigger != TRIGGER_BACKWARD
+    op_trigger = Trigger.STEP if isinstance(trigger, SyncTrigger) else trigger
+    coalesced = op in (Op.REDUCE, Op.BROADCAST) and trigger != Trigger.BACKWARD
     ops: list = []
     for ref, root in items:
-        kind = ref[0]
-        if kind == "slice":
-            buf = layout.slice_buffers[ref[1]]
+        if isinstance(ref, SliceRef):
+            buf = layout.slice_buffers[ref.index]
             ops.append(CommOp(op_trigger, label, op, buf.group, None, buf.dtype,
                               buf.shard_numel, buf.colour, False, buf.payload))
-        elif kind == "clip":
-            ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref[1]], None,
+        elif isinstance(ref, ClipRef):
+            ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref.index], None,
                               CLIP_NORM_DTYPE, 1, None, False, itemsize(CLIP_NORM_DTYPE)))
-        elif kind == "stage":
-            stage = sync_stages(layout)[ref[1]]
-            _, dtype, _, numel = stage.owners[ref[2]]
+        elif isinstance(ref, StageRef):
+            stage = sync_stages(layout)[ref.stage]
+            _, dtype, _, numel = stage.owners[ref.owner]
             ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
                               coalesced, numel * itemsize(dtype)))
-        elif op == OP_REDUCE:
-            b = layout.muon_buckets[ref[1]]
-            template = CommOp(op_trigger, label, op, group, root, b.dtype, 0, b.colour,
-                              coalesced, 0)
-            ops.extend(layout.placement.reduce_ops(template, b.reduce_parts()))
-        else:
-            b = layout.muon_buckets[ref[1]]
-            ops.append(CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
-                              coalesced, b.numel * itemsize(b.dtype)))
+        else:  # a MuonRef: one reduce per chunk (or matrix), else one op on the bucket
+            b = layout.muon_buckets[ref.index]
+            one = CommOp(op_trigger, label, op, group, root, b.dtype, b.numel, b.colour,
+                         coalesced, b.numel * itemsize(b.dtype))
+            ops.extend(layout.placement.reduce_ops(one, b.reduce_parts())
+                       if op == Op.REDUCE else (one,))
     return tuple(ops)
 
 
-def make_phase(layout: ShardingLayout, trigger: str, label: str, op: str, route: str,
-               group: tuple = (), items: tuple = ()) -> StepPhase:
+def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
+               route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
     """A :class:`StepPhase` whose ``ops`` come from :func:`phase_ops` (never by hand)."""
     group, items = tuple(group), tuple(items)
     return StepPhase(trigger, label, op, route, group, items,
                      phase_ops(layout, trigger, label, op, group, items))
 
 
-def local_phase(layout: ShardingLayout, trigger: str, op: str, label: str | None = None,
+def local_phase(layout: ShardingLayout, trigger: Trigger, op: Op, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
-    return make_phase(layout, trigger, label or op, op, ROUTE_LOCAL, (), items)
+    return make_phase(layout, trigger, label or op.value, op, ROUTE_LOCAL, (), items)
 
 
-def hier_broadcast_phases(layout: ShardingLayout, trigger: str, entries: list) -> list:
+def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger,
+                          entries: list) -> list:
     """The hierarchical sync of ``(ref, owner)`` entries: cross-node, then intra-node."""
     plan, rank = layout.plan, layout.rank
     node, same_card = hier_groups(layout)
     return [
-        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, OP_BROADCAST, ROUTE_CROSS_NODE,
+        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, Op.BROADCAST, ROUTE_CROSS_NODE,
                    same_card, tuple((ref, owner) for ref, owner in entries
                                     if plan.in_cross_node_step(owner, rank))),
-        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, OP_BROADCAST, ROUTE_INTRA_NODE,
+        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, Op.BROADCAST, ROUTE_INTRA_NODE,
                    node, tuple((ref, plan.intra_node_root(owner, rank))
                                for ref, owner in entries)),
     ]
 
 
 def staged_sync_phases(layout: ShardingLayout) -> list:
-    """Stage k's update (item ``("stage", k)``), then stage k's sync phases (items
-    ``("stage", k, j)``, its j-th owner buffer), for every stage."""
+    """Stage k's update (item ``StageRef(k)``), then stage k's sync phases (items
+    ``StageRef(k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
-    labels: dict = {}
     for k, stage in enumerate(sync_stages(layout)):
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_STAGE_UPDATE,
-                                  f"{PHASE_UPDATE}[{k}]", ((("stage", k), None),)))
-        trigger = f"{TRIGGER_SYNC}[{k}]"
+        phases.append(local_phase(layout, Trigger.STEP, Op.STAGE_UPDATE,
+                                  f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
+        trigger = SyncTrigger(k)
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
-            phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, OP_ALL_GATHER,
+            phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, Op.ALL_GATHER,
                                      ROUTE_SLICES, buf.group,
-                                     ((("slice", stage.buffer_index), None),)))
+                                     ((SliceRef(stage.buffer_index), None),)))
             continue
-        entries = [(("stage", k, j), o[0]) for j, o in enumerate(stage.owners)]
+        entries = [(StageRef(k, j), o[0]) for j, o in enumerate(stage.owners)]
         if layout.plan is not None and stage.colour is None:
             phases.extend(hier_broadcast_phases(layout, trigger, entries))
         else:
-            # one label per group, not per stage
-            label = labels.setdefault(stage.group, flat_broadcast_phase(stage.group))
-            phases.append(make_phase(layout, trigger, label, OP_BROADCAST, ROUTE_FLAT,
-                                     stage.group, entries))
+            phases.append(make_phase(layout, trigger, flat_broadcast_phase(stage.group),
+                                     Op.BROADCAST, ROUTE_FLAT, stage.group, entries))
     return phases
 
 
@@ -483,12 +519,12 @@ def hier_groups(layout: ShardingLayout) -> tuple:
     return node, same_card
 
 
-def flat_phases(layout: ShardingLayout, trigger: str, op: str, label: Callable,
+def flat_phases(layout: ShardingLayout, trigger: Trigger, op: Op, label: Callable,
                 buckets: list) -> list:
     """One flat ``op`` phase per group of the ``(index, bucket)`` pairs, groups as seen."""
     by_group: dict = OrderedDict()
     for i, b in buckets:
-        by_group.setdefault(b.group, []).append((("muon", i), b.owner))
+        by_group.setdefault(b.group, []).append((MuonRef(i), b.owner))
     return [make_phase(layout, trigger, label(group), op, ROUTE_FLAT, group, items)
             for group, items in by_group.items()]
 
@@ -514,18 +550,16 @@ def build_step_plan(layout: ShardingLayout) -> list:
     muon = list(enumerate(layout.muon_buckets))
     hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
     flat = [(i, b) for i, b in muon if b.route == ROUTE_FLAT]
-    node = same_card = None
-    if hier:
-        node, same_card = hier_groups(layout)
+    node, same_card = hier_groups(layout) if hier else (None, None)
     phases: list = []
 
     # backward: hooks launch each hooked buffer's first hop, one phase per buffer
     hooked_rs = [i for i, s in enumerate(layout.slice_buffers)
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
-        phases.append(make_phase(layout, TRIGGER_BACKWARD, PHASE_REDUCE_SCATTER,
-                                 OP_REDUCE_SCATTER, ROUTE_SLICES,
-                                 layout.slice_buffers[i].group, ((("slice", i), None),)))
+        phases.append(make_phase(layout, Trigger.BACKWARD, PHASE_REDUCE_SCATTER,
+                                 Op.REDUCE_SCATTER, ROUTE_SLICES,
+                                 layout.slice_buffers[i].group, ((SliceRef(i), None),)))
     hooked = set(hooked_rs)
     hooked_muon = [i for i, b in muon if b.overlap]
     for i in hooked_muon:
@@ -535,52 +569,52 @@ def build_step_plan(layout: ShardingLayout) -> list:
             root = plan.intra_node_root(b.owner, rank)
         else:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
-        phases.append(make_phase(layout, TRIGGER_BACKWARD, label, OP_REDUCE, route, group,
-                                 ((("muon", i), root),)))
+        phases.append(make_phase(layout, Trigger.BACKWARD, label, Op.REDUCE, route, group,
+                                 ((MuonRef(i), root),)))
     # reduce_gradients: released gradients back in, the hooks' results waited
     # for, what the hooks did not launch, then the second hop
-    phases.append(local_phase(layout, TRIGGER_REDUCE, OP_COPY_GRADS_IN))
+    phases.append(local_phase(layout, Trigger.REDUCE, Op.COPY_GRADS_IN))
     phases.append(local_phase(
-        layout, TRIGGER_REDUCE, OP_WAIT_HOOKED, PHASE_REDUCE_SCATTER,
-        tuple((("muon", i), None) for i in hooked_muon)
-        + tuple((("slice", i), None) for i in hooked_rs)))
+        layout, Trigger.REDUCE, Op.WAIT_HOOKED, PHASE_REDUCE_SCATTER,
+        tuple((MuonRef(i), None) for i in hooked_muon)
+        + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
-        layout, TRIGGER_REDUCE, PHASE_REDUCE_SCATTER, OP_REDUCE_SCATTER, ROUTE_SLICES, (),
-        tuple((("slice", i), None) for i in range(len(layout.slice_buffers))
+        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, Op.REDUCE_SCATTER, ROUTE_SLICES, (),
+        tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
-            layout, TRIGGER_REDUCE, PHASE_INTRA_NODE_REDUCE, OP_REDUCE, ROUTE_INTRA_NODE, node,
-            tuple((("muon", i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
+            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, Op.REDUCE, ROUTE_INTRA_NODE, node,
+            tuple((MuonRef(i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
-            layout, TRIGGER_REDUCE, PHASE_CROSS_NODE_REDUCE, OP_REDUCE, ROUTE_CROSS_NODE,
-            same_card, tuple((("muon", i), b.owner) for i, b in hier
+            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, Op.REDUCE, ROUTE_CROSS_NODE,
+            same_card, tuple((MuonRef(i), b.owner) for i, b in hier
                              if plan.in_cross_node_step(b.owner, rank))))
-    phases += flat_phases(layout, TRIGGER_REDUCE, OP_REDUCE, flat_reduce_phase,
+    phases += flat_phases(layout, Trigger.REDUCE, Op.REDUCE, flat_reduce_phase,
                           [(i, b) for i, b in flat if not b.overlap])
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
-    for op in (OP_RESET_STORAGE, OP_COLLECT_GRADS, OP_FOUND_INF):
-        phases.append(local_phase(layout, TRIGGER_STEP, op))
-    phases.append(make_phase(layout, TRIGGER_STEP, PHASE_CLIP, OP_CLIP, ROUTE_CLIP, (),
-                             tuple((("clip", i), None) for i in range(len(layout.clip_groups)))))
+    for op in (Op.RESET_STORAGE, Op.COLLECT_GRADS, Op.FOUND_INF):
+        phases.append(local_phase(layout, Trigger.STEP, op))
+    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, Op.CLIP, ROUTE_CLIP, (),
+                             tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_PREPARE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, Op.PREPARE, PHASE_UPDATE))
         phases += staged_sync_phases(layout)
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
     else:
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_UPDATE, PHASE_UPDATE))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FUSE_STATES))
+        phases.append(local_phase(layout, Trigger.STEP, Op.UPDATE, PHASE_UPDATE))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
         # the parameter sync, the reduce's mirror
         if hier:
             phases += hier_broadcast_phases(
-                layout, TRIGGER_STEP, [(("muon", i), b.owner) for i, b in hier])
-        phases += flat_phases(layout, TRIGGER_STEP, OP_BROADCAST, flat_broadcast_phase, flat)
+                layout, Trigger.STEP, [(MuonRef(i), b.owner) for i, b in hier])
+        phases += flat_phases(layout, Trigger.STEP, Op.BROADCAST, flat_broadcast_phase, flat)
         phases.append(make_phase(
-            layout, TRIGGER_STEP, PHASE_ALL_GATHER, OP_ALL_GATHER, ROUTE_SLICES, (),
-            tuple((("slice", i), None) for i in range(len(layout.slice_buffers)))))
-        phases.append(local_phase(layout, TRIGGER_STEP, OP_FINISH_SYNC))
+            layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, ROUTE_SLICES, (),
+            tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
+        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
     layout.__dict__["_step_plan_cache"] = tuple(phases)
     return list(phases)
