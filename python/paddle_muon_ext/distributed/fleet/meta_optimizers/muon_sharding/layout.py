@@ -599,7 +599,7 @@ class ShardingLayout:
         """The step as data: ordered ``StepPhase`` list (see ``build_step_plan``)."""
         return _step_plan.build_step_plan(self)
 
-    def phases_of(self, trigger: str) -> list:
+    def phases_of(self, trigger: _step_plan.Trigger | _step_plan.SyncTrigger) -> list:
         """The phases of one trigger, in step-plan order."""
         # read every step by the executors: filter the cached step plan once per trigger
         cache = self.__dict__.setdefault("_phases_of_cache", {})
