@@ -40,7 +40,7 @@ import unittest
 from collections import defaultdict
 from types import SimpleNamespace
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import CommOp
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import CommOp
 from paddle_muon_ext.tools import cost_bound as cb
 from paddle_muon_ext.tools.cost_model import (
     AlphaBeta,

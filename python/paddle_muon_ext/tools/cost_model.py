@@ -174,7 +174,7 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else 1.0
 
 
-def cost_phase(op: msl.CommOp) -> Tuple[str, str]:
+def cost_phase(op: mst.CommOp) -> Tuple[str, str]:
     """(cost-model phase, group kind) of a scheduled op."""
     colour = "dense" if op.colour is None else "moe"
     kind = "sharding" if op.colour is None else "moe_sharding"
@@ -437,7 +437,7 @@ class CostPath:
         self.bound += 2 * (group_nodes - 1) * nbytes
         self.colour_bound[colour] += 2 * (group_nodes - 1) * nbytes
 
-    def replay(self, ops: Iterable[Tuple[msl.CommOp, float]]) -> None:
+    def replay(self, ops: Iterable[Tuple[mst.CommOp, float]]) -> None:
         """Charge group-level ops (each once, with its payload bytes), in schedule order.
 
         On nccl a run of consecutive rooted ops that differ only in size (the
@@ -469,7 +469,7 @@ class CostPath:
         if run is not None:
             self._replay_one(run[1], run[2], run[3], launched)
 
-    def _replay_one(self, op: msl.CommOp, nbytes: float, count: int, launched: set) -> None:
+    def _replay_one(self, op: mst.CommOp, nbytes: float, count: int, launched: set) -> None:
         """Charge ``count`` ops like ``op`` moving ``nbytes`` in all (see :meth:`replay`)."""
         name, kind = cost_phase(op)
         ph = self.phase(name)
@@ -492,7 +492,7 @@ class CostPath:
                 alpha = (self.ab.alpha_nvlink if kind == "node" else self.ab.alpha_net)
                 ph.latency[group] = (len(group.ranks) - 1) * alpha
 
-    def declare(self, ops: Iterable[msl.CommOp]) -> None:
+    def declare(self, ops: Iterable[mst.CommOp]) -> None:
         """Create the phases of ``ops`` in this order (their first op names the trigger).
 
         Replays by class charge ops out of the world's issue order; declaring
@@ -503,7 +503,7 @@ class CostPath:
             self.phase(name)
             self.phase_triggers.setdefault(name, op.trigger)
 
-    def replay_class(self, ops: Iterable[Tuple[msl.CommOp, float]],
+    def replay_class(self, ops: Iterable[Tuple[mst.CommOp, float]],
                      members: Sequence[Sequence[int]]) -> None:
         """Charge the ops of one template group once for each of ``members``.
 

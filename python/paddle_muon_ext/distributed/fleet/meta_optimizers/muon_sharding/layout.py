@@ -30,7 +30,7 @@ from .owners import (MatrixSpec, OwnerPartition, balanced_partition, partition_f
 from .settings import (DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB, PARTITION_BALANCED,
                        PARTITION_DEVELOP, PARTITION_RAIL, PARTITION_STRATEGIES,
                        canonical_dtype, itemsize, option_default)
-from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL, CommOp  # noqa: F401 (tools import CommOp)
+from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL
 
 if TYPE_CHECKING:
     from .comm_plan import HierarchicalCommPlan
