@@ -601,11 +601,7 @@ class ShardingLayout:
 
     def phases_of(self, trigger: _step_plan.Trigger | _step_plan.SyncTrigger) -> list:
         """The phases of one trigger, in step-plan order."""
-        # read every step by the executors: filter the cached step plan once per trigger
-        cache = self.__dict__.setdefault("_phases_of_cache", {})
-        if trigger not in cache:
-            cache[trigger] = tuple(ph for ph in self.step_plan() if ph.trigger == trigger)
-        return list(cache[trigger])
+        return [ph for ph in self.step_plan() if ph.trigger == trigger]
 
     def schedule(self) -> list:
         """Ordered collectives (``CommOp``) this rank issues in one step (the step plan's ops).

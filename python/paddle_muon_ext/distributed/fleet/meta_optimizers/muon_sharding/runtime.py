@@ -75,12 +75,10 @@ def comm_phase(label: str) -> Iterator[None]:
         label (str): e.g. ``"intra_node_reduce"``.
     """
     previous = enter_phase(label)
-    event = RecordEvent(label)
-    event.begin()
     try:
-        yield
+        with RecordEvent(label):
+            yield
     finally:
-        event.end()
         exit_phase(previous)
 
 
