@@ -198,9 +198,8 @@ class DevelopSurface:
         fused_2d = [(b, bucket.colour) for bucket in rt.muon_buckets for b in bucket.buffers]
         slices = [(b, rt.rs_colour[id(b)]) for b in rt.rs_buffers]
         sync_only = [b for b, colour in fused_2d + slices if not is_hooked(True, colour)]
-        ids = {id(b) for b in sync_only}
         overlap_2d = fused_2d if (not self.use_group_call_opt or self.comm_overlap) else []
-        return sync_only, [b for b, _ in overlap_2d + slices if id(b) not in ids]
+        return sync_only, [b for b, colour in overlap_2d + slices if is_hooked(True, colour)]
 
     # ------------------------------------------------ develop's methods
     _create_slice_param = staticmethod(create_slice_param)
