@@ -229,12 +229,8 @@ class DevelopSurface:
     @classmethod
     def _compute_shared_colors(cls, params) -> set:
         """The no-hook colours among the dict colours of ``params``."""
-        colours = set()
-        for param in params:
-            parsed = parse_colour(getattr(param, "color", None))
-            if parsed.from_dict:
-                colours.add(parsed.declared)
-        return colours & cls._NO_HOOK_COLORS
+        parsed = (parse_colour(getattr(param, "color", None)) for param in params)
+        return {c.declared for c in parsed if c.from_dict} & cls._NO_HOOK_COLORS
 
     @classmethod
     def _select_sync_only_buffers(cls, buffers, shared_colors) -> list:
