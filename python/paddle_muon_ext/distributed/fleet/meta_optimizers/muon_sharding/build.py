@@ -215,8 +215,7 @@ def create_group_call_groups(rt: ShardingRuntime) -> None:
     # develop's names: trainer_comms[machine], trainer_same_card_comms[stage][card]
     n_nodes, gpn = rt.plan.num_nodes, rt.plan.gpus_per_node
     rt.trainer_comms = created[:n_nodes]
-    same_card = created[n_nodes:]
-    rt.trainer_same_card_comms = [same_card[i:i + gpn] for i in range(0, len(same_card), gpn)]
+    rt.trainer_same_card_comms = [created[i:i + gpn] for i in range(n_nodes, len(created), gpn)]
 
 
 def stage_dicts(rt: ShardingRuntime) -> list:
