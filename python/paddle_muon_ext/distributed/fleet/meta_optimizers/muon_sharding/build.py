@@ -97,7 +97,7 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     default_group = hcg.get_sharding_parallel_group()
     trainable = [p for p in params if is_trainable(p)]
     keys = {p.name: colour_key(p, default_group, rt.rank) for p in trainable}
-    rt.colour_groups = collect_colour_groups(trainable, keys)
+    rt.colour_groups = collect_colour_groups(keys)
     # Before any other collective, and before the per-parameter errors below
     # that one rank alone could raise while the others wait.
     check_ranks_agree(rt, params, keys, default_group)
@@ -174,11 +174,10 @@ def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_gro
     records = [(keys[p.name][0], agreement.param_record(p, info_map.get(p.name)),
                 agreement.param_settings(p, base))
                for p in params if is_trainable(p)]
-    colour_ranks = {k: list(g.ranks) for k, g in rt.colour_groups.items()}
-    colour_ranks[None] = list(default_group.ranks)
-    digests = agreement.group_digests(records, colour_ranks, options)
-    agreement.check_ranks_agree(digests, lambda d: (
-        default_group if d.colour is None else rt.colour_groups[d.colour]))
+    groups = {**rt.colour_groups, None: default_group}
+    digests = agreement.group_digests(
+        records, {k: list(g.ranks) for k, g in groups.items()}, options)
+    agreement.check_ranks_agree(digests, lambda d: groups[d.colour])
 
 
 def resolve_overlap_optimize_and_sync(optimizer, settings: ShardingSettings) -> bool:
@@ -216,8 +215,7 @@ def create_group_call_groups(rt: ShardingRuntime) -> None:
     # develop's names: trainer_comms[machine], trainer_same_card_comms[stage][card]
     n_nodes, gpn = rt.plan.num_nodes, rt.plan.gpus_per_node
     rt.trainer_comms = created[:n_nodes]
-    same_card = created[n_nodes:]
-    rt.trainer_same_card_comms = [same_card[i:i + gpn] for i in range(0, len(same_card), gpn)]
+    rt.trainer_same_card_comms = [created[i:i + gpn] for i in range(n_nodes, len(created), gpn)]
 
 
 def stage_dicts(rt: ShardingRuntime) -> list:
@@ -302,11 +300,10 @@ def colour_key(param, default_group, rank: int) -> tuple[Any, Any]:
     return parsed.key, group
 
 
-def collect_colour_groups(params: list, keys: dict) -> dict:
-    """Colour key -> group, in first-seen order; one group per key."""
+def collect_colour_groups(keys: dict) -> dict:
+    """Colour key -> group of ``keys`` (name -> (key, group)), first-seen order; one per key."""
     groups: dict = OrderedDict()
-    for p in params:
-        key, group = keys[p.name]
+    for key, group in keys.values():
         known = groups.get(key)
         if known is not None and list(known.ranks) != list(group.ranks):
             raise ValueError(f"colour {key!r} is used with two different groups "

@@ -186,6 +186,7 @@ class HierarchicalCommPlan:
         gpn = gpus_per_node
         self.gpus_per_node: int = gpn
         self.axis_names: tuple[str, ...] = axis_names
+        self._degrees = degrees
         self.pp_degree: int = degrees.get(_PIPE, 1)
         self.moe_sharding_degree: int = degrees[_MOE_SHARDING]
         self.ep_degree: int = degrees[_EXPERT]
@@ -525,11 +526,9 @@ class HierarchicalCommPlan:
     def describe(self) -> str:
         """Multi-line summary (nodes, stages, sharding and same-card groups) for logs."""
         gpn = self.gpus_per_node
-        degrees = {_PIPE: self.pp_degree, _MOE_SHARDING: self.moe_sharding_degree,
-                   _EXPERT: self.ep_degree}
         lines = ["HierarchicalCommPlan (comm_group_call_opt): world "
                  f"{self.world_size} = {self.num_nodes} nodes x {gpn} cards; "
-                 + _layout_text(self.axis_names, degrees, gpn)]
+                 + _layout_text(self.axis_names, self._degrees, gpn)]
         for node in range(self.num_nodes):
             ranks = self.node_ranks(node)
             lines.append(f"  node {node}: ranks {_fmt_ranks(ranks)}, stage "

@@ -198,9 +198,8 @@ class DevelopSurface:
         fused_2d = [(b, bucket.colour) for bucket in rt.muon_buckets for b in bucket.buffers]
         slices = [(b, rt.rs_colour[id(b)]) for b in rt.rs_buffers]
         sync_only = [b for b, colour in fused_2d + slices if not is_hooked(True, colour)]
-        ids = {id(b) for b in sync_only}
         overlap_2d = fused_2d if (not self.use_group_call_opt or self.comm_overlap) else []
-        return sync_only, [b for b, _ in overlap_2d + slices if id(b) not in ids]
+        return sync_only, [b for b, colour in overlap_2d + slices if is_hooked(True, colour)]
 
     # ------------------------------------------------ develop's methods
     _create_slice_param = staticmethod(create_slice_param)
@@ -230,12 +229,8 @@ class DevelopSurface:
     @classmethod
     def _compute_shared_colors(cls, params) -> set:
         """The no-hook colours among the dict colours of ``params``."""
-        colours = set()
-        for param in params:
-            parsed = parse_colour(getattr(param, "color", None))
-            if parsed.from_dict:
-                colours.add(parsed.declared)
-        return colours & cls._NO_HOOK_COLORS
+        parsed = (parse_colour(getattr(param, "color", None)) for param in params)
+        return {c.declared for c in parsed if c.from_dict} & cls._NO_HOOK_COLORS
 
     @classmethod
     def _select_sync_only_buffers(cls, buffers, shared_colors) -> list:
