@@ -493,6 +493,10 @@ class ShardingLayout:
     params: dict = field(repr=False)
     clip_groups: tuple = ()
     placement: Placement = field(default=PLAIN_PLACEMENT, repr=False, compare=False)
+    # Memos of what the fields above determine (filled on first use, never compared):
+    # the sync stages and the step plan, both read at build time and by the tools.
+    _stages: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _phases: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, params: Sequence[ParamMeta], groups: Mapping[Hashable, Sequence[int]],
@@ -584,8 +588,11 @@ class ShardingLayout:
         return s.overlap_sync and (self.plan is None or s.overlap_sync_group_call)
 
     def sync_stages(self) -> tuple:
-        """The stages of the overlapped update (see ``muon_sharding_step_plan``)."""
-        return _step_plan.sync_stages(self)
+        """The stages of the overlapped update (:class:`SyncStageSpec` s, develop's
+        ``_build_sync_stages``), identical on every rank but ``local_params``."""
+        if self._stages is None:
+            self._stages = self.placement.sync_stages(self)
+        return self._stages
 
     def comm_groups(self) -> list:
         """Global ranks of every group this rank's schedule uses."""
@@ -597,7 +604,9 @@ class ShardingLayout:
 
     def step_plan(self) -> list:
         """The step as data: ordered ``StepPhase`` list (see ``build_step_plan``)."""
-        return _step_plan.build_step_plan(self)
+        if self._phases is None:
+            self._phases = tuple(_step_plan.build_step_plan(self))
+        return list(self._phases)
 
     def phases_of(self, trigger: _step_plan.Trigger | _step_plan.SyncTrigger) -> list:
         """The phases of one trigger, in step-plan order."""

@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages,
-derived alike on every rank from replicated metadata (cached in the layout's ``__dict__``,
+derived alike on every rank from replicated metadata (memoised by the layout,
 which equality and ``to_dict`` ignore); the route, trigger, phase and op names live here.
 """
 
@@ -350,15 +350,6 @@ def reduce_ops(template: CommOp, parts) -> list:
             for numel, payload in parts]
 
 
-def sync_stages(layout: ShardingLayout) -> tuple:
-    """The stages of the overlapped update (:class:`SyncStageSpec` s, develop's
-    ``_build_sync_stages``), identical on every rank but ``local_params``."""
-    cached = layout.__dict__.get("_sync_stage_cache")
-    if cached is None:
-        cached = layout.__dict__["_sync_stage_cache"] = layout.placement.sync_stages(layout)
-    return cached
-
-
 def stage_group_key(m) -> Hashable:
     """The Muon group key of a :class:`ParamMeta` (``(None, shape)`` without one)."""
     return m.group_key if m.group_key is not None else (None, m.shape)
@@ -447,7 +438,7 @@ def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str
             ops.append(CommOp(op_trigger, label, op, layout.clip_groups[ref.index], None,
                               CLIP_NORM_DTYPE, 1, None, False, itemsize(CLIP_NORM_DTYPE)))
         elif isinstance(ref, StageRef):
-            stage = sync_stages(layout)[ref.stage]
+            stage = layout.sync_stages()[ref.stage]
             _, dtype, _, numel = stage.owners[ref.owner]
             ops.append(CommOp(op_trigger, label, op, group, root, dtype, numel, stage.colour,
                               coalesced, numel * itemsize(dtype)))
@@ -493,7 +484,7 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     """Stage k's update (item ``StageRef(k)``), then stage k's sync phases (items
     ``StageRef(k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
-    for k, stage in enumerate(sync_stages(layout)):
+    for k, stage in enumerate(layout.sync_stages()):
         phases.append(local_phase(layout, Trigger.STEP, Op.STAGE_UPDATE,
                                   f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
         trigger = SyncTrigger(k)
@@ -543,9 +534,6 @@ def build_step_plan(layout: ShardingLayout) -> list:
         reset, gradient collection, found_inf, the clip, the update (stage by
         stage with its syncs when staged), fused states and the parameter sync.
     """
-    cached = layout.__dict__.get("_step_plan_cache")
-    if cached is not None:
-        return list(cached)
     rank, plan = layout.rank, layout.plan
     muon = list(enumerate(layout.muon_buckets))
     hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
@@ -616,5 +604,4 @@ def build_step_plan(layout: ShardingLayout) -> list:
             layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, ROUTE_SLICES, (),
             tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
         phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
-    layout.__dict__["_step_plan_cache"] = tuple(phases)
-    return list(phases)
+    return phases
