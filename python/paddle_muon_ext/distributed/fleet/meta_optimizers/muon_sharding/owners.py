@@ -418,23 +418,18 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         # pair's sum in each dimension, so the new pair score is at least half
         # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of
         # reach. Partners are bisected in the rank's sorted kinds.
-        live_at = None
         for lr, r in by_load[dim]:
             if r == worst:
                 continue
-            if live_at != B:  # B dropped: forget k that cannot reach it
-                live = [t for t in mine if t[4] <= B and t[5] <= B]
-                live_at = B
             if lr > 2 * B - W:
                 break
             o_r = other_of[r]
             if o_r > 2 * B - ow:
                 continue
             lst, vals = index[r][dim]
-            for k, sk, ok, size_k, a_k, o_k, allowed_k in live:
-                # (partners only add to the worst rank: a k leaving it
-                # above B is out, and B only drops within a rank's loop)
-                if r not in allowed_k:
+            for k, sk, ok, size_k, a_k, o_k, allowed_k in mine:
+                # (partners only add to the worst rank: a k leaving it above B is out)
+                if a_k > B or o_k > B or r not in allowed_k:
                     continue
                 # the partner's value in the deciding dimension, then in the
                 # other, must keep both ranks at or below B
