@@ -54,14 +54,13 @@ class MatrixSpec:
 
 def _check_shape(shape) -> Tuple[int, ...]:
     try:
-        dims = tuple(shape)  # a tuple is returned as is
+        dims = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
-    if any(type(d) is not int for d in dims):
-        for d in dims:
-            if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
-                raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-        dims = tuple(int(d) for d in dims)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    dims = tuple(map(int, dims))
     if any(d < 0 for d in dims):
         raise ValueError(f"shape has a negative dim: {shape!r}")
     if len(dims) < 2:
@@ -185,12 +184,7 @@ def _check_specs(specs) -> List[MatrixSpec]:
         if s.name in seen:
             raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
         seen.add(s.name)
-        dims = _check_shape(s.shape)
-        dtype = canonical_float_dtype(s.dtype)
-        if type(s) is MatrixSpec and dims is s.shape and dtype is s.dtype:
-            out.append(s)  # already canonical: kept as is
-        else:
-            out.append(MatrixSpec(s.name, dims, dtype))
+        out.append(MatrixSpec(s.name, _check_shape(s.shape), canonical_float_dtype(s.dtype)))
     return out
 
 
