@@ -151,7 +151,7 @@ class OwnerPartition:
             "nranks": self.nranks,
             "num_params": len(self.owners),
             "total_state_MB": sum(self.state_bytes) / 2**20,
-            "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
+            "max_state_MB": max(self.state_bytes, default=0) / 2**20,
             "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
             "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
             "empty_ranks": len(self.empty_ranks()),
@@ -211,7 +211,6 @@ def _floor_ratio(values: List[int], nranks: int) -> float:
     if total <= 0:
         return 1.0
     prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
-    # some rank gets ceil(m/nranks) of the m largest
     best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
     return max(1.0, best * nranks / total)
 
@@ -454,8 +453,7 @@ def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB:
     size over the buffer size, plus one, at most ``world_size``."""
     buffer_MB = buffer_size_MB if buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
     total_MB = sum(int(n) for n in numels) * 4 / 2**20
-    cap = 1 if total_MB == 0 else max(1, int(total_MB / buffer_MB) + 1)
-    return min(cap, world_size)
+    return min(max(1, int(total_MB / buffer_MB) + 1), world_size)
 
 
 def develop_owner_indices(numels: Sequence[int], dtype_keys: Sequence[str], world_size: int,
