@@ -274,7 +274,6 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
 
     owner: Dict[str, int] = {}
     allowed_of: Dict[str, frozenset] = {}
-    version = [0] * nranks  # bumped whenever a rank's load grows
     for d in sorted(classes, key=lambda d: (class_load[d], d)):
         # largest first, ties by name (a stable sort on the name-sorted list)
         names = sorted(sorted(classes[d]), key=lambda k: xs[k] + ys[k], reverse=True)
@@ -283,26 +282,25 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
         cap = max(1, min(nranks, -(-class_load[d] * nranks // (tb * tc))))
         allowed = sorted(range(nranks), key=key)[:cap]
         allowed_of[d] = frozenset(allowed)
-        # One heap of (key, rank, version) per matrix size: loads only grow
-        # while placing, so a stale entry's key is a lower bound of its
-        # current key; a fresh top is the exact argmin. Equal matrices (a
-        # model's experts) then cost O(log nranks) each.
+        # One heap of (key, rank) per matrix size: loads only grow while
+        # placing, so a stale entry's key is a lower bound of its current
+        # key; a current top is the exact argmin. Equal matrices (a model's
+        # experts) then cost O(log nranks) each.
         heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
             xk, yk = item = (xs[k], ys[k])
             heap = heaps.get(item)
             if heap is None:
-                heap = heaps[item] = [(key(r, xk, yk), r, version[r]) for r in allowed]
+                heap = heaps[item] = [(key(r, xk, yk), r) for r in allowed]
                 heapq.heapify(heap)
-            while heap[0][2] != version[heap[0][1]]:
-                r = heap[0][1]
-                heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
             r = heap[0][1]
+            while heap[0][0] != key(r, xk, yk):  # stale: r grew through another size
+                heapq.heapreplace(heap, (key(r, xk, yk), r))
+                r = heap[0][1]
             owner[k] = r
             x[r] += xk
             y[r] += yk
-            version[r] += 1
-            heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
+            heapq.heapreplace(heap, (key(r, xk, yk), r))
 
     dtype_of = {k: d for d, names in classes.items() for k in names}
     refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref)
