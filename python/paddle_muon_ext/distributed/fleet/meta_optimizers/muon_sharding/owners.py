@@ -320,8 +320,6 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     best ``B`` so far. A capped class's matrices stay on its owners.
     """
     n = len(x)
-    if n == 1:
-        return
     load = (x, y)
     size = (xs, ys)
     # kept sorted: (score, -rank_order position, rank), the worst rank last;
@@ -350,15 +348,12 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     def relocate(k: str, src: int, dst: int) -> None:
         for r, sign in ((src, -1), (dst, 1)):
             for vals, lst, sz in zip(load, by_load, size):
-                if sz[k]:
-                    del lst[bisect.bisect_left(lst, (vals[r], r))]
-                    vals[r] += sign * sz[k]
-                    bisect.insort(lst, (vals[r], r))
-            new = max(x[r], y[r])
-            if new != score[r]:
-                del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
-                bisect.insort(by_score, (new, -pref[r], r))
-                score[r] = new
+                del lst[bisect.bisect_left(lst, (vals[r], r))]
+                vals[r] += sign * sz[k]
+                bisect.insort(lst, (vals[r], r))
+            del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
+            score[r] = max(x[r], y[r])
+            bisect.insort(by_score, (score[r], -pref[r], r))
         owner[k] = dst
         g = gkey[k]
         names = groups[src][g]
