@@ -54,14 +54,13 @@ class MatrixSpec:
 
 def _check_shape(shape) -> Tuple[int, ...]:
     try:
-        dims = tuple(shape)  # a tuple is returned as is
+        dims = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
-    if any(type(d) is not int for d in dims):
-        for d in dims:
-            if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
-                raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-        dims = tuple(int(d) for d in dims)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    dims = tuple(map(int, dims))
     if any(d < 0 for d in dims):
         raise ValueError(f"shape has a negative dim: {shape!r}")
     if len(dims) < 2:
@@ -152,7 +151,7 @@ class OwnerPartition:
             "nranks": self.nranks,
             "num_params": len(self.owners),
             "total_state_MB": sum(self.state_bytes) / 2**20,
-            "max_state_MB": (max(self.state_bytes) if self.state_bytes else 0) / 2**20,
+            "max_state_MB": max(self.state_bytes, default=0) / 2**20,
             "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
             "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
             "empty_ranks": len(self.empty_ranks()),
@@ -185,12 +184,7 @@ def _check_specs(specs) -> List[MatrixSpec]:
         if s.name in seen:
             raise ValueError(f"duplicate parameter name in specs: {s.name!r}")
         seen.add(s.name)
-        dims = _check_shape(s.shape)
-        dtype = canonical_float_dtype(s.dtype)
-        if type(s) is MatrixSpec and dims is s.shape and dtype is s.dtype:
-            out.append(s)  # already canonical: kept as is
-        else:
-            out.append(MatrixSpec(s.name, dims, dtype))
+        out.append(MatrixSpec(s.name, _check_shape(s.shape), canonical_float_dtype(s.dtype)))
     return out
 
 
@@ -217,7 +211,6 @@ def _floor_ratio(values: List[int], nranks: int) -> float:
     if total <= 0:
         return 1.0
     prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
-    # some rank gets ceil(m/nranks) of the m largest
     best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
     return max(1.0, best * nranks / total)
 
@@ -281,7 +274,6 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
 
     owner: Dict[str, int] = {}
     allowed_of: Dict[str, frozenset] = {}
-    version = [0] * nranks  # bumped whenever a rank's load grows
     for d in sorted(classes, key=lambda d: (class_load[d], d)):
         # largest first, ties by name (a stable sort on the name-sorted list)
         names = sorted(sorted(classes[d]), key=lambda k: xs[k] + ys[k], reverse=True)
@@ -290,26 +282,25 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
         cap = max(1, min(nranks, -(-class_load[d] * nranks // (tb * tc))))
         allowed = sorted(range(nranks), key=key)[:cap]
         allowed_of[d] = frozenset(allowed)
-        # One heap of (key, rank, version) per matrix size: loads only grow
-        # while placing, so a stale entry's key is a lower bound of its
-        # current key; a fresh top is the exact argmin. Equal matrices (a
-        # model's experts) then cost O(log nranks) each.
+        # One heap of (key, rank) per matrix size: loads only grow while
+        # placing, so a stale entry's key is a lower bound of its current
+        # key; a current top is the exact argmin. Equal matrices (a model's
+        # experts) then cost O(log nranks) each.
         heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
             xk, yk = item = (xs[k], ys[k])
             heap = heaps.get(item)
             if heap is None:
-                heap = heaps[item] = [(key(r, xk, yk), r, version[r]) for r in allowed]
+                heap = heaps[item] = [(key(r, xk, yk), r) for r in allowed]
                 heapq.heapify(heap)
-            while heap[0][2] != version[heap[0][1]]:
-                r = heap[0][1]
-                heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
             r = heap[0][1]
+            while heap[0][0] != key(r, xk, yk):  # stale: r grew through another size
+                heapq.heapreplace(heap, (key(r, xk, yk), r))
+                r = heap[0][1]
             owner[k] = r
             x[r] += xk
             y[r] += yk
-            version[r] += 1
-            heapq.heapreplace(heap, (key(r, xk, yk), r, version[r]))
+            heapq.heapreplace(heap, (key(r, xk, yk), r))
 
     dtype_of = {k: d for d, names in classes.items() for k in names}
     refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref)
@@ -329,8 +320,6 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     best ``B`` so far. A capped class's matrices stay on its owners.
     """
     n = len(x)
-    if n == 1:
-        return
     load = (x, y)
     size = (xs, ys)
     # kept sorted: (score, -rank_order position, rank), the worst rank last;
@@ -359,15 +348,12 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
     def relocate(k: str, src: int, dst: int) -> None:
         for r, sign in ((src, -1), (dst, 1)):
             for vals, lst, sz in zip(load, by_load, size):
-                if sz[k]:
-                    del lst[bisect.bisect_left(lst, (vals[r], r))]
-                    vals[r] += sign * sz[k]
-                    bisect.insort(lst, (vals[r], r))
-            new = max(x[r], y[r])
-            if new != score[r]:
-                del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
-                bisect.insort(by_score, (new, -pref[r], r))
-                score[r] = new
+                del lst[bisect.bisect_left(lst, (vals[r], r))]
+                vals[r] += sign * sz[k]
+                bisect.insort(lst, (vals[r], r))
+            del by_score[bisect.bisect_left(by_score, (score[r], -pref[r], r))]
+            score[r] = max(x[r], y[r])
+            bisect.insort(by_score, (score[r], -pref[r], r))
         owner[k] = dst
         g = gkey[k]
         names = groups[src][g]
@@ -418,23 +404,18 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         # pair's sum in each dimension, so the new pair score is at least half
         # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of
         # reach. Partners are bisected in the rank's sorted kinds.
-        live_at = None
         for lr, r in by_load[dim]:
             if r == worst:
                 continue
-            if live_at != B:  # B dropped: forget k that cannot reach it
-                live = [t for t in mine if t[4] <= B and t[5] <= B]
-                live_at = B
             if lr > 2 * B - W:
                 break
             o_r = other_of[r]
             if o_r > 2 * B - ow:
                 continue
             lst, vals = index[r][dim]
-            for k, sk, ok, size_k, a_k, o_k, allowed_k in live:
-                # (partners only add to the worst rank: a k leaving it
-                # above B is out, and B only drops within a rank's loop)
-                if r not in allowed_k:
+            for k, sk, ok, size_k, a_k, o_k, allowed_k in mine:
+                # (partners only add to the worst rank: a k leaving it above B is out)
+                if a_k > B or o_k > B or r not in allowed_k:
                     continue
                 # the partner's value in the deciding dimension, then in the
                 # other, must keep both ranks at or below B
@@ -465,8 +446,7 @@ def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB:
     size over the buffer size, plus one, at most ``world_size``."""
     buffer_MB = buffer_size_MB if buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
     total_MB = sum(int(n) for n in numels) * 4 / 2**20
-    cap = 1 if total_MB == 0 else max(1, int(total_MB / buffer_MB) + 1)
-    return min(cap, world_size)
+    return min(max(1, int(total_MB / buffer_MB) + 1), world_size)
 
 
 def develop_owner_indices(numels: Sequence[int], dtype_keys: Sequence[str], world_size: int,
