@@ -50,6 +50,7 @@ from muon_conformance_impl import (
     KIND,
     LOCAL_2D_MISSING,
     MODULE,
+    MuonShardingOptimizer,
     Layout,
     build_rank,
     owned_matrix_names,
@@ -58,7 +59,7 @@ from muon_conformance_impl import (
 )
 from muon_sim_runner import LayoutOracle, max_diff, reference_values, train_steps
 from muon_test_compat import local_size
-from muon_tiny_moe import EXPERT_COLOUR, Reference, batch
+from muon_tiny_moe import EXPERT_COLOUR, H, Reference, TinyMoE, batch, make_muon
 
 TOL = 1e-5
 # develop's switch for the staged update (default on where the inner
@@ -154,6 +155,52 @@ class TestOneStepMatchesReference(_ReferenceCase):
     def test_group_call_two_pipeline_stages(self):
         # develop's rank formula needs moe_sharding before pipe (the default here)
         self.assert_trains_like_reference(Layout(ep=2, ms=2, pp=2, gpn=2), 1)
+
+
+class TestUnfusedEdgeCasesMatchReference(_ReferenceCase):
+    """The unfused reduce (comm_buffer_size_MB <= 0) on its edge cases."""
+
+    def test_colour_groups_of_one_rank(self):
+        # moe_sharding degree 1: each expert colour group is one rank (nothing
+        # to reduce or broadcast there); the dense group still spans the EP ranks
+        self.assert_trains_like_reference(Layout(ep=4, ms=1, fused=False), 1)
+
+    def test_matrix_without_gradient_steps_as_a_zero_gradient(self):
+        """A Muon matrix the loss never uses: the other parameters train like
+        the reference, and it takes the step a single process gives a zero
+        gradient (develop zero-fills it before the reduce)."""
+        cfg = Layout(ep=1, ms=2, fused=False)
+        unused = np.random.default_rng(7).normal(0, 0.3, (H, H)).astype("float32")
+
+        def make_unused():
+            p = paddle.create_parameter(
+                list(unused.shape), "float32",
+                default_initializer=paddle.nn.initializer.Assign(unused))
+            p.name = "dense.unused"  # the same name on every simulated rank
+            return p
+
+        def body(cfg):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(None, None)
+            net.add_parameter("dense_unused", make_unused())
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False), hcg)
+            train_steps(cfg, hcg, net, opt, steps=1)
+            return net.named_values(), net.dense_unused.numpy().copy()
+
+        results, world = run_world(cfg, body)
+        world.check_schedule()
+        expected = reference_values(cfg, 1)
+        alone = make_unused()
+        single = make_muon([alone], clip=False)
+        alone._copy_gradient_from(paddle.zeros_like(alone))
+        single.step()
+        for rank, (values, got) in enumerate(results):
+            diff, name = max_diff(values, expected[rank])
+            self.assertLess(diff, TOL, f"[{KIND}] rank {rank} {name} is {diff:.3g} from the "
+                                       "reference beside a matrix without gradient")
+            diff = float(np.abs(got - alone.numpy()).max())
+            self.assertLess(diff, TOL, f"[{KIND}] rank {rank}: the matrix without gradient is "
+                                       f"{diff:.3g} from a zero-gradient Muon step")
 
 
 class TestOwnerGradientIsTheGroupMean(unittest.TestCase):
