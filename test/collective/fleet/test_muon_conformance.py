@@ -77,8 +77,9 @@ def _train_body(steps: int):
 
 
 class _ReferenceCase(unittest.TestCase):
-    def assert_trains_like_reference(self, cfg: Layout, steps: int) -> None:
-        results, world = run_world(cfg, _train_body(steps))
+    def assert_trains_like_reference(self, cfg: Layout, steps: int, body=None) -> None:
+        """``body`` (default: build + train): runs on each rank, returns its values."""
+        results, world = run_world(cfg, body or _train_body(steps))
         world.check_schedule()
         expected = reference_values(cfg, steps)
         for rank, values in enumerate(results):
@@ -201,6 +202,26 @@ class TestUnfusedEdgeCasesMatchReference(_ReferenceCase):
             diff = float(np.abs(got - alone.numpy()).max())
             self.assertLess(diff, TOL, f"[{KIND}] rank {rank}: the matrix without gradient is "
                                        f"{diff:.3g} from a zero-gradient Muon step")
+
+
+class TestGroupCallColourOfOneMatrix(_ReferenceCase):
+    """A second dense colour on the sharding group (e.g. a separately coloured
+    output layer): each colour then holds a single matrix (develop
+    broadcasts it as it is, not packed into a flat buffer)."""
+
+    def test_trains_like_reference(self):
+        cfg = Layout(**GROUP_CALL)
+
+        def body(cfg):
+            hcg = paddle.distributed.fleet.get_hybrid_communicate_group()
+            net = TinyMoE(hcg.get_expert_parallel_rank(), hcg.get_moe_sharding_parallel_group())
+            net.dense["w_out"].color = {"color": "dense_out",
+                                        "group": hcg.get_sharding_parallel_group()}
+            opt = MuonShardingOptimizer(make_muon(list(net.parameters()), clip=False), hcg)
+            train_steps(cfg, hcg, net, opt, steps=1)
+            return net.named_values()
+
+        self.assert_trains_like_reference(cfg, 1, body)
 
 
 class TestOwnerGradientIsTheGroupMean(unittest.TestCase):
