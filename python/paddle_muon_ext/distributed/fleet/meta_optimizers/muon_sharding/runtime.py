@@ -154,13 +154,7 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         for tensor, _ in routes:
             tensor.scale_(1.0 / pre)
         if post != 1.0:
-            mine, after = [t for t, root in routes if root == dist.get_rank()], then
-
-            def then() -> None:
-                for tensor in mine:
-                    tensor.scale_(1.0 / post)
-                if after is not None:
-                    after()
+            then = _then_divide([t for t, root in routes if root == dist.get_rank()], post, then)
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     describe = _describe(op, group, phase)
@@ -180,6 +174,17 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         _dump_raised(recorder, describe, exc)
         raise
     return PendingCollective(tasks, entries, describe, then)
+
+
+def _then_divide(tensors: list, post: float, then: Callable[[], None] | None):
+    """``then`` preceded by dividing ``tensors`` (the roots' results) by ``post``."""
+    def divide() -> None:
+        for tensor in tensors:
+            tensor.scale_(1.0 / post)
+        if then is not None:
+            then()
+
+    return divide
 
 
 def reduce_onto(routes: Sequence[tuple], group, op) -> None:
