@@ -134,7 +134,6 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..distributed.fleet.meta_optimizers.muon_sharding import layout as msl
 from ..distributed.fleet.meta_optimizers.muon_sharding import step_plan as mst
 from .cost_rings import Group, Phase, Rings, ring_structure
 
