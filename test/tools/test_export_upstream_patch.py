@@ -644,7 +644,7 @@ def test_sharding_optimizer_keeps_every_develop_name(tmp_path, capsys):
         "g_shard_bypass_dygraph_optimizer = 0\n"
         "_develop_private_table = {}\n\n\n"
         "def _develop_private_helper():\n    pass\n\n\n"
-        "def run_staged_update():\n    pass\n")
+        "def _is_trainable(param):\n    pass\n")
     tree = str(tmp_path / "Paddle")
     _write_tree(tree, dict(DEVELOP, **{PM + "muon_sharding_optimizer.py": develop_text,
                                        ep.STRATEGY_DOC_PATH: STRATEGY_PY}))
@@ -660,8 +660,8 @@ def test_sharding_optimizer_keeps_every_develop_name(tmp_path, capsys):
     assert removed == ["MuonShardingOptimizer._DEVELOP_ONLY_ATTR",
                        "MuonShardingOptimizer._develop_only_method",
                        "_develop_private_helper", "_develop_private_table"], err
-    # ours defines _NO_HOOK_COLORS and the bypass flag, and imports run_staged_update
-    for kept in ("_NO_HOOK_COLORS", "g_shard_bypass_dygraph_optimizer", "run_staged_update"):
+    # ours defines _NO_HOOK_COLORS and the bypass flag, and imports _is_trainable
+    for kept in ("_NO_HOOK_COLORS", "g_shard_bypass_dygraph_optimizer", "_is_trainable"):
         assert kept not in "\n".join(l for l in err.splitlines() if "CONFLICT" in l), kept
 
 

@@ -61,6 +61,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_checkpoint import (
     CheckpointMismatchError,
     load_sharded_checkpoint,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.optimizer_state import (
+    state_owner,
+)
 
 register_cpu_tensor_fusion()
 
@@ -255,7 +258,7 @@ class TestShardedStateDict(unittest.TestCase):
         def body(hcg):
             net, opt = build_rank(Layout(ep=1, ms=2, dense_dtype="bfloat16"), hcg)
             train(net, opt, hcg, 0, 1)
-            owners = {k: opt._state_owner(k) for k in opt._inner_opt.state_dict()
+            owners = {k: state_owner(opt._runtime, k) for k in opt._inner_opt.state_dict()
                       if k.startswith("mlp.")}
             return owners, sorted(opt.sharded_state_dict(net.sharded_state_dict()))
 

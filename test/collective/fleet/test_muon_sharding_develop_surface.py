@@ -53,9 +53,6 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan i
     build_sync_stages,
     stage_element_limit,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
-    run_staged_update,
-)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as job_log
 
 FLAG = "FLAGS_muon_sharding_overlap_optimize_and_sync"
@@ -268,58 +265,12 @@ class TestSyncStageBuilding(unittest.TestCase):
         self.assertEqual([s["color"] for s in stages], ["moe"])
 
 
-class _StagedOpt:
-    """Records the staged calls of a fake inner optimizer."""
-
-    def __init__(self):
-        self.calls = []
-
-    def apply_grad_clip(self, pg):
-        self.calls.append(("clip", [p.name for p, _ in pg]))
-        return pg
-
-    def prepare_optimize(self, pg):
-        self.calls.append(("prepare", len(pg)))
-        return [x for x in pg if x[0].name.startswith("m")], \
-            [x for x in pg if not x[0].name.startswith("m")]
-
-    def update_params(self, muon, adamw):
-        self.calls.append(("update", [p.name for p, _ in muon], [p.name for p, _ in adamw]))
-
-
 class _Pending:
     def __init__(self, log, name):
         self.log, self.name = log, name
 
     def wait(self):
         self.log.append(("wait", self.name))
-
-
-class TestRunStagedUpdate(unittest.TestCase):
-    def test_clip_and_prepare_once_update_per_stage_then_wait(self):
-        m1, m2, s1 = _fake_param("m1"), _fake_param("m2"), _fake_param("s1")
-        stages = [{"kind": "2d", "local_params": [m2]}, {"kind": "2d", "local_params": []},
-                  {"kind": "1d", "local_params": [m1, s1]}]
-        opt, log = _StagedOpt(), []
-
-        def launch(stage):
-            log.append(("launch", stage["kind"]))
-            return [_Pending(log, stage["kind"])]
-
-        run_staged_update(opt, [(m1, 0), (m2, 0), (s1, 0)], stages, launch,
-                          lambda i, s: contextmanager(lambda: (yield))())
-        self.assertEqual(opt.calls, [("clip", ["m1", "m2", "s1"]), ("prepare", 3),
-                                     ("update", ["m2"], []), ("update", ["m1"], ["s1"])],
-                         "a stage without local params updates nothing")
-        self.assertEqual(log, [("launch", "2d"), ("launch", "2d"), ("launch", "1d"),
-                               ("wait", "2d"), ("wait", "2d"), ("wait", "1d")],
-                         "every sync is launched before any is waited on")
-
-    def test_a_parameter_in_no_stage_is_named(self):
-        m1 = _fake_param("m1")
-        with self.assertRaisesRegex(AssertionError, r"\['m1'\].*no sync stage"):
-            run_staged_update(_StagedOpt(), [(m1, 0)], [], lambda s: [],
-                              lambda i, s: contextmanager(lambda: (yield))())
 
 
 class TestStagedStepRefusesUnstagedParameters(unittest.TestCase):

@@ -58,6 +58,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers import (
     muon_sharding_optimizer as mso,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import settings as mss
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.optimizer_state import (
+    state_owner,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding_optimizer import (
     MuonShardingOptimizer,
 )
@@ -369,7 +372,7 @@ class TestCheckpoint(unittest.TestCase):
             local = {p.name for p in opt._local_parameter_list}
             kept = [k for k in seen if k not in ("master_weights", "LR_Scheduler")]
             lr_kept = "LR_Scheduler" in seen
-            owners = [opt._state_owner(k)[0] for k in kept]
+            owners = [state_owner(opt._runtime, k)[0] for k in kept]
             master_names = {k: v.name for k, v in seen.get("master_weights", {}).items()}
             train_steps(cfg, hcg, net, opt, first_step=2, steps=1)
             return net.named_values(), local, owners, len(full) - 2, master_names, lr_kept
@@ -680,7 +683,7 @@ class TestDevelopSurface(unittest.TestCase):
                 out["missing_raises"] = False
             except KeyError as error:
                 out["missing_raises"] = "not a trainable parameter" in str(error)
-            out["foreign_state_key"] = opt._state_owner("unrelated_state")
+            out["foreign_state_key"] = state_owner(opt._runtime, "unrelated_state")
             before = net.named_values()
             net(paddle.to_tensor(batch(0, rank))).backward()
             opt.reduce_gradients(list(net.parameters()), hcg)

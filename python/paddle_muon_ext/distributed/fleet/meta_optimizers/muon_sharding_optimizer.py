@@ -11,13 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Sharding optimizer for Muon: whole-matrix owners, element-wise 1-D shards.
-
-Each Muon parameter is owned whole by one rank of its colour's group (reduce to
-the owner, Newton-Schulz there, broadcast back); every other parameter is split
-element-wise (reduce-scatter, AdamW on the slice, all-gather). The work lives in
-``muon_sharding``; develop's attribute and method names in its ``develop_surface``.
-"""
+"""Sharding optimizer for Muon: each Muon matrix is owned whole by one rank of its colour's
+group (reduce, Newton-Schulz, broadcast); every other parameter is split element-wise
+(reduce-scatter, AdamW, all-gather). The work lives in ``muon_sharding``."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.utils.log_util import logger  # noqa: F401  (develop's name)
 
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.develop_surface import (
-    DevelopSurface,
-    run_staged_update,  # noqa: F401  (develop's module name)
+    DevelopSurface,  # absolute: the exporter follows the base's members only through this form
 )
 from .muon_sharding import optimizer_state
 from .muon_sharding.build import build_runtime
@@ -42,8 +37,7 @@ from .muon_sharding.layout import is_trainable as _is_trainable  # noqa: F401  (
 
 __all__ = ["MuonShardingOptimizer", "assign_muon_owners"]
 
-# Read once at import, as develop does: the update is skipped, the parameter
-# sync still runs (owners broadcast unchanged values).
+# Read once at import, as develop: the update is skipped, the sync still runs (unchanged values).
 g_shard_bypass_dygraph_optimizer = int(os.environ.get("FLAGS_shard_bypass_dygraph_optimizer", 0))
 
 
@@ -70,13 +64,10 @@ class MuonShardingOptimizer(DevelopSurface):
     Built as ``MuonShardingOptimizer(optimizer, hcg)`` (``fleet.distributed_optimizer``
     does it when ``strategy.use_muon_sharding`` is on); options come from fleet's strategy.
 
-    Gradient contract (as develop): when ``step()`` runs, each parameter's gradient
-    (``main_grad`` under MixPrecisionLayer, else ``grad``) is the gradient of this rank's
-    own loss; it is averaged over the parameter's colour group: the sharding group
-    without a colour, the colour's ``group`` (for experts the moe_sharding group) with
-    one. A dispatch over the EP group gives an expert's owner the sum over that group,
-    so expert gradients must be scaled by ``1/ep`` before ``step()`` (docs/USAGE.md,
-    "The gradient contract"). ``no_sync`` does not change the reduction.
+    Gradient contract (as develop; docs/USAGE.md): at ``step()`` each gradient is that of
+    this rank's loss, averaged over the parameter's colour group (the sharding group, or
+    the colour's ``group``). Expert gradients, summed over the EP group by the dispatch,
+    must be scaled by ``1/ep`` first. ``no_sync`` does not change the reduction.
 
     Args:
         optimizer (Muon): the inner optimizer (optionally inside ``MixPrecisionOptimizer``);
@@ -101,13 +92,12 @@ class MuonShardingOptimizer(DevelopSurface):
 
     def __init__(self, optimizer, hcg=None, strategy=None, *,
                  gpus_per_node: Callable[[], int] | None = None) -> None:
-        self._inner_opt = optimizer      # the wrapped optimizer (applies the update)
+        self._inner_opt = optimizer
         self._hcg = hcg if hcg is not None else fleet.get_hybrid_communicate_group()
         if strategy is None:
             strategy = getattr(fleet.fleet, "_user_defined_strategy", None)
-        # the model's parameters (the build points the inner optimizer at this rank's)
+        # read first: the build points the inner optimizer at this rank's parameters
         params = getattr(optimizer, "_parameter_list", None)
-        # every buffer, group, owner map and the step loop
         self._runtime = build_runtime(optimizer, self._hcg, strategy,
                                       gpus_per_node or resolve_gpus_per_node,
                                       bool(g_shard_bypass_dygraph_optimizer))
@@ -154,18 +144,16 @@ class MuonShardingOptimizer(DevelopSurface):
         return set(self._runtime.cleared_colours)
 
     def local_range(self, name: str) -> tuple[int, int]:
-        """Flattened ``(begin, end)`` of parameter ``name`` this rank updates: padding
-        excluded; the whole parameter when owned, ``(0, 0)`` when this rank holds none of it.
-        """
+        """Flattened ``(begin, end)`` of ``name`` this rank updates (no padding): the whole
+        parameter when owned, ``(0, 0)`` when this rank holds none of it."""
         try:
             return self._runtime.layout.local_range(name)
         except KeyError:
             raise KeyError(f"{name} is not a trainable parameter of this optimizer") from None
 
     def filter_parameters(self, parameter_list, hcg) -> list:
-        """Of the model's ``parameter_list``, those whose gradients this rank holds after
-        reduction (each counted once by a global-norm clip): owned matrices and this
-        rank's initialised slices. ``hcg`` is Paddle's interface (unused)."""
+        """Of ``parameter_list``, those whose reduced gradients this rank holds (what a
+        global-norm clip counts once): owned matrices and initialised slices. ``hcg`` is unused."""
         rt, result = self._runtime, []
         for p in parameter_list:
             if rt.layout.owners.get(p.name) == rt.rank:
@@ -176,12 +164,9 @@ class MuonShardingOptimizer(DevelopSurface):
 
     @framework.no_grad()
     def reduce_gradients(self, parameter_list, hcg) -> None:
-        """Reduce Muon gradients onto their owners and reduce-scatter the rest.
-
-        With ``comm_overlap`` the hooks launched the reduces; this waits and
-        reduces the no-hook colours synchronously. The arguments are Paddle's
-        interface (the optimizer knows its parameters and groups).
-        """
+        """Reduce Muon gradients onto their owners and reduce-scatter the rest (with
+        ``comm_overlap``: wait for the hooks' reduces, run the no-hook colours'). The
+        arguments are Paddle's interface, unused."""
         rt = self._runtime
         with rt.timed("reduce-gradients"):
             rt.run(rt.reduce_plan)
@@ -201,20 +186,17 @@ class MuonShardingOptimizer(DevelopSurface):
         """Clear every gradient this optimizer manages.
 
         Args:
-            set_to_zero (bool): True zeroes gradients in place. False frees what is not
-                linked to a fused buffer (per-parameter Muon gradients, ``main_grad`` of
-                unfused parameters); fused buffers (the gradients are views into them)
-                are zeroed, unless ``release_gradients`` releases the 1-D buffers.
+            set_to_zero (bool): True zeroes gradients in place; False frees those not
+                views of a fused buffer, and zeroes the fused buffers (``release_gradients``
+                releases the 1-D ones).
         """
         self._runtime.clear_grad(set_to_zero)
 
     @framework.no_grad()
     def clear_param_storage(self, color) -> None:
-        """Free the parameter storage of colour ``color`` (None: the default sharding
-        group) until the next step: every element-wise parameter of the colour (this
-        rank's slice is kept aside) and every matrix of it this rank does not own (the
-        owner's broadcast refills it). :meth:`step` restores the storage first.
-        """
+        """Free colour ``color``'s (None: the default group) parameter storage until
+        :meth:`step` restores it: its element-wise parameters (this rank's slice kept
+        aside) and the matrices this rank does not own (the owner's broadcast refills)."""
         self._runtime.clear_param_storage(color)
 
     @framework.no_grad()
@@ -227,28 +209,19 @@ class MuonShardingOptimizer(DevelopSurface):
         return self._inner_opt.state_dict()
 
     def set_state_dict(self, state_dict: dict) -> None:
-        """Load this rank's part of a full (all ranks merged) state dict: ``<param
-        name>_<state>`` keys, ``master_weights`` (param name -> tensor), ``LR_Scheduler``.
-        """
+        """Load this rank's part of a merged state dict (``<param name>_<state>`` keys,
+        ``master_weights``: name -> tensor, ``LR_Scheduler``)."""
         optimizer_state.set_state_dict(self._runtime, state_dict)
 
     def sharded_state_dict(self, model_sharded_state_dict: dict) -> dict:
-        """This rank's optimizer state for ``paddle.distributed.flex_checkpoint``:
-        structured key -> ShardedWeight, placed by ``model_sharded_state_dict`` (the
-        model's). Keys as develop (``<structured name>.<state>``, master ``.w_0``); shapes
-        and offsets come from the model's weight, so a checkpoint loads on another layout
-        (owned matrices whole, slices ``is_flattened``). Missing states are created, so a
-        fresh optimizer can load.
-        """
+        """This rank's state for ``flex_checkpoint``: key -> ShardedWeight, keyed as develop
+        (``<structured name>.<state>``, master ``.w_0``) and placed by the model's
+        ``model_sharded_state_dict``, so it loads on another layout (owned matrices whole,
+        slices ``is_flattened``). Missing states are created, so a fresh optimizer can load."""
         return optimizer_state.sharded_state_dict(self._runtime, model_sharded_state_dict)
 
-    def _state_owner(self, state_key: str) -> tuple[str, str] | None:
-        """(parameter name, develop's state name) of an optimizer state key, or None."""
-        return optimizer_state.state_owner(self._runtime, state_key)
-
     def __getattr__(self, item: str) -> Any:
-        # develop's forwarding (minimize, get_lr, ... of the inner optimizer);
-        # only reached for names this class does not define.
+        # develop's forwarding to the inner optimizer (only names this class lacks)
         if item in ("_inner_opt", "_runtime"):
             raise AttributeError(item)
         return getattr(self._inner_opt, item)

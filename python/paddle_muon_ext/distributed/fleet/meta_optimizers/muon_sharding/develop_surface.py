@@ -12,13 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """develop's attribute and method names of ``MuonShardingOptimizer``, derived read-only
-from the runtime, the settings and the hcg; kept for develop's callers and tests.
-"""
+from the runtime, the settings and the hcg; kept for develop's callers and tests."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import paddle
 from paddle import framework
@@ -27,31 +26,15 @@ from paddle.distributed.fleet.utils.log_util import logger
 from . import build
 from .layout import DEFAULT_COLOUR, DEFAULT_RAW_COLOUR, NO_HOOK_COLOURS, is_hooked, parse_colour
 from .owners import partition_2d_parameters
-from .runtime import (
-    PendingCollective,
-    _backward_hook,
-    _Call,
-    check_no_leftover,
-    comm_phase,
-    create_slice_param,
-    flatten_into,
-    get_param_grad,
-    launch_all_gather,
-    launch_coalesced,
-    prepare_by_id,
-    take_stage,
-    unpack_all,
-)
-from .step_plan import (
-    Op,
-    Trigger,
-    flat_broadcast_phase,
-)
+from .runtime import (PendingCollective, _backward_hook, _Call, comm_phase, create_slice_param,
+                      flatten_into, get_param_grad, launch_all_gather, launch_coalesced,
+                      unpack_all)
+from .step_plan import Op, Trigger, flat_broadcast_phase
 
-__all__ = ["DevelopSurface", "run_staged_update"]
+__all__ = ["DevelopSurface"]
 
 
-def _derived(getter: Callable[[Any], Any], name: str, source: str,
+def _derived(getter, name: str, source: str,
              fix: str = "change the strategy and build a new optimizer") -> property:
     """A read-only develop name. develop stores a copy; here the buffers, hooks and step
     plan were built from the value, so a write would be ignored: it is refused."""
@@ -79,9 +62,7 @@ def _rt(field: str) -> property:
 class DevelopSurface:
     """develop's names over ``self._runtime`` / ``self._settings`` / ``self._hcg``."""
 
-    # develop's shared (MTP) colours: complete only after the pipeline's
-    # shared-weight sync, so never reduced from a backward hook.
-    _NO_HOOK_COLORS = frozenset(NO_HOOK_COLOURS)
+    _NO_HOOK_COLORS = frozenset(NO_HOOK_COLOURS)  # develop's shared (MTP) colours
 
     # ------------------------------------------------ config mirrors (read-only)
     tensor_fusion = _setting("tensor_fusion")
@@ -103,13 +84,12 @@ class DevelopSurface:
     _default_group = _hcg("get_sharding_parallel_group", "_default_group")
     _sharding_world_size = _hcg("get_sharding_parallel_world_size", "_sharding_world_size")
     _sharding_rank = _hcg("get_sharding_parallel_rank", "_sharding_rank")
-    _origin_parameter_list = _derived(lambda self: self._parameter_list,
-                                      "_origin_parameter_list",
+    _origin_parameter_list = _derived(lambda self: self._parameter_list, "_origin_parameter_list",
                                       "the parameter list it was built with",
                                       "build a new optimizer")
     _shared_colors = _derived(lambda self: self._compute_shared_colors(self._parameter_list),
-                              "_shared_colors", "the colours of the parameters it was built "
-                              "with", "build a new optimizer")
+                              "_shared_colors", "the colours of the parameters it was built with",
+                              "build a new optimizer")
 
     # ------------------------------------------------ what the build made
     _global_rank = _rt("rank")
@@ -188,12 +168,9 @@ class DevelopSurface:
                            for c, by_rank in self._rank2params_2d_by_color.items())
 
     def _overlap_split(self) -> tuple[list, list]:
-        """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``.
-
-        develop splits by the hook colour rule whether or not ``comm_overlap``
-        is on, keeps one-rank groups, and counts the fused 2-D buffers as
-        overlap only without group call or with ``comm_overlap``.
-        """
+        """develop's ``(_sync_only_buffers, _overlap_comm_buffers)``: split by the hook
+        colour rule even with ``comm_overlap`` off, one-rank groups kept; the fused 2-D
+        buffers are overlap only without group call or with ``comm_overlap``."""
         rt = self._runtime
         fused_2d = [(b, bucket.colour) for bucket in rt.muon_buckets for b in bucket.buffers]
         slices = [(b, rt.rs_colour[id(b)]) for b in rt.rs_buffers]
@@ -239,11 +216,8 @@ class DevelopSurface:
 
     def _partition_2d_parameters(self, params: list, world_size: int,
                                  label: str = "") -> dict[int, list]:
-        """develop's owner rule, per dtype: rank -> its whole-matrix parameters.
-
-        Reads only ``comm_buffer_size_MB`` and ``_global_rank`` (develop's tests
-        call it on a stub carrying those two).
-        """
+        """develop's owner rule, per dtype: rank -> its whole-matrix parameters. Reads only
+        ``comm_buffer_size_MB`` and ``_global_rank`` (develop's tests call it on a stub)."""
         mapping = partition_2d_parameters(params, world_size, self.comm_buffer_size_MB)
         if self._global_rank == 0:
             logger.debug(f"Muon 2D partition{' ' + label if label else ''}: "
@@ -352,24 +326,3 @@ class DevelopSurface:
                 if ranks[index] == self._global_rank:
                     flatten_into(members, buffer)
                 yield ranks[index], {"param_buffer": buffer, "params": members}
-
-
-def run_staged_update(inner_opt, params_grads: list, stages, launch_sync: Callable[[dict], list],
-                      label: Callable[[int, dict], Any],
-                      wait_all: Callable[[list], None] | None = None) -> None:
-    """develop's helper: clip and prepare once, then per stage update and launch its sync;
-    wait all. Raises AssertionError when a parameter with a gradient is in no stage."""
-    muon_by_id, adamw_by_id = prepare_by_id(inner_opt, inner_opt.apply_grad_clip(params_grads))
-    pending: list = []
-    for index, stage in enumerate(stages):
-        stage_muon, stage_adamw = take_stage(muon_by_id, adamw_by_id, stage["local_params"])
-        if stage_muon or stage_adamw:
-            with label(index, stage):
-                inner_opt.update_params(stage_muon, stage_adamw)
-        pending.extend(launch_sync(stage))
-    if wait_all is None:
-        for task in pending:
-            task.wait()
-    else:
-        wait_all(pending)
-    check_no_leftover(muon_by_id, adamw_by_id)
