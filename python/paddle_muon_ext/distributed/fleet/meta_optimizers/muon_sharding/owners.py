@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -32,10 +31,10 @@ from .settings import (
 )
 
 __all__ = [
-    "MatrixSpec", "OwnerPartition", "newton_schulz_cost", "optimizer_state_bytes", "param_bytes",
-    "balanced_partition", "upstream_partition", "balance_floor", "develop_active_ranks",
+    "MatrixSpec", "OwnerPartition", "newton_schulz_cost", "optimizer_state_bytes",
+    "balanced_partition", "upstream_partition", "develop_active_ranks",
     "develop_owner_indices", "partition_2d_parameters", "machine_balanced_owner_indices",
-    "partition_from_owners", "rail_applies", "rail_positions", "rail_partition",
+    "partition_from_owners", "rail_positions", "rail_partition",
 ]
 
 
@@ -90,20 +89,10 @@ def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int
     return numel * (8 if multi_precision and dtype_itemsize(spec.dtype) < 4 else 4)
 
 
-def param_bytes(spec: MatrixSpec) -> int:
-    """Bytes of the parameter itself (what upstream's buffer size counts)."""
-    return math.prod(_check_shape(spec.shape)) * dtype_itemsize(spec.dtype)
-
-
 def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int], List[int]]:
     """State bytes and NS cost of each validated spec."""
     return ([math.prod(s.shape) * (8 if multi_precision and FLOAT_DTYPE_SIZES[s.dtype] < 4 else 4)
              for s in items], [_ns_cost_int(s.shape) for s in items])
-
-
-def _ratio_max_over_mean(values: Sequence[float]) -> float:
-    total = sum(values)
-    return max(values) * len(values) / total if total > 0 else 1.0  # (1.0 for no values too)
 
 
 @dataclass
@@ -116,7 +105,6 @@ class OwnerPartition:
     ns_cost: List[float]
     dtypes: Dict[str, str] = field(default_factory=dict)
     method: str = PARTITION_BALANCED
-    notes: List[str] = field(default_factory=list)
 
     def params_of(self, rank: int) -> List[str]:
         """Names owned by ``rank``, in the order the specs were given."""
@@ -134,31 +122,6 @@ class OwnerPartition:
         for name, owner in self.owners.items():
             out.setdefault(self.dtypes.get(name, "float32"), set()).add(owner)
         return {k: sorted(out[k]) for k in sorted(out)}
-
-    def num_buffers(self) -> int:
-        """Number of (owner, dtype) fused buffers the map implies."""
-        return sum(len(v) for v in self.owners_by_dtype().values())
-
-    def state_bytes_max_over_mean(self) -> float:
-        return _ratio_max_over_mean(self.state_bytes)
-
-    def ns_cost_max_over_mean(self) -> float:
-        return _ratio_max_over_mean(self.ns_cost)
-
-    def summary(self) -> dict:
-        return {
-            "method": self.method,
-            "nranks": self.nranks,
-            "num_params": len(self.owners),
-            "total_state_MB": sum(self.state_bytes) / 2**20,
-            "max_state_MB": max(self.state_bytes, default=0) / 2**20,
-            "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
-            "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
-            "empty_ranks": len(self.empty_ranks()),
-            "num_buffers": self.num_buffers(),
-            "owners_by_dtype": {k: len(v) for k, v in self.owners_by_dtype().items()},
-            "notes": list(self.notes),
-        }
 
 
 def _check_nranks(nranks) -> int:
@@ -201,29 +164,6 @@ def _rank_positions(rank_order, nranks: int) -> List[int]:
     for pos, r in enumerate(order):
         pref[r] = pos
     return pref
-
-
-def _floor_ratio(values: List[int], nranks: int) -> float:
-    """Lower bound of max/mean over any assignment of whole items: for every
-    m, some rank receives at least ceil(m/nranks) of the m largest items, so
-    its load is at least the sum of the ceil(m/nranks) smallest of them."""
-    total = sum(values)
-    if total <= 0:
-        return 1.0
-    prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
-    best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
-    return max(1.0, best * nranks / total)
-
-
-def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: bool = True):
-    """Lower bounds on (state max/mean, NS max/mean) that *any* whole-matrix
-    partition must reach (largest matrices against the mean share, including
-    the granularity of many equal matrices); the figures a target can be
-    checked against before calling it missed."""
-    items = _check_specs(specs)
-    nranks = _check_nranks(nranks)
-    bs, cs = _costs(items, multi_precision)
-    return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
 
 
 def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
@@ -764,16 +704,3 @@ def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, i
     return _partition(items, nranks, [owner[s.name] for s in items], PARTITION_RAIL,
                       multi_precision)
 
-
-def rail_applies(plan: Any) -> bool:
-    """Whether the rail rule differs from ``balanced`` anywhere on ``plan``:
-    some stage's sharding group spans two or more nodes (the dense colour is
-    the one routed hierarchically).
-
-    Args:
-        plan: a hierarchical plan, or None (the flat path: never).
-    """
-    if plan is None:
-        return False
-    return any(rail_positions(plan, plan.sharding_group_ranks(s)) is not None
-               for s in range(plan.pp_degree))
