@@ -31,8 +31,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     LayoutSettings,
     ShardingLayout,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import balance_floor
 from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, max_over_mean
+from paddle_muon_ext.tools.fast_layout import count_buffers
+from paddle_muon_ext.tools.plan_world import balance_floor
 
 EXPERT_COLOUR = "moe_expert"
 
@@ -123,8 +124,8 @@ def per_rank_path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarc
             specs = [p.to_matrix_spec() for p in sparams
                      if p.use_muon and p.is_expert == (colour is not None)]
             row = {"colour": label, "stage": stage, "nranks": part.nranks,
-                   "num_params": len(part.owners), "num_buckets": part.num_buffers(),
-                   "state_bytes_max_over_mean": part.state_bytes_max_over_mean(),
+                   "num_params": len(part.owners), "num_buckets": count_buffers(part),
+                   "state_bytes_max_over_mean": max_over_mean(part.state_bytes),
                    "state_floor": balance_floor(specs, part.nranks)[0]}
             if colour is not None:
                 row = {**row, "groups": len({plan.moe_sharding_ranks(r)

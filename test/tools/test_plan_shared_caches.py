@@ -191,7 +191,7 @@ class TestBalancedOwnersUnderRankOrder(unittest.TestCase):
                 self.assertEqual(got.owners, want.owners)
                 self.assertEqual(got.state_bytes, want.state_bytes)
                 self.assertEqual(got.ns_cost, want.ns_cost)
-                self.assertEqual(got.summary(), want.summary())
+                self.assertEqual(got, want)  # dtypes and method too
 
     def test_the_flat_and_hierarchical_owners_of_a_group_run_the_rule_once(self):
         params = tuple(ParamMeta(s.name, s.shape, s.dtype, None, True)

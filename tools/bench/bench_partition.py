@@ -61,11 +61,13 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners impo
     optimizer_state_bytes,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (  # noqa: E402
-    balance_floor,
     balanced_partition,
     machine_balanced_owner_indices,
     upstream_partition,
 )
+from paddle_muon_ext.tools.cost_model import max_over_mean  # noqa: E402
+from paddle_muon_ext.tools.fast_layout import count_buffers  # noqa: E402
+from paddle_muon_ext.tools.plan_world import balance_floor  # noqa: E402
 
 TARGET_STATE = 1.05
 TARGET_NS = 1.10
@@ -110,19 +112,19 @@ def bench(
         up = upstream_partition(specs, n, buffer_size_MB=buffer_size_MB)
         fb, fc = balance_floor(specs, n)
         achievable = fb <= TARGET_STATE and fc <= TARGET_NS
-        so, no = ours.state_bytes_max_over_mean(), ours.ns_cost_max_over_mean()
+        so, no = max_over_mean(ours.state_bytes), max_over_mean(ours.ns_cost)
         out["cases"][n] = {
             "ours": {
                 "state_max_over_mean": so,
                 "ns_max_over_mean": no,
                 "empty_ranks": len(ours.empty_ranks()),
-                "buffers": ours.num_buffers(),
+                "buffers": count_buffers(ours),
             },
             "upstream": {
-                "state_max_over_mean": up.state_bytes_max_over_mean(),
-                "ns_max_over_mean": up.ns_cost_max_over_mean(),
+                "state_max_over_mean": max_over_mean(up.state_bytes),
+                "ns_max_over_mean": max_over_mean(up.ns_cost),
                 "empty_ranks": len(up.empty_ranks()),
-                "buffers": up.num_buffers(),
+                "buffers": count_buffers(up),
             },
             "floor": {"state": fb, "ns": fc},
             "achievable": achievable,
@@ -257,7 +259,7 @@ def scale(sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES,
         specs = MODELS[model](num)
         row: Dict = {"model": model, "matrices": num, "ranks": nranks}
         row["balanced_s"], part = _timed(lambda: balanced_partition(specs, nranks))
-        row["balanced_state_max_over_mean"] = part.state_bytes_max_over_mean()
+        row["balanced_state_max_over_mean"] = max_over_mean(part.state_bytes)
         if previous is not None and num <= previous_up_to:
             items = [(s.name, optimizer_state_bytes(s), _ns(s.shape), s.dtype) for s in specs]
             row["previous_balanced_s"], old = _timed(

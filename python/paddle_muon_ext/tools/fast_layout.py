@@ -58,7 +58,7 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     stages_from_inputs,
 )
 
-__all__ = ["FastPlacement", "HashedTuple", "IdentityMemo"]
+__all__ = ["FastPlacement", "HashedTuple", "IdentityMemo", "count_buffers"]
 
 
 class HashedTuple(tuple):
@@ -97,6 +97,11 @@ class IdentityMemo:
         self._entries[(tuple(map(id, objs)), extra)] = (objs, value)
 
 
+def count_buffers(part: OwnerPartition) -> int:
+    """Number of (owner, dtype) fused buffers the owner map of ``part`` implies."""
+    return len({(r, part.dtypes.get(k, "float32")) for k, r in part.owners.items()})
+
+
 def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
     """The partition with group index ``p`` renamed ``rank_order[p]``."""
     n = partition.nranks
@@ -106,8 +111,7 @@ def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
         ns[r] = partition.ns_cost[p]
     return dataclasses.replace(
         partition, owners={k: rank_order[v] for k, v in partition.owners.items()},
-        state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes),
-        notes=list(partition.notes))
+        state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes))
 
 
 class FastPlacement(Placement):
@@ -309,10 +313,10 @@ class FastPlacement(Placement):
 
     # ---------------------------------------------------------------- plan
     def num_buffers(self, part: OwnerPartition) -> int:
-        """``part.num_buffers()``, once per (owners, dtypes) maps of the run's partitions."""
+        """:func:`count_buffers`, once per (owners, dtypes) maps of the run's partitions."""
         n = self._num_buffers.get((part.owners, part.dtypes))
         if n is IdentityMemo.MISSING:
-            n = part.num_buffers()
+            n = count_buffers(part)
             self._num_buffers.put((part.owners, part.dtypes), n)
         return n
 

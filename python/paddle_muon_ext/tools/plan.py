@@ -127,7 +127,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
             row = {
                 "colour": label, "stage": stage, "nranks": part.nranks,
                 "num_params": len(part.owners), "num_buckets": placement.num_buffers(part),
-                "state_bytes_max_over_mean": part.state_bytes_max_over_mean(),
+                "state_bytes_max_over_mean": max_over_mean(part.state_bytes),
                 "state_floor": stage_floor(sparams, colour is not None, part.nranks)[0],
             }
             if colour is not None:

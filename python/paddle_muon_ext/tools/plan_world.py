@@ -25,12 +25,16 @@ model.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.comm_plan import HierarchicalCommPlan
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings, ShardingLayout
-from ..distributed.fleet.meta_optimizers.muon_sharding.owners import MatrixSpec
-from ..distributed.fleet.meta_optimizers.muon_sharding.owners import balance_floor
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import (
+    MatrixSpec,
+    newton_schulz_cost,
+    optimizer_state_bytes,
+)
 from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     PHASE_INTRA_NODE_BROADCAST,
     PHASE_INTRA_NODE_REDUCE,
@@ -40,8 +44,8 @@ from . import presets
 from .args import MuonCommConfig
 from .fast_layout import FastPlacement
 
-__all__ = ["EXPERT_COLOUR", "FlatPathPlan", "Stage", "WorldByClass", "build_layout_plan",
-           "group_class_key", "split_stages", "stage_floor", "stage_metas"]
+__all__ = ["EXPERT_COLOUR", "FlatPathPlan", "Stage", "WorldByClass", "balance_floor",
+           "build_layout_plan", "group_class_key", "split_stages", "stage_floor", "stage_metas"]
 
 #: Colour key of expert parameters (the MoE models' convention).
 EXPERT_COLOUR = "moe_expert"
@@ -131,6 +135,28 @@ class Stage(list):
                                        if m.use_muon and m.colour == colour]
             self._floors[key] = balance_floor(self._specs[expert], nranks)
         return self._floors[key]
+
+
+def _floor_ratio(values: List[int], nranks: int) -> float:
+    """Lower bound of max/mean over any assignment of whole items: for every
+    m, some rank receives at least ceil(m/nranks) of the m largest items, so
+    its load is at least the sum of the ceil(m/nranks) smallest of them."""
+    total = sum(values)
+    if total <= 0:
+        return 1.0
+    prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
+    best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
+    return max(1.0, best * nranks / total)
+
+
+def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: bool = True):
+    """Lower bounds on (state max/mean, NS max/mean) that *any* whole-matrix
+    partition must reach (largest matrices against the mean share, including
+    the granularity of many equal matrices); the figures a target can be
+    checked against before calling it missed."""
+    # NS costs as ints, as the owner rules sum them (a float sum could round)
+    return (_floor_ratio([optimizer_state_bytes(s, multi_precision) for s in specs], nranks),
+            _floor_ratio([int(newton_schulz_cost(s.shape)) for s in specs], nranks))
 
 
 def stage_metas(sparams: Sequence[presets.ParamSpec]) -> list:

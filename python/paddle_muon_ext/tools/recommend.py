@@ -30,8 +30,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..distributed.fleet.meta_optimizers.muon_sharding.layout import LayoutSettings
 from ..distributed.fleet.meta_optimizers.muon_sharding.settings import option_default
-from ..distributed.fleet.meta_optimizers.muon_sharding.owners import develop_active_ranks
-from ..distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
+from ..distributed.fleet.meta_optimizers.muon_sharding.owners import (
+    develop_active_ranks,
+    rail_positions,
+)
 from ..distributed.fleet.meta_optimizers.muon_sharding.settings import itemsize
 from . import cost_bound, limits
 from .args import DEFAULT_BUFFER_MB
@@ -40,7 +42,7 @@ from .plan_world import build_layout_plan
 
 __all__ = ["BUFFER_SIZES_MB", "DEFAULT_CONFIG", "MAX_BUFFER_MB", "ONE_BUFFER_MIN_GAIN",
            "annotate", "config", "develop_fit_mb", "figure_input",
-           "one_buffer_mb", "recommend", "sharding_configs", "why_line"]
+           "one_buffer_mb", "rail_applies", "recommend", "sharding_configs", "why_line"]
 
 #: Buffer sizes ``--recommend`` tries (MB), besides the run's own and
 #: :func:`one_buffer_mb`'s.
@@ -78,6 +80,20 @@ def config(group_call: bool, rule: str, buffer_mb: float) -> Dict[str, Any]:
 def _key(cfg: Dict[str, Any]) -> Key:
     return (cfg["comm_group_call_opt"], cfg["muon_partition_strategy"],
             float(cfg["comm_buffer_size_MB"]))
+
+
+def rail_applies(plan: Any) -> bool:
+    """Whether the rail rule differs from ``balanced`` anywhere on ``plan``:
+    some stage's sharding group spans two or more nodes (the dense colour is
+    the one routed hierarchically).
+
+    Args:
+        plan: a hierarchical plan, or None (the flat path: never).
+    """
+    if plan is None:
+        return False
+    return any(rail_positions(plan, plan.sharding_group_ranks(s)) is not None
+               for s in range(plan.pp_degree))
 
 
 class _Estimates:

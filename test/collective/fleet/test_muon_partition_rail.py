@@ -61,9 +61,9 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners impo
     balanced_partition,
     partition_from_owners,
 )
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import rail_applies
 from paddle_muon_ext.tools.args import MuonCommConfig
 from paddle_muon_ext.tools.plan_world import build_layout_plan
+from paddle_muon_ext.tools.recommend import rail_applies
 from paddle_muon_ext.tools.presets import get_preset
 
 RAIL = "rail"

@@ -29,12 +29,12 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners impo
     OwnerPartition,
     newton_schulz_cost,
     optimizer_state_bytes,
-    param_bytes,
 )
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.owners import (
     balanced_partition,
     upstream_partition,
 )
+from paddle_muon_ext.tools.cost_model import max_over_mean
 
 RULES = (("balanced", lambda specs: balanced_partition(specs, 2)),
          ("upstream_greedy", lambda specs: upstream_partition(specs, 2)))
@@ -84,14 +84,12 @@ class TestSpecRefusals(unittest.TestCase):
 
 class TestCostHelpers(unittest.TestCase):
     def test_sizes_and_costs_match_hand_counts(self):
-        # [3, 5] bf16: 15 elements x 2 bytes; state fp32 momentum 60 B + master 60 B
+        # [3, 5] bf16: state fp32 momentum 60 B + master 60 B
         bf16 = MatrixSpec("a", (3, 5), "bfloat16")
-        self.assertEqual(param_bytes(bf16), 30)
         self.assertEqual(optimizer_state_bytes(bf16), 120)
         self.assertEqual(optimizer_state_bytes(bf16, multi_precision=False), 60)
         # fp32 keeps no master weight
         self.assertEqual(optimizer_state_bytes(MatrixSpec("b", (3, 5))), 60)
-        self.assertEqual(param_bytes(MatrixSpec("c", (2, 3, 4), "float32")), 96)
         # max(m, n) * min(m, n)^2, times the leading (expert) dims
         self.assertEqual(newton_schulz_cost((3, 5)), 5 * 3 * 3)
         self.assertEqual(newton_schulz_cost((5, 3)), 5 * 3 * 3)
@@ -106,15 +104,15 @@ class TestCostHelpers(unittest.TestCase):
         self.assertEqual(part.params_of(1), [])
         self.assertEqual(part.empty_ranks(), [1])
         # max * n / total: 30 * 3 / 60 and 2 * 3 / 3
-        self.assertAlmostEqual(part.state_bytes_max_over_mean(), 1.5)
-        self.assertAlmostEqual(part.ns_cost_max_over_mean(), 2.0)
+        self.assertAlmostEqual(max_over_mean(part.state_bytes), 1.5)
+        self.assertAlmostEqual(max_over_mean(part.ns_cost), 2.0)
         for bad in (-1, 3):
             with self.assertRaisesRegex(ValueError, f"rank {bad} out of range for nranks=3"):
                 part.params_of(bad)
         # nothing to balance reads as perfectly even, not as a division by zero
         idle = OwnerPartition(nranks=2, owners={}, state_bytes=[0, 0], ns_cost=[])
-        self.assertEqual(idle.state_bytes_max_over_mean(), 1.0)
-        self.assertEqual(idle.ns_cost_max_over_mean(), 1.0)
+        self.assertEqual(max_over_mean(idle.state_bytes), 1.0)
+        self.assertEqual(max_over_mean(idle.ns_cost), 1.0)
 
 
 if __name__ == "__main__":

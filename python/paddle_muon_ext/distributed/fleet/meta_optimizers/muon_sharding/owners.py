@@ -11,17 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The owner rules: which rank of a sharding group owns each whole Muon matrix (state, NS).
-
-Develop's rule and machine-balanced rule, ``balanced`` (state bytes and Newton-Schulz cost) and
-``rail``, with their records (:class:`MatrixSpec`, :class:`OwnerPartition`); pure Python, no paddle.
-"""
+"""The owner rules: which rank of a sharding group owns each whole Muon matrix (state, NS):
+develop's rule and machine-balanced rule, ``balanced`` and ``rail``; pure Python, no paddle."""
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -32,10 +28,10 @@ from .settings import (
 )
 
 __all__ = [
-    "MatrixSpec", "OwnerPartition", "newton_schulz_cost", "optimizer_state_bytes", "param_bytes",
-    "balanced_partition", "upstream_partition", "balance_floor", "develop_active_ranks",
+    "MatrixSpec", "OwnerPartition", "newton_schulz_cost", "optimizer_state_bytes",
+    "balanced_partition", "upstream_partition", "develop_active_ranks",
     "develop_owner_indices", "partition_2d_parameters", "machine_balanced_owner_indices",
-    "partition_from_owners", "rail_applies", "rail_positions", "rail_partition",
+    "partition_from_owners", "rail_positions", "rail_partition",
 ]
 
 
@@ -90,20 +86,10 @@ def optimizer_state_bytes(spec: MatrixSpec, multi_precision: bool = True) -> int
     return numel * (8 if multi_precision and dtype_itemsize(spec.dtype) < 4 else 4)
 
 
-def param_bytes(spec: MatrixSpec) -> int:
-    """Bytes of the parameter itself (what upstream's buffer size counts)."""
-    return math.prod(_check_shape(spec.shape)) * dtype_itemsize(spec.dtype)
-
-
 def _costs(items: Sequence[MatrixSpec], multi_precision: bool) -> Tuple[List[int], List[int]]:
     """State bytes and NS cost of each validated spec."""
     return ([math.prod(s.shape) * (8 if multi_precision and FLOAT_DTYPE_SIZES[s.dtype] < 4 else 4)
              for s in items], [_ns_cost_int(s.shape) for s in items])
-
-
-def _ratio_max_over_mean(values: Sequence[float]) -> float:
-    total = sum(values)
-    return max(values) * len(values) / total if total > 0 else 1.0  # (1.0 for no values too)
 
 
 @dataclass
@@ -116,7 +102,6 @@ class OwnerPartition:
     ns_cost: List[float]
     dtypes: Dict[str, str] = field(default_factory=dict)
     method: str = PARTITION_BALANCED
-    notes: List[str] = field(default_factory=list)
 
     def params_of(self, rank: int) -> List[str]:
         """Names owned by ``rank``, in the order the specs were given."""
@@ -134,31 +119,6 @@ class OwnerPartition:
         for name, owner in self.owners.items():
             out.setdefault(self.dtypes.get(name, "float32"), set()).add(owner)
         return {k: sorted(out[k]) for k in sorted(out)}
-
-    def num_buffers(self) -> int:
-        """Number of (owner, dtype) fused buffers the map implies."""
-        return sum(len(v) for v in self.owners_by_dtype().values())
-
-    def state_bytes_max_over_mean(self) -> float:
-        return _ratio_max_over_mean(self.state_bytes)
-
-    def ns_cost_max_over_mean(self) -> float:
-        return _ratio_max_over_mean(self.ns_cost)
-
-    def summary(self) -> dict:
-        return {
-            "method": self.method,
-            "nranks": self.nranks,
-            "num_params": len(self.owners),
-            "total_state_MB": sum(self.state_bytes) / 2**20,
-            "max_state_MB": max(self.state_bytes, default=0) / 2**20,
-            "state_bytes_max_over_mean": self.state_bytes_max_over_mean(),
-            "ns_cost_max_over_mean": self.ns_cost_max_over_mean(),
-            "empty_ranks": len(self.empty_ranks()),
-            "num_buffers": self.num_buffers(),
-            "owners_by_dtype": {k: len(v) for k, v in self.owners_by_dtype().items()},
-            "notes": list(self.notes),
-        }
 
 
 def _check_nranks(nranks) -> int:
@@ -203,29 +163,6 @@ def _rank_positions(rank_order, nranks: int) -> List[int]:
     return pref
 
 
-def _floor_ratio(values: List[int], nranks: int) -> float:
-    """Lower bound of max/mean over any assignment of whole items: for every
-    m, some rank receives at least ceil(m/nranks) of the m largest items, so
-    its load is at least the sum of the ceil(m/nranks) smallest of them."""
-    total = sum(values)
-    if total <= 0:
-        return 1.0
-    prefix = [0, *itertools.accumulate(sorted(values, reverse=True))]
-    best = max(prefix[m] - prefix[m - -(-m // nranks)] for m in range(1, len(prefix)))
-    return max(1.0, best * nranks / total)
-
-
-def balance_floor(specs: Sequence[MatrixSpec], nranks: int, multi_precision: bool = True):
-    """Lower bounds on (state max/mean, NS max/mean) that *any* whole-matrix
-    partition must reach (largest matrices against the mean share, including
-    the granularity of many equal matrices); the figures a target can be
-    checked against before calling it missed."""
-    items = _check_specs(specs)
-    nranks = _check_nranks(nranks)
-    bs, cs = _costs(items, multi_precision)
-    return _floor_ratio(bs, nranks), _floor_ratio(cs, nranks)
-
-
 def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
                        rank_order: Optional[Sequence[int]] = None,
                        multi_precision: bool = True) -> OwnerPartition:
@@ -250,10 +187,8 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
     items = _check_specs(specs)
     pref = _rank_positions(rank_order, nranks)
     bs, cs = _costs(items, multi_precision)
-    # Loads as exact integers: bytes times the total NS cost (x) and NS cost
-    # times the total bytes (y) order ranks as S_r / mean_S and C_r / mean_C
-    # do, so a rank's score is max(x, y). Integer sums: the same on every
-    # rank whatever the input order.
+    # Exact integers, the same on every rank whatever the input order: x = bytes * total NS
+    # and y = NS * total bytes order ranks as S_r / mean_S and C_r / mean_C; score max(x, y).
     tb = max(sum(bs), 1)
     tc = max(sum(cs), 1)
     xs = {s.name: b * tc for s, b in zip(items, bs)}
@@ -277,15 +212,12 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
     for d in sorted(classes, key=lambda d: (class_load[d], d)):
         # largest first, ties by name (a stable sort on the name-sorted list)
         names = sorted(sorted(classes[d]), key=lambda k: xs[k] + ys[k], reverse=True)
-        # owners: the least loaded ranks, as many as the class load in units
-        # of one rank's share (exact ceil on integers)
+        # owners: the ceil(class load / one rank's share) least loaded ranks
         cap = max(1, min(nranks, -(-class_load[d] * nranks // (tb * tc))))
         allowed = sorted(range(nranks), key=key)[:cap]
         allowed_of[d] = frozenset(allowed)
-        # One heap of (key, rank) per matrix size: loads only grow while
-        # placing, so a stale entry's key is a lower bound of its current
-        # key; a current top is the exact argmin. Equal matrices (a model's
-        # experts) then cost O(log nranks) each.
+        # One heap of (key, rank) per matrix size: loads only grow, so a stale key is a lower
+        # bound and a current top is the exact argmin; equal matrices cost O(log nranks) each.
         heaps: Dict[Tuple[int, int], list] = {}
         for k in names:
             xk, yk = item = (xs[k], ys[k])
@@ -309,27 +241,23 @@ def balanced_partition(specs: Sequence[MatrixSpec], nranks: int,
 
 
 def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> None:
-    """The balanced rule's refinement (on its scaled loads ``x`` / ``y``, updated in place
-    with ``owner``): while it lowers the most loaded rank's score, move one of its matrices
-    elsewhere or swap one with a smaller matrix elsewhere.
+    """The balanced rule's refinement of ``owner`` and its scaled loads ``x`` / ``y`` (in place).
 
-    Each round takes the best improving move or swap: lowest new pair score
-    ``B``, then moves before swaps, matrix name, ``rank_order``, partner name;
-    matrices of equal (bytes, NS cost, dtype) are interchangeable (the smallest
-    name stands for them). Exact, visiting only candidates that can reach the
-    best ``B`` so far. A capped class's matrices stay on its owners.
+    While it lowers the worst rank's score, each round takes the best move of one of its
+    matrices or swap with a smaller one elsewhere: lowest new pair score ``B``, then moves
+    before swaps, matrix name, ``rank_order``, partner name; matrices of equal (bytes, NS cost,
+    dtype) are interchangeable (the smallest name stands for them). Exact, visiting only
+    candidates that can reach the best ``B`` so far. A capped class's matrices stay on its owners.
     """
     n = len(x)
     load = (x, y)
     size = (xs, ys)
-    # kept sorted: (score, -rank_order position, rank), the worst rank last;
-    # (load, rank) in each dimension
+    # kept sorted: (score, -rank_order position, rank), the worst last; (load, rank) per dim
     score = [max(a, b) for a, b in zip(x, y)]
     by_score = sorted((v, -pref[r], r) for r, v in enumerate(score))
     by_load = tuple(sorted((v, r) for r, v in enumerate(vals)) for vals in load)
-    # every matrix's kind (scaled bytes, scaled NS cost, dtype); each rank
-    # keeps its kinds -> names (sorted), the smallest name being the one the
-    # name tie-break picks among interchangeable matrices
+    # each rank's kinds (scaled bytes, scaled NS cost, dtype) -> names, sorted: the smallest
+    # name is the one the name tie-break picks among interchangeable matrices
     gkey = {k: (xs[k], ys[k], dtype_of[k]) for k in xs}
     groups: List[Dict[tuple, List[str]]] = [{} for _ in range(n)]
     for k in sorted(owner):
@@ -375,8 +303,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
         load_of, other_of, ow = load[dim], load[o], load[o][worst]
         # dtypes the worst rank may take back (capped classes keep their owners)
         host_ok = {d for d, a in allowed_of.items() if worst in a}
-        # per kind on the worst rank, largest first: its sizes, their sum,
-        # the worst rank's loads without it
+        # per kind on the worst rank, largest first: sizes, their sum, the rank's loads without it
         mine = []
         for k in sorted((names[0] for names in groups[worst].values()),
                         key=lambda k: (-(xs[k] + ys[k]), k)):
@@ -400,10 +327,9 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
                     if best is None or cand < best:
                         best, B = cand, new
 
-        # Swaps, on ranks by ascending load, ties by rank id. A swap keeps the
-        # pair's sum in each dimension, so the new pair score is at least half
-        # of it: ranks above 2B - W (deciding) or 2B - ow (other) are out of
-        # reach. Partners are bisected in the rank's sorted kinds.
+        # Swaps, on ranks by ascending load. A swap keeps the pair's sum in each dimension, so
+        # the new pair score is at least half of it: ranks above 2B - W (deciding) or 2B - ow
+        # (other) are out of reach. Partners are bisected in the rank's sorted kinds.
         for lr, r in by_load[dim]:
             if r == worst:
                 continue
@@ -417,8 +343,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
                 # (partners only add to the worst rank: a k leaving it above B is out)
                 if a_k > B or o_k > B or r not in allowed_k:
                     continue
-                # the partner's value in the deciding dimension, then in the
-                # other, must keep both ranks at or below B
+                # the partner's value in each dimension must keep both ranks at or below B
                 lo = bisect.bisect_left(vals, sk - (B - lr))
                 hi = bisect.bisect_left(vals, sk - (W - B) + 1, lo)
                 q_lo = o_r + ok - B
@@ -442,8 +367,7 @@ def refine(owner, x, y, xs, ys, dtype_of, allowed_of, pref, max_iters=10000) -> 
 
 
 def develop_active_ranks(numels: Sequence[int], world_size: int, buffer_size_MB: float) -> int:
-    """How many ranks develop lets one dtype class use: its fp32-estimated
-    size over the buffer size, plus one, at most ``world_size``."""
+    """Ranks develop lets one dtype class use: fp32-estimated MB / buffer MB + 1, <= world_size."""
     buffer_MB = buffer_size_MB if buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
     total_MB = sum(int(n) for n in numels) * 4 / 2**20
     return min(max(1, int(total_MB / buffer_MB) + 1), world_size)
@@ -469,8 +393,7 @@ def develop_owner_indices(numels: Sequence[int], dtype_keys: Sequence[str], worl
     for key in sorted(by_dtype):
         idx = sorted(by_dtype[key], key=lambda i: -int(numels[i]))
         active = develop_active_ranks([numels[i] for i in idx], world_size, buffer_size_MB)
-        # (load, rank) heap: the first index of the minimum load is the
-        # smallest (load, rank) pair, so a heap finds it in O(log active).
+        # the first rank of the minimum load is the smallest (load, rank) pair: a heap's top
         heap = [(0, r) for r in range(active)]
         for i in idx:
             load, r = heap[0]
@@ -523,7 +446,7 @@ def partition_from_owners(specs: Sequence[MatrixSpec], nranks: int, owners: Dict
         specs: the group's Muon matrices.
         nranks: ranks of the group.
         owners: name -> group index, for every spec.
-        method: the rule that chose them (reported by ``summary``).
+        method: the rule that chose them (``OwnerPartition.method``).
         multi_precision: count fp32 master weights of sub-32-bit dtypes.
     """
     items = _check_specs(specs)
@@ -562,15 +485,12 @@ def machine_balanced_owner_indices(
         rank_to_machine: global rank -> machine id.
         buffer_size_MB: ``comm_buffer_size_MB`` (``<= 0``: 256, as develop).
 
-    Every (group, dtype) class is a bucket that may use develop's ``active``
-    number of its group's ranks. Buckets are placed largest first (ties by
-    colour, dtype, group ranks: the result ignores dict and dtype order); in
-    a bucket matrices go largest first (stable) onto (a) the least-loaded
-    machine (bytes, whole job), (b) then the one owning fewest matrices,
-    (c) then its least-loaded rank within the bucket, lowest group index
-    first. A bucket opens ranks until it uses ``min(active, matrices)`` of
-    them. On one machine this is exactly :func:`develop_owner_indices` per
-    dtype.
+    Every (group, dtype) bucket may use develop's ``active`` number of its group's ranks.
+    Buckets go largest first (ties by colour, dtype, group ranks: dict and dtype order do not
+    matter); in a bucket matrices go largest first (stable) onto the least-loaded machine
+    (bytes, whole job), then the one owning fewest matrices, then its least-loaded rank in the
+    bucket, lowest group index first; a bucket opens ranks until it uses ``min(active,
+    matrices)``. On one machine this is :func:`develop_owner_indices` per dtype.
 
     Returns:
         tuple: ``key -> {group index: [names]}`` (every index present, names
@@ -586,8 +506,7 @@ def machine_balanced_owner_indices(
                     f"rank {r} of colour group {key!r} has no machine in rank_to_machine; "
                     "gather every rank's machine before partitioning"
                 )
-        # None (the default group) first; other colours by their text, so keys of
-        # mixed types still sort the same way on every rank
+        # None (the default group) first, then by text: mixed key types sort alike on every rank
         colour_key = (0, "") if colour is None else (1, str(colour))
         by_dtype: Dict[str, List[Tuple]] = {}
         for entry in entries:
@@ -615,10 +534,9 @@ def machine_balanced_owner_indices(
 def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_count):
     """Group index of every item of one bucket (items largest first).
 
-    The first ``active`` items open a rank each, the others go to an opened
-    one. Machines sit in a heap keyed by ``(machine bytes, machine matrices,
-    best candidate's (bucket load, index))`` -- exactly the order of the rule
-    -- so a placement costs O(log machines + log ranks per machine).
+    The first ``active`` items open a rank each, the others go to an opened one. Machines sit
+    in a heap keyed by the rule's order, ``(machine bytes, machine matrices, best candidate's
+    (bucket load, index))``: a placement costs O(log machines + log ranks per machine).
     """
     cands: Dict[int, List[Tuple[int, int]]] = {}  # machine -> heap of (bucket load, index)
     for i, r in enumerate(ranks):
@@ -646,8 +564,7 @@ def _place_bucket(items, ranks, active, rank_to_machine, machine_bytes, machine_
         placed.append(i)
         opening = len(placed) <= active
         if opening and numel == 0:
-            # develop's first minimum: the rest (all of numel 0, as items come
-            # largest first) go to this opened rank still empty
+            # develop's first minimum: the rest (numel 0 too) go to this still empty rank
             rest = len(items) - len(placed)
             machine_count[m] += rest
             return placed + [i] * rest
@@ -668,9 +585,8 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
         group_ranks: the colour group's global ranks, in group order.
 
     Returns:
-        tuple or None: per group index, the position of its node among the group's
-        nodes (ascending) and its card index; None without a plan or when the group
-        sits on one node (no rail crosses nodes: ``balanced`` applies instead).
+        tuple or None: per group index, its node's position among the group's nodes and its
+        card; None without a plan or on one node (no rail crosses nodes: ``balanced`` applies).
     """
     if plan is None:
         return None
@@ -680,8 +596,7 @@ def rail_positions(plan: Any, group_ranks: Sequence[int]) -> Optional[Tuple[Tupl
     if len(nodes) < 2:
         return None
     pos = {n: i for i, n in enumerate(nodes)}
-    # node positions, not node ids: groups of equal shape (pipeline stages)
-    # share one cached result
+    # node positions, not ids: groups of equal shape (pipeline stages) share one cached result
     return tuple((pos[n], plan.card_of(r)) for n, r in zip(node_of, ranks))
 
 
@@ -690,20 +605,18 @@ def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, i
                    multi_precision: bool = True) -> OwnerPartition:
     """Assign every matrix to one owner so card rails and nodes carry even bytes.
 
-    On the hierarchical path a dense Muon buffer crosses nodes only on its
-    owner's card index (its NIC rail). Dtype classes are placed smallest
-    first, each on at most ``ceil(class bytes / one rank's share)`` of the
-    least-loaded ranks (ties: rail load, node load, ``rank_order``); in a
-    class, largest first (ties by name) onto the least-loaded rail (ties: its
-    first position in ``rank_order``), then that rail's least-loaded rank
-    (ties: node load, ``rank_order``). Bytes are the parameter's own (what its
-    reduce and broadcast send); Newton-Schulz cost is not weighed.
+    On the hierarchical path a dense Muon buffer crosses nodes only on its owner's card (its
+    NIC rail). Dtype classes go smallest first, each on at most ``ceil(class bytes / one rank's
+    share)`` of the least-loaded ranks (ties: rail load, node load, ``rank_order``); in a class,
+    largest first (ties by name) onto the least-loaded rail (ties: its first position in
+    ``rank_order``), then that rail's least-loaded rank (ties: node load, ``rank_order``).
+    Bytes are the parameter's own (what its reduce and broadcast send); NS cost is not weighed.
 
     Args:
         specs: the group's Muon matrices.
         positions: ``(node, card)`` of every group index (:func:`rail_positions`).
-        rank_order: preference among equal loads (group indices; the plan's
-            spread order); default ``0..n-1``.
+        rank_order: preference among equal loads (group indices; the plan's spread order);
+            default ``0..n-1``.
         multi_precision: count fp32 master weights in the reported state bytes.
 
     Returns:
@@ -743,9 +656,8 @@ def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, i
         first = {c: min(pref[r] for r in rs) for c, rs in on_rail.items()}
         rails = [(rail_load[c], first[c], c) for c in on_rail]
         heapq.heapify(rails)
-        # Loads only grow, so a rank's heap entry made stale (its node grew
-        # through another rail) is a lower bound of its current key: a top
-        # whose key is current is the exact minimum.
+        # Loads only grow, so a stale rank entry (its node grew through another rail) is a
+        # lower bound of its current key: a top whose key is current is the exact minimum.
         ranks = {c: [rank_key(r) for r in rs] for c, rs in on_rail.items()}
         for heap in ranks.values():
             heapq.heapify(heap)
@@ -764,16 +676,3 @@ def rail_partition(specs: Sequence[MatrixSpec], positions: Sequence[Tuple[int, i
     return _partition(items, nranks, [owner[s.name] for s in items], PARTITION_RAIL,
                       multi_precision)
 
-
-def rail_applies(plan: Any) -> bool:
-    """Whether the rail rule differs from ``balanced`` anywhere on ``plan``:
-    some stage's sharding group spans two or more nodes (the dense colour is
-    the one routed hierarchically).
-
-    Args:
-        plan: a hierarchical plan, or None (the flat path: never).
-    """
-    if plan is None:
-        return False
-    return any(rail_positions(plan, plan.sharding_group_ranks(s)) is not None
-               for s in range(plan.pp_degree))
