@@ -31,6 +31,7 @@ from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout impo
     LayoutSettings,
     ShardingLayout,
 )
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.step_plan import hier_groups
 from paddle_muon_ext.tools.cost_model import AlphaBeta, CostPath, max_over_mean
 from paddle_muon_ext.tools.fast_layout import count_buffers
 from paddle_muon_ext.tools.plan_world import balance_floor
@@ -60,7 +61,8 @@ def world_ops(layouts) -> list:
     ops = []
     for rank in sorted(layouts):
         lay = layouts[rank]
-        if all(rank != min(g) for g in lay.comm_groups()):
+        groups = [*lay.groups.values(), *(hier_groups(lay) if lay.plan is not None else ())]
+        if all(rank != min(g) for g in groups):
             continue
         ops.extend(op for op in lay.schedule() if rank == min(op.group))
     return ops
@@ -145,7 +147,7 @@ def per_rank_path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarc
         "buckets": [
             {"colour": "dense" if b.colour is None else "moe",
              "stage": plan.stage_of(b.owner), "owner": b.owner, "dtype": b.dtype,
-             "bytes": sum(b.param_bytes), "grad_chunks": len(b.reduce_numels()),
+             "bytes": sum(b.param_bytes), "grad_chunks": len(b.chunks or b.params),
              "group_nodes": len({r // gpn for r in b.group}), "route": b.route_kind}
             for b in buckets
         ],

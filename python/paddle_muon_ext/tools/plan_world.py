@@ -190,7 +190,7 @@ def _bucket(b, group=None, owner=None) -> _Bucket:
     """``b``'s figures; ``group``/``owner`` rename it onto another group of its class."""
     return _Bucket(b.colour, b.group if group is None else group,
                    b.owner if owner is None else owner, b.dtype, len(b.params),
-                   sum(b.param_bytes), len(b.reduce_numels()), b.route_kind)
+                   sum(b.param_bytes), len(b.chunks or b.params), b.route_kind)
 
 
 def group_class_key(group: Sequence[int], gpn: int) -> tuple:

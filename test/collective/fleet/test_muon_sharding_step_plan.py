@@ -178,9 +178,6 @@ class TestPhasesPerRouteAndMode(unittest.TestCase):
                          {"reduce_scatter", "intra_node_reduce", "reduce_to_owner"})
         self.assertEqual(by_trigger["reduce_gradients"], {"cross_node_reduce"})
         self.assertTrue(all(b.route_kind.endswith("+overlap") for b in layout.muon_buckets))
-        summary = layout.to_dict()
-        self.assertEqual(summary["rank"], 5)
-        self.assertEqual(len(summary["schedule"]), len(ops))
 
 
 class TestLayoutStagesMatchOptimizer(unittest.TestCase):

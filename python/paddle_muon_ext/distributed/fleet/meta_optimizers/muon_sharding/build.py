@@ -53,8 +53,7 @@ from .settings import (
 )
 from .step_plan import SyncTrigger
 
-# The package re-exports the reduce *function* under the module's name; the
-# module itself holds is_avg_reduce_op_supported.
+# The module itself: the package exports the reduce function under the module's name.
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
 
 
@@ -77,7 +76,6 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     settings.check(hcg.get_pipe_parallel_world_size())
     rt = ShardingRuntime(rank=dist.get_rank(), inner=optimizer, hcg=hcg, settings=settings)
     params = list(optimizer._parameter_list)
-    info_map = optimizer._muon_param_info_map
     rt.use_avg = settings.use_reduce_avg and _reduce_module.is_avg_reduce_op_supported()
     # As develop: whether the parameters had main_grad when the optimizer was built.
     rt.use_main_grad = hasattr(params[0], "main_grad")
@@ -98,10 +96,9 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     trainable = [p for p in params if is_trainable(p)]
     keys = {p.name: colour_key(p, default_group, rt.rank) for p in trainable}
     rt.colour_groups = collect_colour_groups(keys)
-    # Before any other collective, and before the per-parameter errors below
-    # that one rank alone could raise while the others wait.
-    check_ranks_agree(rt, params, keys, default_group)
-    whole = {p.name: uses_muon(p, info_map) for p in trainable}
+    # The first collective, before any error one rank alone could raise while others wait.
+    check_ranks_agree(rt, trainable, keys, default_group)
+    whole = {p.name: uses_muon(p, optimizer._muon_param_info_map) for p in trainable}
     if settings.comm_group_call_opt:
         rt.plan = HierarchicalCommPlan.from_hcg(hcg, gpus_per_node())
         check_plan_matches_sharding_group(rt.plan, rt.rank, default_group)
@@ -143,8 +140,7 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     rt.plan_phases()
     if settings.comm_overlap and not settings.pp_sharding_comm_overlap:
         rt.register_hooks()
-    # The inner optimizer only ever sees what this rank updates: whole
-    # matrices it owns and its 1-D slices (given storage at the first step).
+    # The inner optimizer sees only what this rank updates: its whole matrices and 1-D slices.
     rt.local_params = rt.owned_muon_params() + rt.local_slice_params()
     set_inner_opt_attr(optimizer, "_parameter_list", rt.local_params)
     logger.debug("MuonShardingOptimizer rank %d owns %d of %d Muon params; %d Muon buckets, "
@@ -160,10 +156,9 @@ def set_inner_opt_attr(optimizer, name: str, value: Any) -> None:
         setattr(opt, name, value)
 
 
-def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_group) -> None:
+def check_ranks_agree(rt: ShardingRuntime, trainable: list, keys: dict, default_group) -> None:
     """Refuse ranks of one group that built different parameters, options or per-parameter
-    settings: collective over the sharding and colour groups; raises
-    ``RankDisagreementError`` on every rank."""
+    settings (collective over the sharding and colour groups; RankDisagreementError on all)."""
     options = agreement.sharding_options(
         rt.settings,
         overlap_optimize_and_sync=read_overlap_optimize_and_sync(),
@@ -172,8 +167,7 @@ def check_ranks_agree(rt: ShardingRuntime, params: list, keys: dict, default_gro
     )
     info_map, base = rt.inner._muon_param_info_map, rt.base_opt
     records = [(keys[p.name][0], agreement.param_record(p, info_map.get(p.name)),
-                agreement.param_settings(p, base))
-               for p in params if is_trainable(p)]
+                agreement.param_settings(p, base)) for p in trainable]
     groups = {**rt.colour_groups, None: default_group}
     digests = agreement.group_digests(
         records, {k: list(g.ranks) for k, g in groups.items()}, options)
@@ -284,8 +278,6 @@ def colour_key(param, default_group, rank: int) -> tuple[Any, Any]:
         raise ValueError(
             f"parameter {param.name} has color={color!r}; expected None, -1 or "
             "a dict {'color': key, 'group': paddle.distributed.Group}.")
-    # develop: a dict without 'color' (or with -1/None) is the default colour;
-    # a dict without 'group' uses the sharding group
     if parsed.key is DEFAULT_COLOUR:
         return DEFAULT_COLOUR, default_group
     group = parsed.group

@@ -11,12 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Where every byte of the Muon sharding optimizer goes, as plain data.
-
-:class:`ShardingLayout` decides for one rank the owner of every Muon matrix, the buckets,
-the element-wise buffers and ranges, each bucket's route and the step plan, with no process
-group or tensor: the optimizer, ``plan``, ``verify`` and the benchmarks read the same object.
-"""
+"""Where every byte of the Muon sharding optimizer goes, as plain data: :class:`ShardingLayout`
+(owners, buckets, element-wise ranges, routes, step plan of one rank), no process group or
+tensor; the optimizer, ``plan`` and ``verify`` read the same object."""
 
 from __future__ import annotations
 
@@ -40,24 +37,18 @@ __all__ = ["ParamMeta", "LayoutSettings", "MuonBucketSpec", "SliceBufferSpec",
 
 
 # ----------------------------------------------------------------- colours
-#: The colour key of the default sharding group.
-DEFAULT_COLOUR = None
-#: develop's raw colour of the default group (keys ``_color_to_comm_buffer_list``).
-DEFAULT_RAW_COLOUR = -1
-#: Colours whose gradients are never reduced from overlap hooks (develop's
-#: shared MTP weights: complete only after the pipeline's shared-weight sync).
+DEFAULT_COLOUR = None  # the colour key of the default sharding group
+DEFAULT_RAW_COLOUR = -1  # develop's (keys ``_color_to_comm_buffer_list``)
+#: Colours never reduced from overlap hooks (develop's shared MTP weights:
+#: complete only after the pipeline's shared-weight sync).
 NO_HOOK_COLOURS: tuple = ("dense_weight_no_hook", "moe_weight_no_hook")
 
 
 @dataclass(frozen=True)
 class ParsedColour:
-    """What a ``param.color`` value means, by develop's rules.
-
-    ``key``: the colour key (:data:`DEFAULT_COLOUR` for the default group);
-    ``group``: a dict colour's ``'group'`` (else None); ``from_dict``: the value
-    was develop's dict ``{'color', 'group'}``; ``declared``: a dict's ``'color'``
-    as written, else the value (what develop's ``_buffer_color`` reports).
-    """
+    """What a ``param.color`` value means, by develop's rules: the colour ``key``, a dict's
+    ``group`` (else None), ``from_dict`` (develop's ``{'color', 'group'}``) and ``declared``
+    (a dict's ``'color'`` as written, else the value: develop's ``_buffer_color``)."""
 
     key: Hashable
     group: Any
@@ -73,12 +64,11 @@ def parse_colour(value: Any, default_group: Any = None) -> ParsedColour:
         default_group: the group of a dict colour without ``'group'``.
 
     Returns:
-        ParsedColour: None, -1 and a dict without ``'color'`` or with None/-1
-        are the default colour; anything else is its own key.
+        ParsedColour: None, -1 and a dict without ``'color'`` or with None/-1 are the
+        default colour; anything else is its own key (a string ``"-1"`` too).
     """
     from_dict = isinstance(value, dict)
     declared = value.get("color") if from_dict else value
-    # develop's default colour: None or the int -1 (a string "-1" is a colour)
     default = declared is None or (isinstance(declared, int) and declared == DEFAULT_RAW_COLOUR)
     return ParsedColour(DEFAULT_COLOUR if default else declared,
                         value.get("group", default_group) if from_dict else None,
@@ -91,23 +81,16 @@ def is_hooked(comm_overlap: bool, colour: Hashable) -> bool:
 
 
 def is_trainable(param: Any) -> bool:
-    """A parameter the optimizer reduces and updates.
-
-    A zero-size parameter has nothing to reduce or update: it stays out of
-    every buffer (an empty fused buffer reads as released) and keeps its value.
-    """
+    """A parameter the optimizer reduces and updates (a zero-size one stays out of every
+    buffer, where an empty fused buffer would read as released, and keeps its value)."""
     return not param.stop_gradient and 0 not in tuple(param.shape)
 
 
 # ------------------------------------------------------------------ specs
 @dataclass(frozen=True)
 class ParamMeta:
-    """What the layout needs to know about one trainable parameter.
-
-    ``colour``: the colour key (None: the default group); ``dtype``: a name like
-    ``"float32"``; ``group_key``: Muon's ``muon_group_key`` (None: ``(None, shape)``),
-    which sync stages never split.
-    """
+    """What the layout needs to know about one trainable parameter; ``group_key``: Muon's
+    ``muon_group_key`` (None: ``(None, shape)``), which sync stages never split."""
 
     name: str
     shape: tuple
@@ -119,8 +102,7 @@ class ParamMeta:
     nbytes: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Frozen: the derived sizes are computed once (the schedule reads them often).
-        # A tuple of ints is kept as is (a bool is no int here: it converts).
+        # Frozen: sizes computed once; a tuple of ints is kept (a bool converts).
         d = self.__dict__
         shape = self.shape
         if type(shape) is not tuple or not all(type(x) is int for x in shape):
@@ -140,8 +122,8 @@ class LayoutSettings:
         partition_strategy: ``"upstream_greedy"`` (develop's rule, the default),
             ``"balanced"`` or ``"rail"`` (``"balanced"`` without a plan or on one node).
         alignment_bytes: per-parameter padding of fused buffers.
-        overlap_sync: develop's ``overlap_optimize_and_sync``: update and sync stage by
-            stage (off under ``comm_group_call_opt`` unless ``overlap_sync_group_call``).
+        overlap_sync: develop's ``overlap_optimize_and_sync`` (on by default): update and
+            sync stage by stage (off under ``comm_group_call_opt`` unless the next is set).
         overlap_sync_group_call: keep the staged sync on the hierarchical route.
     """
 
@@ -149,7 +131,6 @@ class LayoutSettings:
     comm_overlap: bool = False
     partition_strategy: str = option_default("muon_partition_strategy")
     alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
-    # develop's default (FLAGS_muon_sharding_overlap_optimize_and_sync=1)
     overlap_sync: bool = True
     overlap_sync_group_call: bool = False
 
@@ -160,18 +141,10 @@ class LayoutSettings:
 
 @dataclass(frozen=True)
 class MuonBucketSpec:
-    """Muon matrices of one (colour, owner, dtype): one broadcast buffer.
-
-    Attributes:
-        colour: colour key; group: the colour group's global ranks (group order).
-        owner: owning global rank; dtype: canonical dtype name.
-        params: names in model order; chunks: the fused gradient buffers
-            (empty when unfused: one reduce per parameter).
-        route: ``"flat"`` or ``"hierarchical"``; overlap: launched from hooks.
-        numel: elements of the broadcast buffer (unpadded).
-        chunk_numels, chunk_bytes: padded elements, unpadded bytes of each chunk.
-        param_numels, param_bytes: elements, bytes of each parameter.
-    """
+    """Muon matrices of one (colour, owner, dtype): one broadcast buffer. ``group``: the
+    colour group's ranks; ``chunks``: the fused gradient buffers (empty when unfused: one
+    reduce per parameter); ``overlap``: launched from hooks; ``numel``, ``chunk_bytes``:
+    unpadded, ``chunk_numels``: padded."""
 
     colour: Hashable
     group: tuple
@@ -191,10 +164,6 @@ class MuonBucketSpec:
     def route_kind(self) -> str:
         """``flat`` / ``hierarchical``, with ``+overlap`` when hooks launch it."""
         return self.route + ("+overlap" if self.overlap else "")
-
-    def reduce_numels(self) -> tuple:
-        """Elements of each gradient reduce (per chunk, or per parameter)."""
-        return self.chunk_numels if self.chunks else self.param_numels
 
     def reduce_parts(self) -> tuple:
         """(padded numel, unpadded bytes) of each gradient reduce."""
@@ -230,37 +199,28 @@ class SliceBufferSpec:
     def shard_numel(self) -> int:
         return self.total // len(self.group)
 
-    def _overlap(self, name: str, group_index: int) -> tuple:
-        # (index of name, begin, end) of the shard's overlap with its padded range
+    def range_in_param(self, name: str, group_index: int) -> tuple:
+        """``(begin, end)`` of ``name``, flattened and without padding, in the shard of
+        ``group_index``; ``(0, 0)`` when the shard holds none of it."""
         i = self.params.index(name)
         shard = self.shard_numel
-        rank_begin = group_index * shard
-        return (i, max(self.offsets[i], rank_begin),
-                min(self.offsets[i] + self.padded[i], rank_begin + shard))
-
-    def range_in_param(self, name: str, group_index: int) -> tuple:
-        """``(begin, end)`` within the flattened parameter held by group index ``i``.
-
-        Padding excluded; ``(0, 0)`` when the rank's shard holds none of it.
-        """
-        i, begin, end = self._overlap(name, group_index)
         numel = self.param_numels[i]
-        lo = min(begin - self.offsets[i], numel)
-        hi = min(end - self.offsets[i], numel)
+        lo = min(max(0, group_index * shard - self.offsets[i]), numel)
+        hi = min((group_index + 1) * shard - self.offsets[i], self.padded[i], numel)
         return (lo, hi) if hi > lo else (0, 0)
 
     def holds_slice(self, name: str, group_index: int) -> bool:
         """Whether the shard overlaps the parameter's padded range (FusedCommBuffer's rule)."""
-        _, begin, end = self._overlap(name, group_index)
-        return begin < end
+        i = self.params.index(name)
+        begin = group_index * self.shard_numel
+        return max(self.offsets[i], begin) < min(self.offsets[i] + self.padded[i],
+                                                 begin + self.shard_numel)
 
 
 # -------------------------------------------------------------- placement
 def chunk_by_size(nbytes: Sequence[int], limit_MB: float) -> list:
-    """Item indices per chunk of consecutive items of at most ``limit_MB`` together.
-
-    An item never splits; one chunk per item when ``limit_MB <= 0``.
-    """
+    """Item indices per chunk of consecutive items of at most ``limit_MB`` together (an item
+    never splits; one chunk per item when ``limit_MB <= 0``)."""
     if limit_MB <= 0:
         return [[i] for i in range(len(nbytes))]
     limit = limit_MB * 1024 * 1024
@@ -289,12 +249,9 @@ def padded_numel(numel: int, dtype: str, settings: LayoutSettings, multiple: int
 
 
 def owner_rule_inputs(ranks: tuple, plan: HierarchicalCommPlan | None, strategy: str) -> tuple:
-    """``(strategy, rank_order, positions)`` the rule runs with on group ``ranks``.
-
-    ``rail`` where no rail crosses nodes is ``balanced``; with a plan the
-    balanced and rail rules prefer, among equally loaded ranks, the order
-    alternating cards and nodes (group-local indices).
-    """
+    """``(strategy, rank_order, positions)`` the rule runs with on group ``ranks``: ``rail``
+    where no rail crosses nodes is ``balanced``; with a plan, balanced and rail prefer among
+    equally loaded ranks the order alternating cards and nodes (group-local indices)."""
     rank_order = positions = None
     if strategy == PARTITION_RAIL:
         positions = rail_positions(plan, ranks)
@@ -308,11 +265,8 @@ def owner_rule_inputs(ranks: tuple, plan: HierarchicalCommPlan | None, strategy:
 
 def partition_by_rule(specs: Sequence[MatrixSpec], nranks: int, rank_order: tuple | None,
                       strategy: str, buffer_MB: float, positions: tuple | None) -> OwnerPartition:
-    """The owner partition of one group by ``strategy`` (group-local indices).
-
-    ``rank_order`` and ``positions`` come from :func:`owner_rule_inputs`;
-    only develop's rule reads ``buffer_MB``.
-    """
+    """The owner partition (group-local indices) by :func:`owner_rule_inputs`' results;
+    only develop's rule reads ``buffer_MB``."""
     order = None if rank_order is None else list(rank_order)
     if strategy == PARTITION_RAIL:
         return rail_partition(specs, positions, rank_order=order)
@@ -338,8 +292,7 @@ def assign_muon_owners(specs: Sequence[MatrixSpec], group_ranks: Sequence[int],
         buffer_size_MB: buffer size of the upstream rule.
 
     Returns:
-        tuple[dict[str, int], OwnerPartition]: name -> owner global rank, and
-        the partition (group-local indices).
+        tuple[dict[str, int], OwnerPartition]: owners (global ranks), the partition (local).
     """
     ranks = tuple(int(r) for r in group_ranks)
     strategy, rank_order, positions = owner_rule_inputs(ranks, plan, partition_strategy)
@@ -417,11 +370,8 @@ def _fixed_owners_of(colour, group: tuple, params: Sequence[ParamMeta],
 
 def colour_muon_layout(colour, group: tuple, params: tuple, plan, settings: LayoutSettings,
                        fixed: tuple | None = None) -> tuple:
-    """``(owner_of, partition, buckets)`` of one colour group's Muon matrices.
-
-    ``fixed``: ``((name, group index), ...)`` chosen beforehand
-    (:func:`_fixed_owners_of`); None: ``settings.partition_strategy``.
-    """
+    """``(owner_of, partition, buckets)`` of one colour group's Muon matrices; ``fixed``:
+    ``((name, group index), ...)`` chosen beforehand, None: ``settings.partition_strategy``."""
     specs = tuple(MatrixSpec(p.name, p.shape, p.dtype) for p in params)
     if fixed is None:
         owner_of, partition = assign_muon_owners(
@@ -445,12 +395,8 @@ def split_params(params: Sequence[ParamMeta]) -> tuple:
 
 
 class Placement:
-    """The functions :meth:`ShardingLayout.build` and the step plan compute with.
-
-    Plain and uncached: the optimizer builds one layout per rank. A tool that
-    builds many layouts of one model passes a subclass that reuses results
-    (the plan tool's memos); every method must return what the plain one does.
-    """
+    """The functions :meth:`ShardingLayout.build` and the step plan compute with, uncached;
+    the plan tool's subclass memoises them and must return what these return."""
 
     split_params = staticmethod(split_params)
     muon_layout = staticmethod(colour_muon_layout)
@@ -459,7 +405,6 @@ class Placement:
     reduce_ops = staticmethod(_step_plan.reduce_ops)
 
 
-#: The placement of every layout built without one.
 PLAIN_PLACEMENT = Placement()
 
 
@@ -476,9 +421,8 @@ class ShardingLayout:
         partitions: colour key -> OwnerPartition (load figures for tools).
         muon_buckets, slice_buffers: the buffers in issue order.
         params: name -> :class:`ParamMeta`.
-        clip_groups: the groups the global-norm clip all-reduces its norm over, in
-            issue order (Paddle's ``HybridParallelClipGrad``: the sharding group
-            twice, then the pipe group); empty: the step has no such clip.
+        clip_groups: the groups the global-norm clip all-reduces its norm over, in issue
+            order (see ``build.clip_groups``); empty: the step has no such clip.
         placement: how the layout and its step plan were computed.
     """
 
@@ -493,8 +437,7 @@ class ShardingLayout:
     params: dict = field(repr=False)
     clip_groups: tuple = ()
     placement: Placement = field(default=PLAIN_PLACEMENT, repr=False, compare=False)
-    # Memos of what the fields above determine (filled on first use, never compared):
-    # the sync stages and the step plan, both read at build time and by the tools.
+    # memos of what the fields above determine, never compared
     _stages: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _phases: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -512,14 +455,10 @@ class ShardingLayout:
             groups: colour key -> global ranks of its group, each containing ``rank``.
             rank: this global rank; settings: placement options.
             plan: the routing plan; with it, default-colour Muon buckets route hierarchically.
-            fixed_owners: Muon parameter name -> owning global rank, decided for the
-                whole job (develop's machine-balanced rule); None: by
-                ``settings.partition_strategy`` per colour group.
+            fixed_owners: Muon parameter name -> owning global rank, decided for the whole
+                job (develop's machine-balanced rule); None: ``settings.partition_strategy``.
             clip_groups: the global-norm clip's all-reduce groups (see the attribute).
             placement: the functions computing the placement and step plan.
-
-        Returns:
-            ShardingLayout: the layout.
 
         Raises:
             ValueError: a colour without a group, a group without ``rank``, a bad ``fixed_owners``.
@@ -555,14 +494,9 @@ class ShardingLayout:
                    params=by_name, placement=placement,
                    clip_groups=tuple(tuple(int(r) for r in g) for g in clip_groups))
 
-    # ------------------------------------------------------------ queries
     def group_index(self, colour: Hashable) -> int:
         """This rank's index in the colour's group."""
         return self.groups[colour].index(self.rank)
-
-    def owned_params(self) -> list:
-        """Names of the Muon matrices this rank owns, in bucket order."""
-        return [n for b in self.muon_buckets if b.owner == self.rank for n in b.params]
 
     def slice_buffer_of(self, name: str) -> SliceBufferSpec:
         """The element-wise buffer holding parameter ``name``."""
@@ -580,7 +514,6 @@ class ShardingLayout:
         buf = self.slice_buffer_of(name)
         return buf.range_in_param(name, self.group_index(buf.colour))
 
-    # ----------------------------------------------------------- schedule
     @property
     def staged_sync(self) -> bool:
         """Whether the step syncs stage by stage (``overlap_sync`` in effect)."""
@@ -594,14 +527,6 @@ class ShardingLayout:
             self._stages = self.placement.sync_stages(self)
         return self._stages
 
-    def comm_groups(self) -> list:
-        """Global ranks of every group this rank's schedule uses."""
-        groups = list(self.groups.values())
-        if self.plan is not None and any(b.route == ROUTE_HIERARCHICAL
-                                         for b in self.muon_buckets):
-            groups.extend(_step_plan.hier_groups(self))
-        return groups
-
     def step_plan(self) -> list:
         """The step as data: ordered ``StepPhase`` list (see ``build_step_plan``)."""
         if self._phases is None:
@@ -613,33 +538,6 @@ class ShardingLayout:
         return [ph for ph in self.step_plan() if ph.trigger == trigger]
 
     def schedule(self) -> list:
-        """Ordered collectives (``CommOp``) this rank issues in one step (the step plan's ops).
-
-        Hook-launched ops (``trigger == "backward"``) are listed in model order
-        of their buffers; their real order follows the backward pass.
-        """
-        # One-rank groups (e.g. moe_sharding_degree=1) hold the result already.
+        """Ordered collectives (``CommOp``) this rank issues in one step, hook-launched ones in
+        model order (really in backward's); none on one-rank groups (the result is in place)."""
         return [op for ph in self.step_plan() for op in ph.ops if len(op.group) > 1]
-
-    def to_dict(self) -> dict:
-        """JSON-ready summary (owners, buckets, slice ranges, schedule) for tools and tests."""
-        return {
-            "rank": self.rank,
-            "groups": {str(k): list(v) for k, v in self.groups.items()},
-            "owners": dict(sorted(self.owners.items())),
-            "muon_buckets": [
-                {"colour": str(b.colour), "group": list(b.group), "owner": b.owner,
-                 "dtype": b.dtype, "params": list(b.params),
-                 "chunks": [list(c) for c in b.chunks], "route": b.route_kind,
-                 "numel": b.numel}
-                for b in self.muon_buckets
-            ],
-            "slice_buffers": [
-                {"colour": str(s.colour), "dtype": s.dtype, "params": list(s.params),
-                 "offsets": list(s.offsets), "padded": list(s.padded),
-                 "local": [list(s.range_in_param(n, self.group_index(s.colour)))
-                           for n in s.params]}
-                for s in self.slice_buffers
-            ],
-            "schedule": [[op.trigger, *op.key()] for op in self.schedule()],
-        }
