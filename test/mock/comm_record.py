@@ -37,12 +37,12 @@ MARKER_OPS = (OP_NEW_GROUP, OP_COALESCE_BEGIN, OP_COALESCE_END)
 PhaseProvider = Callable[[], Optional[str]]
 
 _PHASE_MODULE = (
-    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime"
+    "paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight.recorder"
 )
 
 
 def default_phase_provider() -> PhaseProvider | None:
-    """Return the optimizer's ``current_comm_phase`` if it can be imported.
+    """Return the optimizer's ``phase_of_thread`` if it can be imported.
 
     Returns:
         The thread-local phase getter of the Muon sharding optimizer, or None
@@ -55,7 +55,7 @@ def default_phase_provider() -> PhaseProvider | None:
         module = importlib.import_module(_PHASE_MODULE)
     except ImportError:
         return None
-    return getattr(module, "current_comm_phase", None)
+    return getattr(module, "phase_of_thread", None)
 
 
 def reduce_op_name(op: object) -> str:

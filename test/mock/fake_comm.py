@@ -336,7 +336,7 @@ class FakeComm:
             communicate group when the rank is bound (inside the rank's
             context, so its group creations are recorded).
         phase_provider: callable returning the current phase label; default
-            is the optimizer's ``current_comm_phase`` when importable.
+            is the optimizer's ``phase_of_thread`` when importable.
         poison_value: value written into non-root buffers after a reduce in
             data mode; None disables poisoning.
         strict_membership: in data mode, raise at once when a rank issues a

@@ -77,7 +77,7 @@ class SimulatedWorld:
         poison_value: written into non-root buffers after a reduce; None
             disables poisoning.
         phase_provider: phase label getter; default: the optimizer's
-            ``current_comm_phase`` when importable.
+            ``phase_of_thread`` when importable.
         strict_membership: raise at once on a collective issued on a group
             the rank is not in (data mode).
         reraise_original: re-raise a failing rank's own exception (with a

@@ -39,6 +39,9 @@ from hybrid_parallel_sharding_muon_moe_model import build_strategy  # noqa: E402
 from muon_test_compat import distributed_optimizer, register_cpu_tensor_fusion  # noqa: E402
 from muon_tiny_moe import TinyMoE, batch, make_muon  # noqa: E402
 
+from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_flight.recorder import (  # noqa: E402
+    phase_of_thread,
+)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding import (  # noqa: E402
     runtime as comm,
 )
@@ -51,7 +54,7 @@ def stall_in_phase(rank: int, phase: str, step_box: list, stuck_step: int, sleep
 
         def stalled(*args, __original=original, **kwargs):
             if (dist.get_rank() == rank and step_box[0] == stuck_step
-                    and comm.current_comm_phase() == phase):
+                    and phase_of_thread() == phase):
                 print(f"[stuck worker] rank {rank} sleeps {sleep_s} s in phase {phase!r}",
                       flush=True)
                 time.sleep(sleep_s)

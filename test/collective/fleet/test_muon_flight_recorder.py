@@ -220,7 +220,8 @@ class TestRecorder(unittest.TestCase):
                 mock.patch.object(dist, "reduce", broken):
             with comm.comm_phase("cross_node_reduce"):
                 with self.assertRaisesRegex(RuntimeError, "gloo TIMEOUT"):
-                    comm.reduce_onto([(paddle.ones([3]), 0)], group, dist.ReduceOp.SUM)
+                    comm.launch_coalesced("reduce", [(paddle.ones([3]), 0)], group,
+                                          dist.ReduceOp.SUM).wait()
         with open(fr.dump_path(self.dir, 5)) as f:
             data = json.load(f)
         self.assertIn("reduce on group [0, 5] (phase 'cross_node_reduce') raised RuntimeError",
@@ -445,7 +446,7 @@ def _stall(rank: int, phase: str, step: int, sleep_s: float):
     def make(original):
         def stalled(*args, **kwargs):
             me = dist.get_rank()
-            if comm.current_comm_phase() == phase:
+            if fr.phase_of_thread() == phase:
                 calls[me] = calls.get(me, 0) + 1
                 if me == rank and calls[me] == step + 1:
                     time.sleep(sleep_s)

@@ -170,7 +170,8 @@ class TestExceptionStacks(_DumpDirCase):
                 mock.patch.object(comm._batch_isend_irecv, "_coalescing_manager"), \
                 mock.patch.object(dist, "reduce", _transport_fails):
             with self.assertRaisesRegex(RuntimeError, "gloo TIMEOUT"):
-                comm.reduce_onto([(paddle.ones([3]), 0)], _Group(9, [0, 1]), dist.ReduceOp.SUM)
+                comm.launch_coalesced("reduce", [(paddle.ones([3]), 0)], _Group(9, [0, 1]),
+                                      dist.ReduceOp.SUM).wait()
         frames = self._stack()
         self.assertIn("in _transport_fails", frames[-1])
         self.assertTrue(any("in test_collective_that_raised_dumps" in f for f in frames), frames)

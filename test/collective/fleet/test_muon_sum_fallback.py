@@ -24,7 +24,6 @@ step on the mean gradient (NumPy float64 mean rounded to fp32).
 from __future__ import annotations
 
 import unittest
-from unittest import mock
 
 import numpy as np
 
@@ -172,18 +171,23 @@ class TestSumFallbackNearFp32Max(unittest.TestCase):
         self.check(4, overlap=True)
 
 
-class TestDivideFactors(unittest.TestCase):
-    def test_whole_factor_before_the_sum(self):
-        for n in (1, 2, 3, 4, 8, 16384):
-            pre, post = comm.sum_fallback_factors(n)
-            self.assertEqual(pre * post, n, f"{n} ranks: factors must multiply to n")
-            self.assertEqual(post, 1.0, f"{n} ranks: a post-divide lets the sum overflow")
-        self.assertEqual(comm.fused_buffer_scaling(False),
-                         {"use_reduce_avg": False, "scale_after_comm": False})
-        self.assertEqual(comm.fused_buffer_scaling(True)["use_reduce_avg"], True)
+class TestDivideBeforeTheSum(unittest.TestCase):
+    def test_fused_buffers_scale_before_the_comm(self):
+        # a FusedCommBuffer scaling after the SUM would overflow these gradients
+        def body(rank: int):
+            net = Net()
+            opt = MuonShardingOptimizer(muon_for(net), fleet.get_hybrid_communicate_group(),
+                                        strategy)
+            return [(b._scale_after_comm, b._use_reduce_avg) for b in opt._runtime.all_buffers()]
 
-    def test_post_factor_is_applied_on_the_root_only(self):
-        # mean_onto honours any split: all of it after the sum here
+        strategy = make_hybrid_strategy(1, 2, comm_buffer_size_MB=1)
+        set_muon_sharding_options(strategy, use_muon_sharding=True)
+        world = SimulatedWorld(2, hcg_factory=make_hcg_factory(1, 2), strategy=strategy)
+        for flags in world.run(body):
+            self.assertTrue(flags, "no fused buffer was built")
+            self.assertEqual(set(flags), {(False, False)})
+
+    def test_mean_onto_gives_the_root_the_mean(self):
         def body(rank: int):
             group = paddle.distributed.new_group([0, 1])
             t = paddle.to_tensor(np.full([3], 2.0 * (rank + 1), "float32"))
@@ -192,8 +196,7 @@ class TestDivideFactors(unittest.TestCase):
 
         world = SimulatedWorld(2, hcg_factory=make_hcg_factory(1, 2),
                                strategy=make_hybrid_strategy(1, 2))
-        with mock.patch.object(comm, "sum_fallback_factors", lambda n: (1.0, float(n))):
-            results = world.run(body)
+        results = world.run(body)
         np.testing.assert_array_equal(results[1], np.full([3], 3.0, "float32"),
                                       "root 1 must hold the mean (2 + 4) / 2")
 

@@ -27,8 +27,7 @@
   that lists the key, element-wise buffers follow as one stage each;
 * develop's ``reorder_params``: one entry per (owner, dtype), a lone
   parameter of its dtype sent as is, several packed into one buffer the owner
-  fills in order (run on a simulated 2-rank world);
-* the SUM fallback of a mean divides every addend by ``n`` before the sum.
+  fills in order (run on a simulated 2-rank world).
 """
 
 from __future__ import annotations
@@ -39,10 +38,6 @@ import unittest
 from collections import OrderedDict
 from types import SimpleNamespace
 
-from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.runtime import (
-    fused_buffer_scaling,
-    sum_fallback_factors,
-)
 from paddle_muon_ext.distributed.fleet.meta_optimizers.muon_sharding.layout import (
     LayoutSettings,
     ParamMeta,
@@ -313,16 +308,6 @@ class TestReorderParams(unittest.TestCase):
                         want.append((ranks[index], members, alone, flat.size, dtype,
                                      flat.tolist() if ranks[index] == rank else None))
                 self.assertEqual(got, want, f"rank {rank}, owners {case}")
-
-
-class TestSumFallback(unittest.TestCase):
-    def test_the_whole_mean_factor_divides_each_addend(self) -> None:
-        for n in (1, 2, 3, 8, 64):
-            pre, post = sum_fallback_factors(n)
-            self.assertEqual((pre, post), (float(n), 1.0), n)
-        for use_avg in (True, False):
-            self.assertEqual(fused_buffer_scaling(use_avg),
-                             {"use_reduce_avg": use_avg, "scale_after_comm": False})
 
 
 if __name__ == "__main__":

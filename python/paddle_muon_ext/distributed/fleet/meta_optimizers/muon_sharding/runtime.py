@@ -12,8 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """The runtime of a built :class:`MuonShardingOptimizer`: its mutable state, its
-buffers with their communication, and the one loop that runs the layout's step plan.
-"""
+buffers with their communication, and the one loop that runs the layout's step plan."""
 
 from __future__ import annotations
 
@@ -60,20 +59,16 @@ _batch_isend_irecv = importlib.import_module("paddle.distributed.communication.b
 _SYNC_OPS = (Op.BROADCAST, Op.ALL_GATHER)
 # What an AMP overflow skips (the sync still runs when storage was freed).
 _UPDATE_OPS = (Op.CLIP, Op.PREPARE, Op.STAGE_UPDATE, Op.UPDATE, Op.FUSE_STATES)
-# develop's timer of each phase kind (sync phases: see ShardingRuntime._timed_phase).
+# develop's timer of each phase kind (sync phases: see ShardingRuntime.run).
 _TIMER_OF = {Op.CLIP: "apply-optimize", Op.PREPARE: "apply-optimize",
              Op.STAGE_UPDATE: "apply-optimize", Op.UPDATE: "apply-optimize",
              Op.FINISH_SYNC: "sync-parameters"}
 
 
-# ----------------------------------------------------------- phase labels
+# ------------------------------------------------------------ collectives
 @contextlib.contextmanager
 def comm_phase(label: str) -> Iterator[None]:
-    """Label the collectives issued inside the block (profiler, flight recorder, recorder).
-
-    Args:
-        label (str): e.g. ``"intra_node_reduce"``.
-    """
+    """Label the collectives issued inside the block ``label`` (profiler, flight recorder)."""
     previous = enter_phase(label)
     try:
         with RecordEvent(label):
@@ -82,11 +77,6 @@ def comm_phase(label: str) -> Iterator[None]:
         exit_phase(previous)
 
 
-#: The label of the calling thread's innermost :func:`comm_phase` (None outside one).
-current_comm_phase = phase_of_thread
-
-
-# ------------------------------------------------------------ collectives
 def _describe(op: str, group, phase) -> str:
     return f"{op} on group {list(group.ranks)} (phase {phase!r})"
 
@@ -108,8 +98,7 @@ class PendingCollective:
 
     def __init__(self, tasks: list, entries: list, describe: str,
                  then: Callable[[], None] | None = None) -> None:
-        self._tasks, self._entries, self._describe = tasks, entries, describe
-        self._then = then
+        self._tasks, self._entries, self._describe, self._then = tasks, entries, describe, then
         self._done = False
 
     def wait(self) -> None:
@@ -129,7 +118,6 @@ class PendingCollective:
 
 
 def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
-                     then: Callable[[], None] | None = None,
                      mean: bool = False) -> PendingCollective:
     """Issue a reduce (onto each route's rank) or broadcast (from it) per route, one block.
 
@@ -138,9 +126,8 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
         routes (Sequence[tuple[Tensor, int]]): tensor and root global rank.
         group (Group): every rank of it issues the same routes.
         reduce_op (ReduceOp|None): the reduce's op.
-        then (Callable|None): runs after the wait.
         mean (bool): the reduce is the mean over ``group``: with SUM (no AVG
-            reduce) each addend is divided first (:func:`sum_fallback_factors`).
+            reduce) each addend is divided by ``group.nranks`` first.
 
     Returns:
         PendingCollective: wait on it before reading the tensors.
@@ -148,13 +135,13 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
     # A one-rank group holds the result already; Paddle gives it no process
     # group to coalesce on.
     if not routes or group.nranks <= 1:
-        return PendingCollective([], [], op, then)
+        return PendingCollective([], [], op)
     if mean and reduce_op == dist.ReduceOp.SUM:
-        pre, post = sum_fallback_factors(group.nranks)
+        # Divide before the sum: a sum of x_i / n is bounded by max |x_i|, so it
+        # stays finite wherever the single-process run does (summing first
+        # overflows near the fp32 maximum).
         for tensor, _ in routes:
-            tensor.scale_(1.0 / pre)
-        if post != 1.0:
-            then = _then_divide([t for t, root in routes if root == dist.get_rank()], post, then)
+            tensor.scale_(1.0 / group.nranks)
     recorder = get_flight_recorder()
     phase = phase_of_thread()
     describe = _describe(op, group, phase)
@@ -173,44 +160,12 @@ def launch_coalesced(op: str, routes: Sequence[tuple], group, reduce_op=None,
     except Exception as exc:
         _dump_raised(recorder, describe, exc)
         raise
-    return PendingCollective(tasks, entries, describe, then)
-
-
-def _then_divide(tensors: list, post: float, then: Callable[[], None] | None):
-    """``then`` preceded by dividing ``tensors`` (the roots' results) by ``post``."""
-    def divide() -> None:
-        for tensor in tensors:
-            tensor.scale_(1.0 / post)
-        if then is not None:
-            then()
-
-    return divide
-
-
-def reduce_onto(routes: Sequence[tuple], group, op) -> None:
-    """Reduce each tensor onto its rank (other ranks' tensors are garbage afterwards)."""
-    launch_coalesced(Op.REDUCE, routes, group, op).wait()
+    return PendingCollective(tasks, entries, describe)
 
 
 def mean_onto(routes: Sequence[tuple], group, op) -> None:
     """Reduce each tensor onto its rank as the mean over ``group`` (AVG, or SUM pre-divided)."""
     launch_coalesced(Op.REDUCE, routes, group, op, mean=True).wait()
-
-
-def sum_fallback_factors(nranks: int) -> tuple[float, float]:
-    """``(pre, post)`` divisors of a mean taken as SUM (no AVG reduce): ``pre * post == nranks``.
-
-    The whole factor goes before the sum: a sum of ``x_i / n`` is bounded by
-    ``max |x_i|``, so it stays finite wherever the single-process run does
-    (summing first overflows near the fp32 maximum).
-    """
-    return float(nranks), 1.0
-
-
-def fused_buffer_scaling(use_avg: bool) -> dict[str, bool]:
-    """``FusedCommBuffer`` keywords that scale like :func:`mean_onto` (pre-divide without AVG)."""
-    _, post = sum_fallback_factors(2)
-    return {"use_reduce_avg": use_avg, "scale_after_comm": post != 1.0}
 
 
 def flatten_into(tensors: Sequence, out) -> None:
@@ -219,8 +174,7 @@ def flatten_into(tensors: Sequence, out) -> None:
 
 
 def unpack_all(unpack: list) -> None:
-    """Copy each received 1-D buffer of ``unpack``'s ``(buffer, params)`` back into its
-    params, consecutive pieces in place (:func:`flatten_into`'s inverse)."""
+    """Copy each received ``(buffer, params)`` into ``params`` (:func:`flatten_into`'s inverse)."""
     for buffer, params in unpack:
         offset = 0
         for t in params:
@@ -238,18 +192,6 @@ def has_local_slice(buffer, name: str) -> bool:
 def fill_local_slice(buffer, name: str, slice_param) -> None:
     """Point ``slice_param`` at this rank's part of parameter ``name``."""
     buffer._sharding_param_grad_view[name].fill_slice_param(slice_param)
-
-
-def _save_local_slice(buffer, name: str):
-    view = buffer._sharding_param_grad_view[name]
-    if view._param_begin >= view._param_end:
-        return None
-    return view._param_buffer._slice(view._param_begin, view._param_end).clone()
-
-
-def _restore_local_slice(buffer, name: str, value) -> None:
-    view = buffer._sharding_param_grad_view[name]
-    paddle.assign(value, output=buffer.param_storage._slice(view._param_begin, view._param_end))
 
 
 @contextlib.contextmanager
@@ -272,7 +214,6 @@ def reduce_scatter_slices(buffers: Sequence, launched_by_hook: bool) -> None:
     with comm_phase(PHASE_REDUCE_SCATTER):
         for buffer in buffers:
             with _recorded(buffer, Op.REDUCE_SCATTER):
-                # a one-rank group holds the result already: no collective
                 if not launched_by_hook and buffer._comm_group.nranks > 1:
                     buffer._comm_grads()
                 buffer.scale_grads()
@@ -290,35 +231,26 @@ def launch_all_gather(buffer) -> PendingCollective:
     """Launch one 1-D buffer's all-gather (develop's ``sync_params(sync=False)``)."""
     group = buffer._comm_group
     with comm_phase(PHASE_ALL_GATHER):
-        phase = phase_of_thread()
-        entry = _start_entry(Op.ALL_GATHER, group, buffer.param_storage, phase)
+        entry = _start_entry(Op.ALL_GATHER, group, buffer.param_storage, PHASE_ALL_GATHER)
         buffer.sync_param_task = None
         buffer.sync_params(sync=False, param2task={})
         task, buffer.sync_param_task = buffer.sync_param_task, None
     return PendingCollective([task] if task is not None else [], [entry],
-                             _describe(Op.ALL_GATHER, group, phase))
+                             _describe(Op.ALL_GATHER, group, PHASE_ALL_GATHER))
 
 
 # ---------------------------------------------------------------- buffers
 @dataclass
 class MuonBucket:
-    """The Muon parameters of one (colour group, owner, dtype) and their reduce buffers.
+    """The Muon parameters of one (colour group, owner, dtype) and their reduce buffers."""
 
-    Attributes:
-        colour: colour key (None for the default sharding group); group: its Group.
-        owner: global rank that owns and updates these parameters.
-        dtype: parameter dtype; params: parameters, in model order.
-        hierarchical: routed through the node / same-card groups.
-        buffers: fused gradient buffers (empty: per-parameter reduces).
-    """
-
-    colour: str | None
-    group: Any
-    owner: int
+    colour: str | None      # colour key (None for the default sharding group)
+    group: Any              # the colour's Group
+    owner: int              # global rank that owns and updates these parameters
     dtype: Any
-    params: list
-    hierarchical: bool
-    buffers: list = field(default_factory=list)
+    params: list            # in model order
+    hierarchical: bool      # routed through the node / same-card groups
+    buffers: list = field(default_factory=list)  # fused grad buffers (empty: per-param reduces)
 
     def grad_tensors(self) -> list:
         """What the bucket reduces: its fused buffers, else each parameter's gradient."""
@@ -328,11 +260,8 @@ class MuonBucket:
 
 
 def get_param_grad(param):
-    """The gradient to reduce (``main_grad`` under MixPrecisionLayer, else ``grad``).
-
-    A parameter without one this step still takes part, with zeros: other
-    ranks may have a gradient.
-    """
+    """The gradient to reduce (``main_grad`` under MixPrecisionLayer, else ``grad``);
+    zeros when missing this step, since other ranks may have one."""
     if hasattr(param, "main_grad"):
         if param.main_grad is None:
             param.main_grad = paddle.zeros(param.shape, dtype="float32")
@@ -403,11 +332,9 @@ class _Call:
 # ---------------------------------------------------------------- runtime
 @dataclass
 class ShardingRuntime:
-    """Every piece of mutable state of one rank's built optimizer, and the step loop.
-
-    Built completely by ``muon_sharding.build`` from the layout; ``step`` and
-    ``reduce_gradients`` only walk the plan (:meth:`run`).
-    """
+    """Every piece of mutable state of one rank's built optimizer, and the step loop: built
+    by ``muon_sharding.build`` from the layout; ``step`` and ``reduce_gradients`` only
+    walk the plan (:meth:`run`)."""
 
     rank: int                                    # this global rank
     inner: Any = None                            # the inner optimizer (maybe MixPrecisionOptimizer)
@@ -438,11 +365,14 @@ class ShardingRuntime:
     fused_state_buffers: dict = field(default_factory=dict)     # dtype -> fused states
 
     # ------------------------------------------------------------ building
-    def acc_steps_of(self, colour) -> int:
-        """``acc_steps`` of a colour's buffers: without hooks they never count check-ins
-        (grads accumulate in place; reduce_gradients runs once per optimizer step)."""
+    def _fused_buffer(self, name: str, params: list, group, colour, **kwargs):
+        """A FusedCommBuffer of ``colour``'s; a SUM is pre-divided, as in :func:`mean_onto`."""
+        # Without hooks a buffer never counts check-ins: grads accumulate in
+        # place and reduce_gradients runs once per optimizer step.
         hooked = is_hooked(self.settings.comm_overlap, colour)
-        return self.settings.accumulate_steps if hooked else 1
+        return tensor_fusion_helper.FusedCommBuffer(
+            name, params, group, acc_steps=self.settings.accumulate_steps if hooked else 1,
+            use_reduce_avg=self.use_avg, scale_after_comm=False, **kwargs)
 
     def build_muon_buckets(self) -> None:
         """One :class:`MuonBucket` (and its fused reduce buffers) per layout bucket."""
@@ -458,12 +388,9 @@ class ShardingRuntime:
                 group = self.plan_groups.node_group
                 dst = self.plan.intra_node_root(spec.owner, self.rank)
             bucket.buffers = [
-                tensor_fusion_helper.FusedCommBuffer(
-                    f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
-                    [self.param_by_name[n] for n in chunk], group,
-                    acc_steps=self.acc_steps_of(spec.colour),
-                    act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst, release_grads=False,
-                    **fused_buffer_scaling(self.use_avg))
+                self._fused_buffer(f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
+                                   [self.param_by_name[n] for n in chunk], group, spec.colour,
+                                   act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst)
                 for i, chunk in enumerate(spec.chunks)
             ]
             buckets.append(bucket)
@@ -476,11 +403,11 @@ class ShardingRuntime:
         self.slice_params.clear()
         for spec in self.layout.slice_buffers:
             chunk = [self.param_by_name[n] for n in spec.params]
-            buffer = tensor_fusion_helper.FusedCommBuffer(
+            buffer = self._fused_buffer(
                 f"slice_{spec.colour}_{spec.dtype}_{len(self.rs_buffers)}", chunk,
-                self.colour_groups[spec.colour], acc_steps=self.acc_steps_of(spec.colour),
+                self.colour_groups[spec.colour], spec.colour,
                 act=tensor_fusion_helper.HOOK_ACTION.REDUCE_SCATTER,
-                release_grads=self.settings.release_grads, **fused_buffer_scaling(self.use_avg))
+                release_grads=self.settings.release_grads)
             # FusedCommBuffer leaves a weakref for Paddle's own sharding optimizer
             # to collect; this optimizer keeps its buffers.
             if hasattr(chunk[0], "comm_buffer_ref"):
@@ -497,8 +424,7 @@ class ShardingRuntime:
                 param._register_backward_hook(_backward_hook(buffer, param, label))
 
     def plan_phases(self) -> None:
-        """Fix :attr:`reduce_plan` and :attr:`step_plan`: the layout's phases of each call,
-        less the local kinds this build never needs (decided here, once)."""
+        """Fix :attr:`reduce_plan` and :attr:`step_plan`, less the kinds this build never needs."""
         idle = set()
         if not self.separate_clip:
             idle.add(Op.CLIP)  # the inner optimizer clips inside its update
@@ -583,7 +509,11 @@ class ShardingRuntime:
                 continue
             # a stage's last sync phase stays in flight; earlier ones complete
             last = i + 1 == len(phases) or phases[i + 1].trigger != phase.trigger
-            with self._timed_phase(phase, call):
+            # a sync phase is timed as apply-optimize while launched in the staged update
+            timer = _TIMER_OF.get(phase.op)
+            if phase.op in _SYNC_OPS:
+                timer = "apply-optimize" if call.launching else "sync-parameters"
+            with self.timed(timer):
                 # the executor of a phase kind is the method named after it
                 getattr(self, "_" + phase.op.value)(phase, call, last)
         return call
@@ -599,12 +529,6 @@ class ShardingRuntime:
             yield
         finally:
             self.timers(name).stop()
-
-    def _timed_phase(self, phase, call: _Call):
-        # a sync phase is timed as apply-optimize while launched inside the staged update
-        if phase.op in _SYNC_OPS:
-            return self.timed("apply-optimize" if call.launching else "sync-parameters")
-        return self.timed(_TIMER_OF.get(phase.op))
 
     # ----------------------------------------------------------- executors
     def _copy_grads_in(self, phase, call: _Call, last: bool) -> None:
@@ -633,8 +557,7 @@ class ShardingRuntime:
         routes = [(tensor, root) for ref, root in phase.items
                   for tensor in self.muon_buckets[ref.index].grad_tensors()]
         with comm_phase(phase.label):
-            launch_coalesced(Op.REDUCE, routes, self.phase_group(phase), call.reduce_op,
-                             mean=True).wait()
+            mean_onto(routes, self.phase_group(phase), call.reduce_op)
 
     def _reset_storage(self, phase, call: _Call, last: bool) -> None:
         call.storage_was_cleared = bool(self.cleared_colours)
@@ -685,8 +608,8 @@ class ShardingRuntime:
                 self.inner.update_params(stage_muon, stage_adamw)
 
     def _broadcast(self, phase, call: _Call, last: bool) -> None:
-        launch = call.launching and last
-        pending = self.run_sync_phase(phase, call.cache, call.unpack, launch=launch)
+        pending = self.run_sync_phase(phase, call.cache, call.unpack,
+                                      launch=call.launching and last)
         if not call.launching:
             return
         call.pending += pending
@@ -711,9 +634,8 @@ class ShardingRuntime:
     def run_sync_phase(self, phase, cache: dict, unpack: list, launch: bool) -> list:
         """Issue one sync phase; with ``launch`` leave it in flight (returned to wait on).
 
-        ``cache`` holds the phases' broadcast buffers by ref (one per ref across
-        the hops); ``unpack`` collects what to copy back once received.
-        """
+        ``cache``: the broadcast buffers by ref, one per ref across the hops;
+        ``unpack``: what to copy back once received."""
         if phase.op == Op.ALL_GATHER:
             buffers = [self.rs_buffers[ref.index] for ref, _ in phase.items]
             if launch:
@@ -754,10 +676,9 @@ class ShardingRuntime:
                 buffer.assign_slice_grad(p, self.slice_params[p.name])
 
     def ensure_global_clip(self) -> None:
-        # Each rank holds only its owned matrices and slices: a plain global
-        # norm clip would clip by a per-rank norm. HybridParallelOptimizer swaps
-        # in its sharding-aware clip; used bare, swap it in here (on the
-        # optimizer that applies it, below any MixPrecisionOptimizer).
+        # A rank holds only its matrices and slices: a plain global-norm clip would use a
+        # per-rank norm. HybridParallelOptimizer swaps in its sharding-aware clip; used bare,
+        # swap it in here (on the optimizer that applies it, below any MixPrecisionOptimizer).
         base = self.base_opt
         if isinstance(base._grad_clip, paddle.nn.ClipGradByGlobalNorm):
             base._grad_clip = HybridParallelClipGrad(base._grad_clip, self.hcg)
@@ -774,12 +695,10 @@ class ShardingRuntime:
         release = self.settings.release_grads
         for sp in self.slice_params.values():
             if sp._is_initialized() and sp.grad is not None:
-                # A slice's gradient is a view into its 1-D buffer (nothing to
-                # free); a released buffer is rebuilt, so the slice must re-link.
+                # a view into its 1-D buffer (nothing to free); re-link to a rebuilt one
                 sp.clear_gradient(not release)
         if release:
-            # Released buffers are rebuilt from the parameters' own grads at the
-            # next reduce_gradients, so unlink those grads first.
+            # rebuilt from the parameters' own grads at the next reduce_gradients: unlink them
             for buffer in self.rs_buffers:
                 if buffer.grad_storage is not None:
                     for p in buffer.params:
@@ -793,17 +712,18 @@ class ShardingRuntime:
                  if bucket.colour == color and bucket.owner != self.rank for p in bucket.params])
 
     def clear_param_storage(self, color) -> None:
-        """Free colour ``color``'s element-wise storage (this rank's slices kept aside)
-        and the matrices of it this rank does not own, until the next step."""
+        """Free colour ``color``'s element-wise storage (own slices kept aside) and the
+        matrices other ranks own, until the next step."""
         if color in self.cleared_colours:
             return
         saved = {}
         buffers, matrices = self._storage_of(color)
         for buffer in buffers:
             for p in buffer.params:
-                kept = _save_local_slice(buffer, p.name)
-                if kept is not None:
-                    saved[p.name] = kept
+                view = buffer._sharding_param_grad_view[p.name]
+                if view._param_begin < view._param_end:
+                    saved[p.name] = view._param_buffer._slice(
+                        view._param_begin, view._param_end).clone()
                 if self.slice_params[p.name]._is_initialized():
                     self.slice_params[p.name]._clear_dataptr()
             buffer._clear_param_storage()
@@ -819,7 +739,9 @@ class ShardingRuntime:
                 buffer._reset_param_storage()
                 for p in buffer.params:
                     if p.name in saved:
-                        _restore_local_slice(buffer, p.name, saved[p.name])
+                        view = buffer._sharding_param_grad_view[p.name]
+                        paddle.assign(saved[p.name], output=buffer.param_storage._slice(
+                            view._param_begin, view._param_end))
             for p in matrices:
                 paddle.empty(p.shape, dtype=p.dtype)._share_buffer_to(p)
         self.cleared_colours.clear()
@@ -858,8 +780,7 @@ def optimizer_chain(optimizer) -> list:
 
 
 def _backward_hook(buffer, param, label: str):
-    # Launches the buffer's first hop once its last gradient is in
-    # (FusedCommBuffer counts them); the label names it for profiling.
+    """The hook launching ``buffer``'s first hop (labelled ``label``) once its grads are in."""
     @paddle.autograd.no_grad()
     def hook(*_):
         with comm_phase(label):
