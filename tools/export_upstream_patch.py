@@ -228,9 +228,9 @@ def _load_option_table():
 _OPTION_TABLE = _load_option_table()
 # Only the options develop's proto lacks become new fields.
 STRATEGY_OPTIONS = tuple(
-    StrategyOption(o.message, o.config_key, o.name, o.proto_type, o.proto_default,
-                   "%s Default %s." % (o.doc, o.proto_default))
-    for o in _OPTION_TABLE.added_options()
+    StrategyOption(o.message, o.config_key, o.name, o.proto_type, json.dumps(o.default),
+                   "%s Default %s." % (o.doc, json.dumps(o.default)))
+    for o in _OPTION_TABLE.SHARDING_OPTIONS if not o.in_develop
 )
 # Modules whose every develop name (private ones and class attributes too:
 # develop's tests read them) the export must keep.

@@ -12,11 +12,8 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Ranks agree at construction: one digest per group, compared before any collective.
-
-Every rank of a group must build the same buffers in the same order, or the first
-reduce-scatter mixes different parameters (silent divergence) or the collectives' sizes
-differ (a backend abort naming nothing): :func:`check_ranks_agree` refuses it, naming
-the first difference, on every rank of the job.
+Ranks that built other buffers would mix parameters silently or abort in the backend naming
+nothing; :func:`check_ranks_agree` refuses it on every rank, naming the first difference.
 """
 
 from __future__ import annotations
@@ -37,10 +34,9 @@ __all__ = ["GroupDigest", "RankDisagreementError", "check_ranks_agree", "digest_
 
 #: hash words per digest: 31 bits each, exact through any backend that reduces in float64
 _WORDS = 4
-_WORD_BITS = 31
+_WORD_MASK = (1 << 31) - 1
 
-#: Sharding settings that only change what this rank does locally (timers,
-#: its own state buffers): ranks may differ on them.
+#: Sharding settings that only change this rank's own work: ranks may differ on them.
 _LOCAL_ONLY_OPTIONS = frozenset({"enable_optimizer_timer", "enable_fuse_optimizer_states"})
 
 _FIX = ("build every rank's model, Muon(parameters=..., muon_param_info_map=...) and "
@@ -50,9 +46,8 @@ _FIX_MUON = ("build Muon with the same arguments on every rank (learning rate or
 _FIX_SETTINGS = ("give every rank the same Muon lr_ratio and apply_decay_param_fun and the same "
                  "ParamAttr (learning_rate, regularizer, need_clip) for each parameter")
 
-#: Attributes of a scheduler / clip that never change numbers: printing, the
-#: static-graph variable name, the state-dict key list (set by the first
-#: ``state_dict()`` call), and HybridParallelClipGrad's group and timers.
+#: Scheduler / clip attributes that never change numbers: printing, the static-graph name,
+#: the key list the first ``state_dict()`` sets, HybridParallelClipGrad's group and timers.
 _UNDESCRIBED = frozenset({"verbose", "_var_name", "keys", "_hcg", "_timers"})
 
 
@@ -69,9 +64,8 @@ class GroupDigest:
         ranks: global ranks of the group, in group order.
         fields: ``(name, value)`` pairs compared by name (options, colour order).
         params: one :func:`param_record` per parameter, in the optimizer's order.
-        colour: the colour key (None: the sharding group), to find the group by.
-        settings: one :func:`param_settings` tuple per parameter, aligned
-            with ``params`` (empty: none compared).
+        colour: the colour key (None: the sharding group).
+        settings: one :func:`param_settings` tuple per parameter (empty: none compared).
     """
 
     label: str
@@ -83,9 +77,7 @@ class GroupDigest:
 
 
 def route_of(info: Any) -> str:
-    """How the optimizer routes a parameter, from its ``MuonParamInfo`` (None: no entry):
-    "muon", "muon+hyperball", "hyperball" (owned whole), "adamw" (element-wise slices) or
-    "no muon_param_info_map entry"."""
+    """How the optimizer routes a parameter with ``MuonParamInfo`` ``info`` (None: no entry)."""
     if info is None:
         return "no muon_param_info_map entry"
     hyperball = bool(getattr(info, "use_hyperball", False))
@@ -101,9 +93,7 @@ def param_record(param: Any, info: Any) -> tuple:
 
 
 def sharding_options(settings: Any, **extra: Any) -> dict:
-    """Option name -> value the ranks of a sharding group must share: the
-    ``ShardingSettings`` fields (local-only ones left out) and ``extra`` (further values
-    that shape the schedule)."""
+    """Option name -> value a sharding group's ranks share: non-local settings and ``extra``."""
     out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
            if f.name not in _LOCAL_ONLY_OPTIONS}
     out.update(extra)
@@ -114,8 +104,7 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 def _describable(value: Any) -> bool:
-    # Objects whose attributes are their settings: a learning-rate scheduler, a grad
-    # clip (also Paddle's HybridParallelClipGrad around one), a regulariser.
+    # objects whose attributes are their settings (HybridParallelClipGrad wraps a clip)
     return isinstance(value, (LRScheduler, GradientClipBase, WeightDecayRegularizer)) or (
         type(value).__name__ == "HybridParallelClipGrad" and hasattr(value, "_clip"))
 
@@ -128,35 +117,25 @@ def _describe_inner(value: Any, depth: int) -> Optional[str]:
         items = [_describe_inner(v, depth) for v in value]
         return None if None in items else "[" + ", ".join(items) + "]"
     if depth > 0 and _describable(value):
-        parts = []
-        for key, attr in sorted(vars(value).items()):
-            text = None if key in _UNDESCRIBED else _describe_inner(attr, depth - 1)
-            if text is not None:
-                parts.append(f"{key.lstrip('_')}={text}")
+        texts = {key: _describe_inner(attr, depth - 1)
+                 for key, attr in sorted(vars(value).items()) if key not in _UNDESCRIBED}
+        parts = [f"{key.lstrip('_')}={text}" for key, text in texts.items() if text is not None]
         return f"{type(value).__name__}({', '.join(parts)})"
     return None
 
 
 def describe(value: Any) -> Any:
-    """A setting as a plain value the ranks can compare.
-
-    Scalars are themselves. A learning-rate scheduler, a grad clip or a regulariser
-    is one string: its class and every scalar (or list of scalars, or nested scheduler
-    / clip) attribute, sorted by name, e.g. ``"StepDecay(base_lr=0.1, gamma=0.1, ...)"``:
-    its parameters and its state. Attributes that cannot be compared across processes
-    (a function, a process group) are left out. Anything else is its type's name.
-    """
+    """A setting as a plain value the ranks can compare: a scalar itself; an LR scheduler,
+    grad clip or regulariser its class and comparable attributes, sorted by name
+    (``"StepDecay(base_lr=0.1, gamma=0.1, ...)"``: parameters and state); else its type's name."""
     if isinstance(value, _SCALARS):
         return value
-    if _describable(value):
-        return _describe_inner(value, depth=3)
-    return type(value).__name__
+    return _describe_inner(value, depth=3) if _describable(value) else type(value).__name__
 
 
 def optimizer_options(optimizer: Any) -> dict:
-    """The innermost optimizer's (Muon's) hyper-parameters, since each owner updates with
-    its own copy: ``"muon <name>"`` -> :func:`describe` of each ``_default_dict`` value, of
-    the learning rate and of the grad clip it applies (``_grad_clip``)."""
+    """Muon's hyper-parameters (each owner updates with its own copy): ``"muon <name>"`` ->
+    :func:`describe` of the learning rate, each ``_default_dict`` value and ``_grad_clip``."""
     out = {"muon learning_rate": describe(getattr(optimizer, "_learning_rate", None))}
     for key, value in sorted(dict(getattr(optimizer, "_default_dict", None) or {}).items()):
         out[f"muon {key}"] = describe(value)
@@ -167,9 +146,7 @@ def optimizer_options(optimizer: Any) -> dict:
 
 
 def _evaluated(fn: Callable, arg: Any, convert: Callable) -> Any:
-    # A user function that raises on one rank only must not leave that rank
-    # alone in an error while the others wait in the comparison: the error
-    # text is the value, compared like any other.
+    # the error text is the value: a rank whose function raised still joins the comparison
     try:
         return convert(fn(arg))
     except Exception as error:  # noqa: BLE001 - reported as the setting's value
@@ -186,11 +163,9 @@ def _number(value: Any) -> Any:
 
 
 def param_settings(param: Any, optimizer: Any) -> tuple:
-    """What the update reads per parameter, evaluated on ``param`` (not compared by
-    identity): ``(setting, value)`` pairs of the ``optimizer``'s (Muon's) ``lr_ratio`` and
-    ``apply_decay_param_fun`` (None: 1.0 / True) and the parameter's ``optimize_attr``
-    learning rate, ``regularizer`` (:func:`describe`) and ``need_clip``, in that order.
-    """
+    """What the update reads per parameter, as ``(setting, value)`` pairs: Muon's
+    ``lr_ratio`` and ``apply_decay_param_fun`` evaluated on ``param``, and the parameter's
+    ``optimize_attr`` learning rate, ``regularizer`` and ``need_clip``."""
     lr_ratio = getattr(optimizer, "_lr_ratio", None)
     decay_fun = getattr(optimizer, "_apply_decay_param_fun", None)
     attr = getattr(param, "optimize_attr", None)
@@ -207,15 +182,13 @@ def param_settings(param: Any, optimizer: Any) -> tuple:
 
 
 def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) -> list:
-    """The digests one rank sends: the sharding group's (its options, the colour order
-    and the default colour's parameters), then one per other colour in first-seen order
-    (its parameters: EP ranks never share an expert's group, so experts are never compared).
+    """The digests one rank sends: the sharding group's (options, colour order, default
+    colour's parameters), then each other colour's parameters in first-seen order (an expert
+    is compared over its own colour group only: EP ranks never share an expert's group).
 
     Args:
-        params: ``(colour key, param_record)`` or ``(colour key,
-            param_record, param_settings)`` per trainable parameter, in order.
-        colour_ranks: colour key -> global ranks of its group (None: the
-            sharding group; always present).
+        params: ``(colour key, param_record[, param_settings])`` per trainable parameter.
+        colour_ranks: colour key -> global ranks of its group (None: the sharding group).
         options: option name -> value, compared over the sharding group.
     """
     by_colour: dict = {None: ([], [])}
@@ -224,9 +197,8 @@ def group_digests(params: Sequence[tuple], colour_ranks: dict, options: dict) ->
         records.append(record)
         if settings:
             setting_rows.append(tuple(settings[0]))
-    order = [c for c in by_colour if c is not None]
     fields = tuple(sorted((f"option {k}", _number(v)) for k, v in options.items()))
-    fields += (("colour order", tuple(repr(c) for c in order)),)
+    fields += (("colour order", tuple(repr(c) for c in by_colour if c is not None)),)
     return [GroupDigest("the sharding group" if colour is None else f"colour {colour!r}",
                         tuple(colour_ranks[colour]), fields if colour is None else (),
                         tuple(records), colour, tuple(setting_rows))
@@ -239,11 +211,9 @@ def _content(digest: GroupDigest) -> str:
 
 
 def digest_words(digest: GroupDigest) -> list:
-    """The digest's hash as ``_WORDS`` non-negative ints below ``2**31``; the label and
-    ranks are left out (members may name their group alike or not)."""
+    """The hash of the digest's content (not label or ranks) as ``_WORDS`` ints below ``2**31``."""
     raw = hashlib.sha256(_content(digest).encode()).digest()
-    mask = (1 << _WORD_BITS) - 1
-    return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & mask for i in range(_WORDS)]
+    return [int.from_bytes(raw[4 * i:4 * i + 4], "little") & _WORD_MASK for i in range(_WORDS)]
 
 
 def _show_param(record: Optional[tuple]) -> str:
@@ -264,8 +234,7 @@ def _first_index_difference(a: tuple, b: tuple) -> Optional[int]:
 
 
 def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
-    # ``(key, a's value, b's value)`` of the first key whose values differ
-    # between two sequences of (key, value) pairs (a missing key: "<unset>").
+    # (key, a's value, b's value) of the first differing key of two (key, value) sequences
     a, b = dict(a or ()), dict(b or ())
     for key in list(a) + [k for k in b if k not in a]:
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
@@ -275,10 +244,8 @@ def _first_key_difference(a: Any, b: Any) -> Optional[tuple]:
 
 
 def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
-    """The first disagreement among one group's digests (one per member, in group
-    order), as one line naming the group, the first differing option/field, parameter or
-    parameter setting, each side's value and the ranks that differ; None when all agree.
-    """
+    """The first disagreement among one group's digests (one per member, in group order) in
+    one line: the field, parameter or setting, each side's value, the ranks; None: all agree."""
     ref = digests[0]
     ranks = list(ref.ranks)
     differing = [ranks[i] for i, d in enumerate(digests) if _content(d) != _content(ref)]
@@ -312,7 +279,7 @@ def first_difference(digests: Sequence[GroupDigest]) -> Optional[str]:
 
 
 def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
-    """Compare one digest over its group: None when every member agrees."""
+    """The disagreement message of one digest's group (None: every member agrees)."""
     words = digest_words(digest)
     probe = paddle.to_tensor(words + [-w for w in words], dtype="int64")
     dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
@@ -327,9 +294,32 @@ def _group_disagreement(digest: GroupDigest, group: Any) -> Optional[str]:
         f"hashed their parameters differently; {_FIX}.")
 
 
-def _refuse_on_every_rank(message: Optional[str]) -> None:
-    # The job-wide verdict (default group): a flag per rank, reduced with MAX; only
-    # when a flag is set are the messages gathered, and every rank raises.
+def check_ranks_agree(digests: Sequence[GroupDigest],
+                      group_of: Callable[[GroupDigest], Any]) -> None:
+    """Compare each digest over its group; every rank of the job raises when any group
+    disagrees (none goes on into a collective the others never join).
+
+    Per group one ``all_reduce(MAX)`` of ``[hash, -hash]`` (``max == min`` exactly when all
+    hashes are equal; every member reads one result, and a log-only collective layer reads as
+    agreement); digests are gathered only on a mismatch. Collective on every rank of the job.
+
+    Args:
+        digests: this rank's digests (:func:`group_digests`), in the same order on every rank.
+        group_of: digest -> the process group to exchange it on.
+
+    Raises:
+        RankDisagreementError: on every rank; the members of a disagreeing group name
+            the first difference, the other ranks name those ranks and their error.
+    """
+    message = None
+    for index, digest in enumerate(digests):
+        if len(digest.ranks) <= 1:
+            continue  # nobody to disagree with
+        found = _group_disagreement(digest, group_of(digest))  # collective: always run
+        message = message or found
+        if index == 0 and message is not None:
+            break  # the colour orders may differ: the later checks would not line up
+    # job-wide verdict: a flag per rank reduced with MAX; messages gathered only if one is set
     world, refusing, messages = int(dist.get_world_size()), [], []
     if world > 1:
         rank = int(dist.get_rank())
@@ -347,36 +337,3 @@ def _refuse_on_every_rank(message: Optional[str]) -> None:
             f"MuonShardingOptimizer: rank {rank} refuses too: rank(s) {refusing} found their "
             f"group disagreeing, and every rank of the job stops at construction so that "
             f"none waits in a collective the others never join. First of their errors: {first}")
-
-
-def check_ranks_agree(digests: Sequence[GroupDigest],
-                      group_of: Callable[[GroupDigest], Any]) -> None:
-    """Compare each digest with the other members of its group; every rank of the job
-    raises when any group disagrees (none goes on into a collective the others never join).
-
-    Cheap first: per group one ``all_reduce(MAX)`` of ``[hash, -hash]``: ``max == min``
-    exactly when all hashes are equal (a reduce, not a gather: every member reads the
-    verdict from the same result, and a log-only collective layer reads as agreement).
-    Only on a mismatch do the members gather their digests to name the first difference.
-
-    Collective: every member of every group must call it with its digests in
-    the same order (the sharding group's first; its "colour order" field makes
-    the later ones line up before they run), and every rank of the job calls it.
-
-    Args:
-        digests: this rank's digests (:func:`group_digests`).
-        group_of: digest -> the process group to exchange it on.
-
-    Raises:
-        RankDisagreementError: on every rank; the members of a disagreeing group name
-            the first difference, the other ranks name those ranks and their error.
-    """
-    message = None
-    for index, digest in enumerate(digests):
-        if len(digest.ranks) <= 1:
-            continue  # nobody to disagree with
-        found = _group_disagreement(digest, group_of(digest))  # collective: always run
-        message = message or found
-        if index == 0 and message is not None:
-            break  # the colour orders may differ: the later checks would not line up
-    _refuse_on_every_rank(message)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 __all__ = ["ShardingOption", "SHARDING_OPTIONS", "PARTITION_DEVELOP", "PARTITION_BALANCED",
            "PARTITION_RAIL", "PARTITION_STRATEGIES", "option", "option_default",
-           "added_options", "check_option_value", "set_kept_options_reader", "ShardingSettings",
+           "check_option_value", "set_kept_options_reader", "ShardingSettings",
            "ShardingAssertionError", "ShardingTypeError", "SHARDING_CONFIG_FIELDS",
            "OVERLAP_SYNC_ENV", "read_overlap_optimize_and_sync"]
 
@@ -39,7 +38,6 @@ FLOAT_DTYPE_SIZES: Dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, 
 # The other dtypes Paddle's fusion helper knows (element-wise parameters only).
 NON_FLOAT_DTYPE_SIZES: Dict[str, int] = {"int64": 8, "int32": 4, "int16": 2, "int8": 1,
                                          "uint8": 1, "bool": 1}
-# Short spellings users and model files write.
 DTYPE_ALIASES: Dict[str, str] = {"fp64": "float64", "double": "float64", "fp32": "float32",
                                  "float": "float32", "bf16": "bfloat16", "fp16": "float16",
                                  "half": "float16"}
@@ -47,9 +45,8 @@ _DTYPE_PREFIXES = ("paddle.", "vartype.", "datatype.")
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """The name of a Paddle dtype or dtype name (any case, prefixed or an alias):
-    ``paddle.float32`` / ``"paddle.bfloat16"`` / ``"fp32"`` -> ``"float32"``. An unknown
-    name comes back lower-cased and unprefixed (:func:`itemsize` refuses it)."""
+    """The name of a dtype or dtype name, any case, prefixed or an alias (``"fp32"`` ->
+    ``"float32"``); an unknown one lower-cased and unprefixed (:func:`itemsize` refuses it)."""
     if type(dtype) is str and (dtype in FLOAT_DTYPE_SIZES or dtype in NON_FLOAT_DTYPE_SIZES):
         return dtype
     text = str(dtype).strip().lower()
@@ -85,11 +82,9 @@ def itemsize(dtype: Any) -> int:
     return size
 
 
-#: develop's ``comm_buffer_size_MB`` default, and the size its owner rule and
-#: sync stages fall back to when ``comm_buffer_size_MB <= 0``.
+#: develop's ``comm_buffer_size_MB`` default; its owner rule and sync stages use it at <= 0.
 DEVELOP_DEFAULT_BUFFER_MB = 256
-#: Bytes FusedCommBuffer pads every parameter to (Paddle's tensor_fusion_helper
-#: uses 256 for gpu/npu/xpu; a CPU registration uses the same).
+#: Bytes FusedCommBuffer pads each parameter to (tensor_fusion_helper's gpu/npu/xpu value).
 DEFAULT_ALIGNMENT_BYTES = 256
 
 # ------------------------------------------------------------------ options
@@ -98,8 +93,6 @@ PARTITION_DEVELOP = "upstream_greedy"
 PARTITION_BALANCED = "balanced"
 PARTITION_RAIL = "rail"
 PARTITION_STRATEGIES: Tuple[str, ...] = (PARTITION_DEVELOP, PARTITION_BALANCED, PARTITION_RAIL)
-
-_PY_TYPES = {"bool": bool, "string": str}
 
 
 @dataclass(frozen=True)
@@ -114,8 +107,7 @@ class ShardingOption:
         choices: allowed values of a string option (None: any of its type).
         message: proto message holding the field.
         config_key: where users set it (None: directly on the strategy).
-        in_develop: develop's proto has the field already (the exporter adds
-            only the others).
+        in_develop: develop's proto has the field (the exporter adds only the others).
     """
 
     name: str
@@ -126,11 +118,6 @@ class ShardingOption:
     message: str = "DygraphShardingConfig"
     config_key: Optional[str] = "sharding_configs"
     in_develop: bool = False
-
-    @property
-    def proto_default(self) -> str:
-        """The default as a proto literal (``false``, ``"upstream_greedy"``)."""
-        return json.dumps(self.default)
 
 
 SHARDING_OPTIONS: Tuple[ShardingOption, ...] = (
@@ -171,15 +158,10 @@ def option_default(name: str) -> Any:
     return option(name).default
 
 
-def added_options() -> Tuple[ShardingOption, ...]:
-    """Options develop's proto lacks (what an exported patch adds to it)."""
-    return tuple(o for o in SHARDING_OPTIONS if not o.in_develop)
-
-
 def check_option_value(name: str, value: Any, where: str = "") -> None:
     """Refuse a ``value`` of option ``name`` of the wrong type (TypeError) or outside the
     option's choices (ValueError); ``where`` prefixes the name (``"sharding_configs."``)."""
-    expected = _PY_TYPES[option(name).proto_type]
+    expected = {"bool": bool, "string": str}[option(name).proto_type]
     if not isinstance(value, expected):
         raise TypeError(f"{where}{name} must be a {expected.__name__}, got {value!r}.")
     _check_choice(name, value, where)
@@ -191,21 +173,18 @@ def _check_choice(name: str, value: Any, where: str) -> None:
         raise ValueError(f"{where}{name}={value!r} is not supported; use one of {choices}.")
 
 
-# The reader of option values kept outside the proto (None: nothing kept).
 _kept_options_reader: Optional[Callable[[Any], Any]] = None
 
 
 def set_kept_options_reader(reader: Optional[Callable[[Any], Any]]) -> None:
-    """Register where option values the proto cannot hold are read from: ``reader(strategy)``
-    returns an object with one attribute per :data:`SHARDING_OPTIONS` entry, or None (no
-    values kept for that strategy); a None reader removes it."""
+    """Register where option values the proto cannot hold are read from (None: nowhere):
+    ``reader(strategy)`` returns one attribute per :data:`SHARDING_OPTIONS` entry, or None."""
     global _kept_options_reader
     _kept_options_reader = reader
 
 
 class ShardingAssertionError(AssertionError, ValueError):
-    """A configuration develop rejects with an assertion (also a ValueError: code written
-    against either type catches it)."""
+    """A configuration develop rejects with an assertion (also a ValueError: either catch works)."""
 
 
 class ShardingTypeError(TypeError, ValueError):
@@ -217,8 +196,7 @@ OVERLAP_SYNC_ENV = "FLAGS_muon_sharding_overlap_optimize_and_sync"
 
 
 def read_overlap_optimize_and_sync() -> bool:
-    """``FLAGS_muon_sharding_overlap_optimize_and_sync`` as develop reads it (default on);
-    ValueError when it is set but not an integer."""
+    """develop's :data:`OVERLAP_SYNC_ENV` flag (default on); ValueError if set to a non-integer."""
     raw = os.environ.get(OVERLAP_SYNC_ENV, "1")
     try:
         return bool(int(raw))
@@ -233,9 +211,7 @@ def _refuse_if(refused: Any, error: type, message: str) -> None:
         raise error(message)
 
 
-# The ShardingSettings fields not read from ``sharding_configs.<field>``:
-# field -> (where, name there). Every other field is a sharding_configs field of
-# its own name (SHARDING_CONFIG_FIELDS), as develop's MuonShardingOptimizer reads them.
+# ShardingSettings fields not read from ``sharding_configs.<field>``: field -> (where, name).
 _READ_ELSEWHERE = {
     "pp_sharding_comm_overlap": ("pp_configs", "sharding_comm_overlap"),
     "pp_release_gradients": ("pp_configs", "release_gradients"),
@@ -243,8 +219,7 @@ _READ_ELSEWHERE = {
     "pp_degree": ("hybrid_configs", "pp_degree"),
 }
 
-# field type -> (whether a value is of it, what the error asks for); str fields are
-# checked against the option table's choices instead.
+# field type -> (accepts a value, what the error asks for); str fields: the table's choices
 _VALUE_TYPES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "bool": (lambda v: isinstance(v, bool), "True or False"),
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
@@ -255,13 +230,8 @@ _VALUE_TYPES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
 
 @dataclasses.dataclass
 class ShardingSettings:
-    """The sharding options the optimizer reads, resolved once.
-
-    Fields are ``strategy.hybrid_configs['sharding_configs']`` fields of the same
-    name, except those of ``_READ_ELSEWHERE`` (``pp_configs`` / ``hybrid_configs``).
-    ``muon_partition_strategy``, ``machine_balanced_2d_partition`` and
-    ``overlap_sync_group_call`` are described in :data:`SHARDING_OPTIONS`.
-    """
+    """The sharding options the optimizer reads, resolved once: ``sharding_configs`` fields of
+    the same name except ``_READ_ELSEWHERE``'s (ours: :data:`SHARDING_OPTIONS`)."""
 
     accumulate_steps: int = 1
     comm_overlap: bool = False
@@ -306,19 +276,15 @@ class ShardingSettings:
                 setattr(settings, field, getattr(pp_configs, there))
         settings.enable_optimizer_timer = bool(hybrid["enable_optimizer_timer"])
         settings.pp_degree = int(hybrid["pp_degree"])
-        # Options the config object lacks (an older proto) come from where they are
-        # kept instead, if anything keeps them; a field read above wins.
+        # options an older proto lacks come from where they are kept; a field read above wins
         kept = None if _kept_options_reader is None else _kept_options_reader(strategy)
-        if kept is None:
-            return settings
-        for opt in SHARDING_OPTIONS:
+        for opt in SHARDING_OPTIONS if kept is not None else ():
             if opt.config_key == "sharding_configs" and not hasattr(configs, opt.name):
                 setattr(settings, opt.name, getattr(kept, opt.name))
         return settings
 
     def check(self, pp_world_size: int) -> None:
-        """Refuse, naming the option and the fix, what this optimizer cannot honour in a
-        job of pipeline degree ``pp_world_size``."""
+        """Refuse, naming the option and the fix, what cannot run at ``pp_world_size``."""
         self.check_layout(pp_world_size)
         # imported here: check_layout serves the planning tools, which run without paddle
         import paddle
@@ -330,11 +296,9 @@ class ShardingSettings:
         self.check_values()
 
     def check_layout(self, pp_world_size: int) -> None:
-        """The part of :meth:`check` that needs no device: the combinations of options
-        and pipeline degree (``pp_world_size``) the optimizer refuses. ``plan`` and
-        ``verify`` ask this too, so they never model what would not run."""
-        _check_choice("muon_partition_strategy", self.muon_partition_strategy,
-                      "sharding_configs.")
+        """The part of :meth:`check` that needs no device (``plan`` and ``verify`` ask it too,
+        so they never model what would not run)."""
+        _check_choice("muon_partition_strategy", self.muon_partition_strategy, "sharding_configs.")
         overlap, size = self.comm_overlap, self.comm_buffer_size_MB
         # one at a time, in order: a later condition may not hold a comparable value
         _refuse_if(self.pp_sharding_comm_overlap, ShardingAssertionError,
@@ -358,12 +322,8 @@ class ShardingSettings:
                    "Set comm_buffer_size_MB > 0 or tensor_fusion=False.")
 
     def check_values(self) -> None:
-        """Refuse a value of the wrong type, NaN or inf (after develop's checks).
-
-        Fleet's proto enforces the types of a real strategy; this catches duck-typed
-        strategies and settings built by hand. ``comm_buffer_size_MB <= 0`` keeps
-        develop's meaning (no fused buffers), so only non-finite numbers are refused.
-        """
+        """Refuse a value of the wrong type, NaN or inf (a duck-typed strategy, settings built
+        by hand); ``comm_buffer_size_MB <= 0`` keeps develop's meaning (no fused buffers)."""
         for field in dataclasses.fields(self):
             if field.type not in _VALUE_TYPES:
                 continue
@@ -376,7 +336,6 @@ class ShardingSettings:
                        "or <= 0 for no fused buffers.")
 
 
-# The sharding_configs fields this optimizer reads.
 SHARDING_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ShardingSettings)
                                if f.name not in _READ_ELSEWHERE)
 
@@ -384,11 +343,8 @@ _SEEN: set = set()
 
 
 def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
-    """Log ``message % args`` at ``level`` (``"info"`` / ``"warning"``) on global rank 0
-    the first time this process sees ``key`` (a name, plus the values it prints where
-    another value is news), else at debug: one line per job start, not per rank.
-    Returns whether it was logged at ``level``.
-    """
+    """Log ``message % args`` at ``level`` on global rank 0 the first time this process sees
+    ``key`` (a name, plus the values that make news), else at debug; True if at ``level``."""
     import paddle.distributed as dist
     from paddle.distributed.fleet.utils.log_util import logger
 
@@ -401,9 +357,8 @@ def log_once_per_job(level: str, key: str, message: str, *args: Any) -> bool:
 
 
 def _user_set_sharding_config(strategy: Any, field: str) -> bool:
-    """Whether the user assigned ``sharding_configs.<field>`` (not just its default): the
-    fallback from a default the user never chose is not worth a warning on every CPU run.
-    A strategy that cannot tell counts as set."""
+    """Whether the user set ``sharding_configs.<field>`` (a strategy that cannot tell: True);
+    a default the user never chose is not worth a warning on every CPU run."""
     try:
         return bool(strategy.hybrid_configs["sharding_configs"].HasField(field))
     except (AttributeError, KeyError, TypeError, ValueError):
