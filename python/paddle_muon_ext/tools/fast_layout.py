@@ -50,12 +50,11 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
 from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
     ROUTE_HIERARCHICAL,
     CommOp,
-    key_numels,
+    plain_sync_stages,
     stage_element_limit,
     stage_group_key,
     stage_inputs,
     stage_runs,
-    stages_from_inputs,
 )
 
 __all__ = ["FastPlacement", "HashedTuple", "IdentityMemo", "count_buffers"]
@@ -112,6 +111,16 @@ def _relabel(partition: OwnerPartition, rank_order: tuple) -> OwnerPartition:
     return dataclasses.replace(
         partition, owners={k: rank_order[v] for k, v in partition.owners.items()},
         state_bytes=state, ns_cost=ns, dtypes=dict(partition.dtypes))
+
+
+def _key_numels(metas) -> list:
+    """Elements of each Muon group key of ``metas``, keys in first-seen order: what
+    :func:`stage_runs` splits."""
+    numels: dict = {}
+    for m in metas:
+        k = stage_group_key(m)
+        numels[k] = numels.get(k, 0) + m.numel
+    return list(numels.values())
 
 
 class FastPlacement(Placement):
@@ -282,7 +291,7 @@ class FastPlacement(Placement):
                 break
         else:
             inputs = stage_inputs(layout)
-            numels = {c: key_numels(ms, stage_group_key) for c, ms in inputs[0].items()}
+            numels = {c: _key_numels(ms) for c, ms in inputs[0].items()}
             entry = (layout.params, dict(layout.owners), dict(layout.groups), layout.rank,
                      inputs, numels, {})
             if len(self._stages) >= 4:
@@ -293,7 +302,7 @@ class FastPlacement(Placement):
         key = (tuple((c, tuple(stage_runs(ns, limit))) for c, ns in entry[5].items()),
                tuple(layout.slice_buffers))
         if key not in entry[6]:
-            entry[6][key] = stages_from_inputs(layout, entry[4])
+            entry[6][key] = plain_sync_stages(layout, entry[4])
         return entry[6][key]
 
     @staticmethod

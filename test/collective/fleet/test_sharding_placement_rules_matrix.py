@@ -170,7 +170,7 @@ class TestSyncStages(unittest.TestCase):
     """develop's stages over colours, key sizes, limits and owners, by brute force."""
 
     @staticmethod
-    def _expected(by_colour, rank2params, info, key_of, limit, slices):
+    def _expected(by_colour, rank2params, info, key_of, limit):
         stages, local_by_key = [], OrderedDict()
         for colour, params in by_colour.items():
             me = info[colour]["rank"] if info[colour]["world_size"] > 1 else 0
@@ -201,8 +201,6 @@ class TestSyncStages(unittest.TestCase):
             out.append((kind, colour, tuple(run), {r: [p.name for p in ps]
                                                    for r, ps in owned.items()},
                         [p.name for p in local]))
-        for b in slices:
-            out.append(("1d", None, (), {}, [f"slice_of_{b}"]))
         return out
 
     def test_matrix(self) -> None:
@@ -214,28 +212,22 @@ class TestSyncStages(unittest.TestCase):
         expert = [param("e0", (4, 4), "x"), param("e1", (4, 4), "a"), param("e2", (2, 2), "y")]
         owners = {"dense": {0: [dense[0], dense[3]], 1: [dense[1], dense[2], dense[4]]},
                   "moe": {0: [expert[0]], 1: [expert[1], expert[2]]}}
-        for limit, me, world, slices in itertools.product((1, 16, 32, 48, 100, 10**6), (0, 1),
-                                                          (1, 2), ([], ["s0", "s1"])):
+        for limit, me, world in itertools.product((1, 16, 32, 48, 100, 10**6), (0, 1), (1, 2)):
             by_colour = OrderedDict([("dense", dense), ("moe", expert)])
             rank2params = {"dense": owners["dense"], "moe": owners["moe"]}
             if world == 1:
                 rank2params = {c: {0: [p for ps in o.values() for p in ps]}
                                for c, o in owners.items()}
             info = {c: {"group": f"g_{c}", "world_size": world, "rank": me} for c in by_colour}
-            stages = build_sync_stages(by_colour, rank2params, info, slices,
-                                       lambda b: [SimpleNamespace(name=f"slice_of_{b}")],
-                                       lambda p: p.key, limit)
+            stages = build_sync_stages(by_colour, rank2params, info, lambda p: p.key, limit)
             got = []
             for s in stages:
-                if s["kind"] == "2d":
-                    self.assertEqual(s["group"], f"g_{s['color']}")
-                    self.assertEqual(s["world_size"], world)
-                    got.append(("2d", s["color"], tuple(s["keys"]),
-                                {r: [p.name for p in ps] for r, ps in s["rank2params"].items()},
-                                [p.name for p in s["local_params"]]))
-                else:
-                    got.append(("1d", None, (), {}, [p.name for p in s["local_params"]]))
-            want = self._expected(by_colour, rank2params, info, lambda p: p.key, limit, slices)
+                self.assertEqual(s["group"], f"g_{s['color']}")
+                self.assertEqual(s["world_size"], world)
+                got.append(("2d", s["color"], tuple(s["keys"]),
+                            {r: [p.name for p in ps] for r, ps in s["rank2params"].items()},
+                            [p.name for p in s["local_params"]]))
+            want = self._expected(by_colour, rank2params, info, lambda p: p.key, limit)
             self.assertEqual(got, want, f"limit {limit}, rank {me}, world {world}")
             updated = [n for s in got for n in s[4]]
             self.assertEqual(len(updated), len(set(updated)), "a parameter updated twice")

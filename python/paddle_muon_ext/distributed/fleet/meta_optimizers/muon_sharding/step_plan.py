@@ -114,8 +114,7 @@ class Op(_Name):
 COLLECTIVE_OPS = (Op.REDUCE_SCATTER, Op.REDUCE, Op.BROADCAST, Op.ALL_GATHER, Op.ALL_REDUCE)
 
 
-#: What the functions here read: a ``layout.ShardingLayout`` (layout.py imports
-#: this module, so it is not imported back).
+#: A ``layout.ShardingLayout`` (layout.py imports this module, so not imported back).
 ShardingLayout = Any
 
 #: What the global-norm clip all-reduces: one float32 squared norm per call.
@@ -128,8 +127,7 @@ _ELEMENTS_PER_MB = 2**18
 
 
 def stage_element_limit(comm_buffer_size_MB: float) -> int:
-    """Elements after which adjacent Muon groups close a stage."""
-    # develop's stage size when comm_buffer_size_MB <= 0
+    """Elements after which adjacent Muon groups close a stage (develop's size when <= 0)."""
     mb = comm_buffer_size_MB if comm_buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
     return int(mb * _ELEMENTS_PER_MB)
 
@@ -142,17 +140,8 @@ def _numel(param) -> int:
 
 
 def stage_runs(key_numels: Sequence[int], limit: int) -> list:
-    """How adjacent Muon groups form stages (the one home of the rule): keys per run.
-
-    A run closes once its elements reach ``limit``; the last run holds the rest.
-
-    Args:
-        key_numels: elements of each key, in stage order.
-        limit: :func:`stage_element_limit`.
-
-    Returns:
-        list[int]: keys per run.
-    """
+    """Keys per stage (the one home of the rule): adjacent Muon groups' elements
+    ``key_numels`` form a run until they reach ``limit``; the last run holds the rest."""
     runs, run, size = [], 0, 0
     for n in key_numels:
         run += 1
@@ -165,40 +154,25 @@ def stage_runs(key_numels: Sequence[int], limit: int) -> list:
     return runs
 
 
-def key_numels(params: Sequence, group_key: Callable[[Any], Any]) -> list:
-    """Elements of each ``group_key`` of ``params``, keys in first-seen order:
-    what :func:`stage_runs` splits (as :func:`build_sync_stages` groups them)."""
-    numels: dict = OrderedDict()
-    for p in params:
-        k = group_key(p)
-        numels[k] = numels.get(k, 0) + _numel(p)
-    return list(numels.values())
-
-
 def build_sync_stages(
     params_2d_by_color: Mapping,
     rank2params_by_color: Mapping,
     group_info: Mapping,
-    slice_buffers: Sequence,
-    slice_params_of: Callable[[Any], list],
     group_key: Callable[[Any], Any],
     limit: int,
 ) -> list:
-    """Develop's sync stages: 2-D stages per colour, then one stage per 1-D buffer.
+    """Develop's 2-D sync stages, per colour (the 1-D ones follow, one per buffer).
 
     Args:
         params_2d_by_color: colour -> Muon params (develop's owner-sorted order).
         rank2params_by_color: colour -> {group rank -> params it owns}.
         group_info: colour -> ``{'group', 'world_size', 'rank'}``.
-        slice_buffers: the element-wise buffers, in issue order.
-        slice_params_of: buffer -> what a 1-D stage updates (this rank's slices).
         group_key: the inner optimizer's ``muon_group_key``.
         limit: elements after which adjacent keys close a stage.
 
     Returns:
         list[dict]: ``{'kind': '2d', 'color', 'group', 'world_size', 'rank2params', 'keys',
-        'local_params'}`` stages, then ``{'kind': '1d', 'buffer', 'local_params'}`` ones.
-        A key spanning colours is updated once, in the first stage that lists it.
+        'local_params'}``; a key spanning colours is updated once, in its first stage.
     """
     stages: list = []
     local_by_key: dict = OrderedDict()
@@ -214,7 +188,6 @@ def build_sync_stages(
         for key, members in by_key.items():
             local_by_key.setdefault(key, []).extend(p for p in members if id(p) in local_ids)
         keys_in_order, start = list(by_key), 0
-        # key_numels' per-key sums, from the groups at hand (group_key once per matrix)
         for n in stage_runs([sum(map(_numel, members)) for members in by_key.values()], limit):
             keys = keys_in_order[start:start + n]
             start += n
@@ -228,9 +201,6 @@ def build_sync_stages(
     for stage in stages:
         for key in stage["keys"]:
             stage["local_params"].extend(local_by_key.pop(key, ()))
-    for buffer in slice_buffers:
-        stages.append({"kind": "1d", "buffer": buffer,
-                       "local_params": list(slice_params_of(buffer))})
     return stages
 
 
@@ -275,14 +245,12 @@ class SyncStageSpec:
     """One stage of the overlapped update: update these parameters, then sync them.
 
     Attributes:
-        kind: ``"2d"`` (owners broadcast whole matrices) or ``"1d"`` (all-gather
-            of one element-wise buffer).
-        colour: colour key; group: the colour group's global ranks.
-        keys: the Muon group keys of the stage (2d).
-        owners: ``(owner global rank, dtype, parameter names, numel)`` per
-            broadcast buffer, in launch order (2d).
+        kind: ``"2d"`` (owners broadcast whole matrices) or ``"1d"`` (all-gather of
+            the element-wise buffer ``ShardingLayout.slice_buffers[buffer_index]``).
+        colour, group: the colour key and its group's global ranks.
+        keys, owners (2d): its Muon group keys; ``(owner global rank, dtype, parameter
+            names, numel)`` per broadcast buffer, in launch order.
         local_params: names this rank updates in the stage.
-        buffer_index: index into ``ShardingLayout.slice_buffers`` (1d).
     """
 
     kind: str
@@ -306,7 +274,7 @@ class StepPhase:
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
         items: ``(ref, root global rank)``; a ref is a :class:`MuonRef`,
             :class:`SliceRef`, :class:`StageRef` or :class:`ClipRef`.
-        ops: this rank's collectives of the phase, by :func:`phase_ops`.
+        ops: this rank's collectives of the phase, by :func:`make_phase`.
     """
 
     trigger: Trigger | SyncTrigger
@@ -378,19 +346,13 @@ def stage_inputs(layout: ShardingLayout) -> tuple:
     return sorted_by_colour, rank2params, info
 
 
-def stages_from_inputs(layout: ShardingLayout, inputs: tuple) -> tuple:
-    """:func:`build_sync_stages` on :func:`stage_inputs` as :class:`SyncStageSpec` s."""
-    sorted_by_colour, rank2params, info = inputs
+def plain_sync_stages(layout: ShardingLayout, inputs: tuple | None = None) -> tuple:
+    """:func:`build_sync_stages` on ``inputs`` (default :func:`stage_inputs`) as
+    :class:`SyncStageSpec` s."""
+    sorted_by_colour, rank2params, info = inputs or stage_inputs(layout)
     limit = stage_element_limit(layout.settings.comm_buffer_size_MB)
     stages = []
-    for stage in build_sync_stages(sorted_by_colour, rank2params, info, layout.slice_buffers,
-                                   lambda buf: buf.params, stage_group_key, limit):
-        if stage["kind"] == "1d":
-            buf = stage["buffer"]
-            index = layout.slice_buffers.index(buf)
-            stages.append(SyncStageSpec("1d", buf.colour, buf.group, buffer_index=index,
-                                        local_params=tuple(stage["local_params"])))
-            continue
+    for stage in build_sync_stages(sorted_by_colour, rank2params, info, stage_group_key, limit):
         group = stage["group"]
         owners = []
         for idx, metas in stage["rank2params"].items():
@@ -403,28 +365,18 @@ def stages_from_inputs(layout: ShardingLayout, inputs: tuple) -> tuple:
         stages.append(SyncStageSpec(
             "2d", stage["color"], group, tuple(stage["keys"]), tuple(owners),
             tuple(m.name for m in stage["local_params"])))
+    stages += [SyncStageSpec("1d", b.colour, b.group, local_params=tuple(b.params),
+                             buffer_index=i) for i, b in enumerate(layout.slice_buffers)]
     return tuple(stages)
 
 
-def plain_sync_stages(layout: ShardingLayout) -> tuple:
-    """The sync stages computed from the layout alone (the plain :class:`Placement`'s)."""
-    return stages_from_inputs(layout, stage_inputs(layout))
-
-
-def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
-              group: tuple, items: tuple) -> tuple:
-    """The collectives this rank issues for a phase, derived from its items only (the
-    one place they are), so :meth:`ShardingLayout.schedule` lists what executors run.
-
-    Args:
-        layout: the rank's layout.
-        trigger, label, op, group, items: the phase's (see :class:`StepPhase`).
-
-    Returns:
-        tuple[CommOp]: empty for a phase that issues no collective.
-    """
+def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
+               route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
+    """A :class:`StepPhase` with the collectives this rank issues for it, derived from
+    its items only (the one place they are), so ``schedule`` lists what executors run."""
+    group, items = tuple(group), tuple(items)
     if op not in COLLECTIVE_OPS:
-        return ()
+        return StepPhase(trigger, label, op, route, group, items, ())
     # the sync of stage k is part of step; hooks and reduce_gradients name themselves
     op_trigger = Trigger.STEP if isinstance(trigger, SyncTrigger) else trigger
     coalesced = op in (Op.REDUCE, Op.BROADCAST) and trigger != Trigger.BACKWARD
@@ -448,15 +400,7 @@ def phase_ops(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str
                          coalesced, b.numel * itemsize(b.dtype))
             ops.extend(layout.placement.reduce_ops(one, b.reduce_parts())
                        if op == Op.REDUCE else (one,))
-    return tuple(ops)
-
-
-def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
-               route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
-    """A :class:`StepPhase` whose ``ops`` come from :func:`phase_ops` (never by hand)."""
-    group, items = tuple(group), tuple(items)
-    return StepPhase(trigger, label, op, route, group, items,
-                     phase_ops(layout, trigger, label, op, group, items))
+    return StepPhase(trigger, label, op, route, group, items, tuple(ops))
 
 
 def local_phase(layout: ShardingLayout, trigger: Trigger, op: Op, label: str | None = None,
@@ -521,19 +465,9 @@ def flat_phases(layout: ShardingLayout, trigger: Trigger, op: Op, label: Callabl
 
 
 def build_step_plan(layout: ShardingLayout) -> list:
-    """The step as data: every phase of a step, in the order the optimizer runs them.
-
-    The backward hooks launch the ``backward`` phases; ``reduce_gradients``
-    runs the ``reduce_gradients`` ones and ``step`` the ``step`` and
-    ``sync[k]`` ones; :meth:`ShardingLayout.schedule` lists their collectives.
-
-    Returns:
-        list[StepPhase]: backward-hook phases (model order of their buffers);
-        ``reduce_gradients``: copy released gradients in, wait for the hooks,
-        reduce-scatter and reduce what they did not launch; ``step``: storage
-        reset, gradient collection, found_inf, the clip, the update (stage by
-        stage with its syncs when staged), fused states and the parameter sync.
-    """
+    """The step as data: every :class:`StepPhase` of a step, in the order the optimizer
+    runs them: the backward hooks' (model order of their buffers), ``reduce_gradients``'
+    and ``step``'s (with the ``sync[k]`` ones when staged)."""
     rank, plan = layout.rank, layout.plan
     muon = list(enumerate(layout.muon_buckets))
     hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
