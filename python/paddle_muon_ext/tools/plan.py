@@ -158,7 +158,7 @@ def _path(plan, stages, ab: AlphaBeta, settings: LayoutSettings, hierarchical: b
 
 def _group_facts(plan) -> Dict[str, Any]:
     gpn = plan.gpus_per_node
-    moe = plan.moe_sharding_groups()
+    moe = list(dict.fromkeys(plan.moe_sharding_ranks(r) for r in range(plan.world_size)))
     specs = plan.group_specs()
     node = [s for s in specs if s.kind == "node"]
     same = [s for s in specs if s.kind == "same_card"]

@@ -11,15 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Routing plan of ``comm_group_call_opt``: node and same-card groups from the MoE topology.
-
-A dense Muon buffer owned by ``owner`` travels in two hops: an intra-node
-reduce onto the rank of each node whose card equals ``card(owner)``, then a
-cross-node reduce among those same-card ranks onto the owner (broadcast in
-reverse); ``node(r) = r // gpus_per_node``, ``card(r) = r % gpus_per_node``.
-Nothing here touches CUDA or ``paddle.distributed`` until
-:func:`resolve_gpus_per_node` or :meth:`HierarchicalCommPlan.create_groups`.
-"""
+"""Routing plan of ``comm_group_call_opt``: node and same-card groups from the MoE topology;
+nothing here touches CUDA or ``paddle.distributed`` until :func:`resolve_gpus_per_node` or
+:meth:`HierarchicalCommPlan.create_groups`."""
 
 from __future__ import annotations
 
@@ -41,10 +35,8 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 def _default_device_count() -> int:
-    """``paddle.device.cuda.device_count()``; 0 on a build without CUDA.
-
-    On a CUDA build a failing query raises: a broken install must not read as "no GPU".
-    """
+    """``paddle.device.cuda.device_count()``; 0 on a build without CUDA (on a CUDA
+    build a failing query raises: a broken install must not read as "no GPU")."""
     import paddle  # lazy: importing this module must not touch CUDA
 
     try:
@@ -57,10 +49,8 @@ def _default_device_count() -> int:
 
 def resolve_gpus_per_node(environ: Mapping[str, str] | None = None,
                           device_count: Callable[[], int] | None = None) -> int:
-    """Resolve how many accelerator cards each node has.
-
-    Call this only when ``comm_group_call_opt`` is on: nothing else needs the
-    value, and it cannot be resolved on CPU/XPU machines without a launcher.
+    """Cards per node; only for ``comm_group_call_opt`` (nothing else needs the value,
+    and CPU/XPU machines without a launcher cannot resolve it).
 
     Args:
         environ: the environment to read (``os.environ`` when None).
@@ -171,8 +161,11 @@ def _layout_text(names: Sequence[str], degrees: Mapping[str, int], gpn: int) -> 
 class HierarchicalCommPlan:
     """The routing plan of ``comm_group_call_opt``: node groups, same-card groups, routes.
 
-    Build with :meth:`from_topology` or :meth:`from_hcg`, which validate;
-    queries are table look-ups that do not re-validate.
+    A dense Muon buffer owned by ``owner`` travels in two hops: an intra-node reduce onto
+    each node's rank with ``owner``'s card (``card(r) = r % gpus_per_node``), then a
+    cross-node reduce among those same-card ranks onto the owner (broadcast in reverse).
+    Build with :meth:`from_topology` or :meth:`from_hcg`, which validate; queries are
+    table look-ups that do not re-validate.
 
     Attributes:
         gpus_per_node, world_size, num_nodes: the physical layout.
@@ -194,11 +187,10 @@ class HierarchicalCommPlan:
         self.num_nodes: int = self.world_size // gpn
         self._stage_of_rank = stage_of_rank
         self._sharding_groups = sharding_groups
-        self._moe_sharding_lists = moe_sharding_lists
         self._moe_group_of_rank = {r: ranks for ranks in moe_sharding_lists for r in ranks}
         self._nodes_of_stage = tuple(tuple(sorted({r // gpn for r in ranks}))
                                      for ranks in sharding_groups)
-        # One pass over the ranks (not one per card): O(world) for any gpus_per_node.
+        # one pass over the ranks (not one per card): O(world) for any gpus_per_node
         same_card: dict[tuple[int, int], list[int]] = {
             (stage, card): [] for stage in range(len(sharding_groups)) for card in range(gpn)}
         for stage, ranks in enumerate(sharding_groups):
@@ -223,8 +215,8 @@ class HierarchicalCommPlan:
 
         Raises:
             TypeError: a degree is not an int, or ``moe_topo`` is not a topology.
-            ValueError: a precondition of the hierarchical path fails (the
-                message names it, the values and what would work).
+            ValueError: a precondition of the hierarchical path fails (the message
+                says which, with the values and what would work).
         """
         gpn = cls._check_gpus_per_node(gpus_per_node)
         cls._check_mp_degree(mp_degree)
@@ -357,10 +349,8 @@ class HierarchicalCommPlan:
                 "(hcg._moe_topo).")
 
     def _check_nodes(self, layout: str) -> None:
-        """Every node inside one sharding group, and each group on >= 2 nodes.
-
-        Then the mean of the per-node means is the sharding group's mean.
-        """
+        """Every node inside one sharding group, each group on >= 2 nodes (so the mean
+        of the per-node means is the sharding group's mean)."""
         gpn, stage_of = self.gpus_per_node, self._stage_of_rank
         mixed = [node for node in range(self.num_nodes)
                  if len({stage_of[r] for r in self.node_ranks(node)}) > 1]
@@ -390,8 +380,7 @@ class HierarchicalCommPlan:
 
     # -------------------------------------------------------------- queries
     def _rank(self, rank: int, what: str = "rank") -> int:
-        # The one check left per query: an out-of-range rank would index
-        # another rank's entry (negative) or fail obscurely.
+        # the one check per query: a bad rank would index another's entry or fail obscurely
         if not 0 <= rank < self.world_size:
             raise ValueError(
                 f"{what} {rank} is out of range: the MoE topology has world size "
@@ -439,10 +428,6 @@ class HierarchicalCommPlan:
         """The moe_sharding group containing ``rank``, in topology order."""
         return self._moe_group_of_rank[self._rank(rank)]
 
-    def moe_sharding_groups(self) -> tuple[tuple[int, ...], ...]:
-        """Every moe_sharding group once, in the topology's comm-list order."""
-        return self._moe_sharding_lists
-
     def intra_node_root(self, owner: int, rank: int) -> int:
         """The rank of ``rank``'s node with ``owner``'s card: where its intra-node reduce goes."""
         self._same_stage(owner, rank)
@@ -455,8 +440,7 @@ class HierarchicalCommPlan:
         return rank % self.gpus_per_node == owner % self.gpus_per_node
 
     def _same_stage(self, owner: int, rank: int) -> None:
-        # A buffer only travels inside its owner's sharding group; a rank of
-        # another stage would be routed onto a node of the wrong group.
+        # a rank of another stage would be routed onto a node of the wrong group
         stage = self._stage_of_rank
         if stage[self._rank(owner, "owner")] != stage[self._rank(rank)]:
             raise ValueError(
@@ -467,11 +451,8 @@ class HierarchicalCommPlan:
 
     # --------------------------------------------------------------- groups
     def group_specs(self) -> list[GroupSpec]:
-        """All groups in the one creation order every rank follows.
-
-        Node groups by node, then same-card groups by (stage, card): Paddle
-        numbers groups by creation order, so every rank creates all of them.
-        """
+        """All groups, node groups by node then same-card groups by (stage, card): Paddle
+        numbers groups by creation order, so every rank creates all of them in this order."""
         specs = [GroupSpec(_NODE, (node,), self.node_ranks(node))
                  for node in range(self.num_nodes)]
         specs.extend(GroupSpec(_SAME_CARD, key, self._same_card[key])
@@ -504,10 +485,9 @@ class HierarchicalCommPlan:
     def spread_rank_order(self, stage: int) -> list[int]:
         """A stage's ranks ordered so owners spread evenly over cards (rails) and nodes.
 
-        Entry ``k`` takes card ``k mod gpn`` on node ``k mod n_nodes``; when the
-        pairs repeat (after ``lcm(gpn, n_nodes)``) each block shifts the card
-        (with 2 cards, the node) by one. Every prefix is balanced over cards
-        and nodes to within one; each aligned run of ``gpn`` holds every card.
+        Entry ``k`` takes card ``k mod gpn`` on node ``k mod n_nodes``, each block of
+        ``lcm(gpn, n_nodes)`` shifting the card (with 2 cards, the node) by one: every
+        prefix is balanced to within one; each aligned run of ``gpn`` holds every card.
         """
         nodes = self.nodes_of_stage(stage)
         gpn = self.gpus_per_node
