@@ -125,12 +125,9 @@ class GroupSpec:
 
 @dataclass
 class HierarchicalGroups:
-    """The two process groups of ``rank`` (pipeline stage ``stage``): its node's group
-    (intra-node phases) and its ``(stage, card)`` group (cross-node phases: a rank only
-    joins owners with its own card)."""
+    """A rank's two process groups: its node's (intra-node phases) and its ``(stage, card)``
+    group (cross-node phases: a rank only joins owners with its own card)."""
 
-    rank: int
-    stage: int
     node_group: Any
     same_card_group: Any
 
@@ -210,9 +207,6 @@ class HierarchicalCommPlan:
             gpus_per_node: cards per node (see :func:`resolve_gpus_per_node`).
             mp_degree: tensor-parallel degree; must be 1.
 
-        Returns:
-            HierarchicalCommPlan: the validated plan.
-
         Raises:
             TypeError: a degree is not an int, or ``moe_topo`` is not a topology.
             ValueError: a precondition of the hierarchical path fails (the message
@@ -251,19 +245,16 @@ class HierarchicalCommPlan:
 
     @classmethod
     def from_hcg(cls, hcg: Any, gpus_per_node: int) -> HierarchicalCommPlan:
-        """Build the routing plan from a hybrid communicate group.
+        """Build and validate the routing plan from a hybrid communicate group.
 
         Args:
-            hcg: an ``EPHybridCommunicateGroup`` (its ``_moe_topo``, mp degree
-                and, when present, ``nranks`` are read).
+            hcg: an ``EPHybridCommunicateGroup`` (its ``_moe_topo``, mp degree and, when
+                present, ``nranks`` are read).
             gpus_per_node: cards per node.
 
-        Returns:
-            HierarchicalCommPlan: the validated plan.
-
         Raises:
-            ValueError: no MoE topology (ep_degree must be > 1), a world size
-                mismatch, or any condition of :meth:`from_topology`.
+            ValueError: no MoE topology (ep_degree must be > 1), a world size mismatch,
+                or any condition of :meth:`from_topology`.
         """
         moe_topo = getattr(hcg, "_moe_topo", None)
         if moe_topo is None:
@@ -461,14 +452,12 @@ class HierarchicalCommPlan:
 
     def create_groups(self, rank: int,
                       new_group: Callable[[list[int]], Any] | None = None) -> HierarchicalGroups:
-        """Create every group of :meth:`group_specs` in order; return ``rank``'s two.
+        """Create every group of :meth:`group_specs` in order; return ``rank``'s two
+        (its :class:`HierarchicalGroups`).
 
         Args:
             rank: this process's global rank.
             new_group: ``new_group(ranks_list)`` (``paddle.distributed.new_group`` when None).
-
-        Returns:
-            HierarchicalGroups: the rank's node group and same-card group.
         """
         rank = self._rank(rank)
         if new_group is None:
@@ -478,8 +467,7 @@ class HierarchicalCommPlan:
         created = {(spec.kind, spec.key): new_group(list(spec.ranks))
                    for spec in self.group_specs()}
         stage, gpn = self._stage_of_rank[rank], self.gpus_per_node
-        return HierarchicalGroups(rank=rank, stage=stage,
-                                  node_group=created[(_NODE, (rank // gpn,))],
+        return HierarchicalGroups(node_group=created[(_NODE, (rank // gpn,))],
                                   same_card_group=created[(_SAME_CARD, (stage, rank % gpn))])
 
     def spread_rank_order(self, stage: int) -> list[int]:

@@ -12,9 +12,8 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """The step plan of a :class:`ShardingLayout`: its phases, collectives and sync stages,
-derived alike on every rank from replicated metadata (memoised by the layout,
-which equality and ``to_dict`` ignore); the route, trigger, phase and op names live here.
-"""
+derived alike on every rank from replicated metadata; the route, trigger, phase and op
+names live here."""
 
 from __future__ import annotations
 
@@ -122,14 +121,11 @@ CLIP_NORM_DTYPE = "float32"
 
 
 # ------------------------------------------------------------- sync stages
-# One MB of fp32 elements: develop sizes stages as comm_buffer_size_MB * 2**18.
-_ELEMENTS_PER_MB = 2**18
-
-
 def stage_element_limit(comm_buffer_size_MB: float) -> int:
-    """Elements after which adjacent Muon groups close a stage (develop's size when <= 0)."""
+    """Elements after which adjacent Muon groups close a stage: develop's one MB of fp32
+    (``2**18``) per ``comm_buffer_size_MB``, its default size when that is <= 0."""
     mb = comm_buffer_size_MB if comm_buffer_size_MB > 0 else DEVELOP_DEFAULT_BUFFER_MB
-    return int(mb * _ELEMENTS_PER_MB)
+    return int(mb * 2**18)
 
 
 def _numel(param) -> int:
@@ -269,12 +265,10 @@ class StepPhase:
     Attributes:
         trigger: a :class:`Trigger`, or the :class:`SyncTrigger` of update stage k.
         label: the phase name (profiler, flight recorder, recorder comparison).
-        op: what it does (an :class:`Op`); the executors dispatch on it.
-        route: a ``ROUTE_*`` here: which group(s) its collectives run on.
+        op, route: what it does (the executors dispatch on it); which group(s) it runs on.
         group: global ranks of the group (empty for ``slices`` / ``clip_groups`` / ``local``).
-        items: ``(ref, root global rank)``; a ref is a :class:`MuonRef`,
-            :class:`SliceRef`, :class:`StageRef` or :class:`ClipRef`.
-        ops: this rank's collectives of the phase, by :func:`make_phase`.
+        items: ``(ref, root global rank)``, a ref being a ``MuonRef``, ``SliceRef``,
+            ``StageRef`` or ``ClipRef``; ops: this rank's collectives (:func:`make_phase`).
     """
 
     trigger: Trigger | SyncTrigger
@@ -288,11 +282,9 @@ class StepPhase:
 
 @dataclass(frozen=True)
 class CommOp:
-    """One collective a rank issues in one step.
-
-    ``numel`` is what the rank contributes (the shard for reduce_scatter and
-    all_gather); ``coalesced`` ops of one phase and group form one launch;
-    ``payload`` is the unpadded parameter bytes of the whole buffer (cost models).
+    """One collective a rank issues in one step: ``numel`` is what the rank contributes
+    (the shard for reduce_scatter and all_gather); ``coalesced`` ops of one phase and group
+    form one launch; ``payload``: unpadded parameter bytes of the whole buffer (cost models).
     """
 
     trigger: Trigger
@@ -375,8 +367,6 @@ def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: st
     """A :class:`StepPhase` with the collectives this rank issues for it, derived from
     its items only (the one place they are), so ``schedule`` lists what executors run."""
     group, items = tuple(group), tuple(items)
-    if op not in COLLECTIVE_OPS:
-        return StepPhase(trigger, label, op, route, group, items, ())
     # the sync of stage k is part of step; hooks and reduce_gradients name themselves
     op_trigger = Trigger.STEP if isinstance(trigger, SyncTrigger) else trigger
     coalesced = op in (Op.REDUCE, Op.BROADCAST) and trigger != Trigger.BACKWARD
@@ -403,10 +393,10 @@ def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: st
     return StepPhase(trigger, label, op, route, group, items, tuple(ops))
 
 
-def local_phase(layout: ShardingLayout, trigger: Trigger, op: Op, label: str | None = None,
+def local_phase(trigger: Trigger, op: Op, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
-    return make_phase(layout, trigger, label or op.value, op, ROUTE_LOCAL, (), items)
+    return StepPhase(trigger, label or op.value, op, ROUTE_LOCAL, (), tuple(items), ())
 
 
 def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger,
@@ -429,8 +419,8 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
     ``StageRef(k, j)``, its j-th owner buffer), for every stage."""
     phases: list = []
     for k, stage in enumerate(layout.sync_stages()):
-        phases.append(local_phase(layout, Trigger.STEP, Op.STAGE_UPDATE,
-                                  f"{PHASE_UPDATE}[{k}]", ((StageRef(k), None),)))
+        phases.append(local_phase(Trigger.STEP, Op.STAGE_UPDATE, f"{PHASE_UPDATE}[{k}]",
+                                  ((StageRef(k), None),)))
         trigger = SyncTrigger(k)
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
@@ -493,11 +483,10 @@ def build_step_plan(layout: ShardingLayout) -> list:
             label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
         phases.append(make_phase(layout, Trigger.BACKWARD, label, Op.REDUCE, route, group,
                                  ((MuonRef(i), root),)))
-    # reduce_gradients: released gradients back in, the hooks' results waited
-    # for, what the hooks did not launch, then the second hop
-    phases.append(local_phase(layout, Trigger.REDUCE, Op.COPY_GRADS_IN))
+    # reduce_gradients: gradients in, wait for the hooks, what they did not launch, hop 2
+    phases.append(local_phase(Trigger.REDUCE, Op.COPY_GRADS_IN))
     phases.append(local_phase(
-        layout, Trigger.REDUCE, Op.WAIT_HOOKED, PHASE_REDUCE_SCATTER,
+        Trigger.REDUCE, Op.WAIT_HOOKED, PHASE_REDUCE_SCATTER,
         tuple((MuonRef(i), None) for i in hooked_muon)
         + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
@@ -518,17 +507,17 @@ def build_step_plan(layout: ShardingLayout) -> list:
                           [(i, b) for i, b in flat if not b.overlap])
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
     for op in (Op.RESET_STORAGE, Op.COLLECT_GRADS, Op.FOUND_INF):
-        phases.append(local_phase(layout, Trigger.STEP, op))
+        phases.append(local_phase(Trigger.STEP, op))
     phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, Op.CLIP, ROUTE_CLIP, (),
                              tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
-        phases.append(local_phase(layout, Trigger.STEP, Op.PREPARE, PHASE_UPDATE))
+        phases.append(local_phase(Trigger.STEP, Op.PREPARE, PHASE_UPDATE))
         phases += staged_sync_phases(layout)
-        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
-        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
+        phases.append(local_phase(Trigger.STEP, Op.FINISH_SYNC))
+        phases.append(local_phase(Trigger.STEP, Op.FUSE_STATES))
     else:
-        phases.append(local_phase(layout, Trigger.STEP, Op.UPDATE, PHASE_UPDATE))
-        phases.append(local_phase(layout, Trigger.STEP, Op.FUSE_STATES))
+        phases.append(local_phase(Trigger.STEP, Op.UPDATE, PHASE_UPDATE))
+        phases.append(local_phase(Trigger.STEP, Op.FUSE_STATES))
         # the parameter sync, the reduce's mirror
         if hier:
             phases += hier_broadcast_phases(
@@ -537,5 +526,5 @@ def build_step_plan(layout: ShardingLayout) -> list:
         phases.append(make_phase(
             layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, ROUTE_SLICES, (),
             tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
-        phases.append(local_phase(layout, Trigger.STEP, Op.FINISH_SYNC))
+        phases.append(local_phase(Trigger.STEP, Op.FINISH_SYNC))
     return phases
