@@ -48,8 +48,8 @@ from ..distributed.fleet.meta_optimizers.muon_sharding.settings import (
     PARTITION_RAIL,
 )
 from ..distributed.fleet.meta_optimizers.muon_sharding.step_plan import (
-    ROUTE_HIERARCHICAL,
     CommOp,
+    Route,
     plain_sync_stages,
     stage_element_limit,
     stage_group_key,
@@ -275,7 +275,7 @@ class FastPlacement(Placement):
             self._renamings.put((flat_owner_of, owner_of), rename)
         if rename is None:
             return None
-        out = [dataclasses.replace(b, owner=rename[b.owner], route=ROUTE_HIERARCHICAL)
+        out = [dataclasses.replace(b, owner=rename[b.owner], route=Route.HIERARCHICAL)
                for b in flat_buckets]
         out.sort(key=lambda b: (b.owner, b.dtype))  # muon_bucket_specs' order
         return tuple(out)

@@ -27,7 +27,7 @@ from .owners import (MatrixSpec, OwnerPartition, balanced_partition, partition_f
 from .settings import (DEFAULT_ALIGNMENT_BYTES, DEVELOP_DEFAULT_BUFFER_MB, PARTITION_BALANCED,
                        PARTITION_DEVELOP, PARTITION_RAIL, PARTITION_STRATEGIES,
                        canonical_dtype, itemsize, option_default)
-from .step_plan import ROUTE_FLAT, ROUTE_HIERARCHICAL
+from .step_plan import Route
 
 if TYPE_CHECKING:
     from .comm_plan import HierarchicalCommPlan
@@ -152,7 +152,7 @@ class MuonBucketSpec:
     dtype: str
     params: tuple
     chunks: tuple
-    route: str
+    route: Route
     overlap: bool
     numel: int
     chunk_numels: tuple
@@ -306,7 +306,7 @@ def muon_bucket_specs(colour, group, params, owner_of, hierarchical, settings) -
     by_owner = _group_by(params, lambda p: (owner_of[p.name], p.dtype))
     out = []
     fused = settings.fused
-    route = ROUTE_HIERARCHICAL if hierarchical else ROUTE_FLAT
+    route = Route.HIERARCHICAL if hierarchical else Route.FLAT
     overlap = fused and is_hooked(settings.comm_overlap, colour)
     for (owner, dtype), bparams in sorted(by_owner.items()):  # keys are unique
         chunks = chunk_numels = chunk_bytes = ()

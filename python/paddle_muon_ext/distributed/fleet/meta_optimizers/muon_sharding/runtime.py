@@ -37,11 +37,9 @@ from .layout import is_hooked
 from .step_plan import (
     PHASE_ALL_GATHER,
     PHASE_REDUCE_SCATTER,
-    ROUTE_CROSS_NODE,
-    ROUTE_HIERARCHICAL,
-    ROUTE_INTRA_NODE,
     MuonRef,
     Op,
+    Route,
     SliceRef,
     StageRef,
     SyncTrigger,
@@ -380,7 +378,7 @@ class ShardingRuntime:
         for spec in self.layout.muon_buckets:
             params = [self.param_by_name[n] for n in spec.params]
             bucket = MuonBucket(spec.colour, self.colour_groups[spec.colour], spec.owner,
-                                params[0].dtype, params, spec.route == ROUTE_HIERARCHICAL)
+                                params[0].dtype, params, spec.route == Route.HIERARCHICAL)
             # A hierarchical buffer's own reduce (the overlap hooks') is its first
             # hop: inside the node, onto the rank with the owner's card.
             group, dst = bucket.group, spec.owner
@@ -469,9 +467,9 @@ class ShardingRuntime:
 
     def phase_group(self, phase):
         """The process group a step-plan phase runs on."""
-        if phase.route == ROUTE_INTRA_NODE:
+        if phase.route == Route.INTRA_NODE:
             return self.plan_groups.node_group
-        if phase.route == ROUTE_CROSS_NODE:
+        if phase.route == Route.CROSS_NODE:
             return self.plan_groups.same_card_group
         return {tuple(g.ranks): g for g in self.colour_groups.values()}[tuple(phase.group)]
 

@@ -28,24 +28,26 @@ from .settings import DEVELOP_DEFAULT_BUFFER_MB, itemsize
 
 
 # -------------------------------------------------------- step-plan names
-# How a bucket is routed (MuonBucketSpec.route).
-ROUTE_FLAT = "flat"
-ROUTE_HIERARCHICAL = "hierarchical"
-# How a phase reaches its group (StepPhase.route).
-ROUTE_INTRA_NODE = "intra_node"
-ROUTE_CROSS_NODE = "cross_node"
-ROUTE_SLICES = "slices"
-#: The global-norm clip's all-reduces: each item names its own group.
-ROUTE_CLIP = "clip_groups"
-#: A phase that issues no collective (waits, update, found_inf, ...).
-ROUTE_LOCAL = "local"
-
-
 class _Name(str, enum.Enum):
     """A name that prints and serialises as its value."""
 
     def __str__(self) -> str:
         return self.value
+
+
+class Route(_Name):
+    """Which group(s) a bucket's collectives (``MuonBucketSpec.route``: FLAT or
+    HIERARCHICAL) or a phase's (``StepPhase.route``: the others, or FLAT) run on."""
+
+    FLAT = "flat"
+    HIERARCHICAL = "hierarchical"
+    INTRA_NODE = "intra_node"
+    CROSS_NODE = "cross_node"
+    SLICES = "slices"
+    #: The global-norm clip's all-reduces: each item names its own group.
+    CLIP = "clip_groups"
+    #: A phase that issues no collective (waits, update, found_inf, ...).
+    LOCAL = "local"
 
 
 class Trigger(_Name):
@@ -274,7 +276,7 @@ class StepPhase:
     trigger: Trigger | SyncTrigger
     label: str
     op: Op
-    route: str
+    route: Route
     group: tuple
     items: tuple
     ops: tuple
@@ -363,7 +365,7 @@ def plain_sync_stages(layout: ShardingLayout, inputs: tuple | None = None) -> tu
 
 
 def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: str, op: Op,
-               route: str, group: tuple = (), items: tuple = ()) -> StepPhase:
+               route: Route, group: tuple = (), items: tuple = ()) -> StepPhase:
     """A :class:`StepPhase` with the collectives this rank issues for it, derived from
     its items only (the one place they are), so ``schedule`` lists what executors run."""
     group, items = tuple(group), tuple(items)
@@ -396,7 +398,7 @@ def make_phase(layout: ShardingLayout, trigger: Trigger | SyncTrigger, label: st
 def local_phase(trigger: Trigger, op: Op, label: str | None = None,
                 items: tuple = ()) -> StepPhase:
     """A phase that issues no collective (a wait, the update, found_inf, ...)."""
-    return StepPhase(trigger, label or op.value, op, ROUTE_LOCAL, (), tuple(items), ())
+    return StepPhase(trigger, label or op.value, op, Route.LOCAL, (), tuple(items), ())
 
 
 def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger,
@@ -405,10 +407,10 @@ def hier_broadcast_phases(layout: ShardingLayout, trigger: Trigger | SyncTrigger
     plan, rank = layout.plan, layout.rank
     node, same_card = hier_groups(layout)
     return [
-        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, Op.BROADCAST, ROUTE_CROSS_NODE,
+        make_phase(layout, trigger, PHASE_CROSS_NODE_BROADCAST, Op.BROADCAST, Route.CROSS_NODE,
                    same_card, tuple((ref, owner) for ref, owner in entries
                                     if plan.in_cross_node_step(owner, rank))),
-        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, Op.BROADCAST, ROUTE_INTRA_NODE,
+        make_phase(layout, trigger, PHASE_INTRA_NODE_BROADCAST, Op.BROADCAST, Route.INTRA_NODE,
                    node, tuple((ref, plan.intra_node_root(owner, rank))
                                for ref, owner in entries)),
     ]
@@ -425,7 +427,7 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
         if stage.kind == "1d":
             buf = layout.slice_buffers[stage.buffer_index]
             phases.append(make_phase(layout, trigger, PHASE_ALL_GATHER, Op.ALL_GATHER,
-                                     ROUTE_SLICES, buf.group,
+                                     Route.SLICES, buf.group,
                                      ((SliceRef(stage.buffer_index), None),)))
             continue
         entries = [(StageRef(k, j), o[0]) for j, o in enumerate(stage.owners)]
@@ -433,7 +435,7 @@ def staged_sync_phases(layout: ShardingLayout) -> list:
             phases.extend(hier_broadcast_phases(layout, trigger, entries))
         else:
             phases.append(make_phase(layout, trigger, flat_broadcast_phase(stage.group),
-                                     Op.BROADCAST, ROUTE_FLAT, stage.group, entries))
+                                     Op.BROADCAST, Route.FLAT, stage.group, entries))
     return phases
 
 
@@ -450,7 +452,7 @@ def flat_phases(layout: ShardingLayout, trigger: Trigger, op: Op, label: Callabl
     by_group: dict = OrderedDict()
     for i, b in buckets:
         by_group.setdefault(b.group, []).append((MuonRef(i), b.owner))
-    return [make_phase(layout, trigger, label(group), op, ROUTE_FLAT, group, items)
+    return [make_phase(layout, trigger, label(group), op, Route.FLAT, group, items)
             for group, items in by_group.items()]
 
 
@@ -460,8 +462,8 @@ def build_step_plan(layout: ShardingLayout) -> list:
     and ``step``'s (with the ``sync[k]`` ones when staged)."""
     rank, plan = layout.rank, layout.plan
     muon = list(enumerate(layout.muon_buckets))
-    hier = [(i, b) for i, b in muon if b.route == ROUTE_HIERARCHICAL]
-    flat = [(i, b) for i, b in muon if b.route == ROUTE_FLAT]
+    hier = [(i, b) for i, b in muon if b.route == Route.HIERARCHICAL]
+    flat = [(i, b) for i, b in muon if b.route == Route.FLAT]
     node, same_card = hier_groups(layout) if hier else (None, None)
     phases: list = []
 
@@ -470,17 +472,17 @@ def build_step_plan(layout: ShardingLayout) -> list:
                  if s.overlap and len(s.group) > 1]
     for i in hooked_rs:
         phases.append(make_phase(layout, Trigger.BACKWARD, PHASE_REDUCE_SCATTER,
-                                 Op.REDUCE_SCATTER, ROUTE_SLICES,
+                                 Op.REDUCE_SCATTER, Route.SLICES,
                                  layout.slice_buffers[i].group, ((SliceRef(i), None),)))
     hooked = set(hooked_rs)
     hooked_muon = [i for i, b in muon if b.overlap]
     for i in hooked_muon:
         b = layout.muon_buckets[i]
-        if b.route == ROUTE_HIERARCHICAL:
-            label, route, group = PHASE_INTRA_NODE_REDUCE, ROUTE_INTRA_NODE, node
+        if b.route == Route.HIERARCHICAL:
+            label, route, group = PHASE_INTRA_NODE_REDUCE, Route.INTRA_NODE, node
             root = plan.intra_node_root(b.owner, rank)
         else:
-            label, route, group, root = flat_reduce_phase(b.group), ROUTE_FLAT, b.group, b.owner
+            label, route, group, root = flat_reduce_phase(b.group), Route.FLAT, b.group, b.owner
         phases.append(make_phase(layout, Trigger.BACKWARD, label, Op.REDUCE, route, group,
                                  ((MuonRef(i), root),)))
     # reduce_gradients: gradients in, wait for the hooks, what they did not launch, hop 2
@@ -490,17 +492,17 @@ def build_step_plan(layout: ShardingLayout) -> list:
         tuple((MuonRef(i), None) for i in hooked_muon)
         + tuple((SliceRef(i), None) for i in hooked_rs)))
     phases.append(make_phase(
-        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, Op.REDUCE_SCATTER, ROUTE_SLICES, (),
+        layout, Trigger.REDUCE, PHASE_REDUCE_SCATTER, Op.REDUCE_SCATTER, Route.SLICES, (),
         tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers))
               if i not in hooked)))
     intra = [(i, b) for i, b in hier if not b.overlap]
     if intra:
         phases.append(make_phase(
-            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, Op.REDUCE, ROUTE_INTRA_NODE, node,
+            layout, Trigger.REDUCE, PHASE_INTRA_NODE_REDUCE, Op.REDUCE, Route.INTRA_NODE, node,
             tuple((MuonRef(i), plan.intra_node_root(b.owner, rank)) for i, b in intra)))
     if hier:
         phases.append(make_phase(
-            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, Op.REDUCE, ROUTE_CROSS_NODE,
+            layout, Trigger.REDUCE, PHASE_CROSS_NODE_REDUCE, Op.REDUCE, Route.CROSS_NODE,
             same_card, tuple((MuonRef(i), b.owner) for i, b in hier
                              if plan.in_cross_node_step(b.owner, rank))))
     phases += flat_phases(layout, Trigger.REDUCE, Op.REDUCE, flat_reduce_phase,
@@ -508,7 +510,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
     # step: storage, gradients, found_inf, clip, update (+ staged syncs), sync
     for op in (Op.RESET_STORAGE, Op.COLLECT_GRADS, Op.FOUND_INF):
         phases.append(local_phase(Trigger.STEP, op))
-    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, Op.CLIP, ROUTE_CLIP, (),
+    phases.append(make_phase(layout, Trigger.STEP, PHASE_CLIP, Op.CLIP, Route.CLIP, (),
                              tuple((ClipRef(i), None) for i in range(len(layout.clip_groups)))))
     if layout.staged_sync:
         phases.append(local_phase(Trigger.STEP, Op.PREPARE, PHASE_UPDATE))
@@ -524,7 +526,7 @@ def build_step_plan(layout: ShardingLayout) -> list:
                 layout, Trigger.STEP, [(MuonRef(i), b.owner) for i, b in hier])
         phases += flat_phases(layout, Trigger.STEP, Op.BROADCAST, flat_broadcast_phase, flat)
         phases.append(make_phase(
-            layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, ROUTE_SLICES, (),
+            layout, Trigger.STEP, PHASE_ALL_GATHER, Op.ALL_GATHER, Route.SLICES, (),
             tuple((SliceRef(i), None) for i in range(len(layout.slice_buffers)))))
         phases.append(local_phase(Trigger.STEP, Op.FINISH_SYNC))
     return phases
