@@ -51,7 +51,6 @@ from .settings import (
     log_once_per_job,
     read_overlap_optimize_and_sync,
 )
-from .step_plan import SyncTrigger
 
 # The module itself: the package exports the reduce function under the module's name.
 _reduce_module = importlib.import_module("paddle.distributed.communication.reduce")
@@ -135,8 +134,6 @@ def build_runtime(optimizer, hcg, strategy, gpus_per_node: Callable[[], int],
     rt.param_by_name = {p.name: p for p in trainable}
     rt.build_muon_buckets()
     rt.build_slice_buffers()
-    if rt.staged:
-        rt.sync_stages = stage_dicts(rt)
     rt.plan_phases()
     if settings.comm_overlap and not settings.pp_sharding_comm_overlap:
         rt.register_hooks()
@@ -210,29 +207,6 @@ def create_group_call_groups(rt: ShardingRuntime) -> None:
     n_nodes, gpn = rt.plan.num_nodes, rt.plan.gpus_per_node
     rt.trainer_comms = created[:n_nodes]
     rt.trainer_same_card_comms = [created[i:i + gpn] for i in range(n_nodes, len(created), gpn)]
-
-
-def stage_dicts(rt: ShardingRuntime) -> list:
-    """develop's ``_sync_stages``: the layout's sync stages over this rank's objects."""
-    stages = []
-    for k, spec in enumerate(rt.layout.sync_stages()):
-        if spec.kind == "1d":
-            stage = {"kind": "1d", "buffer": rt.rs_buffers[spec.buffer_index], "spec": spec,
-                     "local_params": [rt.slice_params[n] for n in spec.local_params]}
-        else:
-            group = rt.colour_groups[spec.colour]
-            ranks = list(spec.group)
-            rank2params: dict = OrderedDict()
-            for owner, _, names, _ in spec.owners:
-                rank2params.setdefault(ranks.index(owner), []).extend(
-                    rt.param_by_name[n] for n in names)
-            stage = {"kind": "2d", "color": spec.colour, "group": group,
-                     "world_size": len(ranks), "rank2params": rank2params,
-                     "keys": list(spec.keys), "spec": spec,
-                     "local_params": [rt.param_by_name[n] for n in spec.local_params]}
-        stage["phases"] = rt.layout.phases_of(SyncTrigger(k))
-        stages.append(stage)
-    return stages
 
 
 def check_plan_matches_sharding_group(plan, rank: int, default_group) -> None:

@@ -29,7 +29,7 @@ from .owners import partition_2d_parameters
 from .runtime import (PendingCollective, _backward_hook, _Call, comm_phase, create_slice_param,
                       flatten_into, get_param_grad, launch_all_gather, launch_coalesced,
                       unpack_all)
-from .step_plan import Op, Trigger, flat_broadcast_phase
+from .step_plan import Op, SyncTrigger, Trigger, flat_broadcast_phase
 
 __all__ = ["DevelopSurface"]
 
@@ -98,7 +98,8 @@ class DevelopSurface:
     overlap_optimize_and_sync = _rt("overlap_optimize_and_sync")
     timers = _rt("timers")
     _use_main_grad = _rt("use_main_grad")
-    _sync_stages = _rt("sync_stages")
+    _sync_stages = property(lambda self: stage_dicts(self._runtime) if self._runtime.staged
+                            else None)
     _slice_params = _rt("slice_params")
     _comm_buffer_list = _rt("rs_buffers")
     _local_parameter_list = _rt("local_params")
@@ -276,7 +277,7 @@ class DevelopSurface:
             rt.run(rt.step_phases((Op.BROADCAST, Op.ALL_GATHER, Op.FINISH_SYNC)))
 
     def _build_sync_stages(self) -> list:
-        return build.stage_dicts(self._runtime)
+        return stage_dicts(self._runtime)
 
     def _launch_stage_sync(self, stage: dict) -> list:
         """Launch one stage's sync; a develop-style dict without ``'phases'`` syncs its
@@ -326,3 +327,26 @@ class DevelopSurface:
                 if ranks[index] == self._global_rank:
                     flatten_into(members, buffer)
                 yield ranks[index], {"param_buffer": buffer, "params": members}
+
+
+def stage_dicts(rt) -> list:
+    """develop's ``_sync_stages``: the layout's sync stages over this rank's objects."""
+    stages = []
+    for k, spec in enumerate(rt.layout.sync_stages()):
+        if spec.kind == "1d":
+            stage = {"kind": "1d", "buffer": rt.rs_buffers[spec.buffer_index], "spec": spec,
+                     "local_params": [rt.slice_params[n] for n in spec.local_params]}
+        else:
+            group = rt.colour_groups[spec.colour]
+            ranks = list(spec.group)
+            rank2params: dict = OrderedDict()
+            for owner, _, names, _ in spec.owners:
+                rank2params.setdefault(ranks.index(owner), []).extend(
+                    rt.param_by_name[n] for n in names)
+            stage = {"kind": "2d", "color": spec.colour, "group": group,
+                     "world_size": len(ranks), "rank2params": rank2params,
+                     "keys": list(spec.keys), "spec": spec,
+                     "local_params": [rt.param_by_name[n] for n in spec.local_params]}
+        stage["phases"] = rt.layout.phases_of(SyncTrigger(k))
+        stages.append(stage)
+    return stages

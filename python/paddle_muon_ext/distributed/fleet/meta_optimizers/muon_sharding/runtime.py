@@ -350,7 +350,6 @@ class ShardingRuntime:
     rs_colour: dict = field(default_factory=dict)       # id(buffer) -> colour key
     slice_params: dict = field(default_factory=dict)    # name -> its slice parameter
     local_params: list = field(default_factory=list)    # what the inner optimizer updates
-    sync_stages: list | None = None              # develop's stage dicts (staged update)
     use_avg: bool = False                        # AVG reduce (else SUM, pre-divided)
     use_main_grad: bool = False                  # parameters had main_grad when built
     overlap_optimize_and_sync: bool = False      # develop's resolved flag
@@ -598,9 +597,10 @@ class ShardingRuntime:
 
     def _stage_update(self, phase, call: _Call, last: bool) -> None:
         # develop's overlap_optimize_and_sync: update stage k, its sync follows
-        stage_muon, stage_adamw = take_stage(
-            call.muon_by_id, call.adamw_by_id,
-            self.sync_stages[phase.items[0][0].stage]["local_params"])
+        spec = self.layout.sync_stages()[phase.items[0][0].stage]
+        objects = self.slice_params if spec.kind == "1d" else self.param_by_name
+        stage_muon, stage_adamw = take_stage(call.muon_by_id, call.adamw_by_id,
+                                             [objects[n] for n in spec.local_params])
         if stage_muon or stage_adamw:
             with comm_phase(phase.label):
                 self.inner.update_params(stage_muon, stage_adamw)
