@@ -201,6 +201,23 @@ class TestLayoutStagesMatchOptimizer(unittest.TestCase):
         self.assertEqual(sum(op.numel for op in bcasts), sum(m.numel for m in metas[:9]),
                          "the staged broadcasts carry every matrix exactly once")
 
+    def test_element_wise_buffers_follow_as_one_stage_each(self):
+        metas = [ParamMeta(f"w{i}", (64, 64), "float32", None, True) for i in range(4)] + [
+            ParamMeta(f"b{i}", (2048,), "float32") for i in range(4)]
+        lay = ShardingLayout.build(metas, {None: (0, 1)}, 0,
+                                   LayoutSettings(comm_buffer_size_MB=0.02, overlap_sync=True))
+        stages = lay.sync_stages()
+        n2d = sum(1 for s in stages if s.kind == "2d")
+        self.assertGreater(n2d, 0)
+        self.assertEqual([len(b.params) for b in lay.slice_buffers], [2, 2],
+                         "two 8 KB vectors per 20 KB buffer")
+        self.assertEqual([s.kind for s in stages], ["2d"] * n2d + ["1d"] * 2,
+                         "the element-wise stages come after every 2-D stage")
+        for i, (stage, buf) in enumerate(zip(stages[n2d:], lay.slice_buffers)):
+            self.assertEqual((stage.buffer_index, stage.colour, stage.group, stage.local_params),
+                             (i, buf.colour, buf.group, buf.params),
+                             f"stage {n2d + i} is slice buffer {i}, updating its parameters")
+
 
 @dataclasses.dataclass(frozen=True)
 class _DefaultsConfig(SimConfig):

@@ -24,7 +24,8 @@
 * develop's sync stages: Muon keys of one colour accumulate until their
   elements reach the limit (``>=`` closes), each stage lists the owners of
   its keys, this rank's parameters of a key are updated in the first stage
-  that lists the key, element-wise buffers follow as one stage each;
+  that lists the key (the element-wise stages that follow them are pinned
+  in ``test_muon_sharding_step_plan``);
 * develop's ``reorder_params``: one entry per (owner, dtype), a lone
   parameter of its dtype sent as is, several packed into one buffer the owner
   fills in order (run on a simulated 2-rank world).
