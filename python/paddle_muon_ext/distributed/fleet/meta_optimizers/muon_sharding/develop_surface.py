@@ -26,9 +26,9 @@ from paddle.distributed.fleet.utils.log_util import logger
 from . import build
 from .layout import DEFAULT_COLOUR, DEFAULT_RAW_COLOUR, NO_HOOK_COLOURS, is_hooked, parse_colour
 from .owners import partition_2d_parameters
-from .runtime import (PendingCollective, _backward_hook, _Call, comm_phase, create_slice_param,
-                      flatten_into, get_param_grad, launch_all_gather, launch_coalesced,
-                      unpack_all)
+from .runtime import (PendingCollective, ShardingRuntime, _backward_hook, _Call, comm_phase,
+                      create_slice_param, flatten_into, get_param_grad, launch_all_gather,
+                      launch_coalesced, unpack_all)
 from .step_plan import Op, SyncTrigger, Trigger, flat_broadcast_phase
 
 __all__ = ["DevelopSurface"]
@@ -329,7 +329,7 @@ class DevelopSurface:
                 yield ranks[index], {"param_buffer": buffer, "params": members}
 
 
-def stage_dicts(rt) -> list:
+def stage_dicts(rt: ShardingRuntime) -> list:
     """develop's ``_sync_stages``: the layout's sync stages over this rank's objects."""
     stages = []
     for k, spec in enumerate(rt.layout.sync_stages()):

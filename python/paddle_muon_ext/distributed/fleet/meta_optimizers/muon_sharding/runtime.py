@@ -387,7 +387,8 @@ class ShardingRuntime:
             bucket.buffers = [
                 self._fused_buffer(f"muon_{spec.colour}_{spec.owner}_{spec.dtype}_{i}",
                                    [self.param_by_name[n] for n in chunk], group, spec.colour,
-                                   act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst)
+                                   act=tensor_fusion_helper.HOOK_ACTION.REDUCE, dst=dst,
+                                   release_grads=False)  # the owner reads them in step
                 for i, chunk in enumerate(spec.chunks)
             ]
             buckets.append(bucket)
